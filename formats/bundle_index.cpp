@@ -1,0 +1,470 @@
+#include "formats/bundle_index.h"
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_format.h"
+#include "formats/bundle.capnp.h"
+#include "formats/frame.h"
+#include "formats/tensor_view.h"
+#include "support/kj_boundary.h"
+#include "support/status.h"
+#define XXH_STATIC_LINKING_ONLY
+#include "xxhash.h"
+
+namespace moerr::formats {
+namespace {
+
+// ---- encoding ---------------------------------------------------------------
+
+void SetBlob(const BlobInfo& in, schema::Blob::Builder out) {
+  out.setHashLow(in.hash.low);
+  out.setHashHigh(in.hash.high);
+  out.setDtype(static_cast<schema::DType>(in.dtype));
+  auto shape = out.initShape(in.shape.size());
+  for (size_t i = 0; i < in.shape.size(); ++i) shape.set(i, in.shape[i]);
+  out.setRawSize(in.raw_size);
+  auto chunks = out.initChunks(in.chunks.size());
+  for (size_t i = 0; i < in.chunks.size(); ++i) {
+    const ChunkInfo& c = in.chunks[i];
+    auto b = chunks[i];
+    b.setOffset(c.offset);
+    b.setStoredSize(c.stored_size);
+    b.setRawSize(c.raw_size);
+    b.setCodec(static_cast<schema::Codec>(c.codec));
+    b.setShuffle(c.shuffle);
+  }
+}
+
+void SetTensor(const TensorInfo& in, schema::Tensor::Builder out) {
+  out.setName(capnp::Text::Reader(in.name.data(), in.name.size()));
+  out.setRole(static_cast<schema::Role>(in.role));
+  out.setStep(in.step);
+  out.setBlob(in.blob);
+}
+
+void SetValue(const llvm::json::Value& in, schema::Value::Builder out) {
+  switch (in.kind()) {
+    case llvm::json::Value::Null: out.setNull(); break;
+    case llvm::json::Value::Boolean: out.setBoolean(*in.getAsBoolean()); break;
+    case llvm::json::Value::Number:
+      if (auto i = in.getAsInteger()) {
+        out.setInteger(*i);
+      } else {
+        out.setNumber(*in.getAsNumber());
+      }
+      break;
+    case llvm::json::Value::String: {
+      const llvm::StringRef text = *in.getAsString();
+      out.setText(capnp::Text::Reader(text.data(), text.size()));
+      break;
+    }
+    case llvm::json::Value::Array: {
+      const auto& arr = *in.getAsArray();
+      auto list = out.initList(arr.size());
+      for (size_t i = 0; i < arr.size(); ++i) SetValue(arr[i], list[i]);
+      break;
+    }
+    case llvm::json::Value::Object: {
+      const auto& obj = *in.getAsObject();
+      // Sorted keys: the encoding of a value is deterministic.
+      std::vector<std::string> keys;
+      for (const auto& kv : obj) keys.push_back(kv.first.str());
+      std::sort(keys.begin(), keys.end());
+      auto fields = out.initObject(keys.size());
+      for (size_t i = 0; i < keys.size(); ++i) {
+        fields[i].setKey(capnp::Text::Reader(keys[i].data(), keys[i].size()));
+        SetValue(*obj.get(keys[i]), fields[i].initValue());
+      }
+      break;
+    }
+  }
+}
+
+std::vector<std::byte> ToBytes(capnp::MessageBuilder& message) {
+  kj::Array<capnp::word> words = capnp::messageToFlatArray(message);
+  auto bytes = words.asBytes();
+  std::vector<std::byte> out(bytes.size());
+  std::memcpy(out.data(), bytes.begin(), bytes.size());
+  return out;
+}
+
+// ---- decoding ---------------------------------------------------------------
+
+absl::string_view View(capnp::Text::Reader t) { return absl::string_view(t.begin(), t.size()); }
+
+absl::StatusOr<BlobInfo> GetBlob(schema::Blob::Reader in) {
+  BlobInfo out;
+  out.hash = {in.getHashLow(), in.getHashHigh()};
+  const auto dtype = DTypeFromRaw(static_cast<uint16_t>(in.getDtype()));
+  if (!dtype) return absl::DataLossError(absl::StrFormat("dtype %d is unknown", int(in.getDtype())));
+  out.dtype = *dtype;
+  auto shape = in.getShape();
+  out.shape.reserve(shape.size());
+  for (int64_t d : shape) out.shape.push_back(d);
+  out.raw_size = in.getRawSize();
+  auto chunks = in.getChunks();
+  out.chunks.reserve(chunks.size());
+  for (auto c : chunks) {
+    const auto codec = static_cast<uint16_t>(c.getCodec());
+    if (codec > static_cast<uint16_t>(Codec::kZstd)) {
+      return absl::DataLossError(absl::StrFormat("chunk at offset %d: codec %d is unknown", c.getOffset(), codec));
+    }
+    out.chunks.push_back(ChunkInfo{c.getOffset(), c.getStoredSize(), c.getRawSize(), static_cast<Codec>(codec),
+                                   c.getShuffle()});
+  }
+  return out;
+}
+
+absl::StatusOr<TensorInfo> GetTensor(schema::Tensor::Reader in) {
+  TensorInfo out;
+  out.name = std::string(View(in.getName()));
+  const auto role = static_cast<uint16_t>(in.getRole());
+  if (role >= kNumRoles) return absl::DataLossError(absl::StrFormat("role %d is unknown", role));
+  out.role = static_cast<Role>(role);
+  out.step = in.getStep();
+  out.blob = in.getBlob();
+  return out;
+}
+
+llvm::json::Value GetValue(schema::Value::Reader in) {
+  switch (in.which()) {
+    case schema::Value::NULL_: return nullptr;
+    case schema::Value::BOOLEAN: return in.getBoolean();
+    case schema::Value::INTEGER: return in.getInteger();
+    case schema::Value::NUMBER: return in.getNumber();
+    case schema::Value::TEXT: return std::string(View(in.getText()));
+    case schema::Value::LIST: {
+      llvm::json::Array arr;
+      for (auto v : in.getList()) arr.push_back(GetValue(v));
+      return arr;
+    }
+    case schema::Value::OBJECT: {
+      llvm::json::Object obj;
+      for (auto f : in.getObject()) obj[std::string(View(f.getKey()))] = GetValue(f.getValue());
+      return obj;
+    }
+  }
+  return nullptr;  // a newer writer's kind: read as null
+}
+
+// Checks the segment table before Cap'n Proto sees the message, so its errors
+// name the field and the limit, and decoding never sizes anything from it.
+absl::Status CheckSegmentTable(absl::Span<const std::byte> payload, uint64_t offset, const Limits& limits) {
+  if (payload.size() < 8 || payload.size() % 8 != 0) {
+    return absl::DataLossError(absl::StrFormat(
+        "Cap'n Proto message at offset %d: %d bytes is not a whole number of words", offset, payload.size()));
+  }
+  uint32_t count_minus_one;
+  std::memcpy(&count_minus_one, payload.data(), 4);
+  const uint64_t count = uint64_t{count_minus_one} + 1;
+  if (count > limits.max_segments) {
+    return absl::DataLossError(absl::StrFormat(
+        "Cap'n Proto message at offset %d: segment count %d exceeds the limit %d", offset, count,
+        limits.max_segments));
+  }
+  const uint64_t table_bytes = PaddedLength(4 + 4 * count);
+  if (table_bytes > payload.size()) {
+    return absl::DataLossError(absl::StrFormat(
+        "Cap'n Proto message at offset %d: segment table (%d bytes) is longer than the message (%d)", offset,
+        table_bytes, payload.size()));
+  }
+  uint64_t words = 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    uint32_t size;
+    std::memcpy(&size, payload.data() + 4 + 4 * i, 4);
+    words += size;
+  }
+  if (table_bytes + 8 * words > payload.size()) {
+    return absl::DataLossError(absl::StrFormat(
+        "Cap'n Proto message at offset %d: segments declare %d bytes, the message has %d", offset,
+        table_bytes + 8 * words, payload.size()));
+  }
+  return absl::OkStatus();
+}
+
+// Runs `decode(reader)` over `payload` inside the kj boundary.
+template <typename T, typename Fn>
+absl::StatusOr<T> DecodeMessage(absl::Span<const std::byte> payload, uint64_t offset, const Limits& limits,
+                                absl::string_view what, Fn&& decode) {
+  MOERR_RETURN_IF_ERROR(CheckSegmentTable(payload, offset, limits));
+  // Cap'n Proto reads words in place and needs them 8-byte aligned; a
+  // misaligned buffer (a fuzzer's, say) is copied once.
+  kj::Array<capnp::word> copy;
+  const capnp::word* words = reinterpret_cast<const capnp::word*>(payload.data());
+  if (reinterpret_cast<uintptr_t>(payload.data()) % 8 != 0) {
+    copy = kj::heapArray<capnp::word>(payload.size() / 8);
+    std::memcpy(copy.begin(), payload.data(), payload.size());
+    words = copy.begin();
+  }
+  capnp::ReaderOptions options;
+  options.traversalLimitInWords = std::max<uint64_t>(1024, payload.size() / 8 * limits.traversal_factor);
+  options.nestingLimit = limits.nesting_limit;
+  absl::StatusOr<T> result = absl::UnknownError("not decoded");
+  const absl::Status status =
+      CatchKj(absl::StrFormat("%s at offset %d", what, offset), [&]() -> absl::Status {
+        capnp::FlatArrayMessageReader reader(kj::arrayPtr(words, payload.size() / 8), options);
+        result = decode(reader);
+        return absl::OkStatus();
+      });
+  if (!status.ok()) return status;
+  if (!result.ok()) return Annotate(result.status(), absl::StrFormat("%s at offset %d", what, offset));
+  return result;
+}
+
+template <typename T>
+void AddOrDie(absl::StatusOr<T> value, std::vector<T>& to, absl::Status& status) {
+  if (!value.ok()) {
+    if (status.ok()) status = value.status();
+    return;
+  }
+  to.push_back(*std::move(value));
+}
+
+}  // namespace
+
+absl::string_view RoleName(Role role) {
+  static constexpr absl::string_view kNames[kNumRoles] = {"other",    "parameter",  "optimizer-state", "batch",
+                                                         "leaf",     "activation", "gradient",        "rng"};
+  const int i = static_cast<int>(role);
+  return i < kNumRoles ? kNames[i] : "unknown";
+}
+
+absl::string_view RecordKindName(uint16_t kind) {
+  static constexpr absl::string_view kNames[] = {"blob", "tensor", "step-begin", "step-end", "annotation"};
+  return kind < std::size(kNames) ? kNames[kind] : "unknown";
+}
+
+BlobHash ComputeBlobHash(DType dtype, absl::Span<const int64_t> shape, absl::Span<const std::byte> bytes) {
+  XXH3_state_t state;
+  XXH3_128bits_reset(&state);
+  XXH3_128bits_update(&state, bytes.data(), bytes.size());
+  const uint8_t d = static_cast<uint8_t>(dtype);
+  XXH3_128bits_update(&state, &d, 1);
+  XXH3_128bits_update(&state, shape.data(), shape.size() * sizeof(int64_t));
+  const XXH128_hash_t h = XXH3_128bits_digest(&state);
+  return BlobHash{h.low64, h.high64};
+}
+
+uint64_t BlobInfo::StoredSize() const {
+  uint64_t total = 0;
+  for (const ChunkInfo& c : chunks) total += c.stored_size;
+  return total;
+}
+
+std::vector<std::byte> EncodeIndex(const IndexData& index) {
+  capnp::MallocMessageBuilder message;
+  auto root = message.initRoot<schema::Index>();
+  root.setRequiredFeatures(index.required_features);
+  auto blobs = root.initBlobs(index.blobs.size());
+  for (size_t i = 0; i < index.blobs.size(); ++i) SetBlob(index.blobs[i], blobs[i]);
+  auto tensors = root.initTensors(index.tensors.size());
+  for (size_t i = 0; i < index.tensors.size(); ++i) SetTensor(index.tensors[i], tensors[i]);
+  auto records = root.initRecords(index.records.size());
+  for (size_t i = 0; i < index.records.size(); ++i) {
+    const RecordRef& r = index.records[i];
+    records[i].setKind(r.kind);
+    records[i].setStep(r.step);
+    records[i].setOffset(r.offset);
+    records[i].setLength(r.length);
+  }
+  return ToBytes(message);
+}
+
+std::vector<std::byte> EncodeRecord(const Record& record) {
+  capnp::MallocMessageBuilder message;
+  auto root = message.initRoot<schema::Record>();
+  root.setStep(record.step);
+  switch (static_cast<RecordKind>(record.kind)) {
+    case RecordKind::kBlob: SetBlob(record.blob, root.initBlob()); break;
+    case RecordKind::kTensor: SetTensor(record.tensor, root.initTensor()); break;
+    case RecordKind::kStepBegin: root.setStepBegin(); break;
+    case RecordKind::kStepEnd: root.setStepEnd(); break;
+    case RecordKind::kAnnotation: {
+      auto field = root.initAnnotation();
+      field.setKey(capnp::Text::Reader(record.key.data(), record.key.size()));
+      SetValue(record.value, field.initValue());
+      break;
+    }
+  }
+  return ToBytes(message);
+}
+
+absl::StatusOr<IndexData> DecodeIndex(absl::Span<const std::byte> payload, uint64_t offset,
+                                      const Limits& limits) {
+  return DecodeMessage<IndexData>(
+      payload, offset, limits, "index", [&](capnp::MessageReader& reader) -> absl::StatusOr<IndexData> {
+        auto root = reader.getRoot<schema::Index>();
+        IndexData out;
+        out.required_features = root.getRequiredFeatures();
+        auto blobs = root.getBlobs();
+        auto tensors = root.getTensors();
+        auto records = root.getRecords();
+        // Counts are checked before anything is reserved from them.
+        if (blobs.size() > limits.max_blobs || tensors.size() > limits.max_tensors ||
+            records.size() > limits.max_records) {
+          return absl::DataLossError(absl::StrFormat(
+              "%d blobs, %d tensors, %d records exceed the limits %d, %d, %d", blobs.size(), tensors.size(),
+              records.size(), limits.max_blobs, limits.max_tensors, limits.max_records));
+        }
+        absl::Status status;
+        out.blobs.reserve(blobs.size());
+        for (size_t i = 0; i < blobs.size() && status.ok(); ++i) {
+          AddOrDie(GetBlob(blobs[i]), out.blobs, status);
+          if (!status.ok()) return Annotate(status, absl::StrFormat("blob %d", i));
+        }
+        out.tensors.reserve(tensors.size());
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          AddOrDie(GetTensor(tensors[i]), out.tensors, status);
+          if (!status.ok()) return Annotate(status, absl::StrFormat("tensor %d", i));
+        }
+        out.records.reserve(records.size());
+        for (auto r : records) {
+          out.records.push_back(RecordRef{r.getKind(), r.getStep(), r.getOffset(), r.getLength()});
+        }
+        return out;
+      });
+}
+
+absl::StatusOr<Record> DecodeRecord(absl::Span<const std::byte> payload, uint64_t offset, const Limits& limits) {
+  return DecodeMessage<Record>(
+      payload, offset, limits, "record", [&](capnp::MessageReader& reader) -> absl::StatusOr<Record> {
+        auto root = reader.getRoot<schema::Record>();
+        Record out;
+        out.step = root.getStep();
+        out.kind = static_cast<uint16_t>(root.which());
+        switch (root.which()) {
+          case schema::Record::BLOB: {
+            MOERR_ASSIGN_OR_RETURN(out.blob, GetBlob(root.getBlob()));
+            break;
+          }
+          case schema::Record::TENSOR: {
+            MOERR_ASSIGN_OR_RETURN(out.tensor, GetTensor(root.getTensor()));
+            break;
+          }
+          case schema::Record::STEP_BEGIN:
+          case schema::Record::STEP_END: break;
+          case schema::Record::ANNOTATION: {
+            auto field = root.getAnnotation();
+            out.key = std::string(View(field.getKey()));
+            out.value = GetValue(field.getValue());
+            break;
+          }
+        }
+        return out;
+      });
+}
+
+absl::Status ValidateName(absl::string_view name, uint32_t max_bytes) {
+  if (name.empty()) return absl::DataLossError("name is empty");
+  if (name.size() > max_bytes) {
+    return absl::DataLossError(absl::StrFormat("name is %d bytes, the limit is %d", name.size(), max_bytes));
+  }
+  if (name.find('\0') != absl::string_view::npos) {
+    return absl::DataLossError(absl::StrFormat("name contains NUL at byte %d", name.find('\0')));
+  }
+  size_t bad = 0;
+  if (!llvm::json::isUTF8(llvm::StringRef(name.data(), name.size()), &bad)) {
+    return absl::DataLossError(absl::StrFormat("name is not valid UTF-8 (byte %d)", bad));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateIndex(const IndexData& index, uint64_t data_end, const Limits& limits) {
+  if (const uint64_t unknown = index.required_features & ~kKnownFeatures; unknown != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "index: requires feature bits 0x%x this reader does not know; use a newer moerr", unknown));
+  }
+  constexpr uint64_t kFirstPayload = kSuperblockSize + kFrameHeaderSize;
+  struct Range {
+    uint64_t begin, end;
+    size_t blob, chunk;
+  };
+  std::vector<Range> ranges;
+  for (size_t b = 0; b < index.blobs.size(); ++b) {
+    const BlobInfo& blob = index.blobs[b];
+    auto where = [&](absl::string_view field) { return absl::StrFormat("index: blob %d: %s", b, field); };
+    if (blob.shape.size() > limits.max_rank) {
+      return absl::DataLossError(absl::StrFormat("%s: rank %d exceeds %d", where("shape"), blob.shape.size(),
+                                                 limits.max_rank));
+    }
+    const auto bytes = CheckedNumel(blob.shape, ItemSize(blob.dtype));
+    if (!bytes.ok()) return absl::DataLossError(absl::StrCat(where("shape"), ": ", bytes.status().message()));
+    if (static_cast<uint64_t>(*bytes) != blob.raw_size) {
+      return absl::DataLossError(absl::StrFormat("%s: shape x itemsize = %d bytes but rawSize = %d",
+                                                 where("rawSize"), *bytes, blob.raw_size));
+    }
+    uint64_t sum = 0;
+    for (size_t c = 0; c < blob.chunks.size(); ++c) {
+      const ChunkInfo& chunk = blob.chunks[c];
+      const std::string at = absl::StrFormat("index: blob %d: chunk %d at offset %d", b, c, chunk.offset);
+      if (chunk.raw_size == 0 || chunk.raw_size > limits.max_chunk_bytes) {
+        return absl::DataLossError(absl::StrFormat("%s: rawSize %d is not in [1, %d]", at, chunk.raw_size,
+                                                   limits.max_chunk_bytes));
+      }
+      if (chunk.offset % 8 != 0) return absl::DataLossError(absl::StrCat(at, ": offset is not 8-byte aligned"));
+      uint64_t end;
+      if (chunk.offset < kFirstPayload || __builtin_add_overflow(chunk.offset, chunk.stored_size, &end) ||
+          end > data_end) {
+        return absl::DataLossError(absl::StrFormat("%s: range [%d, +%d) is outside the data area [%d, %d)", at,
+                                                   chunk.offset, chunk.stored_size, kFirstPayload, data_end));
+      }
+      if (chunk.shuffle != 1 && chunk.shuffle != 2 && chunk.shuffle != 4 && chunk.shuffle != 8) {
+        return absl::DataLossError(absl::StrFormat("%s: shuffle %d is not 1, 2, 4 or 8", at, chunk.shuffle));
+      }
+      if (chunk.codec == Codec::kRaw && chunk.stored_size != chunk.raw_size) {
+        return absl::DataLossError(absl::StrFormat("%s: raw chunk stores %d bytes but declares %d", at,
+                                                   chunk.stored_size, chunk.raw_size));
+      }
+      if (__builtin_add_overflow(sum, chunk.raw_size, &sum)) {
+        return absl::DataLossError(absl::StrCat(where("chunks"), ": raw sizes overflow"));
+      }
+      ranges.push_back(Range{chunk.offset - kFrameHeaderSize, end, b, c});
+    }
+    if (sum != blob.raw_size) {
+      return absl::DataLossError(
+          absl::StrFormat("%s: chunks hold %d bytes but rawSize = %d", where("chunks"), sum, blob.raw_size));
+    }
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    if (ranges[i].begin < ranges[i - 1].end) {
+      return absl::DataLossError(absl::StrFormat(
+          "index: blob %d chunk %d (frame at %d) overlaps blob %d chunk %d (frame [%d, %d))", ranges[i].blob,
+          ranges[i].chunk, ranges[i].begin, ranges[i - 1].blob, ranges[i - 1].chunk, ranges[i - 1].begin,
+          ranges[i - 1].end));
+    }
+  }
+  absl::flat_hash_set<std::pair<absl::string_view, int64_t>> seen;
+  seen.reserve(index.tensors.size());
+  for (size_t t = 0; t < index.tensors.size(); ++t) {
+    const TensorInfo& tensor = index.tensors[t];
+    if (absl::Status s = ValidateName(tensor.name, limits.max_name_bytes); !s.ok()) {
+      return Annotate(s, absl::StrFormat("index: tensor %d", t));
+    }
+    if (tensor.blob >= index.blobs.size()) {
+      return absl::DataLossError(absl::StrFormat("index: tensor %d (%s): blob %d, but there are %d blobs", t,
+                                                 tensor.name, tensor.blob, index.blobs.size()));
+    }
+    if (!seen.insert({tensor.name, tensor.step}).second) {
+      return absl::DataLossError(
+          absl::StrFormat("index: tensor %d: duplicate name \"%s\" at step %d", t, tensor.name, tensor.step));
+    }
+  }
+  for (size_t r = 0; r < index.records.size(); ++r) {
+    const RecordRef& ref = index.records[r];
+    uint64_t end;
+    if (ref.offset < kFirstPayload || ref.offset % 8 != 0 || __builtin_add_overflow(ref.offset, ref.length, &end) ||
+        end > data_end) {
+      return absl::DataLossError(absl::StrFormat("index: record %d: range [%d, +%d) is outside the data area", r,
+                                                 ref.offset, ref.length));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moerr::formats

@@ -1,0 +1,100 @@
+#include "formats/hf_checkpoint.h"
+
+#include <sys/stat.h>
+
+#include "absl/strings/str_format.h"
+#include "formats/file_sink.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "support/status.h"
+
+namespace moerr::formats {
+namespace {
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+absl::StatusOr<llvm::json::Value> ReadJsonFile(const std::string& path) {
+  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/true);
+  if (!buffer) return absl::NotFoundError(absl::StrFormat("cannot open %s: %s", path, buffer.getError().message()));
+  auto value = llvm::json::parse((*buffer)->getBuffer());
+  if (!value) return absl::InvalidArgumentError(absl::StrFormat("%s: %s", path, llvm::toString(value.takeError())));
+  return std::move(*value);
+}
+
+absl::Status WriteJsonFile(const std::string& path, const llvm::json::Value& value, bool overwrite) {
+  std::string text = llvm::formatv("{0:2}", value).str() + "\n";
+  MOERR_ASSIGN_OR_RETURN(auto sink, FileSink::Create(path, overwrite));
+  MOERR_RETURN_IF_ERROR(sink->Write(absl::MakeConstSpan(reinterpret_cast<const std::byte*>(text.data()), text.size())));
+  return sink->Finish(/*sync=*/true);
+}
+
+absl::StatusOr<HfCheckpoint> LoadHfCheckpoint(const std::string& dir) {
+  HfCheckpoint out;
+  MOERR_ASSIGN_OR_RETURN(llvm::json::Value config, ReadJsonFile(dir + "/config.json"));
+  if (config.getAsObject() == nullptr) return absl::InvalidArgumentError(dir + "/config.json is not a JSON object");
+  out.config = std::move(*config.getAsObject());
+
+  const std::string single = dir + "/model.safetensors";
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  std::map<std::string, std::string> shard_of;  // tensor -> shard file
+  std::vector<std::string> shard_names;
+  if (Exists(index_path)) {
+    MOERR_ASSIGN_OR_RETURN(llvm::json::Value index, ReadJsonFile(index_path));
+    const llvm::json::Object* weight_map = index.getAsObject() ? index.getAsObject()->getObject("weight_map") : nullptr;
+    if (weight_map == nullptr) return absl::InvalidArgumentError(index_path + ": no weight_map object");
+    for (const auto& [name, file] : *weight_map) {
+      auto f = file.getAsString();
+      if (!f || f->empty() || f->contains('/') || *f == "." || *f == "..") {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s: shard of \"%s\" must be a plain file name in the checkpoint directory", index_path,
+                            name.str()));
+      }
+      shard_of[name.str()] = f->str();
+      if (std::find(shard_names.begin(), shard_names.end(), f->str()) == shard_names.end()) {
+        shard_names.push_back(f->str());
+      }
+    }
+    std::sort(shard_names.begin(), shard_names.end());
+  } else if (Exists(single)) {
+    shard_names.push_back("model.safetensors");
+  } else {
+    return absl::NotFoundError(absl::StrFormat("%s has neither model.safetensors nor model.safetensors.index.json", dir));
+  }
+  for (const std::string& shard : shard_names) {
+    MOERR_ASSIGN_OR_RETURN(SafetensorsFile file, ReadSafetensors(dir + "/" + shard));
+    for (const auto& [name, view] : file.tensors) {
+      if (!shard_of.empty()) {
+        auto it = shard_of.find(name);
+        if (it == shard_of.end() || it->second != shard) {
+          return absl::InvalidArgumentError(
+              absl::StrFormat("%s/%s holds \"%s\", which the index places elsewhere", dir, shard, name));
+        }
+      }
+      if (!out.tensors.emplace(name, view).second) {
+        return absl::InvalidArgumentError(absl::StrFormat("%s: tensor \"%s\" is in two shards", dir, name));
+      }
+    }
+    out.shards.push_back(std::move(file));
+  }
+  for (const auto& [name, shard] : shard_of) {
+    if (!out.tensors.count(name)) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s: the index lists \"%s\" in %s, which lacks it", dir, name, shard));
+    }
+  }
+  return out;
+}
+
+absl::Status SaveHfCheckpoint(const std::string& dir, const llvm::json::Object& config,
+                              const std::vector<std::pair<std::string, TensorView>>& tensors, bool overwrite) {
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::InternalError(absl::StrFormat("cannot create %s: %s", dir, std::strerror(errno)));
+  }
+  MOERR_RETURN_IF_ERROR(WriteJsonFile(dir + "/config.json", llvm::json::Object(config), overwrite));
+  return WriteSafetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}}, overwrite);
+}
+
+}  // namespace moerr::formats

@@ -1,0 +1,163 @@
+#include "formats/safetensors.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_format.h"
+#include "formats/file_sink.h"
+#include "llvm/Support/JSON.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "support/status.h"
+
+namespace moerr::formats {
+
+absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
+  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false, /*RequiresNullTerminator=*/false);
+  if (!buffer) return absl::NotFoundError(absl::StrFormat("cannot open %s: %s", path, buffer.getError().message()));
+  auto file = ParseSafetensors(std::shared_ptr<llvm::MemoryBuffer>(std::move(*buffer)));
+  if (!file.ok()) return Annotate(file.status(), path);
+  return file;
+}
+
+absl::StatusOr<SafetensorsFile> ParseSafetensors(std::shared_ptr<llvm::MemoryBuffer> buffer) {
+  const auto* bytes = reinterpret_cast<const std::byte*>(buffer->getBufferStart());
+  const uint64_t size = buffer->getBufferSize();
+  if (size < 8) return absl::InvalidArgumentError("safetensors: file shorter than its 8-byte header size");
+  uint64_t header_size;
+  std::memcpy(&header_size, bytes, 8);
+  if (header_size > kMaxSafetensorsHeader) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("safetensors: header of %d bytes exceeds the cap of %d", header_size, kMaxSafetensorsHeader));
+  }
+  if (header_size > size - 8) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("safetensors: header of %d bytes runs past the end of the file (%d bytes)", header_size, size));
+  }
+  auto json = llvm::json::parse(llvm::StringRef(reinterpret_cast<const char*>(bytes + 8), header_size));
+  if (!json) return absl::InvalidArgumentError("safetensors: header: " + llvm::toString(json.takeError()));
+  const llvm::json::Object* header = json->getAsObject();
+  if (header == nullptr) return absl::InvalidArgumentError("safetensors: header is not a JSON object");
+
+  SafetensorsFile out;
+  const std::byte* data = bytes + 8 + header_size;
+  const uint64_t data_size = size - 8 - header_size;
+  struct Span {
+    uint64_t begin, end;
+    std::string name;
+    TensorView view;
+  };
+  std::vector<Span> spans;
+  for (const auto& [key, value] : *header) {
+    const std::string name = key.str();
+    if (name == "__metadata__") {
+      const auto* meta = value.getAsObject();
+      if (meta == nullptr) return absl::InvalidArgumentError("safetensors: __metadata__ is not an object");
+      for (const auto& [k, v] : *meta) {
+        auto str = v.getAsString();
+        if (!str) return absl::InvalidArgumentError(absl::StrFormat("safetensors: __metadata__.%s is not a string", k.str()));
+        out.metadata[k.str()] = str->str();
+      }
+      continue;
+    }
+    auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(absl::StrFormat("safetensors: tensor \"%s\": %s", name, why));
+    };
+    const auto* entry = value.getAsObject();
+    if (entry == nullptr) return bad("entry is not an object");
+    auto dtype_name = entry->getString("dtype");
+    if (!dtype_name) return bad("no dtype");
+    auto dtype = DTypeFromSafetensorsName(dtype_name->str());
+    if (!dtype) return bad(absl::StrFormat("dtype %s is not supported", dtype_name->str()));
+    const auto* shape_json = entry->getArray("shape");
+    const auto* offsets = entry->getArray("data_offsets");
+    if (shape_json == nullptr || offsets == nullptr || offsets->size() != 2) return bad("needs shape and data_offsets [begin, end]");
+    TensorView view;
+    view.dtype = *dtype;
+    if (shape_json->size() > 64) return bad("rank above 64");
+    for (const auto& d : *shape_json) {
+      auto dim = d.getAsInteger();
+      if (!dim || *dim < 0) return bad("shape has a dimension that is not a non-negative integer");
+      view.shape.push_back(*dim);
+    }
+    auto begin = (*offsets)[0].getAsUINT64();
+    auto end = (*offsets)[1].getAsUINT64();
+    if (!begin || !end || *begin > *end) return bad("data_offsets are not 0 <= begin <= end");
+    auto nbytes = CheckedNumel(view.shape, ItemSize(view.dtype));
+    if (!nbytes.ok()) return bad(nbytes.status().message());
+    if (*end - *begin != static_cast<uint64_t>(*nbytes)) {
+      return bad(absl::StrFormat("data_offsets span %d bytes, shape x itemsize is %d", *end - *begin, *nbytes));
+    }
+    if (*end > data_size) return bad(absl::StrFormat("data_offsets end %d is past the buffer (%d bytes)", *end, data_size));
+    view.data = data + *begin;
+    view.owner = buffer;
+    spans.push_back(Span{*begin, *end, name, std::move(view)});
+  }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  uint64_t expected = 0;
+  for (const Span& s : spans) {
+    if (s.begin != expected) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "safetensors: tensor \"%s\" starts at %d, expected %d: offsets must be contiguous and not overlap", s.name,
+          s.begin, expected));
+    }
+    expected = s.end;
+  }
+  for (Span& s : spans) out.tensors.emplace_back(std::move(s.name), std::move(s.view));
+  if (expected != data_size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("safetensors: tensors cover %d bytes of a %d-byte buffer", expected, data_size));
+  }
+  out.buffer = std::move(buffer);
+  return out;
+}
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
+                              const std::map<std::string, std::string>& metadata, bool overwrite) {
+  llvm::json::Object header;
+  if (!metadata.empty()) {
+    llvm::json::Object meta;
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    header["__metadata__"] = std::move(meta);
+  }
+  uint64_t offset = 0;
+  std::vector<int64_t> sizes;
+  for (const auto& [name, view] : tensors) {
+    MOERR_ASSIGN_OR_RETURN(const int64_t nbytes, CheckedNumel(view.shape, ItemSize(view.dtype)));
+    if (header.find(name) != header.end()) {
+      return absl::InvalidArgumentError(absl::StrFormat("safetensors: tensor \"%s\" given twice", name));
+    }
+    llvm::json::Array shape;
+    for (int64_t d : view.shape) shape.push_back(d);
+    header[name] = llvm::json::Object{{"dtype", std::string(SafetensorsDTypeName(view.dtype))},
+                                      {"shape", std::move(shape)},
+                                      {"data_offsets", llvm::json::Array{offset, offset + nbytes}}};
+    offset += nbytes;
+    sizes.push_back(nbytes);
+  }
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << llvm::json::Value(std::move(header));
+  os.flush();
+  text.resize((text.size() + 7) / 8 * 8, ' ');  // data starts 8-byte aligned
+  const uint64_t header_size = text.size();
+
+  MOERR_ASSIGN_OR_RETURN(auto sink, FileSink::Create(path, overwrite));
+  std::byte size_bytes[8];
+  std::memcpy(size_bytes, &header_size, 8);
+  MOERR_RETURN_IF_ERROR(sink->Write(size_bytes));
+  MOERR_RETURN_IF_ERROR(sink->Write(absl::MakeConstSpan(reinterpret_cast<const std::byte*>(text.data()), text.size())));
+  std::vector<std::byte> scratch;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorView& view = tensors[i].second;
+    if (view.IsContiguous()) {
+      MOERR_RETURN_IF_ERROR(sink->Write(absl::MakeConstSpan(view.data, sizes[i])));
+    } else {
+      scratch.resize(sizes[i]);
+      CopyToContiguous(view, scratch.data());
+      MOERR_RETURN_IF_ERROR(sink->Write(scratch));
+    }
+  }
+  return sink->Finish(/*sync=*/true);
+}
+
+}  // namespace moerr::formats

@@ -1,0 +1,37 @@
+// safetensors read and write (the format of HF checkpoints), with the checks
+// the safetensors library makes: header size cap, a JSON object header,
+// known dtypes, data offsets contiguous, non-overlapping and covering the
+// whole buffer, and end - begin == numel * itemsize.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "formats/tensor_view.h"
+
+namespace llvm {
+class MemoryBuffer;
+}
+
+namespace moerr::formats {
+
+inline constexpr uint64_t kMaxSafetensorsHeader = 100'000'000;  // the library's cap
+
+struct SafetensorsFile {
+  std::shared_ptr<llvm::MemoryBuffer> buffer;  // views point into it
+  std::vector<std::pair<std::string, TensorView>> tensors;  // in data order
+  std::map<std::string, std::string> metadata;
+};
+
+absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
+absl::StatusOr<SafetensorsFile> ParseSafetensors(std::shared_ptr<llvm::MemoryBuffer> buffer);
+
+// Writes tensors in the given order (strided views are made contiguous).
+absl::Status WriteSafetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
+                              const std::map<std::string, std::string>& metadata = {}, bool overwrite = false);
+
+}  // namespace moerr::formats

@@ -1,0 +1,26 @@
+// The LibTorch exception boundary: the only place c10::Error is caught.
+// Header-only so that support/ does not link LibTorch; include it only from
+// libraries that do.
+#pragma once
+
+#include "absl/strings/string_view.h"
+
+#include <c10/util/Exception.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace moerr {
+
+// Runs `fn` (returning absl::Status); a c10::Error it throws becomes
+// kInvalidArgument naming `what`, with LibTorch's message without backtrace.
+template <typename Fn>
+absl::Status CatchTorch(absl::string_view what, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": LibTorch: ", e.what_without_backtrace()));
+  }
+}
+
+}  // namespace moerr
