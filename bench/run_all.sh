@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# make bench: every benchmark, each printing its own markdown table.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+PYTHON=${PYTHON:-/usr/bin/python3}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/moerr-bench-XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+
+echo "## Chunk codec (Google Benchmark, one 4 MiB chunk of N(0, 0.02) bf16)"
+"$BUILD/bench/chunk_codec_bench" --benchmark_min_time=0.5
+
+echo
+echo "## Bundle I/O against torch.save, .npy and fwrite"
+"$PYTHON" bench/formats/bench_formats.py "$BUILD/bench/bundle_io_bench" "$WORK/formats"

@@ -1,0 +1,114 @@
+#include "formats/bundle_summary.h"
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "support/status.h"
+
+namespace moerr::formats {
+
+std::string HumanBytes(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int unit = 0;
+  while (v >= 1024 && unit < 4) {
+    v /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? absl::StrFormat("%d B", bytes) : absl::StrFormat("%.1f %s", v, kUnits[unit]);
+}
+
+absl::StatusOr<BundleSummary> Summarize(const BundleReader& reader) {
+  const IndexData& index = reader.index();
+  BundleSummary s;
+  s.file_bytes = reader.file_size();
+  s.major = reader.superblock().major;
+  s.minor = reader.superblock().minor;
+  s.tensors = index.tensors.size();
+  s.blobs = index.blobs.size();
+  std::vector<bool> counted(index.blobs.size(), false);
+  for (const TensorInfo& t : index.tensors) {
+    RoleSummary& role = s.roles[static_cast<int>(t.role)];
+    ++role.tensors;
+    const BlobInfo& blob = index.blobs[t.blob];
+    s.logical_bytes += blob.raw_size;
+    if (counted[t.blob]) continue;
+    counted[t.blob] = true;
+    ++role.blobs;
+    role.raw_bytes += blob.raw_size;
+    role.stored_bytes += blob.StoredSize();
+  }
+  for (const BlobInfo& blob : index.blobs) {
+    s.chunks += blob.chunks.size();
+    s.raw_bytes += blob.raw_size;
+    s.stored_bytes += blob.StoredSize();
+  }
+  for (const RecordRef& r : index.records) {
+    ++s.records[std::string(RecordKindName(r.kind))];
+    if (r.kind == static_cast<uint16_t>(RecordKind::kAnnotation) && r.step < 0) {
+      MOERR_ASSIGN_OR_RETURN(Record record, reader.ReadRecord(r));
+      s.annotations.insert_or_assign(record.key, std::move(record.value));
+    }
+  }
+  s.complete_steps = reader.CompleteSteps();
+  return s;
+}
+
+std::string RenderText(const BundleSummary& s, const std::string& path) {
+  std::string out = absl::StrFormat("%s: moerr bundle v%d.%d, %s\n", path, s.major, s.minor, HumanBytes(s.file_bytes));
+  absl::StrAppendFormat(&out, "  %d tensors in %d distinct blobs (%d chunks)\n", s.tensors, s.blobs, s.chunks);
+  absl::StrAppendFormat(&out, "  tensor bytes: %s logical, %s distinct, %s stored (%.3fx of distinct)\n",
+                        HumanBytes(s.logical_bytes), HumanBytes(s.raw_bytes), HumanBytes(s.stored_bytes),
+                        s.raw_bytes ? static_cast<double>(s.stored_bytes) / s.raw_bytes : 0.0);
+  absl::StrAppendFormat(&out, "\n  %-16s %8s %8s %12s %12s\n", "role", "tensors", "blobs", "raw", "stored");
+  for (int r = 0; r < kNumRoles; ++r) {
+    const RoleSummary& role = s.roles[r];
+    if (role.tensors == 0) continue;
+    absl::StrAppendFormat(&out, "  %-16s %8d %8d %12s %12s\n", RoleName(static_cast<Role>(r)), role.tensors,
+                          role.blobs, HumanBytes(role.raw_bytes), HumanBytes(role.stored_bytes));
+  }
+  std::vector<std::string> records;
+  for (const auto& [kind, n] : s.records) records.push_back(absl::StrFormat("%s %d", kind, n));
+  absl::StrAppendFormat(&out, "\n  records: %s\n", records.empty() ? "none" : absl::StrJoin(records, ", "));
+  absl::StrAppendFormat(&out, "  complete steps: %s\n",
+                        s.complete_steps.empty() ? "none" : absl::StrJoin(s.complete_steps, ", "));
+  for (const auto& [key, value] : s.annotations) {
+    std::string text;
+    llvm::raw_string_ostream os(text);
+    os << value;
+    os.flush();
+    if (text.size() > 100) text = text.substr(0, 97) + "...";
+    absl::StrAppendFormat(&out, "  %s: %s\n", key, text);
+  }
+  return out;
+}
+
+llvm::json::Value ToJson(const BundleSummary& s) {
+  llvm::json::Object roles;
+  for (int r = 0; r < kNumRoles; ++r) {
+    const RoleSummary& role = s.roles[r];
+    if (role.tensors == 0) continue;
+    roles[std::string(RoleName(static_cast<Role>(r)))] = llvm::json::Object{
+        {"tensors", role.tensors}, {"blobs", role.blobs}, {"raw_bytes", role.raw_bytes},
+        {"stored_bytes", role.stored_bytes}};
+  }
+  llvm::json::Object records;
+  for (const auto& [kind, n] : s.records) records[kind] = n;
+  llvm::json::Object annotations;
+  for (const auto& [key, value] : s.annotations) annotations[key] = llvm::json::Value(value);
+  llvm::json::Array steps;
+  for (int64_t step : s.complete_steps) steps.push_back(step);
+  return llvm::json::Object{{"file_bytes", s.file_bytes},
+                            {"version", absl::StrFormat("%d.%d", s.major, s.minor)},
+                            {"tensors", s.tensors},
+                            {"blobs", s.blobs},
+                            {"chunks", s.chunks},
+                            {"logical_bytes", s.logical_bytes},
+                            {"raw_bytes", s.raw_bytes},
+                            {"stored_bytes", s.stored_bytes},
+                            {"roles", std::move(roles)},
+                            {"records", std::move(records)},
+                            {"complete_steps", std::move(steps)},
+                            {"annotations", std::move(annotations)}};
+}
+
+}  // namespace moerr::formats

@@ -1,0 +1,43 @@
+// What `moerr inspect` reports: a bundle's contents by role, sizes, records
+// and steps, computed from the index alone (no tensor bytes are read).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "formats/bundle_index.h"
+#include "formats/bundle_reader.h"
+#include "llvm/Support/JSON.h"
+
+namespace moerr::formats {
+
+struct RoleSummary {
+  uint64_t tensors = 0;
+  uint64_t blobs = 0;         // distinct contents first stored under this role
+  uint64_t raw_bytes = 0;     // of those blobs
+  uint64_t stored_bytes = 0;  // of those blobs, as encoded in the file
+};
+
+struct BundleSummary {
+  uint64_t file_bytes = 0;
+  uint16_t major = 0, minor = 0;
+  uint64_t tensors = 0, blobs = 0, chunks = 0;
+  uint64_t raw_bytes = 0, stored_bytes = 0;
+  uint64_t logical_bytes = 0;  // as if every tensor were stored (no dedup)
+  std::array<RoleSummary, kNumRoles> roles{};
+  std::map<std::string, uint64_t> records;  // by kind name
+  std::vector<int64_t> complete_steps;
+  std::map<std::string, llvm::json::Value> annotations;  // step-less ones
+};
+
+absl::StatusOr<BundleSummary> Summarize(const BundleReader& reader);
+std::string RenderText(const BundleSummary& s, const std::string& path);
+llvm::json::Value ToJson(const BundleSummary& s);
+
+// "1.5 MiB", "734 B".
+std::string HumanBytes(uint64_t bytes);
+
+}  // namespace moerr::formats

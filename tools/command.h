@@ -1,0 +1,26 @@
+// The `moerr` command: one file per subcommand. Each Add*Command registers
+// its options and a callback that calls one library function and prints.
+// Exit codes: 0 ok, 1 a finding a script would branch on, 2 usage or input
+// error.
+#pragma once
+
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+
+namespace moerr::tools {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFinding = 1;
+inline constexpr int kExitError = 2;
+
+// Prints "moerr: error: <message>" to stderr and returns kExitError.
+int ReportError(const absl::Status& status);
+
+// Each sets `exit_code` when its subcommand runs.
+void AddInspectCommand(CLI::App& app, int& exit_code);
+void AddVerifyCommand(CLI::App& app, int& exit_code);
+void AddSalvageCommand(CLI::App& app, int& exit_code);
+
+}  // namespace moerr::tools

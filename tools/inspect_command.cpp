@@ -1,0 +1,38 @@
+#include <cstdio>
+
+#include "formats/bundle_reader.h"
+#include "formats/bundle_summary.h"
+#include "tools/command.h"
+
+namespace moerr::tools {
+
+void AddInspectCommand(CLI::App& app, int& exit_code) {
+  struct Options {
+    std::string bundle;
+    bool json = false;
+  };
+  auto opts = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("inspect", "What a bundle holds: tensors by role, sizes, records, steps");
+  cmd->add_option("BUNDLE", opts->bundle, "Bundle file (.moerr)")->required();
+  cmd->add_flag("--json", opts->json, "Print JSON instead of a table");
+  cmd->callback([opts, &exit_code] {
+    auto reader = formats::BundleReader::Open(opts->bundle);
+    if (!reader.ok()) {
+      exit_code = ReportError(reader.status());
+      return;
+    }
+    auto summary = formats::Summarize(**reader);
+    if (!summary.ok()) {
+      exit_code = ReportError(summary.status());
+      return;
+    }
+    if (opts->json) {
+      std::printf("%s\n", llvm::formatv("{0:2}", formats::ToJson(*summary)).str().c_str());
+    } else {
+      std::printf("%s", formats::RenderText(*summary, opts->bundle).c_str());
+    }
+    exit_code = kExitOk;
+  });
+}
+
+}  // namespace moerr::tools

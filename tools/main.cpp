@@ -1,0 +1,30 @@
+#include <cstdio>
+
+#include "tools/command.h"
+
+namespace moerr::tools {
+
+int ReportError(const absl::Status& status) {
+  std::fprintf(stderr, "moerr: error: %s\n", std::string(status.message()).c_str());
+  return kExitError;
+}
+
+}  // namespace moerr::tools
+
+int main(int argc, char** argv) {
+  using namespace moerr::tools;
+  CLI::App app{"moerr: record, analyse, replay and shrink failing training steps of MoE models", "moerr"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Help for every subcommand");
+  int exit_code = kExitOk;
+  AddInspectCommand(app, exit_code);
+  AddVerifyCommand(app, exit_code);
+  AddSalvageCommand(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? kExitOk : kExitError;
+  }
+  return exit_code;
+}
