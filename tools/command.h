@@ -22,5 +22,6 @@ int ReportError(const absl::Status& status);
 void AddInspectCommand(CLI::App& app, int& exit_code);
 void AddVerifyCommand(CLI::App& app, int& exit_code);
 void AddSalvageCommand(CLI::App& app, int& exit_code);
+void AddDemoCommand(CLI::App& app, int& exit_code);
 
 }  // namespace moerr::tools

@@ -13,10 +13,11 @@ int ReportError(const absl::Status& status) {
 
 int main(int argc, char** argv) {
   using namespace moerr::tools;
-  CLI::App app{"moerr: record, analyse, replay and shrink failing training steps of MoE models", "moerr"};
+  CLI::App app{"moerr: debug failing training steps of Mixture-of-Experts models from their recorded bundles", "moerr"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Help for every subcommand");
   int exit_code = kExitOk;
+  AddDemoCommand(app, exit_code);
   AddInspectCommand(app, exit_code);
   AddVerifyCommand(app, exit_code);
   AddSalvageCommand(app, exit_code);
