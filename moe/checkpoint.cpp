@@ -1,0 +1,68 @@
+#include "moe/checkpoint.h"
+
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "formats/hf_checkpoint.h"
+#include "moe/tensor_adapter.h"
+#include "support/status.h"
+#include "support/torch_boundary.h"
+
+namespace moerr::moe {
+
+absl::Status SaveCheckpoint(MoeTransformer& model, const std::string& dir, bool overwrite) {
+  std::vector<std::pair<std::string, formats::TensorView>> views;
+  for (const auto& [name, tensor] : model->NamedTensors()) {
+    MOERR_ASSIGN_OR_RETURN(formats::TensorView v, ViewOf(tensor.detach()));
+    views.emplace_back(name, std::move(v));
+  }
+  return formats::SaveHfCheckpoint(dir, ToHfConfig(model->config()), views, overwrite);
+}
+
+absl::Status LoadWeights(MoeTransformer& model, const std::map<std::string, formats::TensorView>& tensors) {
+  std::vector<std::string> problems;
+  std::map<std::string, at::Tensor> wanted;
+  for (const auto& [name, t] : model->NamedTensors()) wanted.emplace(name, t);
+  for (const auto& [name, view] : tensors) {
+    auto it = wanted.find(name);
+    if (it == wanted.end()) {
+      problems.push_back(absl::StrFormat("unexpected tensor \"%s\" (the model has no such parameter)", name));
+      continue;
+    }
+    const at::Tensor& target = it->second;
+    if (view.shape != target.sizes().vec()) {
+      problems.push_back(absl::StrFormat("\"%s\": shape [%s], the model needs [%s]", name, absl::StrJoin(view.shape, ", "),
+                                         absl::StrJoin(target.sizes().vec(), ", ")));
+    }
+    const bool float_view = view.dtype == formats::DType::kF32 || view.dtype == formats::DType::kBF16 ||
+                            view.dtype == formats::DType::kF16 || view.dtype == formats::DType::kF64;
+    if (!float_view) {
+      problems.push_back(absl::StrFormat("\"%s\": dtype %s, the model needs a floating-point tensor", name,
+                                         formats::DTypeName(view.dtype)));
+    }
+  }
+  for (const auto& [name, t] : wanted) {
+    if (!tensors.count(name)) problems.push_back(absl::StrFormat("missing tensor \"%s\"", name));
+  }
+  if (!problems.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat("checkpoint does not fit the model (%d problems): %s",
+                                                      problems.size(), absl::StrJoin(problems, "; ")));
+  }
+  return CatchTorch("loading weights", [&] {
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, view] : tensors) wanted.at(name).copy_(ToTensor(view));
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<MoeTransformer> LoadCheckpoint(const std::string& dir) {
+  MOERR_ASSIGN_OR_RETURN(formats::HfCheckpoint ckpt, formats::LoadHfCheckpoint(dir));
+  auto config = FromHfConfig(ckpt.config);
+  if (!config.ok()) return Annotate(config.status(), dir);
+  MoeTransformer model(*config);
+  if (absl::Status s = LoadWeights(model, ckpt.tensors); !s.ok()) return Annotate(s, dir);
+  return model;
+}
+
+}  // namespace moerr::moe

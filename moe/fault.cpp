@@ -1,0 +1,141 @@
+#include "moe/fault.h"
+
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <map>
+
+#include "absl/strings/str_format.h"
+
+namespace moerr::moe {
+namespace {
+
+struct FaultInfo {
+  FaultKind kind;
+  const char* name;
+};
+constexpr FaultInfo kFaults[] = {
+    {FaultKind::kNone, "none"},
+    {FaultKind::kExpertOverflow, "expert-overflow"},
+    {FaultKind::kGradOverflow, "grad-overflow"},
+    {FaultKind::kLogprobPrecision, "logprob-precision"},
+    {FaultKind::kBadKernel, "bad-kernel"},
+    {FaultKind::kRouterCollapse, "router-collapse"},
+    {FaultKind::kSkipUpdate, "skip-update"},
+};
+
+// The last MoE layer's most used expert on `calibration`.
+std::pair<int64_t, int64_t> BusiestExpert(MoeTransformer& policy, const at::Tensor& calibration) {
+  torch::NoGradGuard no_grad;
+  policy->forward(calibration);
+  const auto layers = policy->MoeLayers();
+  const int64_t layer = policy->config().num_layers - 1;
+  const int64_t expert = layers.back()->expert_counts().argmax().item<int64_t>();
+  return {layer, expert};
+}
+
+}  // namespace
+
+absl::StatusOr<FaultKind> ParseFault(const std::string& name) {
+  for (const FaultInfo& f : kFaults) {
+    if (name == f.name) return f.kind;
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "unknown fault \"%s\" (expert-overflow, grad-overflow, logprob-precision, bad-kernel, router-collapse, "
+      "skip-update)",
+      name));
+}
+
+std::string FaultName(FaultKind kind) {
+  for (const FaultInfo& f : kFaults) {
+    if (kind == f.kind) return f.name;
+  }
+  return "unknown";
+}
+
+std::vector<FaultKind> AllFaults() {
+  std::vector<FaultKind> out;
+  for (const FaultInfo& f : kFaults) {
+    if (f.kind != FaultKind::kNone) out.push_back(f.kind);
+  }
+  return out;
+}
+
+absl::StatusOr<InjectedFault> InjectFault(FaultKind kind, MoeTransformer& policy, GrpoOptions& options,
+                                          const at::Tensor& calibration) {
+  InjectedFault out;
+  out.kind = kind;
+  torch::NoGradGuard no_grad;
+  const MoeConfig& config = policy->config();
+  switch (kind) {
+    case FaultKind::kNone: break;
+    case FaultKind::kExpertOverflow: {
+      const auto [layer, expert] = BusiestExpert(policy, calibration);
+      MoeLayer moe = policy->MoeLayers().back();
+      Expert e = moe->expert(expert);
+      // Unit-RMS inputs (what RMSNorm feeds it) -> the expert's largest output;
+      // scale down_proj so that output lands 8x past fp16's range.
+      const at::Tensor probe = at::randn({256, config.hidden_size});
+      const double peak = e->forward(probe).abs().max().item<double>();
+      for (auto& p : e->named_parameters()) {
+        if (p.key().find(config.family == Family::kMixtral ? "w2" : "down_proj") != std::string::npos) {
+          p.value().mul_(8 * kFp16Max / std::max(peak, 1e-6));
+        }
+      }
+      options.numerics.precision = Precision::kFp16Emu;
+      options.rollout_numerics = options.numerics;
+      out.module = absl::StrFormat("model.layers.%d.%s.experts.%d", layer, config.MlpName(), expert);
+      out.description = absl::StrFormat("%s: down projection scaled so its outputs reach ~8x the fp16 maximum",
+                                        out.module);
+      break;
+    }
+    case FaultKind::kGradOverflow: {
+      options.numerics.precision = Precision::kFp16Emu;
+      options.initial_loss_scale = std::ldexp(1.0, 40);
+      out.module = "";
+      out.description = "fp16 emulation with an initial loss scale of 2^40: scaled gradients overflow in backward";
+      break;
+    }
+    case FaultKind::kLogprobPrecision: {
+      options.rollout_numerics.precision = Precision::kBf16;
+      out.description = "rollout log-probs computed in bf16, training log-probs in fp32";
+      break;
+    }
+    case FaultKind::kBadKernel: {
+      options.naive_fp16_softmax = true;
+      out.module = "lm_head";
+      out.description = "training log-softmax replaced by a naive fp16 softmax without max subtraction";
+      break;
+    }
+    case FaultKind::kRouterCollapse: {
+      options.aux_loss_coef = 0;
+      // Rows 0 and 1 of every router get a large copy of the mean direction
+      // of that router's inputs, so nearly every token scores them highest.
+      struct MeanDirection : recorder::RoutingObserver {
+        std::map<int64_t, at::Tensor> by_layer;
+        void OnRouting(const recorder::RoutingEvent& e) override {
+          const at::Tensor unit = e.hidden.to(at::kFloat);
+          by_layer[e.layer] = (unit / unit.norm(2, -1, true).clamp_min(1e-12)).mean(0);
+        }
+      } capture;
+      policy->SetRoutingObserver(&capture);
+      policy->forward(calibration);
+      policy->SetRoutingObserver(nullptr);
+      for (MoeLayer& moe : policy->MoeLayers()) {
+        const at::Tensor& mean = capture.by_layer.at(moe->gate()->layer());
+        const at::Tensor direction = mean / mean.norm().clamp_min(1e-12);
+        moe->gate()->weight.narrow(0, 0, 2).add_(direction.unsqueeze(0) * 8.0);
+        if (moe->gate()->e_score_correction_bias.defined()) moe->gate()->e_score_correction_bias.narrow(0, 0, 2).add_(10.0);
+      }
+      out.description = "router aux loss off; experts 0 and 1 favoured by every router";
+      break;
+    }
+    case FaultKind::kSkipUpdate: {
+      options.skip_update = true;
+      out.description = "the optimizer update is silently omitted";
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace moerr::moe

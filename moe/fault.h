@@ -1,0 +1,43 @@
+// The fault catalogue: each fault makes a training step fail the way users
+// meet it in RL post-training of MoE models.
+//
+//   expert-overflow    one expert's weights make its activations exceed the
+//                      fp16 range (forces fp16 emulation)
+//   grad-overflow      an oversized loss scale: loss-scaled gradients
+//                      overflow in backward (forces fp16 emulation)
+//   logprob-precision  rollout log-probs in bf16, training in fp32: the
+//                      ratio drifts from 1 on-policy
+//   bad-kernel         the training log-softmax is a naive fp16 softmax
+//                      without max subtraction: NaN once a logit > ~11.09
+//   router-collapse    aux loss off and routers biased to two experts:
+//                      load collapses
+//   skip-update        the optimizer update is silently omitted
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "moe/grpo_trainer.h"
+
+namespace moerr::moe {
+
+enum class FaultKind { kNone, kExpertOverflow, kGradOverflow, kLogprobPrecision, kBadKernel, kRouterCollapse, kSkipUpdate };
+
+absl::StatusOr<FaultKind> ParseFault(const std::string& name);
+std::string FaultName(FaultKind kind);
+std::vector<FaultKind> AllFaults();
+
+struct InjectedFault {
+  FaultKind kind = FaultKind::kNone;
+  std::string module;       // the module the fault was put in, if any ("model.layers.3.mlp.experts.5")
+  std::string description;  // one line for people
+};
+
+// Applies `kind` to the policy's weights and the step options. `calibration`
+// [n, S] tokens pick the expert to break (the most used in the last MoE
+// layer), so the fault is reached.
+absl::StatusOr<InjectedFault> InjectFault(FaultKind kind, MoeTransformer& policy, GrpoOptions& options,
+                                          const at::Tensor& calibration);
+
+}  // namespace moerr::moe

@@ -1,0 +1,84 @@
+// One GRPO step of RL post-training on the addition task:
+//   rollout   G sampled responses per prompt, their log-probs (old_logp)
+//   reward    rule-based; advantages normalised within each group
+//   loss      token-level clipped ratio exp(logp - old_logp) against the
+//             advantages + kl_coef * k3 KL to the frozen reference
+//             (exp(ref - logp) - (ref - logp) - 1) + aux_loss_coef * router
+//             load-balancing loss, averaged over response tokens
+//   update    AdamW after clipping the gradient norm; under fp16 emulation
+//             with dynamic loss scaling: a step whose gradients are not
+//             finite is skipped and the scale halved.
+#pragma once
+
+#include <torch/optim/adamw.h>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+
+#include "moe/addition_task.h"
+#include "moe/moe_transformer.h"
+#include "moe/numerics.h"
+
+namespace moerr::moe {
+
+struct GrpoOptions {
+  int64_t prompts = 8;        // per step
+  int64_t group_size = 4;     // responses per prompt
+  double temperature = 1.0;
+  double clip_eps = 0.2;
+  double kl_coef = 0.05;
+  double lr = 1e-4;
+  double weight_decay = 0.01;
+  double max_grad_norm = 1.0;
+  double aux_loss_coef = 0.01;
+  Numerics numerics;            // training precision
+  Numerics rollout_numerics;    // rollout log-prob precision (the logprob-precision fault differs)
+  double initial_loss_scale = 65536.0;  // fp16 emulation only
+  int64_t scale_growth_interval = 50;   // finite steps before the scale doubles
+  // Fault switches (fault.h sets them): naive fp16 softmax in the training
+  // log-probs; the optimizer update silently omitted.
+  bool naive_fp16_softmax = false;
+  bool skip_update = false;
+};
+
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0;
+  double reward = 0;          // mean over responses
+  double kl = 0;              // mean k3 KL to the reference over response tokens
+  double grad_norm = 0;       // before clipping (unscaled); NaN/Inf when not finite
+  double loss_scale = 1;
+  double load_entropy = 0;    // mean over MoE layers of H(expert load) / log(E), in [0, 1]
+  double top_expert_share = 0;  // mean over MoE layers of the busiest expert's share of routed slots
+  double clip_fraction = 0;   // response tokens whose ratio was clipped
+  double ratio_error = 0;     // mean |ratio - 1| at the step's start (on-policy: 0)
+  bool skipped = false;       // no update was applied (non-finite gradients)
+  bool finite = true;         // loss and gradients finite
+};
+
+class GrpoTrainer {
+ public:
+  GrpoTrainer(MoeTransformer policy, MoeTransformer reference, AdditionTask task, GrpoOptions options, uint64_t seed);
+
+  StepMetrics Step();
+
+  MoeTransformer& policy() { return policy_; }
+  torch::optim::AdamW& optimizer() { return *optimizer_; }
+  const GrpoOptions& options() const { return options_; }
+  double loss_scale() const { return loss_scale_; }
+  int64_t step() const { return step_; }
+
+ private:
+  MoeTransformer policy_, reference_;
+  AdditionTask task_;
+  GrpoOptions options_;
+  uint64_t seed_;
+  std::mt19937_64 rng_;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  double loss_scale_;
+  int64_t good_steps_ = 0;
+  int64_t step_ = 0;
+};
+
+}  // namespace moerr::moe

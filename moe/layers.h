@@ -1,0 +1,58 @@
+// The building blocks of the reference transformer: RMSNorm, rotary
+// embeddings, GQA attention and the SwiGLU expert. Each module pushes its
+// HF-style path ("model.layers.3.mlp.experts.5") as a record-function user
+// scope, so a trace names the module of every op.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <string>
+
+#include "moe/moe_config.h"
+
+namespace moerr::moe {
+
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  at::Tensor forward(const at::Tensor& x);  // [..., dim], normalised in fp32
+
+  at::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  AttentionImpl(const MoeConfig& config, std::string path);
+  at::Tensor forward(const at::Tensor& x);  // [B, S, hidden] -> [B, S, hidden], causal
+
+ private:
+  MoeConfig config_;
+  std::string path_;
+  torch::nn::Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
+  RMSNorm q_norm_{nullptr}, k_norm_{nullptr};
+};
+TORCH_MODULE(Attention);
+
+// SwiGLU: down(silu(gate(x)) * up(x)). Also the dense MLP and shared experts.
+// Mixtral names the projections w1 (gate), w3 (up), w2 (down).
+class ExpertImpl : public torch::nn::Module {
+ public:
+  ExpertImpl(int64_t hidden, int64_t intermediate, bool mixtral_names, std::string path);
+  at::Tensor forward(const at::Tensor& x);  // [N, hidden] or [B, S, hidden]
+
+ private:
+  std::string path_;
+  torch::nn::Linear gate_{nullptr}, up_{nullptr}, down_{nullptr};
+};
+TORCH_MODULE(Expert);
+
+// Applies rotary embeddings to x [B, heads, S, head_dim] (HF layout: halves).
+at::Tensor ApplyRotary(const at::Tensor& x, double theta);
+
+}  // namespace moerr::moe

@@ -1,0 +1,71 @@
+// MoeConfig: the shape of the reference MoE transformer, with the router
+// variants of the model families moerr loads (Qwen2-MoE, Qwen3-MoE,
+// DeepSeek-V3, Mixtral). Field names follow HF config.json where one exists.
+// Attention is Llama-style GQA in every family (DeepSeek's MLA is not
+// modelled); the MoE block and parameter names follow each family.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "llvm/Support/JSON.h"
+
+namespace moerr::moe {
+
+enum class Family { kQwen2Moe, kQwen3Moe, kDeepseekV3, kMixtral };
+std::string FamilyName(Family f);  // the HF model_type: "qwen2_moe", ...
+
+enum class RouterKind {
+  kSoftmaxTopK,         // softmax over experts, top-k (Mixtral, Qwen)
+  kSigmoidGroupedTopK,  // sigmoid scores + correction bias, grouped top-k (DeepSeek-V3)
+};
+
+struct MoeConfig {
+  Family family = Family::kQwen3Moe;
+  int64_t vocab_size = 16;
+  int64_t hidden_size = 32;
+  int64_t num_layers = 2;
+  int64_t num_heads = 4;
+  int64_t num_kv_heads = 2;  // GQA: must divide num_heads
+  int64_t head_dim = 8;
+  int64_t intermediate_size = 64;      // dense MLP width (first_k_dense layers)
+  int64_t moe_intermediate_size = 16;  // per routed expert
+  int64_t num_experts = 8;
+  int64_t top_k = 2;                   // must be <= num_experts
+  bool norm_topk_prob = true;          // renormalise the top-k weights to sum 1
+  RouterKind router = RouterKind::kSoftmaxTopK;
+  int64_t n_group = 1;                 // DeepSeek grouped top-k: groups of experts,
+  int64_t topk_group = 1;              // of which this many are eligible per token
+  double routed_scaling_factor = 1.0;  // multiplies the routed output weights
+  // Shared experts: Qwen2-MoE has one `shared_expert` of this width with a
+  // sigmoid `shared_expert_gate`; DeepSeek-V3 has `shared_experts` of width
+  // num_shared_experts * moe_intermediate_size. 0 = none.
+  int64_t num_shared_experts = 0;
+  int64_t shared_expert_intermediate_size = 0;
+  int64_t first_k_dense = 0;  // the first k layers use a dense MLP
+  bool attention_bias = false;  // q/k/v biases (Qwen2)
+  bool qk_norm = false;         // per-head RMSNorm on q and k (Qwen3)
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  double router_aux_loss_coef = 0.01;
+
+  bool IsMoeLayer(int64_t layer) const { return layer >= first_k_dense; }
+  // The module name of a layer's MLP block: "mlp", or "block_sparse_moe" (Mixtral).
+  std::string MlpName() const { return family == Family::kMixtral ? "block_sparse_moe" : "mlp"; }
+};
+
+// Checks the invariants written on the fields.
+absl::Status Validate(const MoeConfig& c);
+
+// Presets: "tiny" (tests: a step well under a second), "small" (the demo:
+// 4 layers, 32 experts, top-4, one shared expert), "wide" (benchmarks: 128
+// experts, top-8, the router shape of Qwen3-30B-A3B, narrow).
+absl::StatusOr<MoeConfig> Preset(const std::string& name, Family family = Family::kQwen3Moe);
+
+// HF config.json, in each family's own keys.
+llvm::json::Object ToHfConfig(const MoeConfig& c);
+absl::StatusOr<MoeConfig> FromHfConfig(const llvm::json::Object& json);
+
+}  // namespace moerr::moe

@@ -1,0 +1,76 @@
+#include "moe/numerics.h"
+
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "absl/strings/str_format.h"
+
+namespace moerr::moe {
+namespace {
+
+thread_local Numerics current_numerics;
+
+// Rounds forward values and backward gradients to fp16.
+struct Fp16RoundFunction : public torch::autograd::Function<Fp16RoundFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, bool saturate) {
+    ctx->saved_data["saturate"] = saturate;
+    return RoundToFp16(x, saturate);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const bool saturate = ctx->saved_data["saturate"].toBool();
+    return {RoundToFp16(grads[0], saturate), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<Precision> ParsePrecision(const std::string& name) {
+  if (name == "fp32") return Precision::kFp32;
+  if (name == "bf16") return Precision::kBf16;
+  if (name == "fp16-emu") return Precision::kFp16Emu;
+  return absl::InvalidArgumentError(absl::StrFormat("unknown precision \"%s\" (fp32, bf16, fp16-emu)", name));
+}
+
+std::string PrecisionName(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kBf16: return "bf16";
+    case Precision::kFp16Emu: return "fp16-emu";
+  }
+  return "unknown";
+}
+
+at::Tensor RoundToFp16(const at::Tensor& x, bool saturate) {
+  if (!x.is_floating_point()) return x;
+  at::Tensor y = saturate ? x.clamp(-kFp16Max, kFp16Max) : x;
+  return y.to(at::kHalf).to(x.scalar_type());
+}
+
+const Numerics& CurrentNumerics() { return current_numerics; }
+
+NumericsScope::NumericsScope(Numerics numerics)
+    : previous_(current_numerics),
+      previous_autocast_(at::autocast::is_cpu_enabled()),
+      previous_autocast_dtype_(at::autocast::get_autocast_cpu_dtype()) {
+  current_numerics = numerics;
+  const bool bf16 = numerics.precision == Precision::kBf16;
+  at::autocast::set_cpu_enabled(bf16);
+  if (bf16) at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+}
+
+NumericsScope::~NumericsScope() {
+  current_numerics = previous_;
+  at::autocast::set_cpu_enabled(previous_autocast_);
+  at::autocast::set_autocast_cpu_dtype(previous_autocast_dtype_);
+  at::autocast::clear_cache();
+}
+
+at::Tensor Boundary(const at::Tensor& x) {
+  const Numerics& n = current_numerics;
+  if (n.precision != Precision::kFp16Emu) return x;
+  if (!x.requires_grad()) return RoundToFp16(x, n.saturate);
+  return Fp16RoundFunction::apply(x, n.saturate);
+}
+
+}  // namespace moerr::moe

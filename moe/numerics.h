@@ -1,0 +1,52 @@
+// Precision of a training step. LibTorch 1.13 on CPU has no fp16 matmul,
+// softmax or exp, so fp16 is emulated: values are computed in fp32 and
+// rounded to fp16 at every module boundary, in the forward pass and (for
+// gradients) in the backward pass; an overflow gives +-Inf, or saturates to
+// +-65504 as NPUs can be told to. bf16 runs natively under CPU autocast.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace moerr::moe {
+
+enum class Precision { kFp32, kBf16, kFp16Emu };
+absl::StatusOr<Precision> ParsePrecision(const std::string& name);  // fp32, bf16, fp16-emu
+std::string PrecisionName(Precision p);
+
+// fp16's largest finite value.
+inline constexpr double kFp16Max = 65504.0;
+
+// Rounds to fp16 and back to the input dtype; out-of-range values become
+// +-Inf, or +-65504 when `saturate`. Not differentiable (a plain op).
+at::Tensor RoundToFp16(const at::Tensor& x, bool saturate);
+
+// The numerics in force on this thread; set by NumericsScope.
+struct Numerics {
+  Precision precision = Precision::kFp32;
+  bool saturate = false;  // fp16 overflow saturates instead of giving Inf
+};
+const Numerics& CurrentNumerics();
+
+// Sets the thread's numerics (and CPU bf16 autocast for kBf16) for its life.
+class NumericsScope {
+ public:
+  explicit NumericsScope(Numerics numerics);
+  ~NumericsScope();
+  NumericsScope(const NumericsScope&) = delete;
+  NumericsScope& operator=(const NumericsScope&) = delete;
+
+ private:
+  Numerics previous_;
+  bool previous_autocast_;
+  at::ScalarType previous_autocast_dtype_;
+};
+
+// A module boundary: identity except under fp16 emulation, where the value is
+// rounded to fp16 forward and its gradient rounded to fp16 backward.
+at::Tensor Boundary(const at::Tensor& x);
+
+}  // namespace moerr::moe

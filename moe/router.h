@@ -1,0 +1,52 @@
+// The MoE router: scores experts per token and picks top-k.
+//   softmax top-k:  p = softmax(logits); top-k of p; optional renormalisation.
+//   DeepSeek-V3:    s = sigmoid(logits); choice = s + e_score_correction_bias;
+//                   keep the topk_group groups with the best top-2 sums; top-k
+//                   of choice within them; weights from s (renormalised), times
+//                   routed_scaling_factor.
+// Routing replay: ForceRouting(ids) makes the next forwards use `ids` as the
+// choice; weights still come from the live logits, so gradients flow.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <string>
+
+#include "moe/moe_config.h"
+#include "recorder/routing_hook.h"
+
+namespace moerr::moe {
+
+struct RouterOutput {
+  at::Tensor topk_ids;      // [T, k] int64
+  at::Tensor topk_weights;  // [T, k], input dtype
+  at::Tensor logits;        // [T, E] fp32
+  at::Tensor probs;         // [T, E] fp32: softmax, or sigmoid scores normalised per token
+};
+
+class RouterImpl : public torch::nn::Module {
+ public:
+  RouterImpl(const MoeConfig& config, int64_t layer, std::string path);
+  RouterOutput forward(const at::Tensor& x);  // x [T, hidden]
+
+  void set_observer(recorder::RoutingObserver* observer) { observer_ = observer; }
+  int64_t layer() const { return layer_; }
+  // `ids` [T, k] int64 for the next forwards; an undefined tensor releases.
+  void ForceRouting(at::Tensor ids) { forced_ids_ = std::move(ids); }
+
+  at::Tensor weight;                   // [E, hidden]
+  at::Tensor e_score_correction_bias;  // [E], DeepSeek-V3 only (a buffer)
+
+ private:
+  at::Tensor SelectGrouped(const at::Tensor& choice) const;
+
+  MoeConfig config_;
+  int64_t layer_;
+  std::string path_;
+  recorder::RoutingObserver* observer_ = nullptr;
+  at::Tensor forced_ids_;
+};
+TORCH_MODULE(Router);
+
+}  // namespace moerr::moe

@@ -1,0 +1,20 @@
+// at::Tensor <-> formats' byte-level tensors.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "absl/status/statusor.h"
+#include "formats/tensor_view.h"
+
+namespace moerr::moe {
+
+absl::StatusOr<formats::DType> ToDType(at::ScalarType type);
+at::ScalarType ToScalarType(formats::DType dtype);
+
+// A view of a CPU tensor's elements (strides kept); the view holds a
+// reference to the tensor, so a writer may read it after the call.
+absl::StatusOr<formats::TensorView> ViewOf(const at::Tensor& t);
+// A new tensor holding a copy of `view`'s elements.
+at::Tensor ToTensor(const formats::TensorView& view);
+
+}  // namespace moerr::moe
