@@ -13,3 +13,7 @@ echo "## Chunk codec (Google Benchmark, one 4 MiB chunk of N(0, 0.02) bf16)"
 echo
 echo "## Bundle I/O against torch.save, .npy and fwrite"
 "$PYTHON" bench/formats/bench_formats.py "$BUILD/bench/bundle_io_bench" "$WORK/formats"
+
+echo
+echo "## Reference model: GRPO step time and peak memory"
+"$BUILD/bench/step_bench"

@@ -15,6 +15,14 @@ std::string FamilyName(Family f) {
   return "unknown";
 }
 
+absl::StatusOr<Family> ParseFamily(const std::string& model_type) {
+  for (Family f : {Family::kQwen2Moe, Family::kQwen3Moe, Family::kDeepseekV3, Family::kMixtral}) {
+    if (FamilyName(f) == model_type) return f;
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "model_type \"%s\" is not supported (qwen2_moe, qwen3_moe, deepseek_v3, mixtral)", model_type));
+}
+
 absl::Status Validate(const MoeConfig& c) {
   auto bad = [](const std::string& what) { return absl::InvalidArgumentError("model config: " + what); };
   if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.num_layers <= 0 || c.head_dim <= 0) {
@@ -154,11 +162,9 @@ absl::StatusOr<MoeConfig> FromHfConfig(const llvm::json::Object& j) {
   MoeConfig c;
   auto type = j.getString("model_type");
   if (!type) return absl::InvalidArgumentError("config.json: no model_type");
-  if (*type == "qwen2_moe") c.family = Family::kQwen2Moe;
-  else if (*type == "qwen3_moe") c.family = Family::kQwen3Moe;
-  else if (*type == "deepseek_v3") c.family = Family::kDeepseekV3;
-  else if (*type == "mixtral") c.family = Family::kMixtral;
-  else return absl::InvalidArgumentError(absl::StrFormat("config.json: model_type \"%s\" is not supported", type->str()));
+  auto family = ParseFamily(type->str());
+  if (!family.ok()) return Annotate(family.status(), "config.json");
+  c.family = *family;
   MOERR_ASSIGN_OR_RETURN(c.vocab_size, Int(j, "vocab_size"));
   MOERR_ASSIGN_OR_RETURN(c.hidden_size, Int(j, "hidden_size"));
   MOERR_ASSIGN_OR_RETURN(c.num_layers, Int(j, "num_hidden_layers"));

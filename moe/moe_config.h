@@ -15,6 +15,7 @@ namespace moerr::moe {
 
 enum class Family { kQwen2Moe, kQwen3Moe, kDeepseekV3, kMixtral };
 std::string FamilyName(Family f);  // the HF model_type: "qwen2_moe", ...
+absl::StatusOr<Family> ParseFamily(const std::string& model_type);
 
 enum class RouterKind {
   kSoftmaxTopK,         // softmax over experts, top-k (Mixtral, Qwen)

@@ -23,5 +23,6 @@ void AddInspectCommand(CLI::App& app, int& exit_code);
 void AddVerifyCommand(CLI::App& app, int& exit_code);
 void AddSalvageCommand(CLI::App& app, int& exit_code);
 void AddDemoCommand(CLI::App& app, int& exit_code);
+void AddTrainCommand(CLI::App& app, int& exit_code);
 
 }  // namespace moerr::tools

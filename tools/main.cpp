@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   AddInspectCommand(app, exit_code);
   AddVerifyCommand(app, exit_code);
   AddSalvageCommand(app, exit_code);
+  AddTrainCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,99 @@
+#include "moe/training_run.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+
+#include "absl/strings/str_format.h"
+#include "moe/checkpoint.h"
+#include "support/status.h"
+#include "support/torch_boundary.h"
+
+namespace moerr::moe {
+namespace {
+
+MoeTransformer Clone(MoeTransformer& model) {
+  MoeTransformer copy(model->config());
+  torch::NoGradGuard no_grad;
+  const auto from = model->NamedTensors();
+  const auto to = copy->NamedTensors();
+  for (size_t i = 0; i < from.size(); ++i) to[i].second.copy_(from[i].second);
+  return copy;
+}
+
+}  // namespace
+
+llvm::json::Object MetricsToJson(const StepMetrics& m) {
+  // JSON has no NaN or Inf: non-finite values are written as strings.
+  auto num = [](double v) -> llvm::json::Value {
+    if (std::isfinite(v)) return v;
+    return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
+  };
+  return llvm::json::Object{{"step", m.step},
+                            {"loss", num(m.loss)},
+                            {"reward", num(m.reward)},
+                            {"kl", num(m.kl)},
+                            {"grad_norm", num(m.grad_norm)},
+                            {"loss_scale", num(m.loss_scale)},
+                            {"load_entropy", num(m.load_entropy)},
+                            {"top_expert_share", num(m.top_expert_share)},
+                            {"clip_fraction", num(m.clip_fraction)},
+                            {"ratio_error", num(m.ratio_error)},
+                            {"skipped", m.skipped},
+                            {"finite", m.finite}};
+}
+
+absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const ProgressFn& progress) {
+  if (options.out_dir.empty()) return absl::InvalidArgumentError("an output directory is required (-o DIR)");
+  if (options.steps < 0 || options.warmup_steps < 0) return absl::InvalidArgumentError("step counts must be >= 0");
+  if (::mkdir(options.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::InternalError(absl::StrFormat("cannot create %s: %s", options.out_dir, std::strerror(errno)));
+  }
+  TrainReport report;
+  report.metrics_path = options.out_dir + "/metrics.jsonl";
+  report.checkpoint_dir = options.out_dir + "/checkpoint";
+  struct stat st;
+  if (!options.overwrite && ::stat(report.metrics_path.c_str(), &st) == 0) {
+    return absl::AlreadyExistsError(absl::StrFormat("%s exists; pass --force to overwrite", report.metrics_path));
+  }
+  const AdditionTask task;
+  absl::Status status = CatchTorch("training", [&]() -> absl::Status {
+    torch::manual_seed(options.seed);
+    MoeTransformer policy{nullptr};
+    if (!options.init_checkpoint.empty()) {
+      MOERR_ASSIGN_OR_RETURN(policy, LoadCheckpoint(options.init_checkpoint));
+    } else {
+      MOERR_ASSIGN_OR_RETURN(MoeConfig config, Preset(options.preset, options.family));
+      policy = MoeTransformer(config);
+      WarmupOptions warm;
+      warm.steps = options.warmup_steps;
+      warm.seed = options.seed;
+      report.warmup = Warmup(policy, task, warm, [&](int64_t step, double) {
+        if (progress) progress("warm-up", step + 1, warm.steps);
+      });
+      MOERR_RETURN_IF_ERROR(SaveCheckpoint(policy, options.out_dir + "/warmup", options.overwrite));
+    }
+    MoeTransformer reference = Clone(policy);
+    GrpoOptions grpo;
+    grpo.numerics.precision = options.precision;
+    grpo.rollout_numerics.precision = options.precision;
+    std::mt19937_64 rng(options.seed + 17);
+    const at::Tensor calibration = task.Sample(64, rng).prompts;
+    MOERR_ASSIGN_OR_RETURN(report.fault, InjectFault(options.fault, policy, grpo, calibration));
+    GrpoTrainer trainer(policy, reference, task, grpo, options.seed);
+    std::ofstream metrics(report.metrics_path, std::ios::trunc);
+    if (!metrics) return absl::InternalError("cannot write " + report.metrics_path);
+    for (int64_t i = 0; i < options.steps; ++i) {
+      report.steps.push_back(trainer.Step());
+      metrics << llvm::formatv("{0}", llvm::json::Value(MetricsToJson(report.steps.back()))).str() << "\n";
+      metrics.flush();
+      if (progress) progress("RL", i + 1, options.steps);
+    }
+    report.final_accuracy = Accuracy(policy, task, 256, options.seed + 1);
+    return SaveCheckpoint(policy, report.checkpoint_dir, options.overwrite);
+  });
+  if (!status.ok()) return status;
+  return report;
+}
+
+}  // namespace moerr::moe

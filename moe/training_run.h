@@ -1,0 +1,47 @@
+// A training run of the reference model, as `moerr train` performs it:
+// supervised warm-up (or a given checkpoint), a fault if asked, then GRPO
+// steps. Writes per-step metrics as JSONL and HF-layout checkpoints.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "moe/fault.h"
+#include "moe/grpo_trainer.h"
+#include "moe/warmup.h"
+
+namespace moerr::moe {
+
+struct TrainOptions {
+  std::string preset = "small";
+  Family family = Family::kQwen3Moe;
+  FaultKind fault = FaultKind::kNone;
+  int64_t steps = 10;              // GRPO steps
+  Precision precision = Precision::kFp32;
+  uint64_t seed = 0;
+  std::string out_dir;             // required
+  std::string init_checkpoint;     // start from this HF checkpoint instead of warming up
+  int64_t warmup_steps = 600;
+  bool overwrite = false;
+};
+
+struct TrainReport {
+  WarmupReport warmup;             // accuracy 0 and loss 0 when started from a checkpoint
+  double final_accuracy = 0;
+  InjectedFault fault;
+  std::vector<StepMetrics> steps;
+  std::string metrics_path;        // OUT/metrics.jsonl
+  std::string checkpoint_dir;      // OUT/checkpoint
+};
+
+// `progress(phase, done, total)` is called as work advances.
+using ProgressFn = std::function<void(const std::string& phase, int64_t done, int64_t total)>;
+
+absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const ProgressFn& progress = nullptr);
+
+// One JSON object per step: every StepMetrics field.
+llvm::json::Object MetricsToJson(const StepMetrics& m);
+
+}  // namespace moerr::moe
