@@ -69,6 +69,89 @@ struct Field {
   value @1 :Value;
 }
 
+# ---- the trace (DESIGN.md, "The trace") -------------------------------------
+
+# Summary statistics of a tensor's values (over all elements, in fp64).
+struct Fingerprint {
+  numel @0 :UInt64;
+  min @1 :Float64;      # NaN when numel is 0 or every value is NaN
+  max @2 :Float64;
+  mean @3 :Float64;     # over finite values
+  absMax @4 :Float64;   # over finite values
+  l2 @5 :Float64;       # over finite values
+  nan @6 :UInt64;
+  posInf @7 :UInt64;
+  negInf @8 :UInt64;
+  beyondF16 @9 :UInt64;   # finite values with |x| > 65504
+  beyondBf16 @10 :UInt64; # finite values with |x| > 3.3895e38
+  hash @11 :UInt64;       # XXH3-64 of the contiguous bytes
+}
+
+enum Phase { forward @0; backward @1; optimizer @2; other @3; }
+
+# A tensor as an op saw it, recorded when its id first appears.
+struct TensorMeta {
+  id @0 :UInt64;            # unique in the bundle; ids follow TensorImpl identity and version
+  dtype @1 :DType;
+  shape @2 :List(Int64);
+  strides @3 :List(Int64);  # in elements
+  storageOffset @4 :Int64;
+  fingerprint @5 :Fingerprint;
+  producer @6 :Int64;       # seq of the op that produced it; -1 for a leaf
+  leaf @7 :Text;            # for a captured leaf: its tensor name in the bundle; else empty
+  viewOf @8 :UInt64;        # non-zero: these values are a view (shape, strides, storageOffset
+                            # into the same storage) of that tensor id, at the same version;
+                            # autograd keeps such views of composite ops' internals
+}
+
+# A non-tensor (or tensor) argument of an op, enough to re-dispatch it.
+struct Arg {
+  union {
+    none @0 :Void;
+    tensor @1 :UInt64;          # TensorMeta.id
+    tensors @2 :List(UInt64);
+    int @3 :Int64;              # also dtypes, layouts and memory formats (their enum values)
+    float @4 :Float64;
+    bool @5 :Bool;
+    text @6 :Text;
+    ints @7 :List(Int64);
+    floats @8 :List(Float64);
+    bools @9 :List(Bool);
+    device @10 :Text;
+    unsupported @11 :Text;      # the argument's kind; the op cannot be re-dispatched as recorded
+    optionalTensors @12 :List(Int64);  # tensor ids, -1 for None
+  }
+}
+
+struct OpEvent {
+  seq @0 :UInt64;          # execution order within the bundle
+  thread @1 :UInt32;
+  phase @2 :Phase;
+  name @3 :Text;           # "aten::mm"
+  overload @4 :Text;       # "" or "out", "Tensor", ...
+  sequenceNr @5 :Int64;    # autograd sequence number; -1 when none
+  forwardSeq @6 :Int64;    # for a backward op: seq of the forward op that made its node; else -1
+  module @7 :Text;         # "model.layers.3.mlp.experts.5" (for backward ops: the forward op's)
+  args @8 :List(Arg);
+  outputs @9 :List(UInt64);  # TensorMeta ids; 0 for a non-tensor output
+}
+
+struct OpBatch {
+  ops @0 :List(OpEvent);
+  tensors @1 :List(TensorMeta);  # every id first seen in these ops
+}
+
+# One router decision (per MoE layer and micro-batch). Tensors are in the
+# bundle under the given names.
+struct Routing {
+  layer @0 :Int64;
+  microBatch @1 :Int64;
+  topkIds @2 :Text;
+  topkWeights @3 :Text;
+  logits @4 :Text;              # empty when not captured
+  tokenCounts @5 :List(Int64);  # per expert
+}
+
 # The payload of a `record` frame.
 struct Record {
   step @0 :Int64;  # -1: not tied to a step.
@@ -78,6 +161,8 @@ struct Record {
     stepBegin @3 :Void;
     stepEnd @4 :Void;       # a step is complete when its stepEnd is in the file
     annotation @5 :Field;
+    ops @6 :OpBatch;
+    routing @7 :Routing;
   }
 }
 

@@ -85,6 +85,84 @@ void SetValue(const llvm::json::Value& in, schema::Value::Builder out) {
   }
 }
 
+void SetFingerprint(const Fingerprint& in, schema::Fingerprint::Builder out) {
+  out.setNumel(in.numel);
+  out.setMin(in.min);
+  out.setMax(in.max);
+  out.setMean(in.mean);
+  out.setAbsMax(in.abs_max);
+  out.setL2(in.l2);
+  out.setNan(in.nan);
+  out.setPosInf(in.pos_inf);
+  out.setNegInf(in.neg_inf);
+  out.setBeyondF16(in.beyond_f16);
+  out.setBeyondBf16(in.beyond_bf16);
+  out.setHash(in.hash);
+}
+
+capnp::Text::Reader TextOf(const std::string& s) { return capnp::Text::Reader(s.data(), s.size()); }
+
+template <typename List, typename T>
+void SetList(List list, const std::vector<T>& values) {
+  for (size_t i = 0; i < values.size(); ++i) list.set(i, values[i]);
+}
+
+void SetArg(const OpArg& in, schema::Arg::Builder out) {
+  using K = OpArg::Kind;
+  switch (in.kind) {
+    case K::kNone: out.setNone(); break;
+    case K::kTensor: out.setTensor(in.i); break;
+    case K::kTensors: SetList(out.initTensors(in.ints.size()), in.ints); break;
+    case K::kInt: out.setInt(in.i); break;
+    case K::kFloat: out.setFloat(in.f); break;
+    case K::kBool: out.setBool(in.i != 0); break;
+    case K::kText: out.setText(TextOf(in.text)); break;
+    case K::kInts: SetList(out.initInts(in.ints.size()), in.ints); break;
+    case K::kFloats: SetList(out.initFloats(in.floats.size()), in.floats); break;
+    case K::kBools: {
+      auto list = out.initBools(in.ints.size());
+      for (size_t i = 0; i < in.ints.size(); ++i) list.set(i, in.ints[i] != 0);
+      break;
+    }
+    case K::kDevice: out.setDevice(TextOf(in.text)); break;
+    case K::kUnsupported: out.setUnsupported(TextOf(in.text)); break;
+    case K::kOptionalTensors: SetList(out.initOptionalTensors(in.ints.size()), in.ints); break;
+  }
+}
+
+void SetOpBatch(const OpBatch& in, schema::OpBatch::Builder out) {
+  auto ops = out.initOps(in.ops.size());
+  for (size_t i = 0; i < in.ops.size(); ++i) {
+    const OpEvent& op = in.ops[i];
+    auto b = ops[i];
+    b.setSeq(op.seq);
+    b.setThread(op.thread);
+    b.setPhase(static_cast<schema::Phase>(op.phase));
+    b.setName(TextOf(op.name));
+    b.setOverload(TextOf(op.overload));
+    b.setSequenceNr(op.sequence_nr);
+    b.setForwardSeq(op.forward_seq);
+    b.setModule(TextOf(op.module));
+    auto args = b.initArgs(op.args.size());
+    for (size_t a = 0; a < op.args.size(); ++a) SetArg(op.args[a], args[a]);
+    SetList(b.initOutputs(op.outputs.size()), op.outputs);
+  }
+  auto tensors = out.initTensors(in.tensors.size());
+  for (size_t i = 0; i < in.tensors.size(); ++i) {
+    const TensorMeta& t = in.tensors[i];
+    auto b = tensors[i];
+    b.setId(t.id);
+    b.setDtype(static_cast<schema::DType>(t.dtype));
+    SetList(b.initShape(t.shape.size()), t.shape);
+    SetList(b.initStrides(t.strides.size()), t.strides);
+    b.setStorageOffset(t.storage_offset);
+    SetFingerprint(t.fingerprint, b.initFingerprint());
+    b.setProducer(t.producer);
+    b.setLeaf(TextOf(t.leaf));
+    b.setViewOf(t.view_of);
+  }
+}
+
 std::vector<std::byte> ToBytes(capnp::MessageBuilder& message) {
   kj::Array<capnp::word> words = capnp::messageToFlatArray(message);
   auto bytes = words.asBytes();
@@ -150,6 +228,92 @@ llvm::json::Value GetValue(schema::Value::Reader in) {
     }
   }
   return nullptr;  // a newer writer's kind: read as null
+}
+
+Fingerprint GetFingerprint(schema::Fingerprint::Reader in) {
+  Fingerprint f;
+  f.numel = in.getNumel();
+  f.min = in.getMin();
+  f.max = in.getMax();
+  f.mean = in.getMean();
+  f.abs_max = in.getAbsMax();
+  f.l2 = in.getL2();
+  f.nan = in.getNan();
+  f.pos_inf = in.getPosInf();
+  f.neg_inf = in.getNegInf();
+  f.beyond_f16 = in.getBeyondF16();
+  f.beyond_bf16 = in.getBeyondBf16();
+  f.hash = in.getHash();
+  return f;
+}
+
+template <typename T, typename List>
+std::vector<T> GetList(List list) {
+  std::vector<T> out;
+  out.reserve(list.size());
+  for (auto v : list) out.push_back(static_cast<T>(v));
+  return out;
+}
+
+OpArg GetArg(schema::Arg::Reader in) {
+  using K = OpArg::Kind;
+  OpArg a;
+  switch (in.which()) {
+    case schema::Arg::NONE: a.kind = K::kNone; break;
+    case schema::Arg::TENSOR: a.kind = K::kTensor, a.i = static_cast<int64_t>(in.getTensor()); break;
+    case schema::Arg::TENSORS: a.kind = K::kTensors, a.ints = GetList<int64_t>(in.getTensors()); break;
+    case schema::Arg::INT: a.kind = K::kInt, a.i = in.getInt(); break;
+    case schema::Arg::FLOAT: a.kind = K::kFloat, a.f = in.getFloat(); break;
+    case schema::Arg::BOOL: a.kind = K::kBool, a.i = in.getBool(); break;
+    case schema::Arg::TEXT: a.kind = K::kText, a.text = std::string(View(in.getText())); break;
+    case schema::Arg::INTS: a.kind = K::kInts, a.ints = GetList<int64_t>(in.getInts()); break;
+    case schema::Arg::FLOATS: a.kind = K::kFloats, a.floats = GetList<double>(in.getFloats()); break;
+    case schema::Arg::BOOLS: a.kind = K::kBools, a.ints = GetList<int64_t>(in.getBools()); break;
+    case schema::Arg::DEVICE: a.kind = K::kDevice, a.text = std::string(View(in.getDevice())); break;
+    case schema::Arg::UNSUPPORTED: a.kind = K::kUnsupported, a.text = std::string(View(in.getUnsupported())); break;
+    case schema::Arg::OPTIONAL_TENSORS: a.kind = K::kOptionalTensors, a.ints = GetList<int64_t>(in.getOptionalTensors()); break;
+    default: a.kind = K::kUnsupported, a.text = "argument kind from a newer writer";
+  }
+  return a;
+}
+
+absl::StatusOr<OpBatch> GetOpBatch(schema::OpBatch::Reader in) {
+  OpBatch out;
+  auto ops = in.getOps();
+  out.ops.reserve(ops.size());
+  for (auto b : ops) {
+    OpEvent op;
+    op.seq = b.getSeq();
+    op.thread = b.getThread();
+    const auto phase = static_cast<uint16_t>(b.getPhase());
+    op.phase = phase <= static_cast<uint16_t>(Phase::kOther) ? static_cast<Phase>(phase) : Phase::kOther;
+    op.name = std::string(View(b.getName()));
+    op.overload = std::string(View(b.getOverload()));
+    op.sequence_nr = b.getSequenceNr();
+    op.forward_seq = b.getForwardSeq();
+    op.module = std::string(View(b.getModule()));
+    for (auto a : b.getArgs()) op.args.push_back(GetArg(a));
+    op.outputs = GetList<uint64_t>(b.getOutputs());
+    out.ops.push_back(std::move(op));
+  }
+  auto tensors = in.getTensors();
+  out.tensors.reserve(tensors.size());
+  for (auto b : tensors) {
+    TensorMeta t;
+    t.id = b.getId();
+    const auto dtype = DTypeFromRaw(static_cast<uint16_t>(b.getDtype()));
+    if (!dtype) return absl::DataLossError(absl::StrFormat("tensor %d: dtype %d is unknown", t.id, int(b.getDtype())));
+    t.dtype = *dtype;
+    t.shape = GetList<int64_t>(b.getShape());
+    t.strides = GetList<int64_t>(b.getStrides());
+    t.storage_offset = b.getStorageOffset();
+    t.fingerprint = GetFingerprint(b.getFingerprint());
+    t.producer = b.getProducer();
+    t.leaf = std::string(View(b.getLeaf()));
+    t.view_of = b.getViewOf();
+    out.tensors.push_back(std::move(t));
+  }
+  return out;
 }
 
 // Checks the segment table before Cap'n Proto sees the message, so its errors
@@ -235,7 +399,8 @@ absl::string_view RoleName(Role role) {
 }
 
 absl::string_view RecordKindName(uint16_t kind) {
-  static constexpr absl::string_view kNames[] = {"blob", "tensor", "step-begin", "step-end", "annotation"};
+  static constexpr absl::string_view kNames[] = {"blob",       "tensor", "step-begin", "step-end",
+                                                 "annotation", "ops",    "routing"};
   return kind < std::size(kNames) ? kNames[kind] : "unknown";
 }
 
@@ -288,6 +453,18 @@ std::vector<std::byte> EncodeRecord(const Record& record) {
       auto field = root.initAnnotation();
       field.setKey(capnp::Text::Reader(record.key.data(), record.key.size()));
       SetValue(record.value, field.initValue());
+      break;
+    }
+    case RecordKind::kOps: SetOpBatch(record.ops, root.initOps()); break;
+    case RecordKind::kRouting: {
+      const RoutingRecord& r = record.routing;
+      auto b = root.initRouting();
+      b.setLayer(r.layer);
+      b.setMicroBatch(r.micro_batch);
+      b.setTopkIds(TextOf(r.topk_ids));
+      b.setTopkWeights(TextOf(r.topk_weights));
+      b.setLogits(TextOf(r.logits));
+      SetList(b.initTokenCounts(r.token_counts.size()), r.token_counts);
       break;
     }
   }
@@ -352,6 +529,20 @@ absl::StatusOr<Record> DecodeRecord(absl::Span<const std::byte> payload, uint64_
             auto field = root.getAnnotation();
             out.key = std::string(View(field.getKey()));
             out.value = GetValue(field.getValue());
+            break;
+          }
+          case schema::Record::OPS: {
+            MOERR_ASSIGN_OR_RETURN(out.ops, GetOpBatch(root.getOps()));
+            break;
+          }
+          case schema::Record::ROUTING: {
+            auto r = root.getRouting();
+            out.routing.layer = r.getLayer();
+            out.routing.micro_batch = r.getMicroBatch();
+            out.routing.topk_ids = std::string(View(r.getTopkIds()));
+            out.routing.topk_weights = std::string(View(r.getTopkWeights()));
+            out.routing.logits = std::string(View(r.getLogits()));
+            out.routing.token_counts = GetList<int64_t>(r.getTokenCounts());
             break;
           }
         }

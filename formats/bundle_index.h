@@ -13,6 +13,7 @@
 #include "formats/chunk_codec.h"
 #include "formats/dtype.h"
 #include "formats/limits.h"
+#include "formats/trace.h"
 #include "llvm/Support/JSON.h"
 
 namespace moerr::formats {
@@ -38,6 +39,8 @@ enum class RecordKind : uint16_t {
   kStepBegin = 2,
   kStepEnd = 3,
   kAnnotation = 4,
+  kOps = 5,
+  kRouting = 6,
 };
 absl::string_view RecordKindName(uint16_t kind);
 
@@ -102,6 +105,8 @@ struct Record {
   TensorInfo tensor;              // kTensor
   std::string key;                // kAnnotation
   llvm::json::Value value = nullptr;  // kAnnotation
+  OpBatch ops;                    // kOps
+  RoutingRecord routing;          // kRouting
 };
 
 // Cap'n Proto flat-array encodings (one segment, 8-byte aligned sizes).

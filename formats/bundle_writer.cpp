@@ -231,6 +231,13 @@ absl::Status BundleWriter::Annotate(absl::string_view key, llvm::json::Value val
   return Enqueue(Pending{nullptr, {}, std::move(record)});
 }
 
+absl::Status BundleWriter::AppendRecord(Record record) {
+  MOERR_RETURN_IF_ERROR(failed_);
+  const auto kind = static_cast<RecordKind>(record.kind);
+  MOERR_CHECK(kind != RecordKind::kBlob && kind != RecordKind::kTensor) << "blob and tensor records come from PutTensor";
+  return Enqueue(Pending{nullptr, {}, std::move(record)});
+}
+
 absl::Status BundleWriter::Checkpoint() {
   MOERR_RETURN_IF_ERROR(failed_);
   MOERR_RETURN_IF_ERROR(Drain());

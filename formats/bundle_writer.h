@@ -67,6 +67,9 @@ class BundleWriter {
   // Marks `step` complete and writes a checkpoint frame.
   absl::Status EndStep(int64_t step);
   absl::Status Annotate(absl::string_view key, llvm::json::Value value, int64_t step = -1);
+  // Appends a record of any kind but blob and tensor (those come from
+  // PutTensor): ops, routing, ...
+  absl::Status AppendRecord(Record record);
   // Writes everything pending, then a checkpoint frame (a partial index).
   absl::Status Checkpoint();
   // Writes the index and footer, syncs, and renames PATH.partial to PATH.
@@ -75,6 +78,9 @@ class BundleWriter {
   const std::string& path() const { return sink_->path(); }
   std::string partial_path() const { return sink_->partial_path(); }
   const WriteStats& stats() const { return stats_; }
+  // The file descriptor being written, for a crash handler that appends one
+  // prepared frame with write(2); -1 after Close.
+  int crash_fd() const { return closed_ ? -1 : sink_->fd(); }
 
  private:
   struct ChunkJob;

@@ -35,6 +35,8 @@ class FileSink {
   absl::Status Finish(bool sync);
 
   uint64_t offset() const { return offset_; }
+  // For a crash handler's async-signal-safe append of a prepared frame.
+  int fd() const { return fd_; }
   const std::string& path() const { return path_; }
   std::string partial_path() const { return path_ + ".partial"; }
 

@@ -3,27 +3,30 @@
 namespace moerr::moe {
 
 AdditionTask::Batch AdditionTask::Sample(int64_t n, std::mt19937_64& rng) const {
-  Batch b;
-  b.prompts = at::empty({n, prompt_length()}, at::kLong);
-  b.answers = at::empty({n, answer_length()}, at::kLong);
-  auto p = b.prompts.accessor<int64_t, 2>();
-  auto a = b.answers.accessor<int64_t, 2>();
+  // Filled outside ATen and copied in with one op each, so a tracer sees the
+  // batch as data that came from outside the step (a leaf).
+  std::vector<int64_t> prompts(n * prompt_length()), answers(n * answer_length());
+  auto p = [&](int64_t r) { return prompts.data() + r * prompt_length(); };
+  auto a = [&](int64_t r) { return answers.data() + r * answer_length(); };
   int64_t limit = 1;
   for (int i = 0; i < digits_; ++i) limit *= 10;
   for (int64_t r = 0; r < n; ++r) {
     const int64_t x = rng() % limit, y = rng() % limit;
     int64_t at = 0;
-    p[r][at++] = kBos;
-    for (int64_t v = x, i = 0; i < digits_; ++i, v /= 10) p[r][at + digits_ - 1 - i] = v % 10;
+    p(r)[at++] = kBos;
+    for (int64_t v = x, i = 0; i < digits_; ++i, v /= 10) p(r)[at + digits_ - 1 - i] = v % 10;
     at += digits_;
-    p[r][at++] = kPlus;
-    for (int64_t v = y, i = 0; i < digits_; ++i, v /= 10) p[r][at + digits_ - 1 - i] = v % 10;
+    p(r)[at++] = kPlus;
+    for (int64_t v = y, i = 0; i < digits_; ++i, v /= 10) p(r)[at + digits_ - 1 - i] = v % 10;
     at += digits_;
-    p[r][at++] = kEquals;
+    p(r)[at++] = kEquals;
     int64_t s = x + y;
-    for (int i = 0; i <= digits_; ++i, s /= 10) a[r][i] = s % 10;  // least significant first
-    a[r][digits_ + 1] = kEos;
+    for (int i = 0; i <= digits_; ++i, s /= 10) a(r)[i] = s % 10;  // least significant first
+    a(r)[digits_ + 1] = kEos;
   }
+  Batch b;
+  b.prompts = at::from_blob(prompts.data(), {n, prompt_length()}, at::kLong).clone();
+  b.answers = at::from_blob(answers.data(), {n, answer_length()}, at::kLong).clone();
   return b;
 }
 

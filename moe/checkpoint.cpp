@@ -5,7 +5,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "formats/hf_checkpoint.h"
-#include "moe/tensor_adapter.h"
+#include "recorder/tensor_adapter.h"
 #include "support/status.h"
 #include "support/torch_boundary.h"
 
@@ -14,7 +14,7 @@ namespace moerr::moe {
 absl::Status SaveCheckpoint(MoeTransformer& model, const std::string& dir, bool overwrite) {
   std::vector<std::pair<std::string, formats::TensorView>> views;
   for (const auto& [name, tensor] : model->NamedTensors()) {
-    MOERR_ASSIGN_OR_RETURN(formats::TensorView v, ViewOf(tensor.detach()));
+    MOERR_ASSIGN_OR_RETURN(formats::TensorView v, recorder::ViewOf(tensor.detach()));
     views.emplace_back(name, std::move(v));
   }
   return formats::SaveHfCheckpoint(dir, ToHfConfig(model->config()), views, overwrite);
@@ -51,7 +51,7 @@ absl::Status LoadWeights(MoeTransformer& model, const std::map<std::string, form
   }
   return CatchTorch("loading weights", [&] {
     torch::NoGradGuard no_grad;
-    for (const auto& [name, view] : tensors) wanted.at(name).copy_(ToTensor(view));
+    for (const auto& [name, view] : tensors) wanted.at(name).copy_(recorder::ToTensor(view));
     return absl::OkStatus();
   });
 }

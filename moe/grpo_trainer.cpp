@@ -1,6 +1,7 @@
 #include "moe/grpo_trainer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/nn/utils/clip_grad.h>
 
@@ -28,7 +29,11 @@ StepMetrics GrpoTrainer::Step() {
   StepMetrics m;
   m.step = step_;
   const int64_t g = options_.group_size, n = options_.prompts * g;
-  const AdditionTask::Batch batch = task_.Sample(options_.prompts, rng_);
+  AdditionTask::Batch batch;
+  {
+    RECORD_USER_SCOPE("batch");
+    batch = task_.Sample(options_.prompts, rng_);
+  }
   const at::Tensor prompts = batch.prompts.repeat_interleave(g, 0);  // [n, P]
   const at::Tensor answers = batch.answers.repeat_interleave(g, 0);
 
@@ -89,11 +94,15 @@ StepMetrics GrpoTrainer::Step() {
   }
 
   // Backward, loss scaling, update.
-  optimizer_->zero_grad();
+  {
+    RECORD_USER_SCOPE("optimizer");
+    optimizer_->zero_grad();
+  }
   {
     NumericsScope scope(options_.numerics);
     (loss * loss_scale_).backward();
   }
+  RECORD_USER_SCOPE("optimizer");
   std::vector<at::Tensor> params = policy_->parameters();
   bool finite = std::isfinite(m.loss);
   double sq = 0;

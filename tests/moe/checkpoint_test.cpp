@@ -4,7 +4,7 @@
 #include <torch/torch.h>
 
 #include "formats/hf_checkpoint.h"
-#include "moe/tensor_adapter.h"
+#include "recorder/tensor_adapter.h"
 #include "tests/formats/test_util.h"
 
 namespace moerr::moe {
@@ -66,15 +66,15 @@ TEST(CheckpointTest, LoadingIsStrictAndNamesEveryProblem) {
   std::vector<at::Tensor> keep;
   for (const auto& [name, t] : model->NamedTensors()) {
     keep.push_back(t.detach().clone());
-    tensors[name] = ViewOf(keep.back()).value();
+    tensors[name] = recorder::ViewOf(keep.back()).value();
   }
   keep.push_back(at::zeros({3}));
-  tensors["model.layers.9.mlp.gate.weight"] = ViewOf(keep.back()).value();
+  tensors["model.layers.9.mlp.gate.weight"] = recorder::ViewOf(keep.back()).value();
   tensors.erase("model.norm.weight");
   keep.push_back(at::zeros({5, 5}));
-  tensors["lm_head.weight"] = ViewOf(keep.back()).value();
+  tensors["lm_head.weight"] = recorder::ViewOf(keep.back()).value();
   keep.push_back(at::zeros({16, 32}, at::kInt));
-  tensors["model.embed_tokens.weight"] = ViewOf(keep.back()).value();
+  tensors["model.embed_tokens.weight"] = recorder::ViewOf(keep.back()).value();
   const absl::Status s = LoadWeights(model, tensors);
   ASSERT_FALSE(s.ok());
   const std::string msg(s.message());

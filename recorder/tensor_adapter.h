@@ -6,7 +6,7 @@
 #include "absl/status/statusor.h"
 #include "formats/tensor_view.h"
 
-namespace moerr::moe {
+namespace moerr::recorder {
 
 absl::StatusOr<formats::DType> ToDType(at::ScalarType type);
 at::ScalarType ToScalarType(formats::DType dtype);
@@ -17,4 +17,4 @@ absl::StatusOr<formats::TensorView> ViewOf(const at::Tensor& t);
 // A new tensor holding a copy of `view`'s elements.
 at::Tensor ToTensor(const formats::TensorView& view);
 
-}  // namespace moerr::moe
+}  // namespace moerr::recorder

@@ -1,8 +1,8 @@
-#include "moe/tensor_adapter.h"
+#include "recorder/tensor_adapter.h"
 
 #include "absl/strings/str_format.h"
 
-namespace moerr::moe {
+namespace moerr::recorder {
 
 absl::StatusOr<formats::DType> ToDType(at::ScalarType type) {
   using formats::DType;
@@ -47,4 +47,4 @@ at::Tensor ToTensor(const formats::TensorView& view) {
   return out;
 }
 
-}  // namespace moerr::moe
+}  // namespace moerr::recorder

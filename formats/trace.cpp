@@ -1,0 +1,67 @@
+#include "formats/trace.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "formats/bundle_reader.h"
+#include "support/status.h"
+
+namespace moerr::formats {
+namespace {
+
+// Bitwise equality of doubles, so NaN == NaN (a replay that reproduces a NaN
+// reproduces the fingerprint).
+bool SameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+}  // namespace
+
+bool Fingerprint::operator==(const Fingerprint& o) const {
+  return numel == o.numel && SameBits(min, o.min) && SameBits(max, o.max) && SameBits(mean, o.mean) &&
+         SameBits(abs_max, o.abs_max) && SameBits(l2, o.l2) && nan == o.nan && pos_inf == o.pos_inf &&
+         neg_inf == o.neg_inf && beyond_f16 == o.beyond_f16 && beyond_bf16 == o.beyond_bf16 && hash == o.hash;
+}
+
+absl::string_view PhaseName(Phase p) {
+  switch (p) {
+    case Phase::kForward: return "forward";
+    case Phase::kBackward: return "backward";
+    case Phase::kOptimizer: return "optimizer";
+    case Phase::kOther: return "other";
+  }
+  return "unknown";
+}
+
+void Trace::Index() {
+  by_id_.clear();
+  by_id_.reserve(tensors.size());
+  for (uint32_t i = 0; i < tensors.size(); ++i) by_id_.emplace_back(tensors[i].id, i);
+  std::sort(by_id_.begin(), by_id_.end());
+}
+
+const TensorMeta* Trace::Find(uint64_t id) const {
+  auto it = std::lower_bound(by_id_.begin(), by_id_.end(), std::make_pair(id, uint32_t{0}));
+  return it != by_id_.end() && it->first == id ? &tensors[it->second] : nullptr;
+}
+
+absl::StatusOr<Trace> ReadTrace(const BundleReader& reader, int64_t step) {
+  Trace trace;
+  for (const RecordRef& ref : reader.index().records) {
+    if (step >= 0 && ref.step != step) continue;
+    if (ref.kind != static_cast<uint16_t>(RecordKind::kOps) && ref.kind != static_cast<uint16_t>(RecordKind::kRouting)) {
+      continue;
+    }
+    MOERR_ASSIGN_OR_RETURN(Record record, reader.ReadRecord(ref));
+    if (ref.kind == static_cast<uint16_t>(RecordKind::kRouting)) {
+      trace.routing.push_back(std::move(record.routing));
+      continue;
+    }
+    for (OpEvent& op : record.ops.ops) trace.ops.push_back(std::move(op));
+    for (TensorMeta& t : record.ops.tensors) trace.tensors.push_back(std::move(t));
+  }
+  std::stable_sort(trace.ops.begin(), trace.ops.end(), [](const OpEvent& a, const OpEvent& b) { return a.seq < b.seq; });
+  trace.Index();
+  return trace;
+}
+
+}  // namespace moerr::formats

@@ -1,0 +1,91 @@
+// The trace model in memory: op events, tensor metadata with fingerprints,
+// routing decisions. The recorder writes them as `ops` and `routing` records;
+// replay, bisect, diff and lint read them back with ReadTrace.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "formats/dtype.h"
+
+namespace moerr::formats {
+
+class BundleReader;
+
+struct Fingerprint {
+  uint64_t numel = 0;
+  double min = std::numeric_limits<double>::quiet_NaN();
+  double max = std::numeric_limits<double>::quiet_NaN();
+  double mean = 0, abs_max = 0, l2 = 0;
+  uint64_t nan = 0, pos_inf = 0, neg_inf = 0, beyond_f16 = 0, beyond_bf16 = 0;
+  uint64_t hash = 0;
+
+  bool Finite() const { return nan == 0 && pos_inf == 0 && neg_inf == 0; }
+  bool operator==(const Fingerprint& o) const;
+};
+
+enum class Phase : uint8_t { kForward = 0, kBackward = 1, kOptimizer = 2, kOther = 3 };
+absl::string_view PhaseName(Phase p);
+
+struct TensorMeta {
+  uint64_t id = 0;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape, strides;
+  int64_t storage_offset = 0;
+  Fingerprint fingerprint;
+  int64_t producer = -1;
+  std::string leaf;  // bundle tensor name of a captured leaf
+  uint64_t view_of = 0;  // non-zero: a view into the storage of that tensor id
+};
+
+struct OpArg {
+  enum class Kind : uint8_t { kNone, kTensor, kTensors, kInt, kFloat, kBool, kText, kInts, kFloats, kBools, kDevice, kUnsupported, kOptionalTensors };
+  Kind kind = Kind::kNone;
+  int64_t i = 0;     // kInt, kTensor (id), kBool (0/1)
+  double f = 0;      // kFloat
+  std::string text;  // kText, kDevice, kUnsupported
+  std::vector<int64_t> ints;    // kInts, kTensors (ids), kBools (0/1), kOptionalTensors (-1 = None)
+  std::vector<double> floats;   // kFloats
+};
+
+struct OpEvent {
+  uint64_t seq = 0;
+  uint32_t thread = 0;
+  Phase phase = Phase::kForward;
+  std::string name, overload, module;
+  int64_t sequence_nr = -1, forward_seq = -1;
+  std::vector<OpArg> args;
+  std::vector<uint64_t> outputs;  // 0: not a tensor
+};
+
+struct OpBatch {
+  std::vector<OpEvent> ops;
+  std::vector<TensorMeta> tensors;
+};
+
+struct RoutingRecord {
+  int64_t layer = 0, micro_batch = 0;
+  std::string topk_ids, topk_weights, logits;
+  std::vector<int64_t> token_counts;
+};
+
+// All ops and tensor metadata of one step (or every step when step < 0), in
+// execution order.
+struct Trace {
+  std::vector<OpEvent> ops;
+  std::vector<TensorMeta> tensors;  // in first-seen order
+  std::vector<RoutingRecord> routing;
+  const TensorMeta* Find(uint64_t id) const;
+  void Index();  // builds the id lookup after filling `tensors`
+
+ private:
+  std::vector<std::pair<uint64_t, uint32_t>> by_id_;
+};
+
+absl::StatusOr<Trace> ReadTrace(const BundleReader& reader, int64_t step);
+
+}  // namespace moerr::formats

@@ -1,0 +1,405 @@
+#include "recorder/op_tracer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/SequenceNumber.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "recorder/fingerprint.h"
+#include "support/check.h"
+
+namespace moerr::recorder {
+namespace {
+
+std::atomic<OpTracer*> g_tracer{nullptr};
+
+// Per-thread state: nesting of ATen ops, the user-scope stack and the
+// autograd nodes running.
+struct ThreadState {
+  int depth = 0;
+  std::vector<std::string> scopes;
+  // Running autograd nodes: sequence number, and the op depth outside the
+  // node. A node's ops are outermost ops of their own: backward() is itself
+  // an op (aten::_backward) that the whole backward pass runs inside.
+  std::vector<std::pair<int64_t, int>> backward;
+  // Inside aten::_backward: the engine's own ops (gradient accumulation
+  // between nodes, the root gradient) are backward ops too.
+  int in_backward_call = 0;
+  uint32_t thread = 0;
+};
+
+ThreadState& State() {
+  static std::atomic<uint32_t> next_thread{0};
+  thread_local ThreadState state{0, {}, {}, next_thread++};
+  return state;
+}
+
+struct OpContext : at::ObserverContext {
+  formats::OpEvent op;
+  int64_t seq_begin = -1;
+  bool transparent = false;  // aten::_backward: not an op of its own
+};
+
+std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& fn) {
+  OpTracer* t = g_tracer.load(std::memory_order_acquire);
+  return t ? t->OnStart(fn) : nullptr;
+}
+
+void EndTrampoline(const at::RecordFunction& fn, at::ObserverContext* ctx) {
+  OpTracer* t = g_tracer.load(std::memory_order_acquire);
+  if (t) t->OnEnd(fn, ctx);
+}
+
+bool Contains(const std::vector<std::string>& scopes, const char* name) {
+  return std::find(scopes.begin(), scopes.end(), name) != scopes.end();
+}
+
+// The innermost scope that names a module (not a phase marker).
+std::string ModuleOf(const std::vector<std::string>& scopes) {
+  for (auto it = scopes.rbegin(); it != scopes.rend(); ++it) {
+    if (*it != "optimizer" && *it != "batch") return *it;
+  }
+  return "";
+}
+
+bool IsRandomOp(const std::string& name) {
+  for (const char* r : {"rand", "normal", "bernoulli", "multinomial", "dropout", "uniform", "exponential", "poisson",
+                        "cauchy", "geometric", "log_normal"}) {
+    if (name.find(r) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::StatusOr<CaptureMode> ParseCaptureMode(const std::string& name) {
+  if (name == "stats") return CaptureMode::kStats;
+  if (name == "replayable") return CaptureMode::kReplayable;
+  if (name == "full") return CaptureMode::kFull;
+  return absl::InvalidArgumentError(absl::StrFormat("unknown capture mode \"%s\" (stats, replayable, full)", name));
+}
+
+std::string CaptureModeName(CaptureMode mode) {
+  switch (mode) {
+    case CaptureMode::kStats: return "stats";
+    case CaptureMode::kReplayable: return "replayable";
+    case CaptureMode::kFull: return "full";
+  }
+  return "unknown";
+}
+
+OpTracer::OpTracer(CaptureMode mode, TraceSink* sink, size_t batch_ops)
+    : mode_(mode), sink_(sink), batch_ops_(std::max<size_t>(1, batch_ops)) {
+  OpTracer* expected = nullptr;
+  MOERR_CHECK(g_tracer.compare_exchange_strong(expected, this)) << "only one OpTracer may be active";
+  handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&StartTrampoline, &EndTrampoline)
+                                      .needsInputs(true)
+                                      .needsOutputs(true)
+                                      .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
+                                               at::RecordScope::USER_SCOPE}));
+}
+
+OpTracer::~OpTracer() {
+  at::removeCallback(handle_);
+  g_tracer.store(nullptr, std::memory_order_release);
+  Flush();
+}
+
+void OpTracer::set_enabled(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  enabled_ = on;
+}
+
+void OpTracer::NewStep() {
+  std::lock_guard<std::mutex> lock(mu_);
+  node_ranges_.clear();
+  // A step is replayed on its own: whatever it reads from an earlier step is
+  // a leaf of this one.
+  known_.clear();
+  aliases_.clear();
+  storages_.clear();
+}
+
+OpTracer::AliasKey OpTracer::AliasOf(const at::Tensor& t) {
+  return AliasKey{t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.sizes().vec(), t.strides().vec(),
+                  static_cast<int>(t.scalar_type())};
+}
+
+uint64_t OpTracer::KnownId(const at::Tensor& t) {
+  const uint32_t version = static_cast<uint32_t>(t._version());
+  auto it = known_.find(t.unsafeGetTensorImpl());
+  if (it != known_.end() && !it->second.impl.expired() && it->second.version == version) return it->second.id;
+  if (!t.has_storage()) return 0;
+  auto alias = aliases_.find(AliasOf(t));
+  if (alias == aliases_.end() || alias->second.storage.expired()) return 0;
+  if (alias->second.version == version) return alias->second.id;  // a shared version counter
+  // `.data()`-style aliases have a version counter of their own: the values
+  // are the recorded ones while the recorded tensor is at its version.
+  const c10::intrusive_ptr<c10::TensorImpl> recorded = alias->second.impl.lock();
+  if (recorded && recorded->version_counter().current_version() == alias->second.version) return alias->second.id;
+  return 0;
+}
+
+void OpTracer::NameTensors(const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [name, t] : named) names_[t.unsafeGetTensorImpl()] = name;
+}
+
+void OpTracer::Flush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  FlushLocked();
+}
+
+void OpTracer::FlushLocked() {
+  if (pending_.ops.empty() && pending_.tensors.empty()) return;
+  sink_->OnOps(std::move(pending_));
+  pending_ = formats::OpBatch();
+}
+
+uint64_t OpTracer::ops_recorded() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return recorded_;
+}
+
+uint64_t OpTracer::NewTensor(const at::Tensor& t, int64_t producer, std::string leaf_name, formats::Role role,
+                             uint64_t view_of) {
+  const uint64_t id = next_id_++;
+  formats::TensorMeta meta;
+  meta.id = id;
+  meta.dtype = formats::DType::kF32;
+  switch (t.scalar_type()) {
+    case at::kDouble: meta.dtype = formats::DType::kF64; break;
+    case at::kBFloat16: meta.dtype = formats::DType::kBF16; break;
+    case at::kHalf: meta.dtype = formats::DType::kF16; break;
+    case at::kLong: meta.dtype = formats::DType::kI64; break;
+    case at::kInt: meta.dtype = formats::DType::kI32; break;
+    case at::kShort: meta.dtype = formats::DType::kI16; break;
+    case at::kChar: meta.dtype = formats::DType::kI8; break;
+    case at::kByte: meta.dtype = formats::DType::kU8; break;
+    case at::kBool: meta.dtype = formats::DType::kBool; break;
+    default: break;
+  }
+  meta.shape = t.sizes().vec();
+  meta.strides = t.strides().vec();
+  meta.storage_offset = t.storage_offset();
+  meta.fingerprint = ComputeFingerprint(t);
+  meta.producer = producer;
+  meta.view_of = view_of;
+  if (!leaf_name.empty()) {
+    meta.leaf = leaf_name;
+    at::DisableRecordFunctionGuard no_record;
+    sink_->OnTensorBytes(std::move(leaf_name), role, t.detach().clone());
+  }
+  pending_.tensors.push_back(std::move(meta));
+  known_.insert_or_assign(t.unsafeGetTensorImpl(),
+                          Known{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()),
+                                static_cast<uint32_t>(t._version()), id});
+  if (t.has_storage()) {
+    auto weak = t.storage().getWeakStorageImpl();
+    aliases_.insert_or_assign(AliasOf(t), KnownAlias{weak, c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()),
+                                                     static_cast<uint32_t>(t._version()), id});
+    if (view_of == 0) {
+      storages_.insert_or_assign(t.storage().unsafeGetStorageImpl(),
+                                 KnownStorage{std::move(weak), static_cast<uint32_t>(t._version()), id});
+    }
+  }
+  if (++inserts_since_prune_ > 100000) {
+    absl::erase_if(known_, [](const auto& kv) { return kv.second.impl.expired(); });
+    absl::erase_if(aliases_, [](const auto& kv) { return kv.second.storage.expired(); });
+    absl::erase_if(storages_, [](const auto& kv) { return kv.second.storage.expired(); });
+    inserts_since_prune_ = 0;
+  }
+  return id;
+}
+
+uint64_t OpTracer::InputId(const at::Tensor& t, int64_t producer, bool in_optimizer, bool in_batch, bool in_backward) {
+  if (const uint64_t id = KnownId(t)) return id;
+  // Another view of a storage a recorded tensor lives in, unchanged since.
+  if (t.has_storage()) {
+    auto it = storages_.find(t.storage().unsafeGetStorageImpl());
+    if (it != storages_.end() && !it->second.storage.expired() &&
+        it->second.version == static_cast<uint32_t>(t._version())) {
+      return NewTensor(t, -1, "", formats::Role::kActivation, it->second.id);
+    }
+  }
+  // First seen in backward: a value autograd made inside a composite op or
+  // the engine (saved for backward, gradient buffers). Not a leaf of the
+  // step: captured so that the backward ops can be replayed.
+  if (in_backward && !(t.is_leaf() && t.requires_grad())) {
+    std::string name = mode_ == CaptureMode::kStats ? "" : absl::StrCat("saved/", next_id_);
+    return NewTensor(t, producer, std::move(name), formats::Role::kActivation);
+  }
+  // A leaf: nothing recorded produced this tensor (or this version of it).
+  std::string name;
+  formats::Role role = formats::Role::kLeaf;
+  auto named = names_.find(t.unsafeGetTensorImpl());
+  if (t.is_leaf() && t.requires_grad()) role = formats::Role::kParameter;
+  if (in_optimizer) role = formats::Role::kOptimizerState;
+  if (in_batch) role = formats::Role::kBatch;
+  if (mode_ != CaptureMode::kStats) {
+    const uint64_t id = next_id_;
+    name = named != names_.end() ? absl::StrCat("param/", named->second, "@", id) : absl::StrCat("leaf/", id);
+    if (named != names_.end()) role = formats::Role::kParameter;
+  }
+  return NewTensor(t, producer, std::move(name), role);
+}
+
+uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const std::string& op_name) {
+  auto it = known_.find(t.unsafeGetTensorImpl());
+  if (it != known_.end() && !it->second.impl.expired() && it->second.version == static_cast<uint32_t>(t._version())) {
+    return it->second.id;  // the op returned an input unchanged
+  }
+  std::string name;
+  formats::Role role = formats::Role::kActivation;
+  if (mode_ == CaptureMode::kFull) {
+    name = absl::StrCat("act/", next_id_);
+  } else if (mode_ == CaptureMode::kReplayable && IsRandomOp(op_name)) {
+    // Random outputs are replayed from their recorded values.
+    name = absl::StrCat("rng/", next_id_);
+    role = formats::Role::kRng;
+  }
+  return NewTensor(t, producer, std::move(name), role);
+}
+
+formats::OpArg OpTracer::ToArg(const c10::IValue& v, bool in_optimizer, bool in_batch, bool in_backward) {
+  using K = formats::OpArg::Kind;
+  formats::OpArg a;
+  const int64_t producer = -1;
+  if (v.isNone()) {
+    a.kind = K::kNone;
+  } else if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) return a;
+    a.kind = K::kTensor;
+    a.i = static_cast<int64_t>(InputId(t, producer, in_optimizer, in_batch, in_backward));
+  } else if (v.isTensorList()) {
+    a.kind = K::kTensors;
+    for (const at::Tensor& t : v.toTensorVector()) a.ints.push_back(static_cast<int64_t>(InputId(t, producer, in_optimizer, in_batch, in_backward)));
+  } else if (v.isList() && v.toListRef().size() > 0 && (v.toListRef()[0].isTensor() || v.toListRef()[0].isNone())) {
+    a.kind = K::kOptionalTensors;
+    for (const c10::IValue& e : v.toListRef()) {
+      a.ints.push_back(e.isTensor() && e.toTensor().defined()
+                           ? static_cast<int64_t>(InputId(e.toTensor(), producer, in_optimizer, in_batch, in_backward))
+                           : -1);
+    }
+  } else if (v.isInt()) {
+    a.kind = K::kInt, a.i = v.toInt();
+  } else if (v.isDouble()) {
+    a.kind = K::kFloat, a.f = v.toDouble();
+  } else if (v.isBool()) {
+    a.kind = K::kBool, a.i = v.toBool();
+  } else if (v.isString()) {
+    a.kind = K::kText, a.text = v.toStringRef();
+  } else if (v.isIntList()) {
+    a.kind = K::kInts, a.ints = v.toIntVector();
+  } else if (v.isDoubleList()) {
+    a.kind = K::kFloats, a.floats = v.toDoubleVector();
+  } else if (v.isBoolList()) {
+    a.kind = K::kBools;
+    for (bool b : v.toBoolList()) a.ints.push_back(b);
+  } else if (v.isDevice()) {
+    a.kind = K::kDevice, a.text = v.toDevice().str();
+  } else {
+    a.kind = K::kUnsupported, a.text = v.tagKind();
+  }
+  return a;
+}
+
+std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction& fn) {
+  ThreadState& st = State();
+  switch (fn.scope()) {
+    case at::RecordScope::USER_SCOPE: st.scopes.emplace_back(fn.name()); return nullptr;
+    case at::RecordScope::BACKWARD_FUNCTION:
+      st.backward.emplace_back(fn.seqNr(), st.depth);
+      st.depth = 0;
+      return nullptr;
+    default: break;
+  }
+  if (st.depth == 0 && std::strcmp(fn.name(), "aten::_backward") == 0) {
+    ++st.in_backward_call;
+    auto ctx = std::make_unique<OpContext>();
+    ctx->transparent = true;
+    return ctx;
+  }
+  if (st.depth++ > 0) return nullptr;  // only the outermost op of a thread
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!enabled_) return nullptr;
+  auto ctx = std::make_unique<OpContext>();
+  formats::OpEvent& op = ctx->op;
+  op.seq = next_seq_++;
+  op.thread = st.thread;
+  const bool in_optimizer = Contains(st.scopes, "optimizer");
+  const bool in_batch = Contains(st.scopes, "batch");
+  const auto name = fn.operator_name();
+  op.name = name ? name->name : fn.name();
+  op.overload = name ? name->overload_name : "";
+  op.sequence_nr = fn.seqNr();
+  if (in_optimizer) {
+    op.phase = formats::Phase::kOptimizer;
+    op.module = "optimizer";
+  } else if (!st.backward.empty() || st.in_backward_call > 0) {
+    op.phase = formats::Phase::kBackward;
+    const int64_t node = st.backward.empty() ? -1 : st.backward.back().first;
+    auto it = std::upper_bound(node_ranges_.begin(), node_ranges_.end(), node,
+                               [](int64_t n, const NodeRange& r) { return n < r.begin; });
+    if (it != node_ranges_.begin() && node < std::prev(it)->end) {
+      op.forward_seq = static_cast<int64_t>(std::prev(it)->seq);
+      op.module = std::prev(it)->module;
+    }
+  } else {
+    op.phase = formats::Phase::kForward;
+    op.module = ModuleOf(st.scopes);
+    ctx->seq_begin = static_cast<int64_t>(at::sequence_number::peek());
+  }
+  const bool in_backward = op.phase == formats::Phase::kBackward;
+  for (const c10::IValue& v : fn.inputs()) op.args.push_back(ToArg(v, in_optimizer, in_batch, in_backward));
+  return ctx;
+}
+
+void OpTracer::OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
+  ThreadState& st = State();
+  switch (fn.scope()) {
+    case at::RecordScope::USER_SCOPE:
+      if (!st.scopes.empty()) st.scopes.pop_back();
+      return;
+    case at::RecordScope::BACKWARD_FUNCTION:
+      if (!st.backward.empty()) {
+        st.depth = st.backward.back().second;
+        st.backward.pop_back();
+      }
+      return;
+    default: break;
+  }
+  auto* op_ctx = static_cast<OpContext*>(ctx);
+  if (op_ctx != nullptr && op_ctx->transparent) {
+    --st.in_backward_call;
+    return;
+  }
+  --st.depth;
+  if (ctx == nullptr) return;
+  formats::OpEvent& op = op_ctx->op;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const c10::IValue& v : fn.outputs()) {
+    if (v.isTensor() && v.toTensor().defined()) {
+      op.outputs.push_back(OutputId(v.toTensor(), static_cast<int64_t>(op.seq), op.name));
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorVector()) op.outputs.push_back(OutputId(t, static_cast<int64_t>(op.seq), op.name));
+    } else {
+      op.outputs.push_back(0);
+    }
+  }
+  if (op_ctx->seq_begin >= 0) {
+    const int64_t end = static_cast<int64_t>(at::sequence_number::peek());
+    if (end > op_ctx->seq_begin) node_ranges_.push_back(NodeRange{op_ctx->seq_begin, end, op.seq, op.module});
+  }
+  pending_.ops.push_back(std::move(op));
+  ++recorded_;
+  if (pending_.ops.size() >= batch_ops_) FlushLocked();
+}
+
+}  // namespace moerr::recorder

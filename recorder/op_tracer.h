@@ -1,0 +1,140 @@
+// The op tracer: a global at::RecordFunction observer that records the
+// outermost ATen op on each thread, in forward, backward and optimizer, as an
+// OpEvent (DESIGN.md, "The trace"). Inputs are read in the start callback,
+// outputs in the end callback.
+//
+// Tensor ids follow TensorImpl identity and version counter. The tracer holds
+// a weak reference to each TensorImpl it has named, so a freed address that
+// is reused for a new tensor gets a new id. A tensor read before any recorded
+// op produced it is a leaf; in replayable and full modes its bytes are
+// captured at first use. Module paths come from USER_SCOPE records (the model
+// pushes "model.layers.3.mlp.experts.5"); a backward op takes the path of the
+// forward op whose autograd node it runs. Values first seen in backward
+// (saved inside composite ops, engine buffers) are captured as "saved/<id>",
+// not leaves. Ops inside a scope named
+// "optimizer" are in the optimizer phase; leaves first read inside a scope
+// named "batch" are the batch.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "formats/bundle_index.h"
+#include "formats/trace.h"
+
+namespace moerr::recorder {
+
+enum class CaptureMode { kStats, kReplayable, kFull };
+absl::StatusOr<CaptureMode> ParseCaptureMode(const std::string& name);  // stats, replayable, full
+std::string CaptureModeName(CaptureMode mode);
+
+// Where the tracer's output goes (the Recorder).
+class TraceSink {
+ public:
+  virtual ~TraceSink() = default;
+  virtual void OnOps(formats::OpBatch batch) = 0;
+  // A snapshot (a private copy) of a leaf, a random op's output, or (full
+  // mode) an op output, to store under `name`.
+  virtual void OnTensorBytes(std::string name, formats::Role role, at::Tensor snapshot) = 0;
+};
+
+class OpTracer {
+ public:
+  // At most one tracer exists at a time. `batch_ops`: ops per OpBatch handed
+  // to the sink (smaller: less lost in a crash, more records).
+  OpTracer(CaptureMode mode, TraceSink* sink, size_t batch_ops = 1024);
+  ~OpTracer();
+  OpTracer(const OpTracer&) = delete;
+  OpTracer& operator=(const OpTracer&) = delete;
+
+  void set_enabled(bool on);
+  // Forgets the autograd attribution of earlier steps (call at a step start).
+  void NewStep();
+  // Names parameters' leaves "param/<name>" instead of "leaf/<id>".
+  void NameTensors(const std::vector<std::pair<std::string, at::Tensor>>& named);
+  // Hands the pending ops to the sink.
+  void Flush();
+  uint64_t ops_recorded() const;
+
+  // The RecordFunction callbacks (public for the C callback trampolines).
+  std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn);
+  void OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx);
+
+ private:
+  struct Known {
+    c10::weak_intrusive_ptr<c10::TensorImpl> impl;
+    uint32_t version = 0;
+    uint64_t id = 0;
+  };
+  // The same values seen through another TensorImpl: autograd unpacks saved
+  // tensors as new variables over the same storage. Keyed by storage, view
+  // geometry and dtype; the weak storage reference guards against reuse.
+  struct AliasKey {
+    const void* storage;
+    int64_t offset;
+    std::vector<int64_t> sizes, strides;
+    int dtype;
+    bool operator==(const AliasKey& o) const {
+      return storage == o.storage && offset == o.offset && sizes == o.sizes && strides == o.strides && dtype == o.dtype;
+    }
+    template <typename H>
+    friend H AbslHashValue(H h, const AliasKey& k) {
+      return H::combine(std::move(h), k.storage, k.offset, k.sizes, k.strides, k.dtype);
+    }
+  };
+  struct KnownAlias {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    c10::weak_intrusive_ptr<c10::TensorImpl> impl;  // the tensor recorded under `id`
+    uint32_t version = 0;
+    uint64_t id = 0;
+  };
+  // Storage -> a tensor id over it, for views of composite ops' internals.
+  struct KnownStorage {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    uint32_t version = 0;
+    uint64_t id = 0;
+  };
+  static AliasKey AliasOf(const at::Tensor& t);
+  // The id `t` already has (by TensorImpl or by alias), or 0.
+  uint64_t KnownId(const at::Tensor& t);
+  // The id of `t` as an input; a new id (and a leaf) when unknown.
+  uint64_t InputId(const at::Tensor& t, int64_t producer, bool in_optimizer, bool in_batch, bool in_backward);
+  uint64_t OutputId(const at::Tensor& t, int64_t producer, const std::string& op_name);
+  uint64_t NewTensor(const at::Tensor& t, int64_t producer, std::string leaf_name, formats::Role role,
+                     uint64_t view_of = 0);
+  formats::OpArg ToArg(const c10::IValue& v, bool in_optimizer, bool in_batch, bool in_backward);
+  void FlushLocked();
+
+  CaptureMode mode_;
+  TraceSink* sink_;
+  size_t batch_ops_;
+  at::CallbackHandle handle_;
+  mutable std::mutex mu_;
+  bool enabled_ = true;
+  uint64_t next_seq_ = 0;
+  uint64_t next_id_ = 1;
+  uint64_t recorded_ = 0;
+  formats::OpBatch pending_;
+  absl::flat_hash_map<const c10::TensorImpl*, Known> known_;
+  absl::flat_hash_map<AliasKey, KnownAlias> aliases_;
+  absl::flat_hash_map<const void*, KnownStorage> storages_;
+  absl::flat_hash_map<const c10::TensorImpl*, std::string> names_;
+  // Autograd sequence numbers [begin, end) of the nodes a forward op made,
+  // with the op's seq and module, for attributing backward ops.
+  struct NodeRange {
+    int64_t begin, end;
+    uint64_t seq;
+    std::string module;
+  };
+  std::vector<NodeRange> node_ranges_;
+  size_t inserts_since_prune_ = 0;
+};
+
+}  // namespace moerr::recorder

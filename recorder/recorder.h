@@ -1,0 +1,119 @@
+// Recorder: captures training steps of any LibTorch program into a bundle.
+//
+//   auto rec = Recorder::Start(RecordOptions("run.moerr").set_mode(CaptureMode::kStats));
+//   for (step ...) {
+//     rec->StepBegin(step);
+//     ... forward, backward, optimizer (ops inside a "optimizer" user scope) ...
+//     rec->StepEnd(step, {loss, grad_norm});
+//   }
+//   rec->Stop();
+//
+// Triggers: every step, a step window, or on anomaly (the last N steps kept
+// in memory and written when the loss or gradient norm goes non-finite or the
+// gradient norm exceeds `spike_factor` x its running median). A fatal signal
+// (SIGSEGV, SIGABRT, SIGBUS, SIGFPE) appends a crash record, best effort; the
+// bundle stays salvageable either way.
+#pragma once
+
+#include <deque>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "formats/bundle_writer.h"
+#include "recorder/op_tracer.h"
+#include "recorder/routing_hook.h"
+
+namespace moerr::recorder {
+
+enum class Trigger { kAlways, kWindow, kAnomaly };
+
+struct RecordOptions {
+  explicit RecordOptions(std::string path) : path(std::move(path)) {}
+
+  std::string path;                                  // required: the bundle to write
+  CaptureMode mode = CaptureMode::kReplayable;
+  Trigger trigger = Trigger::kAlways;
+  int64_t first_step = 0;                            // kWindow: steps [first, last]
+  int64_t last_step = std::numeric_limits<int64_t>::max();
+  int64_t ring_steps = 2;                            // kAnomaly: steps kept in memory (>= 1)
+  double spike_factor = 10.0;                        // kAnomaly: grad norm / running median
+  bool overwrite = false;
+  bool capture_logits = true;                        // routing: store router logits too
+  bool crash_handler = true;                         // append a crash record on fatal signals
+  size_t batch_ops = 1024;                           // ops per record frame
+
+  RecordOptions& set_mode(CaptureMode v) { mode = v; return *this; }
+  RecordOptions& set_window(int64_t first, int64_t last) { trigger = Trigger::kWindow; first_step = first; last_step = last; return *this; }
+  RecordOptions& set_anomaly(int64_t ring, double spike) { trigger = Trigger::kAnomaly; ring_steps = ring; spike_factor = spike; return *this; }
+  RecordOptions& set_overwrite(bool v) { overwrite = v; return *this; }
+  RecordOptions& set_crash_handler(bool v) { crash_handler = v; return *this; }
+  RecordOptions& set_batch_ops(size_t v) { batch_ops = v; return *this; }
+};
+
+// What the anomaly trigger looks at after each step.
+struct StepOutcome {
+  double loss = 0;
+  double grad_norm = 0;
+};
+
+class Recorder : public TraceSink, public RoutingObserver {
+ public:
+  static absl::StatusOr<std::unique_ptr<Recorder>> Start(RecordOptions options);
+  ~Recorder() override;  // Stops if still running (errors are logged)
+
+  absl::Status StepBegin(int64_t step);
+  absl::Status StepEnd(int64_t step, StepOutcome outcome = {});
+  // A step-less annotation (model config, versions), written at once.
+  absl::Status Annotate(const std::string& key, llvm::json::Value value);
+  // An annotation of the current step (loss scale, metrics).
+  absl::Status AnnotateStep(const std::string& key, llvm::json::Value value);
+  // Parameter names, so their leaves are stored as "param/<name>@<id>".
+  void NameTensors(const std::vector<std::pair<std::string, at::Tensor>>& named);
+  absl::Status Stop();
+
+  // Steps written so far; for kAnomaly, the step that triggered (-1: none).
+  const std::vector<int64_t>& written_steps() const { return written_; }
+  int64_t anomaly_step() const { return anomaly_step_; }
+  uint64_t ops_recorded() const { return tracer_->ops_recorded(); }
+  const formats::WriteStats& write_stats() const { return writer_->stats(); }
+
+  // TraceSink and RoutingObserver.
+  void OnOps(formats::OpBatch batch) override;
+  void OnTensorBytes(std::string name, formats::Role role, at::Tensor snapshot) override;
+  void OnRouting(const RoutingEvent& event) override;
+
+ private:
+  // One step's content while it is held in memory (anomaly trigger).
+  struct StepBuffer {
+    int64_t step = 0;
+    std::vector<formats::Record> records;
+    std::vector<std::tuple<std::string, formats::Role, at::Tensor>> tensors;
+  };
+
+  explicit Recorder(RecordOptions options);
+  bool Streaming() const { return options_.trigger != Trigger::kAnomaly; }
+  absl::Status Emit(formats::Record record);
+  absl::Status EmitTensor(const std::string& name, formats::Role role, const at::Tensor& t);
+  absl::Status WriteBuffer(StepBuffer& buffer);
+  bool IsAnomaly(const StepOutcome& outcome) const;
+
+  RecordOptions options_;
+  std::unique_ptr<formats::BundleWriter> writer_;
+  std::unique_ptr<OpTracer> tracer_;
+  std::mutex mu_;
+  absl::Status failed_;  // first error inside a callback, reported at StepEnd / Stop
+  bool stopped_ = false;
+  int64_t step_ = -1;
+  bool in_step_ = false;
+  std::deque<StepBuffer> ring_;
+  std::vector<double> grad_norms_;
+  std::vector<int64_t> written_;
+  int64_t anomaly_step_ = -1;
+  std::vector<int64_t> micro_batch_;  // per layer, within the step
+};
+
+}  // namespace moerr::recorder

@@ -1,0 +1,43 @@
+// Test helper: records GRPO steps of the tiny model into a bundle, as a
+// training job would, so tests can kill it (SIGKILL) or crash it (SIGSEGV).
+//
+//   record_child OUT.moerr STEPS MODE [SEGV_AFTER_STEP]
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "moe/grpo_trainer.h"
+#include "recorder/recorder.h"
+
+int main(int argc, char** argv) {
+  using namespace moerr;
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: record_child OUT.moerr STEPS MODE [SEGV_AFTER_STEP]\n");
+    return 2;
+  }
+  const int steps = std::atoi(argv[2]);
+  const int segv_after = argc > 4 ? std::atoi(argv[4]) : -1;
+  torch::manual_seed(0);
+  at::set_num_threads(1);
+  const moe::MoeConfig config = moe::Preset("tiny").value();
+  moe::MoeTransformer policy(config), reference(config);
+  auto rec = recorder::Recorder::Start(
+      recorder::RecordOptions(argv[1]).set_mode(recorder::ParseCaptureMode(argv[3]).value()).set_overwrite(true));
+  if (!rec.ok()) {
+    std::fprintf(stderr, "%s\n", rec.status().ToString().c_str());
+    return 2;
+  }
+  policy->SetRoutingObserver(rec->get());
+  moe::GrpoTrainer trainer(policy, reference, moe::AdditionTask(), moe::GrpoOptions(), 0);
+  for (int step = 0; step < steps; ++step) {
+    if (!(*rec)->StepBegin(step).ok()) return 3;
+    const moe::StepMetrics m = trainer.Step();
+    if (!(*rec)->StepEnd(step, {m.loss, m.grad_norm}).ok()) return 3;
+    std::printf("step %d\n", step);
+    std::fflush(stdout);
+    if (step == segv_after) ::raise(SIGSEGV);
+  }
+  return (*rec)->Stop().ok() ? 0 : 3;
+}

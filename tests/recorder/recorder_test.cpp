@@ -1,0 +1,280 @@
+#include "recorder/recorder.h"
+
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "formats/bundle_reader.h"
+#include "formats/salvage.h"
+#include "formats/trace.h"
+#include "moe/grpo_trainer.h"
+#include "recorder/fingerprint.h"
+#include "recorder/tensor_adapter.h"
+#include "tests/formats/test_util.h"
+#include "xxhash.h"
+
+extern char** environ;
+
+namespace moerr::recorder {
+namespace {
+
+using formats::testing::TempDir;
+
+struct Models {
+  moe::MoeTransformer policy{nullptr}, reference{nullptr};
+};
+
+Models TinyModels() {
+  torch::manual_seed(0);
+  const moe::MoeConfig config = moe::Preset("tiny").value();
+  return {moe::MoeTransformer(config), moe::MoeTransformer(config)};
+}
+
+// Records `steps` GRPO steps of the tiny model; returns the bundle's reader.
+std::unique_ptr<formats::BundleReader> RecordSteps(const std::string& path, CaptureMode mode, int steps,
+                                                   Models* models = nullptr) {
+  Models local = TinyModels();
+  Models& m = models ? *models : local;
+  auto rec = Recorder::Start(RecordOptions(path).set_mode(mode).set_crash_handler(false)).value();
+  std::vector<std::pair<std::string, at::Tensor>> named = m.policy->NamedTensors();
+  for (auto& [name, t] : m.reference->NamedTensors()) named.emplace_back("reference." + name, t);
+  rec->NameTensors(named);
+  m.policy->SetRoutingObserver(rec.get());
+  moe::GrpoTrainer trainer(m.policy, m.reference, moe::AdditionTask(), moe::GrpoOptions(), 1);
+  for (int s = 0; s < steps; ++s) {
+    EXPECT_TRUE(rec->StepBegin(s).ok());
+    const moe::StepMetrics metrics = trainer.Step();
+    EXPECT_TRUE(rec->StepEnd(s, {metrics.loss, metrics.grad_norm}).ok());
+  }
+  EXPECT_TRUE(rec->Stop().ok());
+  m.policy->SetRoutingObserver(nullptr);
+  return formats::BundleReader::Open(path).value();
+}
+
+TEST(RecorderTest, RecordsATinyStepInEachMode) {
+  TempDir dir;
+  std::map<CaptureMode, uint64_t> sizes;
+  for (CaptureMode mode : {CaptureMode::kStats, CaptureMode::kReplayable, CaptureMode::kFull}) {
+    SCOPED_TRACE(CaptureModeName(mode));
+    auto reader = RecordSteps(dir.File(CaptureModeName(mode) + ".moerr"), mode, 1);
+    EXPECT_EQ(reader->CompleteSteps(), (std::vector<int64_t>{0}));
+    const formats::Trace trace = formats::ReadTrace(*reader, 0).value();
+    EXPECT_GT(trace.ops.size(), 500u);
+    std::set<formats::Phase> phases;
+    for (const auto& op : trace.ops) phases.insert(op.phase);
+    EXPECT_EQ(phases.size(), 3u) << "forward, backward and optimizer ops";
+    // 2 MoE layers x 6 policy forwards: 4 sampled tokens, the rollout
+    // log-probs, the training forward.
+    EXPECT_EQ(trace.routing.size(), 2u * 6u);
+    int leaves = 0, activations = 0;
+    for (const auto& t : reader->index().tensors) {
+      leaves += t.role == formats::Role::kParameter || t.role == formats::Role::kBatch;
+      activations += t.name.rfind("act/", 0) == 0;  // every op output, full mode only
+    }
+    EXPECT_EQ(leaves > 0, mode != CaptureMode::kStats);
+    EXPECT_EQ(activations > 0, mode == CaptureMode::kFull);
+    sizes[mode] = reader->file_size();
+  }
+  EXPECT_LT(sizes[CaptureMode::kStats], sizes[CaptureMode::kReplayable]);
+  EXPECT_LT(sizes[CaptureMode::kReplayable], sizes[CaptureMode::kFull]);
+}
+
+// Backward ops name the forward op (and module) whose autograd node they run.
+TEST(RecorderTest, BackwardOpsPointAtTheirForwardOps) {
+  TempDir dir;
+  auto reader = RecordSteps(dir.File("b.moerr"), CaptureMode::kStats, 1);
+  const formats::Trace trace = formats::ReadTrace(*reader, 0).value();
+  int backward = 0, attributed = 0, expert = 0;
+  for (const auto& op : trace.ops) {
+    if (op.phase != formats::Phase::kBackward) continue;
+    ++backward;
+    if (op.forward_seq < 0) continue;
+    ++attributed;
+    EXPECT_LT(static_cast<uint64_t>(op.forward_seq), op.seq);
+    expert += op.module.find(".mlp.experts.") != std::string::npos;
+  }
+  EXPECT_GT(backward, 100);
+  EXPECT_GT(attributed, backward * 8 / 10);
+  EXPECT_GT(expert, 0);
+}
+
+// Every recorded tensor's fingerprint equals one computed independently, with
+// ATen reductions and xxHash, from the bytes stored in a full-mode bundle.
+TEST(RecorderTest, FingerprintsMatchAnIndependentComputation) {
+  TempDir dir;
+  auto reader = RecordSteps(dir.File("full.moerr"), CaptureMode::kFull, 1);
+  const formats::Trace trace = formats::ReadTrace(*reader, 0).value();
+  int checked = 0;
+  for (const formats::TensorMeta& meta : trace.tensors) {
+    if (meta.leaf.empty()) continue;
+    const formats::OwnedTensor owned = reader->ReadTensor(meta.leaf, 0).value();
+    const at::Tensor t = ToTensor(owned.view()).to(at::kDouble);
+    const formats::Fingerprint& f = meta.fingerprint;
+    SCOPED_TRACE(meta.leaf);
+    ASSERT_EQ(f.numel, static_cast<uint64_t>(t.numel()));
+    EXPECT_EQ(f.hash, owned.bytes.empty() ? 0 : XXH3_64bits(owned.bytes.data(), owned.bytes.size()));
+    if (t.numel() == 0) continue;
+    const at::Tensor finite = t.masked_select(t.isfinite());
+    EXPECT_EQ(f.nan, t.isnan().sum().item<int64_t>());
+    EXPECT_EQ(f.pos_inf, t.isposinf().sum().item<int64_t>());
+    EXPECT_EQ(f.neg_inf, t.isneginf().sum().item<int64_t>());
+    EXPECT_EQ(f.beyond_f16, finite.abs().gt(65504.0).sum().item<int64_t>());
+    const at::Tensor not_nan = t.masked_select(t.isnan().logical_not());
+    if (not_nan.numel() > 0) {
+      EXPECT_EQ(f.min, not_nan.min().item<double>());
+      EXPECT_EQ(f.max, not_nan.max().item<double>());
+    }
+    if (finite.numel() > 0) {
+      EXPECT_EQ(f.abs_max, finite.abs().max().item<double>());
+      EXPECT_NEAR(f.mean, finite.mean().item<double>(), 1e-9 * (1 + std::abs(f.mean)));
+      EXPECT_NEAR(f.l2, finite.norm().item<double>(), 1e-9 * (1 + f.l2));
+    }
+    ++checked;
+  }
+  EXPECT_GT(checked, 1000);
+}
+
+// The leaves of a step are exactly what it read from outside: parameters
+// (policy and reference), optimizer state, the batch and RNG state.
+TEST(RecorderTest, LeavesAreParametersOptimizerStateAndBatch) {
+  TempDir dir;
+  Models models = TinyModels();
+  auto reader = RecordSteps(dir.File("r.moerr"), CaptureMode::kReplayable, 2, &models);
+  const int64_t params = models.policy->parameters().size();
+  std::map<formats::Role, int> at_step1;
+  std::set<std::string> param_names;
+  for (const auto& t : reader->index().tensors) {
+    if (t.step != 1) continue;
+    ++at_step1[t.role];
+    if (t.role == formats::Role::kParameter) param_names.insert(t.name.substr(0, t.name.find('@')));
+  }
+  // Every policy and reference parameter, by name (buffers are read too).
+  for (const auto& [name, tensor] : models.policy->NamedTensors()) {
+    EXPECT_TRUE(param_names.count("param/" + name)) << name;
+    EXPECT_TRUE(param_names.count("param/reference." + name)) << name;
+  }
+  // AdamW's exp_avg and exp_avg_sq, and the previous step's gradients that
+  // zero_grad clears.
+  EXPECT_EQ(at_step1[formats::Role::kOptimizerState], 3 * params);
+  EXPECT_EQ(at_step1[formats::Role::kBatch], 2);                    // prompts and answers
+  EXPECT_EQ(at_step1[formats::Role::kLeaf], 0) << "a leaf that is none of the above";
+  EXPECT_GT(at_step1[formats::Role::kRng], 0);  // RNG state and sampled tokens
+  // Values autograd saved inside composite ops are captured, not leaves.
+  EXPECT_GT(at_step1[formats::Role::kActivation], 0);
+  for (const auto& t : reader->index().tensors) {
+    if (t.role == formats::Role::kActivation) EXPECT_EQ(t.name.rfind("saved/", 0), 0u) << t.name;
+  }
+}
+
+TEST(RecorderTest, AnomalyTriggerWritesOnlyTheFailingWindow) {
+  TempDir dir;
+  Models m = TinyModels();
+  auto rec = Recorder::Start(RecordOptions(dir.File("a.moerr")).set_mode(CaptureMode::kStats).set_anomaly(2, 10.0).set_crash_handler(false)).value();
+  moe::GrpoTrainer trainer(m.policy, m.reference, moe::AdditionTask(), moe::GrpoOptions(), 1);
+  for (int s = 0; s < 6; ++s) {
+    if (s == 4) {
+      torch::NoGradGuard no_grad;
+      m.policy->NamedTensors()[0].second.fill_(std::numeric_limits<float>::quiet_NaN());
+    }
+    ASSERT_TRUE(rec->StepBegin(s).ok());
+    const moe::StepMetrics metrics = trainer.Step();
+    ASSERT_TRUE(rec->StepEnd(s, {metrics.loss, metrics.grad_norm}).ok());
+  }
+  EXPECT_EQ(rec->anomaly_step(), 4);
+  ASSERT_TRUE(rec->Stop().ok());
+  auto reader = formats::BundleReader::Open(dir.File("a.moerr")).value();
+  EXPECT_EQ(reader->CompleteSteps(), (std::vector<int64_t>{3, 4, 5}));  // the ring at step 4, then step 5 (still non-finite)
+}
+
+// ---- crash safety, with a child process -------------------------------------
+
+pid_t Spawn(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  EXPECT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  return pid;
+}
+
+uint64_t FileSize(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 ? st.st_size : 0;
+}
+
+TEST(RecorderCrashTest, SalvageRecoversEveryCompleteStepAfterSigkill) {
+  TempDir dir;
+  constexpr int kSteps = 6;
+  const std::string ref = dir.File("ref.moerr");
+  int status = 0;
+  waitpid(Spawn({RECORD_CHILD, ref, std::to_string(kSteps), "stats"}), &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  auto reference = formats::BundleReader::Open(ref).value();
+  // Where each step's end (and its checkpoint) lies in the file.
+  std::map<int64_t, uint64_t> step_end;
+  const std::vector<std::byte> bytes = formats::testing::ReadFile(ref);
+  const formats::ScanResult scan = formats::ScanFrames(absl::MakeConstSpan(bytes).subspan(0, bytes.size() - formats::kFooterSize));
+  for (const formats::RecordRef& r : reference->index().records) {
+    if (r.kind == static_cast<uint16_t>(formats::RecordKind::kStepEnd)) step_end[r.step] = r.offset + r.length;
+  }
+  std::map<int64_t, size_t> ref_ops;
+  for (int64_t s = 0; s < kSteps; ++s) ref_ops[s] = formats::ReadTrace(*reference, s)->ops.size();
+
+  constexpr int kKillPoints = 20;
+  for (int k = 0; k < kKillPoints; ++k) {
+    const uint64_t threshold = reference->file_size() * (k + 0.5) / kKillPoints;
+    SCOPED_TRACE(::testing::Message() << "kill at >= " << threshold << " bytes");
+    const std::string path = dir.File("kill" + std::to_string(k) + ".moerr");
+    const pid_t child = Spawn({RECORD_CHILD, path, std::to_string(kSteps), "stats"});
+    while (FileSize(path + ".partial") < threshold && waitpid(child, &status, WNOHANG) == 0) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+    const std::string partial = FileSize(path + ".partial") > 0 ? path + ".partial" : path;
+    auto report = formats::Salvage(partial, dir.File("fixed" + std::to_string(k) + ".moerr"), true);
+    ASSERT_TRUE(report.ok()) << report.status();
+    std::set<int64_t> complete(report->complete_steps.begin(), report->complete_steps.end());
+    for (const auto& [s, end] : step_end) {
+      if (end <= threshold) EXPECT_TRUE(complete.count(s)) << "step " << s << " was complete before the kill";
+    }
+    auto fixed = formats::BundleReader::Open(dir.File("fixed" + std::to_string(k) + ".moerr")).value();
+    ASSERT_TRUE(fixed->Verify().ok());
+    for (int64_t s : complete) EXPECT_EQ(formats::ReadTrace(*fixed, s)->ops.size(), ref_ops[s]) << "step " << s;
+  }
+}
+
+TEST(RecorderCrashTest, SigsegvLeavesASalvageableBundleWithTheCrashRecorded) {
+  TempDir dir;
+  const std::string path = dir.File("segv.moerr");
+  int status = 0;
+  waitpid(Spawn({RECORD_CHILD, path, "5", "replayable", "2"}), &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(WTERMSIG(status), SIGSEGV);
+  auto report = formats::Salvage(path + ".partial", dir.File("fixed.moerr"), false);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->complete_steps, (std::vector<int64_t>{0, 1, 2}));
+  auto fixed = formats::BundleReader::Open(dir.File("fixed.moerr")).value();
+  bool crash = false;
+  for (const auto& ref : fixed->index().records) {
+    if (ref.kind != static_cast<uint16_t>(formats::RecordKind::kAnnotation)) continue;
+    const formats::Record r = fixed->ReadRecord(ref).value();
+    if (r.key == "crash") crash = *r.value.getAsObject()->getString("name") == "SIGSEGV";
+  }
+  EXPECT_TRUE(crash);
+}
+
+}  // namespace
+}  // namespace moerr::recorder
