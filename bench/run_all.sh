@@ -17,3 +17,7 @@ echo "## Bundle I/O against torch.save, .npy and fwrite"
 echo
 echo "## Reference model: GRPO step time and peak memory"
 "$BUILD/bench/step_bench"
+
+echo
+echo "## Recorder overhead and bundle size per capture mode"
+"$BUILD/bench/recorder_bench" --preset small

@@ -6,6 +6,7 @@
 #include <c10/util/Half.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "xxhash.h"
 
@@ -15,6 +16,98 @@ namespace {
 constexpr double kF16Max = 65504.0;
 constexpr double kBf16Max = 3.3895313892515355e38;
 
+// Values as float (exact for every type here but f64 and 64-bit ints).
+inline float AsFloat(float v) { return v; }
+inline float AsFloat(c10::BFloat16 v) { return static_cast<float>(v); }
+inline float AsFloat(c10::Half v) { return static_cast<float>(v); }
+
+// Float-representable values in 256-element chunks: each chunk is reduced
+// in float over 8 lanes (the compiler vectorises it; min, max, abs-max and
+// counts are exact, the chunk sums carry float rounding) and folded into
+// double sums. A chunk whose float sums are not finite (NaN, Inf, or squares
+// past float range) is redone element by element in double.
+template <typename T>
+void AccumulateFloat(const T* data, int64_t n, formats::Fingerprint& f) {
+  constexpr int kLanes = 8;
+  constexpr int64_t kChunk = 256;
+  float buf[kChunk];
+  double sum = 0, sq = 0;
+  float lo = INFINITY, hi = -INFINITY, amax = 0;
+  uint64_t nan = 0, pinf = 0, ninf = 0, b16 = 0;
+  for (int64_t base = 0; base < n; base += kChunk) {
+    const int64_t m = std::min(kChunk, n - base);
+    const float* v;
+    if constexpr (std::is_same_v<T, float>) {
+      v = data + base;
+    } else {
+      for (int64_t j = 0; j < m; ++j) buf[j] = static_cast<float>(data[base + j]);
+      v = buf;
+    }
+    float cs[kLanes] = {}, csq[kLanes] = {}, clo[kLanes], chi[kLanes], cam[kLanes] = {};
+    uint32_t cb[kLanes] = {};
+    for (int l = 0; l < kLanes; ++l) clo[l] = INFINITY, chi[l] = -INFINITY;
+    int64_t j = 0;
+    for (; j + kLanes <= m; j += kLanes) {
+      for (int l = 0; l < kLanes; ++l) {
+        const float x = v[j + l], a = std::fabs(x);
+        cs[l] += x;
+        csq[l] += x * x;
+        clo[l] = x < clo[l] ? x : clo[l];
+        chi[l] = x > chi[l] ? x : chi[l];
+        cam[l] = a > cam[l] ? a : cam[l];
+        cb[l] += a > 65504.0f;
+      }
+    }
+    for (; j < m; ++j) {
+      const float x = v[j], a = std::fabs(x);
+      cs[0] += x, csq[0] += x * x;
+      clo[0] = x < clo[0] ? x : clo[0];
+      chi[0] = x > chi[0] ? x : chi[0];
+      cam[0] = a > cam[0] ? a : cam[0];
+      cb[0] += a > 65504.0f;
+    }
+    float s1 = 0, s2 = 0;
+    for (int l = 0; l < kLanes; ++l) s1 += cs[l], s2 += csq[l];
+    if (std::isfinite(s1) && std::isfinite(s2)) {
+      sum += s1, sq += s2;
+      for (int l = 0; l < kLanes; ++l) {
+        lo = std::min(lo, clo[l]), hi = std::max(hi, chi[l]), amax = std::max(amax, cam[l]);
+        b16 += cb[l];
+      }
+      continue;
+    }
+    for (int64_t k = 0; k < m; ++k) {
+      const float x = v[k];
+      if (std::isnan(x)) {
+        ++nan;
+        continue;
+      }
+      lo = std::min(lo, x), hi = std::max(hi, x);
+      if (std::isinf(x)) {
+        x > 0 ? ++pinf : ++ninf;
+        continue;
+      }
+      const float a = std::fabs(x);
+      amax = std::max(amax, a);
+      sum += x;
+      sq += static_cast<double>(x) * x;
+      b16 += a > 65504.0f;
+    }
+  }
+  const uint64_t finite = n - nan - pinf - ninf;
+  f.numel = n;
+  if (lo <= hi) {
+    f.min = lo;
+    f.max = hi;
+  }
+  f.mean = finite ? sum / finite : 0;
+  f.abs_max = amax;
+  f.l2 = std::sqrt(sq);
+  f.nan = nan, f.pos_inf = pinf, f.neg_inf = ninf, f.beyond_f16 = b16;
+  f.beyond_bf16 = 0;  // every finite float is within bf16's range (same exponent)
+}
+
+// Doubles and integers: the general path.
 template <typename T>
 void Accumulate(const T* data, int64_t n, formats::Fingerprint& f) {
   double lo = INFINITY, hi = -INFINITY, sum = 0, sq = 0, amax = 0;
@@ -64,10 +157,10 @@ formats::Fingerprint ComputeFingerprint(const at::Tensor& input) {
   const void* data = t.data_ptr();
   f.hash = XXH3_64bits(data, n * t.element_size());
   switch (t.scalar_type()) {
-    case at::kFloat: Accumulate(static_cast<const float*>(data), n, f); break;
+    case at::kFloat: AccumulateFloat(static_cast<const float*>(data), n, f); break;
     case at::kDouble: Accumulate(static_cast<const double*>(data), n, f); break;
-    case at::kBFloat16: Accumulate(static_cast<const c10::BFloat16*>(data), n, f); break;
-    case at::kHalf: Accumulate(static_cast<const c10::Half*>(data), n, f); break;
+    case at::kBFloat16: AccumulateFloat(static_cast<const c10::BFloat16*>(data), n, f); break;
+    case at::kHalf: AccumulateFloat(static_cast<const c10::Half*>(data), n, f); break;
     case at::kLong: Accumulate(static_cast<const int64_t*>(data), n, f); break;
     case at::kInt: Accumulate(static_cast<const int32_t*>(data), n, f); break;
     case at::kShort: Accumulate(static_cast<const int16_t*>(data), n, f); break;

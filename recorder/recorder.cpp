@@ -250,6 +250,7 @@ absl::Status Recorder::Stop() {
   if (stopped_) return absl::OkStatus();
   stopped_ = true;
   RemoveCrashHandler();
+  ops_at_stop_ = tracer_->ops_recorded();
   tracer_.reset();  // flushes into the ring or the writer
   MOERR_RETURN_IF_ERROR(failed_);
   return writer_->Close();

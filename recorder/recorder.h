@@ -78,7 +78,7 @@ class Recorder : public TraceSink, public RoutingObserver {
   // Steps written so far; for kAnomaly, the step that triggered (-1: none).
   const std::vector<int64_t>& written_steps() const { return written_; }
   int64_t anomaly_step() const { return anomaly_step_; }
-  uint64_t ops_recorded() const { return tracer_->ops_recorded(); }
+  uint64_t ops_recorded() const { return tracer_ ? tracer_->ops_recorded() : ops_at_stop_; }
   const formats::WriteStats& write_stats() const { return writer_->stats(); }
 
   // TraceSink and RoutingObserver.
@@ -114,6 +114,7 @@ class Recorder : public TraceSink, public RoutingObserver {
   std::vector<int64_t> written_;
   int64_t anomaly_step_ = -1;
   std::vector<int64_t> micro_batch_;  // per layer, within the step
+  uint64_t ops_at_stop_ = 0;
 };
 
 }  // namespace moerr::recorder
