@@ -44,6 +44,10 @@ absl::StatusOr<BundleSummary> Summarize(const BundleReader& reader) {
   }
   for (const RecordRef& r : index.records) {
     ++s.records[std::string(RecordKindName(r.kind))];
+    if (r.kind == static_cast<uint16_t>(RecordKind::kOps)) {
+      MOERR_ASSIGN_OR_RETURN(Record record, reader.ReadRecord(r));
+      s.ops += record.ops.ops.size();
+    }
     if (r.kind == static_cast<uint16_t>(RecordKind::kAnnotation) && r.step < 0) {
       MOERR_ASSIGN_OR_RETURN(Record record, reader.ReadRecord(r));
       s.annotations.insert_or_assign(record.key, std::move(record.value));
@@ -68,7 +72,8 @@ std::string RenderText(const BundleSummary& s, const std::string& path) {
   }
   std::vector<std::string> records;
   for (const auto& [kind, n] : s.records) records.push_back(absl::StrFormat("%s %d", kind, n));
-  absl::StrAppendFormat(&out, "\n  records: %s\n", records.empty() ? "none" : absl::StrJoin(records, ", "));
+  absl::StrAppendFormat(&out, "\n  traced ops: %d\n", s.ops);
+  absl::StrAppendFormat(&out, "  records: %s\n", records.empty() ? "none" : absl::StrJoin(records, ", "));
   absl::StrAppendFormat(&out, "  complete steps: %s\n",
                         s.complete_steps.empty() ? "none" : absl::StrJoin(s.complete_steps, ", "));
   for (const auto& [key, value] : s.annotations) {
@@ -107,6 +112,7 @@ llvm::json::Value ToJson(const BundleSummary& s) {
                             {"stored_bytes", s.stored_bytes},
                             {"roles", std::move(roles)},
                             {"records", std::move(records)},
+                            {"ops", s.ops},
                             {"complete_steps", std::move(steps)},
                             {"annotations", std::move(annotations)}};
 }

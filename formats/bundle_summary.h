@@ -29,6 +29,7 @@ struct BundleSummary {
   uint64_t logical_bytes = 0;  // as if every tensor were stored (no dedup)
   std::array<RoleSummary, kNumRoles> roles{};
   std::map<std::string, uint64_t> records;  // by kind name
+  uint64_t ops = 0;                          // traced ops, over all steps
   std::vector<int64_t> complete_steps;
   std::map<std::string, llvm::json::Value> annotations;  // step-less ones
 };

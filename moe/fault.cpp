@@ -23,13 +23,13 @@ constexpr FaultInfo kFaults[] = {
     {FaultKind::kSkipUpdate, "skip-update"},
 };
 
-// The last MoE layer's most used expert on `calibration`.
+// The first MoE layer's most used expert on `calibration`: an overflow there
+// reaches every later position through attention, as real ones do.
 std::pair<int64_t, int64_t> BusiestExpert(MoeTransformer& policy, const at::Tensor& calibration) {
   torch::NoGradGuard no_grad;
   policy->forward(calibration);
-  const auto layers = policy->MoeLayers();
-  const int64_t layer = policy->config().num_layers - 1;
-  const int64_t expert = layers.back()->expert_counts().argmax().item<int64_t>();
+  const int64_t layer = policy->config().first_k_dense;
+  const int64_t expert = policy->MoeLayers().front()->expert_counts().argmax().item<int64_t>();
   return {layer, expert};
 }
 
@@ -70,12 +70,25 @@ absl::StatusOr<InjectedFault> InjectFault(FaultKind kind, MoeTransformer& policy
     case FaultKind::kNone: break;
     case FaultKind::kExpertOverflow: {
       const auto [layer, expert] = BusiestExpert(policy, calibration);
-      MoeLayer moe = policy->MoeLayers().back();
+      MoeLayer moe = policy->MoeLayers().front();
       Expert e = moe->expert(expert);
-      // Unit-RMS inputs (what RMSNorm feeds it) -> the expert's largest output;
-      // scale down_proj so that output lands 8x past fp16's range.
-      const at::Tensor probe = at::randn({256, config.hidden_size});
-      const double peak = e->forward(probe).abs().max().item<double>();
+      // The tokens the router sends this expert on the calibration batch ->
+      // the expert's largest output on them; scale down_proj so that output
+      // lands 8x past fp16's range, in the forward pass.
+      struct RoutedInputs : recorder::RoutingObserver {
+        int64_t layer, expert;
+        at::Tensor rows;
+        void OnRouting(const recorder::RoutingEvent& ev) override {
+          if (ev.layer != layer) return;
+          rows = ev.hidden.index_select(0, at::where(ev.topk_ids.eq(expert).any(1))[0]);
+        }
+      } routed;
+      routed.layer = layer;
+      routed.expert = expert;
+      policy->SetRoutingObserver(&routed);
+      policy->forward(calibration);
+      policy->SetRoutingObserver(nullptr);
+      const double peak = e->forward(routed.rows).abs().max().item<double>();
       for (auto& p : e->named_parameters()) {
         if (p.key().find(config.family == Family::kMixtral ? "w2" : "down_proj") != std::string::npos) {
           p.value().mul_(8 * kFp16Max / std::max(peak, 1e-6));

@@ -35,8 +35,8 @@ struct InjectedFault {
 };
 
 // Applies `kind` to the policy's weights and the step options. `calibration`
-// [n, S] tokens pick the expert to break (the most used in the last MoE
-// layer), so the fault is reached.
+// [n, S] tokens (whole sequences, as training sees them) pick the expert to
+// break: the most used one in the first MoE layer, so the fault is reached.
 absl::StatusOr<InjectedFault> InjectFault(FaultKind kind, MoeTransformer& policy, GrpoOptions& options,
                                           const at::Tensor& calibration);
 

@@ -43,7 +43,8 @@ llvm::json::Object MetricsToJson(const StepMetrics& m) {
                             {"finite", m.finite}};
 }
 
-absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const ProgressFn& progress) {
+absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const ProgressFn& progress,
+                                        TrainObserver* observer) {
   if (options.out_dir.empty()) return absl::InvalidArgumentError("an output directory is required (-o DIR)");
   if (options.steps < 0 || options.warmup_steps < 0) return absl::InvalidArgumentError("step counts must be >= 0");
   if (::mkdir(options.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
@@ -78,17 +79,22 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
     grpo.numerics.precision = options.precision;
     grpo.rollout_numerics.precision = options.precision;
     std::mt19937_64 rng(options.seed + 17);
-    const at::Tensor calibration = task.Sample(64, rng).prompts;
+    const AdditionTask::Batch calib = task.Sample(64, rng);
+    const at::Tensor calibration = at::cat({calib.prompts, calib.answers}, 1);
     MOERR_ASSIGN_OR_RETURN(report.fault, InjectFault(options.fault, policy, grpo, calibration));
     GrpoTrainer trainer(policy, reference, task, grpo, options.seed);
     std::ofstream metrics(report.metrics_path, std::ios::trunc);
     if (!metrics) return absl::InternalError("cannot write " + report.metrics_path);
+    if (observer) MOERR_RETURN_IF_ERROR(observer->OnStart(policy, reference, grpo));
     for (int64_t i = 0; i < options.steps; ++i) {
+      if (observer) MOERR_RETURN_IF_ERROR(observer->BeforeStep(i));
       report.steps.push_back(trainer.Step());
+      if (observer) MOERR_RETURN_IF_ERROR(observer->AfterStep(report.steps.back(), trainer.loss_scale()));
       metrics << llvm::formatv("{0}", llvm::json::Value(MetricsToJson(report.steps.back()))).str() << "\n";
       metrics.flush();
       if (progress) progress("RL", i + 1, options.steps);
     }
+    if (observer) MOERR_RETURN_IF_ERROR(observer->OnFinish());
     report.final_accuracy = Accuracy(policy, task, 256, options.seed + 1);
     return SaveCheckpoint(policy, report.checkpoint_dir, options.overwrite);
   });

@@ -39,7 +39,19 @@ struct TrainReport {
 // `progress(phase, done, total)` is called as work advances.
 using ProgressFn = std::function<void(const std::string& phase, int64_t done, int64_t total)>;
 
-absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const ProgressFn& progress = nullptr);
+// Sees the RL part of a run (a recorder, for one). Every call may fail the run.
+class TrainObserver {
+ public:
+  virtual ~TrainObserver() = default;
+  // After warm-up and fault injection, before the first RL step.
+  virtual absl::Status OnStart(MoeTransformer& policy, MoeTransformer& reference, const GrpoOptions& options) = 0;
+  virtual absl::Status BeforeStep(int64_t step) = 0;
+  virtual absl::Status AfterStep(const StepMetrics& metrics, double loss_scale) = 0;
+  virtual absl::Status OnFinish() = 0;
+};
+
+absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const ProgressFn& progress = nullptr,
+                                        TrainObserver* observer = nullptr);
 
 // One JSON object per step: every StepMetrics field.
 llvm::json::Object MetricsToJson(const StepMetrics& m);

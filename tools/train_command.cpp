@@ -1,15 +1,90 @@
 #include <cstdio>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "moe/training_run.h"
+#include "recorder/recorder.h"
 #include "support/progress.h"
+#include "support/status.h"
 #include "tools/command.h"
 
 namespace moerr::tools {
+namespace {
+
+// Records the RL steps of a run: the model, options and step outcomes go into
+// the bundle next to the trace.
+class RecordingObserver : public moe::TrainObserver {
+ public:
+  explicit RecordingObserver(recorder::RecordOptions options) : options_(std::move(options)) {}
+
+  absl::Status OnStart(moe::MoeTransformer& policy, moe::MoeTransformer& reference,
+                       const moe::GrpoOptions& grpo) override {
+    auto rec = recorder::Recorder::Start(options_);
+    if (!rec.ok()) return rec.status();
+    rec_ = std::move(*rec);
+    std::vector<std::pair<std::string, at::Tensor>> named = policy->NamedTensors();
+    for (auto& [name, t] : reference->NamedTensors()) named.emplace_back("reference." + name, t);
+    rec_->NameTensors(named);
+    policy->SetRoutingObserver(rec_.get());
+    policy_ = policy;
+    MOERR_RETURN_IF_ERROR(rec_->Annotate("model_config", moe::ToHfConfig(policy->config())));
+    return rec_->Annotate("optimizer",
+                          llvm::json::Object{{"name", "AdamW"}, {"lr", grpo.lr}, {"weight_decay", grpo.weight_decay},
+                                             {"max_grad_norm", grpo.max_grad_norm}, {"clip_eps", grpo.clip_eps},
+                                             {"kl_coef", grpo.kl_coef}, {"precision", moe::PrecisionName(grpo.numerics.precision)}});
+  }
+  absl::Status BeforeStep(int64_t step) override { return rec_->StepBegin(step); }
+  absl::Status AfterStep(const moe::StepMetrics& m, double loss_scale) override {
+    MOERR_RETURN_IF_ERROR(rec_->AnnotateStep("metrics", moe::MetricsToJson(m)));
+    MOERR_RETURN_IF_ERROR(rec_->AnnotateStep("loss_scale", loss_scale));
+    return rec_->StepEnd(m.step, {m.loss, m.grad_norm});
+  }
+  absl::Status OnFinish() override {
+    policy_->SetRoutingObserver(nullptr);
+    return rec_->Stop();
+  }
+  const recorder::Recorder& recorder() const { return *rec_; }
+  bool started() const { return rec_ != nullptr; }
+
+ private:
+  recorder::RecordOptions options_;
+  std::unique_ptr<recorder::Recorder> rec_;
+  moe::MoeTransformer policy_{nullptr};
+};
+
+// "always", "window:A-B" or "anomaly[:N[:X]]" (N steps kept, X the spike factor).
+absl::Status ParseTrigger(const std::string& text, recorder::RecordOptions& options) {
+  const std::vector<std::string> parts = absl::StrSplit(text, ':');
+  auto bad = [&] {
+    return absl::InvalidArgumentError("--trigger must be always, window:A-B or anomaly[:STEPS[:SPIKE]], not \"" +
+                                      text + "\"");
+  };
+  if (parts[0] == "always" && parts.size() == 1) return absl::OkStatus();
+  if (parts[0] == "window" && parts.size() == 2) {
+    const std::vector<std::string> range = absl::StrSplit(parts[1], '-');
+    int64_t a, b;
+    if (range.size() != 2 || !absl::SimpleAtoi(range[0], &a) || !absl::SimpleAtoi(range[1], &b) || a > b) return bad();
+    options.set_window(a, b);
+    return absl::OkStatus();
+  }
+  if (parts[0] == "anomaly" && parts.size() <= 3) {
+    int64_t ring = 2;
+    double spike = 10;
+    if (parts.size() > 1 && (!absl::SimpleAtoi(parts[1], &ring) || ring < 1)) return bad();
+    if (parts.size() > 2 && (!absl::SimpleAtod(parts[2], &spike) || spike <= 1)) return bad();
+    options.set_anomaly(ring, spike);
+    return absl::OkStatus();
+  }
+  return bad();
+}
+
+}  // namespace
 
 void AddTrainCommand(CLI::App& app, int& exit_code) {
   struct Options {
     moe::TrainOptions train;
     std::string family = "qwen3_moe", fault = "none", precision = "fp32";
+    std::string record, trigger = "always", bundle;
   };
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
@@ -29,6 +104,12 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("-o,--output", opts->train.out_dir, "Output directory: metrics.jsonl, warmup/, checkpoint/")
       ->required();
   cmd->add_flag("--force", opts->train.overwrite, "Overwrite an earlier run's files in the output directory");
+  cmd->add_option("--record", opts->record, "Record the RL steps into a bundle: stats, replayable or full");
+  cmd->add_option("--trigger", opts->trigger,
+                  "When to write steps: always, window:A-B, or anomaly[:STEPS[:SPIKE]] (keep STEPS steps in memory; "
+                  "write them when the loss or grad norm is non-finite or the grad norm exceeds SPIKE x its median)")
+      ->capture_default_str();
+  cmd->add_option("--bundle", opts->bundle, "Bundle path for --record (default: OUTPUT/run.moerr)");
   cmd->callback([opts, &exit_code] {
     Options& o = *opts;
     auto family = moe::ParseFamily(o.family);
@@ -43,6 +124,21 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
     o.train.family = *family;
     o.train.fault = *fault;
     o.train.precision = *precision;
+    std::unique_ptr<RecordingObserver> observer;
+    if (!o.record.empty()) {
+      auto mode = recorder::ParseCaptureMode(o.record);
+      if (!mode.ok()) {
+        exit_code = ReportError(mode.status());
+        return;
+      }
+      recorder::RecordOptions record(o.bundle.empty() ? o.train.out_dir + "/run.moerr" : o.bundle);
+      record.set_mode(*mode).set_overwrite(o.train.overwrite);
+      if (absl::Status s = ParseTrigger(o.trigger, record); !s.ok()) {
+        exit_code = ReportError(s);
+        return;
+      }
+      observer = std::make_unique<RecordingObserver>(std::move(record));
+    }
     std::unique_ptr<Progress> bar;
     std::string phase;
     auto report = moe::RunTraining(o.train, [&](const std::string& p, int64_t done, int64_t total) {
@@ -51,7 +147,7 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
         phase = p;
       }
       bar->Update(done);
-    });
+    }, observer.get());
     bar.reset();
     if (!report.ok()) {
       exit_code = ReportError(report.status());
@@ -71,6 +167,13 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
     }
     std::printf("accuracy after RL: %.1f%%\nmetrics: %s\ncheckpoint: %s\n", 100 * report->final_accuracy,
                 report->metrics_path.c_str(), report->checkpoint_dir.c_str());
+    if (observer && observer->started()) {
+      const recorder::Recorder& rec = observer->recorder();
+      std::string steps;
+      for (int64_t s : rec.written_steps()) steps += (steps.empty() ? "" : ", ") + std::to_string(s);
+      std::printf("bundle: %s (%s mode; %llu ops traced; steps written: %s)\n", rec.path().c_str(), o.record.c_str(),
+                  static_cast<unsigned long long>(rec.ops_recorded()), steps.empty() ? "none" : steps.c_str());
+    }
     exit_code = kExitOk;
   });
 }
