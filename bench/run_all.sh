@@ -21,3 +21,7 @@ echo "## Reference model: GRPO step time and peak memory"
 echo
 echo "## Recorder overhead and bundle size per capture mode"
 "$BUILD/bench/recorder_bench" --preset small
+
+echo
+echo "## Fingerprint kernel (Google Benchmark, 16 MiB per dtype)"
+"$BUILD/bench/fingerprint_bench" --benchmark_min_time=0.5
