@@ -16,6 +16,40 @@ namespace {
 constexpr double kF16Max = 65504.0;
 constexpr double kBf16Max = 3.3895313892515355e38;
 
+// Running statistics; Add is the careful per-element path (NaN and Inf
+// aware, in double).
+struct Stats {
+  double lo = INFINITY, hi = -INFINITY, sum = 0, sq = 0, amax = 0;
+  uint64_t nan = 0, pinf = 0, ninf = 0, b16 = 0, bb16 = 0;
+
+  void Add(double v) {
+    if (std::isnan(v)) {
+      ++nan;
+      return;
+    }
+    lo = std::min(lo, v), hi = std::max(hi, v);
+    if (std::isinf(v)) {
+      v > 0 ? ++pinf : ++ninf;
+      return;
+    }
+    const double a = std::fabs(v);
+    amax = std::max(amax, a);
+    sum += v, sq += v * v;
+    b16 += a > kF16Max;
+    bb16 += a > kBf16Max;
+  }
+
+  void Finish(int64_t n, formats::Fingerprint& f) const {
+    const uint64_t finite = n - nan - pinf - ninf;
+    f.numel = n;
+    if (lo <= hi) f.min = lo, f.max = hi;
+    f.mean = finite ? sum / finite : 0;
+    f.abs_max = amax;
+    f.l2 = std::sqrt(sq);
+    f.nan = nan, f.pos_inf = pinf, f.neg_inf = ninf, f.beyond_f16 = b16, f.beyond_bf16 = bb16;
+  }
+};
+
 // Values as float (exact for every type here but f64 and 64-bit ints).
 inline float AsFloat(float v) { return v; }
 inline float AsFloat(c10::BFloat16 v) { return static_cast<float>(v); }
@@ -25,15 +59,13 @@ inline float AsFloat(c10::Half v) { return static_cast<float>(v); }
 // in float over 8 lanes (the compiler vectorises it; min, max, abs-max and
 // counts are exact, the chunk sums carry float rounding) and folded into
 // double sums. A chunk whose float sums are not finite (NaN, Inf, or squares
-// past float range) is redone element by element in double.
+// past float range) is redone element by element with Stats::Add.
 template <typename T>
 void AccumulateFloat(const T* data, int64_t n, formats::Fingerprint& f) {
   constexpr int kLanes = 8;
   constexpr int64_t kChunk = 256;
   float buf[kChunk];
-  double sum = 0, sq = 0;
-  float lo = INFINITY, hi = -INFINITY, amax = 0;
-  uint64_t nan = 0, pinf = 0, ninf = 0, b16 = 0;
+  Stats stats;
   for (int64_t base = 0; base < n; base += kChunk) {
     const int64_t m = std::min(kChunk, n - base);
     const float* v;
@@ -46,9 +78,9 @@ void AccumulateFloat(const T* data, int64_t n, formats::Fingerprint& f) {
     float cs[kLanes] = {}, csq[kLanes] = {}, clo[kLanes], chi[kLanes], cam[kLanes] = {};
     uint32_t cb[kLanes] = {};
     for (int l = 0; l < kLanes; ++l) clo[l] = INFINITY, chi[l] = -INFINITY;
-    int64_t j = 0;
-    for (; j + kLanes <= m; j += kLanes) {
-      for (int l = 0; l < kLanes; ++l) {
+    for (int64_t j = 0; j < m; j += kLanes) {
+      const int lanes = static_cast<int>(std::min<int64_t>(kLanes, m - j));
+      for (int l = 0; l < lanes; ++l) {
         const float x = v[j + l], a = std::fabs(x);
         cs[l] += x;
         csq[l] += x * x;
@@ -58,91 +90,27 @@ void AccumulateFloat(const T* data, int64_t n, formats::Fingerprint& f) {
         cb[l] += a > 65504.0f;
       }
     }
-    for (; j < m; ++j) {
-      const float x = v[j], a = std::fabs(x);
-      cs[0] += x, csq[0] += x * x;
-      clo[0] = x < clo[0] ? x : clo[0];
-      chi[0] = x > chi[0] ? x : chi[0];
-      cam[0] = a > cam[0] ? a : cam[0];
-      cb[0] += a > 65504.0f;
-    }
     float s1 = 0, s2 = 0;
     for (int l = 0; l < kLanes; ++l) s1 += cs[l], s2 += csq[l];
-    if (std::isfinite(s1) && std::isfinite(s2)) {
-      sum += s1, sq += s2;
-      for (int l = 0; l < kLanes; ++l) {
-        lo = std::min(lo, clo[l]), hi = std::max(hi, chi[l]), amax = std::max(amax, cam[l]);
-        b16 += cb[l];
-      }
+    if (!std::isfinite(s1) || !std::isfinite(s2)) {
+      for (int64_t k = 0; k < m; ++k) stats.Add(v[k]);
       continue;
     }
-    for (int64_t k = 0; k < m; ++k) {
-      const float x = v[k];
-      if (std::isnan(x)) {
-        ++nan;
-        continue;
-      }
-      lo = std::min(lo, x), hi = std::max(hi, x);
-      if (std::isinf(x)) {
-        x > 0 ? ++pinf : ++ninf;
-        continue;
-      }
-      const float a = std::fabs(x);
-      amax = std::max(amax, a);
-      sum += x;
-      sq += static_cast<double>(x) * x;
-      b16 += a > 65504.0f;
+    stats.sum += s1, stats.sq += s2;
+    for (int l = 0; l < kLanes; ++l) {
+      stats.lo = std::min<double>(stats.lo, clo[l]), stats.hi = std::max<double>(stats.hi, chi[l]);
+      stats.amax = std::max<double>(stats.amax, cam[l]);
+      stats.b16 += cb[l];
     }
   }
-  const uint64_t finite = n - nan - pinf - ninf;
-  f.numel = n;
-  if (lo <= hi) {
-    f.min = lo;
-    f.max = hi;
-  }
-  f.mean = finite ? sum / finite : 0;
-  f.abs_max = amax;
-  f.l2 = std::sqrt(sq);
-  f.nan = nan, f.pos_inf = pinf, f.neg_inf = ninf, f.beyond_f16 = b16;
-  f.beyond_bf16 = 0;  // every finite float is within bf16's range (same exponent)
+  stats.Finish(n, f);
 }
 
-// Doubles and integers: the general path.
 template <typename T>
 void Accumulate(const T* data, int64_t n, formats::Fingerprint& f) {
-  double lo = INFINITY, hi = -INFINITY, sum = 0, sq = 0, amax = 0;
-  uint64_t nan = 0, pinf = 0, ninf = 0, b16 = 0, bb16 = 0, finite = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double v = static_cast<double>(data[i]);
-    if (std::isnan(v)) {
-      ++nan;
-      continue;
-    }
-    if (std::isinf(v)) {
-      v > 0 ? ++pinf : ++ninf;
-      lo = std::min(lo, v);
-      hi = std::max(hi, v);
-      continue;
-    }
-    lo = std::min(lo, v);
-    hi = std::max(hi, v);
-    const double a = std::fabs(v);
-    amax = std::max(amax, a);
-    sum += v;
-    sq += v * v;
-    b16 += a > kF16Max;
-    bb16 += a > kBf16Max;
-    ++finite;
-  }
-  f.numel = n;
-  if (lo <= hi) {
-    f.min = lo;
-    f.max = hi;
-  }
-  f.mean = finite ? sum / finite : 0;
-  f.abs_max = amax;
-  f.l2 = std::sqrt(sq);
-  f.nan = nan, f.pos_inf = pinf, f.neg_inf = ninf, f.beyond_f16 = b16, f.beyond_bf16 = bb16;
+  Stats stats;
+  for (int64_t i = 0; i < n; ++i) stats.Add(static_cast<double>(data[i]));
+  stats.Finish(n, f);
 }
 
 }  // namespace

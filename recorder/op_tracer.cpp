@@ -35,7 +35,11 @@ struct ThreadState {
 
 ThreadState& State() {
   static std::atomic<uint32_t> next_thread{0};
-  thread_local ThreadState state{0, {}, {}, next_thread++};
+  thread_local ThreadState state = [] {
+    ThreadState s;
+    s.thread = next_thread++;
+    return s;
+  }();
   return state;
 }
 

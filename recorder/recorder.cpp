@@ -108,13 +108,13 @@ void Recorder::NameTensors(const std::vector<std::pair<std::string, at::Tensor>>
 
 absl::Status Recorder::Emit(formats::Record record) {
   if (Streaming()) return writer_->AppendRecord(std::move(record));
-  ring_.back().records.push_back(std::move(record));
+  if (!ring_.empty()) ring_.back().records.push_back(std::move(record));  // else: outside any step
   return absl::OkStatus();
 }
 
 absl::Status Recorder::EmitTensor(const std::string& name, formats::Role role, const at::Tensor& t) {
   if (!Streaming()) {
-    ring_.back().tensors.emplace_back(name, role, t);
+    if (!ring_.empty()) ring_.back().tensors.emplace_back(name, role, t);  // else: outside any step
     return absl::OkStatus();
   }
   MOERR_ASSIGN_OR_RETURN(formats::TensorView view, ViewOf(t));  // holds `t` until written
