@@ -249,7 +249,7 @@ absl::Status BundleWriter::Close() {
   MOERR_RETURN_IF_ERROR(failed_);
   MOERR_CHECK(!closed_) << "Close twice";
   MOERR_RETURN_IF_ERROR(Drain());
-  MOERR_RETURN_IF_ERROR(Fail(sink_->Commit(EncodeIndex(index_), options_.sync)));
+  if (absl::Status s = sink_->Commit(EncodeIndex(index_), options_.sync); !s.ok()) return Fail(s);
   closed_ = true;
   stats_.file_bytes = sink_->offset();
   return absl::OkStatus();

@@ -103,6 +103,7 @@ absl::StatusOr<InjectedFault> InjectFault(FaultKind kind, MoeTransformer& policy
     }
     case FaultKind::kGradOverflow: {
       options.numerics.precision = Precision::kFp16Emu;
+      options.rollout_numerics.precision = Precision::kFp16Emu;
       options.initial_loss_scale = std::ldexp(1.0, 40);
       out.module = "";
       out.description = "fp16 emulation with an initial loss scale of 2^40: scaled gradients overflow in backward";

@@ -76,8 +76,8 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
     }
     MoeTransformer reference = Clone(policy);
     GrpoOptions grpo;
-    grpo.numerics.precision = options.precision;
-    grpo.rollout_numerics.precision = options.precision;
+    grpo.numerics = Numerics{options.precision, options.fp16_saturate};
+    grpo.rollout_numerics = grpo.numerics;
     std::mt19937_64 rng(options.seed + 17);
     const AdditionTask::Batch calib = task.Sample(64, rng);
     const at::Tensor calibration = at::cat({calib.prompts, calib.answers}, 1);

@@ -20,6 +20,7 @@ struct TrainOptions {
   FaultKind fault = FaultKind::kNone;
   int64_t steps = 10;              // GRPO steps
   Precision precision = Precision::kFp32;
+  bool fp16_saturate = false;      // fp16 emulation: overflow saturates to +-65504 instead of Inf
   uint64_t seed = 0;
   std::string out_dir;             // required
   std::string init_checkpoint;     // start from this HF checkpoint instead of warming up

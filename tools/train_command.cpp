@@ -84,7 +84,7 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
   struct Options {
     moe::TrainOptions train;
     std::string family = "qwen3_moe", fault = "none", precision = "fp32";
-    std::string record, trigger = "always", bundle;
+    std::string record, trigger = "always", bundle, fp16_overflow = "inf";
   };
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
@@ -100,6 +100,10 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--warmup-steps", opts->train.warmup_steps, "Supervised warm-up steps")->capture_default_str();
   cmd->add_option("--init", opts->train.init_checkpoint, "Start from this HF checkpoint directory (skips warm-up)");
   cmd->add_option("--precision", opts->precision, "fp32, bf16 or fp16-emu")->capture_default_str();
+  cmd->add_option("--fp16-overflow", opts->fp16_overflow,
+                  "fp16 emulation: an overflow gives inf, or saturates to +-65504 (as NPUs can)")
+      ->check(CLI::IsMember({"inf", "saturate"}))
+      ->capture_default_str();
   cmd->add_option("--seed", opts->train.seed, "Random seed")->capture_default_str();
   cmd->add_option("-o,--output", opts->train.out_dir, "Output directory: metrics.jsonl, warmup/, checkpoint/")
       ->required();
@@ -124,6 +128,7 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
     o.train.family = *family;
     o.train.fault = *fault;
     o.train.precision = *precision;
+    o.train.fp16_saturate = o.fp16_overflow == "saturate";
     std::unique_ptr<RecordingObserver> observer;
     if (!o.record.empty()) {
       auto mode = recorder::ParseCaptureMode(o.record);
