@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "recorder/fingerprint.h"
 #include "support/check.h"
+#include "xxhash.h"
 
 namespace moerr::recorder {
 namespace {
@@ -45,6 +46,7 @@ ThreadState& State() {
 
 struct OpContext : at::ObserverContext {
   formats::OpEvent op;
+  std::vector<OpTracer::ViewSource> sources;
   int64_t seq_begin = -1;
   bool transparent = false;  // aten::_backward: not an op of its own
 };
@@ -127,6 +129,7 @@ void OpTracer::NewStep() {
   known_.clear();
   aliases_.clear();
   storages_.clear();
+  fingerprints_.clear();
 }
 
 OpTracer::AliasKey OpTracer::AliasOf(const at::Tensor& t) {
@@ -171,7 +174,7 @@ uint64_t OpTracer::ops_recorded() const {
 }
 
 uint64_t OpTracer::NewTensor(const at::Tensor& t, int64_t producer, std::string leaf_name, formats::Role role,
-                             uint64_t view_of) {
+                             uint64_t view_of, const KnownFingerprint* derived) {
   const uint64_t id = next_id_++;
   formats::TensorMeta meta;
   meta.id = id;
@@ -191,7 +194,8 @@ uint64_t OpTracer::NewTensor(const at::Tensor& t, int64_t producer, std::string 
   meta.shape = t.sizes().vec();
   meta.strides = t.strides().vec();
   meta.storage_offset = t.storage_offset();
-  meta.fingerprint = ComputeFingerprint(t);
+  meta.fingerprint = derived ? derived->fingerprint : ComputeFingerprint(t);
+  fingerprints_.insert_or_assign(id, KnownFingerprint{meta.fingerprint, derived ? derived->real_hash : true});
   meta.producer = producer;
   meta.view_of = view_of;
   if (!leaf_name.empty()) {
@@ -253,10 +257,35 @@ uint64_t OpTracer::InputId(const at::Tensor& t, int64_t producer, bool in_optimi
   return NewTensor(t, producer, std::move(name), role);
 }
 
-uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const std::string& op_name) {
+uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const std::string& op_name,
+                            const std::vector<ViewSource>& inputs) {
   auto it = known_.find(t.unsafeGetTensorImpl());
   if (it != known_.end() && !it->second.impl.expired() && it->second.version == static_cast<uint32_t>(t._version())) {
     return it->second.id;  // the op returned an input unchanged
+  }
+  // A dense view of exactly an input's elements (t, transpose, view,
+  // reshape, permute, squeeze...): the same values, so the same statistics.
+  // Its hash is the input's when both are contiguous and the input's hash was
+  // computed over its bytes (then the bytes are the same), else XXH3-64 of
+  // (the input's hash, shape, strides): no copy is made.
+  if (mode_ != CaptureMode::kFull && t.has_storage() && t.is_non_overlapping_and_dense()) {
+    for (const ViewSource& in : inputs) {
+      if (in.storage != t.storage().unsafeGetStorageImpl() || in.offset != t.storage_offset() ||
+          in.numel != t.numel() || in.dtype != t.scalar_type() || in.version != static_cast<uint32_t>(t._version())) {
+        continue;
+      }
+      auto fp = fingerprints_.find(in.id);
+      if (fp == fingerprints_.end()) break;
+      KnownFingerprint derived = fp->second;
+      if (!(in.contiguous && t.is_contiguous() && derived.real_hash)) {
+        std::vector<int64_t> geometry = {static_cast<int64_t>(derived.fingerprint.hash)};
+        geometry.insert(geometry.end(), t.sizes().begin(), t.sizes().end());
+        geometry.insert(geometry.end(), t.strides().begin(), t.strides().end());
+        derived.fingerprint.hash = XXH3_64bits(geometry.data(), geometry.size() * sizeof(int64_t));
+        derived.real_hash = false;
+      }
+      return NewTensor(t, producer, "", formats::Role::kActivation, in.id, &derived);
+    }
   }
   std::string name;
   formats::Role role = formats::Role::kActivation;
@@ -270,7 +299,8 @@ uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const std::st
   return NewTensor(t, producer, std::move(name), role);
 }
 
-formats::OpArg OpTracer::ToArg(const c10::IValue& v, bool in_optimizer, bool in_batch, bool in_backward) {
+formats::OpArg OpTracer::ToArg(const c10::IValue& v, bool in_optimizer, bool in_batch, bool in_backward,
+                               std::vector<ViewSource>& sources) {
   using K = formats::OpArg::Kind;
   formats::OpArg a;
   const int64_t producer = -1;
@@ -281,6 +311,10 @@ formats::OpArg OpTracer::ToArg(const c10::IValue& v, bool in_optimizer, bool in_
     if (!t.defined()) return a;
     a.kind = K::kTensor;
     a.i = static_cast<int64_t>(InputId(t, producer, in_optimizer, in_batch, in_backward));
+    if (t.has_storage() && t.is_non_overlapping_and_dense()) {
+      sources.push_back(ViewSource{t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.numel(), t.scalar_type(),
+                                   t.is_contiguous(), static_cast<uint32_t>(t._version()), static_cast<uint64_t>(a.i)});
+    }
   } else if (v.isTensorList()) {
     a.kind = K::kTensors;
     for (const at::Tensor& t : v.toTensorVector()) a.ints.push_back(static_cast<int64_t>(InputId(t, producer, in_optimizer, in_batch, in_backward)));
@@ -361,7 +395,7 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
     ctx->seq_begin = static_cast<int64_t>(at::sequence_number::peek());
   }
   const bool in_backward = op.phase == formats::Phase::kBackward;
-  for (const c10::IValue& v : fn.inputs()) op.args.push_back(ToArg(v, in_optimizer, in_batch, in_backward));
+  for (const c10::IValue& v : fn.inputs()) op.args.push_back(ToArg(v, in_optimizer, in_batch, in_backward, ctx->sources));
   return ctx;
 }
 
@@ -390,9 +424,11 @@ void OpTracer::OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const c10::IValue& v : fn.outputs()) {
     if (v.isTensor() && v.toTensor().defined()) {
-      op.outputs.push_back(OutputId(v.toTensor(), static_cast<int64_t>(op.seq), op.name));
+      op.outputs.push_back(OutputId(v.toTensor(), static_cast<int64_t>(op.seq), op.name, op_ctx->sources));
     } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) op.outputs.push_back(OutputId(t, static_cast<int64_t>(op.seq), op.name));
+      for (const at::Tensor& t : v.toTensorVector()) {
+        op.outputs.push_back(OutputId(t, static_cast<int64_t>(op.seq), op.name, op_ctx->sources));
+      }
     } else {
       op.outputs.push_back(0);
     }

@@ -47,6 +47,17 @@ class TraceSink {
 
 class OpTracer {
  public:
+  // A tensor input of the op being recorded, for recognising outputs that
+  // are dense views of exactly its elements.
+  struct ViewSource {
+    const void* storage;
+    int64_t offset, numel;
+    at::ScalarType dtype;
+    bool contiguous;
+    uint32_t version;  // a view shares the version counter; an in-place op bumps it
+    uint64_t id;
+  };
+
   // At most one tracer exists at a time. `batch_ops`: ops per OpBatch handed
   // to the sink (smaller: less lost in a crash, more records).
   OpTracer(CaptureMode mode, TraceSink* sink, size_t batch_ops = 1024);
@@ -68,6 +79,12 @@ class OpTracer {
   void OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx);
 
  private:
+  // This step's fingerprints; `real_hash` is false for a hash derived from a
+  // view's geometry rather than computed over its bytes.
+  struct KnownFingerprint {
+    formats::Fingerprint fingerprint;
+    bool real_hash = true;
+  };
   struct Known {
     c10::weak_intrusive_ptr<c10::TensorImpl> impl;
     uint32_t version = 0;
@@ -106,10 +123,12 @@ class OpTracer {
   uint64_t KnownId(const at::Tensor& t);
   // The id of `t` as an input; a new id (and a leaf) when unknown.
   uint64_t InputId(const at::Tensor& t, int64_t producer, bool in_optimizer, bool in_batch, bool in_backward);
-  uint64_t OutputId(const at::Tensor& t, int64_t producer, const std::string& op_name);
+  uint64_t OutputId(const at::Tensor& t, int64_t producer, const std::string& op_name,
+                    const std::vector<ViewSource>& inputs);
   uint64_t NewTensor(const at::Tensor& t, int64_t producer, std::string leaf_name, formats::Role role,
-                     uint64_t view_of = 0);
-  formats::OpArg ToArg(const c10::IValue& v, bool in_optimizer, bool in_batch, bool in_backward);
+                     uint64_t view_of = 0, const KnownFingerprint* derived = nullptr);
+  formats::OpArg ToArg(const c10::IValue& v, bool in_optimizer, bool in_batch, bool in_backward,
+                       std::vector<ViewSource>& sources);
   void FlushLocked();
 
   CaptureMode mode_;
@@ -125,6 +144,7 @@ class OpTracer {
   absl::flat_hash_map<const c10::TensorImpl*, Known> known_;
   absl::flat_hash_map<AliasKey, KnownAlias> aliases_;
   absl::flat_hash_map<const void*, KnownStorage> storages_;
+  absl::flat_hash_map<uint64_t, KnownFingerprint> fingerprints_;
   absl::flat_hash_map<const c10::TensorImpl*, std::string> names_;
   // Autograd sequence numbers [begin, end) of the nodes a forward op made,
   // with the op's seq and module, for attributing backward ops.

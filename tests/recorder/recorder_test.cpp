@@ -144,6 +144,62 @@ TEST(RecorderTest, FingerprintsMatchAnIndependentComputation) {
   EXPECT_GT(checked, 1000);
 }
 
+// Views of an input's elements get the input's statistics without a pass over
+// their bytes (op_tracer.cpp, OutputId). Full mode computes every output from
+// its bytes; the same deterministic step recorded both ways must agree.
+TEST(RecorderTest, DerivedViewFingerprintsMatchComputedOnes) {
+  TempDir dir;
+  auto derived = RecordSteps(dir.File("r.moerr"), CaptureMode::kReplayable, 1);
+  auto computed = RecordSteps(dir.File("f.moerr"), CaptureMode::kFull, 1);
+  const formats::Trace a = formats::ReadTrace(*derived, 0).value();
+  const formats::Trace b = formats::ReadTrace(*computed, 0).value();
+  ASSERT_EQ(a.ops.size(), b.ops.size());
+  int views = 0;
+  for (size_t i = 0; i < a.ops.size(); ++i) {
+    ASSERT_EQ(a.ops[i].name, b.ops[i].name) << i;
+    ASSERT_EQ(a.ops[i].outputs.size(), b.ops[i].outputs.size());
+    for (size_t o = 0; o < a.ops[i].outputs.size(); ++o) {
+      const formats::TensorMeta* x = a.Find(a.ops[i].outputs[o]);
+      const formats::TensorMeta* y = b.Find(b.ops[i].outputs[o]);
+      if (x == nullptr || y == nullptr || x->view_of == 0 || x->producer != static_cast<int64_t>(a.ops[i].seq)) continue;
+      ++views;
+      const formats::Fingerprint& f = x->fingerprint;
+      const formats::Fingerprint& g = y->fingerprint;
+      SCOPED_TRACE(a.ops[i].name);
+      EXPECT_EQ(f.numel, g.numel);
+      EXPECT_EQ(f.nan, g.nan);
+      EXPECT_EQ(f.pos_inf, g.pos_inf);
+      EXPECT_EQ(f.beyond_f16, g.beyond_f16);
+      if (g.numel > 0 && g.Finite()) {
+        EXPECT_EQ(f.min, g.min);
+        EXPECT_EQ(f.max, g.max);
+        EXPECT_EQ(f.abs_max, g.abs_max);
+        EXPECT_NEAR(f.l2, g.l2, 1e-5 * (1e-3 + g.l2));
+      }
+      auto contiguous = [](const formats::TensorMeta& m) {
+        int64_t expect = 1;
+        for (size_t d = m.shape.size(); d-- > 0;) {
+          if (m.shape[d] != 1 && m.strides[d] != expect) return false;
+          expect *= m.shape[d];
+        }
+        return true;
+      };
+      // Along a chain of contiguous views of a contiguous tensor with a
+      // computed hash, the hash is that of the same bytes.
+      const formats::TensorMeta* base = x;
+      bool chain_contiguous = contiguous(*x);
+      while (base->view_of != 0 && chain_contiguous) {
+        base = a.Find(base->view_of);
+        chain_contiguous = base != nullptr && contiguous(*base);
+      }
+      if (chain_contiguous) {
+        EXPECT_EQ(f.hash, g.hash) << "a contiguous view of a contiguous tensor holds the same bytes";
+      }
+    }
+  }
+  EXPECT_GT(views, 500);
+}
+
 // The leaves of a step are exactly what it read from outside: parameters
 // (policy and reference), optimizer state, the batch and RNG state.
 TEST(RecorderTest, LeavesAreParametersOptimizerStateAndBatch) {
