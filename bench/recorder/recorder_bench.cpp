@@ -9,12 +9,20 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
+
+#include <ATen/record_function.h>
 
 #include "moe/grpo_trainer.h"
 #include "recorder/recorder.h"
 
 namespace {
+
+// The floor of any observer that reads every op's inputs and outputs: a
+// callback that does nothing with them, but makes LibTorch box them.
+std::unique_ptr<at::ObserverContext> NoopStart(const at::RecordFunction&) { return nullptr; }
+void NoopEnd(const at::RecordFunction&, at::ObserverContext*) {}
 
 using Clock = std::chrono::steady_clock;
 using moerr::recorder::CaptureMode;
@@ -49,7 +57,7 @@ int main(int argc, char** argv) {
   trainer.Step();  // allocate optimizer state
 
   const std::vector<std::pair<std::string, int>> variants = {
-      {"none", -1}, {"stats", 0}, {"replayable", 1}, {"full", 2}};
+      {"none", -1}, {"observer floor", -2}, {"stats", 0}, {"replayable", 1}, {"full", 2}};
   std::map<std::string, Result> results;
   for (int round = 0; round < rounds; ++round) {
     for (const auto& [name, mode] : variants) {
@@ -57,6 +65,14 @@ int main(int argc, char** argv) {
       Result& r = results[name];
       std::unique_ptr<recorder::Recorder> rec;
       const std::string path = dir + "/" + name + ".moerr";
+      std::optional<at::CallbackHandle> noop;
+      if (mode == -2) {
+        noop = at::addGlobalCallback(at::RecordFunctionCallback(&NoopStart, &NoopEnd)
+                                         .needsInputs(true)
+                                         .needsOutputs(true)
+                                         .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
+                                                  at::RecordScope::USER_SCOPE}));
+      }
       if (mode >= 0) {
         rec = recorder::Recorder::Start(recorder::RecordOptions(path)
                                             .set_mode(static_cast<CaptureMode>(mode))
@@ -71,6 +87,7 @@ int main(int argc, char** argv) {
         const moe::StepMetrics m = trainer.Step();
         if (rec) (void)rec->StepEnd(m.step, {m.loss, m.grad_norm});
       }
+      if (noop) at::removeCallback(*noop);
       if (rec) {
         (void)rec->Stop();
         r.ops += rec->ops_recorded();
@@ -91,8 +108,12 @@ int main(int argc, char** argv) {
     if (!results.count(name) || results[name].steps == 0) continue;
     const Result& r = results[name];
     const double ms = 1e3 * r.seconds / r.steps;
-    if (mode < 0) {
+    if (mode == -1) {
       std::printf("| no recorder | %.0f | 1.00 | - | - | - |\n", ms);
+      continue;
+    }
+    if (mode == -2) {
+      std::printf("| do-nothing observer (floor) | %.0f | %.2f | - | - | - |\n", ms, r.seconds / base.seconds);
       continue;
     }
     std::printf("| %s | %.0f | %.2f | %.0f | %.2f | %.3f |\n", name.c_str(), ms, r.seconds / base.seconds,
