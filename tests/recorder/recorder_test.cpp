@@ -232,6 +232,48 @@ TEST(RecorderTest, LeavesAreParametersOptimizerStateAndBatch) {
   }
 }
 
+// Any LibTorch program: a plain torch::nn MLP and SGD, no model hooks. The
+// only convention it follows is the "optimizer" user scope.
+TEST(RecorderTest, RecordsAPlainLibTorchProgram) {
+  TempDir dir;
+  torch::manual_seed(0);
+  torch::nn::Sequential mlp(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 1));
+  torch::optim::SGD sgd(mlp->parameters(), 0.1);
+  auto rec = Recorder::Start(RecordOptions(dir.File("mlp.moerr")).set_crash_handler(false)).value();
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& p : mlp->named_parameters()) named.emplace_back(p.key(), p.value());
+  rec->NameTensors(named);
+  const at::Tensor x = torch::randn({4, 8}), y = torch::randn({4, 1});
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(rec->StepBegin(step).ok());
+    const at::Tensor loss = torch::mse_loss(mlp->forward(x), y);
+    {
+      RECORD_USER_SCOPE("optimizer");
+      sgd.zero_grad();
+    }
+    loss.backward();
+    {
+      RECORD_USER_SCOPE("optimizer");
+      sgd.step();
+    }
+    ASSERT_TRUE(rec->StepEnd(step, {loss.item<double>(), 1.0}).ok());
+  }
+  ASSERT_TRUE(rec->Stop().ok());
+  auto reader = formats::BundleReader::Open(dir.File("mlp.moerr")).value();
+  EXPECT_EQ(reader->CompleteSteps(), (std::vector<int64_t>{0, 1}));
+  const formats::Trace trace = formats::ReadTrace(*reader, 1).value();
+  std::set<std::string> names;
+  std::map<formats::Phase, int> phases;
+  for (const auto& op : trace.ops) names.insert(op.name), ++phases[op.phase];
+  EXPECT_TRUE(names.count("aten::linear") || names.count("aten::addmm")) << "the forward's matmuls";
+  EXPECT_TRUE(names.count("aten::mse_loss"));
+  EXPECT_GT(phases[formats::Phase::kBackward], 0);
+  EXPECT_GT(phases[formats::Phase::kOptimizer], 0);
+  int params = 0;
+  for (const auto& t : reader->index().tensors) params += t.step == 1 && t.role == formats::Role::kParameter;
+  EXPECT_EQ(params, 4);  // two weights, two biases
+}
+
 TEST(RecorderTest, AnomalyTriggerWritesOnlyTheFailingWindow) {
   TempDir dir;
   Models m = TinyModels();
