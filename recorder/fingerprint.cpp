@@ -115,6 +115,37 @@ void Accumulate(const T* data, int64_t n, formats::Fingerprint& f) {
 
 }  // namespace
 
+c10::optional<ViewSource> SourceOf(const at::Tensor& t, uint64_t id) {
+  if (!t.defined() || !t.has_storage() || !t.is_non_overlapping_and_dense()) return c10::nullopt;
+  return ViewSource{t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.numel(), t.scalar_type(),
+                    t.is_contiguous(), static_cast<uint32_t>(t._version()), id};
+}
+
+const ViewSource* ViewedInput(const at::Tensor& output, const std::vector<ViewSource>& inputs) {
+  if (!output.has_storage() || !output.is_non_overlapping_and_dense()) return nullptr;
+  for (const ViewSource& in : inputs) {
+    if (in.storage == output.storage().unsafeGetStorageImpl() && in.offset == output.storage_offset() &&
+        in.numel == output.numel() && in.dtype == output.scalar_type() &&
+        in.version == static_cast<uint32_t>(output._version())) {
+      return &in;
+    }
+  }
+  return nullptr;
+}
+
+KnownFingerprint DeriveViewFingerprint(const KnownFingerprint& base, const ViewSource& source,
+                                       const at::Tensor& view) {
+  KnownFingerprint derived = base;
+  if (!(source.contiguous && view.is_contiguous() && base.real_hash)) {
+    std::vector<int64_t> geometry = {static_cast<int64_t>(base.fingerprint.hash)};
+    geometry.insert(geometry.end(), view.sizes().begin(), view.sizes().end());
+    geometry.insert(geometry.end(), view.strides().begin(), view.strides().end());
+    derived.fingerprint.hash = XXH3_64bits(geometry.data(), geometry.size() * sizeof(int64_t));
+    derived.real_hash = false;
+  }
+  return derived;
+}
+
 formats::Fingerprint ComputeFingerprint(const at::Tensor& input) {
   formats::Fingerprint f;
   if (!input.defined()) return f;

@@ -12,4 +12,31 @@ namespace moerr::recorder {
 
 formats::Fingerprint ComputeFingerprint(const at::Tensor& t);
 
+// A tensor input of an op, for recognising outputs that are dense views of
+// exactly its elements (t, transpose, view, reshape, detach...).
+struct ViewSource {
+  const void* storage;
+  int64_t offset, numel;
+  at::ScalarType dtype;
+  bool contiguous;
+  uint32_t version;  // a view shares the version counter; an in-place op bumps it
+  uint64_t id;
+};
+// A ViewSource for `t` when it is dense; nullopt otherwise.
+c10::optional<ViewSource> SourceOf(const at::Tensor& t, uint64_t id);
+// The input whose elements `output` views exactly, or nullptr.
+const ViewSource* ViewedInput(const at::Tensor& output, const std::vector<ViewSource>& inputs);
+
+// A fingerprint and whether its hash was computed over the bytes.
+struct KnownFingerprint {
+  formats::Fingerprint fingerprint;
+  bool real_hash = true;
+};
+// The fingerprint of `view`, a dense view of exactly the elements of a
+// tensor fingerprinted as `base`: the same statistics; the base's hash when
+// both are contiguous and the base's hash is real, else XXH3-64 of (the
+// base's hash, shape, strides). Recording and replay both use this.
+KnownFingerprint DeriveViewFingerprint(const KnownFingerprint& base, const ViewSource& source,
+                                       const at::Tensor& view);
+
 }  // namespace moerr::recorder

@@ -12,7 +12,6 @@
 #include "absl/strings/str_format.h"
 #include "recorder/fingerprint.h"
 #include "support/check.h"
-#include "xxhash.h"
 
 namespace moerr::recorder {
 namespace {
@@ -46,7 +45,7 @@ ThreadState& State() {
 
 struct OpContext : at::ObserverContext {
   formats::OpEvent op;
-  std::vector<OpTracer::ViewSource> sources;
+  std::vector<ViewSource> sources;
   int64_t seq_begin = -1;
   bool transparent = false;  // aten::_backward: not an op of its own
 };
@@ -263,28 +262,15 @@ uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const std::st
   if (it != known_.end() && !it->second.impl.expired() && it->second.version == static_cast<uint32_t>(t._version())) {
     return it->second.id;  // the op returned an input unchanged
   }
-  // A dense view of exactly an input's elements (t, transpose, view,
-  // reshape, permute, squeeze...): the same values, so the same statistics.
-  // Its hash is the input's when both are contiguous and the input's hash was
-  // computed over its bytes (then the bytes are the same), else XXH3-64 of
-  // (the input's hash, shape, strides): no copy is made.
-  if (mode_ != CaptureMode::kFull && t.has_storage() && t.is_non_overlapping_and_dense()) {
-    for (const ViewSource& in : inputs) {
-      if (in.storage != t.storage().unsafeGetStorageImpl() || in.offset != t.storage_offset() ||
-          in.numel != t.numel() || in.dtype != t.scalar_type() || in.version != static_cast<uint32_t>(t._version())) {
-        continue;
+  // A dense view of exactly an input's elements: the same values, so the
+  // same statistics, without a copy or a pass (fingerprint.h).
+  if (mode_ != CaptureMode::kFull) {
+    if (const ViewSource* in = ViewedInput(t, inputs)) {
+      auto fp = fingerprints_.find(in->id);
+      if (fp != fingerprints_.end()) {
+        const KnownFingerprint derived = DeriveViewFingerprint(fp->second, *in, t);
+        return NewTensor(t, producer, "", formats::Role::kActivation, in->id, &derived);
       }
-      auto fp = fingerprints_.find(in.id);
-      if (fp == fingerprints_.end()) break;
-      KnownFingerprint derived = fp->second;
-      if (!(in.contiguous && t.is_contiguous() && derived.real_hash)) {
-        std::vector<int64_t> geometry = {static_cast<int64_t>(derived.fingerprint.hash)};
-        geometry.insert(geometry.end(), t.sizes().begin(), t.sizes().end());
-        geometry.insert(geometry.end(), t.strides().begin(), t.strides().end());
-        derived.fingerprint.hash = XXH3_64bits(geometry.data(), geometry.size() * sizeof(int64_t));
-        derived.real_hash = false;
-      }
-      return NewTensor(t, producer, "", formats::Role::kActivation, in.id, &derived);
     }
   }
   std::string name;
@@ -311,10 +297,7 @@ formats::OpArg OpTracer::ToArg(const c10::IValue& v, bool in_optimizer, bool in_
     if (!t.defined()) return a;
     a.kind = K::kTensor;
     a.i = static_cast<int64_t>(InputId(t, producer, in_optimizer, in_batch, in_backward));
-    if (t.has_storage() && t.is_non_overlapping_and_dense()) {
-      sources.push_back(ViewSource{t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.numel(), t.scalar_type(),
-                                   t.is_contiguous(), static_cast<uint32_t>(t._version()), static_cast<uint64_t>(a.i)});
-    }
+    if (auto source = SourceOf(t, static_cast<uint64_t>(a.i))) sources.push_back(*source);
   } else if (v.isTensorList()) {
     a.kind = K::kTensors;
     for (const at::Tensor& t : v.toTensorVector()) a.ints.push_back(static_cast<int64_t>(InputId(t, producer, in_optimizer, in_batch, in_backward)));

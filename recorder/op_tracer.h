@@ -28,6 +28,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "formats/bundle_index.h"
 #include "formats/trace.h"
+#include "recorder/fingerprint.h"
 
 namespace moerr::recorder {
 
@@ -47,17 +48,6 @@ class TraceSink {
 
 class OpTracer {
  public:
-  // A tensor input of the op being recorded, for recognising outputs that
-  // are dense views of exactly its elements.
-  struct ViewSource {
-    const void* storage;
-    int64_t offset, numel;
-    at::ScalarType dtype;
-    bool contiguous;
-    uint32_t version;  // a view shares the version counter; an in-place op bumps it
-    uint64_t id;
-  };
-
   // At most one tracer exists at a time. `batch_ops`: ops per OpBatch handed
   // to the sink (smaller: less lost in a crash, more records).
   OpTracer(CaptureMode mode, TraceSink* sink, size_t batch_ops = 1024);
@@ -79,12 +69,6 @@ class OpTracer {
   void OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx);
 
  private:
-  // This step's fingerprints; `real_hash` is false for a hash derived from a
-  // view's geometry rather than computed over its bytes.
-  struct KnownFingerprint {
-    formats::Fingerprint fingerprint;
-    bool real_hash = true;
-  };
   struct Known {
     c10::weak_intrusive_ptr<c10::TensorImpl> impl;
     uint32_t version = 0;
@@ -144,7 +128,7 @@ class OpTracer {
   absl::flat_hash_map<const c10::TensorImpl*, Known> known_;
   absl::flat_hash_map<AliasKey, KnownAlias> aliases_;
   absl::flat_hash_map<const void*, KnownStorage> storages_;
-  absl::flat_hash_map<uint64_t, KnownFingerprint> fingerprints_;
+  absl::flat_hash_map<uint64_t, KnownFingerprint> fingerprints_;  // this step's tensors
   absl::flat_hash_map<const c10::TensorImpl*, std::string> names_;
   // Autograd sequence numbers [begin, end) of the nodes a forward op made,
   // with the op's seq and module, for attributing backward ops.
