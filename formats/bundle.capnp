@@ -134,6 +134,7 @@ struct OpEvent {
   module @7 :Text;         # "model.layers.3.mlp.experts.5" (for backward ops: the forward op's)
   args @8 :List(Arg);
   outputs @9 :List(UInt64);  # TensorMeta ids; 0 for a non-tensor output
+  autocast @10 :Int8 = -1;   # CPU autocast dtype in force (a DType), or -1 when off
 }
 
 struct OpBatch {

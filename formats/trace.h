@@ -60,6 +60,7 @@ struct OpEvent {
   int64_t sequence_nr = -1, forward_seq = -1;
   std::vector<OpArg> args;
   std::vector<uint64_t> outputs;  // 0: not a tensor
+  int8_t autocast = -1;           // CPU autocast dtype in force (a DType), or -1
 };
 
 struct OpBatch {

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/SequenceNumber.h>
+#include <ATen/autocast_mode.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "recorder/fingerprint.h"
+#include "recorder/tensor_adapter.h"
 #include "support/check.h"
 
 namespace moerr::recorder {
@@ -47,8 +49,13 @@ struct OpContext : at::ObserverContext {
   formats::OpEvent op;
   std::vector<ViewSource> sources;
   int64_t seq_begin = -1;
-  bool transparent = false;  // aten::_backward: not an op of its own
+  // Not an op of its own: aten::_backward, or a named record that is no
+  // dispatcher op (the engine's "autograd::engine::evaluate_function: ...").
+  bool transparent = false;
+  bool backward = false;  // ... and what runs inside it is backward work
 };
+
+constexpr const char kEvaluateFunction[] = "autograd::engine::evaluate_function";
 
 std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& fn) {
   OpTracer* t = g_tracer.load(std::memory_order_acquire);
@@ -341,10 +348,12 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
       return nullptr;
     default: break;
   }
-  if (st.depth == 0 && std::strcmp(fn.name(), "aten::_backward") == 0) {
-    ++st.in_backward_call;
+  const bool backward_call = st.depth == 0 && std::strcmp(fn.name(), "aten::_backward") == 0;
+  if (backward_call || !fn.operator_name()) {
     auto ctx = std::make_unique<OpContext>();
     ctx->transparent = true;
+    ctx->backward = backward_call || std::strncmp(fn.name(), kEvaluateFunction, sizeof(kEvaluateFunction) - 1) == 0;
+    st.in_backward_call += ctx->backward;
     return ctx;
   }
   if (st.depth++ > 0) return nullptr;  // only the outermost op of a thread
@@ -360,6 +369,10 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   op.name = name ? name->name : fn.name();
   op.overload = name ? name->overload_name : "";
   op.sequence_nr = fn.seqNr();
+  if (at::autocast::is_cpu_enabled()) {
+    auto dtype = moerr::recorder::ToDType(at::autocast::get_autocast_cpu_dtype());
+    op.autocast = dtype.ok() ? static_cast<int8_t>(*dtype) : -1;
+  }
   if (in_optimizer) {
     op.phase = formats::Phase::kOptimizer;
     op.module = "optimizer";
@@ -398,7 +411,7 @@ void OpTracer::OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   }
   auto* op_ctx = static_cast<OpContext*>(ctx);
   if (op_ctx != nullptr && op_ctx->transparent) {
-    --st.in_backward_call;
+    st.in_backward_call -= op_ctx->backward;
     return;
   }
   --st.depth;

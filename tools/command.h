@@ -24,5 +24,6 @@ void AddVerifyCommand(CLI::App& app, int& exit_code);
 void AddSalvageCommand(CLI::App& app, int& exit_code);
 void AddDemoCommand(CLI::App& app, int& exit_code);
 void AddTrainCommand(CLI::App& app, int& exit_code);
+void AddReplayCommand(CLI::App& app, int& exit_code);
 
 }  // namespace moerr::tools

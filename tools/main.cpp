@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   AddVerifyCommand(app, exit_code);
   AddSalvageCommand(app, exit_code);
   AddTrainCommand(app, exit_code);
+  AddReplayCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
