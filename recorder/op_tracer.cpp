@@ -32,6 +32,9 @@ struct ThreadState {
   // Inside aten::_backward: the engine's own ops (gradient accumulation
   // between nodes, the root gradient) are backward ops too.
   int in_backward_call = 0;
+  // Sequence numbers of the nodes the engine is evaluating: its ops outside
+  // the node (accumulating that node's gradients) are attributed to it.
+  std::vector<int64_t> evaluating;
   uint32_t thread = 0;
 };
 
@@ -343,6 +346,7 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   switch (fn.scope()) {
     case at::RecordScope::USER_SCOPE: st.scopes.emplace_back(fn.name()); return nullptr;
     case at::RecordScope::BACKWARD_FUNCTION:
+      if (!st.evaluating.empty() && st.evaluating.back() < 0) st.evaluating.back() = fn.seqNr();
       st.backward.emplace_back(fn.seqNr(), st.depth);
       st.depth = 0;
       return nullptr;
@@ -354,6 +358,7 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
     ctx->transparent = true;
     ctx->backward = backward_call || std::strncmp(fn.name(), kEvaluateFunction, sizeof(kEvaluateFunction) - 1) == 0;
     st.in_backward_call += ctx->backward;
+    if (ctx->backward && !backward_call) st.evaluating.push_back(-1);  // the node's number comes with it
     return ctx;
   }
   if (st.depth++ > 0) return nullptr;  // only the outermost op of a thread
@@ -378,7 +383,9 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
     op.module = "optimizer";
   } else if (!st.backward.empty() || st.in_backward_call > 0) {
     op.phase = formats::Phase::kBackward;
-    const int64_t node = st.backward.empty() ? -1 : st.backward.back().first;
+    const int64_t node = !st.backward.empty()     ? st.backward.back().first
+                         : !st.evaluating.empty() ? st.evaluating.back()
+                                                  : -1;
     auto it = std::upper_bound(node_ranges_.begin(), node_ranges_.end(), node,
                                [](int64_t n, const NodeRange& r) { return n < r.begin; });
     if (it != node_ranges_.begin() && node < std::prev(it)->end) {
@@ -412,6 +419,9 @@ void OpTracer::OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   auto* op_ctx = static_cast<OpContext*>(ctx);
   if (op_ctx != nullptr && op_ctx->transparent) {
     st.in_backward_call -= op_ctx->backward;
+    if (op_ctx->backward && std::strcmp(fn.name(), "aten::_backward") != 0 && !st.evaluating.empty()) {
+      st.evaluating.pop_back();
+    }
     return;
   }
   --st.depth;

@@ -228,7 +228,9 @@ TEST(RecorderTest, LeavesAreParametersOptimizerStateAndBatch) {
   // Values autograd saved inside composite ops are captured, not leaves.
   EXPECT_GT(at_step1[formats::Role::kActivation], 0);
   for (const auto& t : reader->index().tensors) {
-    if (t.role == formats::Role::kActivation) EXPECT_EQ(t.name.rfind("saved/", 0), 0u) << t.name;
+    if (t.role == formats::Role::kActivation) {
+      EXPECT_EQ(t.name.rfind("saved/", 0), 0u) << t.name;
+    }
   }
 }
 
@@ -348,7 +350,9 @@ TEST(RecorderCrashTest, SalvageRecoversEveryCompleteStepAfterSigkill) {
     ASSERT_TRUE(report.ok()) << report.status();
     std::set<int64_t> complete(report->complete_steps.begin(), report->complete_steps.end());
     for (const auto& [s, end] : step_end) {
-      if (end <= threshold) EXPECT_TRUE(complete.count(s)) << "step " << s << " was complete before the kill";
+      if (end <= threshold) {
+        EXPECT_TRUE(complete.count(s)) << "step " << s << " was complete before the kill";
+      }
     }
     auto fixed = formats::BundleReader::Open(dir.File("fixed" + std::to_string(k) + ".moerr")).value();
     ASSERT_TRUE(fixed->Verify().ok());
