@@ -14,7 +14,9 @@ TEST(ChunkCodecTest, ShuffleRoundTrips) {
     Shuffle(in, mid.data(), item);
     Unshuffle(mid, out.data(), item);
     EXPECT_EQ(in, out) << "item " << item;
-    if (item == 2) EXPECT_EQ(mid[1], in[2]);  // first bytes of elements 0, 1 are adjacent
+    if (item == 2) {
+      EXPECT_EQ(mid[1], in[2]);  // first bytes of elements 0, 1 are adjacent
+    }
   }
 }
 

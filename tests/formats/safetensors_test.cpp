@@ -44,7 +44,9 @@ TEST(SafetensorsTest, RoundTripsEveryDtype) {
     EXPECT_EQ(name, "t" + std::to_string(i));
     EXPECT_EQ(view.dtype, owned[i].dtype);
     EXPECT_EQ(view.shape, owned[i].shape);
-    if (!owned[i].bytes.empty()) EXPECT_EQ(0, std::memcmp(view.data, owned[i].bytes.data(), owned[i].bytes.size()));
+    if (!owned[i].bytes.empty()) {
+      EXPECT_EQ(0, std::memcmp(view.data, owned[i].bytes.data(), owned[i].bytes.size()));
+    }
   }
 }
 
