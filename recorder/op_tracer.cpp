@@ -187,19 +187,9 @@ uint64_t OpTracer::NewTensor(const at::Tensor& t, int64_t producer, std::string 
   const uint64_t id = next_id_++;
   formats::TensorMeta meta;
   meta.id = id;
-  meta.dtype = formats::DType::kF32;
-  switch (t.scalar_type()) {
-    case at::kDouble: meta.dtype = formats::DType::kF64; break;
-    case at::kBFloat16: meta.dtype = formats::DType::kBF16; break;
-    case at::kHalf: meta.dtype = formats::DType::kF16; break;
-    case at::kLong: meta.dtype = formats::DType::kI64; break;
-    case at::kInt: meta.dtype = formats::DType::kI32; break;
-    case at::kShort: meta.dtype = formats::DType::kI16; break;
-    case at::kChar: meta.dtype = formats::DType::kI8; break;
-    case at::kByte: meta.dtype = formats::DType::kU8; break;
-    case at::kBool: meta.dtype = formats::DType::kBool; break;
-    default: break;
-  }
+  // Every dtype a bundle stores; others (complex) are recorded as f32-shaped
+  // metadata with a hash of their bytes.
+  meta.dtype = ToDType(t.scalar_type()).value_or(formats::DType::kF32);
   meta.shape = t.sizes().vec();
   meta.strides = t.strides().vec();
   meta.storage_offset = t.storage_offset();
@@ -234,7 +224,7 @@ uint64_t OpTracer::NewTensor(const at::Tensor& t, int64_t producer, std::string 
   return id;
 }
 
-uint64_t OpTracer::InputId(const at::Tensor& t, int64_t producer, bool in_optimizer, bool in_batch, bool in_backward) {
+uint64_t OpTracer::InputId(const at::Tensor& t, bool in_optimizer, bool in_batch, bool in_backward) {
   if (const uint64_t id = KnownId(t)) return id;
   // Another view of a storage a recorded tensor lives in, unchanged since.
   if (t.has_storage()) {
@@ -249,7 +239,7 @@ uint64_t OpTracer::InputId(const at::Tensor& t, int64_t producer, bool in_optimi
   // step: captured so that the backward ops can be replayed.
   if (in_backward && !(t.is_leaf() && t.requires_grad())) {
     std::string name = mode_ == CaptureMode::kStats ? "" : absl::StrCat("saved/", next_id_);
-    return NewTensor(t, producer, std::move(name), formats::Role::kActivation);
+    return NewTensor(t, -1, std::move(name), formats::Role::kActivation);
   }
   // A leaf: nothing recorded produced this tensor (or this version of it).
   std::string name;
@@ -263,7 +253,7 @@ uint64_t OpTracer::InputId(const at::Tensor& t, int64_t producer, bool in_optimi
     name = named != names_.end() ? absl::StrCat("param/", named->second, "@", id) : absl::StrCat("leaf/", id);
     if (named != names_.end()) role = formats::Role::kParameter;
   }
-  return NewTensor(t, producer, std::move(name), role);
+  return NewTensor(t, -1, std::move(name), role);
 }
 
 uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const std::string& op_name,
@@ -299,23 +289,22 @@ formats::OpArg OpTracer::ToArg(const c10::IValue& v, bool in_optimizer, bool in_
                                std::vector<ViewSource>& sources) {
   using K = formats::OpArg::Kind;
   formats::OpArg a;
-  const int64_t producer = -1;
   if (v.isNone()) {
     a.kind = K::kNone;
   } else if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
     if (!t.defined()) return a;
     a.kind = K::kTensor;
-    a.i = static_cast<int64_t>(InputId(t, producer, in_optimizer, in_batch, in_backward));
+    a.i = static_cast<int64_t>(InputId(t, in_optimizer, in_batch, in_backward));
     if (auto source = SourceOf(t, static_cast<uint64_t>(a.i))) sources.push_back(*source);
   } else if (v.isTensorList()) {
     a.kind = K::kTensors;
-    for (const at::Tensor& t : v.toTensorVector()) a.ints.push_back(static_cast<int64_t>(InputId(t, producer, in_optimizer, in_batch, in_backward)));
+    for (const at::Tensor& t : v.toTensorVector()) a.ints.push_back(static_cast<int64_t>(InputId(t, in_optimizer, in_batch, in_backward)));
   } else if (v.isList() && v.toListRef().size() > 0 && (v.toListRef()[0].isTensor() || v.toListRef()[0].isNone())) {
     a.kind = K::kOptionalTensors;
     for (const c10::IValue& e : v.toListRef()) {
       a.ints.push_back(e.isTensor() && e.toTensor().defined()
-                           ? static_cast<int64_t>(InputId(e.toTensor(), producer, in_optimizer, in_batch, in_backward))
+                           ? static_cast<int64_t>(InputId(e.toTensor(), in_optimizer, in_batch, in_backward))
                            : -1);
     }
   } else if (v.isInt()) {

@@ -106,7 +106,7 @@ class OpTracer {
   // The id `t` already has (by TensorImpl or by alias), or 0.
   uint64_t KnownId(const at::Tensor& t);
   // The id of `t` as an input; a new id (and a leaf) when unknown.
-  uint64_t InputId(const at::Tensor& t, int64_t producer, bool in_optimizer, bool in_batch, bool in_backward);
+  uint64_t InputId(const at::Tensor& t, bool in_optimizer, bool in_batch, bool in_backward);
   uint64_t OutputId(const at::Tensor& t, int64_t producer, const std::string& op_name,
                     const std::vector<ViewSource>& inputs);
   uint64_t NewTensor(const at::Tensor& t, int64_t producer, std::string leaf_name, formats::Role role,
