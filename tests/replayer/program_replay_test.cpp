@@ -2,6 +2,8 @@
 // reproduces every op's output fingerprint bitwise.
 #include "replayer/program_replay.h"
 
+#include "replayer/first_overflow.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -78,9 +80,10 @@ TEST(ProgramReplayTest, AFaultyStepReplaysToTheSameFailure) {
   moe::GrpoOptions options;
   std::mt19937_64 rng(3);
   const moe::AdditionTask::Batch calib = moe::AdditionTask().Sample(32, rng);
-  ASSERT_TRUE(moe::InjectFault(moe::FaultKind::kExpertOverflow, policy, options,
-                               at::cat({calib.prompts, calib.answers}, 1))
-                  .ok());
+  auto fault = moe::InjectFault(moe::FaultKind::kExpertOverflow, policy, options,
+                                at::cat({calib.prompts, calib.answers}, 1));
+  ASSERT_TRUE(fault.ok());
+  const moe::InjectedFault injected = *fault;
   auto rec = recorder::Recorder::Start(recorder::RecordOptions(dir.File("f.moerr")).set_crash_handler(false)).value();
   moe::GrpoTrainer trainer(policy, reference, moe::AdditionTask(), options, 1);
   ASSERT_TRUE(rec->StepBegin(0).ok());
@@ -97,6 +100,13 @@ TEST(ProgramReplayTest, AFaultyStepReplaysToTheSameFailure) {
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_EQ(report->mismatched, 0u);
   EXPECT_GT(report->compared, 1000u);
+
+  // From fingerprints alone: the first op with finite inputs and a
+  // non-finite output is in the expert the fault broke, in the forward pass.
+  const auto first = FindFirstOverflow(trace);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->op->phase, formats::Phase::kForward);
+  EXPECT_EQ(first->op->module, injected.module) << first->op->name;
 }
 
 TEST(ProgramReplayTest, AStatsBundleSaysWhyItCannotBeReplayed) {
