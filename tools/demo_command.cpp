@@ -1,8 +1,11 @@
-// `moerr demo`: the crash-recovery story, end to end. A child process records
-// training steps into a bundle and is killed (SIGKILL) in the middle of a
-// step, as a crashed job would be. The demo then shows what a user does with
-// the dump: inspect refuses it with advice, salvage rebuilds the index from
-// the complete frames, verify checks every byte, inspect shows what survived.
+// `moerr demo`, end to end on the built-in model:
+//   A. train the tiny reference MoE model, break one expert so its fp16
+//      activations overflow, record the RL steps on anomaly; name the first
+//      overflowing op from the fingerprints; replay the failing step op by
+//      op and check it bitwise against the record;
+//   B. the crash story: a child process recording steps is killed (SIGKILL)
+//      mid-step; inspect refuses the dump with advice, salvage rebuilds its
+//      index, verify checks every byte, inspect shows what survived.
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -19,7 +22,12 @@
 #include "formats/bundle_summary.h"
 #include "formats/bundle_writer.h"
 #include "formats/salvage.h"
+#include "formats/trace.h"
+#include "replayer/first_overflow.h"
+#include "replayer/program_replay.h"
+#include "support/progress.h"
 #include "tools/command.h"
+#include "tools/recording_observer.h"
 
 namespace moerr::tools {
 namespace {
@@ -88,14 +96,76 @@ OwnedTensor Int32Uniform(std::vector<int64_t> shape, int high, uint64_t seed) {
   }
 }
 
-int RunDemo(const std::string& dir) {
+int RunModelStory(const std::string& dir) {
+  const std::string out = dir + "/run", bundle = out + "/run.moerr";
+  std::filesystem::create_directories(out);
+  std::printf("A1. $ moerr train --preset tiny --fault expert-overflow --steps 3 --record replayable \\\n"
+              "          --trigger anomaly:2 -o %s\n", out.c_str());
+  moe::TrainOptions train;
+  train.preset = "tiny";
+  train.fault = moe::FaultKind::kExpertOverflow;
+  train.steps = 3;
+  train.out_dir = out;
+  train.overwrite = true;
+  recorder::RecordOptions record(bundle);
+  record.set_mode(recorder::CaptureMode::kReplayable).set_anomaly(2, 10.0).set_overwrite(true);
+  RecordingObserver observer(record);
+  std::unique_ptr<Progress> bar;
+  std::string phase;
+  auto report = moe::RunTraining(train, [&](const std::string& p, int64_t done, int64_t total) {
+    if (p != phase) bar = std::make_unique<Progress>(p, total), phase = p;
+    bar->Update(done);
+  }, &observer);
+  bar.reset();
+  if (!report.ok()) return ReportError(report.status());
+  std::printf("    warm-up: accuracy %.1f%% on 256 held-out sums\n", 100 * report->warmup.accuracy);
+  std::printf("    fault: %s\n", report->fault.description.c_str());
+  for (const moe::StepMetrics& m : report->steps) {
+    std::printf("    step %lld: loss %g, grad norm %g, loss scale %g%s\n", static_cast<long long>(m.step), m.loss,
+                m.grad_norm, m.loss_scale, m.skipped ? "  -> skipped: non-finite" : "");
+  }
+  const auto& written = observer.recorder().written_steps();
+  std::printf("    the anomaly trigger wrote steps %s to %s\n\n",
+              absl::StrJoin(written, ", ").c_str(), bundle.c_str());
+  if (written.empty()) return ReportError(absl::InternalError("no anomaly was recorded"));
+
+  auto reader = formats::BundleReader::Open(bundle);
+  if (!reader.ok()) return ReportError(reader.status());
+  const int64_t step = written.front();
+  auto trace = formats::ReadTrace(**reader, step);
+  if (!trace.ok()) return ReportError(trace.status());
+  std::printf("A2. The first op whose inputs were finite and whose output was not (from fingerprints, no re-run):\n");
+  const auto first = replayer::FindFirstOverflow(*trace);
+  if (!first) return ReportError(absl::InternalError("the recorded step has no overflow"));
+  std::printf("    step %lld, op %zu of %zu: %s in %s (%s); output: %llu of %llu values +Inf, %llu -Inf, %llu NaN\n",
+              static_cast<long long>(step), first->op_index, trace->ops.size(), first->op->name.c_str(),
+              first->op->module.c_str(), std::string(formats::PhaseName(first->op->phase)).c_str(),
+              static_cast<unsigned long long>(first->fingerprint.pos_inf),
+              static_cast<unsigned long long>(first->fingerprint.numel),
+              static_cast<unsigned long long>(first->fingerprint.neg_inf),
+              static_cast<unsigned long long>(first->fingerprint.nan));
+  std::printf("    the fault was injected in %s: %s\n\n", report->fault.module.c_str(),
+              first->op->module == report->fault.module ? "found" : "NOT found");
+
+  std::printf("A3. $ moerr replay %s --step %lld --check\n", bundle.c_str(), static_cast<long long>(step));
+  auto replay = replayer::ReplayStep(**reader, step);
+  auto again = replayer::ReplayStep(**reader, step);
+  if (!replay.ok() || !again.ok()) return ReportError(replay.ok() ? again.status() : replay.status());
+  const bool same = replay->fingerprints == again->fingerprints;
+  std::printf("    %zu ops re-dispatched from the step's leaves, %zu outputs compared with the record: %zu differ;\n"
+              "    the same overflow, bitwise; a second replay is %s\n\n",
+              replay->dispatched, replay->compared, replay->mismatched, same ? "bitwise identical" : "DIFFERENT");
+  return replay->mismatched == 0 && same ? kExitOk : kExitFinding;
+}
+
+int RunCrashStory(const std::string& dir) {
   std::filesystem::create_directories(dir);
   const std::string bundle = dir + "/run.moerr", fixed = dir + "/run.salvaged.moerr";
   std::filesystem::remove(bundle);
   std::filesystem::remove(bundle + ".partial");
   std::filesystem::remove(fixed);
 
-  std::printf("1. A training job records steps into %s and is killed (SIGKILL) halfway through step 3.\n",
+  std::printf("B1. A training job records steps into %s and is killed (SIGKILL) halfway through step 3.\n",
               bundle.c_str());
   const pid_t child = ::fork();
   if (child < 0) return ReportError(absl::InternalError("fork failed"));
@@ -108,12 +178,12 @@ int RunDemo(const std::string& dir) {
   std::printf("   the job died by signal %d; it left %s (%s)\n\n", WTERMSIG(status), (bundle + ".partial").c_str(),
               formats::HumanBytes(std::filesystem::file_size(bundle + ".partial")).c_str());
 
-  std::printf("2. $ moerr inspect %s.partial\n", bundle.c_str());
+  std::printf("B2. $ moerr inspect %s.partial\n", bundle.c_str());
   auto broken = formats::BundleReader::Open(bundle + ".partial");
   if (broken.ok()) return ReportError(absl::InternalError("a killed writer's bundle opened as finished"));
   std::printf("   moerr: error: %s\n\n", std::string(broken.status().message()).c_str());
 
-  std::printf("3. $ moerr salvage %s.partial -o %s\n", bundle.c_str(), fixed.c_str());
+  std::printf("B3. $ moerr salvage %s.partial -o %s\n", bundle.c_str(), fixed.c_str());
   auto report = formats::Salvage(bundle + ".partial", fixed, /*overwrite=*/true);
   if (!report.ok()) return ReportError(report.status());
   std::printf("   kept %llu complete frames; recovered %llu tensors; complete steps: %s\n",
@@ -122,7 +192,7 @@ int RunDemo(const std::string& dir) {
   std::printf("   lost: step(s) %s began but did not finish; %s after the last complete frame\n\n",
               absl::StrJoin(report->incomplete_steps, ", ").c_str(), formats::HumanBytes(report->bytes_dropped).c_str());
 
-  std::printf("4. $ moerr verify %s\n", fixed.c_str());
+  std::printf("B4. $ moerr verify %s\n", fixed.c_str());
   auto reader = formats::BundleReader::Open(fixed);
   if (!reader.ok()) return ReportError(reader.status());
   auto verified = (*reader)->Verify();
@@ -131,7 +201,7 @@ int RunDemo(const std::string& dir) {
               static_cast<unsigned long long>(verified->frames), static_cast<unsigned long long>(verified->blobs),
               formats::HumanBytes(verified->raw_bytes).c_str());
 
-  std::printf("5. $ moerr inspect %s\n", fixed.c_str());
+  std::printf("B5. $ moerr inspect %s\n", fixed.c_str());
   auto summary = formats::Summarize(**reader);
   if (!summary.ok()) return ReportError(summary.status());
   std::printf("%s\n", formats::RenderText(*summary, fixed).c_str());
@@ -146,9 +216,14 @@ int RunDemo(const std::string& dir) {
 void AddDemoCommand(CLI::App& app, int& exit_code) {
   auto dir = std::make_shared<std::string>("moerr-demo");
   CLI::App* cmd = app.add_subcommand(
-      "demo", "End-to-end demo: a recording job is killed mid-step; salvage, verify and inspect its bundle");
+      "demo",
+      "End-to-end demo on the built-in model: record a failing step, find the first overflowing op, replay it; "
+      "then salvage a killed recording");
   cmd->add_option("--dir", *dir, "Working directory for the demo's files")->capture_default_str();
-  cmd->callback([dir, &exit_code] { exit_code = RunDemo(*dir); });
+  cmd->callback([dir, &exit_code] {
+    exit_code = RunModelStory(*dir);
+    if (exit_code == kExitOk) exit_code = RunCrashStory(*dir);
+  });
 }
 
 }  // namespace moerr::tools

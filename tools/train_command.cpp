@@ -7,50 +7,10 @@
 #include "support/progress.h"
 #include "support/status.h"
 #include "tools/command.h"
+#include "tools/recording_observer.h"
 
 namespace moerr::tools {
 namespace {
-
-// Records the RL steps of a run: the model, options and step outcomes go into
-// the bundle next to the trace.
-class RecordingObserver : public moe::TrainObserver {
- public:
-  explicit RecordingObserver(recorder::RecordOptions options) : options_(std::move(options)) {}
-
-  absl::Status OnStart(moe::MoeTransformer& policy, moe::MoeTransformer& reference,
-                       const moe::GrpoOptions& grpo) override {
-    auto rec = recorder::Recorder::Start(options_);
-    if (!rec.ok()) return rec.status();
-    rec_ = std::move(*rec);
-    std::vector<std::pair<std::string, at::Tensor>> named = policy->NamedTensors();
-    for (auto& [name, t] : reference->NamedTensors()) named.emplace_back("reference." + name, t);
-    rec_->NameTensors(named);
-    policy->SetRoutingObserver(rec_.get());
-    policy_ = policy;
-    MOERR_RETURN_IF_ERROR(rec_->Annotate("model_config", moe::ToHfConfig(policy->config())));
-    return rec_->Annotate("optimizer",
-                          llvm::json::Object{{"name", "AdamW"}, {"lr", grpo.lr}, {"weight_decay", grpo.weight_decay},
-                                             {"max_grad_norm", grpo.max_grad_norm}, {"clip_eps", grpo.clip_eps},
-                                             {"kl_coef", grpo.kl_coef}, {"precision", moe::PrecisionName(grpo.numerics.precision)}});
-  }
-  absl::Status BeforeStep(int64_t step) override { return rec_->StepBegin(step); }
-  absl::Status AfterStep(const moe::StepMetrics& m, double loss_scale) override {
-    MOERR_RETURN_IF_ERROR(rec_->AnnotateStep("metrics", moe::MetricsToJson(m)));
-    MOERR_RETURN_IF_ERROR(rec_->AnnotateStep("loss_scale", loss_scale));
-    return rec_->StepEnd(m.step, {m.loss, m.grad_norm});
-  }
-  absl::Status OnFinish() override {
-    policy_->SetRoutingObserver(nullptr);
-    return rec_->Stop();
-  }
-  const recorder::Recorder& recorder() const { return *rec_; }
-  bool started() const { return rec_ != nullptr; }
-
- private:
-  recorder::RecordOptions options_;
-  std::unique_ptr<recorder::Recorder> rec_;
-  moe::MoeTransformer policy_{nullptr};
-};
 
 // "always", "window:A-B" or "anomaly[:N[:X]]" (N steps kept, X the spike factor).
 absl::Status ParseTrigger(const std::string& text, recorder::RecordOptions& options) {

@@ -1,0 +1,32 @@
+// A TrainObserver that records a run's RL steps with the Recorder: `moerr
+// train --record` and `moerr demo` use it.
+#pragma once
+
+#include <memory>
+
+#include "moe/training_run.h"
+#include "recorder/recorder.h"
+
+namespace moerr::tools {
+
+// Records the RL steps of a run: the model, options and step outcomes go into
+// the bundle next to the trace.
+class RecordingObserver : public moe::TrainObserver {
+ public:
+  explicit RecordingObserver(recorder::RecordOptions options) : options_(std::move(options)) {}
+
+  absl::Status OnStart(moe::MoeTransformer& policy, moe::MoeTransformer& reference,
+                       const moe::GrpoOptions& grpo) override;
+  absl::Status BeforeStep(int64_t step) override { return rec_->StepBegin(step); }
+  absl::Status AfterStep(const moe::StepMetrics& m, double loss_scale) override;
+  absl::Status OnFinish() override;
+  const recorder::Recorder& recorder() const { return *rec_; }
+  bool started() const { return rec_ != nullptr; }
+
+ private:
+  recorder::RecordOptions options_;
+  std::unique_ptr<recorder::Recorder> rec_;
+  moe::MoeTransformer policy_{nullptr};
+};
+
+}  // namespace moerr::tools
