@@ -62,11 +62,7 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
           exit_code = ReportError(again.status());
           return;
         }
-        const bool same = again->fingerprints.size() == report->fingerprints.size() &&
-                          std::equal(again->fingerprints.begin(), again->fingerprints.end(),
-                                     report->fingerprints.begin(), [](const auto& a, const auto& b) {
-                                       return a.first == b.first && a.second == b.second;
-                                     });
+        const bool same = again->fingerprints == report->fingerprints;  // bitwise (Fingerprint::operator==)
         std::printf("  --check: a second replay is %s\n", same ? "bitwise identical" : "DIFFERENT");
         if (!same) exit_code = kExitFinding;
       }
