@@ -6,7 +6,23 @@
 
 namespace moerr::replayer {
 
-std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace) {
+double DTypeMax(formats::DType dtype) {
+  switch (dtype) {
+    case formats::DType::kF64: return 1.7976931348623157e308;
+    case formats::DType::kF32: return 3.4028234663852886e38;
+    case formats::DType::kBF16: return 3.3895313892515355e38;
+    case formats::DType::kF16: return 65504.0;
+    case formats::DType::kI64: return 9.223372036854775807e18;
+    case formats::DType::kI32: return 2147483647.0;
+    case formats::DType::kI16: return 32767.0;
+    case formats::DType::kI8: return 127.0;
+    case formats::DType::kU8: return 255.0;
+    case formats::DType::kBool: return 1.0;
+  }
+  return 0;
+}
+
+std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, const OverflowOptions& options) {
   absl::flat_hash_map<uint64_t, size_t> by_seq;
   for (size_t i = 0; i < trace.ops.size(); ++i) by_seq[trace.ops[i].seq] = i;
   auto finite = [&](uint64_t id) {
@@ -31,10 +47,24 @@ std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace) {
     if (!inputs_finite) continue;
     for (uint64_t id : op.outputs) {
       const formats::TensorMeta* meta = id ? trace.Find(id) : nullptr;
-      if (meta == nullptr || meta->fingerprint.Finite()) continue;
-      FirstOverflow found{i, &op, nullptr, id, meta->fingerprint};
+      if (meta == nullptr || meta->producer != static_cast<int64_t>(op.seq)) continue;
+      const double limit = options.limit > 0 ? options.limit : DTypeMax(meta->dtype);
+      const bool beyond = options.fraction > 0 && meta->fingerprint.abs_max > options.fraction * limit;
+      if (meta->fingerprint.Finite() && !beyond) continue;
+      FirstOverflow found{i, &op, nullptr, id, meta->fingerprint, limit, {}};
       if (op.forward_seq >= 0) {
         if (auto it = by_seq.find(op.forward_seq); it != by_seq.end()) found.forward_op = &trace.ops[it->second];
+      }
+      for (size_t j = i; j-- > 0 && found.trend.size() < 8;) {
+        const formats::OpEvent& before = trace.ops[j];
+        if (before.module != op.module) continue;
+        for (uint64_t out : before.outputs) {
+          const formats::TensorMeta* m = out ? trace.Find(out) : nullptr;
+          if (m == nullptr || m->producer != static_cast<int64_t>(before.seq) || m->fingerprint.abs_max <= 0) continue;
+          found.trend.insert(found.trend.begin(),
+                             HeadroomPoint{j, &before, m->fingerprint.abs_max, std::log2(limit / m->fingerprint.abs_max)});
+          break;
+        }
       }
       return found;
     }

@@ -6,19 +6,43 @@
 #pragma once
 
 #include <optional>
+#include <vector>
 
 #include "formats/trace.h"
 
 namespace moerr::replayer {
+
+struct OverflowOptions {
+  // An output also counts as overflowing when its abs-max exceeds `fraction`
+  // of `limit` (e.g. 0.5 of fp16's 65504); 0 = only non-finite outputs.
+  double fraction = 0;
+  // The range that matters: fp16's or bf16's (what a lower-precision device
+  // would hold), or 0 = the output's own dtype.
+  double limit = 0;
+};
+
+// Largest finite value of `dtype` (floating types; integers: their maximum).
+double DTypeMax(formats::DType dtype);
+
+struct HeadroomPoint {
+  size_t op_index = 0;
+  const formats::OpEvent* op = nullptr;
+  double abs_max = 0;
+  double headroom_bits = 0;  // log2(limit / abs_max); 0 or less: overflowing
+};
 
 struct FirstOverflow {
   size_t op_index = 0;
   const formats::OpEvent* op = nullptr;
   const formats::OpEvent* forward_op = nullptr;  // for a backward op: the forward op behind it
   uint64_t output = 0;
-  formats::Fingerprint fingerprint;  // of the non-finite output
+  formats::Fingerprint fingerprint;  // of the overflowing output
+  double limit = 0;                  // the range it was judged against
+  // The outputs of up to 8 earlier ops of the same module, oldest first: how
+  // the headroom ran out.
+  std::vector<HeadroomPoint> trend;
 };
 
-std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace);
+std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, const OverflowOptions& options = {});
 
 }  // namespace moerr::replayer

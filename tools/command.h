@@ -25,5 +25,6 @@ void AddSalvageCommand(CLI::App& app, int& exit_code);
 void AddDemoCommand(CLI::App& app, int& exit_code);
 void AddTrainCommand(CLI::App& app, int& exit_code);
 void AddReplayCommand(CLI::App& app, int& exit_code);
+void AddBisectCommand(CLI::App& app, int& exit_code);
 
 }  // namespace moerr::tools

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   AddSalvageCommand(app, exit_code);
   AddTrainCommand(app, exit_code);
   AddReplayCommand(app, exit_code);
+  AddBisectCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

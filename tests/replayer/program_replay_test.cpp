@@ -107,6 +107,23 @@ TEST(ProgramReplayTest, AFaultyStepReplaysToTheSameFailure) {
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(first->op->phase, formats::Phase::kForward);
   EXPECT_EQ(first->op->module, injected.module) << first->op->name;
+  ASSERT_FALSE(first->trend.empty());
+  // The overflowing output is the fp16 rounding (an f16 tensor), so the
+  // trend is judged against fp16's range: the matmul before it was already
+  // past it.
+  EXPECT_EQ(first->limit, 65504);
+  EXPECT_LT(first->trend.back().headroom_bits, 0);
+
+  // Judged against fp16's range, values past 65504 count before they turn
+  // into Inf: the first such op comes no later, in the same expert.
+  OverflowOptions fp16;
+  fp16.limit = 65504;
+  fp16.fraction = 1.0;
+  const auto early = FindFirstOverflow(trace, fp16);
+  ASSERT_TRUE(early.has_value());
+  EXPECT_LE(early->op_index, first->op_index);
+  EXPECT_EQ(early->op->module, injected.module) << early->op->name;
+  EXPECT_GT(early->fingerprint.abs_max, 65504);
 }
 
 TEST(ProgramReplayTest, AStatsBundleSaysWhyItCannotBeReplayed) {
