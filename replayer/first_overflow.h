@@ -6,6 +6,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "formats/trace.h"
@@ -20,6 +21,11 @@ struct OverflowOptions {
   // would hold), or 0 = the output's own dtype.
   double limit = 0;
 };
+
+// Ops whose outputs are uninitialised memory (empty, empty_like, ...): their
+// values mean nothing until another op fills them, so neither bisect nor
+// replay judges them.
+bool AllocatesUninitialised(const std::string& op_name);
 
 // Largest finite value of `dtype` (floating types; integers: their maximum).
 double DTypeMax(formats::DType dtype);

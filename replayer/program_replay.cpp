@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "recorder/fingerprint.h"
+#include "replayer/first_overflow.h"
 #include "recorder/tensor_adapter.h"
 #include "support/status.h"
 #include "support/torch_boundary.h"
@@ -18,12 +19,6 @@ namespace {
 
 using formats::OpArg;
 
-// Ops whose outputs are uninitialised memory: nothing to compare until an
-// op fills them.
-bool AllocatesUninitialised(const std::string& name) {
-  return name == "aten::empty" || name == "aten::empty_like" || name == "aten::empty_strided" ||
-         name == "aten::new_empty" || name == "aten::new_empty_strided";
-}
 
 class Replay {
  public:
