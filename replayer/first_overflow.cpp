@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 
 namespace moerr::replayer {
 
@@ -34,9 +35,13 @@ std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, cons
     const formats::TensorMeta* meta = trace.Find(id);
     return meta == nullptr || meta->fingerprint.Finite();
   };
+  absl::flat_hash_set<uint64_t> uninitialised;  // ids holding uninitialised memory, and views of it
   for (size_t i = 0; i < trace.ops.size(); ++i) {
     const formats::OpEvent& op = trace.ops[i];
-    if (AllocatesUninitialised(op.name)) continue;
+    if (AllocatesUninitialised(op.name)) {
+      uninitialised.insert(op.outputs.begin(), op.outputs.end());
+      continue;
+    }
     bool inputs_finite = true;
     for (const formats::OpArg& a : op.args) {
       if (a.kind == formats::OpArg::Kind::kTensor) inputs_finite = inputs_finite && finite(a.i);
@@ -54,6 +59,10 @@ std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, cons
     for (uint64_t id : op.outputs) {
       const formats::TensorMeta* meta = id ? trace.Find(id) : nullptr;
       if (meta == nullptr || meta->producer != static_cast<int64_t>(op.seq)) continue;
+      if (meta->view_of != 0 && uninitialised.contains(meta->view_of)) {
+        uninitialised.insert(id);
+        continue;
+      }
       const double limit = options.limit > 0 ? options.limit : DTypeMax(meta->dtype);
       const bool beyond = options.fraction > 0 && meta->fingerprint.abs_max > options.fraction * limit;
       if (meta->fingerprint.Finite() && !beyond) continue;

@@ -7,6 +7,7 @@
 #include <c10/core/GradMode.h>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "recorder/fingerprint.h"
 #include "replayer/first_overflow.h"
@@ -116,7 +117,12 @@ class Replay {
       }
     }
     fingerprints_[id] = fp;
-    if (AllocatesUninitialised(op.name)) return;
+    // Uninitialised memory, or a view of it: nothing to compare until an op
+    // writes it (which makes a new version, so a new id).
+    if (AllocatesUninitialised(op.name) || (meta->view_of != 0 && uninitialised_.contains(meta->view_of))) {
+      uninitialised_.insert(id);
+      return;
+    }
     report.fingerprints.emplace_back(id, fp.fingerprint);
     ++report.compared;
     if (fp.fingerprint == meta->fingerprint) return;
@@ -200,6 +206,7 @@ class Replay {
   ReplayOptions options_;
   absl::flat_hash_map<uint64_t, at::Tensor> values_;
   absl::flat_hash_map<uint64_t, recorder::KnownFingerprint> fingerprints_;
+  absl::flat_hash_set<uint64_t> uninitialised_;  // ids whose values are uninitialised memory
 };
 
 }  // namespace
