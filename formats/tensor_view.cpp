@@ -31,16 +31,6 @@ absl::StatusOr<int64_t> CheckedNumel(absl::Span<const int64_t> shape, int item_s
   return numel;
 }
 
-std::vector<int64_t> ContiguousStrides(absl::Span<const int64_t> shape) {
-  std::vector<int64_t> strides(shape.size());
-  int64_t s = 1;
-  for (size_t i = shape.size(); i-- > 0;) {
-    strides[i] = s;
-    s *= shape[i];
-  }
-  return strides;
-}
-
 namespace {
 
 // Copies dimension `dim` onwards; the innermost dimension is a strided loop

@@ -42,9 +42,6 @@ struct OwnedTensor {
 // (times `item_size`) overflows int64.
 absl::StatusOr<int64_t> CheckedNumel(absl::Span<const int64_t> shape, int item_size = 1);
 
-// Row-major strides (in elements) of a contiguous tensor of `shape`.
-std::vector<int64_t> ContiguousStrides(absl::Span<const int64_t> shape);
-
 // Copies the elements of `view` into `out` (numel * itemsize bytes) in row-major
 // order, following its strides.
 void CopyToContiguous(const TensorView& view, std::byte* out);

@@ -1,6 +1,7 @@
 #include "moe/moe_transformer.h"
 
 #include <ATen/record_function.h>
+#include <torch/csrc/autograd/grad_mode.h>
 #include <torch/nn/init.h>
 
 #include "moe/numerics.h"
@@ -93,6 +94,15 @@ std::vector<std::pair<std::string, at::Tensor>> MoeTransformerImpl::NamedTensors
   for (const auto& p : named_parameters()) out.emplace_back(p.key(), p.value());
   for (const auto& b : named_buffers()) out.emplace_back(b.key(), b.value());
   return out;
+}
+
+MoeTransformer CopyOf(const MoeTransformer& model) {
+  MoeTransformer copy(model->config());
+  torch::NoGradGuard no_grad;
+  const auto from = model->NamedTensors();
+  const auto to = copy->NamedTensors();
+  for (size_t i = 0; i < from.size(); ++i) to[i].second.copy_(from[i].second);
+  return copy;
 }
 
 }  // namespace moerr::moe

@@ -67,4 +67,7 @@ class MoeTransformerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(MoeTransformer);
 
+// A new model of `model`'s config holding a copy of its parameters and buffers.
+MoeTransformer CopyOf(const MoeTransformer& model);
+
 }  // namespace moerr::moe

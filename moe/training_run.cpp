@@ -10,19 +10,6 @@
 #include "support/torch_boundary.h"
 
 namespace moerr::moe {
-namespace {
-
-MoeTransformer Clone(MoeTransformer& model) {
-  MoeTransformer copy(model->config());
-  torch::NoGradGuard no_grad;
-  const auto from = model->NamedTensors();
-  const auto to = copy->NamedTensors();
-  for (size_t i = 0; i < from.size(); ++i) to[i].second.copy_(from[i].second);
-  return copy;
-}
-
-}  // namespace
-
 llvm::json::Object MetricsToJson(const StepMetrics& m) {
   // JSON has no NaN or Inf: non-finite values are written as strings.
   auto num = [](double v) -> llvm::json::Value {
@@ -74,7 +61,7 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
       });
       MOERR_RETURN_IF_ERROR(SaveCheckpoint(policy, options.out_dir + "/warmup", options.overwrite));
     }
-    MoeTransformer reference = Clone(policy);
+    MoeTransformer reference = CopyOf(policy);
     GrpoOptions grpo;
     grpo.numerics = Numerics{options.precision, options.fp16_saturate};
     grpo.rollout_numerics = grpo.numerics;

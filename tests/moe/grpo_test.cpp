@@ -22,14 +22,7 @@ class GrpoTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete warmed_; }
 
-  static MoeTransformer Copy() {
-    MoeTransformer copy(Preset("tiny").value());
-    torch::NoGradGuard no_grad;
-    const auto from = (*warmed_)->NamedTensors();
-    const auto to = copy->NamedTensors();
-    for (size_t i = 0; i < from.size(); ++i) to[i].second.copy_(from[i].second);
-    return copy;
-  }
+  static MoeTransformer Copy() { return CopyOf(*warmed_); }
 
   // One step of a fresh trainer with `fault` injected.
   static std::pair<StepMetrics, InjectedFault> StepWith(FaultKind fault, GrpoOptions options = {}) {
