@@ -64,4 +64,9 @@ absl::StatusOr<Trace> ReadTrace(const BundleReader& reader, int64_t step) {
   return trace;
 }
 
+bool AllocatesUninitialised(absl::string_view name) {
+  return name == "aten::empty" || name == "aten::empty_like" || name == "aten::empty_strided" ||
+         name == "aten::new_empty" || name == "aten::new_empty_strided";
+}
+
 }  // namespace moerr::formats

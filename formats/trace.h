@@ -87,6 +87,11 @@ struct Trace {
   std::vector<std::pair<uint64_t, uint32_t>> by_id_;
 };
 
+// Ops whose outputs are uninitialised memory (empty, empty_like, ...): their
+// values mean nothing until another op fills them, so neither bisect, replay
+// nor diff judges them, or views of them.
+bool AllocatesUninitialised(absl::string_view op_name);
+
 absl::StatusOr<Trace> ReadTrace(const BundleReader& reader, int64_t step);
 
 }  // namespace moerr::formats

@@ -275,12 +275,12 @@ uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const std::st
   }
   std::string name;
   formats::Role role = formats::Role::kActivation;
-  if (mode_ == CaptureMode::kFull) {
-    name = absl::StrCat("act/", next_id_);
-  } else if (mode_ == CaptureMode::kReplayable && IsRandomOp(op_name)) {
+  if (mode_ != CaptureMode::kStats && IsRandomOp(op_name)) {
     // Random outputs are replayed from their recorded values.
     name = absl::StrCat("rng/", next_id_);
     role = formats::Role::kRng;
+  } else if (mode_ == CaptureMode::kFull) {
+    name = absl::StrCat("act/", next_id_);
   }
   return NewTensor(t, producer, std::move(name), role);
 }

@@ -7,11 +7,6 @@
 
 namespace moerr::replayer {
 
-bool AllocatesUninitialised(const std::string& name) {
-  return name == "aten::empty" || name == "aten::empty_like" || name == "aten::empty_strided" ||
-         name == "aten::new_empty" || name == "aten::new_empty_strided";
-}
-
 double DTypeMax(formats::DType dtype) {
   switch (dtype) {
     case formats::DType::kF64: return 1.7976931348623157e308;
@@ -38,7 +33,7 @@ std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, cons
   absl::flat_hash_set<uint64_t> uninitialised;  // ids holding uninitialised memory, and views of it
   for (size_t i = 0; i < trace.ops.size(); ++i) {
     const formats::OpEvent& op = trace.ops[i];
-    if (AllocatesUninitialised(op.name)) {
+    if (formats::AllocatesUninitialised(op.name)) {
       uninitialised.insert(op.outputs.begin(), op.outputs.end());
       continue;
     }
@@ -73,7 +68,7 @@ std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, cons
       for (size_t j = i; j-- > 0 && found.trend.size() < 8;) {
         const formats::OpEvent& before = trace.ops[j];
         if (before.module != op.module) continue;
-        if (AllocatesUninitialised(before.name)) continue;
+        if (formats::AllocatesUninitialised(before.name)) continue;
         for (uint64_t out : before.outputs) {
           const formats::TensorMeta* m = out ? trace.Find(out) : nullptr;
           if (m == nullptr || m->producer != static_cast<int64_t>(before.seq) || m->fingerprint.abs_max <= 0) continue;

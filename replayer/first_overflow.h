@@ -22,11 +22,6 @@ struct OverflowOptions {
   double limit = 0;
 };
 
-// Ops whose outputs are uninitialised memory (empty, empty_like, ...): their
-// values mean nothing until another op fills them, so neither bisect nor
-// replay judges them.
-bool AllocatesUninitialised(const std::string& op_name);
-
 // Largest finite value of `dtype` (floating types; integers: their maximum).
 double DTypeMax(formats::DType dtype);
 

@@ -8,9 +8,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "recorder/fingerprint.h"
-#include "replayer/first_overflow.h"
 #include "recorder/tensor_adapter.h"
 #include "support/status.h"
 #include "support/torch_boundary.h"
@@ -19,6 +19,49 @@ namespace moerr::replayer {
 namespace {
 
 using formats::OpArg;
+
+at::ScalarType UpcastType(PolicyRule::Action action) {
+  return action == PolicyRule::Action::kFp64 ? at::kDouble : at::kFloat;
+}
+
+// Bits of precision of a floating type, to tell which of two is lower.
+int Precision(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return 53;
+    case at::kFloat: return 24;
+    case at::kHalf: return 11;
+    case at::kBFloat16: return 8;
+    default: return 0;
+  }
+}
+
+// A floating input as the op should see it: upcast under an upcast rule,
+// otherwise in the dtype it was recorded with (a value leaving an upcast
+// region is rounded back here).
+at::Tensor Coerce(const at::Tensor& t, const formats::TensorMeta* meta, const PolicyRule* rule) {
+  if (!t.defined() || !t.is_floating_point()) return t;
+  const at::ScalarType want = rule != nullptr && rule->Upcast()
+                                  ? UpcastType(rule->action)
+                                  : (meta != nullptr ? recorder::ToScalarType(meta->dtype) : t.scalar_type());
+  return t.scalar_type() == want ? t : t.to(want);
+}
+
+// Rounds a floating output as a lower-precision device would store it.
+at::Tensor Round(const at::Tensor& t, PolicyRule::Action action) {
+  if (!t.defined() || !t.is_floating_point()) return t;
+  switch (action) {
+    case PolicyRule::Action::kRoundFp16: return t.to(at::kHalf).to(t.scalar_type());
+    case PolicyRule::Action::kRoundFp16Saturate: return t.clamp(-65504.0, 65504.0).to(at::kHalf).to(t.scalar_type());
+    case PolicyRule::Action::kRoundBf16: return t.to(at::kBFloat16).to(t.scalar_type());
+    default: return t;
+  }
+}
+
+bool IsScalarTypeArgument(const c10::Argument& arg) {
+  c10::TypePtr type = arg.type();
+  if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
+  return type->kind() == c10::TypeKind::ScalarTypeType;
+}
 
 
 class Replay {
@@ -55,18 +98,25 @@ class Replay {
     return t;
   }
 
-  absl::StatusOr<c10::IValue> ToIValue(const OpArg& a, std::vector<recorder::ViewSource>& sources) {
+  // The value of input tensor `id` for an op under `rule` (or none).
+  absl::StatusOr<at::Tensor> Input(uint64_t id, const PolicyRule* rule) {
+    MOERR_ASSIGN_OR_RETURN(at::Tensor t, Value(id));
+    return Coerce(t, trace_.Find(id), rule);
+  }
+
+  absl::StatusOr<c10::IValue> ToIValue(const OpArg& a, const c10::Argument* schema_arg, const PolicyRule* rule,
+                                       std::vector<recorder::ViewSource>& sources) {
     switch (a.kind) {
       case OpArg::Kind::kNone: return c10::IValue();
       case OpArg::Kind::kTensor: {
-        MOERR_ASSIGN_OR_RETURN(at::Tensor t, Value(a.i));
+        MOERR_ASSIGN_OR_RETURN(at::Tensor t, Input(a.i, rule));
         if (auto s = recorder::SourceOf(t, a.i)) sources.push_back(*s);
         return c10::IValue(t);
       }
       case OpArg::Kind::kTensors: {
         std::vector<at::Tensor> list;
         for (int64_t id : a.ints) {
-          MOERR_ASSIGN_OR_RETURN(at::Tensor t, Value(id));
+          MOERR_ASSIGN_OR_RETURN(at::Tensor t, Input(id, rule));
           list.push_back(t);
         }
         return c10::IValue(list);
@@ -78,12 +128,22 @@ class Replay {
             list.push_back(c10::nullopt);
             continue;
           }
-          MOERR_ASSIGN_OR_RETURN(at::Tensor t, Value(id));
+          MOERR_ASSIGN_OR_RETURN(at::Tensor t, Input(id, rule));
           list.push_back(t);
         }
         return c10::IValue(list);
       }
-      case OpArg::Kind::kInt: return c10::IValue(a.i);
+      case OpArg::Kind::kInt: {
+        // An upcast op converts to the upcast type where it would have
+        // converted to a lower-precision one (.to(half) under fp16 emulation).
+        if (rule != nullptr && rule->Upcast() && schema_arg != nullptr && IsScalarTypeArgument(*schema_arg) &&
+            a.i >= 0 && a.i < static_cast<int64_t>(c10::ScalarType::NumOptions)) {
+          const auto type = static_cast<at::ScalarType>(a.i);
+          const at::ScalarType upcast = UpcastType(rule->action);
+          if (at::isFloatingType(type) && Precision(type) < Precision(upcast)) return c10::IValue(upcast);
+        }
+        return c10::IValue(a.i);
+      }
       case OpArg::Kind::kFloat: return c10::IValue(a.f);
       case OpArg::Kind::kBool: return c10::IValue(a.i != 0);
       case OpArg::Kind::kText: return c10::IValue(a.text);
@@ -102,12 +162,14 @@ class Replay {
 
   // Records the replayed `output` for `id`, and compares its fingerprint
   // with the record when this op produced it.
-  void Output(size_t index, const formats::OpEvent& op, uint64_t id, const at::Tensor& output,
-              const std::vector<recorder::ViewSource>& sources, ReplayReport& report) {
-    if (id == 0 || !output.defined()) return;
+  absl::Status Output(size_t index, const formats::OpEvent& op, uint64_t id, const at::Tensor& output,
+                      const std::vector<recorder::ViewSource>& sources, ReplayReport& report) {
+    if (id == 0 || !output.defined()) return absl::OkStatus();
     const formats::TensorMeta* meta = trace_.Find(id);
-    values_[id] = output;
-    if (meta == nullptr || meta->producer != static_cast<int64_t>(op.seq)) return;
+    // Isolated: the next op reads the recorded value, not this one.
+    const bool recorded_value = options_.isolated && meta != nullptr && !meta->leaf.empty();
+    if (!recorded_value) values_[id] = output;
+    if (meta == nullptr || meta->producer != static_cast<int64_t>(op.seq)) return absl::OkStatus();
     recorder::KnownFingerprint fp{recorder::ComputeFingerprint(output), true};
     if (meta->view_of != 0) {
       if (const recorder::ViewSource* in = recorder::ViewedInput(output, sources)) {
@@ -119,17 +181,26 @@ class Replay {
     fingerprints_[id] = fp;
     // Uninitialised memory, or a view of it: nothing to compare until an op
     // writes it (which makes a new version, so a new id).
-    if (AllocatesUninitialised(op.name) || (meta->view_of != 0 && uninitialised_.contains(meta->view_of))) {
+    if (formats::AllocatesUninitialised(op.name) || (meta->view_of != 0 && uninitialised_.contains(meta->view_of))) {
       uninitialised_.insert(id);
-      return;
+      return absl::OkStatus();
     }
-    report.fingerprints.emplace_back(id, fp.fingerprint);
+    MOERR_ASSIGN_OR_RETURN(formats::DType dtype, recorder::ToDType(output.scalar_type()));
+    report.outputs.push_back(ReplayedOutput{id, dtype, fp.fingerprint});
     ++report.compared;
-    if (fp.fingerprint == meta->fingerprint) return;
+    if (fp.fingerprint == meta->fingerprint) return absl::OkStatus();
     ++report.mismatched;
     if (!report.first_divergence) {
       report.first_divergence = Divergence{index, op, id, meta->fingerprint, fp.fingerprint};
     }
+    if (recorded_value) {
+      MOERR_ASSIGN_OR_RETURN(formats::OwnedTensor recorded, reader_.ReadTensor(meta->leaf, step_));
+      const at::Tensor replayed = output.device().is_cpu() ? output : output.cpu();
+      MOERR_ASSIGN_OR_RETURN(formats::TensorView view, recorder::ViewOf(replayed));
+      auto metrics = diff::CompareTensors(recorded.view(), view);
+      if (metrics.ok()) report.errors.push_back(OutputError{index, id, *metrics});
+    }
+    return absl::OkStatus();
   }
 
   absl::Status Run(ReplayReport& report) {
@@ -144,7 +215,8 @@ class Replay {
         at::autocast::clear_cache();
       }
     } restore;
-    for (size_t index = 0; index < trace_.ops.size(); ++index) {
+    const size_t end = std::min(trace_.ops.size(), options_.end_op);
+    for (size_t index = 0; index < end; ++index) {
       const formats::OpEvent& op = trace_.ops[index];
       const std::string where = absl::StrFormat("op %d (%s, %s, %s)", index, op.name, formats::PhaseName(op.phase),
                                                 op.module.empty() ? "no module" : op.module);
@@ -164,16 +236,21 @@ class Replay {
       }
       auto handle = c10::Dispatcher::singleton().findSchema(c10::OperatorName(op.name, op.overload));
       if (!handle) return absl::UnimplementedError(where + ": no such operator in this LibTorch");
+      const PolicyRule* rule = options_.policy.Match(op);
+      if (rule != nullptr) ++report.policy_ops;
+      const std::vector<c10::Argument>& schema_args = handle->schema().arguments();
       std::vector<c10::IValue> stack;
       std::vector<recorder::ViewSource> sources;
-      for (const OpArg& a : op.args) {
-        auto v = ToIValue(a, sources);
+      for (size_t i = 0; i < op.args.size(); ++i) {
+        auto v = ToIValue(op.args[i], i < schema_args.size() ? &schema_args[i] : nullptr, rule, sources);
         if (!v.ok()) return Annotate(v.status(), where);
         stack.push_back(*std::move(v));
       }
-      // The CPU autocast state the op ran under (bf16 training casts inside ops).
-      at::autocast::set_cpu_enabled(op.autocast >= 0);
-      if (op.autocast >= 0) {
+      // The CPU autocast state the op ran under (bf16 training casts inside
+      // ops); an upcast op runs without it.
+      const bool autocast = op.autocast >= 0 && !(rule != nullptr && rule->Upcast());
+      at::autocast::set_cpu_enabled(autocast);
+      if (autocast) {
         at::autocast::set_autocast_cpu_dtype(recorder::ToScalarType(static_cast<formats::DType>(op.autocast)));
       }
       MOERR_RETURN_IF_ERROR(CatchTorch(where, [&] {
@@ -182,13 +259,16 @@ class Replay {
       }));
       ++report.dispatched;
       // Outputs: tensors and tensor lists, flattened as the recorder did.
+      const bool round = rule != nullptr && !rule->Upcast();
       size_t o = 0;
       for (const c10::IValue& v : stack) {
         if (v.isTensor()) {
-          if (o < op.outputs.size()) Output(index, op, op.outputs[o++], v.toTensor(), sources, report);
+          const at::Tensor t = round ? Round(v.toTensor(), rule->action) : v.toTensor();
+          if (o < op.outputs.size()) MOERR_RETURN_IF_ERROR(Output(index, op, op.outputs[o++], t, sources, report));
         } else if (v.isTensorList()) {
-          for (const at::Tensor& t : v.toTensorVector()) {
-            if (o < op.outputs.size()) Output(index, op, op.outputs[o++], t, sources, report);
+          for (const at::Tensor& element : v.toTensorVector()) {
+            const at::Tensor t = round ? Round(element, rule->action) : element;
+            if (o < op.outputs.size()) MOERR_RETURN_IF_ERROR(Output(index, op, op.outputs[o++], t, sources, report));
           }
         } else {
           ++o;
@@ -214,13 +294,42 @@ class Replay {
 absl::StatusOr<ReplayReport> ReplayStep(const formats::BundleReader& reader, int64_t step,
                                         const ReplayOptions& options) {
   MOERR_ASSIGN_OR_RETURN(formats::Trace trace, formats::ReadTrace(reader, step));
+  return ReplayTrace(reader, step, trace, options);
+}
+
+absl::StatusOr<ReplayReport> ReplayTrace(const formats::BundleReader& reader, int64_t step,
+                                         const formats::Trace& trace, const ReplayOptions& options) {
   if (trace.ops.empty()) return absl::NotFoundError(absl::StrFormat("step %d has no recorded ops", step));
+  const bool full = std::any_of(trace.tensors.begin(), trace.tensors.end(), [](const formats::TensorMeta& meta) {
+    return meta.producer >= 0 && absl::StartsWith(meta.leaf, "act/");
+  });
+  if (options.isolated && !full) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "isolated replay needs every op's outputs, and step %d holds none (record with --record full)", step));
+  }
   ReplayReport report;
   report.step = step;
   report.ops = trace.ops.size();
   Replay replay(reader, step, trace, options);
   MOERR_RETURN_IF_ERROR(replay.Run(report));
   return report;
+}
+
+formats::Trace ReplayedTrace(const formats::Trace& recorded, const ReplayReport& report, size_t end_op) {
+  formats::Trace out;
+  out.ops.assign(recorded.ops.begin(), recorded.ops.begin() + std::min(end_op, recorded.ops.size()));
+  out.tensors = recorded.tensors;
+  out.routing = recorded.routing;
+  absl::flat_hash_map<uint64_t, const ReplayedOutput*> replayed;
+  for (const ReplayedOutput& r : report.outputs) replayed[r.id] = &r;
+  for (formats::TensorMeta& meta : out.tensors) {
+    auto it = replayed.find(meta.id);
+    if (it == replayed.end()) continue;
+    meta.fingerprint = it->second->fingerprint;
+    meta.dtype = it->second->dtype;
+  }
+  out.Index();
+  return out;
 }
 
 }  // namespace moerr::replayer

@@ -6,18 +6,31 @@
 // Needs a replayable (or full) bundle: leaves, values autograd saved inside
 // composite ops ("saved/"), and the outputs of random ops ("rng/"), which are
 // taken from the record rather than re-drawn.
+//
+// Isolated replay (full bundles): every op runs on its *recorded* inputs, so
+// each op's error is its own, not accumulated from the ops before it.
+//
+// Under a precision policy, matched ops run upcast (their floating inputs
+// cast to fp32/fp64, lower-precision dtype arguments such as .to(half)
+// raised, autocast off) or have their outputs rounded to fp16/bf16. Every
+// other op gets its floating inputs in the dtype it was recorded with, so a
+// value leaving an upcast region is rounded where the recorded program
+// rounded it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "diff/tensor_metrics.h"
 #include "formats/bundle_reader.h"
 #include "formats/trace.h"
+#include "replayer/precision_policy.h"
 
 namespace moerr::replayer {
 
@@ -26,6 +39,11 @@ struct ReplayOptions {
   c10::Device device = c10::kCPU;
   // Stop at the first op whose output fingerprint differs.
   bool stop_at_first_divergence = false;
+  // Run each op on its recorded inputs (needs a full bundle).
+  bool isolated = false;
+  PrecisionPolicy policy;
+  // Replay ops [0, end_op) only.
+  size_t end_op = std::numeric_limits<size_t>::max();
 };
 
 struct Divergence {
@@ -35,6 +53,24 @@ struct Divergence {
   formats::Fingerprint recorded, replayed;
 };
 
+// A replayed output: its id, dtype (which a policy may change) and values.
+struct ReplayedOutput {
+  uint64_t id = 0;
+  formats::DType dtype = formats::DType::kF32;
+  formats::Fingerprint fingerprint;
+  bool operator==(const ReplayedOutput& o) const {
+    return id == o.id && dtype == o.dtype && fingerprint == o.fingerprint;
+  }
+};
+
+// An output that differs from the record, measured against the recorded
+// bytes (isolated replay of a full bundle).
+struct OutputError {
+  size_t op_index = 0;
+  uint64_t output = 0;
+  diff::TensorMetrics metrics;
+};
+
 struct ReplayReport {
   int64_t step = 0;
   size_t ops = 0;                  // ops in the step
@@ -42,12 +78,24 @@ struct ReplayReport {
   size_t from_record = 0;          // random ops whose outputs came from the bundle
   size_t compared = 0;             // outputs whose fingerprints were compared
   size_t mismatched = 0;
+  size_t policy_ops = 0;           // ops a precision policy changed
   std::optional<Divergence> first_divergence;
-  // Values every output of the replay produced, by tensor id (for --check).
-  std::vector<std::pair<uint64_t, formats::Fingerprint>> fingerprints;
+  // Every compared output, in execution order (for --check, and for judging
+  // a replay under a policy).
+  std::vector<ReplayedOutput> outputs;
+  // Isolated replay: the outputs that differ from their recorded bytes.
+  std::vector<OutputError> errors;
 };
 
 absl::StatusOr<ReplayReport> ReplayStep(const formats::BundleReader& reader, int64_t step,
                                         const ReplayOptions& options = {});
+// The same on a trace already read from `reader` (precision bisect replays
+// one step many times).
+absl::StatusOr<ReplayReport> ReplayTrace(const formats::BundleReader& reader, int64_t step,
+                                         const formats::Trace& trace, const ReplayOptions& options = {});
+
+// `recorded` as the replay saw it: the replayed outputs' fingerprints and
+// dtypes, and only the ops the replay ran.
+formats::Trace ReplayedTrace(const formats::Trace& recorded, const ReplayReport& report, size_t end_op);
 
 }  // namespace moerr::replayer

@@ -151,7 +151,7 @@ int RunModelStory(const std::string& dir) {
   auto replay = replayer::ReplayStep(**reader, step);
   auto again = replayer::ReplayStep(**reader, step);
   if (!replay.ok() || !again.ok()) return ReportError(replay.ok() ? again.status() : replay.status());
-  const bool same = replay->fingerprints == again->fingerprints;
+  const bool same = replay->outputs == again->outputs;
   std::printf("    %zu ops re-dispatched from the step's leaves, %zu outputs compared with the record: %zu differ;\n"
               "    the same overflow, bitwise; a second replay is %s\n\n",
               replay->dispatched, replay->compared, replay->mismatched, same ? "bitwise identical" : "DIFFERENT");

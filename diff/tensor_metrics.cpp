@@ -1,0 +1,234 @@
+#include "diff/tensor_metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace moerr::diff {
+namespace {
+
+using formats::DType;
+
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  if (exp == 0 && mant != 0) {  // subnormal: mant * 2^-24
+    const float v = std::ldexp(static_cast<float>(mant), -24);
+    return sign ? -v : v;
+  }
+  const uint32_t bits = exp == 0x1f ? (sign | 0x7f800000 | (mant << 13))
+                        : exp != 0  ? (sign | ((exp + 112) << 23) | (mant << 13))
+                                    : sign;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+float Bf16ToFloat(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+template <typename T>
+T Read(const std::byte* data, int64_t i) {
+  T v;
+  std::memcpy(&v, data + sizeof(T) * i, sizeof(T));
+  return v;
+}
+
+// Element `i` of a contiguous buffer as a double.
+double Load(DType dtype, const std::byte* data, int64_t i) {
+  switch (dtype) {
+    case DType::kF64: return Read<double>(data, i);
+    case DType::kF32: return Read<float>(data, i);
+    case DType::kBF16: return Bf16ToFloat(Read<uint16_t>(data, i));
+    case DType::kF16: return HalfToFloat(Read<uint16_t>(data, i));
+    case DType::kI64: return static_cast<double>(Read<int64_t>(data, i));
+    case DType::kI32: return Read<int32_t>(data, i);
+    case DType::kI16: return Read<int16_t>(data, i);
+    case DType::kI8: return Read<int8_t>(data, i);
+    case DType::kU8: return Read<uint8_t>(data, i);
+    case DType::kBool: return Read<uint8_t>(data, i) != 0 ? 1.0 : 0.0;
+  }
+  return 0;
+}
+
+// Sign-magnitude float bits made monotonic: consecutive floats differ by 1.
+inline int64_t OrderedBits(float f) {
+  int32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return bits < 0 ? int64_t{std::numeric_limits<int32_t>::min()} - bits : bits;
+}
+
+// Position of `v` on the number line of `dtype`, in units in the last place
+// of that dtype. bf16 and fp16 values are fp32 values with 7 and 10 mantissa
+// bits, so their ULPs are fp32 ULPs shifted by 16 and 13 (within fp16's
+// normal range). Integers: the value itself.
+int64_t UlpIndex(DType dtype, double v) {
+  switch (dtype) {
+    case DType::kF64: {
+      int64_t bits;
+      std::memcpy(&bits, &v, 8);
+      return bits < 0 ? std::numeric_limits<int64_t>::min() - bits : bits;
+    }
+    case DType::kF32: return OrderedBits(static_cast<float>(v));
+    case DType::kBF16: return OrderedBits(static_cast<float>(v)) >> 16;
+    case DType::kF16: return OrderedBits(static_cast<float>(v)) >> 13;
+    default: return static_cast<int64_t>(v);
+  }
+}
+
+int MantissaBits(DType d) {
+  switch (d) {
+    case DType::kF64: return 52;
+    case DType::kF32: return 23;
+    case DType::kF16: return 10;
+    case DType::kBF16: return 7;
+    default: return 0;
+  }
+}
+
+struct Accumulator {
+  double sum_abs = 0, sum_sq = 0, dot = 0, aa = 0, bb = 0, max_abs = 0, max_rel = 0;
+  uint64_t within_0p1 = 0, within_0p5 = 0, max_ulp = 0, finite = 0, nan_mismatch = 0, inf_mismatch = 0;
+};
+
+// One pair of elements, NaN and Inf aware.
+inline void AddPair(double x, double y, DType ulp_dtype, Accumulator& acc) {
+  const bool xn = std::isnan(x), yn = std::isnan(y);
+  if (xn || yn) {
+    acc.nan_mismatch += xn != yn;
+    return;
+  }
+  if (std::isinf(x) || std::isinf(y)) {
+    acc.inf_mismatch += x != y;
+    return;
+  }
+  const double d = std::fabs(x - y), ax = std::fabs(x);
+  ++acc.finite;
+  acc.sum_abs += d, acc.sum_sq += d * d, acc.dot += x * y, acc.aa += x * x, acc.bb += y * y;
+  acc.max_abs = std::max(acc.max_abs, d);
+  acc.max_rel = std::max(acc.max_rel, d == 0 ? 0 : (ax == 0 ? std::numeric_limits<double>::infinity() : d / ax));
+  acc.within_0p1 += d <= 1e-3 * ax;
+  acc.within_0p5 += d <= 5e-3 * ax;
+  if (d != 0) {
+    const int64_t u = UlpIndex(ulp_dtype, x) - UlpIndex(ulp_dtype, y);
+    acc.max_ulp = std::max<uint64_t>(acc.max_ulp, static_cast<uint64_t>(u < 0 ? -u : u));
+  }
+}
+
+// fp32 against fp32, the common case: 256-element chunks reduced in float
+// (the compiler vectorises it) and folded into doubles. A chunk holding a
+// non-finite value, or whose float sums overflow, goes through AddPair.
+void AccumulateF32(const float* a, const float* b, int64_t n, Accumulator& acc) {
+  constexpr int64_t kChunk = 256;
+  for (int64_t start = 0; start < n; start += kChunk) {
+    const int64_t len = std::min(kChunk, n - start);
+    const float* x = a + start;
+    const float* y = b + start;
+    float sum_abs = 0, sum_sq = 0, dot = 0, aa = 0, bb = 0, max_abs = 0, max_rel = 0;
+    int64_t w1 = 0, w5 = 0, ulp = 0;
+    bool finite = true;
+    for (int64_t i = 0; i < len; ++i) {
+      const float xi = x[i], yi = y[i];
+      finite &= std::isfinite(xi) & std::isfinite(yi);
+      const float d = std::fabs(xi - yi), ax = std::fabs(xi);
+      sum_abs += d, sum_sq += d * d, dot += xi * yi, aa += xi * xi, bb += yi * yi;
+      max_abs = std::max(max_abs, d);
+      max_rel = std::max(max_rel, d == 0.0f ? 0.0f : d / ax);
+      w1 += d <= 1e-3f * ax;
+      w5 += d <= 5e-3f * ax;
+      const int64_t u = OrderedBits(xi) - OrderedBits(yi);
+      ulp = std::max(ulp, u < 0 ? -u : u);
+    }
+    if (!finite || !std::isfinite(dot) || !std::isfinite(sum_sq) || !std::isfinite(aa) || !std::isfinite(bb)) {
+      for (int64_t i = 0; i < len; ++i) AddPair(x[i], y[i], DType::kF32, acc);
+      continue;
+    }
+    acc.finite += len;
+    acc.sum_abs += sum_abs, acc.sum_sq += sum_sq, acc.dot += dot, acc.aa += aa, acc.bb += bb;
+    acc.max_abs = std::max<double>(acc.max_abs, max_abs);
+    acc.max_rel = std::max<double>(acc.max_rel, max_rel);
+    acc.within_0p1 += w1, acc.within_0p5 += w5;
+    acc.max_ulp = std::max<uint64_t>(acc.max_ulp, static_cast<uint64_t>(ulp));
+  }
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) { return "[" + absl::StrJoin(shape, ", ") + "]"; }
+
+// Contiguous bytes of `view`: its own, or a copy in `storage`.
+const std::byte* Contiguous(const formats::TensorView& view, int64_t numel, std::vector<std::byte>& storage) {
+  if (view.IsContiguous()) return view.data;
+  storage.resize(numel * formats::ItemSize(view.dtype));
+  formats::CopyToContiguous(view, storage.data());
+  return storage.data();
+}
+
+}  // namespace
+
+absl::StatusOr<TensorMetrics> CompareTensors(const formats::TensorView& a, const formats::TensorView& b) {
+  if (a.shape != b.shape) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("shapes differ: %s and %s", ShapeString(a.shape), ShapeString(b.shape)));
+  }
+  auto numel = formats::CheckedNumel(a.shape);
+  if (!numel.ok()) return numel.status();
+  const int64_t n = *numel;
+  std::vector<std::byte> a_copy, b_copy;
+  const std::byte* pa = Contiguous(a, n, a_copy);
+  const std::byte* pb = Contiguous(b, n, b_copy);
+  Accumulator acc;
+  if (a.dtype == DType::kF32 && b.dtype == DType::kF32) {
+    AccumulateF32(reinterpret_cast<const float*>(pa), reinterpret_cast<const float*>(pb), n, acc);
+  } else {
+    const DType ulp_dtype = MantissaBits(a.dtype) <= MantissaBits(b.dtype) ? a.dtype : b.dtype;
+    for (int64_t i = 0; i < n; ++i) AddPair(Load(a.dtype, pa, i), Load(b.dtype, pb, i), ulp_dtype, acc);
+  }
+  TensorMetrics m;
+  m.numel = static_cast<uint64_t>(n);
+  m.nan_mismatch = acc.nan_mismatch;
+  m.inf_mismatch = acc.inf_mismatch;
+  if (acc.finite == 0) return m;
+  const double finite = static_cast<double>(acc.finite);
+  m.max_abs = acc.max_abs;
+  m.max_rel = acc.max_rel;
+  m.mean_abs = acc.sum_abs / finite;
+  m.rmse = std::sqrt(acc.sum_sq / finite);
+  m.rel_l2 = acc.aa > 0 ? std::sqrt(acc.sum_sq / acc.aa)
+                        : (acc.sum_sq > 0 ? std::numeric_limits<double>::infinity() : 0);
+  m.cosine = acc.aa > 0 && acc.bb > 0 ? acc.dot / std::sqrt(acc.aa * acc.bb) : (acc.aa == acc.bb ? 1.0 : 0.0);
+  m.within_0p1 = static_cast<double>(acc.within_0p1) / finite;
+  m.within_0p5 = static_cast<double>(acc.within_0p5) / finite;
+  m.max_ulp = acc.max_ulp;
+  return m;
+}
+
+double FingerprintDelta::Score() const { return std::max({rel_l2, rel_abs_max, rel_mean}); }
+
+FingerprintDelta CompareFingerprints(const formats::Fingerprint& a, const formats::Fingerprint& b) {
+  FingerprintDelta d;
+  d.bitwise_equal = a.numel == b.numel && a.hash == b.hash;
+  auto distance = [](uint64_t x, uint64_t y) { return x > y ? x - y : y - x; };
+  d.nan_mismatch = distance(a.nan, b.nan);
+  d.inf_mismatch = distance(a.pos_inf, b.pos_inf) + distance(a.neg_inf, b.neg_inf);
+  if (d.bitwise_equal) return d;
+  // Each is at most ||a - b|| / ||a||: the triangle inequality for the norms,
+  // and |sum(a - b)| <= sqrt(n) ||a - b|| for the means.
+  auto relative = [&](double delta) {
+    if (delta == 0) return 0.0;
+    return a.l2 > 0 ? delta / a.l2 : std::numeric_limits<double>::infinity();
+  };
+  d.rel_l2 = relative(std::fabs(a.l2 - b.l2));
+  d.rel_abs_max = relative(std::fabs(a.abs_max - b.abs_max));
+  d.rel_mean = relative(std::fabs(a.mean - b.mean) * std::sqrt(static_cast<double>(a.numel)));
+  return d;
+}
+
+}  // namespace moerr::diff
