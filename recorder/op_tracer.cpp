@@ -380,6 +380,8 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
     if (it != node_ranges_.begin() && node < std::prev(it)->end) {
       op.forward_seq = static_cast<int64_t>(std::prev(it)->seq);
       op.module = std::prev(it)->module;
+    } else if (it != node_ranges_.end() && it->begin == node + 1) {
+      op.module = it->module;  // a custom Function's node: the module its forward ran in
     }
   } else {
     op.phase = formats::Phase::kForward;
@@ -430,7 +432,13 @@ void OpTracer::OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   }
   if (op_ctx->seq_begin >= 0) {
     const int64_t end = static_cast<int64_t>(at::sequence_number::peek());
-    if (end > op_ctx->seq_begin) node_ranges_.push_back(NodeRange{op_ctx->seq_begin, end, op.seq, op.module});
+    // An op that made nodes; or the first op after a gap in the numbers: a
+    // node something unrecorded made (a custom autograd Function, whose
+    // forward runs this op without grad), which gets this op's module.
+    const int64_t last = node_ranges_.empty() ? -1 : node_ranges_.back().end;
+    if (end > op_ctx->seq_begin || op_ctx->seq_begin > last) {
+      node_ranges_.push_back(NodeRange{op_ctx->seq_begin, end, op.seq, op.module});
+    }
   }
   pending_.ops.push_back(std::move(op));
   ++recorded_;

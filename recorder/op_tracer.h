@@ -131,7 +131,9 @@ class OpTracer {
   absl::flat_hash_map<uint64_t, KnownFingerprint> fingerprints_;  // this step's tensors
   absl::flat_hash_map<const c10::TensorImpl*, std::string> names_;
   // Autograd sequence numbers [begin, end) of the nodes a forward op made,
-  // with the op's seq and module, for attributing backward ops.
+  // with the op's seq and module, for attributing backward ops; sorted by
+  // begin. An empty range marks the first op after numbers no recorded op
+  // took (a custom Function's node).
   struct NodeRange {
     int64_t begin, end;
     uint64_t seq;

@@ -1,5 +1,6 @@
 #include "replayer/first_overflow.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/container/flat_hash_map.h"
@@ -65,9 +66,14 @@ std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, cons
       if (op.forward_seq >= 0) {
         if (auto it = by_seq.find(op.forward_seq); it != by_seq.end()) found.forward_op = &trace.ops[it->second];
       }
+      // The trend: earlier ops of the same module in the same phase; when
+      // there are none (the first backward op of a module), any module's.
+      const bool module_has_earlier = std::any_of(trace.ops.begin(), trace.ops.begin() + i, [&](const auto& o) {
+        return o.module == op.module && o.phase == op.phase && !formats::AllocatesUninitialised(o.name);
+      });
       for (size_t j = i; j-- > 0 && found.trend.size() < 8;) {
         const formats::OpEvent& before = trace.ops[j];
-        if (before.module != op.module) continue;
+        if (before.phase != op.phase || (module_has_earlier && before.module != op.module)) continue;
         if (formats::AllocatesUninitialised(before.name)) continue;
         for (uint64_t out : before.outputs) {
           const formats::TensorMeta* m = out ? trace.Find(out) : nullptr;

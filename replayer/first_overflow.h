@@ -1,8 +1,8 @@
 // The first overflowing op, from fingerprints alone (DESIGN.md, "Bisect"):
 // the first op in execution order whose inputs (tensors and scalars) are all
-// finite and one of whose outputs is not. No re-run is needed, so a stats
-// bundle will do. (The headroom threshold and the precision bisect of
-// DESIGN.md are not here yet.)
+// finite and one of whose outputs is not (or, with a threshold, comes within
+// a fraction of a dtype's range). No re-run is needed, so a stats bundle will
+// do. Precision bisect, which replays, is in precision_bisect.h.
 #pragma once
 
 #include <optional>
@@ -39,8 +39,8 @@ struct FirstOverflow {
   uint64_t output = 0;
   formats::Fingerprint fingerprint;  // of the overflowing output
   double limit = 0;                  // the range it was judged against
-  // The outputs of up to 8 earlier ops of the same module, oldest first: how
-  // the headroom ran out.
+  // The outputs of up to 8 earlier ops of the same module and phase (of any
+  // module when that module has none), oldest first: how the headroom ran out.
   std::vector<HeadroomPoint> trend;
 };
 

@@ -58,7 +58,7 @@ at::Tensor Round(const at::Tensor& t, PolicyRule::Action action) {
 }
 
 bool IsScalarTypeArgument(const c10::Argument& arg) {
-  c10::TypePtr type = arg.type();
+  c10::TypePtr type = arg.real_type();  // type() says int: ScalarType travels as one
   if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
   return type->kind() == c10::TypeKind::ScalarTypeType;
 }
@@ -82,7 +82,11 @@ class Replay {
       // strides, and views of them (and their fingerprints) depend on it.
       const at::Tensor values = recorder::ToTensor(owned.view());
       t = at::empty_strided(meta->shape, meta->strides, values.options().device(options_.device));
-      t.copy_(values);
+      if (t.is_non_overlapping_and_dense()) {
+        t.copy_(values);
+      } else {  // an expanded or overlapping view: its elements, contiguous
+        t = values.to(options_.device);
+      }
       fingerprints_[id] = recorder::KnownFingerprint{meta->fingerprint, true};
     } else if (meta->view_of != 0 && meta->producer < 0) {
       MOERR_ASSIGN_OR_RETURN(at::Tensor base, Value(meta->view_of));
@@ -311,7 +315,7 @@ absl::StatusOr<ReplayReport> ReplayTrace(const formats::BundleReader& reader, in
   report.step = step;
   report.ops = trace.ops.size();
   Replay replay(reader, step, trace, options);
-  MOERR_RETURN_IF_ERROR(replay.Run(report));
+  MOERR_RETURN_IF_ERROR(CatchTorch(absl::StrFormat("replay of step %d", step), [&] { return replay.Run(report); }));
   return report;
 }
 

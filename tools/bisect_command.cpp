@@ -4,20 +4,81 @@
 #include "formats/bundle_reader.h"
 #include "formats/trace.h"
 #include "replayer/first_overflow.h"
+#include "replayer/precision_bisect.h"
+#include "support/progress.h"
 #include "tools/command.h"
 
 namespace moerr::tools {
+namespace {
+
+// --precision: replays the step under upcast sets until the smallest one
+// that removes the overflow is found; prints it and writes it as a policy.
+int PrecisionBisect(const formats::BundleReader& reader, int64_t step, const replayer::OverflowOptions& overflow,
+                    const std::string& upcast, const std::string& policy_out, bool json, llvm::json::Array& results) {
+  replayer::PrecisionBisectOptions options;
+  options.overflow = overflow;
+  options.upcast = replayer::ParsePolicyAction(upcast).value();
+  Progress progress(absl::StrFormat("step %d: precision bisect", step), 0);
+  options.on_trial = [&](size_t trial, size_t set) {
+    progress.Update(static_cast<int64_t>(trial), absl::StrFormat("trial %d, %d modules upcast", trial, set));
+  };
+  auto result = replayer::PrecisionBisect(reader, step, options);
+  progress.Finish();
+  if (!result.ok()) {
+    if (result.status().code() != absl::StatusCode::kNotFound) return ReportError(result.status());
+    if (json) results.push_back(llvm::json::Object{{"step", step}, {"found", false}});
+    else std::printf("step %lld: no overflowing op, nothing to bisect\n", static_cast<long long>(step));
+    return kExitOk;
+  }
+  if (result->removable && !policy_out.empty()) {
+    std::FILE* f = std::fopen(policy_out.c_str(), "w");
+    const std::string text = absl::StrFormat("# moerr bisect --precision: upcasting these modules removes the overflow at "
+                                             "op %d (%s, %s)\n%s",
+                                             result->op_index, result->op, result->module, result->policy.ToText());
+    if (f == nullptr || std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0) {
+      return ReportError(absl::UnavailableError("cannot write policy file " + policy_out));
+    }
+  }
+  if (json) {
+    llvm::json::Array modules;
+    for (const auto& m : result->modules) modules.push_back(m);
+    results.push_back(llvm::json::Object{
+        {"step", step}, {"found", true}, {"op_index", static_cast<int64_t>(result->op_index)}, {"op", result->op},
+        {"module", result->module}, {"phase", std::string(formats::PhaseName(result->phase))},
+        {"candidates", static_cast<int64_t>(result->candidates.size())}, {"removable", result->removable},
+        {"upcast", upcast}, {"modules", std::move(modules)}, {"trials", static_cast<int64_t>(result->trials)},
+        {"policy", policy_out.empty() || !result->removable ? llvm::json::Value(nullptr) : llvm::json::Value(policy_out)}});
+    return kExitFinding;
+  }
+  std::printf("step %lld: overflow at op %zu (%s, %s, %s phase)\n", static_cast<long long>(step), result->op_index,
+              result->op.c_str(), result->module.empty() ? "no module" : result->module.c_str(),
+              std::string(formats::PhaseName(result->phase)).c_str());
+  if (!result->removable) {
+    std::printf("  upcasting all %zu modules that run before it to %s does not remove it: not a precision problem "
+                "of these modules\n", result->candidates.size(), upcast.c_str());
+    return kExitFinding;
+  }
+  std::printf("  upcasting these %zu of %zu modules to %s removes it (%zu replays):\n", result->modules.size(),
+              result->candidates.size(), upcast.c_str(), result->trials);
+  for (const auto& m : result->modules) std::printf("    %s\n", m.c_str());
+  if (!policy_out.empty()) std::printf("  policy written to %s (moerr replay --policy %s)\n", policy_out.c_str(), policy_out.c_str());
+  return kExitFinding;
+}
+
+}  // namespace
 
 void AddBisectCommand(CLI::App& app, int& exit_code) {
   struct Options {
     std::string bundle, limit = "dtype";
     std::vector<int64_t> steps;
     double fraction = 0;
-    bool json = false;
+    bool json = false, precision = false;
+    std::string upcast = "fp32", policy_out = "precision-policy.txt";
   };
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
-      "bisect", "Find the first overflowing op from the recorded fingerprints alone (any bundle, stats too)");
+      "bisect", "Find the first overflowing op from the recorded fingerprints alone (any bundle, stats too); with "
+      "--precision, the smallest set of modules whose upcast removes it");
   cmd->add_option("BUNDLE", opts->bundle, "Bundle file")->required();
   cmd->add_option("--step", opts->steps, "Steps to search (default: every complete step)");
   cmd->add_option("--limit", opts->limit, "Range to judge outputs against: dtype, fp16 or bf16")
@@ -26,6 +87,14 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--fraction", opts->fraction,
                   "Also count outputs whose abs-max exceeds this fraction of the limit (0: only non-finite)")
       ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_flag("--precision", opts->precision,
+                "Replay the step to find the smallest set of modules whose upcast removes the overflow (replayable "
+                "or full bundles)");
+  cmd->add_option("--upcast", opts->upcast, "With --precision: the precision to upcast to")
+      ->check(CLI::IsMember({"fp32", "fp64"}))
+      ->capture_default_str();
+  cmd->add_option("--policy-out", opts->policy_out, "With --precision: where to write the set as a policy file")
       ->capture_default_str();
   cmd->add_flag("--json", opts->json, "Print JSON");
   cmd->callback([opts, &exit_code] {
@@ -43,6 +112,16 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
     llvm::json::Array results;
     exit_code = kExitOk;
     for (int64_t step : steps) {
+      if (opts->precision) {
+        const int code =
+            PrecisionBisect(**reader, step, options, opts->upcast, opts->policy_out, opts->json, results);
+        if (code == kExitError) {
+          exit_code = code;
+          return;
+        }
+        exit_code = std::max(exit_code, code);
+        continue;
+      }
       auto trace = formats::ReadTrace(**reader, step);
       if (!trace.ok()) {
         exit_code = ReportError(trace.status());
@@ -61,7 +140,7 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
         llvm::json::Array trend;
         for (const auto& p : found->trend) {
           trend.push_back(llvm::json::Object{{"op_index", static_cast<int64_t>(p.op_index)}, {"op", p.op->name},
-                                             {"abs_max", p.abs_max}, {"headroom_bits", p.headroom_bits}});
+                                             {"module", p.op->module}, {"abs_max", p.abs_max}, {"headroom_bits", p.headroom_bits}});
         }
         results.push_back(llvm::json::Object{
             {"step", step}, {"found", true}, {"op_index", static_cast<int64_t>(found->op_index)}, {"op", op.name},
@@ -80,10 +159,10 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
                   static_cast<unsigned long long>(f.numel), static_cast<unsigned long long>(f.pos_inf),
                   static_cast<unsigned long long>(f.neg_inf), static_cast<unsigned long long>(f.nan), f.abs_max,
                   found->limit);
-      if (!found->trend.empty()) std::printf("  headroom before it in the same module (log2 of limit / abs-max):\n");
+      if (!found->trend.empty()) std::printf("  headroom before it (log2 of limit / abs-max):\n");
       for (const auto& p : found->trend) {
-        std::printf("    op %6zu %-24s abs-max %-12.6g %6.1f bits\n", p.op_index, p.op->name.c_str(), p.abs_max,
-                    p.headroom_bits);
+        std::printf("    op %6zu %-24s abs-max %-12.6g %6.1f bits%s\n", p.op_index, p.op->name.c_str(), p.abs_max,
+                    p.headroom_bits, p.op->module == op.module ? "" : ("  (" + p.op->module + ")").c_str());
       }
     }
     if (opts->json) std::printf("%s\n", llvm::formatv("{0:2}", llvm::json::Value(std::move(results))).str().c_str());

@@ -11,32 +11,14 @@
 #include "moe/grpo_trainer.h"
 #include "recorder/recorder.h"
 #include "tests/formats/test_util.h"
+#include "tests/replayer/recording.h"
 
 namespace moerr::replayer {
 namespace {
 
 using formats::testing::TempDir;
 
-std::unique_ptr<formats::BundleReader> RecordTinySteps(const std::string& path, moe::Precision precision,
-                                                       recorder::CaptureMode mode, int steps) {
-  torch::manual_seed(0);
-  const moe::MoeConfig config = moe::Preset("tiny").value();
-  moe::MoeTransformer policy(config), reference(config);
-  moe::GrpoOptions options;
-  options.numerics.precision = precision;
-  options.rollout_numerics.precision = precision;
-  auto rec = recorder::Recorder::Start(recorder::RecordOptions(path).set_mode(mode).set_crash_handler(false)).value();
-  policy->SetRoutingObserver(rec.get());
-  moe::GrpoTrainer trainer(policy, reference, moe::AdditionTask(), options, 1);
-  for (int s = 0; s < steps; ++s) {
-    EXPECT_TRUE(rec->StepBegin(s).ok());
-    const moe::StepMetrics m = trainer.Step();
-    EXPECT_TRUE(rec->StepEnd(s, {m.loss, m.grad_norm}).ok());
-  }
-  EXPECT_TRUE(rec->Stop().ok());
-  policy->SetRoutingObserver(nullptr);
-  return formats::BundleReader::Open(path).value();
-}
+using testing::RecordTinySteps;
 
 class ProgramReplayTest : public ::testing::TestWithParam<moe::Precision> {};
 
@@ -74,24 +56,11 @@ INSTANTIATE_TEST_SUITE_P(Precisions, ProgramReplayTest,
 // comes from the same op, with the same fingerprint (NaN compares bitwise).
 TEST(ProgramReplayTest, AFaultyStepReplaysToTheSameFailure) {
   TempDir dir;
-  torch::manual_seed(0);
-  const moe::MoeConfig config = moe::Preset("tiny").value();
-  moe::MoeTransformer policy(config), reference(config);
-  moe::GrpoOptions options;
-  std::mt19937_64 rng(3);
-  const moe::AdditionTask::Batch calib = moe::AdditionTask().Sample(32, rng);
-  auto fault = moe::InjectFault(moe::FaultKind::kExpertOverflow, policy, options,
-                                at::cat({calib.prompts, calib.answers}, 1));
-  ASSERT_TRUE(fault.ok());
-  const moe::InjectedFault injected = *fault;
-  auto rec = recorder::Recorder::Start(recorder::RecordOptions(dir.File("f.moerr")).set_crash_handler(false)).value();
-  moe::GrpoTrainer trainer(policy, reference, moe::AdditionTask(), options, 1);
-  ASSERT_TRUE(rec->StepBegin(0).ok());
-  const moe::StepMetrics m = trainer.Step();
-  ASSERT_TRUE(rec->StepEnd(0, {m.loss, m.grad_norm}).ok());
-  ASSERT_TRUE(rec->Stop().ok());
-  ASSERT_FALSE(m.finite);
-  auto reader = formats::BundleReader::Open(dir.File("f.moerr")).value();
+  moe::InjectedFault injected;
+  bool finite = true;
+  auto reader = testing::RecordFaultyStep(dir.File("f.moerr"), moe::FaultKind::kExpertOverflow,
+                                          recorder::CaptureMode::kReplayable, injected, finite);
+  ASSERT_FALSE(finite);
   const formats::Trace trace = formats::ReadTrace(*reader, 0).value();
   int nonfinite = 0;
   for (const auto& t : trace.tensors) nonfinite += !t.fingerprint.Finite();

@@ -1,0 +1,119 @@
+#include "replayer/precision_bisect.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
+#include "replayer/program_replay.h"
+#include "support/status.h"
+
+namespace moerr::replayer {
+namespace {
+
+// Splits `set` into `n` nearly equal, contiguous parts.
+std::vector<std::vector<size_t>> Split(const std::vector<size_t>& set, size_t n) {
+  std::vector<std::vector<size_t>> parts;
+  size_t start = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const size_t end = start + (set.size() - start) / (n - i);
+    parts.emplace_back(set.begin() + start, set.begin() + end);
+    start = end;
+  }
+  return parts;
+}
+
+std::vector<size_t> Without(const std::vector<size_t>& set, const std::vector<size_t>& part) {
+  std::vector<size_t> out;
+  std::set_difference(set.begin(), set.end(), part.begin(), part.end(), std::back_inserter(out));
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<PrecisionBisectResult> PrecisionBisect(const formats::BundleReader& reader, int64_t step,
+                                                      const PrecisionBisectOptions& options) {
+  MOERR_ASSIGN_OR_RETURN(formats::Trace trace, formats::ReadTrace(reader, step));
+  const auto recorded = FindFirstOverflow(trace, options.overflow);
+  if (!recorded) return absl::NotFoundError(absl::StrFormat("step %d has no overflowing op to remove", step));
+  PrecisionBisectResult result;
+  result.op_index = recorded->op_index;
+  result.op = recorded->op->name;
+  result.module = recorded->op->module;
+  result.phase = recorded->op->phase;
+
+  // Trials replay up to the end of the failing op's phase: what comes later
+  // cannot change whether that phase overflows.
+  size_t end = recorded->op_index + 1;
+  while (end < trace.ops.size() && trace.ops[end].phase == result.phase) ++end;
+  for (size_t i = 0; i < end; ++i) {
+    const std::string& m = trace.ops[i].module;
+    if (!m.empty() && std::find(result.candidates.begin(), result.candidates.end(), m) == result.candidates.end()) {
+      result.candidates.push_back(m);
+    }
+  }
+
+  // fails(set): does the step still overflow with `set` upcast?
+  std::map<std::vector<size_t>, bool> cache;
+  auto policy_of = [&](const std::vector<size_t>& set) {
+    std::vector<PolicyRule> rules;
+    for (size_t i : set) rules.push_back({PolicyRule::Selector::kModule, result.candidates[i], options.upcast});
+    return PrecisionPolicy(std::move(rules));
+  };
+  auto fails = [&](const std::vector<size_t>& set) -> absl::StatusOr<bool> {
+    if (auto it = cache.find(set); it != cache.end()) return it->second;
+    ReplayOptions replay;
+    replay.device = options.device;
+    replay.policy = policy_of(set);
+    replay.end_op = end;
+    ++result.trials;
+    if (options.on_trial) options.on_trial(result.trials, set.size());
+    MOERR_ASSIGN_OR_RETURN(ReplayReport report, ReplayTrace(reader, step, trace, replay));
+    const bool failed = FindFirstOverflow(ReplayedTrace(trace, report, end), options.overflow).has_value();
+    cache[set] = failed;
+    return failed;
+  };
+
+  std::vector<size_t> set(result.candidates.size());
+  for (size_t i = 0; i < set.size(); ++i) set[i] = i;
+  MOERR_ASSIGN_OR_RETURN(const bool all_fail, fails(set));
+  if (all_fail) return result;  // removable = false
+  result.removable = true;
+
+  // ddmin over sets that make the failure disappear: try each part, then
+  // each complement; refine the split when neither helps.
+  size_t n = 2;
+  while (set.size() >= 2) {
+    const std::vector<std::vector<size_t>> parts = Split(set, std::min(n, set.size()));
+    bool reduced = false;
+    for (const auto& part : parts) {
+      MOERR_ASSIGN_OR_RETURN(const bool f, fails(part));
+      if (!f) {
+        set = part;
+        n = 2;
+        reduced = true;
+        break;
+      }
+    }
+    if (!reduced && parts.size() > 2) {
+      for (const auto& part : parts) {
+        const std::vector<size_t> rest = Without(set, part);
+        MOERR_ASSIGN_OR_RETURN(const bool f, fails(rest));
+        if (!f) {
+          set = rest;
+          n = std::max<size_t>(n - 1, 2);
+          reduced = true;
+          break;
+        }
+      }
+    }
+    if (reduced) continue;
+    if (n >= set.size()) break;
+    n = std::min(n * 2, set.size());
+  }
+  for (size_t i : set) result.modules.push_back(result.candidates[i]);
+  result.policy = policy_of(set);
+  return result;
+}
+
+}  // namespace moerr::replayer

@@ -1,0 +1,49 @@
+// Precision bisect (DESIGN.md, "Bisect"): the smallest set of modules whose
+// upcast makes a step's overflow disappear. Each trial replays the step
+// under a policy that upcasts a candidate set (program_replay.h) and looks
+// for an overflow in the replayed fingerprints (first_overflow.h). The search
+// is delta debugging (Zeller's ddmin): it bisects the candidates first, then
+// refines until removing any one module brings the failure back.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "formats/bundle_reader.h"
+#include "replayer/first_overflow.h"
+#include "replayer/precision_policy.h"
+
+namespace moerr::replayer {
+
+struct PrecisionBisectOptions {
+  OverflowOptions overflow;  // what counts as the failure
+  PolicyRule::Action upcast = PolicyRule::Action::kFp32;
+  c10::Device device = c10::kCPU;
+  std::function<void(size_t trial, size_t set_size)> on_trial;  // progress
+};
+
+struct PrecisionBisectResult {
+  // The recorded failure.
+  size_t op_index = 0;
+  std::string op, module;
+  formats::Phase phase = formats::Phase::kForward;
+  // Modules of the ops a replay runs up to the end of the failing phase:
+  // only they can change whether it fails.
+  std::vector<std::string> candidates;
+  // False when upcasting every candidate still fails: not a precision problem.
+  bool removable = false;
+  std::vector<std::string> modules;  // the set found, in execution order
+  PrecisionPolicy policy;            // upcasts exactly `modules`
+  size_t trials = 0;                 // replays run
+};
+
+// NotFound when the step has no overflow to remove.
+absl::StatusOr<PrecisionBisectResult> PrecisionBisect(const formats::BundleReader& reader, int64_t step,
+                                                      const PrecisionBisectOptions& options = {});
+
+}  // namespace moerr::replayer

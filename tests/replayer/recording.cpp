@@ -1,0 +1,67 @@
+#include "tests/replayer/recording.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <random>
+
+#include "moe/grpo_trainer.h"
+#include "moe/warmup.h"
+#include "recorder/recorder.h"
+
+namespace moerr::testing {
+namespace {
+
+std::unique_ptr<formats::BundleReader> Record(const std::string& path, moe::MoeTransformer& policy,
+                                              moe::MoeTransformer& reference, const moe::GrpoOptions& options,
+                                              recorder::CaptureMode mode, int steps, uint64_t seed, bool& finite) {
+  auto rec = recorder::Recorder::Start(recorder::RecordOptions(path).set_mode(mode).set_crash_handler(false)).value();
+  policy->SetRoutingObserver(rec.get());
+  moe::GrpoTrainer trainer(policy, reference, moe::AdditionTask(), options, seed);
+  finite = true;
+  for (int s = 0; s < steps; ++s) {
+    EXPECT_TRUE(rec->StepBegin(s).ok());
+    const moe::StepMetrics m = trainer.Step();
+    finite = finite && m.finite;
+    EXPECT_TRUE(rec->StepEnd(s, {m.loss, m.grad_norm}).ok());
+  }
+  EXPECT_TRUE(rec->Stop().ok());
+  policy->SetRoutingObserver(nullptr);
+  return formats::BundleReader::Open(path).value();
+}
+
+}  // namespace
+
+std::unique_ptr<formats::BundleReader> RecordTinySteps(const std::string& path, moe::Precision precision,
+                                                       recorder::CaptureMode mode, int steps) {
+  torch::manual_seed(0);
+  const moe::MoeConfig config = moe::Preset("tiny").value();
+  moe::MoeTransformer policy(config), reference(config);
+  moe::GrpoOptions options;
+  options.numerics.precision = precision;
+  options.rollout_numerics.precision = precision;
+  bool finite = false;
+  return Record(path, policy, reference, options, mode, steps, /*seed=*/1, finite);
+}
+
+std::unique_ptr<formats::BundleReader> RecordFaultyStep(const std::string& path, moe::FaultKind kind,
+                                                        recorder::CaptureMode mode, moe::InjectedFault& fault,
+                                                        bool& finite, int64_t warmup_steps, int steps) {
+  torch::manual_seed(0);
+  const moe::MoeConfig config = moe::Preset("tiny").value();
+  moe::MoeTransformer policy(config);
+  if (warmup_steps > 0) {
+    moe::WarmupOptions warmup;
+    warmup.steps = warmup_steps;
+    warmup.batch = 32;
+    moe::Warmup(policy, moe::AdditionTask(), warmup);
+  }
+  moe::MoeTransformer reference = moe::CopyOf(policy);
+  moe::GrpoOptions options;
+  std::mt19937_64 rng(9);
+  const moe::AdditionTask::Batch calib = moe::AdditionTask().Sample(32, rng);
+  fault = moe::InjectFault(kind, policy, options, at::cat({calib.prompts, calib.answers}, 1)).value();
+  return Record(path, policy, reference, options, mode, steps, /*seed=*/7, finite);
+}
+
+}  // namespace moerr::testing

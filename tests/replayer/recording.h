@@ -1,0 +1,26 @@
+// Tiny recorded GRPO steps for the replay, bisect and diff tests.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "formats/bundle_reader.h"
+#include "moe/fault.h"
+#include "moe/numerics.h"
+#include "recorder/op_tracer.h"
+
+namespace moerr::testing {
+
+// `steps` fault-free steps of the tiny model from seed 0, in `precision`.
+std::unique_ptr<formats::BundleReader> RecordTinySteps(const std::string& path, moe::Precision precision,
+                                                       recorder::CaptureMode mode, int steps);
+
+// `steps` steps (default one) of the tiny model from seed 0, after
+// `warmup_steps` of supervised warm-up, with `kind` injected; `fault` gets
+// what was injected, `finite` whether every step's loss and gradients stayed
+// finite.
+std::unique_ptr<formats::BundleReader> RecordFaultyStep(const std::string& path, moe::FaultKind kind,
+                                                        recorder::CaptureMode mode, moe::InjectedFault& fault,
+                                                        bool& finite, int64_t warmup_steps = 0, int steps = 1);
+
+}  // namespace moerr::testing
