@@ -26,5 +26,6 @@ void AddDemoCommand(CLI::App& app, int& exit_code);
 void AddTrainCommand(CLI::App& app, int& exit_code);
 void AddReplayCommand(CLI::App& app, int& exit_code);
 void AddBisectCommand(CLI::App& app, int& exit_code);
+void AddDiffCommand(CLI::App& app, int& exit_code);
 
 }  // namespace moerr::tools

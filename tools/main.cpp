@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   AddTrainCommand(app, exit_code);
   AddReplayCommand(app, exit_code);
   AddBisectCommand(app, exit_code);
+  AddDiffCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

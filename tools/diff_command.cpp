@@ -1,0 +1,188 @@
+#include <cstdio>
+#include <fstream>
+
+#include "absl/strings/str_format.h"
+#include "diff/html_report.h"
+#include "diff/trace_diff.h"
+#include "formats/bundle_reader.h"
+#include "tools/command.h"
+
+namespace moerr::tools {
+namespace {
+
+std::string OpLabel(const formats::OpEvent& op) {
+  return absl::StrFormat("%s (%s, %s)", op.name, op.module.empty() ? "no module" : op.module,
+                         formats::PhaseName(op.phase));
+}
+
+llvm::json::Object OutputJson(const diff::OutputDiff& o) {
+  llvm::json::Object out{{"slot", static_cast<int64_t>(o.slot)},
+                         {"dtype_a", std::string(formats::DTypeName(o.a_dtype))},
+                         {"dtype_b", std::string(formats::DTypeName(o.b_dtype))},
+                         {"error", o.error},
+                         {"nan_mismatch", o.nan_mismatch},
+                         {"inf_mismatch", o.inf_mismatch},
+                         {"diverged", o.diverged},
+                         {"compared_on", o.tensors ? "bytes" : "fingerprints"}};
+  if (!o.note.empty()) out["note"] = o.note;
+  if (const auto& m = o.tensors) {
+    out["metrics"] = llvm::json::Object{{"cosine", m->cosine},       {"max_abs", m->max_abs},
+                                        {"max_rel", m->max_rel},     {"mean_abs", m->mean_abs},
+                                        {"rmse", m->rmse},           {"rel_l2", m->rel_l2},
+                                        {"max_ulp", m->max_ulp},     {"within_0.1%", m->within_0p1},
+                                        {"within_0.5%", m->within_0p5}};
+  }
+  return out;
+}
+
+}  // namespace
+
+void AddDiffCommand(CLI::App& app, int& exit_code) {
+  struct Options {
+    std::string a, b, html;
+    int64_t step_a = -1, step_b = -1;
+    std::vector<std::string> thresholds;
+    size_t top = 10;
+    bool json = false, fingerprints_only = false;
+  };
+  auto opts = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "diff", "Align two recordings of a step op by op and compare every output; the first divergence comes first");
+  cmd->add_option("A", opts->a, "Reference bundle")->required();
+  cmd->add_option("B", opts->b, "Bundle to compare with it")->required();
+  cmd->add_option("--step-a", opts->step_a, "Step of A (default: its first complete step)");
+  cmd->add_option("--step-b", opts->step_b, "Step of B (default: its first complete step)");
+  cmd->add_option("--threshold", opts->thresholds,
+                  "Largest acceptable relative L2 error for outputs of a dtype, e.g. f32=1e-4 (defaults: f64 1e-9, "
+                  "f32 1e-5, f16 2e-3, bf16 1.6e-2, integers 0)");
+  cmd->add_flag("--fingerprints", opts->fingerprints_only, "Compare fingerprints only, even where bytes are recorded");
+  cmd->add_option("--top", opts->top, "Diverged ops to list")->capture_default_str();
+  cmd->add_option("--html", opts->html, "Also write a self-contained HTML report here");
+  cmd->add_flag("--json", opts->json, "Print JSON");
+  cmd->callback([opts, &exit_code] {
+    diff::DiffOptions options;
+    options.compare_bytes = !opts->fingerprints_only;
+    for (const std::string& t : opts->thresholds) {
+      if (absl::Status s = options.thresholds.Set(t); !s.ok()) {
+        exit_code = ReportError(s);
+        return;
+      }
+    }
+    struct Side {
+      std::unique_ptr<formats::BundleReader> reader;
+      int64_t step;
+      formats::Trace trace;
+    } sides[2];
+    const std::string paths[2] = {opts->a, opts->b};
+    const int64_t steps[2] = {opts->step_a, opts->step_b};
+    for (int i = 0; i < 2; ++i) {
+      auto reader = formats::BundleReader::Open(paths[i]);
+      if (!reader.ok()) {
+        exit_code = ReportError(reader.status());
+        return;
+      }
+      sides[i].reader = *std::move(reader);
+      sides[i].step = steps[i];
+      if (sides[i].step < 0) {
+        const std::vector<int64_t> complete = sides[i].reader->CompleteSteps();
+        if (complete.empty()) {
+          exit_code = ReportError(absl::NotFoundError(paths[i] + " has no complete step"));
+          return;
+        }
+        sides[i].step = complete.front();
+      }
+      auto trace = formats::ReadTrace(*sides[i].reader, sides[i].step);
+      if (!trace.ok()) {
+        exit_code = ReportError(trace.status());
+        return;
+      }
+      sides[i].trace = *std::move(trace);
+    }
+    const formats::Trace& a = sides[0].trace;
+    const formats::Trace& b = sides[1].trace;
+    auto report = diff::DiffTraces(*sides[0].reader, a, sides[0].step, *sides[1].reader, b, sides[1].step, options);
+    if (!report.ok()) {
+      exit_code = ReportError(report.status());
+      return;
+    }
+    exit_code = report->diverged_ops > 0 ? kExitFinding : kExitOk;
+    if (!opts->html.empty()) {
+      std::ofstream out(opts->html);
+      out << diff::HtmlReport(*report, a, b, absl::StrFormat("moerr diff %s %s", opts->a, opts->b));
+      if (!out.good()) {
+        exit_code = ReportError(absl::UnavailableError("cannot write " + opts->html));
+        return;
+      }
+    }
+    if (opts->json) {
+      llvm::json::Array diverged, unmatched;
+      for (size_t i = 0; i < report->ops.size(); ++i) {
+        const diff::OpDiff& d = report->ops[i];
+        if (d.a < 0 || d.b < 0) {
+          const formats::OpEvent& op = d.a >= 0 ? a.ops[d.a] : b.ops[d.b];
+          unmatched.push_back(llvm::json::Object{{"in", d.a >= 0 ? "A" : "B"}, {"op_index", d.a >= 0 ? d.a : d.b},
+                                                 {"op", op.name}, {"module", op.module}});
+          continue;
+        }
+        if (!d.diverged) continue;
+        const formats::OpEvent& op = a.ops[d.a];
+        llvm::json::Array outputs;
+        for (const auto& o : d.outputs) outputs.push_back(OutputJson(o));
+        diverged.push_back(llvm::json::Object{{"op_a", d.a}, {"op_b", d.b}, {"op", op.name}, {"module", op.module},
+                                              {"phase", std::string(formats::PhaseName(op.phase))},
+                                              {"error", d.error}, {"outputs", std::move(outputs)}});
+      }
+      llvm::json::Object root{{"a", opts->a}, {"b", opts->b}, {"step_a", sides[0].step}, {"step_b", sides[1].step},
+                              {"matched", static_cast<int64_t>(report->matched)},
+                              {"only_a", static_cast<int64_t>(report->only_a)},
+                              {"only_b", static_cast<int64_t>(report->only_b)},
+                              {"outputs_compared", static_cast<int64_t>(report->outputs_compared)},
+                              {"tensors_compared", static_cast<int64_t>(report->tensors_compared)},
+                              {"bytes_compared", report->bytes_compared},
+                              {"diverged_ops", static_cast<int64_t>(report->diverged_ops)},
+                              {"diverged", std::move(diverged)}, {"unmatched", std::move(unmatched)}};
+      std::printf("%s\n", llvm::formatv("{0:2}", llvm::json::Value(std::move(root))).str().c_str());
+      return;
+    }
+    std::printf("%zu ops matched, %zu only in A, %zu only in B; %zu outputs compared (%zu on their bytes)\n",
+                report->matched, report->only_a, report->only_b, report->outputs_compared, report->tensors_compared);
+    if (!report->first_divergence) {
+      std::printf("no divergence beyond the thresholds\n");
+    } else {
+      const diff::OpDiff& first = report->ops[*report->first_divergence];
+      std::printf("first divergence: op %lld of A / op %lld of B: %s\n", static_cast<long long>(first.a),
+                  static_cast<long long>(first.b), OpLabel(a.ops[first.a]).c_str());
+      for (const auto& o : first.outputs) {
+        if (!o.diverged) continue;
+        std::printf("  output %zu (%s vs %s): rel. error %.3g", o.slot, std::string(formats::DTypeName(o.a_dtype)).c_str(),
+                    std::string(formats::DTypeName(o.b_dtype)).c_str(), o.error);
+        if (o.tensors) {
+          std::printf(", cosine %.6f, max abs %.3g, max ULP %llu, within 0.1%%: %.1f%%", o.tensors->cosine,
+                      o.tensors->max_abs, static_cast<unsigned long long>(o.tensors->max_ulp),
+                      100 * o.tensors->within_0p1);
+        } else {
+          std::printf(" (from fingerprints: a lower bound)");
+        }
+        if (o.nan_mismatch + o.inf_mismatch > 0) {
+          std::printf(", %llu NaN and %llu Inf mismatches", static_cast<unsigned long long>(o.nan_mismatch),
+                      static_cast<unsigned long long>(o.inf_mismatch));
+        }
+        if (!o.note.empty()) std::printf(", %s", o.note.c_str());
+        std::printf("\n");
+      }
+      std::printf("%zu ops diverged; the first %zu:\n", report->diverged_ops, std::min(opts->top, report->diverged_ops));
+      std::printf("  %6s %6s  %-24s %-40s %-9s %s\n", "op A", "op B", "name", "module", "phase", "rel. error");
+      size_t shown = 0;
+      for (const diff::OpDiff& d : report->ops) {
+        if (!d.diverged || shown++ >= opts->top) continue;
+        const formats::OpEvent& op = a.ops[d.a];
+        std::printf("  %6lld %6lld  %-24s %-40s %-9s %.3g\n", static_cast<long long>(d.a), static_cast<long long>(d.b),
+                    op.name.c_str(), op.module.empty() ? "(none)" : op.module.c_str(),
+                    std::string(formats::PhaseName(op.phase)).c_str(), d.error);
+      }
+    }
+    if (!opts->html.empty()) std::printf("HTML report: %s\n", opts->html.c_str());
+  });
+}
+
+}  // namespace moerr::tools
