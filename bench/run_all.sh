@@ -25,3 +25,11 @@ echo "## Recorder overhead and bundle size per capture mode"
 echo
 echo "## Fingerprint kernel (Google Benchmark, 16 MiB per dtype)"
 "$BUILD/bench/fingerprint_bench" --benchmark_min_time=0.5
+
+echo
+echo "## Replay and bisect against one step"
+"$BUILD/bench/replay_bench" --preset small
+
+echo
+echo "## Diff throughput against numpy"
+"$PYTHON" bench/diff/bench_diff.py "$BUILD" "$WORK/diff"

@@ -124,9 +124,18 @@ inline void AddPair(double x, double y, DType ulp_dtype, Accumulator& acc) {
   }
 }
 
+// fp32 bits made monotonic as unsigned integers: consecutive floats differ by
+// one; -0 and +0 coincide.
+inline uint32_t MonotonicBits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return bits & 0x80000000u ? 0x80000000u - (bits & 0x7fffffffu) : bits + 0x80000000u;
+}
+
 // fp32 against fp32, the common case: 256-element chunks reduced in float
-// (the compiler vectorises it) and folded into doubles. A chunk holding a
-// non-finite value, or whose float sums overflow, goes through AddPair.
+// (branch-free, so the compiler vectorises it) and folded into doubles. A
+// non-finite element makes the chunk's sums non-finite; such a chunk, or one
+// whose float sums overflow, goes through AddPair instead.
 void AccumulateF32(const float* a, const float* b, int64_t n, Accumulator& acc) {
   constexpr int64_t kChunk = 256;
   for (int64_t start = 0; start < n; start += kChunk) {
@@ -134,21 +143,21 @@ void AccumulateF32(const float* a, const float* b, int64_t n, Accumulator& acc) 
     const float* x = a + start;
     const float* y = b + start;
     float sum_abs = 0, sum_sq = 0, dot = 0, aa = 0, bb = 0, max_abs = 0, max_rel = 0;
-    int64_t w1 = 0, w5 = 0, ulp = 0;
-    bool finite = true;
+    int32_t w1 = 0, w5 = 0;
+    uint32_t ulp = 0;
     for (int64_t i = 0; i < len; ++i) {
       const float xi = x[i], yi = y[i];
-      finite &= std::isfinite(xi) & std::isfinite(yi);
       const float d = std::fabs(xi - yi), ax = std::fabs(xi);
       sum_abs += d, sum_sq += d * d, dot += xi * yi, aa += xi * xi, bb += yi * yi;
       max_abs = std::max(max_abs, d);
       max_rel = std::max(max_rel, d == 0.0f ? 0.0f : d / ax);
       w1 += d <= 1e-3f * ax;
       w5 += d <= 5e-3f * ax;
-      const int64_t u = OrderedBits(xi) - OrderedBits(yi);
-      ulp = std::max(ulp, u < 0 ? -u : u);
+      const uint32_t ux = MonotonicBits(xi), uy = MonotonicBits(yi);
+      ulp = std::max(ulp, ux > uy ? ux - uy : uy - ux);
     }
-    if (!finite || !std::isfinite(dot) || !std::isfinite(sum_sq) || !std::isfinite(aa) || !std::isfinite(bb)) {
+    if (!std::isfinite(sum_abs) || !std::isfinite(sum_sq) || !std::isfinite(dot) || !std::isfinite(aa) ||
+        !std::isfinite(bb)) {
       for (int64_t i = 0; i < len; ++i) AddPair(x[i], y[i], DType::kF32, acc);
       continue;
     }
@@ -157,7 +166,7 @@ void AccumulateF32(const float* a, const float* b, int64_t n, Accumulator& acc) 
     acc.max_abs = std::max<double>(acc.max_abs, max_abs);
     acc.max_rel = std::max<double>(acc.max_rel, max_rel);
     acc.within_0p1 += w1, acc.within_0p5 += w5;
-    acc.max_ulp = std::max<uint64_t>(acc.max_ulp, static_cast<uint64_t>(ulp));
+    acc.max_ulp = std::max<uint64_t>(acc.max_ulp, ulp);
   }
 }
 

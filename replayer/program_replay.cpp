@@ -222,8 +222,10 @@ class Replay {
     const size_t end = std::min(trace_.ops.size(), options_.end_op);
     for (size_t index = 0; index < end; ++index) {
       const formats::OpEvent& op = trace_.ops[index];
-      const std::string where = absl::StrFormat("op %d (%s, %s, %s)", index, op.name, formats::PhaseName(op.phase),
-                                                op.module.empty() ? "no module" : op.module);
+      auto where = [&] {
+        return absl::StrFormat("op %d (%s, %s, %s)", index, op.name, formats::PhaseName(op.phase),
+                               op.module.empty() ? "no module" : op.module);
+      };
       // Random ops: their outputs were captured; take them from the record.
       bool recorded_outputs = !op.outputs.empty();
       for (uint64_t id : op.outputs) {
@@ -238,8 +240,8 @@ class Replay {
         ++report.from_record;
         continue;
       }
-      auto handle = c10::Dispatcher::singleton().findSchema(c10::OperatorName(op.name, op.overload));
-      if (!handle) return absl::UnimplementedError(where + ": no such operator in this LibTorch");
+      const c10::optional<c10::OperatorHandle>& handle = Operator(op);
+      if (!handle) return absl::UnimplementedError(where() + ": no such operator in this LibTorch");
       const PolicyRule* rule = options_.policy.Match(op);
       if (rule != nullptr) ++report.policy_ops;
       const std::vector<c10::Argument>& schema_args = handle->schema().arguments();
@@ -247,7 +249,7 @@ class Replay {
       std::vector<recorder::ViewSource> sources;
       for (size_t i = 0; i < op.args.size(); ++i) {
         auto v = ToIValue(op.args[i], i < schema_args.size() ? &schema_args[i] : nullptr, rule, sources);
-        if (!v.ok()) return Annotate(v.status(), where);
+        if (!v.ok()) return Annotate(v.status(), where());
         stack.push_back(*std::move(v));
       }
       // The CPU autocast state the op ran under (bf16 training casts inside
@@ -257,10 +259,11 @@ class Replay {
       if (autocast) {
         at::autocast::set_autocast_cpu_dtype(recorder::ToScalarType(static_cast<formats::DType>(op.autocast)));
       }
-      MOERR_RETURN_IF_ERROR(CatchTorch(where, [&] {
+      const absl::Status called = CatchTorch("dispatch", [&] {
         handle->callBoxed(&stack);
         return absl::OkStatus();
-      }));
+      });
+      if (!called.ok()) return Annotate(called, where());
       ++report.dispatched;
       // Outputs: tensors and tensor lists, flattened as the recorder did.
       const bool round = rule != nullptr && !rule->Upcast();
@@ -291,6 +294,15 @@ class Replay {
   absl::flat_hash_map<uint64_t, at::Tensor> values_;
   absl::flat_hash_map<uint64_t, recorder::KnownFingerprint> fingerprints_;
   absl::flat_hash_set<uint64_t> uninitialised_;  // ids whose values are uninitialised memory
+  // Dispatcher lookups by "name.overload": a step calls a few hundred
+  // distinct operators tens of thousands of times.
+  absl::flat_hash_map<std::string, c10::optional<c10::OperatorHandle>> operators_;
+
+  const c10::optional<c10::OperatorHandle>& Operator(const formats::OpEvent& op) {
+    auto [it, inserted] = operators_.try_emplace(absl::StrCat(op.name, ".", op.overload));
+    if (inserted) it->second = c10::Dispatcher::singleton().findSchema(c10::OperatorName(op.name, op.overload));
+    return it->second;
+  }
 };
 
 }  // namespace

@@ -18,12 +18,14 @@
 #include <random>
 
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "formats/bundle_reader.h"
 #include "formats/bundle_summary.h"
 #include "formats/bundle_writer.h"
 #include "formats/salvage.h"
 #include "formats/trace.h"
 #include "replayer/first_overflow.h"
+#include "replayer/precision_bisect.h"
 #include "replayer/program_replay.h"
 #include "support/progress.h"
 #include "tools/command.h"
@@ -155,7 +157,23 @@ int RunModelStory(const std::string& dir) {
   std::printf("    %zu ops re-dispatched from the step's leaves, %zu outputs compared with the record: %zu differ;\n"
               "    the same overflow, bitwise; a second replay is %s\n\n",
               replay->dispatched, replay->compared, replay->mismatched, same ? "bitwise identical" : "DIFFERENT");
-  return replay->mismatched == 0 && same ? kExitOk : kExitFinding;
+  if (replay->mismatched != 0 || !same) return kExitFinding;
+
+  std::printf("A4. $ moerr bisect %s --step %lld --precision\n", bundle.c_str(), static_cast<long long>(step));
+  auto precision = replayer::PrecisionBisect(**reader, step);
+  if (!precision.ok()) return ReportError(precision.status());
+  if (!precision->removable) return ReportError(absl::InternalError("upcasting did not remove the overflow"));
+  std::printf("    %zu replays under upcast sets: upcasting these %zu of %zu modules to fp32 removes the overflow\n",
+              precision->trials, precision->modules.size(), precision->candidates.size());
+  for (const std::string& m : precision->modules) {
+    std::printf("      %s%s\n", m.c_str(), m == report->fault.module ? "   <- the injected expert" : "");
+  }
+  std::printf("    (as a policy file for `moerr replay --policy`):\n");
+  for (absl::string_view line : absl::StrSplit(precision->policy.ToText(), '\n', absl::SkipEmpty())) {
+    std::printf("      %s\n", std::string(line).c_str());
+  }
+  std::printf("\n");
+  return kExitOk;
 }
 
 int RunCrashStory(const std::string& dir) {
