@@ -60,11 +60,12 @@ double Load(DType dtype, const std::byte* data, int64_t i) {
   return 0;
 }
 
-// Sign-magnitude float bits made monotonic: consecutive floats differ by 1.
-inline int64_t OrderedBits(float f) {
-  int32_t bits;
+// fp32 bits made monotonic as unsigned integers: consecutive floats differ by
+// one; -0 and +0 coincide.
+inline uint32_t MonotonicBits(float f) {
+  uint32_t bits;
   std::memcpy(&bits, &f, 4);
-  return bits < 0 ? int64_t{std::numeric_limits<int32_t>::min()} - bits : bits;
+  return bits & 0x80000000u ? 0x80000000u - (bits & 0x7fffffffu) : bits + 0x80000000u;
 }
 
 // Position of `v` on the number line of `dtype`, in units in the last place
@@ -78,9 +79,9 @@ int64_t UlpIndex(DType dtype, double v) {
       std::memcpy(&bits, &v, 8);
       return bits < 0 ? std::numeric_limits<int64_t>::min() - bits : bits;
     }
-    case DType::kF32: return OrderedBits(static_cast<float>(v));
-    case DType::kBF16: return OrderedBits(static_cast<float>(v)) >> 16;
-    case DType::kF16: return OrderedBits(static_cast<float>(v)) >> 13;
+    case DType::kF32: return MonotonicBits(static_cast<float>(v));
+    case DType::kBF16: return MonotonicBits(static_cast<float>(v)) >> 16;
+    case DType::kF16: return MonotonicBits(static_cast<float>(v)) >> 13;
     default: return static_cast<int64_t>(v);
   }
 }
@@ -122,14 +123,6 @@ inline void AddPair(double x, double y, DType ulp_dtype, Accumulator& acc) {
     const int64_t u = UlpIndex(ulp_dtype, x) - UlpIndex(ulp_dtype, y);
     acc.max_ulp = std::max<uint64_t>(acc.max_ulp, static_cast<uint64_t>(u < 0 ? -u : u));
   }
-}
-
-// fp32 bits made monotonic as unsigned integers: consecutive floats differ by
-// one; -0 and +0 coincide.
-inline uint32_t MonotonicBits(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  return bits & 0x80000000u ? 0x80000000u - (bits & 0x7fffffffu) : bits + 0x80000000u;
 }
 
 // fp32 against fp32, the common case: 256-element chunks reduced in float

@@ -23,20 +23,6 @@ const TensorMeta* Produced(const formats::Trace& trace, const formats::OpEvent& 
   return meta;
 }
 
-// Uninitialised allocations, and views of them, per trace: never judged.
-absl::flat_hash_set<uint64_t> Uninitialised(const formats::Trace& trace) {
-  absl::flat_hash_set<uint64_t> ids;
-  for (const auto& op : trace.ops) {
-    const bool allocates = formats::AllocatesUninitialised(op.name);
-    for (uint64_t id : op.outputs) {
-      const TensorMeta* meta = id ? trace.Find(id) : nullptr;
-      if (meta == nullptr) continue;
-      if (allocates || (meta->view_of != 0 && ids.contains(meta->view_of))) ids.insert(id);
-    }
-  }
-  return ids;
-}
-
 }  // namespace
 
 Thresholds::Thresholds() {
@@ -67,7 +53,7 @@ absl::StatusOr<DiffReport> DiffTraces(const formats::BundleReader& reader_a, con
                                       const formats::BundleReader& reader_b, const formats::Trace& b, int64_t step_b,
                                       const DiffOptions& options) {
   MOERR_ASSIGN_OR_RETURN(std::vector<AlignedPair> alignment, AlignTraces(a, b, options.max_edits));
-  const absl::flat_hash_set<uint64_t> skip_a = Uninitialised(a), skip_b = Uninitialised(b);
+  const absl::flat_hash_set<uint64_t> skip_a = formats::UninitialisedValues(a), skip_b = formats::UninitialisedValues(b);
   DiffReport report;
   report.ops.reserve(alignment.size());
   for (const AlignedPair& pair : alignment) {

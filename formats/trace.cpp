@@ -64,9 +64,23 @@ absl::StatusOr<Trace> ReadTrace(const BundleReader& reader, int64_t step) {
   return trace;
 }
 
-bool AllocatesUninitialised(absl::string_view name) {
-  return name == "aten::empty" || name == "aten::empty_like" || name == "aten::empty_strided" ||
-         name == "aten::new_empty" || name == "aten::new_empty_strided";
+absl::flat_hash_set<uint64_t> UninitialisedValues(const Trace& trace) {
+  absl::flat_hash_set<uint64_t> allocating;  // seqs of ops that allocate without filling
+  for (const OpEvent& op : trace.ops) {
+    if (op.name == "aten::empty" || op.name == "aten::empty_like" || op.name == "aten::empty_strided" ||
+        op.name == "aten::new_empty" || op.name == "aten::new_empty_strided") {
+      allocating.insert(op.seq);
+    }
+  }
+  absl::flat_hash_set<uint64_t> ids;
+  // First-seen order: a view comes after the value it views.
+  for (const TensorMeta& t : trace.tensors) {
+    if ((t.producer >= 0 && allocating.contains(static_cast<uint64_t>(t.producer))) ||
+        (t.view_of != 0 && ids.contains(t.view_of))) {
+      ids.insert(t.id);
+    }
+  }
+  return ids;
 }
 
 }  // namespace moerr::formats

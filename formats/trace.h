@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "formats/dtype.h"
@@ -87,10 +88,11 @@ struct Trace {
   std::vector<std::pair<uint64_t, uint32_t>> by_id_;
 };
 
-// Ops whose outputs are uninitialised memory (empty, empty_like, ...): their
-// values mean nothing until another op fills them, so neither bisect, replay
-// nor diff judges them, or views of them.
-bool AllocatesUninitialised(absl::string_view op_name);
+// The ids whose values are uninitialised memory: outputs of ops that
+// allocate without filling (empty, empty_like, ...), and views of them. Their
+// values mean nothing until another op writes them (which makes a new id), so
+// neither bisect, replay nor diff judges them.
+absl::flat_hash_set<uint64_t> UninitialisedValues(const Trace& trace);
 
 absl::StatusOr<Trace> ReadTrace(const BundleReader& reader, int64_t step);
 

@@ -1,10 +1,9 @@
 #include "replayer/first_overflow.h"
 
-#include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 
 namespace moerr::replayer {
 
@@ -31,13 +30,22 @@ std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, cons
     const formats::TensorMeta* meta = trace.Find(id);
     return meta == nullptr || meta->fingerprint.Finite();
   };
-  absl::flat_hash_set<uint64_t> uninitialised;  // ids holding uninitialised memory, and views of it
+  const absl::flat_hash_set<uint64_t> uninitialised = formats::UninitialisedValues(trace);
+  // The output of op `j` a trend shows: its first initialised, non-zero one.
+  auto trend_point = [&](size_t j, double limit) -> std::optional<HeadroomPoint> {
+    const formats::OpEvent& op = trace.ops[j];
+    for (uint64_t out : op.outputs) {
+      const formats::TensorMeta* m = out ? trace.Find(out) : nullptr;
+      if (m == nullptr || m->producer != static_cast<int64_t>(op.seq) || uninitialised.contains(out) ||
+          m->fingerprint.abs_max <= 0) {
+        continue;
+      }
+      return HeadroomPoint{j, &op, m->fingerprint.abs_max, std::log2(limit / m->fingerprint.abs_max)};
+    }
+    return std::nullopt;
+  };
   for (size_t i = 0; i < trace.ops.size(); ++i) {
     const formats::OpEvent& op = trace.ops[i];
-    if (formats::AllocatesUninitialised(op.name)) {
-      uninitialised.insert(op.outputs.begin(), op.outputs.end());
-      continue;
-    }
     bool inputs_finite = true;
     for (const formats::OpArg& a : op.args) {
       if (a.kind == formats::OpArg::Kind::kTensor) inputs_finite = inputs_finite && finite(a.i);
@@ -54,11 +62,7 @@ std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, cons
     if (!inputs_finite) continue;
     for (uint64_t id : op.outputs) {
       const formats::TensorMeta* meta = id ? trace.Find(id) : nullptr;
-      if (meta == nullptr || meta->producer != static_cast<int64_t>(op.seq)) continue;
-      if (meta->view_of != 0 && uninitialised.contains(meta->view_of)) {
-        uninitialised.insert(id);
-        continue;
-      }
+      if (meta == nullptr || meta->producer != static_cast<int64_t>(op.seq) || uninitialised.contains(id)) continue;
       const double limit = options.limit > 0 ? options.limit : DTypeMax(meta->dtype);
       const bool beyond = options.fraction > 0 && meta->fingerprint.abs_max > options.fraction * limit;
       if (meta->fingerprint.Finite() && !beyond) continue;
@@ -68,20 +72,13 @@ std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, cons
       }
       // The trend: earlier ops of the same module in the same phase; when
       // there are none (the first backward op of a module), any module's.
-      const bool module_has_earlier = std::any_of(trace.ops.begin(), trace.ops.begin() + i, [&](const auto& o) {
-        return o.module == op.module && o.phase == op.phase && !formats::AllocatesUninitialised(o.name);
-      });
-      for (size_t j = i; j-- > 0 && found.trend.size() < 8;) {
-        const formats::OpEvent& before = trace.ops[j];
-        if (before.phase != op.phase || (module_has_earlier && before.module != op.module)) continue;
-        if (formats::AllocatesUninitialised(before.name)) continue;
-        for (uint64_t out : before.outputs) {
-          const formats::TensorMeta* m = out ? trace.Find(out) : nullptr;
-          if (m == nullptr || m->producer != static_cast<int64_t>(before.seq) || m->fingerprint.abs_max <= 0) continue;
-          found.trend.insert(found.trend.begin(),
-                             HeadroomPoint{j, &before, m->fingerprint.abs_max, std::log2(limit / m->fingerprint.abs_max)});
-          break;
+      for (const bool same_module : {true, false}) {
+        for (size_t j = i; j-- > 0 && found.trend.size() < 8;) {
+          const formats::OpEvent& before = trace.ops[j];
+          if (before.phase != op.phase || (same_module && before.module != op.module)) continue;
+          if (auto point = trend_point(j, limit)) found.trend.insert(found.trend.begin(), *point);
         }
+        if (!found.trend.empty()) break;
       }
       return found;
     }

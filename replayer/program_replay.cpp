@@ -6,10 +6,13 @@
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 
+#include <chrono>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "moe/numerics.h"
 #include "recorder/fingerprint.h"
 #include "recorder/tensor_adapter.h"
 #include "support/status.h"
@@ -46,12 +49,13 @@ at::Tensor Coerce(const at::Tensor& t, const formats::TensorMeta* meta, const Po
   return t.scalar_type() == want ? t : t.to(want);
 }
 
-// Rounds a floating output as a lower-precision device would store it.
+// Rounds a floating output as a lower-precision device would store it; fp16
+// exactly as the reference model's fp16 emulation does.
 at::Tensor Round(const at::Tensor& t, PolicyRule::Action action) {
   if (!t.defined() || !t.is_floating_point()) return t;
   switch (action) {
-    case PolicyRule::Action::kRoundFp16: return t.to(at::kHalf).to(t.scalar_type());
-    case PolicyRule::Action::kRoundFp16Saturate: return t.clamp(-65504.0, 65504.0).to(at::kHalf).to(t.scalar_type());
+    case PolicyRule::Action::kRoundFp16: return moe::RoundToFp16(t, /*saturate=*/false);
+    case PolicyRule::Action::kRoundFp16Saturate: return moe::RoundToFp16(t, /*saturate=*/true);
     case PolicyRule::Action::kRoundBf16: return t.to(at::kBFloat16).to(t.scalar_type());
     default: return t;
   }
@@ -183,12 +187,7 @@ class Replay {
       }
     }
     fingerprints_[id] = fp;
-    // Uninitialised memory, or a view of it: nothing to compare until an op
-    // writes it (which makes a new version, so a new id).
-    if (formats::AllocatesUninitialised(op.name) || (meta->view_of != 0 && uninitialised_.contains(meta->view_of))) {
-      uninitialised_.insert(id);
-      return absl::OkStatus();
-    }
+    if (uninitialised_.contains(id)) return absl::OkStatus();  // nothing to compare
     MOERR_ASSIGN_OR_RETURN(formats::DType dtype, recorder::ToDType(output.scalar_type()));
     report.outputs.push_back(ReplayedOutput{id, dtype, fp.fingerprint});
     ++report.compared;
@@ -259,10 +258,12 @@ class Replay {
       if (autocast) {
         at::autocast::set_autocast_cpu_dtype(recorder::ToScalarType(static_cast<formats::DType>(op.autocast)));
       }
+      const auto start = std::chrono::steady_clock::now();
       const absl::Status called = CatchTorch("dispatch", [&] {
         handle->callBoxed(&stack);
         return absl::OkStatus();
       });
+      report.dispatch_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (!called.ok()) return Annotate(called, where());
       ++report.dispatched;
       // Outputs: tensors and tensor lists, flattened as the recorder did.
@@ -293,7 +294,7 @@ class Replay {
   ReplayOptions options_;
   absl::flat_hash_map<uint64_t, at::Tensor> values_;
   absl::flat_hash_map<uint64_t, recorder::KnownFingerprint> fingerprints_;
-  absl::flat_hash_set<uint64_t> uninitialised_;  // ids whose values are uninitialised memory
+  const absl::flat_hash_set<uint64_t> uninitialised_ = formats::UninitialisedValues(trace_);
   // Dispatcher lookups by "name.overload": a step calls a few hundred
   // distinct operators tens of thousands of times.
   absl::flat_hash_map<std::string, c10::optional<c10::OperatorHandle>> operators_;

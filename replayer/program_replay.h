@@ -79,6 +79,7 @@ struct ReplayReport {
   size_t compared = 0;             // outputs whose fingerprints were compared
   size_t mismatched = 0;
   size_t policy_ops = 0;           // ops a precision policy changed
+  double dispatch_seconds = 0;     // inside the dispatcher: the re-executed ops themselves
   std::optional<Divergence> first_divergence;
   // Every compared output, in execution order (for --check, and for judging
   // a replay under a policy).
