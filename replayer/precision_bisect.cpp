@@ -32,8 +32,8 @@ std::vector<size_t> Without(const std::vector<size_t>& set, const std::vector<si
 }  // namespace
 
 absl::StatusOr<PrecisionBisectResult> PrecisionBisect(const formats::BundleReader& reader, int64_t step,
+                                                      const formats::Trace& trace,
                                                       const PrecisionBisectOptions& options) {
-  MOERR_ASSIGN_OR_RETURN(formats::Trace trace, formats::ReadTrace(reader, step));
   const auto recorded = FindFirstOverflow(trace, options.overflow);
   if (!recorded) return absl::NotFoundError(absl::StrFormat("step %d has no overflowing op to remove", step));
   PrecisionBisectResult result;

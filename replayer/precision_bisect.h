@@ -42,8 +42,10 @@ struct PrecisionBisectResult {
   size_t trials = 0;                 // replays run
 };
 
-// NotFound when the step has no overflow to remove.
+// `trace` is step `step` read from `reader`. NotFound when the step has no
+// overflow to remove.
 absl::StatusOr<PrecisionBisectResult> PrecisionBisect(const formats::BundleReader& reader, int64_t step,
+                                                      const formats::Trace& trace,
                                                       const PrecisionBisectOptions& options = {});
 
 }  // namespace moerr::replayer

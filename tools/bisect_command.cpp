@@ -13,8 +13,9 @@ namespace {
 
 // --precision: replays the step under upcast sets until the smallest one
 // that removes the overflow is found; prints it and writes it as a policy.
-int PrecisionBisect(const formats::BundleReader& reader, int64_t step, const replayer::OverflowOptions& overflow,
-                    const std::string& upcast, const std::string& policy_out, bool json, llvm::json::Array& results) {
+int RunPrecisionBisect(const formats::BundleReader& reader, int64_t step, const formats::Trace& trace,
+                       const replayer::OverflowOptions& overflow, const std::string& upcast,
+                       const std::string& policy_out, bool json, llvm::json::Array& results) {
   replayer::PrecisionBisectOptions options;
   options.overflow = overflow;
   options.upcast = replayer::ParsePolicyAction(upcast).value();
@@ -22,7 +23,7 @@ int PrecisionBisect(const formats::BundleReader& reader, int64_t step, const rep
   options.on_trial = [&](size_t trial, size_t set) {
     progress.Update(static_cast<int64_t>(trial), absl::StrFormat("trial %d, %d modules upcast", trial, set));
   };
-  auto result = replayer::PrecisionBisect(reader, step, options);
+  auto result = replayer::PrecisionBisect(reader, step, trace, options);
   progress.Finish();
   if (!result.ok()) {
     if (result.status().code() != absl::StatusCode::kNotFound) return ReportError(result.status());
@@ -112,20 +113,20 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
     llvm::json::Array results;
     exit_code = kExitOk;
     for (int64_t step : steps) {
+      auto trace = formats::ReadTrace(**reader, step);
+      if (!trace.ok()) {
+        exit_code = ReportError(trace.status());
+        return;
+      }
       if (opts->precision) {
         const int code =
-            PrecisionBisect(**reader, step, options, opts->upcast, opts->policy_out, opts->json, results);
+            RunPrecisionBisect(**reader, step, *trace, options, opts->upcast, opts->policy_out, opts->json, results);
         if (code == kExitError) {
           exit_code = code;
           return;
         }
         exit_code = std::max(exit_code, code);
         continue;
-      }
-      auto trace = formats::ReadTrace(**reader, step);
-      if (!trace.ok()) {
-        exit_code = ReportError(trace.status());
-        return;
       }
       const auto found = replayer::FindFirstOverflow(*trace, options);
       if (!found) {

@@ -150,8 +150,8 @@ int RunModelStory(const std::string& dir) {
               first->op->module == report->fault.module ? "found" : "NOT found");
 
   std::printf("A3. $ moerr replay %s --step %lld --check\n", bundle.c_str(), static_cast<long long>(step));
-  auto replay = replayer::ReplayStep(**reader, step);
-  auto again = replayer::ReplayStep(**reader, step);
+  auto replay = replayer::ReplayTrace(**reader, step, *trace);
+  auto again = replayer::ReplayTrace(**reader, step, *trace);
   if (!replay.ok() || !again.ok()) return ReportError(replay.ok() ? again.status() : replay.status());
   const bool same = replay->outputs == again->outputs;
   std::printf("    %zu ops re-dispatched from the step's leaves, %zu outputs compared with the record: %zu differ;\n"
@@ -160,7 +160,7 @@ int RunModelStory(const std::string& dir) {
   if (replay->mismatched != 0 || !same) return kExitFinding;
 
   std::printf("A4. $ moerr bisect %s --step %lld --precision\n", bundle.c_str(), static_cast<long long>(step));
-  auto precision = replayer::PrecisionBisect(**reader, step);
+  auto precision = replayer::PrecisionBisect(**reader, step, *trace);
   if (!precision.ok()) return ReportError(precision.status());
   if (!precision->removable) return ReportError(absl::InternalError("upcasting did not remove the overflow"));
   std::printf("    %zu replays under upcast sets: upcasting these %zu of %zu modules to fp32 removes the overflow\n",

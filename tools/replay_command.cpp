@@ -59,7 +59,13 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
     }
     exit_code = kExitOk;
     for (int64_t step : steps) {
-      auto report = replayer::ReplayStep(**reader, step, options);
+      auto read = formats::ReadTrace(**reader, step);
+      if (!read.ok()) {
+        exit_code = ReportError(read.status());
+        return;
+      }
+      const formats::Trace& trace = *read;
+      auto report = replayer::ReplayTrace(**reader, step, trace, options);
       if (!report.ok()) {
         exit_code = ReportError(report.status());
         return;
@@ -78,7 +84,6 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
       }
       if (!options.policy.empty()) {
         // Does the policy remove (or cause) an overflow?
-        const formats::Trace trace = formats::ReadTrace(**reader, step).value();
         const formats::Trace replayed = replayer::ReplayedTrace(trace, *report, trace.ops.size());
         const auto recorded = replayer::FindFirstOverflow(trace);
         const auto now = replayer::FindFirstOverflow(replayed);
@@ -95,7 +100,6 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
         std::sort(worst.begin(), worst.end(),
                   [](const auto& x, const auto& y) { return x.metrics.rel_l2 > y.metrics.rel_l2; });
         std::printf("  ops whose own error is largest (relative L2 against the recorded output):\n");
-        const formats::Trace trace = formats::ReadTrace(**reader, step).value();
         for (size_t i = 0; i < std::min<size_t>(worst.size(), 10); ++i) {
           const replayer::OutputError& e = worst[i];
           const formats::OpEvent& op = trace.ops[e.op_index];
@@ -105,7 +109,7 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
         }
       }
       if (opts->check) {
-        auto again = replayer::ReplayStep(**reader, step, options);
+        auto again = replayer::ReplayTrace(**reader, step, trace, options);
         if (!again.ok()) {
           exit_code = ReportError(again.status());
           return;

@@ -64,7 +64,8 @@ TEST(BisectTest, PrecisionBisectRemovesExpertOverflow) {
   auto reader = testing::RecordFaultyStep(dir.File("e.moerr"), moe::FaultKind::kExpertOverflow,
                                           recorder::CaptureMode::kReplayable, fault, finite);
   ASSERT_FALSE(finite);
-  auto result = PrecisionBisect(*reader, 0);
+  const formats::Trace trace = formats::ReadTrace(*reader, 0).value();
+  auto result = PrecisionBisect(*reader, 0, trace);
   ASSERT_TRUE(result.ok()) << result.status();
   ASSERT_TRUE(result->removable);
   EXPECT_EQ(result->module, fault.module);
@@ -74,7 +75,6 @@ TEST(BisectTest, PrecisionBisectRemovesExpertOverflow) {
 
   // Checked independently: under the policy the forward pass has no
   // overflow; without any one of its modules, it has.
-  const formats::Trace trace = formats::ReadTrace(*reader, 0).value();
   size_t end = result->op_index;
   while (end < trace.ops.size() && trace.ops[end].phase == formats::Phase::kForward) ++end;
   auto overflows = [&](const PrecisionPolicy& policy) {
@@ -101,7 +101,7 @@ TEST(BisectTest, PrecisionBisectSaysWhenThereIsNothingToRemove) {
   TempDir dir;
   auto reader = testing::RecordTinySteps(dir.File("ok.moerr"), moe::Precision::kFp32,
                                          recorder::CaptureMode::kReplayable, 1);
-  auto result = PrecisionBisect(*reader, 0);
+  auto result = PrecisionBisect(*reader, 0, formats::ReadTrace(*reader, 0).value());
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound);
 }
