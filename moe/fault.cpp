@@ -23,14 +23,32 @@ constexpr FaultInfo kFaults[] = {
     {FaultKind::kSkipUpdate, "skip-update"},
 };
 
-// The first MoE layer's most used expert on `calibration`: an overflow there
-// reaches every later position through attention, as real ones do.
-std::pair<int64_t, int64_t> BusiestExpert(MoeTransformer& policy, const at::Tensor& calibration) {
+// The first MoE layer's most used expert on `calibration`, and the inputs the
+// router sent it (rows of hidden states): an overflow there reaches every
+// later position through attention, as real ones do.
+struct BusiestExpert {
+  int64_t layer = 0, expert = 0;
+  at::Tensor rows;
+};
+
+BusiestExpert FindBusiestExpert(MoeTransformer& policy, const at::Tensor& calibration) {
   torch::NoGradGuard no_grad;
+  struct Capture : recorder::RoutingObserver {
+    int64_t layer = 0;
+    at::Tensor hidden, topk_ids;
+    void OnRouting(const recorder::RoutingEvent& ev) override {
+      if (ev.layer == layer) hidden = ev.hidden, topk_ids = ev.topk_ids;
+    }
+  } capture;
+  capture.layer = policy->config().first_k_dense;
+  policy->SetRoutingObserver(&capture);
   policy->forward(calibration);
-  const int64_t layer = policy->config().first_k_dense;
-  const int64_t expert = policy->MoeLayers().front()->expert_counts().argmax().item<int64_t>();
-  return {layer, expert};
+  policy->SetRoutingObserver(nullptr);
+  BusiestExpert out;
+  out.layer = capture.layer;
+  out.expert = policy->MoeLayers().front()->expert_counts().argmax().item<int64_t>();
+  out.rows = capture.hidden.index_select(0, at::where(capture.topk_ids.eq(out.expert).any(1))[0]);
+  return out;
 }
 
 }  // namespace
@@ -69,26 +87,13 @@ absl::StatusOr<InjectedFault> InjectFault(FaultKind kind, MoeTransformer& policy
   switch (kind) {
     case FaultKind::kNone: break;
     case FaultKind::kExpertOverflow: {
-      const auto [layer, expert] = BusiestExpert(policy, calibration);
-      MoeLayer moe = policy->MoeLayers().front();
-      Expert e = moe->expert(expert);
-      // The tokens the router sends this expert on the calibration batch ->
-      // the expert's largest output on them; scale down_proj so that output
-      // lands 8x past fp16's range, in the forward pass.
-      struct RoutedInputs : recorder::RoutingObserver {
-        int64_t layer, expert;
-        at::Tensor rows;
-        void OnRouting(const recorder::RoutingEvent& ev) override {
-          if (ev.layer != layer) return;
-          rows = ev.hidden.index_select(0, at::where(ev.topk_ids.eq(expert).any(1))[0]);
-        }
-      } routed;
-      routed.layer = layer;
-      routed.expert = expert;
-      policy->SetRoutingObserver(&routed);
-      policy->forward(calibration);
-      policy->SetRoutingObserver(nullptr);
-      const double peak = e->forward(routed.rows).abs().max().item<double>();
+      const BusiestExpert busiest = FindBusiestExpert(policy, calibration);
+      const int64_t layer = busiest.layer, expert = busiest.expert;
+      Expert e = policy->MoeLayers().front()->expert(expert);
+      // The expert's largest output on the tokens the router sends it on the
+      // calibration batch; scale down_proj so that output lands 8x past
+      // fp16's range, in the forward pass.
+      const double peak = e->forward(busiest.rows).abs().max().item<double>();
       for (auto& p : e->named_parameters()) {
         if (p.key().find(config.family == Family::kMixtral ? "w2" : "down_proj") != std::string::npos) {
           p.value().mul_(8 * kFp16Max / std::max(peak, 1e-6));
