@@ -53,10 +53,7 @@ Bytes Reindex(const Sample& s, const std::function<void(IndexData&)>& edit) {
 
 Bytes RewriteFooter(const Sample& s, const std::function<void(Footer&)>& edit) {
   Bytes b = s.file;
-  Footer f;
-  std::memcpy(&f.index_offset, b.data() + b.size() - kFooterSize + 8, 8);
-  std::memcpy(&f.index_length, b.data() + b.size() - kFooterSize + 16, 8);
-  std::memcpy(&f.index_hash, b.data() + b.size() - kFooterSize + 24, 8);
+  Footer f = DecodeFooter(absl::MakeConstSpan(b).last(kFooterSize)).value();
   edit(f);
   const auto footer = EncodeFooter(f);
   std::memcpy(b.data() + b.size() - kFooterSize, footer.data(), kFooterSize);
