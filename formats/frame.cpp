@@ -81,6 +81,15 @@ std::array<std::byte, kFrameHeaderSize> EncodeFrameHeader(const FrameHeader& h) 
   return out;
 }
 
+std::vector<std::byte> EncodeFrame(FrameKind kind, uint32_t flags, absl::Span<const std::byte> payload) {
+  const uint32_t k = static_cast<uint32_t>(kind);
+  const auto header = EncodeFrameHeader(FrameHeader{k, flags, payload.size(), FrameHash(k, flags, payload)});
+  std::vector<std::byte> frame(kFrameHeaderSize + PaddedLength(payload.size()), std::byte{0});
+  std::memcpy(frame.data(), header.data(), kFrameHeaderSize);
+  std::memcpy(frame.data() + kFrameHeaderSize, payload.data(), payload.size());
+  return frame;
+}
+
 FrameHeader DecodeFrameHeader(absl::Span<const std::byte> bytes) {
   MOERR_CHECK(bytes.size() >= kFrameHeaderSize) << bytes.size();
   return FrameHeader{Get<uint32_t>(&bytes[0]), Get<uint32_t>(&bytes[4]), Get<uint64_t>(&bytes[8]),

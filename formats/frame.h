@@ -12,6 +12,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 #include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
@@ -70,6 +71,10 @@ absl::StatusOr<Superblock> DecodeSuperblock(absl::Span<const std::byte> bytes);
 
 std::array<std::byte, kFrameHeaderSize> EncodeFrameHeader(const FrameHeader& h);
 FrameHeader DecodeFrameHeader(absl::Span<const std::byte> bytes);
+
+// A whole frame (header, payload, zero padding), for a writer that cannot go
+// through FileSink: the recorder's signal handler appends prepared frames.
+std::vector<std::byte> EncodeFrame(FrameKind kind, uint32_t flags, absl::Span<const std::byte> payload);
 
 std::array<std::byte, kFooterSize> EncodeFooter(const Footer& f);
 // Checks magic and the footer's own hash.

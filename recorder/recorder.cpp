@@ -48,13 +48,7 @@ std::vector<std::byte> CrashFrame(int sig) {
                                                               : sig == SIGABRT ? "SIGABRT"
                                                               : sig == SIGBUS  ? "SIGBUS"
                                                                                : "SIGFPE"}};
-  const std::vector<std::byte> payload = formats::EncodeRecord(record);
-  const uint32_t kind = static_cast<uint32_t>(formats::FrameKind::kRecord);
-  const auto header = formats::EncodeFrameHeader({kind, 0, payload.size(), formats::FrameHash(kind, 0, payload)});
-  std::vector<std::byte> frame(header.begin(), header.end());
-  frame.insert(frame.end(), payload.begin(), payload.end());
-  frame.resize(frame.size() + formats::PaddedLength(payload.size()) - payload.size());
-  return frame;
+  return formats::EncodeFrame(formats::FrameKind::kRecord, 0, formats::EncodeRecord(record));
 }
 
 void InstallCrashHandler(int fd) {
