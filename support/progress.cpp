@@ -44,4 +44,12 @@ void Progress::Finish() {
   std::fflush(stderr);
 }
 
+void PhasedProgress::Update(const std::string& phase, int64_t done, int64_t total) {
+  if (!bar_ || phase != phase_) {
+    bar_ = std::make_unique<Progress>(phase, total);
+    phase_ = phase;
+  }
+  bar_->Update(done);
+}
+
 }  // namespace moerr

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -26,6 +27,18 @@ class Progress {
   bool finished_ = false;
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point last_draw_;
+};
+
+// One bar per phase of a long job that reports (phase, done, total): a new
+// bar starts when the phase changes.
+class PhasedProgress {
+ public:
+  void Update(const std::string& phase, int64_t done, int64_t total);
+  void Finish() { bar_.reset(); }
+
+ private:
+  std::string phase_;
+  std::unique_ptr<Progress> bar_;
 };
 
 }  // namespace moerr

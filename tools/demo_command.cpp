@@ -112,13 +112,10 @@ int RunModelStory(const std::string& dir) {
   recorder::RecordOptions record(bundle);
   record.set_mode(recorder::CaptureMode::kReplayable).set_anomaly(2, 10.0).set_overwrite(true);
   RecordingObserver observer(record);
-  std::unique_ptr<Progress> bar;
-  std::string phase;
-  auto report = moe::RunTraining(train, [&](const std::string& p, int64_t done, int64_t total) {
-    if (p != phase) bar = std::make_unique<Progress>(p, total), phase = p;
-    bar->Update(done);
-  }, &observer);
-  bar.reset();
+  PhasedProgress progress;
+  auto report = moe::RunTraining(
+      train, [&](const std::string& p, int64_t done, int64_t total) { progress.Update(p, done, total); }, &observer);
+  progress.Finish();
   if (!report.ok()) return ReportError(report.status());
   std::printf("    warm-up: accuracy %.1f%% on 256 held-out sums\n", 100 * report->warmup.accuracy);
   std::printf("    fault: %s\n", report->fault.description.c_str());

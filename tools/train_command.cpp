@@ -104,16 +104,11 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
       }
       observer = std::make_unique<RecordingObserver>(std::move(record));
     }
-    std::unique_ptr<Progress> bar;
-    std::string phase;
-    auto report = moe::RunTraining(o.train, [&](const std::string& p, int64_t done, int64_t total) {
-      if (p != phase) {
-        bar = std::make_unique<Progress>(p, total);
-        phase = p;
-      }
-      bar->Update(done);
-    }, observer.get());
-    bar.reset();
+    PhasedProgress progress;
+    auto report = moe::RunTraining(
+        o.train, [&](const std::string& p, int64_t done, int64_t total) { progress.Update(p, done, total); },
+        observer.get());
+    progress.Finish();
     if (!report.ok()) {
       exit_code = ReportError(report.status());
       return;
