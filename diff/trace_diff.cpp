@@ -1,7 +1,6 @@
 #include "diff/trace_diff.h"
 
 #include <algorithm>
-#include <cstdlib>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
@@ -53,7 +52,8 @@ absl::StatusOr<DiffReport> DiffTraces(const formats::BundleReader& reader_a, con
                                       const formats::BundleReader& reader_b, const formats::Trace& b, int64_t step_b,
                                       const DiffOptions& options) {
   MOERR_ASSIGN_OR_RETURN(std::vector<AlignedPair> alignment, AlignTraces(a, b, options.max_edits));
-  const absl::flat_hash_set<uint64_t> skip_a = formats::UninitialisedValues(a), skip_b = formats::UninitialisedValues(b);
+  const absl::flat_hash_set<uint64_t> skip_a = formats::UninitialisedValues(a);
+  const absl::flat_hash_set<uint64_t> skip_b = formats::UninitialisedValues(b);
   DiffReport report;
   report.ops.reserve(alignment.size());
   for (const AlignedPair& pair : alignment) {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <map>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "replayer/program_replay.h"
 #include "support/status.h"
