@@ -137,6 +137,20 @@ absl::StatusOr<Record> BundleReader::ReadRecord(const RecordRef& ref) const {
   return DecodeRecord(payload, ref.offset, limits_);
 }
 
+absl::StatusOr<llvm::json::Value> BundleReader::ReadAnnotation(absl::string_view key, int64_t step) const {
+  std::optional<llvm::json::Value> found;
+  for (const RecordRef& ref : index_.records) {
+    if (ref.kind != static_cast<uint16_t>(RecordKind::kAnnotation) || ref.step != step) continue;
+    MOERR_ASSIGN_OR_RETURN(Record record, ReadRecord(ref));
+    if (record.key == key) found = std::move(record.value);
+  }
+  if (!found) {
+    return absl::NotFoundError(step < 0 ? absl::StrFormat("no annotation \"%s\"", key)
+                                        : absl::StrFormat("no annotation \"%s\" at step %d", key, step));
+  }
+  return *std::move(found);
+}
+
 std::vector<int64_t> BundleReader::CompleteSteps() const {
   std::vector<int64_t> steps;
   for (const RecordRef& r : index_.records) {

@@ -45,6 +45,9 @@ class BundleReader {
   absl::StatusOr<OwnedTensor> ReadTensor(absl::string_view name, int64_t step = -1) const;
   absl::StatusOr<OwnedTensor> ReadBlob(uint32_t blob) const;
   absl::StatusOr<Record> ReadRecord(const RecordRef& ref) const;
+  // The value of the last annotation `key` of `step` (-1: step-less);
+  // NotFound when there is none.
+  absl::StatusOr<llvm::json::Value> ReadAnnotation(absl::string_view key, int64_t step = -1) const;
   // Steps whose stepEnd record is in the bundle, ascending.
   std::vector<int64_t> CompleteSteps() const;
 

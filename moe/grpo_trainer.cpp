@@ -5,11 +5,72 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/nn/utils/clip_grad.h>
 
-#include <cmath>
+#include <c10/util/string_utils.h>
 
+#include <cmath>
+#include <sstream>
+
+#include "moe/checkpoint.h"
 #include "moe/warmup.h"
+#include "recorder/tensor_adapter.h"
+#include "support/json_fields.h"
+#include "support/status.h"
+#include "support/torch_boundary.h"
 
 namespace moerr::moe {
+
+llvm::json::Object ToJson(const GrpoOptions& o) {
+  return llvm::json::Object{{"prompts", o.prompts},
+          {"group_size", o.group_size},
+          {"temperature", o.temperature},
+          {"clip_eps", o.clip_eps},
+          {"kl_coef", o.kl_coef},
+          {"lr", o.lr},
+          {"weight_decay", o.weight_decay},
+          {"max_grad_norm", o.max_grad_norm},
+          {"aux_loss_coef", o.aux_loss_coef},
+          {"precision", PrecisionName(o.numerics.precision)},
+          {"fp16_saturate", o.numerics.saturate},
+          {"rollout_precision", PrecisionName(o.rollout_numerics.precision)},
+          {"rollout_fp16_saturate", o.rollout_numerics.saturate},
+          {"initial_loss_scale", o.initial_loss_scale},
+          {"scale_growth_interval", o.scale_growth_interval},
+          {"naive_fp16_softmax", o.naive_fp16_softmax},
+          {"skip_update", o.skip_update}};
+}
+
+absl::StatusOr<GrpoOptions> GrpoOptionsFromJson(const llvm::json::Object& json) {
+  GrpoOptions o;
+  std::string precision, rollout_precision;
+  JsonFields f(json, "GRPO options");
+  f.Get("prompts", o.prompts);
+  f.Get("group_size", o.group_size);
+  f.Get("temperature", o.temperature);
+  f.Get("clip_eps", o.clip_eps);
+  f.Get("kl_coef", o.kl_coef);
+  f.Get("lr", o.lr);
+  f.Get("weight_decay", o.weight_decay);
+  f.Get("max_grad_norm", o.max_grad_norm);
+  f.Get("aux_loss_coef", o.aux_loss_coef);
+  f.Get("precision", precision);
+  f.Get("fp16_saturate", o.numerics.saturate);
+  f.Get("rollout_precision", rollout_precision);
+  f.Get("rollout_fp16_saturate", o.rollout_numerics.saturate);
+  f.Get("initial_loss_scale", o.initial_loss_scale);
+  f.Get("scale_growth_interval", o.scale_growth_interval);
+  f.Get("naive_fp16_softmax", o.naive_fp16_softmax);
+  f.Get("skip_update", o.skip_update);
+  MOERR_RETURN_IF_ERROR(f.status());
+  MOERR_ASSIGN_OR_RETURN(o.numerics.precision, ParsePrecision(precision));
+  MOERR_ASSIGN_OR_RETURN(o.rollout_numerics.precision, ParsePrecision(rollout_precision));
+  if (o.prompts < 1 || o.group_size < 2 || o.scale_growth_interval < 1 || !(o.temperature > 0) || !(o.lr >= 0) ||
+      !(o.weight_decay >= 0)) {
+    return absl::InvalidArgumentError(
+        "GRPO options: prompts >= 1, group_size >= 2, scale_growth_interval >= 1, temperature > 0, lr >= 0 and "
+        "weight_decay >= 0 are required");
+  }
+  return o;
+}
 
 GrpoTrainer::GrpoTrainer(MoeTransformer policy, MoeTransformer reference, AdditionTask task, GrpoOptions options,
                          uint64_t seed)
@@ -23,6 +84,93 @@ GrpoTrainer::GrpoTrainer(MoeTransformer policy, MoeTransformer reference, Additi
   for (auto& p : reference_->parameters()) p.set_requires_grad(false);
   optimizer_ = std::make_unique<torch::optim::AdamW>(
       policy_->parameters(), torch::optim::AdamWOptions(options.lr).weight_decay(options.weight_decay));
+}
+
+namespace {
+
+// The optimizer's key for a parameter's state (LibTorch's own convention).
+std::string StateKey(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+// `tensors` entries named "PREFIX/NAME", by NAME.
+std::map<std::string, formats::TensorView> WithPrefix(const std::map<std::string, formats::TensorView>& tensors,
+                                                      const std::string& prefix) {
+  std::map<std::string, formats::TensorView> out;
+  for (auto it = tensors.lower_bound(prefix); it != tensors.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+    out.emplace(it->first.substr(prefix.size()), it->second);
+  }
+  return out;
+}
+
+}  // namespace
+
+TrainerState GrpoTrainer::SaveState() const {
+  TrainerState state;
+  std::ostringstream rng;
+  rng << rng_;
+  llvm::json::Object adam_steps;
+  for (const auto& [name, t] : policy_->NamedTensors()) state.tensors.emplace_back("policy/" + name, t);
+  for (const auto& [name, t] : reference_->NamedTensors()) state.tensors.emplace_back("reference/" + name, t);
+  for (const auto& p : policy_->named_parameters()) {
+    auto it = optimizer_->state().find(StateKey(p.value()));
+    if (it == optimizer_->state().end()) continue;
+    const auto& adam = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+    state.tensors.emplace_back("exp_avg/" + p.key(), adam.exp_avg());
+    state.tensors.emplace_back("exp_avg_sq/" + p.key(), adam.exp_avg_sq());
+    adam_steps[p.key()] = adam.step();
+  }
+  state.scalars = llvm::json::Object{{"step", step_},
+                   {"seed", static_cast<int64_t>(seed_)},
+                   {"loss_scale", loss_scale_},
+                   {"good_steps", good_steps_},
+                   {"rng", rng.str()},
+                   {"adam_step", std::move(adam_steps)}};
+  return state;
+}
+
+absl::Status GrpoTrainer::RestoreState(const llvm::json::Object& scalars,
+                                       const std::map<std::string, formats::TensorView>& tensors) {
+  int64_t step = 0, seed = 0, good_steps = 0;
+  double loss_scale = 1;
+  std::string rng_text;
+  JsonFields f(scalars, "trainer state");
+  f.Get("step", step);
+  f.Get("seed", seed);
+  f.Get("loss_scale", loss_scale);
+  f.Get("good_steps", good_steps);
+  f.Get("rng", rng_text);
+  const llvm::json::Object* adam_steps = f.GetObject("adam_step");
+  MOERR_RETURN_IF_ERROR(f.status());
+  std::mt19937_64 rng;
+  std::istringstream in(rng_text);
+  if (!(in >> rng)) return absl::InvalidArgumentError("trainer state: \"rng\" is not a std::mt19937_64 state");
+  MOERR_RETURN_IF_ERROR(Annotate(LoadWeights(policy_, WithPrefix(tensors, "policy/")), "policy"));
+  MOERR_RETURN_IF_ERROR(Annotate(LoadWeights(reference_, WithPrefix(tensors, "reference/")), "reference"));
+  const auto exp_avg = WithPrefix(tensors, "exp_avg/"), exp_avg_sq = WithPrefix(tensors, "exp_avg_sq/");
+  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::AdamWParamState>>> moments;
+  for (const auto& p : policy_->named_parameters()) {
+    auto a = exp_avg.find(p.key()), b = exp_avg_sq.find(p.key());
+    auto n = adam_steps->getInteger(p.key());
+    if (a == exp_avg.end() && b == exp_avg_sq.end() && !n) continue;  // no update yet
+    if (a == exp_avg.end() || b == exp_avg_sq.end() || !n || *n < 1) {
+      return absl::InvalidArgumentError("trainer state: incomplete Adam state for " + p.key());
+    }
+    if (a->second.shape != p.value().sizes().vec() || b->second.shape != p.value().sizes().vec()) {
+      return absl::InvalidArgumentError("trainer state: Adam moments of " + p.key() + " do not fit its shape");
+    }
+    auto adam = std::make_unique<torch::optim::AdamWParamState>();
+    adam->step(*n);
+    adam->exp_avg(recorder::ToTensor(a->second).to(p.value().scalar_type()));
+    adam->exp_avg_sq(recorder::ToTensor(b->second).to(p.value().scalar_type()));
+    moments.emplace_back(StateKey(p.value()), std::move(adam));
+  }
+  optimizer_->state().clear();
+  for (auto& [key, adam] : moments) optimizer_->state()[key] = std::move(adam);
+  step_ = step;
+  seed_ = static_cast<uint64_t>(seed);
+  loss_scale_ = loss_scale;
+  good_steps_ = good_steps;
+  rng_ = rng;
+  return absl::OkStatus();
 }
 
 StepMetrics GrpoTrainer::Step() {
@@ -94,10 +242,9 @@ StepMetrics GrpoTrainer::Step() {
   }
 
   // Backward, loss scaling, update.
-  {
-    RECORD_USER_SCOPE("optimizer");
-    optimizer_->zero_grad();
-  }
+  // Gradients are dropped, not zeroed (PyTorch 2's set_to_none): backward
+  // writes fresh ones, and the step reads nothing of the last one's.
+  for (at::Tensor& p : policy_->parameters()) p.mutable_grad().reset();
   {
     NumericsScope scope(options_.numerics);
     (loss * loss_scale_).backward();

@@ -13,8 +13,16 @@
 #include <torch/optim/adamw.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "formats/tensor_view.h"
+#include "llvm/Support/JSON.h"
 
 #include "moe/addition_task.h"
 #include "moe/moe_transformer.h"
@@ -42,6 +50,22 @@ struct GrpoOptions {
   bool skip_update = false;
 };
 
+// Every field, and back; a missing or mistyped field is an error naming it.
+llvm::json::Object ToJson(const GrpoOptions& options);
+absl::StatusOr<GrpoOptions> GrpoOptionsFromJson(const llvm::json::Object& json);
+
+// Everything Step() reads besides the options: a state taken at a step's
+// start and restored into a trainer of the same options and model config
+// makes that step repeat bitwise. Model replay is built on it.
+struct TrainerState {
+  // step, seed, loss_scale, good_steps, rng (the batch sampler's
+  // std::mt19937_64 as its operator<< writes it), adam_step {NAME: n}.
+  llvm::json::Object scalars;
+  // "policy/NAME", "reference/NAME", "exp_avg/NAME", "exp_avg_sq/NAME" by the
+  // models' HF names. They alias the live tensors: copy them before Step().
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+};
+
 struct StepMetrics {
   int64_t step = 0;
   double loss = 0;
@@ -63,7 +87,15 @@ class GrpoTrainer {
 
   StepMetrics Step();
 
+  TrainerState SaveState() const;
+  // `tensors` by TrainerState's names. Weights are copied into the models in
+  // place (the optimizer keeps its parameters); Adam moments are replaced.
+  absl::Status RestoreState(const llvm::json::Object& scalars,
+                            const std::map<std::string, formats::TensorView>& tensors);
+
   MoeTransformer& policy() { return policy_; }
+  MoeTransformer& reference() { return reference_; }
+  const MoeTransformer& policy() const { return policy_; }
   torch::optim::AdamW& optimizer() { return *optimizer_; }
   const GrpoOptions& options() const { return options_; }
   double loss_scale() const { return loss_scale_; }

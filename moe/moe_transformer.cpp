@@ -89,6 +89,10 @@ void MoeTransformerImpl::SetRoutingObserver(recorder::RoutingObserver* observer)
   for (MoeLayer& m : MoeLayers()) m->gate()->set_observer(observer);
 }
 
+void MoeTransformerImpl::SetRoutingSource(recorder::RoutingSource* source) {
+  for (MoeLayer& m : MoeLayers()) m->gate()->set_source(source);
+}
+
 std::vector<std::pair<std::string, at::Tensor>> MoeTransformerImpl::NamedTensors() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& p : named_parameters()) out.emplace_back(p.key(), p.value());

@@ -57,6 +57,7 @@ class MoeTransformerImpl : public torch::nn::Module {
   // Sum of the MoE layers' load-balancing losses of the last forward.
   at::Tensor AuxLoss() const;
   void SetRoutingObserver(recorder::RoutingObserver* observer);
+  void SetRoutingSource(recorder::RoutingSource* source);  // null: route live
   // Parameters and buffers by HF name, in registration order.
   std::vector<std::pair<std::string, at::Tensor>> NamedTensors() const;
 

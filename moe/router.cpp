@@ -39,14 +39,15 @@ RouterOutput RouterImpl::forward(const at::Tensor& x) {
     scores = at::sigmoid(out.logits);
     out.probs = scores / scores.sum(-1, /*keepdim=*/true);
   }
-  if (forced_ids_.defined()) {
-    MOERR_CHECK(forced_ids_.size(0) == x.size(0) && forced_ids_.size(1) == config_.top_k)
-        << "forced routing for " << forced_ids_.sizes() << " at layer " << layer_ << ", tokens " << x.size(0);
-    out.topk_ids = forced_ids_;
-  } else if (config_.router == RouterKind::kSoftmaxTopK) {
+  if (config_.router == RouterKind::kSoftmaxTopK) {
     out.topk_ids = std::get<1>(scores.topk(config_.top_k, -1));
   } else {
     out.topk_ids = SelectGrouped(scores.detach() + e_score_correction_bias);
+  }
+  if (source_ != nullptr) {
+    out.topk_ids = source_->Route(layer_, out.topk_ids, config_.num_experts);
+    MOERR_CHECK(out.topk_ids.sizes() == at::IntArrayRef({x.size(0), config_.top_k}))
+        << "routing source gave " << out.topk_ids.sizes() << " at layer " << layer_;
   }
   at::Tensor w = scores.gather(1, out.topk_ids);
   if (config_.norm_topk_prob) w = w / (w.sum(-1, /*keepdim=*/true) + 1e-20);

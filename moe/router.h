@@ -4,8 +4,8 @@
 //                   keep the topk_group groups with the best top-2 sums; top-k
 //                   of choice within them; weights from s (renormalised), times
 //                   routed_scaling_factor.
-// Routing replay: ForceRouting(ids) makes the next forwards use `ids` as the
-// choice; weights still come from the live logits, so gradients flow.
+// Routing replay: a RoutingSource may replace the choice per call; the weights
+// still come from the live scores, so gradients flow.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -31,9 +31,8 @@ class RouterImpl : public torch::nn::Module {
   RouterOutput forward(const at::Tensor& x);  // x [T, hidden]
 
   void set_observer(recorder::RoutingObserver* observer) { observer_ = observer; }
+  void set_source(recorder::RoutingSource* source) { source_ = source; }
   int64_t layer() const { return layer_; }
-  // `ids` [T, k] int64 for the next forwards; an undefined tensor releases.
-  void ForceRouting(at::Tensor ids) { forced_ids_ = std::move(ids); }
 
   at::Tensor weight;                   // [E, hidden]
   at::Tensor e_score_correction_bias;  // [E], DeepSeek-V3 only (a buffer)
@@ -45,7 +44,7 @@ class RouterImpl : public torch::nn::Module {
   int64_t layer_;
   std::string path_;
   recorder::RoutingObserver* observer_ = nullptr;
-  at::Tensor forced_ids_;
+  recorder::RoutingSource* source_ = nullptr;
 };
 TORCH_MODULE(Router);
 

@@ -72,7 +72,7 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
     GrpoTrainer trainer(policy, reference, task, grpo, options.seed);
     std::ofstream metrics(report.metrics_path, std::ios::trunc);
     if (!metrics) return absl::InternalError("cannot write " + report.metrics_path);
-    if (observer) MOERR_RETURN_IF_ERROR(observer->OnStart(policy, reference, grpo));
+    if (observer) MOERR_RETURN_IF_ERROR(observer->OnStart(trainer));
     for (int64_t i = 0; i < options.steps; ++i) {
       if (observer) MOERR_RETURN_IF_ERROR(observer->BeforeStep(i));
       report.steps.push_back(trainer.Step());

@@ -45,7 +45,8 @@ class TrainObserver {
  public:
   virtual ~TrainObserver() = default;
   // After warm-up and fault injection, before the first RL step.
-  virtual absl::Status OnStart(MoeTransformer& policy, MoeTransformer& reference, const GrpoOptions& options) = 0;
+  // `trainer` outlives the observer's use of it (until OnFinish).
+  virtual absl::Status OnStart(GrpoTrainer& trainer) = 0;
   virtual absl::Status BeforeStep(int64_t step) = 0;
   virtual absl::Status AfterStep(const StepMetrics& metrics, double loss_scale) = 0;
   virtual absl::Status OnFinish() = 0;

@@ -78,6 +78,7 @@ class Recorder : public TraceSink, public RoutingObserver {
   // Steps written so far; for kAnomaly, the step that triggered (-1: none).
   const std::vector<int64_t>& written_steps() const { return written_; }
   const std::string& path() const { return options_.path; }
+  CaptureMode mode() const { return options_.mode; }
   int64_t anomaly_step() const { return anomaly_step_; }
   uint64_t ops_recorded() const { return tracer_ ? tracer_->ops_recorded() : ops_at_stop_; }
   const formats::WriteStats& write_stats() const { return writer_->stats(); }

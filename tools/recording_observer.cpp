@@ -1,28 +1,25 @@
 #include "tools/recording_observer.h"
 
+#include "replayer/model_replay.h"
 #include "support/status.h"
 
 namespace moerr::tools {
 
-absl::Status RecordingObserver::OnStart(moe::MoeTransformer& policy, moe::MoeTransformer& reference,
-                                        const moe::GrpoOptions& grpo) {
+absl::Status RecordingObserver::OnStart(moe::GrpoTrainer& trainer) {
   auto rec = recorder::Recorder::Start(options_);
   if (!rec.ok()) return rec.status();
   rec_ = std::move(*rec);
-  std::vector<std::pair<std::string, at::Tensor>> named = policy->NamedTensors();
-  for (auto& [name, t] : reference->NamedTensors()) named.emplace_back("reference." + name, t);
+  trainer_ = &trainer;
+  std::vector<std::pair<std::string, at::Tensor>> named = trainer.policy()->NamedTensors();
+  for (auto& [name, t] : trainer.reference()->NamedTensors()) named.emplace_back("reference." + name, t);
   rec_->NameTensors(named);
-  policy->SetRoutingObserver(rec_.get());
-  policy_ = policy;
-  MOERR_RETURN_IF_ERROR(rec_->Annotate("model_config", moe::ToHfConfig(policy->config())));
-  return rec_->Annotate("optimizer",
-                        llvm::json::Object{{"name", "AdamW"},
-                                           {"lr", grpo.lr},
-                                           {"weight_decay", grpo.weight_decay},
-                                           {"max_grad_norm", grpo.max_grad_norm},
-                                           {"clip_eps", grpo.clip_eps},
-                                           {"kl_coef", grpo.kl_coef},
-                                           {"precision", moe::PrecisionName(grpo.numerics.precision)}});
+  trainer.policy()->SetRoutingObserver(rec_.get());
+  return replayer::RecordTrainerStart(*rec_, trainer);
+}
+
+absl::Status RecordingObserver::BeforeStep(int64_t step) {
+  MOERR_RETURN_IF_ERROR(rec_->StepBegin(step));
+  return replayer::RecordTrainerStep(*rec_, *trainer_);
 }
 
 absl::Status RecordingObserver::AfterStep(const moe::StepMetrics& m, double loss_scale) {
@@ -32,7 +29,7 @@ absl::Status RecordingObserver::AfterStep(const moe::StepMetrics& m, double loss
 }
 
 absl::Status RecordingObserver::OnFinish() {
-  policy_->SetRoutingObserver(nullptr);
+  trainer_->policy()->SetRoutingObserver(nullptr);
   return rec_->Stop();
 }
 

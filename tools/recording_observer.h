@@ -9,15 +9,14 @@
 
 namespace moerr::tools {
 
-// Records the RL steps of a run: the model, options and step outcomes go into
-// the bundle next to the trace.
+// Records the RL steps of a run: the model, options, trainer state (for model
+// replay) and step outcomes go into the bundle next to the trace.
 class RecordingObserver : public moe::TrainObserver {
  public:
   explicit RecordingObserver(recorder::RecordOptions options) : options_(std::move(options)) {}
 
-  absl::Status OnStart(moe::MoeTransformer& policy, moe::MoeTransformer& reference,
-                       const moe::GrpoOptions& grpo) override;
-  absl::Status BeforeStep(int64_t step) override { return rec_->StepBegin(step); }
+  absl::Status OnStart(moe::GrpoTrainer& trainer) override;
+  absl::Status BeforeStep(int64_t step) override;
   absl::Status AfterStep(const moe::StepMetrics& m, double loss_scale) override;
   absl::Status OnFinish() override;
   const recorder::Recorder& recorder() const { return *rec_; }
@@ -26,7 +25,7 @@ class RecordingObserver : public moe::TrainObserver {
  private:
   recorder::RecordOptions options_;
   std::unique_ptr<recorder::Recorder> rec_;
-  moe::MoeTransformer policy_{nullptr};
+  moe::GrpoTrainer* trainer_ = nullptr;
 };
 
 }  // namespace moerr::tools

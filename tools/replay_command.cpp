@@ -1,9 +1,15 @@
+#include <unistd.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "absl/strings/str_format.h"
+#include "diff/trace_diff.h"
 #include "formats/bundle_reader.h"
 #include "replayer/first_overflow.h"
+#include "replayer/model_replay.h"
 #include "replayer/program_replay.h"
 #include "tools/command.h"
 
@@ -15,14 +21,70 @@ std::string Describe(const formats::Fingerprint& f) {
                          f.abs_max, f.l2, f.nan, f.pos_inf, f.neg_inf, f.hash);
 }
 
+std::string Where(const formats::OpEvent& op) {
+  return absl::StrFormat("%s (%s, %s)", op.name, op.module.empty() ? "no module" : op.module,
+                         formats::PhaseName(op.phase));
+}
+
+// `moerr replay --model`: runs the step again on a rebuilt model, records it
+// to `out` and compares it op by op with the record. Returns the exit code.
+int ModelReplay(const formats::BundleReader& reader, int64_t step, replayer::ModelReplayOptions options) {
+  auto report = replayer::ReplayModelStep(reader, step, options);
+  if (!report.ok()) return ReportError(report.status());
+  std::printf("step %lld: model replay in %.2f s; routing %s: %lld of %lld decisions from the record",
+              static_cast<long long>(step), report->seconds, options.routing_replay ? "replayed" : "live",
+              static_cast<long long>(report->forced), static_cast<long long>(report->decisions));
+  if (report->slots > 0) {
+    std::printf("; the live router picks the recorded expert in %.2f%% of %lld token slots",
+                100.0 * report->live_agree / report->slots, static_cast<long long>(report->slots));
+  }
+  std::printf("\n");
+  if (!report->routing_problem.empty()) std::printf("  routing: %s\n", report->routing_problem.c_str());
+  const moe::StepMetrics& m = report->metrics;
+  const llvm::json::Object& r = report->recorded_metrics;
+  auto row = [&](const char* name, double replayed) {
+    // MetricsToJson writes non-finite values as "nan", "inf", "-inf".
+    std::string recorded = "-";
+    if (const llvm::json::Value* v = r.get(name)) {
+      if (auto n = v->getAsNumber()) recorded = absl::StrFormat("%.9g", *n);
+      if (auto s = v->getAsString()) recorded = s->str();
+    }
+    std::printf("  %-10s recorded %-16s replayed %s\n", name, recorded.c_str(),
+                std::isnan(replayed) ? "nan" : absl::StrFormat("%.9g", replayed).c_str());
+  };
+  row("loss", m.loss);
+  row("grad_norm", m.grad_norm);
+  row("reward", m.reward);
+  row("kl", m.kl);
+
+  auto replay = formats::BundleReader::Open(options.record_path);
+  if (!replay.ok()) return ReportError(replay.status());
+  auto a = formats::ReadTrace(reader, step);
+  if (!a.ok()) return ReportError(a.status());
+  auto b = formats::ReadTrace(**replay, step);
+  if (!b.ok()) return ReportError(b.status());
+  diff::DiffOptions diff_options;
+  diff_options.compare_bytes = false;  // the replay is recorded with fingerprints only
+  auto d = diff::DiffTraces(reader, *a, step, **replay, *b, step, diff_options);
+  if (!d.ok()) return ReportError(d.status());
+  std::printf("  op by op: %zu ops aligned, %zu only in the record, %zu only in the replay, %zu diverged\n",
+              d->matched, d->only_a, d->only_b, d->diverged_ops);
+  if (d->first_divergence) {
+    const diff::OpDiff& first = d->ops[*d->first_divergence];
+    std::printf("  first divergence: op %lld %s, error %.3g\n", static_cast<long long>(first.a),
+                Where(a->ops[first.a]).c_str(), first.error);
+  }
+  return d->diverged_ops > 0 || d->only_a + d->only_b > 0 ? kExitFinding : kExitOk;
+}
+
 }  // namespace
 
 void AddReplayCommand(CLI::App& app, int& exit_code) {
   struct Options {
     std::string bundle;
     std::vector<int64_t> steps;
-    bool check = false, isolated = false;
-    std::string policy;
+    bool check = false, isolated = false, model = false, live_routing = false;
+    std::string policy, precision, out;
   };
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
@@ -33,6 +95,13 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--check", opts->check, "Replay twice and demand bitwise equal results (determinism)");
   cmd->add_flag("--isolated", opts->isolated,
                 "Run each op on its recorded inputs, so each op's error is its own (full bundles)");
+  cmd->add_flag("--model", opts->model,
+                "Model replay: rebuild the reference model and trainer from the bundle's state (replayable or full "
+                "bundles of `moerr train --record`), force the recorded routing, run the step again and compare it "
+                "op by op with the record");
+  cmd->add_flag("--live-routing", opts->live_routing, "With --model: let the routers choose instead of the record");
+  cmd->add_option("--precision", opts->precision, "With --model: train and roll out in fp32, bf16 or fp16-emu");
+  cmd->add_option("--out", opts->out, "With --model: keep the replayed step's recording here");
   cmd->add_option("--policy", opts->policy,
                   "Precision policy file: lines \"module:PATH|tree:PATH|op:NAME fp32|fp64|round-fp16|"
                   "round-fp16-sat|round-bf16\"");
@@ -58,6 +127,39 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
       return;
     }
     exit_code = kExitOk;
+    if (opts->model) {
+      if (opts->isolated || opts->check || !opts->policy.empty()) {
+        exit_code = ReportError(absl::InvalidArgumentError("--model does not combine with --isolated, --check or --policy"));
+        return;
+      }
+      if (!opts->out.empty() && steps.size() != 1) {
+        exit_code = ReportError(absl::InvalidArgumentError("--out keeps one step's replay: pass one --step"));
+        return;
+      }
+      replayer::ModelReplayOptions model;
+      model.routing_replay = !opts->live_routing;
+      if (!opts->precision.empty()) {
+        auto precision = moe::ParsePrecision(opts->precision);
+        if (!precision.ok()) {
+          exit_code = ReportError(precision.status());
+          return;
+        }
+        model.numerics = moe::Numerics{*precision, false};
+      }
+      for (int64_t step : steps) {
+        const bool keep = !opts->out.empty();
+        model.record_path = keep ? opts->out
+                                 : (std::filesystem::temp_directory_path() /
+                                    absl::StrFormat("moerr-model-replay-%d-%d.moerr", ::getpid(), step))
+                                       .string();
+        model.overwrite = !keep;
+        const int code = ModelReplay(**reader, step, model);
+        if (!keep) std::filesystem::remove(model.record_path);
+        exit_code = std::max(exit_code, code);
+        if (code == kExitError) return;
+      }
+      return;
+    }
     for (int64_t step : steps) {
       auto read = formats::ReadTrace(**reader, step);
       if (!read.ok()) {

@@ -106,16 +106,12 @@ TEST(BundleTest, StepsAnnotationsAndCompression) {
   MakeSampleBundle(dir.File("b.moerr"));
   auto reader = BundleReader::Open(dir.File("b.moerr")).value();
   EXPECT_EQ(reader->CompleteSteps(), (std::vector<int64_t>{0, 1}));
-  bool found = false;
-  for (const RecordRef& ref : reader->index().records) {
-    if (ref.kind != static_cast<uint16_t>(RecordKind::kAnnotation)) continue;
-    auto record = reader->ReadRecord(ref).value();
-    EXPECT_EQ(record.key, "model");
-    EXPECT_EQ(*record.value.getAsObject()->getInteger("layers"), 2);
-    EXPECT_EQ(record.value.getAsObject()->getString("name")->str(), "tiny");
-    found = true;
-  }
-  EXPECT_TRUE(found);
+  auto model = reader->ReadAnnotation("model");
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ(*model->getAsObject()->getInteger("layers"), 2);
+  EXPECT_EQ(model->getAsObject()->getString("name")->str(), "tiny");
+  EXPECT_EQ(reader->ReadAnnotation("model", 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(reader->ReadAnnotation("absent").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(BundleTest, WeightLikeBf16Compresses) {

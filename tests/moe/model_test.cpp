@@ -78,10 +78,20 @@ TEST(RouterTest, ForcedRoutingUsesGivenIdsAndKeepsGradients) {
   torch::manual_seed(4);
   MoeConfig config = Tiny(Family::kQwen3Moe);
   Router router(config, 0, "r");
-  const at::Tensor ids = at::tensor({0, 1, 2, 3, 4, 5}, at::kLong).view({3, 2});
-  router->ForceRouting(ids);
+  struct Fixed : recorder::RoutingSource {
+    at::Tensor ids = at::tensor({0, 1, 2, 3, 4, 5}, at::kLong).view({3, 2});
+    int64_t layer = -1, experts = 0;
+    at::Tensor Route(int64_t l, const at::Tensor&, int64_t num_experts) override {
+      layer = l;
+      experts = num_experts;
+      return ids;
+    }
+  } source;
+  router->set_source(&source);
   const RouterOutput r = router->forward(at::randn({3, config.hidden_size}));
-  EXPECT_TRUE(r.topk_ids.equal(ids));
+  EXPECT_TRUE(r.topk_ids.equal(source.ids));
+  EXPECT_EQ(source.layer, 0);
+  EXPECT_EQ(source.experts, config.num_experts);
   r.topk_weights.select(1, 0).sum().backward();
   EXPECT_GT(router->weight.grad().abs().sum().item<double>(), 0.0);
 }

@@ -7,7 +7,9 @@
 
 #include "moe/grpo_trainer.h"
 #include "moe/warmup.h"
+#include "moe/training_run.h"
 #include "recorder/recorder.h"
+#include "replayer/model_replay.h"
 
 namespace moerr::testing {
 namespace {
@@ -18,11 +20,14 @@ std::unique_ptr<formats::BundleReader> Record(const std::string& path, moe::MoeT
   auto rec = recorder::Recorder::Start(recorder::RecordOptions(path).set_mode(mode).set_crash_handler(false)).value();
   policy->SetRoutingObserver(rec.get());
   moe::GrpoTrainer trainer(policy, reference, moe::AdditionTask(), options, seed);
+  EXPECT_TRUE(replayer::RecordTrainerStart(*rec, trainer).ok());
   finite = true;
   for (int s = 0; s < steps; ++s) {
     EXPECT_TRUE(rec->StepBegin(s).ok());
+    EXPECT_TRUE(replayer::RecordTrainerStep(*rec, trainer).ok());
     const moe::StepMetrics m = trainer.Step();
     finite = finite && m.finite;
+    EXPECT_TRUE(rec->AnnotateStep("metrics", moe::MetricsToJson(m)).ok());
     EXPECT_TRUE(rec->StepEnd(s, {m.loss, m.grad_norm}).ok());
   }
   EXPECT_TRUE(rec->Stop().ok());

@@ -1,0 +1,193 @@
+#include "replayer/model_replay.h"
+
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "formats/trace.h"
+#include "moe/moe_config.h"
+#include "moe/training_run.h"
+#include "recorder/tensor_adapter.h"
+#include "support/status.h"
+#include "support/torch_boundary.h"
+
+namespace moerr::replayer {
+namespace {
+
+constexpr const char* kStatePrefix = "state/";
+
+// Serves a step's recorded routing decisions in order, per layer, and counts
+// how often the live router agrees with them.
+class RecordedRouting : public recorder::RoutingSource {
+ public:
+  RecordedRouting(std::map<int64_t, std::vector<at::Tensor>> by_layer, bool force)
+      : by_layer_(std::move(by_layer)), force_(force) {}
+
+  at::Tensor Route(int64_t layer, const at::Tensor& live, int64_t num_experts) override {
+    at::DisableRecordFunctionGuard no_record;  // not the model's ops
+    ++report_.decisions;
+    std::vector<at::Tensor>& queue = by_layer_[layer];
+    size_t& next = next_[layer];
+    if (next >= queue.size()) return Miss(live, absl::StrFormat("layer %d, decision %d: none recorded", layer, next));
+    const at::Tensor& ids = queue[next++];
+    if (ids.sizes() != live.sizes()) {
+      return Miss(live, absl::StrFormat("layer %d, decision %d: recorded for %d tokens x %d, the replay routes %d x %d",
+                                        layer, next - 1, ids.size(0), ids.dim() > 1 ? ids.size(1) : 0, live.size(0),
+                                        live.size(1)));
+    }
+    if (ids.numel() > 0 && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= num_experts)) {
+      return Miss(live, absl::StrFormat("layer %d, decision %d: recorded expert ids outside [0, %d)", layer, next - 1,
+                                        num_experts));
+    }
+    report_.slots += live.numel();
+    report_.live_agree += live.unsqueeze(2).eq(ids.unsqueeze(1)).any(2).sum().item<int64_t>();
+    if (!force_) return live;
+    ++report_.forced;
+    return ids;
+  }
+
+  const ModelReplayReport& counts() const { return report_; }
+
+ private:
+  at::Tensor Miss(const at::Tensor& live, std::string problem) {
+    if (report_.routing_problem.empty()) report_.routing_problem = std::move(problem);
+    return live;
+  }
+
+  std::map<int64_t, std::vector<at::Tensor>> by_layer_;
+  std::map<int64_t, size_t> next_;
+  bool force_;
+  ModelReplayReport report_;  // decisions, forced, slots, live_agree, routing_problem
+};
+
+absl::StatusOr<llvm::json::Object> ReadObject(const formats::BundleReader& reader, const char* key, int64_t step) {
+  absl::StatusOr<llvm::json::Value> value = reader.ReadAnnotation(key, step);
+  if (!value.ok()) {
+    return Annotate(value.status(), "model replay needs a bundle recorded from the reference trainer");
+  }
+  if (const llvm::json::Object* object = value->getAsObject()) return *object;
+  return absl::InvalidArgumentError(absl::StrFormat("annotation \"%s\" is not a JSON object", key));
+}
+
+}  // namespace
+
+absl::Status RecordTrainerStart(recorder::Recorder& rec, const moe::GrpoTrainer& trainer) {
+  MOERR_RETURN_IF_ERROR(rec.Annotate("model_config", moe::ToHfConfig(trainer.policy()->config())));
+  return rec.Annotate("grpo_options", moe::ToJson(trainer.options()));
+}
+
+absl::Status RecordTrainerStep(recorder::Recorder& rec, const moe::GrpoTrainer& trainer) {
+  moe::TrainerState state = trainer.SaveState();
+  MOERR_RETURN_IF_ERROR(rec.AnnotateStep("trainer_state", std::move(state.scalars)));
+  if (rec.mode() == recorder::CaptureMode::kStats) return absl::OkStatus();
+  at::DisableRecordFunctionGuard no_record;
+  for (auto& [name, t] : state.tensors) {
+    const bool weight = name.rfind("policy/", 0) == 0 || name.rfind("reference/", 0) == 0;
+    // A copy: the step about to run changes these tensors in place.
+    rec.OnTensorBytes(kStatePrefix + name, weight ? formats::Role::kParameter : formats::Role::kOptimizerState,
+                      t.detach().clone());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelReplayReport> ReplayModelStep(const formats::BundleReader& reader, int64_t step,
+                                                  const ModelReplayOptions& options) {
+  if (options.record_path.empty()) return absl::InvalidArgumentError("model replay: a path to record the replay to is required");
+  if (options.device != c10::kCPU) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "model replay on %s: the reference trainer samples its batch and rollouts on the CPU; replay on the CPU",
+        options.device.str()));
+  }
+  const std::vector<int64_t> complete = reader.CompleteSteps();
+  if (std::find(complete.begin(), complete.end(), step) == complete.end()) {
+    return absl::NotFoundError(absl::StrFormat("step %d is not a complete step of the bundle", step));
+  }
+  MOERR_ASSIGN_OR_RETURN(llvm::json::Object config_json, ReadObject(reader, "model_config", -1));
+  MOERR_ASSIGN_OR_RETURN(llvm::json::Object grpo_json, ReadObject(reader, "grpo_options", -1));
+  MOERR_ASSIGN_OR_RETURN(llvm::json::Object scalars, ReadObject(reader, "trainer_state", step));
+  MOERR_ASSIGN_OR_RETURN(moe::MoeConfig config, moe::FromHfConfig(config_json));
+  MOERR_ASSIGN_OR_RETURN(moe::GrpoOptions grpo, moe::GrpoOptionsFromJson(grpo_json));
+  if (options.numerics) grpo.numerics = grpo.rollout_numerics = *options.numerics;
+
+  // The state's tensors; `owned` keeps their bytes alive for the views (a
+  // move keeps a vector's buffer in place).
+  std::vector<formats::OwnedTensor> owned;
+  std::map<std::string, formats::TensorView> tensors;
+  const std::string prefix = kStatePrefix;
+  for (const formats::TensorInfo& info : reader.index().tensors) {
+    if (info.step != step || info.name.rfind(prefix, 0) != 0) continue;
+    MOERR_ASSIGN_OR_RETURN(formats::OwnedTensor t, reader.ReadBlob(info.blob));
+    owned.push_back(std::move(t));
+    tensors[info.name.substr(prefix.size())] = owned.back().view();
+  }
+  if (tensors.empty()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "step %d holds no model state: model replay needs a bundle recorded in replayable or full mode", step));
+  }
+
+  MOERR_ASSIGN_OR_RETURN(formats::Trace trace, formats::ReadTrace(reader, step));
+  ModelReplayReport report;
+  report.recorded_decisions = static_cast<int64_t>(trace.routing.size());
+  if (auto metrics = reader.ReadAnnotation("metrics", step); metrics.ok() && metrics->getAsObject()) {
+    report.recorded_metrics = *metrics->getAsObject();
+  }
+
+  MOERR_RETURN_IF_ERROR(CatchTorch("model replay", [&]() -> absl::Status {
+    std::map<int64_t, std::vector<at::Tensor>> by_layer;
+    {
+      std::vector<const formats::RoutingRecord*> records;
+      for (const formats::RoutingRecord& r : trace.routing) records.push_back(&r);
+      std::stable_sort(records.begin(), records.end(), [](const auto* a, const auto* b) {
+        return std::tie(a->layer, a->micro_batch) < std::tie(b->layer, b->micro_batch);
+      });
+      for (const formats::RoutingRecord* r : records) {
+        MOERR_ASSIGN_OR_RETURN(formats::OwnedTensor ids, reader.ReadTensor(r->topk_ids, step));
+        if (ids.shape.size() != 2) {
+          return absl::InvalidArgumentError(absl::StrFormat("%s: expected [tokens, k] ids", r->topk_ids));
+        }
+        by_layer[r->layer].push_back(recorder::ToTensor(ids.view()).to(at::kLong));
+      }
+    }
+    RecordedRouting routing(std::move(by_layer), options.routing_replay);
+
+    moe::MoeTransformer policy(config), reference(config);
+    moe::GrpoTrainer trainer(policy, reference, moe::AdditionTask(), grpo, /*seed=*/0);  // the state sets it
+    MOERR_RETURN_IF_ERROR(trainer.RestoreState(scalars, tensors));
+    owned.clear();
+    tensors.clear();
+
+    MOERR_ASSIGN_OR_RETURN(std::unique_ptr<recorder::Recorder> rec,
+                           recorder::Recorder::Start(recorder::RecordOptions(options.record_path)
+                                                         .set_mode(options.record_mode)
+                                                         .set_overwrite(options.overwrite)
+                                                         .set_crash_handler(false)));
+    MOERR_RETURN_IF_ERROR(RecordTrainerStart(*rec, trainer));
+    policy->SetRoutingObserver(rec.get());
+    policy->SetRoutingSource(&routing);
+    MOERR_RETURN_IF_ERROR(rec->StepBegin(step));
+    MOERR_RETURN_IF_ERROR(RecordTrainerStep(*rec, trainer));
+    const auto start = std::chrono::steady_clock::now();
+    report.metrics = trainer.Step();
+    report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    policy->SetRoutingSource(nullptr);
+    policy->SetRoutingObserver(nullptr);
+    MOERR_RETURN_IF_ERROR(rec->AnnotateStep("metrics", moe::MetricsToJson(report.metrics)));
+    MOERR_RETURN_IF_ERROR(rec->StepEnd(step, {report.metrics.loss, report.metrics.grad_norm}));
+    MOERR_RETURN_IF_ERROR(rec->Stop());
+    const ModelReplayReport& counts = routing.counts();
+    report.decisions = counts.decisions;
+    report.forced = counts.forced;
+    report.slots = counts.slots;
+    report.live_agree = counts.live_agree;
+    report.routing_problem = counts.routing_problem;
+    return absl::OkStatus();
+  }));
+  return report;
+}
+
+}  // namespace moerr::replayer

@@ -1,0 +1,56 @@
+// Model replay (DESIGN.md, "Replay"): rebuild the reference model and its GRPO
+// trainer from a bundle (config, options, weights, Adam moments, sampler
+// state), force the recorded routing, and run the step again. Unlike program
+// replay it re-runs the program, not its recorded ops, so it works where op
+// shapes change (a proxy with fewer experts) and under other numerics.
+//
+// What it needs is written while recording by RecordTrainerStart (once) and
+// RecordTrainerStep (at each step's start): annotations "model_config",
+// "grpo_options", "trainer_state" and, outside `stats` mode, the state's
+// tensors as "state/<name>" (content-addressed, so weights the trace already
+// stores as leaves cost no bytes).
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "formats/bundle_reader.h"
+#include "moe/grpo_trainer.h"
+#include "recorder/recorder.h"
+
+namespace moerr::replayer {
+
+// Step-less: the model config and the trainer's options.
+absl::Status RecordTrainerStart(recorder::Recorder& rec, const moe::GrpoTrainer& trainer);
+// Between StepBegin and the step: the trainer's state (tensors outside stats mode).
+absl::Status RecordTrainerStep(recorder::Recorder& rec, const moe::GrpoTrainer& trainer);
+
+struct ModelReplayOptions {
+  c10::Device device = c10::kCPU;
+  bool routing_replay = true;              // false: route live (agreement is still measured)
+  std::optional<moe::Numerics> numerics;   // train and roll out in these instead of the recorded ones
+  std::string record_path;                 // required: the replayed step is recorded here
+  recorder::CaptureMode record_mode = recorder::CaptureMode::kStats;
+  bool overwrite = false;
+};
+
+struct ModelReplayReport {
+  moe::StepMetrics metrics;             // of the replayed step
+  llvm::json::Object recorded_metrics;  // the bundle's "metrics" annotation of the step; empty if none
+  int64_t recorded_decisions = 0;       // routing decisions recorded for the step
+  int64_t decisions = 0;                // routing decisions the replay made
+  int64_t forced = 0;                   // of them, taken from the record
+  int64_t slots = 0;                    // token-expert slots of the decisions compared with the record
+  int64_t live_agree = 0;               // of them, where the live router chose a recorded expert
+  std::string routing_problem;          // the first decision that could not be compared, if any
+  double seconds = 0;                   // the replayed step alone
+};
+
+absl::StatusOr<ModelReplayReport> ReplayModelStep(const formats::BundleReader& reader, int64_t step,
+                                                  const ModelReplayOptions& options);
+
+}  // namespace moerr::replayer

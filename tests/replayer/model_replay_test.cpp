@@ -1,0 +1,135 @@
+// Model replay: the reference model and trainer rebuilt from a bundle run the
+// recorded step again, with the recorded routing forced.
+#include "replayer/model_replay.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "diff/trace_diff.h"
+#include "formats/trace.h"
+#include "replayer/first_overflow.h"
+#include "tests/formats/test_util.h"
+#include "tests/replayer/recording.h"
+
+namespace moerr::replayer {
+namespace {
+
+using formats::testing::TempDir;
+
+// Every op of `b` has the op of `a` at its index, with bitwise equal output
+// fingerprints (uninitialised memory aside).
+void ExpectSameOps(const formats::Trace& a, const formats::Trace& b) {
+  ASSERT_EQ(a.ops.size(), b.ops.size());
+  const auto skip = formats::UninitialisedValues(a);
+  size_t compared = 0;
+  for (size_t i = 0; i < a.ops.size(); ++i) {
+    ASSERT_EQ(a.ops[i].name, b.ops[i].name) << "op " << i;
+    ASSERT_EQ(a.ops[i].outputs.size(), b.ops[i].outputs.size()) << "op " << i;
+    for (size_t o = 0; o < a.ops[i].outputs.size(); ++o) {
+      const uint64_t ia = a.ops[i].outputs[o], ib = b.ops[i].outputs[o];
+      if (ia == 0 || skip.count(ia)) continue;
+      const formats::TensorMeta *ta = a.Find(ia), *tb = b.Find(ib);
+      ASSERT_TRUE(ta && tb) << "op " << i;
+      ASSERT_TRUE(ta->fingerprint == tb->fingerprint)
+          << "op " << i << " " << a.ops[i].name << " (" << a.ops[i].module << "): l2 " << ta->fingerprint.l2 << " vs "
+          << tb->fingerprint.l2;
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 1000u);
+}
+
+TEST(ModelReplayTest, RepeatsARecordedStepBitwise) {
+  TempDir dir;
+  // Step 1 follows an update, so the Adam moments and the sampler state matter.
+  auto reader = testing::RecordTinySteps(dir.File("r.moerr"), moe::Precision::kFp32,
+                                         recorder::CaptureMode::kReplayable, 2);
+  ModelReplayOptions options;
+  options.record_path = dir.File("replay.moerr");
+  auto report = ReplayModelStep(*reader, 1, options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(*report->recorded_metrics.getNumber("loss"), report->metrics.loss);
+  EXPECT_EQ(*report->recorded_metrics.getNumber("grad_norm"), report->metrics.grad_norm);
+  EXPECT_GT(report->recorded_decisions, 0);
+  EXPECT_EQ(report->decisions, report->recorded_decisions);
+  EXPECT_EQ(report->forced, report->decisions);
+  EXPECT_EQ(report->live_agree, report->slots);  // the same weights choose the same experts
+  EXPECT_TRUE(report->routing_problem.empty()) << report->routing_problem;
+
+  auto replay = formats::BundleReader::Open(options.record_path).value();
+  const formats::Trace a = formats::ReadTrace(*reader, 1).value();
+  const formats::Trace b = formats::ReadTrace(*replay, 1).value();
+  ExpectSameOps(a, b);
+  const diff::DiffReport d = diff::DiffTraces(*reader, a, 1, *replay, b, 1).value();
+  EXPECT_EQ(d.only_a + d.only_b, 0u);
+  EXPECT_EQ(d.diverged_ops, 0u);
+}
+
+TEST(ModelReplayTest, AFaultyStepFailsAtTheSameOp) {
+  TempDir dir;
+  moe::InjectedFault injected;
+  bool finite = true;
+  auto reader = testing::RecordFaultyStep(dir.File("f.moerr"), moe::FaultKind::kExpertOverflow,
+                                          recorder::CaptureMode::kReplayable, injected, finite);
+  ASSERT_FALSE(finite);
+  ModelReplayOptions options;
+  options.record_path = dir.File("replay.moerr");
+  auto report = ReplayModelStep(*reader, 0, options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_FALSE(report->metrics.finite);
+  auto replay = formats::BundleReader::Open(options.record_path).value();
+  const auto recorded = FindFirstOverflow(formats::ReadTrace(*reader, 0).value());
+  const formats::Trace replayed_trace = formats::ReadTrace(*replay, 0).value();
+  const auto replayed = FindFirstOverflow(replayed_trace);
+  ASSERT_TRUE(recorded && replayed);
+  EXPECT_EQ(replayed->op_index, recorded->op_index);
+  EXPECT_EQ(replayed->op->module, injected.module);
+}
+
+// Under other numerics the live router may choose differently; routing
+// replay keeps every decision the recorded one, and live routing does not.
+TEST(ModelReplayTest, RoutingReplayForcesTheRecordedExpertsUnderOtherNumerics) {
+  TempDir dir;
+  auto reader = testing::RecordTinySteps(dir.File("r.moerr"), moe::Precision::kBf16,
+                                         recorder::CaptureMode::kReplayable, 1);
+  ModelReplayOptions options;
+  options.numerics = moe::Numerics{moe::Precision::kFp32, false};
+  options.record_path = dir.File("forced.moerr");
+  auto forced = ReplayModelStep(*reader, 0, options);
+  ASSERT_TRUE(forced.ok()) << forced.status();
+  EXPECT_TRUE(forced->routing_problem.empty()) << forced->routing_problem;
+  EXPECT_EQ(forced->decisions, forced->recorded_decisions);
+  EXPECT_EQ(forced->forced, forced->decisions);
+  EXPECT_GT(forced->slots, 0);
+  // The routing the replay recorded is the routing of the bundle.
+  auto replay = formats::BundleReader::Open(options.record_path).value();
+  const formats::Trace a = formats::ReadTrace(*reader, 0).value(), b = formats::ReadTrace(*replay, 0).value();
+  ASSERT_EQ(a.routing.size(), b.routing.size());
+  for (size_t i = 0; i < a.routing.size(); ++i) {
+    const formats::OwnedTensor x = reader->ReadTensor(a.routing[i].topk_ids, 0).value();
+    const formats::OwnedTensor y = replay->ReadTensor(b.routing[i].topk_ids, 0).value();
+    EXPECT_EQ(x.bytes, y.bytes) << a.routing[i].topk_ids;
+  }
+
+  options.routing_replay = false;
+  options.record_path = dir.File("live.moerr");
+  auto live = ReplayModelStep(*reader, 0, options);
+  ASSERT_TRUE(live.ok()) << live.status();
+  EXPECT_EQ(live->forced, 0);
+  EXPECT_GT(live->decisions, 0);
+  EXPECT_LE(live->live_agree, live->slots);
+}
+
+TEST(ModelReplayTest, NeedsTheModelState) {
+  TempDir dir;
+  auto reader = testing::RecordTinySteps(dir.File("s.moerr"), moe::Precision::kFp32, recorder::CaptureMode::kStats, 1);
+  ModelReplayOptions options;
+  options.record_path = dir.File("replay.moerr");
+  auto report = ReplayModelStep(*reader, 0, options);
+  ASSERT_FALSE(report.ok());
+  EXPECT_NE(report.status().message().find("replayable or full"), std::string::npos) << report.status();
+  EXPECT_EQ(ReplayModelStep(*reader, 5, options).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace moerr::replayer
