@@ -31,5 +31,9 @@ echo "## Replay and bisect against one step"
 "$BUILD/bench/replay_bench" --preset small
 
 echo
+echo "## moerr bisect against torch.autograd.detect_anomaly on the same failing steps"
+"$PYTHON" bench/replayer/compare_detect_anomaly.py "$BUILD" "$WORK/anomaly"
+
+echo
 echo "## Diff throughput against numpy"
 "$PYTHON" bench/diff/bench_diff.py "$BUILD" "$WORK/diff"

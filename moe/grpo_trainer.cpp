@@ -210,6 +210,8 @@ StepMetrics GrpoTrainer::Step() {
     ref_logp = TokenLogProbs(reference_->forward(inputs), prompts, responses);
   }
 
+  last_batch_ = StepBatch{prompts, responses, mask, advantages, old_logp, ref_logp};
+
   // Training forward and loss, under the training precision.
   at::Tensor loss;
   {

@@ -66,6 +66,17 @@ struct TrainerState {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
 };
 
+// The tensors a step's loss is computed from, n = prompts x group_size
+// sequences of P prompt and A response tokens.
+struct StepBatch {
+  at::Tensor prompts;     // [n, P] int64
+  at::Tensor responses;   // [n, A] int64, sampled in the rollout
+  at::Tensor mask;        // [n, A] fp32, 1 up to and including the first EOS
+  at::Tensor advantages;  // [n, 1] fp32, group-normalised rewards
+  at::Tensor old_logp;    // [n, A] fp32, rollout log-probs
+  at::Tensor ref_logp;    // [n, A] fp32, reference-model log-probs
+};
+
 struct StepMetrics {
   int64_t step = 0;
   double loss = 0;
@@ -99,6 +110,7 @@ class GrpoTrainer {
   torch::optim::AdamW& optimizer() { return *optimizer_; }
   const GrpoOptions& options() const { return options_; }
   double loss_scale() const { return loss_scale_; }
+  const StepBatch& last_batch() const { return last_batch_; }  // of the last Step()
   int64_t step() const { return step_; }
 
  private:
@@ -109,6 +121,7 @@ class GrpoTrainer {
   std::mt19937_64 rng_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   double loss_scale_;
+  StepBatch last_batch_;
   int64_t good_steps_ = 0;
   int64_t step_ = 0;
 };

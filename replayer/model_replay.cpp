@@ -95,14 +95,8 @@ absl::Status RecordTrainerStep(recorder::Recorder& rec, const moe::GrpoTrainer& 
   return absl::OkStatus();
 }
 
-absl::StatusOr<ModelReplayReport> ReplayModelStep(const formats::BundleReader& reader, int64_t step,
-                                                  const ModelReplayOptions& options) {
-  if (options.record_path.empty()) return absl::InvalidArgumentError("model replay: a path to record the replay to is required");
-  if (options.device != c10::kCPU) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "model replay on %s: the reference trainer samples its batch and rollouts on the CPU; replay on the CPU",
-        options.device.str()));
-  }
+absl::StatusOr<std::unique_ptr<moe::GrpoTrainer>> LoadTrainer(const formats::BundleReader& reader, int64_t step,
+                                                              std::optional<moe::Numerics> numerics) {
   const std::vector<int64_t> complete = reader.CompleteSteps();
   if (std::find(complete.begin(), complete.end(), step) == complete.end()) {
     return absl::NotFoundError(absl::StrFormat("step %d is not a complete step of the bundle", step));
@@ -112,7 +106,7 @@ absl::StatusOr<ModelReplayReport> ReplayModelStep(const formats::BundleReader& r
   MOERR_ASSIGN_OR_RETURN(llvm::json::Object scalars, ReadObject(reader, "trainer_state", step));
   MOERR_ASSIGN_OR_RETURN(moe::MoeConfig config, moe::FromHfConfig(config_json));
   MOERR_ASSIGN_OR_RETURN(moe::GrpoOptions grpo, moe::GrpoOptionsFromJson(grpo_json));
-  if (options.numerics) grpo.numerics = grpo.rollout_numerics = *options.numerics;
+  if (numerics) grpo.numerics = grpo.rollout_numerics = *numerics;
 
   // The state's tensors; `owned` keeps their bytes alive for the views (a
   // move keeps a vector's buffer in place).
@@ -129,7 +123,24 @@ absl::StatusOr<ModelReplayReport> ReplayModelStep(const formats::BundleReader& r
     return absl::FailedPreconditionError(absl::StrFormat(
         "step %d holds no model state: model replay needs a bundle recorded in replayable or full mode", step));
   }
+  std::unique_ptr<moe::GrpoTrainer> trainer;
+  MOERR_RETURN_IF_ERROR(CatchTorch("rebuilding the trainer", [&]() -> absl::Status {
+    moe::MoeTransformer policy(config), reference(config);
+    trainer = std::make_unique<moe::GrpoTrainer>(policy, reference, moe::AdditionTask(), grpo, /*seed=*/0);
+    return trainer->RestoreState(scalars, tensors);  // sets the seed too
+  }));
+  return trainer;
+}
 
+absl::StatusOr<ModelReplayReport> ReplayModelStep(const formats::BundleReader& reader, int64_t step,
+                                                  const ModelReplayOptions& options) {
+  if (options.record_path.empty()) return absl::InvalidArgumentError("model replay: a path to record the replay to is required");
+  if (options.device != c10::kCPU) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "model replay on %s: the reference trainer samples its batch and rollouts on the CPU; replay on the CPU",
+        options.device.str()));
+  }
+  MOERR_ASSIGN_OR_RETURN(std::unique_ptr<moe::GrpoTrainer> trainer, LoadTrainer(reader, step, options.numerics));
   MOERR_ASSIGN_OR_RETURN(formats::Trace trace, formats::ReadTrace(reader, step));
   ModelReplayReport report;
   report.recorded_decisions = static_cast<int64_t>(trace.routing.size());
@@ -155,24 +166,19 @@ absl::StatusOr<ModelReplayReport> ReplayModelStep(const formats::BundleReader& r
     }
     RecordedRouting routing(std::move(by_layer), options.routing_replay);
 
-    moe::MoeTransformer policy(config), reference(config);
-    moe::GrpoTrainer trainer(policy, reference, moe::AdditionTask(), grpo, /*seed=*/0);  // the state sets it
-    MOERR_RETURN_IF_ERROR(trainer.RestoreState(scalars, tensors));
-    owned.clear();
-    tensors.clear();
-
     MOERR_ASSIGN_OR_RETURN(std::unique_ptr<recorder::Recorder> rec,
                            recorder::Recorder::Start(recorder::RecordOptions(options.record_path)
                                                          .set_mode(options.record_mode)
                                                          .set_overwrite(options.overwrite)
                                                          .set_crash_handler(false)));
-    MOERR_RETURN_IF_ERROR(RecordTrainerStart(*rec, trainer));
+    MOERR_RETURN_IF_ERROR(RecordTrainerStart(*rec, *trainer));
+    moe::MoeTransformer& policy = trainer->policy();
     policy->SetRoutingObserver(rec.get());
     policy->SetRoutingSource(&routing);
     MOERR_RETURN_IF_ERROR(rec->StepBegin(step));
-    MOERR_RETURN_IF_ERROR(RecordTrainerStep(*rec, trainer));
+    MOERR_RETURN_IF_ERROR(RecordTrainerStep(*rec, *trainer));
     const auto start = std::chrono::steady_clock::now();
-    report.metrics = trainer.Step();
+    report.metrics = trainer->Step();
     report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     policy->SetRoutingSource(nullptr);
     policy->SetRoutingObserver(nullptr);

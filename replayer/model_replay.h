@@ -14,6 +14,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -28,6 +29,11 @@ namespace moerr::replayer {
 absl::Status RecordTrainerStart(recorder::Recorder& rec, const moe::GrpoTrainer& trainer);
 // Between StepBegin and the step: the trainer's state (tensors outside stats mode).
 absl::Status RecordTrainerStep(recorder::Recorder& rec, const moe::GrpoTrainer& trainer);
+
+// The trainer as it was at the start of `step`: model config and options of
+// the bundle (numerics replaced when given), weights, Adam moments, sampler.
+absl::StatusOr<std::unique_ptr<moe::GrpoTrainer>> LoadTrainer(const formats::BundleReader& reader, int64_t step,
+                                                              std::optional<moe::Numerics> numerics = std::nullopt);
 
 struct ModelReplayOptions {
   c10::Device device = c10::kCPU;
