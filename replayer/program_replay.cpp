@@ -7,6 +7,7 @@
 #include <c10/core/GradMode.h>
 
 #include <chrono>
+#include <optional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -71,7 +72,32 @@ bool IsScalarTypeArgument(const c10::Argument& arg) {
 class Replay {
  public:
   Replay(const formats::BundleReader& reader, int64_t step, const formats::Trace& trace, const ReplayOptions& options)
-      : reader_(reader), step_(step), trace_(trace), options_(options) {}
+      : reader_(reader), step_(step), trace_(trace), options_(options), dead_after_(trace.ops.size()) {
+    // Each value is dropped after the last op that reads it (or produces it,
+    // when none reads it), so the allocator reuses memory as the program did.
+    absl::flat_hash_map<uint64_t, size_t> last_use;
+    for (size_t i = 0; i < trace.ops.size(); ++i) {
+      for (const OpArg& a : trace.ops[i].args) {
+        if (a.kind == OpArg::Kind::kTensor) last_use[a.i] = i;
+        if (a.kind == OpArg::Kind::kTensors || a.kind == OpArg::Kind::kOptionalTensors) {
+          for (int64_t id : a.ints) {
+            if (id >= 0) last_use[id] = i;
+          }
+        }
+      }
+      for (uint64_t id : trace.ops[i].outputs) last_use.try_emplace(id, i);
+    }
+    // A view first read without a producer is made from its base on demand:
+    // the base lives as long as the view may still be made.
+    for (auto it = trace.tensors.rbegin(); it != trace.tensors.rend(); ++it) {
+      if (it->view_of == 0 || it->producer >= 0) continue;
+      auto view = last_use.find(it->id);
+      if (view == last_use.end()) continue;
+      size_t& base = last_use[it->view_of];
+      base = std::max(base, view->second);
+    }
+    for (const auto& [id, op] : last_use) dead_after_[op].push_back(id);
+  }
 
   // The replayed value of tensor `id`: a replayed output, a leaf from the
   // bundle, or a view into another value's storage.
@@ -178,14 +204,17 @@ class Replay {
     const bool recorded_value = options_.isolated && meta != nullptr && !meta->leaf.empty();
     if (!recorded_value) values_[id] = output;
     if (meta == nullptr || meta->producer != static_cast<int64_t>(op.seq)) return absl::OkStatus();
-    recorder::KnownFingerprint fp{recorder::ComputeFingerprint(output), true};
+    // A dense view of exactly an input's elements takes its fingerprint from
+    // the input, as the recorder does: no pass over the values.
+    std::optional<recorder::KnownFingerprint> derived;
     if (meta->view_of != 0) {
       if (const recorder::ViewSource* in = recorder::ViewedInput(output, sources)) {
         if (auto base = fingerprints_.find(in->id); base != fingerprints_.end()) {
-          fp = recorder::DeriveViewFingerprint(base->second, *in, output);
+          derived = recorder::DeriveViewFingerprint(base->second, *in, output);
         }
       }
     }
+    const recorder::KnownFingerprint fp = derived ? *derived : recorder::KnownFingerprint{recorder::ComputeFingerprint(output), true};
     fingerprints_[id] = fp;
     if (uninitialised_.contains(id)) return absl::OkStatus();  // nothing to compare
     MOERR_ASSIGN_OR_RETURN(formats::DType dtype, recorder::ToDType(output.scalar_type()));
@@ -220,6 +249,9 @@ class Replay {
     } restore;
     const size_t end = std::min(trace_.ops.size(), options_.end_op);
     for (size_t index = 0; index < end; ++index) {
+      if (index > 0) {
+        for (uint64_t id : dead_after_[index - 1]) values_.erase(id);
+      }
       const formats::OpEvent& op = trace_.ops[index];
       auto where = [&] {
         return absl::StrFormat("op %d (%s, %s, %s)", index, op.name, formats::PhaseName(op.phase),
@@ -293,6 +325,7 @@ class Replay {
   const formats::Trace& trace_;
   ReplayOptions options_;
   absl::flat_hash_map<uint64_t, at::Tensor> values_;
+  std::vector<std::vector<uint64_t>> dead_after_;  // per op index: values no later op reads
   absl::flat_hash_map<uint64_t, recorder::KnownFingerprint> fingerprints_;
   const absl::flat_hash_set<uint64_t> uninitialised_ = formats::UninitialisedValues(trace_);
   // Dispatcher lookups by "name.overload": a step calls a few hundred
