@@ -1,6 +1,8 @@
 // Replay and bisect cost against the step they analyse, in the same process:
 // one GRPO step of the reference model, a program replay of a recorded
-// (replayable) step, and the first-overflow search on a stats recording.
+// (replayable) step, a model replay of it (rebuild the trainer, run the step
+// with routing replay, record it in stats mode), and the first-overflow
+// search on a stats recording.
 // Rounds are interleaved so drift hits every measure alike; medians.
 //
 //   replay_bench [--preset small] [--rounds 3]
@@ -15,6 +17,7 @@
 #include "moe/grpo_trainer.h"
 #include "recorder/recorder.h"
 #include "replayer/first_overflow.h"
+#include "replayer/model_replay.h"
 #include "replayer/program_replay.h"
 #include "support/check.h"
 
@@ -53,7 +56,9 @@ int main(int argc, char** argv) {
                    recorder::RecordOptions(path).set_mode(mode).set_overwrite(true).set_crash_handler(false))
                    .value();
     policy->SetRoutingObserver(rec.get());
+    MOERR_CHECK(replayer::RecordTrainerStart(*rec, trainer).ok());
     MOERR_CHECK(rec->StepBegin(0).ok());
+    MOERR_CHECK(replayer::RecordTrainerStep(*rec, trainer).ok());
     const moe::StepMetrics m = trainer.Step();
     MOERR_CHECK(rec->StepEnd(0, {m.loss, m.grad_norm}).ok());
     MOERR_CHECK(rec->Stop().ok());
@@ -64,7 +69,10 @@ int main(int argc, char** argv) {
   auto replayable = formats::BundleReader::Open(dir + "/replayable.moerr").value();
   auto stats = formats::BundleReader::Open(dir + "/stats.moerr").value();
 
-  std::vector<double> step, replay, dispatch, bisect;
+  std::vector<double> step, replay, dispatch, model, bisect;
+  replayer::ModelReplayOptions model_options;
+  model_options.record_path = dir + "/model-replay.moerr";
+  model_options.overwrite = true;
   size_t ops = 0, mismatched = 0;
   for (int round = 0; round < rounds; ++round) {
     auto t0 = Clock::now();
@@ -77,6 +85,10 @@ int main(int argc, char** argv) {
     dispatch.push_back(report.dispatch_seconds);
     ops = report.ops;
     mismatched = report.mismatched;
+
+    t0 = Clock::now();
+    MOERR_CHECK(replayer::ReplayModelStep(*replayable, 0, model_options).ok());
+    model.push_back(Seconds(t0));
 
     t0 = Clock::now();
     const formats::Trace trace = formats::ReadTrace(*stats, 0).value();
@@ -93,6 +105,8 @@ int main(int argc, char** argv) {
               Median(replay) / s);
   std::printf("| of which inside the dispatcher (the re-executed ops) | %.0f ms | %.2fx | |\n",
               1e3 * Median(dispatch), Median(dispatch) / s);
+  std::printf("| model replay: rebuild, step with routing replay, stats recording | %.0f ms | %.2fx | |\n",
+              1e3 * Median(model), Median(model) / s);
   std::printf("| bisect (read trace + first overflow) on a stats step | %.1f ms | %.3fx | < 0.1x |\n",
               1e3 * Median(bisect), Median(bisect) / s);
   std::filesystem::remove_all(dir);
