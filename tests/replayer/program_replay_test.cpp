@@ -95,6 +95,47 @@ TEST(ProgramReplayTest, AFaultyStepReplaysToTheSameFailure) {
   EXPECT_GT(early->fingerprint.abs_max, 65504);
 }
 
+// Every catalogue fault: each recorded step replays bitwise, and its first
+// overflow (if any) is at the same op in the replay. The faults that
+// overflow do so in at least one step.
+class FaultReplayTest : public ::testing::TestWithParam<moe::FaultKind> {};
+
+TEST_P(FaultReplayTest, ReplaysToTheSameFailure) {
+  const moe::FaultKind kind = GetParam();
+  // bad-kernel needs logits large enough for exp() to pass fp16's range.
+  const bool trained = kind == moe::FaultKind::kBadKernel;
+  TempDir dir;
+  moe::InjectedFault injected;
+  bool finite = true;
+  auto reader = testing::RecordFaultyStep(dir.File("f.moerr"), kind, recorder::CaptureMode::kReplayable, injected,
+                                          finite, trained ? 600 : 0, trained ? 4 : 2);
+  int overflowing = 0;
+  for (int64_t step : reader->CompleteSteps()) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    const formats::Trace trace = formats::ReadTrace(*reader, step).value();
+    auto report = ReplayTrace(*reader, step, trace);
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_EQ(report->mismatched, 0u);
+    EXPECT_GT(report->compared, 1000u);
+    const auto recorded = FindFirstOverflow(trace);
+    const formats::Trace replayed = ReplayedTrace(trace, *report, trace.ops.size());
+    const auto again = FindFirstOverflow(replayed);
+    ASSERT_EQ(recorded.has_value(), again.has_value());
+    if (recorded) EXPECT_EQ(recorded->op_index, again->op_index);
+    overflowing += recorded.has_value();
+  }
+  const bool overflows = kind == moe::FaultKind::kExpertOverflow || kind == moe::FaultKind::kGradOverflow ||
+                         kind == moe::FaultKind::kBadKernel;
+  EXPECT_EQ(overflowing > 0, overflows);
+  EXPECT_EQ(finite, !overflows);
+}
+
+INSTANTIATE_TEST_SUITE_P(Catalogue, FaultReplayTest, ::testing::ValuesIn(moe::AllFaults()), [](const auto& info) {
+  std::string name = moe::FaultName(info.param);
+  name.erase(std::remove(name.begin(), name.end(), '-'), name.end());
+  return name;
+});
+
 TEST(ProgramReplayTest, AStatsBundleSaysWhyItCannotBeReplayed) {
   TempDir dir;
   auto reader = RecordTinySteps(dir.File("s.moerr"), moe::Precision::kFp32, recorder::CaptureMode::kStats, 1);
