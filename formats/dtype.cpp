@@ -1,5 +1,8 @@
 #include "formats/dtype.h"
 
+#include <cmath>
+#include <cstring>
+
 #include "support/check.h"
 
 namespace moerr::formats {
@@ -23,6 +26,35 @@ const DTypeInfo& Info(DType dtype) {
   return kInfo[i];
 }
 
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  if (exp == 0 && mant != 0) {  // subnormal: mant * 2^-24
+    const float v = std::ldexp(static_cast<float>(mant), -24);
+    return sign ? -v : v;
+  }
+  const uint32_t bits = exp == 0x1f ? (sign | 0x7f800000 | (mant << 13))
+                        : exp != 0  ? (sign | ((exp + 112) << 23) | (mant << 13))
+                                    : sign;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+float Bf16ToFloat(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+template <typename T>
+T Read(const std::byte* data, int64_t i) {
+  T v;
+  std::memcpy(&v, data + sizeof(T) * i, sizeof(T));
+  return v;
+}
+
 }  // namespace
 
 int ItemSize(DType dtype) { return Info(dtype).item_size; }
@@ -39,6 +71,22 @@ std::optional<DType> DTypeFromSafetensorsName(absl::string_view name) {
 std::optional<DType> DTypeFromRaw(uint64_t raw) {
   if (raw >= kNumDTypes) return std::nullopt;
   return static_cast<DType>(raw);
+}
+
+double LoadElement(DType dtype, const std::byte* data, int64_t i) {
+  switch (dtype) {
+    case DType::kF64: return Read<double>(data, i);
+    case DType::kF32: return Read<float>(data, i);
+    case DType::kBF16: return Bf16ToFloat(Read<uint16_t>(data, i));
+    case DType::kF16: return HalfToFloat(Read<uint16_t>(data, i));
+    case DType::kI64: return static_cast<double>(Read<int64_t>(data, i));
+    case DType::kI32: return Read<int32_t>(data, i);
+    case DType::kI16: return Read<int16_t>(data, i);
+    case DType::kI8: return Read<int8_t>(data, i);
+    case DType::kU8: return Read<uint8_t>(data, i);
+    case DType::kBool: return Read<uint8_t>(data, i) != 0 ? 1.0 : 0.0;
+  }
+  return 0;
 }
 
 }  // namespace moerr::formats

@@ -1,6 +1,7 @@
 // Element types a bundle stores. Values match the `DType` enum in bundle.capnp.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include "absl/strings/string_view.h"
@@ -30,5 +31,9 @@ absl::string_view SafetensorsDTypeName(DType dtype);
 std::optional<DType> DTypeFromSafetensorsName(absl::string_view name);
 // Accepts a raw enum value read from a file; nullopt when out of range.
 std::optional<DType> DTypeFromRaw(uint64_t raw);
+
+// Element `i` of a contiguous buffer of `dtype` as a double (bf16 and fp16
+// decoded in software, NaN and Inf kept).
+double LoadElement(DType dtype, const std::byte* data, int64_t i);
 
 }  // namespace moerr::formats

@@ -206,8 +206,11 @@ StepMetrics GrpoTrainer::Step() {
       ((grouped - grouped.mean(1, true)) / (grouped.std(1, /*unbiased=*/true, true) + 1e-6)).view({n, 1});
   at::Tensor ref_logp;
   {
+    // Under the training precision, so the KL to the reference measures the
+    // policy's drift, not a precision difference (0 while they are equal).
+    NumericsScope scope(options_.numerics);
     torch::NoGradGuard no_grad;
-    ref_logp = TokenLogProbs(reference_->forward(inputs), prompts, responses);
+    ref_logp = TokenLogProbs(reference_->forward(inputs), prompts, responses).to(at::kFloat);
   }
 
   last_batch_ = StepBatch{prompts, responses, mask, advantages, old_logp, ref_logp};

@@ -33,7 +33,7 @@ std::vector<size_t> Without(const std::vector<size_t>& set, const std::vector<si
 absl::StatusOr<PrecisionBisectResult> PrecisionBisect(const formats::BundleReader& reader, int64_t step,
                                                       const formats::Trace& trace,
                                                       const PrecisionBisectOptions& options) {
-  const auto recorded = FindFirstOverflow(trace, options.overflow);
+  const auto recorded = analysis::FindFirstOverflow(trace, options.overflow);
   if (!recorded) return absl::NotFoundError(absl::StrFormat("step %d has no overflowing op to remove", step));
   PrecisionBisectResult result;
   result.op_index = recorded->op_index;
@@ -68,7 +68,7 @@ absl::StatusOr<PrecisionBisectResult> PrecisionBisect(const formats::BundleReade
     ++result.trials;
     if (options.on_trial) options.on_trial(result.trials, set.size());
     MOERR_ASSIGN_OR_RETURN(ReplayReport report, ReplayTrace(reader, step, trace, replay));
-    const bool failed = FindFirstOverflow(ReplayedTrace(trace, report, end), options.overflow).has_value();
+    const bool failed = analysis::FindFirstOverflow(ReplayedTrace(trace, report, end), options.overflow).has_value();
     cache[set] = failed;
     return failed;
   };

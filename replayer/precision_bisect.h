@@ -15,13 +15,13 @@
 
 #include "absl/status/statusor.h"
 #include "formats/bundle_reader.h"
-#include "replayer/first_overflow.h"
+#include "analysis/first_overflow.h"
 #include "replayer/precision_policy.h"
 
 namespace moerr::replayer {
 
 struct PrecisionBisectOptions {
-  OverflowOptions overflow;  // what counts as the failure
+  analysis::OverflowOptions overflow;  // what counts as the failure
   PolicyRule::Action upcast = PolicyRule::Action::kFp32;
   c10::Device device = c10::kCPU;
   std::function<void(size_t trial, size_t set_size)> on_trial;  // progress

@@ -3,7 +3,7 @@
 #include "absl/strings/str_format.h"
 #include "formats/bundle_reader.h"
 #include "formats/trace.h"
-#include "replayer/first_overflow.h"
+#include "analysis/first_overflow.h"
 #include "replayer/precision_bisect.h"
 #include "support/progress.h"
 #include "tools/command.h"
@@ -14,7 +14,7 @@ namespace {
 // --precision: replays the step under upcast sets until the smallest one
 // that removes the overflow is found; prints it and writes it as a policy.
 int RunPrecisionBisect(const formats::BundleReader& reader, int64_t step, const formats::Trace& trace,
-                       const replayer::OverflowOptions& overflow, const std::string& upcast,
+                       const analysis::OverflowOptions& overflow, const std::string& upcast,
                        const std::string& policy_out, bool json, llvm::json::Array& results) {
   replayer::PrecisionBisectOptions options;
   options.overflow = overflow;
@@ -104,10 +104,10 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
       exit_code = ReportError(reader.status());
       return;
     }
-    replayer::OverflowOptions options;
+    analysis::OverflowOptions options;
     options.fraction = opts->fraction;
-    options.limit = opts->limit == "fp16"   ? replayer::DTypeMax(formats::DType::kF16)
-                    : opts->limit == "bf16" ? replayer::DTypeMax(formats::DType::kBF16)
+    options.limit = opts->limit == "fp16"   ? analysis::DTypeMax(formats::DType::kF16)
+                    : opts->limit == "bf16" ? analysis::DTypeMax(formats::DType::kBF16)
                                             : 0;
     const std::vector<int64_t> steps = opts->steps.empty() ? (*reader)->CompleteSteps() : opts->steps;
     llvm::json::Array results;
@@ -128,7 +128,7 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
         exit_code = std::max(exit_code, code);
         continue;
       }
-      const auto found = replayer::FindFirstOverflow(*trace, options);
+      const auto found = analysis::FindFirstOverflow(*trace, options);
       if (!found) {
         if (opts->json) results.push_back(llvm::json::Object{{"step", step}, {"found", false}});
         else std::printf("step %lld: no overflowing op in %zu ops\n", static_cast<long long>(step), trace->ops.size());

@@ -27,5 +27,6 @@ void AddTrainCommand(CLI::App& app, int& exit_code);
 void AddReplayCommand(CLI::App& app, int& exit_code);
 void AddBisectCommand(CLI::App& app, int& exit_code);
 void AddDiffCommand(CLI::App& app, int& exit_code);
+void AddLintCommand(CLI::App& app, int& exit_code);
 
 }  // namespace moerr::tools

@@ -24,7 +24,7 @@
 #include "formats/bundle_writer.h"
 #include "formats/salvage.h"
 #include "formats/trace.h"
-#include "replayer/first_overflow.h"
+#include "analysis/first_overflow.h"
 #include "replayer/precision_bisect.h"
 #include "replayer/program_replay.h"
 #include "support/progress.h"
@@ -134,7 +134,7 @@ int RunModelStory(const std::string& dir) {
   auto trace = formats::ReadTrace(**reader, step);
   if (!trace.ok()) return ReportError(trace.status());
   std::printf("A2. The first op whose inputs were finite and whose output was not (from fingerprints, no re-run):\n");
-  const auto first = replayer::FindFirstOverflow(*trace);
+  const auto first = analysis::FindFirstOverflow(*trace);
   if (!first) return ReportError(absl::InternalError("the recorded step has no overflow"));
   std::printf("    step %lld, op %zu of %zu: %s in %s (%s); output: %llu of %llu values +Inf, %llu -Inf, %llu NaN\n",
               static_cast<long long>(step), first->op_index, trace->ops.size(), first->op->name.c_str(),

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   AddReplayCommand(app, exit_code);
   AddBisectCommand(app, exit_code);
   AddDiffCommand(app, exit_code);
+  AddLintCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -8,7 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "diff/trace_diff.h"
 #include "formats/bundle_reader.h"
-#include "replayer/first_overflow.h"
+#include "analysis/first_overflow.h"
 #include "replayer/model_replay.h"
 #include "replayer/program_replay.h"
 #include "tools/command.h"
@@ -187,9 +187,9 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
       if (!options.policy.empty()) {
         // Does the policy remove (or cause) an overflow?
         const formats::Trace replayed = replayer::ReplayedTrace(trace, *report, trace.ops.size());
-        const auto recorded = replayer::FindFirstOverflow(trace);
-        const auto now = replayer::FindFirstOverflow(replayed);
-        auto where = [](const std::optional<replayer::FirstOverflow>& f) {
+        const auto recorded = analysis::FindFirstOverflow(trace);
+        const auto now = analysis::FindFirstOverflow(replayed);
+        auto where = [](const std::optional<analysis::FirstOverflow>& f) {
           return f ? absl::StrFormat("op %d (%s, %s, %s)", f->op_index, f->op->name,
                                      f->op->module.empty() ? "no module" : f->op->module, formats::PhaseName(f->op->phase))
                    : std::string("none");

@@ -16,7 +16,7 @@
 
 #include "moe/grpo_trainer.h"
 #include "recorder/recorder.h"
-#include "replayer/first_overflow.h"
+#include "analysis/first_overflow.h"
 #include "replayer/model_replay.h"
 #include "replayer/program_replay.h"
 #include "support/check.h"
@@ -92,7 +92,7 @@ int main(int argc, char** argv) {
 
     t0 = Clock::now();
     const formats::Trace trace = formats::ReadTrace(*stats, 0).value();
-    const auto found = replayer::FindFirstOverflow(trace);
+    const auto found = analysis::FindFirstOverflow(trace);
     bisect.push_back(Seconds(t0));
     MOERR_CHECK(!found.has_value());  // a healthy step: the search runs to the end
   }

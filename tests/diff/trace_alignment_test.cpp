@@ -22,9 +22,15 @@ size_t Lcs(const std::vector<uint64_t>& a, const std::vector<uint64_t>& b) {
 void ExpectValid(const std::vector<uint64_t>& a, const std::vector<uint64_t>& b, const std::vector<AlignedPair>& al) {
   int64_t next_a = 0, next_b = 0;
   for (const AlignedPair& p : al) {
-    if (p.a >= 0) EXPECT_EQ(p.a, next_a++);
-    if (p.b >= 0) EXPECT_EQ(p.b, next_b++);
-    if (p.a >= 0 && p.b >= 0) EXPECT_EQ(a[p.a], b[p.b]);
+    if (p.a >= 0) {
+      EXPECT_EQ(p.a, next_a++);
+    }
+    if (p.b >= 0) {
+      EXPECT_EQ(p.b, next_b++);
+    }
+    if (p.a >= 0 && p.b >= 0) {
+      EXPECT_EQ(a[p.a], b[p.b]);
+    }
     EXPECT_TRUE(p.a >= 0 || p.b >= 0);
   }
   EXPECT_EQ(next_a, static_cast<int64_t>(a.size()));

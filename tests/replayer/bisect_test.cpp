@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
-#include "replayer/first_overflow.h"
+#include "analysis/first_overflow.h"
 #include "replayer/precision_bisect.h"
 #include "replayer/precision_policy.h"
 #include "replayer/program_replay.h"
@@ -23,7 +23,7 @@ TEST(BisectTest, GradOverflowIsNamedAtTheFirstBoundaryTheScaledGradientMeets) {
   auto reader = testing::RecordFaultyStep(dir.File("g.moerr"), moe::FaultKind::kGradOverflow,
                                           recorder::CaptureMode::kStats, fault, finite);
   const formats::Trace trace = formats::ReadTrace(*reader, 0).value();
-  const auto first = FindFirstOverflow(trace);
+  const auto first = analysis::FindFirstOverflow(trace);
   ASSERT_TRUE(first.has_value());
   // The loss scale is fine in fp32; the gradient of the logits, rounded to
   // fp16 at the lm_head boundary (a custom autograd Function), is not.
@@ -45,7 +45,7 @@ TEST(BisectTest, BadKernelIsNamedInTheLogSoftmax) {
   int failing = 0;
   for (int64_t step = 0; step < 4; ++step) {
     const formats::Trace trace = formats::ReadTrace(*reader, step).value();
-    const auto first = FindFirstOverflow(trace);  // points into `trace`
+    const auto first = analysis::FindFirstOverflow(trace);  // points into `trace`
     if (!first) continue;
     ++failing;
     EXPECT_EQ(first->op->phase, formats::Phase::kForward);
@@ -83,7 +83,7 @@ TEST(BisectTest, PrecisionBisectRemovesExpertOverflow) {
     options.end_op = end;
     const ReplayReport report = ReplayTrace(*reader, 0, trace, options).value();
     EXPECT_GT(report.policy_ops, 0u);
-    return FindFirstOverflow(ReplayedTrace(trace, report, end)).has_value();
+    return analysis::FindFirstOverflow(ReplayedTrace(trace, report, end)).has_value();
   };
   EXPECT_FALSE(overflows(result->policy));
   for (size_t drop = 0; drop < result->modules.size(); ++drop) {

@@ -7,7 +7,7 @@
 
 #include "diff/trace_diff.h"
 #include "formats/trace.h"
-#include "replayer/first_overflow.h"
+#include "analysis/first_overflow.h"
 #include "tests/formats/test_util.h"
 #include "tests/replayer/recording.h"
 
@@ -78,9 +78,9 @@ TEST(ModelReplayTest, AFaultyStepFailsAtTheSameOp) {
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_FALSE(report->metrics.finite);
   auto replay = formats::BundleReader::Open(options.record_path).value();
-  const auto recorded = FindFirstOverflow(formats::ReadTrace(*reader, 0).value());
+  const auto recorded = analysis::FindFirstOverflow(formats::ReadTrace(*reader, 0).value());
   const formats::Trace replayed_trace = formats::ReadTrace(*replay, 0).value();
-  const auto replayed = FindFirstOverflow(replayed_trace);
+  const auto replayed = analysis::FindFirstOverflow(replayed_trace);
   ASSERT_TRUE(recorded && replayed);
   EXPECT_EQ(replayed->op_index, recorded->op_index);
   EXPECT_EQ(replayed->op->module, injected.module);

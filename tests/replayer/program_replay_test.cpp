@@ -2,7 +2,7 @@
 // reproduces every op's output fingerprint bitwise.
 #include "replayer/program_replay.h"
 
-#include "replayer/first_overflow.h"
+#include "analysis/first_overflow.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -72,7 +72,7 @@ TEST(ProgramReplayTest, AFaultyStepReplaysToTheSameFailure) {
 
   // From fingerprints alone: the first op with finite inputs and a
   // non-finite output is in the expert the fault broke, in the forward pass.
-  const auto first = FindFirstOverflow(trace);
+  const auto first = analysis::FindFirstOverflow(trace);
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(first->op->phase, formats::Phase::kForward);
   EXPECT_EQ(first->op->module, injected.module) << first->op->name;
@@ -85,10 +85,10 @@ TEST(ProgramReplayTest, AFaultyStepReplaysToTheSameFailure) {
 
   // Judged against fp16's range, values past 65504 count before they turn
   // into Inf: the first such op comes no later, in the same expert.
-  OverflowOptions fp16;
+  analysis::OverflowOptions fp16;
   fp16.limit = 65504;
   fp16.fraction = 1.0;
-  const auto early = FindFirstOverflow(trace, fp16);
+  const auto early = analysis::FindFirstOverflow(trace, fp16);
   ASSERT_TRUE(early.has_value());
   EXPECT_LE(early->op_index, first->op_index);
   EXPECT_EQ(early->op->module, injected.module) << early->op->name;
@@ -117,11 +117,13 @@ TEST_P(FaultReplayTest, ReplaysToTheSameFailure) {
     ASSERT_TRUE(report.ok()) << report.status();
     EXPECT_EQ(report->mismatched, 0u);
     EXPECT_GT(report->compared, 1000u);
-    const auto recorded = FindFirstOverflow(trace);
+    const auto recorded = analysis::FindFirstOverflow(trace);
     const formats::Trace replayed = ReplayedTrace(trace, *report, trace.ops.size());
-    const auto again = FindFirstOverflow(replayed);
+    const auto again = analysis::FindFirstOverflow(replayed);
     ASSERT_EQ(recorded.has_value(), again.has_value());
-    if (recorded) EXPECT_EQ(recorded->op_index, again->op_index);
+    if (recorded) {
+      EXPECT_EQ(recorded->op_index, again->op_index);
+    }
     overflowing += recorded.has_value();
   }
   const bool overflows = kind == moe::FaultKind::kExpertOverflow || kind == moe::FaultKind::kGradOverflow ||

@@ -1,11 +1,13 @@
-#include "replayer/first_overflow.h"
+#include "analysis/first_overflow.h"
 
 #include <cmath>
 #include <optional>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "support/check.h"
 
-namespace moerr::replayer {
+namespace moerr::analysis {
 
 double DTypeMax(formats::DType dtype) {
   switch (dtype) {
@@ -86,4 +88,23 @@ std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, cons
   return std::nullopt;
 }
 
-}  // namespace moerr::replayer
+std::vector<PredictedOverflow> PredictOverflows(const formats::Trace& trace, formats::DType format) {
+  MOERR_CHECK(format == formats::DType::kF16 || format == formats::DType::kBF16) << "a 16-bit format";
+  const absl::flat_hash_set<uint64_t> uninitialised = formats::UninitialisedValues(trace);
+  std::vector<PredictedOverflow> out;
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    const formats::OpEvent& op = trace.ops[i];
+    for (uint64_t id : op.outputs) {
+      const formats::TensorMeta* meta = id ? trace.Find(id) : nullptr;
+      if (meta == nullptr || meta->producer != static_cast<int64_t>(op.seq) || uninitialised.contains(id)) continue;
+      const bool wider = meta->dtype == formats::DType::kF32 || meta->dtype == formats::DType::kF64 ||
+                         (format == formats::DType::kF16 && meta->dtype == formats::DType::kBF16);
+      const uint64_t count =
+          format == formats::DType::kF16 ? meta->fingerprint.beyond_f16 : meta->fingerprint.beyond_bf16;
+      if (wider && count > 0) out.push_back(PredictedOverflow{i, id, count, meta->fingerprint.abs_max});
+    }
+  }
+  return out;
+}
+
+}  // namespace moerr::analysis

@@ -2,7 +2,7 @@
 // the first op in execution order whose inputs (tensors and scalars) are all
 // finite and one of whose outputs is not (or, with a threshold, comes within
 // a fraction of a dtype's range). No re-run is needed, so a stats bundle will
-// do. Precision bisect, which replays, is in precision_bisect.h.
+// do. Precision bisect, which replays, is in replayer/precision_bisect.h.
 #pragma once
 
 #include <optional>
@@ -11,7 +11,7 @@
 
 #include "formats/trace.h"
 
-namespace moerr::replayer {
+namespace moerr::analysis {
 
 struct OverflowOptions {
   // An output also counts as overflowing when its abs-max exceeds `fraction`
@@ -46,4 +46,18 @@ struct FirstOverflow {
 
 std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, const OverflowOptions& options = {});
 
-}  // namespace moerr::replayer
+// An output holding finite values past the range of a narrower format: a
+// device that held it in that format (a round-fp16 policy, an fp16 NPU)
+// would turn them into Inf. Read from the fingerprints' beyond-fp16 and
+// beyond-bf16 counts; `count` values, the largest `abs_max`.
+struct PredictedOverflow {
+  size_t op_index = 0;
+  uint64_t output = 0;
+  uint64_t count = 0;
+  double abs_max = 0;
+};
+// `format`: kF16 or kBF16. Outputs already in `format` (or narrower) and
+// uninitialised values are skipped.
+std::vector<PredictedOverflow> PredictOverflows(const formats::Trace& trace, formats::DType format);
+
+}  // namespace moerr::analysis
