@@ -132,7 +132,8 @@ void AddLintCommand(CLI::App& app, int& exit_code) {
       if (f.step != step) std::printf("step %lld:\n", static_cast<long long>(step = f.step));
       Print(f);
     }
-    std::printf("%zu findings: %d errors, %d warnings, %d notes\n", all.size(), counts[2], counts[1], counts[0]);
+    std::printf("%zu findings: %d error%s, %d warning%s, %d note%s\n", all.size(), counts[2], counts[2] == 1 ? "" : "s",
+                counts[1], counts[1] == 1 ? "" : "s", counts[0], counts[0] == 1 ? "" : "s");
   });
 }
 

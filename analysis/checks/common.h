@@ -54,6 +54,11 @@ inline Finding At(absl::string_view check, Severity severity, const StepView& st
   return f;
 }
 
+// "1 op", "3 ops".
+inline std::string Count(int64_t n, absl::string_view one, absl::string_view many) {
+  return absl::StrFormat("%d %s", n, n == 1 ? one : many);
+}
+
 // JSON has no Inf or NaN.
 inline llvm::json::Value Number(double v) { return std::isfinite(v) ? llvm::json::Value(v) : llvm::json::Value(nullptr); }
 

@@ -96,13 +96,14 @@ class DtypeHeadroom : public Check {
       const formats::TensorMeta* m = checks::ProducedOutput(trace, trace.ops[g.first_op]);
       if (kind == kNearLimit) {
         const double limit = m ? DTypeMax(m->dtype) : 0;
-        f.message = absl::StrFormat("%d ops hold 16-bit values within one bit of their range (abs-max %.6g of %.6g)",
-                                    g.ops, g.abs_max, limit);
+        f.message = absl::StrFormat("%s with 16-bit values within one bit of their range (abs-max %.6g of %.6g)",
+                                    checks::Count(g.ops, "op", "ops"), g.abs_max, limit);
         f.next = absl::StrFormat("moerr bisect %s --step %d --fraction 0.5", s.path, s.step);
       } else {
         const bool f16 = kind == kPastF16;
-        f.message = absl::StrFormat("%d ops hold %d values past %s's range (largest %.6g): held in %s, they overflow",
-                                    g.ops, g.values, f16 ? "fp16" : "bf16", g.abs_max, f16 ? "fp16" : "bf16");
+        f.message = absl::StrFormat("%s with %s past %s's range (largest %.6g): held in %s, they overflow",
+                                    checks::Count(g.ops, "op", "ops"), checks::Count(g.values, "value", "values"),
+                                    f16 ? "fp16" : "bf16", g.abs_max, f16 ? "fp16" : "bf16");
         f.next = absl::StrFormat("moerr bisect %s --step %d --limit %s --fraction 1", s.path, s.step,
                                  f16 ? "fp16" : "bf16");
       }
