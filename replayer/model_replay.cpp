@@ -74,6 +74,12 @@ absl::StatusOr<llvm::json::Object> ReadObject(const formats::BundleReader& reade
   return absl::InvalidArgumentError(absl::StrFormat("annotation \"%s\" is not a JSON object", key));
 }
 
+// A state tensor's role: weights, or Adam moments.
+formats::Role StateRole(const std::string& name) {
+  const bool weight = name.rfind("policy/", 0) == 0 || name.rfind("reference/", 0) == 0;
+  return weight ? formats::Role::kParameter : formats::Role::kOptimizerState;
+}
+
 }  // namespace
 
 absl::Status RecordTrainerStart(recorder::Recorder& rec, const moe::GrpoTrainer& trainer) {
@@ -87,10 +93,21 @@ absl::Status RecordTrainerStep(recorder::Recorder& rec, const moe::GrpoTrainer& 
   if (rec.mode() == recorder::CaptureMode::kStats) return absl::OkStatus();
   at::DisableRecordFunctionGuard no_record;
   for (auto& [name, t] : state.tensors) {
-    const bool weight = name.rfind("policy/", 0) == 0 || name.rfind("reference/", 0) == 0;
     // A copy: the step about to run changes these tensors in place.
-    rec.OnTensorBytes(kStatePrefix + name, weight ? formats::Role::kParameter : formats::Role::kOptimizerState,
-                      t.detach().clone());
+    rec.OnTensorBytes(kStatePrefix + name, StateRole(name), t.detach().clone());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteTrainer(formats::BundleWriter& writer, const moe::MoeConfig& config, const moe::GrpoOptions& options,
+                          int64_t step, const moe::TrainerState& state) {
+  MOERR_RETURN_IF_ERROR(writer.Annotate("model_config", moe::ToHfConfig(config)));
+  MOERR_RETURN_IF_ERROR(writer.Annotate("grpo_options", moe::ToJson(options)));
+  MOERR_RETURN_IF_ERROR(writer.Annotate("trainer_state", llvm::json::Object(state.scalars), step));
+  for (const auto& [name, t] : state.tensors) {
+    const at::Tensor copy = t.detach().contiguous();
+    MOERR_ASSIGN_OR_RETURN(formats::TensorView view, recorder::ViewOf(copy));
+    MOERR_RETURN_IF_ERROR(writer.PutTensor(kStatePrefix + name, StateRole(name), step, view));
   }
   return absl::OkStatus();
 }

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "formats/bundle_reader.h"
+#include "formats/bundle_writer.h"
 #include "moe/grpo_trainer.h"
 #include "recorder/recorder.h"
 
@@ -34,6 +35,12 @@ absl::Status RecordTrainerStep(recorder::Recorder& rec, const moe::GrpoTrainer& 
 // the bundle (numerics replaced when given), weights, Adam moments, sampler.
 absl::StatusOr<std::unique_ptr<moe::GrpoTrainer>> LoadTrainer(const formats::BundleReader& reader, int64_t step,
                                                               std::optional<moe::Numerics> numerics = std::nullopt);
+
+// What RecordTrainerStart and RecordTrainerStep write, for a bundle made
+// without running the trainer (a proxy): the config, options and `state` at
+// `step` (tensors are copied at once).
+absl::Status WriteTrainer(formats::BundleWriter& writer, const moe::MoeConfig& config, const moe::GrpoOptions& options,
+                          int64_t step, const moe::TrainerState& state);
 
 struct ModelReplayOptions {
   c10::Device device = c10::kCPU;

@@ -28,5 +28,6 @@ void AddReplayCommand(CLI::App& app, int& exit_code);
 void AddBisectCommand(CLI::App& app, int& exit_code);
 void AddDiffCommand(CLI::App& app, int& exit_code);
 void AddLintCommand(CLI::App& app, int& exit_code);
+void AddProxyCommand(CLI::App& app, int& exit_code);
 
 }  // namespace moerr::tools

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   AddBisectCommand(app, exit_code);
   AddDiffCommand(app, exit_code);
   AddLintCommand(app, exit_code);
+  AddProxyCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

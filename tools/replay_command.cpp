@@ -63,6 +63,13 @@ int ModelReplay(const formats::BundleReader& reader, int64_t step, replayer::Mod
   if (!a.ok()) return ReportError(a.status());
   auto b = formats::ReadTrace(**replay, step);
   if (!b.ok()) return ReportError(b.status());
+  if (a->ops.empty()) {
+    // A bundle without ops (a proxy): where the replayed step first overflows.
+    const auto first = analysis::FindFirstOverflow(*b);
+    std::printf("  the bundle records no ops to compare with (a proxy bundle); first overflow of the replay: %s\n",
+                first ? absl::StrFormat("op %d %s", first->op_index, Where(*first->op)).c_str() : "none");
+    return first ? kExitFinding : kExitOk;
+  }
   diff::DiffOptions diff_options;
   diff_options.compare_bytes = false;  // the replay is recorded with fingerprints only
   auto d = diff::DiffTraces(reader, *a, step, **replay, *b, step, diff_options);

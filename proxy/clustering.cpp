@@ -1,0 +1,155 @@
+#include "proxy/clustering.h"
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "absl/strings/str_format.h"
+
+namespace moerr::proxy {
+namespace {
+
+at::Tensor CosineDistance(const at::Tensor& rows) {  // [E, d] -> [E, E]
+  const at::Tensor n = rows.to(at::kDouble);
+  const at::Tensor unit = n / n.norm(2, 1, /*keepdim=*/true).clamp_min(1e-30);
+  return (1 - unit.mm(unit.t())).clamp_min(0);
+}
+
+// Original ids sorted by descending frequency (ties: lower id first).
+std::vector<int64_t> ByFrequency(const at::Tensor& frequency, const std::vector<int64_t>& ids) {
+  std::vector<int64_t> order = ids;
+  const auto f = frequency.accessor<double, 1>();
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return f[a] > f[b]; });
+  return order;
+}
+
+// Chooses `keep` of `ids` (one routing group, or the whole layer), `forced`
+// among them first. Returns the kept ids and, per id, the kept id it maps to.
+void PlanGroup(const LayerStats& s, const at::Tensor& d, const std::vector<int64_t>& ids, int64_t keep,
+               const std::vector<int64_t>& forced, const ClusterOptions& options, std::vector<int64_t>& kept,
+               std::vector<int64_t>& medoid_of) {
+  const auto dist = d.accessor<double, 2>();
+  const auto f = s.frequency.accessor<double, 1>();
+  std::vector<int64_t> medoids(forced.begin(), forced.end());
+  auto add_until_full = [&](const std::vector<int64_t>& candidates) {
+    for (int64_t e : candidates) {
+      if (static_cast<int64_t>(medoids.size()) >= keep) break;
+      if (std::find(medoids.begin(), medoids.end(), e) == medoids.end()) medoids.push_back(e);
+    }
+  };
+  if (options.method == Method::kRandom) {
+    std::vector<int64_t> shuffled = ids;
+    std::mt19937_64 rng(options.seed * 1000003 + s.layer);
+    std::shuffle(shuffled.begin(), shuffled.end(), rng);
+    add_until_full(shuffled);
+  } else {
+    add_until_full(ByFrequency(s.frequency, ids));
+  }
+  auto nearest = [&](int64_t e) {
+    int64_t best = medoids.front();
+    for (int64_t m : medoids) {
+      if (dist[e][m] < dist[e][best] || (dist[e][m] == dist[e][best] && m < best)) best = m;
+    }
+    return best;
+  };
+  if (options.method == Method::kCluster) {
+    const size_t fixed = forced.size();
+    for (int iteration = 0; iteration < 50; ++iteration) {
+      bool changed = false;
+      for (size_t c = fixed; c < medoids.size(); ++c) {
+        // Members: the ids whose nearest medoid is medoids[c].
+        std::vector<int64_t> members;
+        for (int64_t e : ids) {
+          if (nearest(e) == medoids[c]) members.push_back(e);
+        }
+        int64_t best = medoids[c];
+        double best_cost = 0;
+        for (int64_t j : members) best_cost += (f[j] + 1) * dist[best][j];
+        for (int64_t m : members) {
+          double cost = 0;
+          for (int64_t j : members) cost += (f[j] + 1) * dist[m][j];
+          if (cost < best_cost - 1e-12) best = m, best_cost = cost;
+        }
+        if (best != medoids[c]) medoids[c] = best, changed = true;
+      }
+      if (!changed) break;
+    }
+  }
+  for (int64_t e : ids) medoid_of[e] = nearest(e);
+  kept.insert(kept.end(), medoids.begin(), medoids.end());
+}
+
+}  // namespace
+
+absl::StatusOr<Method> ParseMethod(const std::string& name) {
+  if (name == "cluster") return Method::kCluster;
+  if (name == "frequency") return Method::kFrequency;
+  if (name == "random") return Method::kRandom;
+  return absl::InvalidArgumentError(absl::StrFormat("unknown method \"%s\" (cluster, frequency, random)", name));
+}
+
+std::string MethodName(Method m) {
+  switch (m) {
+    case Method::kCluster: return "cluster";
+    case Method::kFrequency: return "frequency";
+    case Method::kRandom: return "random";
+  }
+  return "?";
+}
+
+at::Tensor FusedDistance(const LayerStats& s, const ClusterOptions& options) {
+  const at::Tensor freq = s.frequency.clamp_min(1);
+  // Co-activation similarity normalised by both frequencies: 1 for experts
+  // always chosen together.
+  const at::Tensor coact = (s.coactivation / (freq.unsqueeze(1) * freq.unsqueeze(0)).sqrt()).clamp(0, 1);
+  const double total = options.w_router + options.w_coactivation + options.w_context;
+  at::Tensor d = (options.w_router * CosineDistance(s.router_rows) + options.w_coactivation * (1 - coact) +
+                  options.w_context * CosineDistance(s.context)) /
+                 total;
+  d.fill_diagonal_(0);
+  return d.contiguous();
+}
+
+absl::StatusOr<LayerPlan> PlanLayer(const LayerStats& s, int64_t keep, const std::vector<int64_t>& implicated,
+                                    const ClusterOptions& options) {
+  const int64_t groups = std::max<int64_t>(1, options.groups);
+  if (keep < 1 || keep > s.experts || keep % groups != 0 || s.experts % groups != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "layer %d: cannot keep %d of %d experts in %d routing groups (keep must divide evenly)", s.layer, keep,
+        s.experts, groups));
+  }
+  LayerPlan plan;
+  plan.layer = s.layer;
+  std::vector<int64_t> forced;
+  if (options.force) {
+    forced = implicated;
+    const at::Tensor peaks = s.max_activation;
+    const double median = peaks.median().item<double>();
+    for (int64_t e = 0; e < s.experts; ++e) {
+      if (median > 0 && peaks[e].item<double>() > options.super_factor * median) forced.push_back(e);
+    }
+    std::sort(forced.begin(), forced.end());
+    forced.erase(std::unique(forced.begin(), forced.end()), forced.end());
+  }
+  plan.forced = forced;
+  plan.medoid_of.assign(s.experts, -1);
+  const at::Tensor d = FusedDistance(s, options);
+  const int64_t per_group = s.experts / groups, quota = keep / groups;
+  for (int64_t g = 0; g < groups; ++g) {
+    std::vector<int64_t> ids(per_group), group_forced;
+    std::iota(ids.begin(), ids.end(), g * per_group);
+    for (int64_t e : forced) {
+      if (e / per_group == g) group_forced.push_back(e);
+    }
+    if (static_cast<int64_t>(group_forced.size()) > quota) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "layer %d: %d experts are forced in (implicated or super) but only %d may be kept%s", s.layer,
+          group_forced.size(), quota, groups > 1 ? " per group" : ""));
+    }
+    PlanGroup(s, d, ids, quota, group_forced, options, plan.kept, plan.medoid_of);
+  }
+  std::sort(plan.kept.begin(), plan.kept.end());
+  return plan;
+}
+
+}  // namespace moerr::proxy

@@ -1,0 +1,53 @@
+// Which experts a proxy keeps (DESIGN.md, "Proxy").
+//
+// cluster (default): distances between experts fused from router-row cosine,
+//   co-activation and routed-context cosine; k-medoids initialised with the
+//   forced keeps and then the most frequent experts, each medoid updated to
+//   the member with the least frequency-weighted distance to its cluster;
+//   forced keeps stay medoids. Every expert maps to its cluster's medoid.
+// frequency: the most frequently selected experts.
+// random: a seeded random subset.
+// Forced keeps (all methods but the baselines when told): experts implicated
+// in the recorded failure and super experts (output peak past `super_factor`
+// times the layer's median peak). With grouped routing (DeepSeek-V3 n_group >
+// 1) each group keeps keep / n_group experts, chosen within the group. Other
+// methods map a dropped expert to its nearest kept one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proxy/expert_stats.h"
+
+namespace moerr::proxy {
+
+enum class Method { kCluster, kFrequency, kRandom };
+absl::StatusOr<Method> ParseMethod(const std::string& name);
+std::string MethodName(Method m);
+
+struct ClusterOptions {
+  Method method = Method::kCluster;
+  double w_router = 1.0, w_coactivation = 1.0, w_context = 1.0;  // distance fusion weights
+  double super_factor = 10.0;
+  bool force = true;      // keep implicated and super experts
+  uint64_t seed = 0;      // kRandom
+  int64_t groups = 1;     // n_group of grouped routing
+};
+
+struct LayerPlan {
+  int64_t layer = 0;
+  std::vector<int64_t> kept;       // original ids, ascending: new expert i is kept[i]
+  std::vector<int64_t> medoid_of;  // per original expert: the kept expert it maps to
+  std::vector<int64_t> forced;     // forced keeps, ascending
+};
+
+// [E, E] fused distance matrix (0 on the diagonal) of a layer.
+at::Tensor FusedDistance(const LayerStats& s, const ClusterOptions& options);
+
+// `keep` experts of `s`; `implicated` are original ids forced in (failure).
+absl::StatusOr<LayerPlan> PlanLayer(const LayerStats& s, int64_t keep, const std::vector<int64_t>& implicated,
+                                    const ClusterOptions& options);
+
+}  // namespace moerr::proxy

@@ -1,0 +1,83 @@
+#include "proxy/expert_stats.h"
+
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <map>
+
+#include "absl/strings/str_format.h"
+#include "recorder/routing_hook.h"
+#include "recorder/tensor_adapter.h"
+#include "support/status.h"
+
+namespace moerr::proxy {
+namespace {
+
+// Keeps each MoE layer's router input and choice of the calibration pass.
+struct Capture : recorder::RoutingObserver {
+  std::map<int64_t, std::pair<at::Tensor, at::Tensor>> by_layer;  // hidden [T, h], ids [T, k]
+  void OnRouting(const recorder::RoutingEvent& e) override {
+    by_layer[e.layer] = {e.hidden.detach().to(at::kFloat), e.topk_ids.detach()};
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<LayerStats>> CollectStats(const formats::BundleReader& reader, int64_t step,
+                                                     const formats::Trace& trace, moe::MoeTransformer& model,
+                                                     const at::Tensor& calibration) {
+  at::DisableRecordFunctionGuard no_record;
+  torch::NoGradGuard no_grad;
+  std::map<int64_t, LayerStats> stats;
+  for (moe::MoeLayer& moe : model->MoeLayers()) {
+    LayerStats& s = stats[moe->gate()->layer()];
+    const int64_t e = moe->gate()->weight.size(0);
+    s.layer = moe->gate()->layer();
+    s.experts = e;
+    s.frequency = at::zeros({e}, at::kDouble);
+    s.weight_mass = at::zeros({e}, at::kDouble);
+    s.coactivation = at::zeros({e, e}, at::kDouble);
+    s.router_rows = moe->gate()->weight.detach().to(at::kFloat).clone();
+  }
+  // The recorded routing of the step.
+  for (const formats::RoutingRecord& r : trace.routing) {
+    auto it = stats.find(r.layer);
+    if (it == stats.end()) return absl::InvalidArgumentError(absl::StrFormat("routing for layer %d, not a MoE layer", r.layer));
+    LayerStats& s = it->second;
+    MOERR_ASSIGN_OR_RETURN(formats::OwnedTensor ids_owned, reader.ReadTensor(r.topk_ids, step));
+    MOERR_ASSIGN_OR_RETURN(formats::OwnedTensor w_owned, reader.ReadTensor(r.topk_weights, step));
+    const at::Tensor ids = recorder::ToTensor(ids_owned.view()).to(at::kLong);
+    const at::Tensor w = recorder::ToTensor(w_owned.view()).to(at::kDouble);
+    if (ids.dim() != 2 || w.sizes() != ids.sizes() || (ids.numel() && (ids.min().item<int64_t>() < 0 ||
+                                                                       ids.max().item<int64_t>() >= s.experts))) {
+      return absl::DataLossError(absl::StrFormat("%s: ids do not fit layer %d's %d experts", r.topk_ids, r.layer, s.experts));
+    }
+    s.frequency += at::bincount(ids.reshape({-1}), {}, s.experts).to(at::kDouble);
+    s.weight_mass.index_add_(0, ids.reshape({-1}), w.reshape({-1}));
+    const at::Tensor onehot = at::zeros({ids.size(0), s.experts}, at::kDouble).scatter_(1, ids, 1.0);  // [T, E]
+    s.coactivation += onehot.t().mm(onehot);
+  }
+  // The calibration pass: routed contexts and output peaks.
+  Capture capture;
+  model->SetRoutingObserver(&capture);
+  model->forward(calibration);
+  model->SetRoutingObserver(nullptr);
+  for (moe::MoeLayer& moe : model->MoeLayers()) {
+    LayerStats& s = stats[moe->gate()->layer()];
+    const auto& [hidden, ids] = capture.by_layer.at(s.layer);
+    s.context = at::zeros({s.experts, hidden.size(1)}, at::kFloat);
+    s.max_activation = at::zeros({s.experts}, at::kDouble);
+    for (int64_t e = 0; e < s.experts; ++e) {
+      const at::Tensor rows = ids.eq(e).any(1).nonzero().reshape({-1});
+      const at::Tensor x = rows.numel() > 0 ? hidden.index_select(0, rows) : hidden;
+      if (rows.numel() > 0) s.context[e] = x.mean(0);
+      const at::Tensor y = moe->expert(e)->forward(x.to(moe->gate()->weight.scalar_type()));
+      s.max_activation[e] = y.abs().max().item<double>();
+    }
+  }
+  std::vector<LayerStats> out;
+  for (auto& [layer, s] : stats) out.push_back(std::move(s));
+  return out;
+}
+
+}  // namespace moerr::proxy

@@ -1,0 +1,37 @@
+// Per-expert statistics of each MoE layer (DESIGN.md, "Proxy"), the inputs of
+// expert clustering: from the step's recorded routing, selection frequency,
+// router-weight mass and co-activation; from a calibration forward pass of the
+// model, the routed-context prototype (mean router input of the tokens routed
+// to an expert) and the expert's largest output activation; from the weights,
+// the router rows.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "formats/bundle_reader.h"
+#include "formats/trace.h"
+#include "moe/moe_transformer.h"
+
+namespace moerr::proxy {
+
+struct LayerStats {
+  int64_t layer = 0;         // decoder layer index
+  int64_t experts = 0;       // E
+  at::Tensor frequency;      // [E] f64: routed token slots in the recorded step
+  at::Tensor weight_mass;    // [E] f64: sum of the routing weights it received
+  at::Tensor coactivation;   // [E, E] f64: tokens that chose both (diagonal: frequency)
+  at::Tensor context;        // [E, hidden] f32: mean router input of its calibration tokens (0: none)
+  at::Tensor router_rows;    // [E, hidden] f32
+  at::Tensor max_activation;  // [E] f64: largest |output| on its calibration tokens
+};
+
+// `calibration` [n, S] int64 token sequences for the forward pass.
+absl::StatusOr<std::vector<LayerStats>> CollectStats(const formats::BundleReader& reader, int64_t step,
+                                                     const formats::Trace& trace, moe::MoeTransformer& model,
+                                                     const at::Tensor& calibration);
+
+}  // namespace moerr::proxy

@@ -1,0 +1,208 @@
+#include "proxy/proxy_builder.h"
+
+#include <ATen/record_function.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <random>
+#include <regex>
+
+#include "absl/strings/str_format.h"
+#include "analysis/first_overflow.h"
+#include "formats/bundle_writer.h"
+#include "moe/addition_task.h"
+#include "moe/checkpoint.h"
+#include "proxy/expert_stats.h"
+#include "proxy/surgery.h"
+#include "recorder/tensor_adapter.h"
+#include "replayer/model_replay.h"
+#include "support/status.h"
+#include "support/torch_boundary.h"
+
+namespace moerr::proxy {
+namespace {
+
+int64_t CountParameters(moe::MoeTransformer& model) {
+  int64_t n = 0;
+  for (const at::Tensor& p : model->parameters()) n += p.numel();
+  return n;
+}
+
+// The (layer, expert) a module path names: "model.layers.L.MLP.experts.E...".
+std::optional<std::pair<int64_t, int64_t>> ExpertOf(const std::string& module) {
+  static const std::regex re(R"(^model\.layers\.(\d+)\.\w+\.experts\.(\d+)(\..*)?$)");
+  std::smatch m;
+  if (!std::regex_match(module, m, re)) return std::nullopt;
+  return std::make_pair(std::stoll(m[1]), std::stoll(m[2]));
+}
+
+// The proxy's trainer state: tensors mapped, Adam steps renamed with them.
+moe::TrainerState MapState(const moe::TrainerState& original, const std::vector<LayerPlan>& plans) {
+  moe::TrainerState out;
+  out.scalars = original.scalars;
+  llvm::json::Object adam_steps;
+  for (const auto& [name, t] : original.tensors) {
+    if (auto mapped = MapTensor(name, t, plans)) out.tensors.push_back(*std::move(mapped));
+  }
+  if (const llvm::json::Object* steps = original.scalars.getObject("adam_step")) {
+    for (const auto& [name, n] : *steps) {
+      if (auto mapped = MapTensor(name.str(), at::Tensor(), plans)) adam_steps[mapped->first] = n;
+    }
+  }
+  out.scalars["adam_step"] = std::move(adam_steps);
+  return out;
+}
+
+llvm::json::Object PlanJson(const LayerPlan& p) {
+  llvm::json::Array kept, maps, forced;
+  for (int64_t e : p.kept) kept.push_back(e);
+  for (int64_t e : p.medoid_of) maps.push_back(e);
+  for (int64_t e : p.forced) forced.push_back(e);
+  return llvm::json::Object{{"layer", p.layer}, {"kept", std::move(kept)}, {"maps_to", std::move(maps)},
+                            {"forced", std::move(forced)}};
+}
+
+}  // namespace
+
+absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, const ProxyOptions& options) {
+  if (options.out_dir.empty()) return absl::InvalidArgumentError("an output directory is required (-o DIR)");
+  ProxyReport report;
+  // The step: the first that overflowed, else the first complete one.
+  const std::vector<int64_t> complete = reader.CompleteSteps();
+  if (complete.empty()) return absl::NotFoundError("the bundle has no complete step");
+  report.step = options.step >= 0 ? options.step : complete.front();
+  if (options.step < 0) {
+    for (int64_t step : complete) {
+      MOERR_ASSIGN_OR_RETURN(formats::Trace candidate, formats::ReadTrace(reader, step));
+      if (analysis::FindFirstOverflow(candidate)) {
+        report.step = step;
+        break;
+      }
+    }
+  }
+  MOERR_ASSIGN_OR_RETURN(formats::Trace trace, formats::ReadTrace(reader, report.step));
+  const std::optional<analysis::FirstOverflow> failure = analysis::FindFirstOverflow(trace);
+  if (failure) {
+    for (const formats::OpEvent* op : {failure->op, failure->forward_op}) {
+      if (op == nullptr) continue;
+      if (auto e = ExpertOf(op->module)) report.implicated.push_back(*e);
+    }
+  }
+
+  MOERR_ASSIGN_OR_RETURN(std::unique_ptr<moe::GrpoTrainer> trainer, replayer::LoadTrainer(reader, report.step));
+  moe::MoeTransformer& policy = trainer->policy();
+  const moe::MoeConfig& config = policy->config();
+  report.experts = config.num_experts;
+  report.kept = options.keep > 0 ? options.keep
+                                 : std::max<int64_t>(1, static_cast<int64_t>(config.num_experts * options.keep_fraction + 0.5));
+  MOERR_ASSIGN_OR_RETURN(moe::MoeConfig proxy_config, ProxyConfig(config, report.kept));
+  ClusterOptions cluster = options.cluster;
+  cluster.groups = config.router == moe::RouterKind::kSigmoidGroupedTopK ? config.n_group : 1;
+
+  MOERR_RETURN_IF_ERROR(CatchTorch("building the proxy", [&]() -> absl::Status {
+    std::mt19937_64 rng(options.cluster.seed + 17);
+    const moe::AdditionTask task;
+    const moe::AdditionTask::Batch calib = task.Sample(64, rng);
+    MOERR_ASSIGN_OR_RETURN(std::vector<LayerStats> stats,
+                           CollectStats(reader, report.step, trace, policy, at::cat({calib.prompts, calib.answers}, 1)));
+    for (const LayerStats& s : stats) {
+      std::vector<int64_t> implicated;
+      for (const auto& [layer, expert] : report.implicated) {
+        if (layer == s.layer) implicated.push_back(expert);
+      }
+      MOERR_ASSIGN_OR_RETURN(LayerPlan plan, PlanLayer(s, report.kept, implicated, cluster));
+      report.plans.push_back(std::move(plan));
+    }
+
+    // The proxy models: every tensor mapped; backbone tensors are the same.
+    moe::MoeTransformer proxy_policy(proxy_config);
+    std::map<std::string, formats::TensorView> weights;
+    std::vector<at::Tensor> keep_alive;
+    for (const auto& [name, t] : policy->NamedTensors()) {
+      auto mapped = MapTensor(name, t, report.plans);
+      if (!mapped) continue;
+      keep_alive.push_back(mapped->second.detach().contiguous());
+      MOERR_ASSIGN_OR_RETURN(weights[mapped->first], recorder::ViewOf(keep_alive.back()));
+    }
+    MOERR_RETURN_IF_ERROR(moe::LoadWeights(proxy_policy, weights));
+    report.params_original = CountParameters(policy);
+    report.params_proxy = CountParameters(proxy_policy);
+
+    if (::mkdir(options.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+      return absl::InternalError(absl::StrFormat("cannot create %s: %s", options.out_dir, std::strerror(errno)));
+    }
+    report.bundle = options.out_dir + "/proxy.moerr";
+    report.checkpoint = options.out_dir + "/checkpoint";
+    report.cluster_map = options.out_dir + "/clusters.json";
+    MOERR_RETURN_IF_ERROR(moe::SaveCheckpoint(proxy_policy, report.checkpoint, options.overwrite));
+
+    // The proxy bundle: trainer state and mapped routing of the step.
+    MOERR_ASSIGN_OR_RETURN(auto writer, formats::BundleWriter::Create(
+                                            report.bundle, formats::WriterOptions().set_overwrite(options.overwrite)));
+    MOERR_RETURN_IF_ERROR(writer->BeginStep(report.step));
+    MOERR_RETURN_IF_ERROR(replayer::WriteTrainer(*writer, proxy_config, trainer->options(), report.step,
+                                                 MapState(trainer->SaveState(), report.plans)));
+    for (const formats::RoutingRecord& r : trace.routing) {
+      const LayerPlan* plan = nullptr;
+      for (const LayerPlan& p : report.plans) plan = p.layer == r.layer ? &p : plan;
+      if (plan == nullptr) continue;
+      MOERR_ASSIGN_OR_RETURN(formats::OwnedTensor ids, reader.ReadTensor(r.topk_ids, report.step));
+      at::Tensor logits;
+      if (!r.logits.empty()) {
+        MOERR_ASSIGN_OR_RETURN(formats::OwnedTensor l, reader.ReadTensor(r.logits, report.step));
+        logits = recorder::ToTensor(l.view()).to(at::kFloat);
+      }
+      const at::Tensor mapped = MapRouting(recorder::ToTensor(ids.view()), logits, *plan, proxy_config.top_k);
+      formats::RoutingRecord out;
+      out.layer = r.layer;
+      out.micro_batch = r.micro_batch;
+      const std::string prefix = absl::StrFormat("routing/L%d/mb%d/", r.layer, r.micro_batch);
+      out.topk_ids = prefix + "topk_ids";
+      out.topk_weights = prefix + "topk_weights";
+      // Weights: the kept experts' softmax over the sliced logits (uniform without logits).
+      at::Tensor w = at::full(mapped.sizes(), 1.0 / proxy_config.top_k, at::kFloat);
+      at::Tensor sliced;
+      if (logits.defined()) {
+        sliced = logits.index_select(1, at::tensor(plan->kept, at::kLong)).contiguous();
+        w = at::softmax(sliced, -1).gather(1, mapped);
+        if (proxy_config.norm_topk_prob) w = w / w.sum(-1, true);
+        out.logits = prefix + "logits";
+      }
+      const at::Tensor counts = at::bincount(mapped.reshape({-1}), {}, report.kept);
+      out.token_counts.assign(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel());
+      for (const auto& [name, t] : {std::pair<std::string, at::Tensor>{out.topk_ids, mapped.to(at::kInt).contiguous()},
+                                    {out.topk_weights, w.contiguous()},
+                                    {out.logits, sliced}}) {
+        if (name.empty()) continue;
+        MOERR_ASSIGN_OR_RETURN(formats::TensorView view, recorder::ViewOf(t));
+        MOERR_RETURN_IF_ERROR(writer->PutTensor(name, formats::Role::kOther, report.step, view));
+      }
+      formats::Record record;
+      record.kind = static_cast<uint16_t>(formats::RecordKind::kRouting);
+      record.step = report.step;
+      record.routing = std::move(out);
+      MOERR_RETURN_IF_ERROR(writer->AppendRecord(std::move(record)));
+    }
+    if (auto metrics = reader.ReadAnnotation("metrics", report.step); metrics.ok()) {
+      MOERR_RETURN_IF_ERROR(writer->Annotate("metrics", *std::move(metrics), report.step));
+    }
+    llvm::json::Array plans;
+    for (const LayerPlan& p : report.plans) plans.push_back(PlanJson(p));
+    const llvm::json::Object info{{"method", MethodName(options.cluster.method)},
+                                  {"experts", report.experts},
+                                  {"kept", report.kept},
+                                  {"step", report.step},
+                                  {"forced_keeps", options.cluster.force},
+                                  {"layers", llvm::json::Array(plans)}};
+    MOERR_RETURN_IF_ERROR(writer->Annotate("proxy", llvm::json::Object(info)));
+    MOERR_RETURN_IF_ERROR(writer->EndStep(report.step));
+    MOERR_RETURN_IF_ERROR(writer->Close());
+    std::ofstream map(report.cluster_map, std::ios::trunc);
+    map << llvm::formatv("{0:2}", llvm::json::Value(llvm::json::Object(info))).str() << "\n";
+    if (!map.good()) return absl::InternalError("cannot write " + report.cluster_map);
+    return absl::OkStatus();
+  }));
+  return report;
+}
+
+}  // namespace moerr::proxy

@@ -1,0 +1,214 @@
+// The proxy: surgery keeps the backbone bitwise and the kept experts in
+// order, mapped routing names only kept experts, proxies of every family load
+// back, clustering is deterministic, and a fault reproduces in the proxy.
+#include "proxy/proxy_builder.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <regex>
+#include <set>
+
+#include "absl/strings/str_format.h"
+#include "analysis/first_overflow.h"
+#include "moe/checkpoint.h"
+#include "proxy/surgery.h"
+#include "recorder/tensor_adapter.h"
+#include "replayer/model_replay.h"
+#include "tests/formats/test_util.h"
+#include "tests/replayer/recording.h"
+
+namespace moerr::proxy {
+namespace {
+
+using formats::testing::TempDir;
+
+bool IsExpertOrGate(const std::string& name) {
+  static const std::regex re(R"(.*\.(experts\.\d+\.|gate\.(weight|e_score_correction_bias)$).*)");
+  return std::regex_match(name, re);
+}
+
+TEST(ProxyTest, SurgeryKeepsTheBackboneAndTheKeptExpertsInOrder) {
+  TempDir dir;
+  auto reader = testing::RecordTinySteps(dir.File("r.moerr"), moe::Precision::kFp32,
+                                         recorder::CaptureMode::kReplayable, 1);
+  ProxyOptions options;
+  options.keep = 3;
+  options.out_dir = dir.File("p");
+  const ProxyReport report = BuildProxy(*reader, options).value();
+  ASSERT_EQ(report.plans.size(), 2u);
+  moe::MoeTransformer original = std::move(replayer::LoadTrainer(*reader, 0).value()->policy());
+  moe::MoeTransformer proxy = moe::LoadCheckpoint(report.checkpoint).value();
+  EXPECT_EQ(proxy->config().num_experts, 3);
+  EXPECT_LT(report.params_proxy, report.params_original);
+  std::map<std::string, at::Tensor> before, after;
+  for (const auto& [name, t] : original->NamedTensors()) before[name] = t;
+  for (const auto& [name, t] : proxy->NamedTensors()) after[name] = t;
+  int backbone = 0;
+  for (const auto& [name, t] : proxy->NamedTensors()) {
+    if (IsExpertOrGate(name)) continue;
+    ASSERT_TRUE(before.count(name)) << name;
+    EXPECT_TRUE(t.equal(before[name])) << name;  // bitwise
+    ++backbone;
+  }
+  EXPECT_GT(backbone, 10);
+  for (const LayerPlan& plan : report.plans) {
+    EXPECT_TRUE(std::is_sorted(plan.kept.begin(), plan.kept.end()));
+    const std::string prefix = absl::StrFormat("model.layers.%d.mlp.", plan.layer);
+    const at::Tensor rows = at::tensor(plan.kept, at::kLong);
+    const at::Tensor& w_proxy = after[prefix + "gate.weight"];
+    EXPECT_TRUE(w_proxy.equal(before[prefix + "gate.weight"].index_select(0, rows)));
+    for (size_t i = 0; i < plan.kept.size(); ++i) {
+      const std::string from = absl::StrFormat("%sexperts.%d.down_proj.weight", prefix, plan.kept[i]);
+      const std::string to = absl::StrFormat("%sexperts.%d.down_proj.weight", prefix, i);
+      EXPECT_TRUE(after[to].equal(before[from])) << to;
+    }
+    // The kept experts' scores rank as they did in the original router.
+    const at::Tensor x = at::randn({64, w_proxy.size(1)}, at::kDouble);
+    const at::Tensor ranked_proxy = std::get<1>(x.mm(w_proxy.to(at::kDouble).t()).sort(1));
+    const at::Tensor ranked_original =
+        std::get<1>(x.mm(before[prefix + "gate.weight"].to(at::kDouble).t()).index_select(1, rows).sort(1));
+    EXPECT_TRUE(ranked_proxy.equal(ranked_original));
+  }
+}
+
+TEST(ProxyTest, MappedRoutingNamesOnlyKeptExperts) {
+  TempDir dir;
+  auto reader = testing::RecordTinySteps(dir.File("r.moerr"), moe::Precision::kFp32,
+                                         recorder::CaptureMode::kReplayable, 1);
+  ProxyOptions options;
+  options.keep = 2;
+  options.out_dir = dir.File("p");
+  const ProxyReport report = BuildProxy(*reader, options).value();
+  auto proxy = formats::BundleReader::Open(report.bundle).value();
+  const formats::Trace recorded = formats::ReadTrace(*reader, 0).value();
+  const formats::Trace mapped = formats::ReadTrace(*proxy, 0).value();
+  ASSERT_EQ(mapped.routing.size(), recorded.routing.size());
+  for (size_t r = 0; r < mapped.routing.size(); ++r) {
+    const LayerPlan* plan = nullptr;
+    for (const LayerPlan& p : report.plans) plan = p.layer == mapped.routing[r].layer ? &p : plan;
+    ASSERT_NE(plan, nullptr);
+    const at::Tensor ids = recorder::ToTensor(proxy->ReadTensor(mapped.routing[r].topk_ids, 0)->view()).to(at::kLong);
+    const at::Tensor was =
+        recorder::ToTensor(reader->ReadTensor(recorded.routing[r].topk_ids, 0)->view()).to(at::kLong);
+    EXPECT_EQ(ids.size(1), 2);
+    EXPECT_GE(ids.min().item<int64_t>(), 0);
+    EXPECT_LT(ids.max().item<int64_t>(), 2);
+    for (int64_t t = 0; t < ids.size(0); ++t) {
+      EXPECT_NE(ids[t][0].item<int64_t>(), ids[t][1].item<int64_t>());
+      // The first choice is the medoid of the recorded first choice.
+      const int64_t medoid = plan->medoid_of[was[t][0].item<int64_t>()];
+      EXPECT_EQ(plan->kept[ids[t][0].item<int64_t>()], medoid);
+    }
+  }
+  // And model replay runs the proxy step with that routing.
+  replayer::ModelReplayOptions replay;
+  replay.record_path = dir.File("replay.moerr");
+  auto replayed = replayer::ReplayModelStep(*proxy, 0, replay);
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  EXPECT_EQ(replayed->forced, replayed->decisions);
+  EXPECT_TRUE(replayed->routing_problem.empty()) << replayed->routing_problem;
+}
+
+class FamilyProxyTest : public ::testing::TestWithParam<moe::Family> {};
+
+TEST_P(FamilyProxyTest, LoadsBack) {
+  torch::manual_seed(0);
+  const moe::MoeConfig config = moe::Preset("tiny", GetParam()).value();
+  moe::MoeTransformer model(config);
+  const int64_t keep = 4;  // divisible by DeepSeek's 4 routing groups
+  std::vector<LayerPlan> plans;
+  for (int64_t layer = config.first_k_dense; layer < config.num_layers; ++layer) {
+    LayerPlan p;
+    p.layer = layer;
+    p.kept = {0, 2, 5, 7};
+    p.medoid_of = {0, 0, 2, 2, 5, 5, 7, 7};
+    plans.push_back(p);
+  }
+  const moe::MoeConfig proxy_config = ProxyConfig(config, keep).value();
+  moe::MoeTransformer proxy(proxy_config);
+  std::map<std::string, formats::TensorView> views;
+  std::vector<at::Tensor> alive;
+  for (const auto& [name, t] : model->NamedTensors()) {
+    auto mapped = MapTensor(name, t, plans);
+    if (!mapped) continue;
+    alive.push_back(mapped->second.contiguous());
+    views[mapped->first] = recorder::ViewOf(alive.back()).value();
+  }
+  ASSERT_TRUE(moe::LoadWeights(proxy, views).ok());
+  TempDir dir;
+  ASSERT_TRUE(moe::SaveCheckpoint(proxy, dir.File("ckpt"), false).ok());
+  auto loaded = moe::LoadCheckpoint(dir.File("ckpt"));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ((*loaded)->config().num_experts, keep);
+  EXPECT_EQ((*loaded)->config().family, config.family);
+  const at::Tensor tokens = at::randint(0, 16, {2, 6}, at::kLong);
+  EXPECT_TRUE((*loaded)->forward(tokens).equal(proxy->forward(tokens)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, FamilyProxyTest,
+                         ::testing::Values(moe::Family::kQwen2Moe, moe::Family::kQwen3Moe, moe::Family::kDeepseekV3,
+                                           moe::Family::kMixtral),
+                         [](const auto& info) { return moe::FamilyName(info.param); });
+
+TEST(ClusteringTest, IsDeterministicUnderASeed) {
+  torch::manual_seed(3);
+  LayerStats s;
+  s.layer = 1;
+  s.experts = 8;
+  s.frequency = at::rand({8}, at::kDouble) * 100;
+  s.weight_mass = s.frequency * 0.5;
+  const at::Tensor onehot = (at::rand({200, 8}) < 0.25).to(at::kDouble);
+  s.coactivation = onehot.t().mm(onehot);
+  s.context = at::randn({8, 16});
+  s.router_rows = at::randn({8, 16});
+  s.max_activation = at::rand({8}, at::kDouble) + 1;
+  s.max_activation[6] = 100.0;  // a super expert
+  for (Method method : {Method::kCluster, Method::kFrequency, Method::kRandom}) {
+    ClusterOptions options;
+    options.method = method;
+    options.seed = 11;
+    const LayerPlan a = PlanLayer(s, 3, {2}, options).value();
+    const LayerPlan b = PlanLayer(s, 3, {2}, options).value();
+    EXPECT_EQ(a.kept, b.kept) << MethodName(method);
+    EXPECT_EQ(a.medoid_of, b.medoid_of) << MethodName(method);
+    EXPECT_EQ(a.kept.size(), 3u);
+    EXPECT_EQ(a.forced, (std::vector<int64_t>{2, 6}));  // implicated and super
+    for (int64_t e : a.forced) EXPECT_TRUE(std::count(a.kept.begin(), a.kept.end(), e)) << e;
+    for (int64_t e = 0; e < 8; ++e) EXPECT_TRUE(std::count(a.kept.begin(), a.kept.end(), a.medoid_of[e]));
+  }
+  ClusterOptions too_many;
+  EXPECT_FALSE(PlanLayer(s, 1, {2}, too_many).ok());  // two forced keeps, one slot
+}
+
+// The proxy keeps the expert the failure names, and the failure reproduces:
+// the replayed proxy step overflows first in a routed expert, forward.
+TEST(ProxyTest, ExpertOverflowReproducesInTheProxy) {
+  TempDir dir;
+  moe::InjectedFault injected;
+  bool finite = true;
+  auto reader = testing::RecordFaultyStep(dir.File("f.moerr"), moe::FaultKind::kExpertOverflow,
+                                          recorder::CaptureMode::kReplayable, injected, finite);
+  ASSERT_FALSE(finite);
+  ProxyOptions options;
+  options.keep_fraction = 0.25;
+  options.out_dir = dir.File("p");
+  const ProxyReport report = BuildProxy(*reader, options).value();
+  ASSERT_EQ(report.implicated.size(), 1u);
+  EXPECT_EQ(absl::StrFormat("model.layers.%d.mlp.experts.%d", report.implicated[0].first, report.implicated[0].second),
+            injected.module);
+  auto proxy = formats::BundleReader::Open(report.bundle).value();
+  replayer::ModelReplayOptions replay;
+  replay.record_path = dir.File("replay.moerr");
+  const replayer::ModelReplayReport replayed = replayer::ReplayModelStep(*proxy, report.step, replay).value();
+  EXPECT_FALSE(replayed.metrics.finite);
+  auto recording = formats::BundleReader::Open(replay.record_path).value();
+  const formats::Trace trace = formats::ReadTrace(*recording, report.step).value();
+  const auto first = analysis::FindFirstOverflow(trace);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->op->phase, formats::Phase::kForward);
+  EXPECT_NE(first->op->module.find(".mlp.experts."), std::string::npos) << first->op->module;
+}
+
+}  // namespace
+}  // namespace moerr::proxy

@@ -1,0 +1,100 @@
+#include <cstdio>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "formats/bundle_reader.h"
+#include "proxy/proxy_builder.h"
+#include "tools/command.h"
+
+namespace moerr::tools {
+namespace {
+
+// "1/4" -> fraction 0.25; "3" -> 3 experts.
+absl::Status ParseKeep(const std::string& text, proxy::ProxyOptions& options) {
+  std::vector<std::string> parts = absl::StrSplit(text, '/');
+  int64_t a = 0, b = 0;
+  if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &a) && absl::SimpleAtoi(parts[1], &b) && a > 0 && b >= a) {
+    options.keep = 0;
+    options.keep_fraction = double(a) / b;
+    return absl::OkStatus();
+  }
+  if (parts.size() == 1 && absl::SimpleAtoi(parts[0], &a) && a > 0) {
+    options.keep = a;
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrFormat("--keep %s: a fraction like 1/4 or a count of experts", text));
+}
+
+}  // namespace
+
+void AddProxyCommand(CLI::App& app, int& exit_code) {
+  struct Options {
+    std::string bundle, out, keep = "1/4", method = "cluster";
+    int64_t step = -1;
+    uint64_t seed = 0;
+    bool no_forced = false, force = false;
+  };
+  auto opts = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "proxy", "Map a recorded step onto a model with fewer experts (clustering-based, structure-preserving "
+               "pruning): a proxy bundle that `moerr replay --model` runs, its HF checkpoint and the cluster map");
+  cmd->add_option("BUNDLE", opts->bundle, "A replayable or full bundle of the reference trainer")->required();
+  cmd->add_option("-o,--output", opts->out, "Output directory: proxy.moerr, checkpoint/, clusters.json")->required();
+  cmd->add_option("--keep", opts->keep, "Experts kept per MoE layer: a fraction (1/2, 1/4, 1/8) or a count")
+      ->capture_default_str();
+  cmd->add_option("--method", opts->method, "cluster, frequency or random")->capture_default_str();
+  cmd->add_option("--step", opts->step, "Step to map (default: the first that overflowed, else the first)");
+  cmd->add_option("--seed", opts->seed, "Seed of the random method and the calibration batch");
+  cmd->add_flag("--no-forced-keeps", opts->no_forced,
+                "Do not force in the experts the recorded failure names or super experts");
+  cmd->add_flag("--force", opts->force, "Overwrite an earlier proxy in the output directory");
+  cmd->callback([opts, &exit_code] {
+    proxy::ProxyOptions options;
+    options.step = opts->step;
+    options.out_dir = opts->out;
+    options.overwrite = opts->force;
+    options.cluster.seed = opts->seed;
+    options.cluster.force = !opts->no_forced;
+    absl::Status parsed = ParseKeep(opts->keep, options);
+    auto method = proxy::ParseMethod(opts->method);
+    if (!method.ok()) parsed = method.status();
+    if (!parsed.ok()) {
+      exit_code = ReportError(parsed);
+      return;
+    }
+    options.cluster.method = *method;
+    auto reader = formats::BundleReader::Open(opts->bundle);
+    if (!reader.ok()) {
+      exit_code = ReportError(reader.status());
+      return;
+    }
+    auto report = proxy::BuildProxy(**reader, options);
+    if (!report.ok()) {
+      exit_code = ReportError(report.status());
+      return;
+    }
+    exit_code = kExitOk;
+    std::printf("step %lld: %lld experts per MoE layer -> %lld (%s); policy parameters %lld -> %lld (%.2fx fewer)\n",
+                static_cast<long long>(report->step), static_cast<long long>(report->experts),
+                static_cast<long long>(report->kept), opts->method.c_str(),
+                static_cast<long long>(report->params_original), static_cast<long long>(report->params_proxy),
+                double(report->params_original) / report->params_proxy);
+    for (const auto& [layer, expert] : report->implicated) {
+      std::printf("  the recorded overflow is in layer %lld, expert %lld\n", static_cast<long long>(layer),
+                  static_cast<long long>(expert));
+    }
+    for (const proxy::LayerPlan& p : report->plans) {
+      std::vector<std::string> maps;
+      for (size_t e = 0; e < p.medoid_of.size(); ++e) maps.push_back(absl::StrFormat("%d->%d", e, p.medoid_of[e]));
+      std::printf("  layer %lld keeps %s%s; %s\n", static_cast<long long>(p.layer), absl::StrJoin(p.kept, ", ").c_str(),
+                  p.forced.empty() ? "" : absl::StrFormat(" (forced: %s)", absl::StrJoin(p.forced, ", ")).c_str(),
+                  absl::StrJoin(maps, " ").c_str());
+    }
+    std::printf("wrote %s (moerr replay %s --model), %s, %s\n", report->bundle.c_str(), report->bundle.c_str(),
+                report->checkpoint.c_str(), report->cluster_map.c_str());
+  });
+}
+
+}  // namespace moerr::tools
