@@ -29,5 +29,6 @@ void AddBisectCommand(CLI::App& app, int& exit_code);
 void AddDiffCommand(CLI::App& app, int& exit_code);
 void AddLintCommand(CLI::App& app, int& exit_code);
 void AddProxyCommand(CLI::App& app, int& exit_code);
+void AddProxyEvalCommand(CLI::App& app, int& exit_code);
 
 }  // namespace moerr::tools

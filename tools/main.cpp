@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   AddDiffCommand(app, exit_code);
   AddLintCommand(app, exit_code);
   AddProxyCommand(app, exit_code);
+  AddProxyEvalCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,7 +1,9 @@
 // load-imbalance: per MoE layer, the experts' share of the step's routed
 // token slots (all routing decisions of the step together): dead experts (no
 // token), the busiest expert against a fair share, and the normalised entropy
-// of the load (1: uniform, 0: one expert takes everything).
+// of the load (1: uniform, 0: one expert takes everything). An expert can take
+// at most E/k times its fair share (every token, with top-k routing), so the
+// warning ratio is 3, or 3/4 of that bound for layers with few experts.
 #include <cmath>
 #include <map>
 #include <vector>
@@ -12,7 +14,8 @@ namespace moerr::analysis {
 namespace {
 
 constexpr absl::string_view kName = "load-imbalance";
-constexpr double kWarnRatio = 3.0;  // busiest expert / fair share that is a warning
+constexpr double kWarnRatio = 3.0;       // busiest expert / fair share that is a warning
+constexpr double kWarnOfBound = 0.75;    // ... or this share of the largest possible ratio, E / k
 
 class LoadImbalance : public Check {
  public:
@@ -22,7 +25,12 @@ class LoadImbalance : public Check {
   absl::Status Run(const LintInput& input, std::vector<Finding>& out) const override {
     const StepView& s = input.bundle;
     std::map<int64_t, std::vector<int64_t>> counts;  // layer -> tokens per expert
+    std::map<int64_t, int64_t> top_k;                 // layer -> k
     for (const formats::RoutingRecord& r : s.trace->routing) {
+      if (const formats::TensorInfo* ids = s.reader->FindTensor(r.topk_ids, s.step)) {
+        const std::vector<int64_t>& shape = s.reader->index().blobs[ids->blob].shape;
+        if (shape.size() == 2) top_k[r.layer] = shape[1];
+      }
       std::vector<int64_t>& c = counts[r.layer];
       if (c.size() < r.token_counts.size()) c.resize(r.token_counts.size(), 0);
       for (size_t e = 0; e < r.token_counts.size(); ++e) c[e] += r.token_counts[e];
@@ -41,7 +49,9 @@ class LoadImbalance : public Check {
       }
       entropy /= std::log(double(c.size()));
       const double ratio = double(c[busiest]) / total * c.size();
-      const bool warn = dead > 0 || ratio >= kWarnRatio;
+      const int64_t k = top_k.count(layer) ? std::max<int64_t>(1, top_k[layer]) : 1;
+      const double warn_ratio = std::min(kWarnRatio, kWarnOfBound * double(c.size()) / k);
+      const bool warn = dead > 0 || ratio >= warn_ratio;
       Finding f = checks::At(kName, warn ? Severity::kWarning : Severity::kInfo, s, absl::StrFormat("layer %d", layer));
       f.message = absl::StrFormat("expert %d takes %.2fx its fair share (%.1f%% of %d slots); %d of %d experts got no "
                                   "token; load entropy %.3f",

@@ -2,6 +2,7 @@
 // order, mapped routing names only kept experts, proxies of every family load
 // back, clustering is deterministic, and a fault reproduces in the proxy.
 #include "proxy/proxy_builder.h"
+#include "proxy/proxy_eval.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -208,6 +209,39 @@ TEST(ProxyTest, ExpertOverflowReproducesInTheProxy) {
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(first->op->phase, formats::Phase::kForward);
   EXPECT_NE(first->op->module.find(".mlp.experts."), std::string::npos) << first->op->module;
+}
+
+// proxy-eval end to end on the tiny model: every configuration gets a row
+// with measured numbers, and faults that show in the original are counted.
+TEST(ProxyEvalTest, MeasuresEveryConfiguration) {
+  TempDir dir;
+  EvalOptions options;
+  options.preset = "tiny";
+  options.warmup_steps = 0;
+  options.out_dir = dir.File("eval");
+  options.steps = 4;
+  options.seeds = 1;
+  options.keeps = {0.5};
+  options.methods = {"cluster", "random"};
+  options.faults = {moe::FaultKind::kExpertOverflow, moe::FaultKind::kRouterCollapse};
+  const EvalReport report = EvaluateProxies(options).value();
+  ASSERT_EQ(report.rows.size(), 2u);
+  for (const EvalRow& row : report.rows) {
+    SCOPED_TRACE(row.method);
+    EXPECT_EQ(row.kept, 4);
+    EXPECT_GT(row.hidden_cosine, 0.5);
+    EXPECT_LE(row.hidden_cosine, 1.0 + 1e-9);
+    EXPECT_GE(row.logit_kl, 0.0);
+    EXPECT_GE(row.routing_agreement, 0.0);
+    EXPECT_LE(row.routing_agreement, 1.0);
+    EXPECT_EQ(row.cases, 2);  // both faults show in the original
+    EXPECT_LE(row.localised, row.reproduced);
+    EXPECT_LE(row.reproduced, row.cases);
+    EXPECT_GT(row.params_ratio, 1.0);
+  }
+  EXPECT_EQ(report.rows[0].reproduced, 2);  // cluster keeps the broken expert
+  EXPECT_NE(llvm::formatv("{0}", llvm::json::Value(ToJson(report))).str().find("\"routing_agreement\""),
+            std::string::npos);
 }
 
 }  // namespace

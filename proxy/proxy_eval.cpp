@@ -1,0 +1,318 @@
+#include "proxy/proxy_eval.h"
+
+#include <ATen/record_function.h>
+#include <sys/stat.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "analysis/check.h"
+#include "moe/checkpoint.h"
+#include "moe/training_run.h"
+#include "moe/warmup.h"
+#include "proxy/proxy_builder.h"
+#include "recorder/recorder.h"
+#include "replayer/model_replay.h"
+#include "support/status.h"
+#include "support/torch_boundary.h"
+
+namespace moerr::proxy {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Records `steps` steps of `trainer` (replayable, with the state model replay needs).
+absl::Status Record(moe::GrpoTrainer& trainer, const std::string& path, int64_t steps) {
+  MOERR_ASSIGN_OR_RETURN(auto rec, recorder::Recorder::Start(
+                                       recorder::RecordOptions(path).set_overwrite(true).set_crash_handler(false)));
+  trainer.policy()->SetRoutingObserver(rec.get());
+  MOERR_RETURN_IF_ERROR(replayer::RecordTrainerStart(*rec, trainer));
+  for (int64_t s = 0; s < steps; ++s) {
+    MOERR_RETURN_IF_ERROR(rec->StepBegin(s));
+    MOERR_RETURN_IF_ERROR(replayer::RecordTrainerStep(*rec, trainer));
+    const moe::StepMetrics m = trainer.Step();
+    MOERR_RETURN_IF_ERROR(rec->AnnotateStep("metrics", moe::MetricsToJson(m)));
+    MOERR_RETURN_IF_ERROR(rec->StepEnd(s, {m.loss, m.grad_norm}));
+  }
+  trainer.policy()->SetRoutingObserver(nullptr);
+  return rec->Stop();
+}
+
+// Pearson correlation over the pairs where both are finite; NaN when undefined.
+double Pearson(const std::vector<double>& a, const std::vector<double>& b) {
+  double n = 0, sa = 0, sb = 0, saa = 0, sbb = 0, sab = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) continue;
+    n += 1, sa += a[i], sb += b[i], saa += a[i] * a[i], sbb += b[i] * b[i], sab += a[i] * b[i];
+  }
+  const double va = saa - sa * sa / n, vb = sbb - sb * sb / n;
+  if (n < 3 || va <= 0 || vb <= 0) return NAN;
+  return (sab - sa * sb / n) / std::sqrt(va * vb);
+}
+
+// "model.layers.0.mlp.experts.3" -> "model.layers.mlp.experts"; "layer 1" -> "layer".
+std::string ModuleClass(const std::string& where) {
+  std::vector<std::string> kept;
+  for (absl::string_view part : absl::StrSplit(where, absl::ByAnyChar(". "))) {
+    if (!part.empty() && !std::all_of(part.begin(), part.end(), ::isdigit)) kept.emplace_back(part);
+  }
+  return absl::StrJoin(kept, ".");
+}
+
+// The lint check that names each fault.
+const char* CheckFor(moe::FaultKind f) {
+  switch (f) {
+    case moe::FaultKind::kExpertOverflow:
+    case moe::FaultKind::kGradOverflow: return "dtype-headroom";
+    case moe::FaultKind::kBadKernel:
+    case moe::FaultKind::kLogprobPrecision: return "hazardous-patterns";
+    case moe::FaultKind::kRouterCollapse: return "load-imbalance";
+    case moe::FaultKind::kSkipUpdate: return "optimizer-hazards";
+    case moe::FaultKind::kNone: break;
+  }
+  return "";
+}
+
+struct Symptom {
+  std::string phase, module_class;
+};
+
+// The worst finding (warning or worse) of the fault's check in `step`.
+absl::StatusOr<std::optional<Symptom>> FindSymptom(const formats::BundleReader& reader, int64_t step,
+                                                   moe::FaultKind fault) {
+  MOERR_ASSIGN_OR_RETURN(formats::Trace trace, formats::ReadTrace(reader, step));
+  const analysis::LintInput input{analysis::StepView{&reader, "", step, &trace}, std::nullopt};
+  MOERR_ASSIGN_OR_RETURN(std::vector<analysis::Finding> findings, analysis::RunChecks(input, {CheckFor(fault)}));
+  for (const analysis::Finding& f : findings) {
+    if (f.severity < analysis::Severity::kWarning) continue;
+    return std::optional<Symptom>(Symptom{f.phase, ModuleClass(f.where)});
+  }
+  return std::optional<Symptom>();
+}
+
+// Routing choices per MoE layer of a forward pass.
+struct Choices : recorder::RoutingObserver {
+  std::map<int64_t, at::Tensor> ids;
+  void OnRouting(const recorder::RoutingEvent& e) override { ids[e.layer] = e.topk_ids.detach().clone(); }
+};
+
+void StaticFidelity(moe::MoeTransformer& original, moe::MoeTransformer& proxy, const std::vector<LayerPlan>& plans,
+                    const at::Tensor& tokens, EvalRow& row) {
+  at::DisableRecordFunctionGuard no_record;
+  torch::NoGradGuard no_grad;
+  Choices co, cp;
+  original->SetRoutingObserver(&co);
+  proxy->SetRoutingObserver(&cp);
+  const moe::ForwardOutput fo = original->Forward(tokens, true), fp = proxy->Forward(tokens, true);
+  original->SetRoutingObserver(nullptr);
+  proxy->SetRoutingObserver(nullptr);
+  double cosine = 0;
+  for (size_t l = 0; l < fo.hidden.size(); ++l) {
+    cosine += at::cosine_similarity(fo.hidden[l].to(at::kDouble), fp.hidden[l].to(at::kDouble), -1).mean().item<double>();
+  }
+  row.hidden_cosine = cosine / fo.hidden.size();
+  const at::Tensor lo = at::log_softmax(fo.logits.to(at::kDouble), -1), lp = at::log_softmax(fp.logits.to(at::kDouble), -1);
+  row.logit_kl = (lo.exp() * (lo - lp)).sum(-1).mean().item<double>();
+  double agree = 0, slots = 0;
+  for (const LayerPlan& plan : plans) {
+    const at::Tensor a = co.ids.at(plan.layer), b = cp.ids.at(plan.layer);
+    std::vector<int64_t> index(plan.medoid_of.size(), -1);
+    for (size_t i = 0; i < plan.kept.size(); ++i) index[plan.kept[i]] = static_cast<int64_t>(i);
+    std::vector<int64_t> lookup(plan.medoid_of.size());
+    for (size_t e = 0; e < plan.medoid_of.size(); ++e) lookup[e] = index[plan.medoid_of[e]];
+    const at::Tensor mapped = at::tensor(lookup, at::kLong).index_select(0, a.reshape({-1})).view(a.sizes());
+    agree += b.unsqueeze(2).eq(mapped.unsqueeze(1)).any(2).sum().item<double>();
+    slots += b.numel();
+  }
+  row.routing_agreement = slots > 0 ? agree / slots : 1.0;
+}
+
+struct Trajectory {
+  std::vector<double> loss, reward, kl, grad_norm;
+  double seconds = 0;
+};
+
+Trajectory Train(const moe::MoeTransformer& model, int64_t steps, uint64_t seed) {
+  moe::MoeTransformer policy = moe::CopyOf(model), reference = moe::CopyOf(model);
+  moe::GrpoTrainer trainer(policy, reference, moe::AdditionTask(), moe::GrpoOptions(), seed);
+  Trajectory t;
+  const auto start = Clock::now();
+  for (int64_t s = 0; s < steps; ++s) {
+    const moe::StepMetrics m = trainer.Step();
+    t.loss.push_back(m.loss), t.reward.push_back(m.reward), t.kl.push_back(m.kl), t.grad_norm.push_back(m.grad_norm);
+  }
+  t.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return t;
+}
+
+ProxyOptions Configure(double keep, const std::string& method, const std::string& out_dir, int64_t step) {
+  ProxyOptions o;
+  o.keep_fraction = keep;
+  o.step = step;
+  o.out_dir = out_dir;
+  o.overwrite = true;
+  o.cluster.force = method == "cluster";
+  o.cluster.method = method == "frequency" ? Method::kFrequency : method == "random" ? Method::kRandom : Method::kCluster;
+  return o;
+}
+
+}  // namespace
+
+absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const EvalProgress& progress) {
+  if (options.out_dir.empty()) return absl::InvalidArgumentError("an output directory is required (-o DIR)");
+  for (const std::string& m : options.methods) {
+    if (m != "cluster" && m != "cluster-unforced" && m != "frequency" && m != "random") {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "unknown method \"%s\" (cluster, cluster-unforced, frequency, random)", m));
+    }
+  }
+  if (::mkdir(options.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return absl::InternalError(absl::StrFormat("cannot create %s: %s", options.out_dir, std::strerror(errno)));
+  }
+  auto report_progress = [&](const std::string& phase, int64_t done, int64_t total) {
+    if (progress) progress(phase, done, total);
+  };
+  EvalReport report;
+  report.preset = options.preset;
+  const moe::AdditionTask task;
+  MOERR_RETURN_IF_ERROR(CatchTorch("proxy evaluation", [&]() -> absl::Status {
+    // The warm model, cached across runs.
+    const std::string warm_dir = options.out_dir + "/warmup";
+    moe::MoeTransformer warm{nullptr};
+    if (auto cached = moe::LoadCheckpoint(warm_dir); cached.ok() && (*cached)->config().num_experts > 0) {
+      warm = *cached;
+    } else {
+      torch::manual_seed(0);
+      MOERR_ASSIGN_OR_RETURN(moe::MoeConfig config, moe::Preset(options.preset));
+      warm = moe::MoeTransformer(config);
+      moe::WarmupOptions w;
+      w.steps = options.warmup_steps;
+      moe::Warmup(warm, task, w, [&](int64_t s, double) { report_progress("warm-up", s + 1, w.steps); });
+      MOERR_RETURN_IF_ERROR(moe::SaveCheckpoint(warm, warm_dir, true));
+    }
+    report.experts = warm->config().num_experts;
+    report.original_accuracy = moe::Accuracy(warm, task, 256, 1);
+
+    // A healthy recorded step to build the static proxies from.
+    const std::string healthy = options.out_dir + "/healthy.moerr";
+    {
+      moe::MoeTransformer policy = moe::CopyOf(warm), reference = moe::CopyOf(warm);
+      moe::GrpoTrainer trainer(policy, reference, task, moe::GrpoOptions(), 0);
+      MOERR_RETURN_IF_ERROR(Record(trainer, healthy, 1));
+    }
+    MOERR_ASSIGN_OR_RETURN(auto healthy_reader, formats::BundleReader::Open(healthy));
+    std::mt19937_64 rng(99);
+    const moe::AdditionTask::Batch held_out = task.Sample(64, rng);
+    const at::Tensor tokens = at::cat({held_out.prompts, held_out.answers}, 1);
+    const Trajectory base = Train(warm, options.steps, 5);
+
+    const int64_t configs = options.keeps.size() * options.methods.size();
+    int64_t done = 0;
+    for (double keep : options.keeps) {
+      for (const std::string& method : options.methods) {
+        report_progress("static fidelity and dynamics", done++, configs);
+        EvalRow row;
+        row.keep = keep;
+        row.method = method;
+        MOERR_ASSIGN_OR_RETURN(ProxyReport built,
+                               BuildProxy(*healthy_reader, Configure(keep, method, options.out_dir + "/proxy", 0)));
+        row.kept = built.kept;
+        row.params_ratio = double(built.params_original) / built.params_proxy;
+        MOERR_ASSIGN_OR_RETURN(moe::MoeTransformer proxy, moe::LoadCheckpoint(built.checkpoint));
+        StaticFidelity(warm, proxy, built.plans, tokens, row);
+        row.accuracy = moe::Accuracy(proxy, task, 256, 1);
+        const Trajectory t = Train(proxy, options.steps, 5);
+        row.corr_loss = Pearson(base.loss, t.loss);
+        row.corr_reward = Pearson(base.reward, t.reward);
+        row.corr_kl = Pearson(base.kl, t.kl);
+        row.corr_grad_norm = Pearson(base.grad_norm, t.grad_norm);
+        row.step_time_ratio = base.seconds / t.seconds;
+        report.rows.push_back(std::move(row));
+      }
+    }
+
+    // Fault reproduction: each fault x seed recorded on the original, mapped
+    // to every proxy configuration, model-replayed and linted.
+    const int64_t cases = options.faults.size() * options.seeds;
+    int64_t case_index = 0;
+    for (moe::FaultKind fault : options.faults) {
+      for (int64_t seed = 0; seed < options.seeds; ++seed, ++case_index) {
+        report_progress("fault reproduction", case_index, cases);
+        const std::string path = options.out_dir + "/fault.moerr";
+        {
+          moe::MoeTransformer policy = moe::CopyOf(warm), reference = moe::CopyOf(warm);
+          moe::GrpoOptions grpo;
+          std::mt19937_64 calib_rng(seed + 17);
+          const moe::AdditionTask::Batch calib = task.Sample(64, calib_rng);
+          MOERR_ASSIGN_OR_RETURN(moe::InjectedFault injected,
+                                 moe::InjectFault(fault, policy, grpo, at::cat({calib.prompts, calib.answers}, 1)));
+          moe::GrpoTrainer trainer(policy, reference, task, grpo, 100 + seed);
+          MOERR_RETURN_IF_ERROR(Record(trainer, path, 2));
+        }
+        MOERR_ASSIGN_OR_RETURN(auto reader, formats::BundleReader::Open(path));
+        const std::vector<int64_t> steps = reader->CompleteSteps();
+        std::optional<Symptom> original;
+        int64_t onset = -1;
+        for (int64_t s : steps) {
+          MOERR_ASSIGN_OR_RETURN(original, FindSymptom(*reader, s, fault));
+          if (original) {
+            onset = s;
+            break;
+          }
+        }
+        if (!original) continue;  // the fault did not show in the original: not a case
+        for (EvalRow& row : report.rows) {
+          ++row.cases;
+          for (int64_t s : steps) {
+            MOERR_ASSIGN_OR_RETURN(ProxyReport built,
+                                   BuildProxy(*reader, Configure(row.keep, row.method, options.out_dir + "/proxy", s)));
+            MOERR_ASSIGN_OR_RETURN(auto proxy_reader, formats::BundleReader::Open(built.bundle));
+            replayer::ModelReplayOptions replay;
+            replay.record_path = options.out_dir + "/proxy-replay.moerr";
+            replay.overwrite = true;
+            MOERR_RETURN_IF_ERROR(replayer::ReplayModelStep(*proxy_reader, s, replay).status());
+            MOERR_ASSIGN_OR_RETURN(auto replayed, formats::BundleReader::Open(replay.record_path));
+            MOERR_ASSIGN_OR_RETURN(std::optional<Symptom> symptom, FindSymptom(*replayed, s, fault));
+            if (!symptom) continue;
+            ++row.reproduced;
+            row.localised += symptom->phase == original->phase && symptom->module_class == original->module_class;
+            row.onset_delta += std::abs(double(s - onset));
+            break;
+          }
+        }
+      }
+    }
+    for (EvalRow& row : report.rows) {
+      if (row.reproduced > 0) row.onset_delta /= row.reproduced;
+    }
+    report_progress("fault reproduction", cases, cases);
+    return absl::OkStatus();
+  }));
+  return report;
+}
+
+llvm::json::Object ToJson(const EvalReport& report) {
+  auto num = [](double v) { return std::isfinite(v) ? llvm::json::Value(v) : llvm::json::Value(nullptr); };
+  llvm::json::Array rows;
+  for (const EvalRow& r : report.rows) {
+    rows.push_back(llvm::json::Object{
+        {"keep", r.keep}, {"method", r.method}, {"kept", r.kept}, {"hidden_cosine", num(r.hidden_cosine)},
+        {"logit_kl", num(r.logit_kl)}, {"routing_agreement", num(r.routing_agreement)}, {"accuracy", num(r.accuracy)},
+        {"corr_loss", num(r.corr_loss)}, {"corr_reward", num(r.corr_reward)}, {"corr_kl", num(r.corr_kl)},
+        {"corr_grad_norm", num(r.corr_grad_norm)}, {"fault_cases", r.cases}, {"reproduced", r.reproduced},
+        {"localised", r.localised}, {"onset_delta", num(r.onset_delta)}, {"params_ratio", num(r.params_ratio)},
+        {"step_time_ratio", num(r.step_time_ratio)}});
+  }
+  return llvm::json::Object{{"preset", report.preset},
+                            {"experts", report.experts},
+                            {"original_accuracy", report.original_accuracy},
+                            {"rows", std::move(rows)}};
+}
+
+}  // namespace moerr::proxy

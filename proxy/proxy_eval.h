@@ -1,0 +1,65 @@
+// moerr proxy-eval (DESIGN.md, "Proxy": fidelity is measured, not assumed).
+// From one warm model of a preset, for each kept fraction x method:
+//   static fidelity on a held-out batch: hidden-state cosine (mean over
+//     layers), logit KL(original || proxy) per token, routing agreement (the
+//     share of the proxy's choices that are the medoids of the original's),
+//     task accuracy;
+//   dynamics: Pearson correlation of the loss, reward, KL and grad-norm
+//     trajectories of N healthy RL steps of the proxy with the original's
+//     (same seed, so the same prompts);
+//   fault reproduction: for each catalogue fault and seed, the original's
+//     failing step is mapped to the proxy and model-replayed; reproduced when
+//     the proxy's replay raises the lint finding that names the fault in the
+//     original; localised when also in the same phase and module class
+//     (module path without indices); the onset difference in steps;
+//   cost: policy parameters and RL step time, original / proxy.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "llvm/Support/JSON.h"
+#include "moe/fault.h"
+#include "proxy/clustering.h"
+
+namespace moerr::proxy {
+
+struct EvalOptions {
+  std::string preset = "small";
+  int64_t warmup_steps = 600;
+  std::string out_dir;                  // required: warm-up checkpoint (reused), bundles, report
+  int64_t steps = 30;                   // healthy RL steps for the dynamics
+  int64_t seeds = 3;                    // per fault
+  std::vector<double> keeps = {0.5, 0.25, 0.125};
+  // "cluster", "cluster-unforced", "frequency", "random".
+  std::vector<std::string> methods = {"cluster", "cluster-unforced", "frequency", "random"};
+  std::vector<moe::FaultKind> faults = moe::AllFaults();
+};
+
+struct EvalRow {
+  double keep = 0;
+  std::string method;
+  int64_t kept = 0;
+  double hidden_cosine = 0, logit_kl = 0, routing_agreement = 0, accuracy = 0;
+  double corr_loss = 0, corr_reward = 0, corr_kl = 0, corr_grad_norm = 0;
+  int64_t cases = 0, reproduced = 0, localised = 0;
+  double onset_delta = 0;  // mean |proxy onset - original onset| over reproduced cases, steps
+  double params_ratio = 0, step_time_ratio = 0;  // original / proxy
+};
+
+struct EvalReport {
+  std::string preset;
+  double original_accuracy = 0;
+  int64_t experts = 0;
+  std::vector<EvalRow> rows;
+};
+
+using EvalProgress = std::function<void(const std::string& phase, int64_t done, int64_t total)>;
+
+absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const EvalProgress& progress = nullptr);
+
+llvm::json::Object ToJson(const EvalReport& report);
+
+}  // namespace moerr::proxy

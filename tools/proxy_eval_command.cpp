@@ -1,0 +1,100 @@
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "proxy/proxy_eval.h"
+#include "support/progress.h"
+#include "tools/command.h"
+
+namespace moerr::tools {
+namespace {
+
+// `v` with `digits` decimals and `suffix`; "-" when not finite (undefined).
+std::string Cell(double v, int digits = 3, const char* suffix = "") {
+  return std::isfinite(v) ? absl::StrFormat("%.*f%s", digits, v, suffix) : std::string("-");
+}
+
+}  // namespace
+
+void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
+  struct Options {
+    proxy::EvalOptions eval;
+    std::vector<std::string> keeps = {"1/2", "1/4", "1/8"}, faults;
+    std::string json;
+  };
+  auto opts = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "proxy-eval", "Measure proxies against the original: static fidelity, RL dynamics, fault reproduction and "
+                    "cost, for each kept fraction and method; prints one table");
+  cmd->add_option("-o,--output", opts->eval.out_dir, "Work directory (the warm-up checkpoint is reused from here)")
+      ->required();
+  cmd->add_option("--preset", opts->eval.preset, "Model size: tiny, small, wide")->capture_default_str();
+  cmd->add_option("--warmup-steps", opts->eval.warmup_steps, "Supervised warm-up steps")->capture_default_str();
+  cmd->add_option("--steps", opts->eval.steps, "Healthy RL steps for the dynamics")->capture_default_str();
+  cmd->add_option("--seeds", opts->eval.seeds, "Seeds per fault")->capture_default_str();
+  cmd->add_option("--keep", opts->keeps, "Kept fractions (1/2 1/4 1/8)");
+  cmd->add_option("--methods", opts->eval.methods, "cluster, cluster-unforced, frequency, random");
+  cmd->add_option("--faults", opts->faults, "Faults (default: the whole catalogue)");
+  cmd->add_option("--json", opts->json, "Also write the report as JSON here");
+  cmd->callback([opts, &exit_code] {
+    proxy::EvalOptions eval = opts->eval;
+    eval.keeps.clear();
+    for (const std::string& k : opts->keeps) {
+      std::vector<std::string> parts = absl::StrSplit(k, '/');
+      int64_t a = 0, b = 0;
+      if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &a) || !absl::SimpleAtoi(parts[1], &b) || a < 1 || b < a) {
+        exit_code = ReportError(absl::InvalidArgumentError("--keep " + k + ": a fraction like 1/4"));
+        return;
+      }
+      eval.keeps.push_back(double(a) / b);
+    }
+    if (!opts->faults.empty()) {
+      eval.faults.clear();
+      for (const std::string& f : opts->faults) {
+        auto kind = moe::ParseFault(f);
+        if (!kind.ok()) {
+          exit_code = ReportError(kind.status());
+          return;
+        }
+        eval.faults.push_back(*kind);
+      }
+    }
+    PhasedProgress bar;
+    auto report = proxy::EvaluateProxies(eval, [&](const std::string& phase, int64_t done, int64_t total) {
+      bar.Update(phase, done, total);
+    });
+    bar.Finish();
+    if (!report.ok()) {
+      exit_code = ReportError(report.status());
+      return;
+    }
+    exit_code = kExitOk;
+    std::printf("preset `%s`, %lld experts per MoE layer; original accuracy %.3f; %lld healthy RL steps; faults x "
+                "%lld seeds\n\n",
+                report->preset.c_str(), static_cast<long long>(report->experts), report->original_accuracy,
+                static_cast<long long>(eval.steps), static_cast<long long>(eval.seeds));
+    std::printf("| keep | method | hidden cos | logit KL | routing agr. | accuracy | r(loss) | r(reward) | r(KL) | "
+                "r(grad norm) | faults reproduced | localised | onset diff | params ratio | step-time ratio |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const proxy::EvalRow& r : report->rows) {
+      std::printf("| %lld/%lld | %s | %s | %s | %s | %s | %s | %s | %s | %s | %lld/%lld | %lld/%lld | %s | %s | %s |\n",
+                  static_cast<long long>(r.kept), static_cast<long long>(report->experts), r.method.c_str(),
+                  Cell(r.hidden_cosine).c_str(), Cell(r.logit_kl, 4).c_str(), Cell(r.routing_agreement).c_str(),
+                  Cell(r.accuracy).c_str(), Cell(r.corr_loss).c_str(), Cell(r.corr_reward).c_str(),
+                  Cell(r.corr_kl).c_str(), Cell(r.corr_grad_norm).c_str(), static_cast<long long>(r.reproduced),
+                  static_cast<long long>(r.cases), static_cast<long long>(r.localised),
+                  static_cast<long long>(r.cases), Cell(r.onset_delta, 2).c_str(),
+                  Cell(r.params_ratio, 2, "x").c_str(), Cell(r.step_time_ratio, 2, "x").c_str());
+    }
+    if (!opts->json.empty()) {
+      std::ofstream out(opts->json, std::ios::trunc);
+      out << llvm::formatv("{0:2}", llvm::json::Value(proxy::ToJson(*report))).str() << "\n";
+      if (!out.good()) exit_code = ReportError(absl::UnavailableError("cannot write " + opts->json));
+    }
+  });
+}
+
+}  // namespace moerr::tools
