@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <numeric>
 #include <random>
 #include <regex>
 
@@ -95,9 +96,19 @@ absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, cons
   report.experts = config.num_experts;
   report.kept = options.keep > 0 ? options.keep
                                  : std::max<int64_t>(1, static_cast<int64_t>(config.num_experts * options.keep_fraction + 0.5));
+  // The same count in every layer, a multiple of the expert-parallel size and
+  // of the routing groups (each group keeps its share).
+  const int64_t groups = config.router == moe::RouterKind::kSigmoidGroupedTopK ? config.n_group : 1;
+  const int64_t multiple = std::lcm(std::max<int64_t>(1, options.ep), groups);
+  report.kept = (report.kept + multiple - 1) / multiple * multiple;
+  if (report.kept > config.num_experts) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "cannot keep a multiple of %d (expert-parallel size %d, %d routing groups) of %d experts", multiple,
+        options.ep, groups, config.num_experts));
+  }
   MOERR_ASSIGN_OR_RETURN(moe::MoeConfig proxy_config, ProxyConfig(config, report.kept));
   ClusterOptions cluster = options.cluster;
-  cluster.groups = config.router == moe::RouterKind::kSigmoidGroupedTopK ? config.n_group : 1;
+  cluster.groups = groups;
 
   MOERR_RETURN_IF_ERROR(CatchTorch("building the proxy", [&]() -> absl::Status {
     std::mt19937_64 rng(options.cluster.seed + 17);

@@ -24,6 +24,7 @@ struct ProxyOptions {
   int64_t step = -1;          // default: the first step with an overflow, else the first complete one
   int64_t keep = 0;           // experts kept per layer; 0: keep_fraction of them
   double keep_fraction = 0.25;
+  int64_t ep = 1;             // expert-parallel size: the kept count is rounded up to a multiple of it
   ClusterOptions cluster;
   std::string out_dir;        // required
   bool overwrite = false;

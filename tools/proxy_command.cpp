@@ -32,7 +32,7 @@ absl::Status ParseKeep(const std::string& text, proxy::ProxyOptions& options) {
 void AddProxyCommand(CLI::App& app, int& exit_code) {
   struct Options {
     std::string bundle, out, keep = "1/4", method = "cluster";
-    int64_t step = -1;
+    int64_t step = -1, ep = 1;
     uint64_t seed = 0;
     bool no_forced = false, force = false;
   };
@@ -46,6 +46,7 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--method", opts->method, "cluster, frequency or random")->capture_default_str();
   cmd->add_option("--step", opts->step, "Step to map (default: the first that overflowed, else the first)");
+  cmd->add_option("--ep", opts->ep, "Expert-parallel size: keep a multiple of it in every layer")->capture_default_str();
   cmd->add_option("--seed", opts->seed, "Seed of the random method and the calibration batch");
   cmd->add_flag("--no-forced-keeps", opts->no_forced,
                 "Do not force in the experts the recorded failure names or super experts");
@@ -55,6 +56,7 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
     options.step = opts->step;
     options.out_dir = opts->out;
     options.overwrite = opts->force;
+    options.ep = opts->ep;
     options.cluster.seed = opts->seed;
     options.cluster.force = !opts->no_forced;
     absl::Status parsed = ParseKeep(opts->keep, options);
