@@ -2,7 +2,9 @@
 //   A. train the tiny reference MoE model, break one expert so its fp16
 //      activations overflow, record the RL steps on anomaly; name the first
 //      overflowing op from the fingerprints; replay the failing step op by
-//      op and check it bitwise against the record;
+//      op and check it bitwise against the record; find the modules whose
+//      upcast removes the overflow; lint the step; map it onto a proxy with a
+//      quarter of the experts and replay it there;
 //   B. the crash story: a child process recording steps is killed (SIGKILL)
 //      mid-step; inspect refuses the dump with advice, salvage rebuilds its
 //      index, verify checks every byte, inspect shows what survived.
@@ -17,6 +19,7 @@
 #include <filesystem>
 #include <random>
 
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "formats/bundle_reader.h"
@@ -24,7 +27,10 @@
 #include "formats/bundle_writer.h"
 #include "formats/salvage.h"
 #include "formats/trace.h"
+#include "analysis/check.h"
 #include "analysis/first_overflow.h"
+#include "proxy/proxy_builder.h"
+#include "replayer/model_replay.h"
 #include "replayer/precision_bisect.h"
 #include "replayer/program_replay.h"
 #include "support/progress.h"
@@ -170,7 +176,59 @@ int RunModelStory(const std::string& dir) {
     std::printf("      %s\n", std::string(line).c_str());
   }
   std::printf("\n");
-  return kExitOk;
+
+  std::printf("A5. $ moerr lint %s --step %lld\n", bundle.c_str(), static_cast<long long>(step));
+  const analysis::LintInput lint{analysis::StepView{reader->get(), bundle, step, &*trace}, std::nullopt};
+  auto findings = analysis::RunChecks(lint);
+  if (!findings.ok()) return ReportError(findings.status());
+  int counts[3] = {0, 0, 0};
+  for (const analysis::Finding& f : *findings) ++counts[static_cast<int>(f.severity)];
+  std::printf("    %zu findings (%d error, %d warnings, %d notes) without re-running; the worst of each check:\n",
+              findings->size(), counts[2], counts[1], counts[0]);
+  std::vector<std::string> shown;
+  for (const analysis::Finding& f : *findings) {
+    if (f.severity < analysis::Severity::kWarning ||
+        std::find(shown.begin(), shown.end(), f.check) != shown.end()) {
+      continue;
+    }
+    shown.push_back(f.check);
+    std::printf("      %s %s, %s: %s\n", std::string(analysis::SeverityName(f.severity)).c_str(), f.check.c_str(),
+                f.where.c_str(), f.message.c_str());
+  }
+  std::printf("\n");
+
+  const std::string proxy_dir = dir + "/proxy";
+  std::printf("A6. $ moerr proxy %s --keep 1/4 -o %s && moerr replay %s/proxy.moerr --model\n", bundle.c_str(),
+              proxy_dir.c_str(), proxy_dir.c_str());
+  proxy::ProxyOptions proxy_options;
+  proxy_options.step = step;
+  proxy_options.keep_fraction = 0.25;
+  proxy_options.out_dir = proxy_dir;
+  proxy_options.overwrite = true;
+  auto built = proxy::BuildProxy(**reader, proxy_options);
+  if (!built.ok()) return ReportError(built.status());
+  std::printf("    %lld experts per MoE layer -> %lld, the broken expert forced in; policy parameters %lld -> %lld\n",
+              static_cast<long long>(built->experts), static_cast<long long>(built->kept),
+              static_cast<long long>(built->params_original), static_cast<long long>(built->params_proxy));
+  auto proxy_reader = formats::BundleReader::Open(built->bundle);
+  if (!proxy_reader.ok()) return ReportError(proxy_reader.status());
+  replayer::ModelReplayOptions model_replay;
+  model_replay.record_path = proxy_dir + "/replay.moerr";
+  model_replay.overwrite = true;
+  auto replayed = replayer::ReplayModelStep(**proxy_reader, step, model_replay);
+  if (!replayed.ok()) return ReportError(replayed.status());
+  auto replay_reader = formats::BundleReader::Open(model_replay.record_path);
+  if (!replay_reader.ok()) return ReportError(replay_reader.status());
+  auto proxy_trace = formats::ReadTrace(**replay_reader, step);
+  if (!proxy_trace.ok()) return ReportError(proxy_trace.status());
+  const auto proxy_first = analysis::FindFirstOverflow(*proxy_trace);
+  std::printf("    the proxy's step, routing replayed: loss %g; first overflow %s\n\n", replayed->metrics.loss,
+              proxy_first ? absl::StrFormat("at op %zu, %s in %s (%s): the fault reproduces on the proxy",
+                                            proxy_first->op_index, proxy_first->op->name, proxy_first->op->module,
+                                            formats::PhaseName(proxy_first->op->phase))
+                                .c_str()
+                          : "none: the fault did NOT reproduce");
+  return proxy_first ? kExitOk : kExitFinding;
 }
 
 int RunCrashStory(const std::string& dir) {
