@@ -64,13 +64,15 @@ absl::StatusOr<Trace> ReadTrace(const BundleReader& reader, int64_t step) {
   return trace;
 }
 
+bool AllocatesUninitialised(absl::string_view op) {
+  return op == "aten::empty" || op == "aten::empty_like" || op == "aten::empty_strided" || op == "aten::new_empty" ||
+         op == "aten::new_empty_strided";
+}
+
 absl::flat_hash_set<uint64_t> UninitialisedValues(const Trace& trace) {
   absl::flat_hash_set<uint64_t> allocating;  // seqs of ops that allocate without filling
   for (const OpEvent& op : trace.ops) {
-    if (op.name == "aten::empty" || op.name == "aten::empty_like" || op.name == "aten::empty_strided" ||
-        op.name == "aten::new_empty" || op.name == "aten::new_empty_strided") {
-      allocating.insert(op.seq);
-    }
+    if (AllocatesUninitialised(op.name)) allocating.insert(op.seq);
   }
   absl::flat_hash_set<uint64_t> ids;
   // First-seen order: a view comes after the value it views.

@@ -93,6 +93,8 @@ struct Trace {
 // values mean nothing until another op writes them (which makes a new id), so
 // neither bisect, replay nor diff judges them.
 absl::flat_hash_set<uint64_t> UninitialisedValues(const Trace& trace);
+// Ops whose outputs are uninitialised memory: empty, empty_like, ...
+bool AllocatesUninitialised(absl::string_view op);
 
 absl::StatusOr<Trace> ReadTrace(const BundleReader& reader, int64_t step);
 

@@ -121,12 +121,21 @@ absl::StatusOr<LayerPlan> PlanLayer(const LayerStats& s, int64_t keep, const std
   LayerPlan plan;
   plan.layer = s.layer;
   std::vector<int64_t> forced;
+  const int64_t per_group = s.experts / groups, quota = keep / groups;
   if (options.force) {
     forced = implicated;
+    // Super experts, largest peak first, while their group has room.
     const at::Tensor peaks = s.max_activation;
     const double median = peaks.median().item<double>();
+    std::vector<int64_t> super;
     for (int64_t e = 0; e < s.experts; ++e) {
-      if (median > 0 && peaks[e].item<double>() > options.super_factor * median) forced.push_back(e);
+      if (median > 0 && peaks[e].item<double>() > options.super_factor * median) super.push_back(e);
+    }
+    std::stable_sort(super.begin(), super.end(),
+                     [&](int64_t a, int64_t b) { return peaks[a].item<double>() > peaks[b].item<double>(); });
+    for (int64_t e : super) {
+      const auto in_group = std::count_if(forced.begin(), forced.end(), [&](int64_t f) { return f / per_group == e / per_group; });
+      if (std::find(forced.begin(), forced.end(), e) == forced.end() && in_group < quota) forced.push_back(e);
     }
     std::sort(forced.begin(), forced.end());
     forced.erase(std::unique(forced.begin(), forced.end()), forced.end());
@@ -134,7 +143,6 @@ absl::StatusOr<LayerPlan> PlanLayer(const LayerStats& s, int64_t keep, const std
   plan.forced = forced;
   plan.medoid_of.assign(s.experts, -1);
   const at::Tensor d = FusedDistance(s, options);
-  const int64_t per_group = s.experts / groups, quota = keep / groups;
   for (int64_t g = 0; g < groups; ++g) {
     std::vector<int64_t> ids(per_group), group_forced;
     std::iota(ids.begin(), ids.end(), g * per_group);
@@ -143,7 +151,7 @@ absl::StatusOr<LayerPlan> PlanLayer(const LayerStats& s, int64_t keep, const std
     }
     if (static_cast<int64_t>(group_forced.size()) > quota) {
       return absl::FailedPreconditionError(absl::StrFormat(
-          "layer %d: %d experts are forced in (implicated or super) but only %d may be kept%s", s.layer,
+          "layer %d: %d experts are implicated in the failure but only %d may be kept%s", s.layer,
           group_forced.size(), quota, groups > 1 ? " per group" : ""));
     }
     PlanGroup(s, d, ids, quota, group_forced, options, plan.kept, plan.medoid_of);

@@ -8,8 +8,9 @@
 // frequency: the most frequently selected experts.
 // random: a seeded random subset.
 // Forced keeps (all methods but the baselines when told): experts implicated
-// in the recorded failure and super experts (output peak past `super_factor`
-// times the layer's median peak). With grouped routing (DeepSeek-V3 n_group >
+// in the recorded failure, then super experts (output peak past
+// `super_factor` times the layer's median peak), largest peak first, while
+// slots remain. With grouped routing (DeepSeek-V3 n_group >
 // 1) each group keeps keep / n_group experts, chosen within the group. Other
 // methods map a dropped expert to its nearest kept one.
 #pragma once

@@ -139,6 +139,7 @@ void OpTracer::NewStep() {
   aliases_.clear();
   storages_.clear();
   fingerprints_.clear();
+  unfilled_.clear();
 }
 
 OpTracer::AliasKey OpTracer::AliasOf(const at::Tensor& t) {
@@ -225,9 +226,14 @@ uint64_t OpTracer::NewTensor(const at::Tensor& t, int64_t producer, std::string 
 }
 
 uint64_t OpTracer::InputId(const at::Tensor& t, bool in_optimizer, bool in_batch, bool in_backward) {
-  if (const uint64_t id = KnownId(t)) return id;
+  // Memory an `empty` op allocated, read before any recorded op wrote it:
+  // something outside the ops filled it (Python's torch.tensor(0.) is an
+  // empty plus a memcpy), so its values are a leaf of the step.
+  const uint64_t known = KnownId(t);
+  const bool filled_outside = known != 0 && unfilled_.erase(known) > 0;
+  if (known != 0 && !filled_outside) return known;
   // Another view of a storage a recorded tensor lives in, unchanged since.
-  if (t.has_storage()) {
+  if (!filled_outside && t.has_storage()) {
     auto it = storages_.find(t.storage().unsafeGetStorageImpl());
     if (it != storages_.end() && !it->second.storage.expired() &&
         it->second.version == static_cast<uint32_t>(t._version())) {
@@ -282,7 +288,9 @@ uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const std::st
   } else if (mode_ == CaptureMode::kFull) {
     name = absl::StrCat("act/", next_id_);
   }
-  return NewTensor(t, producer, std::move(name), role);
+  const uint64_t id = NewTensor(t, producer, std::move(name), role);
+  if (formats::AllocatesUninitialised(op_name)) unfilled_.insert(id);
+  return id;
 }
 
 formats::OpArg OpTracer::ToArg(const c10::IValue& v, bool in_optimizer, bool in_batch, bool in_backward,

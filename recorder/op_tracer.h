@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "formats/bundle_index.h"
 #include "formats/trace.h"
 #include "recorder/fingerprint.h"
@@ -129,6 +130,7 @@ class OpTracer {
   absl::flat_hash_map<AliasKey, KnownAlias> aliases_;
   absl::flat_hash_map<const void*, KnownStorage> storages_;
   absl::flat_hash_map<uint64_t, KnownFingerprint> fingerprints_;  // this step's tensors
+  absl::flat_hash_set<uint64_t> unfilled_;  // outputs of `empty`-like ops no recorded op has read yet
   absl::flat_hash_map<const c10::TensorImpl*, std::string> names_;
   // Autograd sequence numbers [begin, end) of the nodes a forward op made,
   // with the op's seq and module, for attributing backward ops; sorted by

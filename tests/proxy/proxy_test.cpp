@@ -178,8 +178,9 @@ TEST(ClusteringTest, IsDeterministicUnderASeed) {
     for (int64_t e : a.forced) EXPECT_TRUE(std::count(a.kept.begin(), a.kept.end(), e)) << e;
     for (int64_t e = 0; e < 8; ++e) EXPECT_TRUE(std::count(a.kept.begin(), a.kept.end(), a.medoid_of[e]));
   }
-  ClusterOptions too_many;
-  EXPECT_FALSE(PlanLayer(s, 1, {2}, too_many).ok());  // two forced keeps, one slot
+  ClusterOptions options;
+  EXPECT_FALSE(PlanLayer(s, 1, {2, 4}, options).ok());  // two implicated experts, one slot
+  EXPECT_EQ(PlanLayer(s, 1, {2}, options)->kept, (std::vector<int64_t>{2}));  // the super expert yields
 }
 
 // The proxy keeps the expert the failure names, and the failure reproduces:

@@ -1,0 +1,190 @@
+"""moerr for PyTorch training loops: record steps into a bundle the moerr
+command inspects, replays, bisects and diffs.
+
+    import moerr
+    moerr.instrument(model)                      # module paths in the trace
+    with moerr.record("run.moerr", mode="replayable") as rec:
+        for step in range(n):
+            with rec.step():
+                loss = model(batch).loss
+                loss.backward()
+                with moerr.scope("optimizer"):
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                rec.outcome(loss=loss.item())
+
+Routers in HF's MoE layout (a `gate` Linear next to an `experts`
+ModuleList, with `top_k`) report their decisions by themselves once
+instrumented; others call `moerr.routing(...)`. `moerr.Bundle(path)` reads a
+bundle back. Errors from the C++ side are ValueError (bad input),
+FileNotFoundError or RuntimeError, carrying moerr's message.
+"""
+import contextlib
+import json
+import math
+import re
+
+import torch
+
+from ._moerr import Bundle as _Bundle
+from ._moerr import Recorder as _Recorder
+
+__all__ = ["record", "instrument", "routing", "scope", "Bundle"]
+
+_active = None  # the Recording in progress, if any
+
+
+class Recording:
+    """A recording in progress; `record` makes one."""
+
+    def __init__(self, recorder):
+        self._rec = recorder
+        self._step = -1
+        self._outcome = (0.0, 0.0)
+        self._in_step = False
+
+    @contextlib.contextmanager
+    def step(self, index=None):
+        """The body is one training step (numbered from 0 unless given)."""
+        self._step = self._step + 1 if index is None else index
+        self._outcome = (0.0, 0.0)
+        self._rec.step_begin(self._step)
+        self._in_step = True
+        try:
+            yield self._step
+        finally:
+            self._in_step = False
+            loss, grad_norm = self._outcome
+            self._rec.step_end(self._step, loss, grad_norm)
+
+    def outcome(self, loss=0.0, grad_norm=0.0):
+        """What the anomaly trigger judges the current step by."""
+        self._outcome = (float(loss), float(grad_norm))
+
+    def annotate(self, key, value, step=False):
+        """A JSON-serialisable annotation, of the bundle or (step=True) of the current step."""
+        text = json.dumps(value)
+        (self._rec.annotate_step if step else self._rec.annotate)(key, text)
+
+    def name_parameters(self, model, prefix=""):
+        """Stores the model's parameters under their names (param/NAME@id)."""
+        self._rec.name_tensors([(prefix + n, p) for n, p in model.named_parameters()])
+
+    @property
+    def written_steps(self):
+        return list(self._rec.written_steps())
+
+
+@contextlib.contextmanager
+def record(path, mode="replayable", trigger="always", steps=None, ring=2, spike=10.0, overwrite=False):
+    """Records the steps run inside into the bundle `path`.
+
+    mode: "stats", "replayable" or "full". trigger: "always", "window"
+    (steps=(first, last)) or "anomaly" (keeps `ring` steps in memory, writes
+    them when a step's loss or grad norm goes non-finite or the grad norm
+    exceeds `spike` times its median)."""
+    global _active
+    first, last = (0, 2**62) if steps is None else steps
+    if steps is not None and trigger == "always":
+        trigger = "window"
+    rec = Recording(_Recorder(str(path), mode, trigger, first, last, ring, spike, overwrite))
+    previous, _active = _active, rec
+    try:
+        yield rec
+    finally:
+        _active = previous
+        rec._rec.stop()
+
+
+@contextlib.contextmanager
+def scope(name):
+    """Ops inside run in the user scope `name` ("optimizer" marks the optimizer phase)."""
+    with torch.autograd.profiler.record_function(name):
+        yield
+
+
+def routing(layer, topk_ids, topk_weights, logits, hidden=None):
+    """Reports one routing decision of MoE layer `layer`: topk_ids and
+    topk_weights [T, k], logits [T, E]; `hidden` [T, d] the router's input."""
+    if _active is None or not _active._in_step:
+        return
+    with torch.no_grad():
+        h = hidden if hidden is not None else torch.empty(0)
+        _active._rec.routing(int(layer), topk_ids.detach().long(), topk_weights.detach(), logits.detach().float(), h)
+
+
+def _layer_index(name):
+    m = re.search(r"(?:^|\.)(\d+)(?:\.|$)", name)
+    return int(m.group(1)) if m else 0
+
+
+def instrument(model):
+    """Pushes each module's qualified name as a scope around its forward, so
+    the trace's module paths match `model.named_modules()`; makes HF-style
+    MoE blocks (a `gate` Linear and an `experts` ModuleList, `top_k`) report
+    their routing. Returns the hook handles."""
+    handles = []
+    for name, module in model.named_modules():
+        if not name:
+            continue
+
+        def pre(mod, args, name=name):
+            mod._moerr_scope = torch.ops.profiler._record_function_enter_new(name, None)
+
+        def post(mod, args, output):
+            handle = getattr(mod, "_moerr_scope", None)
+            if handle is not None:
+                torch.ops.profiler._record_function_exit(handle)
+                mod._moerr_scope = None
+
+        handles.append(module.register_forward_pre_hook(pre))
+        handles.append(module.register_forward_hook(post))
+        gate = getattr(module, "gate", None)
+        if isinstance(gate, torch.nn.Linear) and isinstance(getattr(module, "experts", None), torch.nn.ModuleList):
+            handles.append(gate.register_forward_hook(_routing_hook(module, _layer_index(name))))
+    return handles
+
+
+def _routing_hook(block, layer):
+    def hook(gate, args, logits):
+        if _active is None or not _active._in_step:
+            return
+        with torch.no_grad():
+            # An exact copy of what the observer would see is not needed: the
+            # choice is recomputed the way HF's softmax top-k routers make it.
+            probs = torch.softmax(logits.float(), dim=-1)
+            weights, ids = torch.topk(probs, getattr(block, "top_k", 2), dim=-1)
+            if getattr(block, "norm_topk_prob", False):
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+            hidden = args[0] if args else None
+            routing(layer, ids.reshape(-1, ids.shape[-1]), weights.reshape(-1, ids.shape[-1]),
+                    logits.reshape(-1, logits.shape[-1]),
+                    None if hidden is None else hidden.reshape(-1, hidden.shape[-1]))
+    return hook
+
+
+class Bundle:
+    """A bundle, read-only: steps, tensors (as torch tensors), ops with their
+    outputs' fingerprints, routing decisions, annotations."""
+
+    def __init__(self, path):
+        self._b = _Bundle(str(path))
+
+    @property
+    def steps(self):
+        return list(self._b.steps())
+
+    def tensor(self, name, step=-1):
+        return self._b.tensor(name, step)
+
+    def tensor_names(self):
+        return list(self._b.tensor_names())
+
+    def ops(self, step):
+        return self._b.ops(step)
+
+    def routing(self, step):
+        return self._b.routing(step)
+
+    def annotation(self, key, step=-1):
+        return json.loads(self._b.annotation(key, step))

@@ -1,0 +1,207 @@
+// The `moerr._moerr` extension: the recorder and the bundle reader for
+// Python. Tensors cross as torch tensors (the same LibTorch python3-torch
+// uses, so the recorder's observer sees ops issued from Python). A bad-input
+// Status arrives as ValueError (FileNotFoundError for NotFound), other errors
+// as RuntimeError, each carrying the Status message.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/python.h>
+
+#include <memory>
+#include <string>
+
+#include "formats/bundle_reader.h"
+#include "formats/trace.h"
+#include "recorder/recorder.h"
+#include "recorder/tensor_adapter.h"
+
+namespace py = pybind11;
+
+namespace moerr::python {
+namespace {
+
+[[noreturn]] void Raise(const absl::Status& s) {
+  const std::string message(s.message());
+  switch (s.code()) {
+    case absl::StatusCode::kNotFound: PyErr_SetString(PyExc_FileNotFoundError, message.c_str()); break;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kOutOfRange: PyErr_SetString(PyExc_ValueError, message.c_str()); break;
+    default: PyErr_SetString(PyExc_RuntimeError, message.c_str()); break;
+  }
+  throw py::error_already_set();
+}
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+template <typename T>
+T Take(absl::StatusOr<T> v) {
+  if (!v.ok()) Raise(v.status());
+  return *std::move(v);
+}
+
+llvm::json::Value ParseJson(const std::string& text) {
+  auto v = llvm::json::parse(text);
+  if (!v) {
+    Raise(absl::InvalidArgumentError("annotation is not JSON: " + llvm::toString(v.takeError())));
+  }
+  return std::move(*v);
+}
+
+// The Recorder, started on construction.
+class PyRecorder {
+ public:
+  PyRecorder(const std::string& path, const std::string& mode, const std::string& trigger, int64_t first,
+             int64_t last, int64_t ring, double spike, bool overwrite) {
+    recorder::RecordOptions options(path);
+    if (mode == "stats") options.set_mode(recorder::CaptureMode::kStats);
+    else if (mode == "replayable") options.set_mode(recorder::CaptureMode::kReplayable);
+    else if (mode == "full") options.set_mode(recorder::CaptureMode::kFull);
+    else Raise(absl::InvalidArgumentError("mode \"" + mode + "\": stats, replayable or full"));
+    if (trigger == "window") options.set_window(first, last);
+    else if (trigger == "anomaly") options.set_anomaly(ring, spike);
+    else if (trigger != "always") Raise(absl::InvalidArgumentError("trigger \"" + trigger + "\": always, window or anomaly"));
+    options.set_overwrite(overwrite).set_crash_handler(false);
+    rec_ = Take(recorder::Recorder::Start(options));
+  }
+
+  void StepBegin(int64_t step) { Check(Live().StepBegin(step)); }
+  void StepEnd(int64_t step, double loss, double grad_norm) { Check(Live().StepEnd(step, {loss, grad_norm})); }
+  void Annotate(const std::string& key, const std::string& json) { Check(Live().Annotate(key, ParseJson(json))); }
+  void AnnotateStep(const std::string& key, const std::string& json) {
+    Check(Live().AnnotateStep(key, ParseJson(json)));
+  }
+  void NameTensors(const std::vector<std::pair<std::string, at::Tensor>>& named) { Live().NameTensors(named); }
+  void Routing(int64_t layer, const at::Tensor& ids, const at::Tensor& weights, const at::Tensor& logits,
+               const at::Tensor& hidden) {
+    if (ids.dim() != 2 || weights.sizes() != ids.sizes() || logits.dim() != 2 || logits.size(0) != ids.size(0)) {
+      Raise(absl::InvalidArgumentError("routing: topk_ids and topk_weights [T, k], logits [T, E]"));
+    }
+    Live().OnRouting({layer, ids, weights, logits, hidden});
+  }
+  std::vector<int64_t> Written() const { return rec_ ? rec_->written_steps() : written_; }
+  void Stop() {
+    if (!rec_) return;
+    const absl::Status s = rec_->Stop();
+    written_ = rec_->written_steps();
+    rec_.reset();
+    Check(s);
+  }
+
+ private:
+  recorder::Recorder& Live() {
+    if (!rec_) Raise(absl::FailedPreconditionError("the recording has stopped"));
+    return *rec_;
+  }
+  std::unique_ptr<recorder::Recorder> rec_;
+  std::vector<int64_t> written_;
+};
+
+py::dict FingerprintDict(const formats::Fingerprint& f) {
+  py::dict d;
+  d["numel"] = f.numel, d["min"] = f.min, d["max"] = f.max, d["mean"] = f.mean, d["abs_max"] = f.abs_max;
+  d["l2"] = f.l2, d["nan"] = f.nan, d["pos_inf"] = f.pos_inf, d["neg_inf"] = f.neg_inf;
+  d["beyond_f16"] = f.beyond_f16, d["beyond_bf16"] = f.beyond_bf16, d["hash"] = f.hash;
+  return d;
+}
+
+// A read-only bundle.
+class PyBundle {
+ public:
+  explicit PyBundle(const std::string& path) : reader_(Take(formats::BundleReader::Open(path))) {}
+
+  std::vector<int64_t> Steps() const { return reader_->CompleteSteps(); }
+
+  at::Tensor Tensor(const std::string& name, int64_t step) const {
+    const formats::OwnedTensor t = Take(reader_->ReadTensor(name, step));
+    return recorder::ToTensor(t.view());
+  }
+
+  std::vector<std::pair<std::string, int64_t>> TensorNames() const {
+    std::vector<std::pair<std::string, int64_t>> out;
+    for (const formats::TensorInfo& t : reader_->index().tensors) out.emplace_back(t.name, t.step);
+    return out;
+  }
+
+  // Each op: index, name, overload, module, phase, and its outputs' fingerprints.
+  py::list Ops(int64_t step) const {
+    const formats::Trace trace = Take(formats::ReadTrace(*reader_, step));
+    py::list ops;
+    for (size_t i = 0; i < trace.ops.size(); ++i) {
+      const formats::OpEvent& op = trace.ops[i];
+      py::list outputs;
+      for (uint64_t id : op.outputs) {
+        const formats::TensorMeta* m = id ? trace.Find(id) : nullptr;
+        if (m == nullptr) {
+          outputs.append(py::none());
+          continue;
+        }
+        py::dict out = FingerprintDict(m->fingerprint);
+        out["id"] = m->id;
+        out["dtype"] = std::string(formats::DTypeName(m->dtype));
+        out["shape"] = m->shape;
+        outputs.append(out);
+      }
+      py::dict d;
+      d["index"] = i, d["name"] = op.name, d["overload"] = op.overload, d["module"] = op.module;
+      d["phase"] = std::string(formats::PhaseName(op.phase));
+      d["outputs"] = outputs;
+      ops.append(d);
+    }
+    return ops;
+  }
+
+  py::list Routing(int64_t step) const {
+    const formats::Trace trace = Take(formats::ReadTrace(*reader_, step));
+    py::list out;
+    for (const formats::RoutingRecord& r : trace.routing) {
+      py::dict d;
+      d["layer"] = r.layer, d["micro_batch"] = r.micro_batch, d["token_counts"] = r.token_counts;
+      d["topk_ids"] = Tensor(r.topk_ids, step);
+      d["topk_weights"] = Tensor(r.topk_weights, step);
+      d["logits"] = r.logits.empty() ? py::object(py::none()) : py::cast(Tensor(r.logits, step));
+      out.append(d);
+    }
+    return out;
+  }
+
+  std::string Annotation(const std::string& key, int64_t step) const {
+    return llvm::formatv("{0}", Take(reader_->ReadAnnotation(key, step))).str();
+  }
+
+ private:
+  std::unique_ptr<formats::BundleReader> reader_;
+};
+
+}  // namespace
+}  // namespace moerr::python
+
+PYBIND11_MODULE(_moerr, m) {
+  using namespace moerr::python;
+  m.doc() = "moerr's recorder and bundle reader (use the `moerr` package)";
+  py::class_<PyRecorder>(m, "Recorder")
+      .def(py::init<const std::string&, const std::string&, const std::string&, int64_t, int64_t, int64_t, double,
+                    bool>(),
+           py::arg("path"), py::arg("mode"), py::arg("trigger"), py::arg("first"), py::arg("last"), py::arg("ring"),
+           py::arg("spike"), py::arg("overwrite"))
+      .def("step_begin", &PyRecorder::StepBegin)
+      .def("step_end", &PyRecorder::StepEnd)
+      .def("annotate", &PyRecorder::Annotate)
+      .def("annotate_step", &PyRecorder::AnnotateStep)
+      .def("name_tensors", &PyRecorder::NameTensors)
+      .def("routing", &PyRecorder::Routing)
+      .def("written_steps", &PyRecorder::Written)
+      .def("stop", &PyRecorder::Stop);
+  py::class_<PyBundle>(m, "Bundle")
+      .def(py::init<const std::string&>())
+      .def("steps", &PyBundle::Steps)
+      .def("tensor", &PyBundle::Tensor, py::arg("name"), py::arg("step") = -1)
+      .def("tensor_names", &PyBundle::TensorNames)
+      .def("ops", &PyBundle::Ops)
+      .def("routing", &PyBundle::Routing)
+      .def("annotation", &PyBundle::Annotation, py::arg("key"), py::arg("step") = -1);
+}
