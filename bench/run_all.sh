@@ -35,5 +35,9 @@ echo "## moerr bisect against torch.autograd.detect_anomaly on the same failing 
 "$PYTHON" bench/replayer/compare_detect_anomaly.py "$BUILD" "$WORK/anomaly"
 
 echo
+echo "## Recorder overhead from Python, against torch.autograd.detect_anomaly"
+PYTHONPATH="$BUILD/python" "$PYTHON" bench/python/bench_python_recorder.py "$WORK/python"
+
+echo
 echo "## Diff throughput against numpy"
 "$PYTHON" bench/diff/bench_diff.py "$BUILD" "$WORK/diff"
