@@ -3,7 +3,8 @@
 // token), the busiest expert against a fair share, and the normalised entropy
 // of the load (1: uniform, 0: one expert takes everything). An expert can take
 // at most E/k times its fair share (every token, with top-k routing), so the
-// warning ratio is 3, or 3/4 of that bound for layers with few experts.
+// warning ratio is 3, or three quarters of the way from a fair share to that
+// bound in layers with few experts.
 #include <cmath>
 #include <map>
 #include <vector>
@@ -15,7 +16,7 @@ namespace {
 
 constexpr absl::string_view kName = "load-imbalance";
 constexpr double kWarnRatio = 3.0;       // busiest expert / fair share that is a warning
-constexpr double kWarnOfBound = 0.75;    // ... or this share of the largest possible ratio, E / k
+constexpr double kWarnOfBound = 0.75;    // ... or this far from 1 towards the largest possible ratio, E / k
 
 class LoadImbalance : public Check {
  public:
@@ -50,8 +51,8 @@ class LoadImbalance : public Check {
       entropy /= std::log(double(c.size()));
       const double ratio = double(c[busiest]) / total * c.size();
       const int64_t k = top_k.count(layer) ? std::max<int64_t>(1, top_k[layer]) : 1;
-      const double warn_ratio = std::min(kWarnRatio, kWarnOfBound * double(c.size()) / k);
-      // With k >= E/1.33 every expert takes nearly every token: no imbalance to judge.
+      const double warn_ratio = std::min(kWarnRatio, 1 + kWarnOfBound * (double(c.size()) / k - 1));
+      // With k = E every expert takes every token: no imbalance to judge.
       const bool warn = dead > 0 || (warn_ratio > 1 && ratio >= warn_ratio);
       Finding f = checks::At(kName, warn ? Severity::kWarning : Severity::kInfo, s, absl::StrFormat("layer %d", layer));
       f.message = absl::StrFormat("expert %d takes %.2fx its fair share (%.1f%% of %d slots); %d of %d experts got no "
