@@ -76,10 +76,12 @@ class PyRecorder {
     Check(Live().AnnotateStep(key, ParseJson(json)));
   }
   void NameTensors(const std::vector<std::pair<std::string, at::Tensor>>& named) { Live().NameTensors(named); }
-  void Routing(int64_t layer, const at::Tensor& ids, const at::Tensor& weights, const at::Tensor& logits,
-               const at::Tensor& hidden) {
-    if (ids.dim() != 2 || weights.sizes() != ids.sizes() || logits.dim() != 2 || logits.size(0) != ids.size(0)) {
-      Raise(absl::InvalidArgumentError("routing: topk_ids and topk_weights [T, k], logits [T, E]"));
+  void Routing(int64_t layer, const at::Tensor& ids, const at::Tensor& weights,
+               const c10::optional<at::Tensor>& maybe_logits, const at::Tensor& hidden) {
+    const at::Tensor logits = maybe_logits.value_or(at::Tensor());
+    if (ids.dim() != 2 || weights.sizes() != ids.sizes() ||
+        (logits.defined() && (logits.dim() != 2 || logits.size(0) != ids.size(0)))) {
+      Raise(absl::InvalidArgumentError("routing: topk_ids and topk_weights [T, k], logits [T, E] or None"));
     }
     Live().OnRouting({layer, ids, weights, logits, hidden});
   }

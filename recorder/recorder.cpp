@@ -141,11 +141,15 @@ void Recorder::OnRouting(const RoutingEvent& e) {
   r.topk_ids = prefix + "topk_ids";
   r.topk_weights = prefix + "topk_weights";
   const at::Tensor ids = e.topk_ids.detach().to(at::kInt).contiguous();
-  const at::Tensor counts = at::bincount(e.topk_ids.detach().reshape({-1}), {}, e.logits.size(1));
+  // Without logits (a router that does not expose them) the expert count is
+  // what the ids show.
+  const bool logits = e.logits.defined() && e.logits.dim() == 2;
+  const int64_t experts = logits ? e.logits.size(1) : (e.topk_ids.numel() ? e.topk_ids.max().item<int64_t>() + 1 : 0);
+  const at::Tensor counts = at::bincount(e.topk_ids.detach().reshape({-1}), {}, experts);
   r.token_counts.assign(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel());
   absl::Status s = EmitTensor(r.topk_ids, formats::Role::kOther, ids);
   if (s.ok()) s = EmitTensor(r.topk_weights, formats::Role::kOther, e.topk_weights.detach().clone());
-  if (s.ok() && options_.capture_logits) {
+  if (s.ok() && options_.capture_logits && logits) {
     r.logits = prefix + "logits";
     s = EmitTensor(r.logits, formats::Role::kOther, e.logits.detach().clone());
   }

@@ -14,7 +14,7 @@ struct RoutingEvent {
   int64_t layer = 0;
   const at::Tensor& topk_ids;      // [T, k] int64, the experts each token goes to
   const at::Tensor& topk_weights;  // [T, k], the weights of their outputs
-  const at::Tensor& logits;        // [T, E] fp32, the router's raw scores
+  const at::Tensor& logits;        // [T, E] fp32, the router's raw scores; may be undefined
   const at::Tensor& hidden;        // [T, hidden], the router's input (routed context)
 };
 

@@ -103,14 +103,17 @@ def scope(name):
         yield
 
 
-def routing(layer, topk_ids, topk_weights, logits, hidden=None):
+def routing(layer, topk_ids, topk_weights, logits=None, hidden=None):
     """Reports one routing decision of MoE layer `layer`: topk_ids and
-    topk_weights [T, k], logits [T, E]; `hidden` [T, d] the router's input."""
+    topk_weights [T, k], logits [T, E] (optional: without them the expert
+    count is what the ids show, and routing-fragility cannot judge the layer);
+    `hidden` [T, d] the router's input."""
     if _active is None or not _active._in_step:
         return
     with torch.no_grad():
         h = hidden if hidden is not None else torch.empty(0)
-        _active._rec.routing(int(layer), topk_ids.detach().long(), topk_weights.detach(), logits.detach().float(), h)
+        _active._rec.routing(int(layer), topk_ids.detach().long(), topk_weights.detach(),
+                             None if logits is None else logits.detach().float(), h)
 
 
 def _layer_index(name):

@@ -107,6 +107,9 @@ def test_routing_of_an_unknown_router(tmp_path):
             logits = torch.randn(5, 6)
             weights, ids = torch.topk(torch.softmax(logits, -1), 2)
             moerr.routing(3, ids, weights, logits)
+            moerr.routing(4, ids, weights)  # a router that shows no logits
     routing = moerr.Bundle(path).routing(0)
-    assert len(routing) == 1 and routing[0]["layer"] == 3
+    assert [r["layer"] for r in routing] == [3, 4]
     assert torch.equal(routing[0]["topk_ids"].long(), ids)
+    assert routing[0]["logits"] is not None and routing[1]["logits"] is None
+    assert sum(routing[1]["token_counts"]) == ids.numel()
