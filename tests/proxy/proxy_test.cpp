@@ -29,14 +29,20 @@ bool IsExpertOrGate(const std::string& name) {
   return std::regex_match(name, re);
 }
 
+// One recorded fault-free tiny step (DIR/r.moerr) and its proxy keeping
+// `keep` experts per layer (DIR/p).
+ProxyReport TinyProxy(const TempDir& dir, int64_t keep, std::unique_ptr<formats::BundleReader>& reader) {
+  reader = testing::RecordTinySteps(dir.File("r.moerr"), moe::Precision::kFp32, recorder::CaptureMode::kReplayable, 1);
+  ProxyOptions options;
+  options.keep = keep;
+  options.out_dir = dir.File("p");
+  return BuildProxy(*reader, options).value();
+}
+
 TEST(ProxyTest, SurgeryKeepsTheBackboneAndTheKeptExpertsInOrder) {
   TempDir dir;
-  auto reader = testing::RecordTinySteps(dir.File("r.moerr"), moe::Precision::kFp32,
-                                         recorder::CaptureMode::kReplayable, 1);
-  ProxyOptions options;
-  options.keep = 3;
-  options.out_dir = dir.File("p");
-  const ProxyReport report = BuildProxy(*reader, options).value();
+  std::unique_ptr<formats::BundleReader> reader;
+  const ProxyReport report = TinyProxy(dir, 3, reader);
   ASSERT_EQ(report.plans.size(), 2u);
   moe::MoeTransformer original = std::move(replayer::LoadTrainer(*reader, 0).value()->policy());
   moe::MoeTransformer proxy = moe::LoadCheckpoint(report.checkpoint).value();
@@ -75,12 +81,8 @@ TEST(ProxyTest, SurgeryKeepsTheBackboneAndTheKeptExpertsInOrder) {
 
 TEST(ProxyTest, MappedRoutingNamesOnlyKeptExperts) {
   TempDir dir;
-  auto reader = testing::RecordTinySteps(dir.File("r.moerr"), moe::Precision::kFp32,
-                                         recorder::CaptureMode::kReplayable, 1);
-  ProxyOptions options;
-  options.keep = 2;
-  options.out_dir = dir.File("p");
-  const ProxyReport report = BuildProxy(*reader, options).value();
+  std::unique_ptr<formats::BundleReader> reader;
+  const ProxyReport report = TinyProxy(dir, 2, reader);
   auto proxy = formats::BundleReader::Open(report.bundle).value();
   const formats::Trace recorded = formats::ReadTrace(*reader, 0).value();
   const formats::Trace mapped = formats::ReadTrace(*proxy, 0).value();
