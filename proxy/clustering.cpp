@@ -15,12 +15,60 @@ at::Tensor CosineDistance(const at::Tensor& rows) {  // [E, d] -> [E, E]
   return (1 - unit.mm(unit.t())).clamp_min(0);
 }
 
-// Original ids sorted by descending frequency (ties: lower id first).
-std::vector<int64_t> ByFrequency(const at::Tensor& frequency, const std::vector<int64_t>& ids) {
+// Original ids sorted by descending score (ties: lower id first).
+std::vector<int64_t> ByScore(const at::Tensor& score, const std::vector<int64_t>& ids) {
   std::vector<int64_t> order = ids;
-  const auto f = frequency.accessor<double, 1>();
+  const auto f = score.accessor<double, 1>();
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return f[a] > f[b]; });
   return order;
+}
+
+// HC-SMoE: average-linkage agglomerative clustering of `ids` by the cosine
+// distance of their mean outputs down to `keep` clusters; each cluster's
+// medoid (least summed distance to its members) is kept and stands for it.
+// Two forced experts never share a cluster, and a forced one is its medoid.
+void HcMedoids(const LayerStats& s, const std::vector<int64_t>& ids, int64_t keep, const std::vector<int64_t>& forced,
+               std::vector<int64_t>& kept, std::vector<int64_t>& medoid_of) {
+  auto forced_in = [&](const std::vector<int64_t>& c) {
+    return std::count_if(c.begin(), c.end(),
+                         [&](int64_t e) { return std::find(forced.begin(), forced.end(), e) != forced.end(); });
+  };
+  const at::Tensor d = CosineDistance(s.output_mean);
+  const auto dist = d.accessor<double, 2>();
+  std::vector<std::vector<int64_t>> clusters;
+  for (int64_t e : ids) clusters.push_back({e});
+  auto linkage = [&](const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+    if (forced_in(a) > 0 && forced_in(b) > 0) return static_cast<double>(INFINITY);
+    double sum = 0;
+    for (int64_t x : a) {
+      for (int64_t y : b) sum += dist[x][y];
+    }
+    return sum / (a.size() * b.size());
+  };
+  while (static_cast<int64_t>(clusters.size()) > keep) {
+    size_t best_a = 0, best_b = 1;
+    double best = INFINITY;
+    for (size_t a = 0; a < clusters.size(); ++a) {
+      for (size_t b = a + 1; b < clusters.size(); ++b) {
+        const double l = linkage(clusters[a], clusters[b]);
+        if (l < best) best = l, best_a = a, best_b = b;
+      }
+    }
+    clusters[best_a].insert(clusters[best_a].end(), clusters[best_b].begin(), clusters[best_b].end());
+    clusters.erase(clusters.begin() + best_b);
+  }
+  for (const std::vector<int64_t>& c : clusters) {
+    int64_t medoid = c.front();
+    double best = INFINITY;
+    for (int64_t m : c) {
+      double cost = 0;
+      for (int64_t j : c) cost += dist[m][j];
+      if (forced_in({m}) > 0) cost = -1;  // forced: the medoid
+      if (cost < best - 1e-12) best = cost, medoid = m;
+    }
+    for (int64_t e : c) medoid_of[e] = medoid;
+    kept.push_back(medoid);
+  }
 }
 
 // Chooses `keep` of `ids` (one routing group, or the whole layer), `forced`
@@ -37,13 +85,19 @@ void PlanGroup(const LayerStats& s, const at::Tensor& d, const std::vector<int64
       if (std::find(medoids.begin(), medoids.end(), e) == medoids.end()) medoids.push_back(e);
     }
   };
+  if (options.method == Method::kHcMedoid) {
+    HcMedoids(s, ids, keep, forced, kept, medoid_of);
+    return;
+  }
   if (options.method == Method::kRandom) {
     std::vector<int64_t> shuffled = ids;
     std::mt19937_64 rng(options.seed * 1000003 + s.layer);
     std::shuffle(shuffled.begin(), shuffled.end(), rng);
     add_until_full(shuffled);
+  } else if (options.method == Method::kReap) {
+    add_until_full(ByScore(s.reap, ids));  // by saliency, descending
   } else {
-    add_until_full(ByFrequency(s.frequency, ids));
+    add_until_full(ByScore(s.frequency, ids));
   }
   auto nearest = [&](int64_t e) {
     int64_t best = medoids.front();
@@ -85,7 +139,10 @@ absl::StatusOr<Method> ParseMethod(const std::string& name) {
   if (name == "cluster") return Method::kCluster;
   if (name == "frequency") return Method::kFrequency;
   if (name == "random") return Method::kRandom;
-  return absl::InvalidArgumentError(absl::StrFormat("unknown method \"%s\" (cluster, frequency, random)", name));
+  if (name == "reap") return Method::kReap;
+  if (name == "hc-medoid") return Method::kHcMedoid;
+  return absl::InvalidArgumentError(
+      absl::StrFormat("unknown method \"%s\" (cluster, frequency, random, reap, hc-medoid)", name));
 }
 
 std::string MethodName(Method m) {
@@ -93,6 +150,8 @@ std::string MethodName(Method m) {
     case Method::kCluster: return "cluster";
     case Method::kFrequency: return "frequency";
     case Method::kRandom: return "random";
+    case Method::kReap: return "reap";
+    case Method::kHcMedoid: return "hc-medoid";
   }
   return "?";
 }

@@ -7,6 +7,10 @@
 //   forced keeps stay medoids. Every expert maps to its cluster's medoid.
 // frequency: the most frequently selected experts.
 // random: a seeded random subset.
+// reap: the experts of highest router-weighted output norm (REAP saliency).
+// hc-medoid: average-linkage agglomerative clustering of the experts' mean
+//   outputs (cosine), one medoid per cluster (HC-SMoE style); every expert
+//   maps to its cluster's medoid.
 // Forced keeps (all methods but the baselines when told): experts implicated
 // in the recorded failure, then super experts (output peak past
 // `super_factor` times the layer's median peak), largest peak first, while
@@ -24,7 +28,7 @@
 
 namespace moerr::proxy {
 
-enum class Method { kCluster, kFrequency, kRandom };
+enum class Method { kCluster, kFrequency, kRandom, kReap, kHcMedoid };
 absl::StatusOr<Method> ParseMethod(const std::string& name);
 std::string MethodName(Method m);
 

@@ -15,9 +15,12 @@ namespace {
 
 // Keeps each MoE layer's router input and choice of the calibration pass.
 struct Capture : recorder::RoutingObserver {
-  std::map<int64_t, std::pair<at::Tensor, at::Tensor>> by_layer;  // hidden [T, h], ids [T, k]
+  struct Decision {
+    at::Tensor hidden, ids, weights;  // [T, h] f32, [T, k], [T, k] f32
+  };
+  std::map<int64_t, Decision> by_layer;
   void OnRouting(const recorder::RoutingEvent& e) override {
-    by_layer[e.layer] = {e.hidden.detach().to(at::kFloat), e.topk_ids.detach()};
+    by_layer[e.layer] = {e.hidden.detach().to(at::kFloat), e.topk_ids.detach(), e.topk_weights.detach().to(at::kFloat)};
   }
 };
 
@@ -64,15 +67,26 @@ absl::StatusOr<std::vector<LayerStats>> CollectStats(const formats::BundleReader
   model->SetRoutingObserver(nullptr);
   for (moe::MoeLayer& moe : model->MoeLayers()) {
     LayerStats& s = stats[moe->gate()->layer()];
-    const auto& [hidden, ids] = capture.by_layer.at(s.layer);
-    s.context = at::zeros({s.experts, hidden.size(1)}, at::kFloat);
+    const Capture::Decision& d = capture.by_layer.at(s.layer);
+    const at::ScalarType dtype = moe->gate()->weight.scalar_type();
+    s.context = at::zeros({s.experts, d.hidden.size(1)}, at::kFloat);
+    s.output_mean = at::zeros({s.experts, d.hidden.size(1)}, at::kFloat);
     s.max_activation = at::zeros({s.experts}, at::kDouble);
+    s.reap = at::zeros({s.experts}, at::kDouble);
     for (int64_t e = 0; e < s.experts; ++e) {
-      const at::Tensor rows = ids.eq(e).any(1).nonzero().reshape({-1});
-      const at::Tensor x = rows.numel() > 0 ? hidden.index_select(0, rows) : hidden;
-      if (rows.numel() > 0) s.context[e] = x.mean(0);
-      const at::Tensor y = moe->expert(e)->forward(x.to(moe->gate()->weight.scalar_type()));
+      const at::Tensor chosen = d.ids.eq(e);                      // [T, k]
+      const at::Tensor rows = chosen.any(1).nonzero().reshape({-1});
+      const at::Tensor all = moe->expert(e)->forward(d.hidden.to(dtype)).to(at::kFloat);  // [T, h]
+      s.output_mean[e] = all.mean(0);
+      if (rows.numel() == 0) {
+        s.max_activation[e] = all.abs().max().item<double>();
+        continue;
+      }
+      const at::Tensor y = all.index_select(0, rows);
+      s.context[e] = d.hidden.index_select(0, rows).mean(0);
       s.max_activation[e] = y.abs().max().item<double>();
+      const at::Tensor w = (d.weights * chosen.to(at::kFloat)).sum(1).index_select(0, rows);  // its routing weight
+      s.reap[e] = (w.to(at::kDouble) * y.norm(2, 1).to(at::kDouble)).mean().item<double>();
     }
   }
   std::vector<LayerStats> out;

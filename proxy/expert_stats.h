@@ -2,8 +2,8 @@
 // expert clustering: from the step's recorded routing, selection frequency,
 // router-weight mass and co-activation; from a calibration forward pass of the
 // model, the routed-context prototype (mean router input of the tokens routed
-// to an expert) and the expert's largest output activation; from the weights,
-// the router rows.
+// to an expert), the expert's largest output activation, its REAP saliency
+// and its mean output over all tokens; from the weights, the router rows.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -27,6 +27,8 @@ struct LayerStats {
   at::Tensor context;        // [E, hidden] f32: mean router input of its calibration tokens (0: none)
   at::Tensor router_rows;    // [E, hidden] f32
   at::Tensor max_activation;  // [E] f64: largest |output| on its calibration tokens
+  at::Tensor reap;            // [E] f64: REAP saliency, mean of routing weight x |output| over its tokens
+  at::Tensor output_mean;     // [E, hidden] f32: mean output over all calibration tokens (HC-SMoE)
 };
 
 // `calibration` [n, S] int64 token sequences for the forward pass.

@@ -158,7 +158,7 @@ ProxyOptions Configure(double keep, const std::string& method, const std::string
   o.out_dir = out_dir;
   o.overwrite = true;
   o.cluster.force = method == "cluster";
-  o.cluster.method = method == "frequency" ? Method::kFrequency : method == "random" ? Method::kRandom : Method::kCluster;
+  o.cluster.method = ParseMethod(method == "cluster-unforced" ? "cluster" : method).value();
   return o;
 }
 
@@ -167,9 +167,9 @@ ProxyOptions Configure(double keep, const std::string& method, const std::string
 absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const EvalProgress& progress) {
   if (options.out_dir.empty()) return absl::InvalidArgumentError("an output directory is required (-o DIR)");
   for (const std::string& m : options.methods) {
-    if (m != "cluster" && m != "cluster-unforced" && m != "frequency" && m != "random") {
+    if (m != "cluster-unforced" && !ParseMethod(m).ok()) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "unknown method \"%s\" (cluster, cluster-unforced, frequency, random)", m));
+          "unknown method \"%s\" (cluster, cluster-unforced, frequency, random, reap, hc-medoid)", m));
     }
   }
   if (::mkdir(options.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {

@@ -33,8 +33,8 @@ struct EvalOptions {
   int64_t steps = 30;                   // healthy RL steps for the dynamics
   int64_t seeds = 3;                    // per fault
   std::vector<double> keeps = {0.5, 0.25, 0.125};
-  // "cluster", "cluster-unforced", "frequency", "random".
-  std::vector<std::string> methods = {"cluster", "cluster-unforced", "frequency", "random"};
+  // "cluster", "cluster-unforced", and the baselines "frequency", "random", "reap", "hc-medoid".
+  std::vector<std::string> methods = {"cluster", "cluster-unforced", "frequency", "random", "reap", "hc-medoid"};
   std::vector<moe::FaultKind> faults = moe::AllFaults();
 };
 

@@ -44,7 +44,7 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("-o,--output", opts->out, "Output directory: proxy.moerr, checkpoint/, clusters.json")->required();
   cmd->add_option("--keep", opts->keep, "Experts kept per MoE layer: a fraction (1/2, 1/4, 1/8) or a count")
       ->capture_default_str();
-  cmd->add_option("--method", opts->method, "cluster, frequency or random")->capture_default_str();
+  cmd->add_option("--method", opts->method, "cluster, frequency, random, reap or hc-medoid")->capture_default_str();
   cmd->add_option("--step", opts->step, "Step to map (default: the first that overflowed, else the first)");
   cmd->add_option("--ep", opts->ep, "Expert-parallel size: keep a multiple of it in every layer")->capture_default_str();
   cmd->add_option("--seed", opts->seed, "Seed of the random method and the calibration batch");

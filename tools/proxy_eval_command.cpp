@@ -36,7 +36,7 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--steps", opts->eval.steps, "Healthy RL steps for the dynamics")->capture_default_str();
   cmd->add_option("--seeds", opts->eval.seeds, "Seeds per fault")->capture_default_str();
   cmd->add_option("--keep", opts->keeps, "Kept fractions (1/2 1/4 1/8)");
-  cmd->add_option("--methods", opts->eval.methods, "cluster, cluster-unforced, frequency, random");
+  cmd->add_option("--methods", opts->eval.methods, "cluster, cluster-unforced, frequency, random, reap, hc-medoid");
   cmd->add_option("--faults", opts->faults, "Faults (default: the whole catalogue)");
   cmd->add_option("--json", opts->json, "Also write the report as JSON here");
   cmd->callback([opts, &exit_code] {

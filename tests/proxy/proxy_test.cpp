@@ -167,7 +167,9 @@ TEST(ClusteringTest, IsDeterministicUnderASeed) {
   s.router_rows = at::randn({8, 16});
   s.max_activation = at::rand({8}, at::kDouble) + 1;
   s.max_activation[6] = 100.0;  // a super expert
-  for (Method method : {Method::kCluster, Method::kFrequency, Method::kRandom}) {
+  s.reap = at::rand({8}, at::kDouble);
+  s.output_mean = at::randn({8, 16});
+  for (Method method : {Method::kCluster, Method::kFrequency, Method::kRandom, Method::kReap, Method::kHcMedoid}) {
     ClusterOptions options;
     options.method = method;
     options.seed = 11;
