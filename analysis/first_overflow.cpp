@@ -5,6 +5,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "support/check.h"
 
 namespace moerr::analysis {
@@ -86,6 +88,16 @@ std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, cons
     }
   }
   return std::nullopt;
+}
+
+std::string ModuleClass(const std::string& module) {
+  std::vector<std::string> kept;
+  for (absl::string_view part : absl::StrSplit(module, absl::ByAnyChar(". "))) {
+    if (!part.empty() && !std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      kept.emplace_back(part);
+    }
+  }
+  return absl::StrJoin(kept, ".");
 }
 
 std::vector<PredictedOverflow> PredictOverflows(const formats::Trace& trace, formats::DType format) {

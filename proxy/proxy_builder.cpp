@@ -6,7 +6,6 @@
 #include <fstream>
 #include <numeric>
 #include <random>
-#include <regex>
 
 #include "absl/strings/str_format.h"
 #include "analysis/first_overflow.h"
@@ -27,14 +26,6 @@ int64_t CountParameters(moe::MoeTransformer& model) {
   int64_t n = 0;
   for (const at::Tensor& p : model->parameters()) n += p.numel();
   return n;
-}
-
-// The (layer, expert) a module path names: "model.layers.L.MLP.experts.E...".
-std::optional<std::pair<int64_t, int64_t>> ExpertOf(const std::string& module) {
-  static const std::regex re(R"(^model\.layers\.(\d+)\.\w+\.experts\.(\d+)(\..*)?$)");
-  std::smatch m;
-  if (!std::regex_match(module, m, re)) return std::nullopt;
-  return std::make_pair(std::stoll(m[1]), std::stoll(m[2]));
 }
 
 // The proxy's trainer state: tensors mapped, Adam steps renamed with them.

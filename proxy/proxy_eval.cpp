@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "analysis/check.h"
+#include "analysis/first_overflow.h"
 #include "moe/checkpoint.h"
 #include "moe/training_run.h"
 #include "moe/warmup.h"
@@ -56,15 +57,6 @@ double Pearson(const std::vector<double>& a, const std::vector<double>& b) {
   return (sab - sa * sb / n) / std::sqrt(va * vb);
 }
 
-// "model.layers.0.mlp.experts.3" -> "model.layers.mlp.experts"; "layer 1" -> "layer".
-std::string ModuleClass(const std::string& where) {
-  std::vector<std::string> kept;
-  for (absl::string_view part : absl::StrSplit(where, absl::ByAnyChar(". "))) {
-    if (!part.empty() && !std::all_of(part.begin(), part.end(), ::isdigit)) kept.emplace_back(part);
-  }
-  return absl::StrJoin(kept, ".");
-}
-
 // The lint check that names each fault.
 const char* CheckFor(moe::FaultKind f) {
   switch (f) {
@@ -91,7 +83,7 @@ absl::StatusOr<std::optional<Symptom>> FindSymptom(const formats::BundleReader& 
   MOERR_ASSIGN_OR_RETURN(std::vector<analysis::Finding> findings, analysis::RunChecks(input, {CheckFor(fault)}));
   for (const analysis::Finding& f : findings) {
     if (f.severity < analysis::Severity::kWarning) continue;
-    return std::optional<Symptom>(Symptom{f.phase, ModuleClass(f.where)});
+    return std::optional<Symptom>(Symptom{f.phase, analysis::ModuleClass(f.where)});
   }
   return std::optional<Symptom>();
 }

@@ -30,5 +30,6 @@ void AddDiffCommand(CLI::App& app, int& exit_code);
 void AddLintCommand(CLI::App& app, int& exit_code);
 void AddProxyCommand(CLI::App& app, int& exit_code);
 void AddProxyEvalCommand(CLI::App& app, int& exit_code);
+void AddReduceCommand(CLI::App& app, int& exit_code);
 
 }  // namespace moerr::tools

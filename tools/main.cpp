@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   AddLintCommand(app, exit_code);
   AddProxyCommand(app, exit_code);
   AddProxyEvalCommand(app, exit_code);
+  AddReduceCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

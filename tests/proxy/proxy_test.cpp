@@ -3,6 +3,7 @@
 // back, clustering is deterministic, and a fault reproduces in the proxy.
 #include "proxy/proxy_builder.h"
 #include "proxy/proxy_eval.h"
+#include "proxy/reduce.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -214,6 +215,39 @@ TEST(ProxyTest, ExpertOverflowReproducesInTheProxy) {
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(first->op->phase, formats::Phase::kForward);
   EXPECT_NE(first->op->module.find(".mlp.experts."), std::string::npos) << first->op->module;
+}
+
+// reduce: the expert-overflow step shrinks (experts, layers, prompts) and
+// the reduced bundle still overflows first in a routed expert, forward.
+TEST(ReduceTest, ShrinksAFailingStepAndKeepsItsFailure) {
+  TempDir dir;
+  moe::InjectedFault injected;
+  bool finite = true;
+  auto reader = testing::RecordFaultyStep(dir.File("f.moerr"), moe::FaultKind::kExpertOverflow,
+                                          recorder::CaptureMode::kReplayable, injected, finite);
+  ReduceOptions options;
+  options.out_path = dir.File("small.moerr");
+  options.work_dir = dir.File("work");
+  const ReduceReport report = Reduce(*reader, options).value();
+  EXPECT_EQ(report.phase, "forward");
+  EXPECT_EQ(report.module_class, "model.layers.mlp.experts");
+  EXPECT_FALSE(report.accepted.empty());
+  EXPECT_LT(report.params_after, report.params_before);
+  EXPECT_LE(report.experts_after, report.experts_before / 2);
+  auto small = formats::BundleReader::Open(options.out_path).value();
+  replayer::ModelReplayOptions replay;
+  replay.record_path = dir.File("replay.moerr");
+  ASSERT_TRUE(replayer::ReplayModelStep(*small, report.step, replay).ok());
+  auto recording = formats::BundleReader::Open(replay.record_path).value();
+  const formats::Trace trace = formats::ReadTrace(*recording, report.step).value();
+  const auto first = analysis::FindFirstOverflow(trace);  // points into `trace`
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(analysis::ModuleClass(first->op->module), "model.layers.mlp.experts");
+
+  // A healthy step has no failure to keep.
+  auto healthy = testing::RecordTinySteps(dir.File("h.moerr"), moe::Precision::kFp32,
+                                          recorder::CaptureMode::kReplayable, 1);
+  EXPECT_EQ(Reduce(*healthy, options).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // proxy-eval end to end on the tiny model: every configuration gets a row

@@ -1,0 +1,42 @@
+// One recorded step of the reference trainer, in memory: what model replay
+// needs (config, options, trainer state, routing decisions) and nothing else.
+// `moerr reduce`'s passes transform it; WriteStepBundle writes it as a bundle
+// model replay runs.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "formats/bundle_reader.h"
+#include "moe/grpo_trainer.h"
+#include "moe/moe_config.h"
+
+namespace moerr::proxy {
+
+struct RoutingEntry {
+  int64_t layer = 0, micro_batch = 0;
+  at::Tensor ids;     // [T, k] int64
+  at::Tensor logits;  // [T, E] f32, or undefined
+};
+
+struct StepBundle {
+  int64_t step = 0;
+  moe::MoeConfig config;
+  moe::GrpoOptions options;
+  moe::TrainerState state;           // tensors owned (copies)
+  std::vector<RoutingEntry> routing;  // empty: the replay routes live
+  llvm::json::Object metrics;         // the original step's, when recorded
+  // (layer, expert) the failure is in; passes keep it and follow its index.
+  std::vector<std::pair<int64_t, int64_t>> implicated;
+};
+
+absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, int64_t step);
+absl::Status WriteStepBundle(const StepBundle& bundle, const std::string& path);
+
+// Policy parameters of the bundle's model.
+int64_t ParameterCount(const StepBundle& bundle);
+
+}  // namespace moerr::proxy
