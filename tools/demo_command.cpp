@@ -4,7 +4,8 @@
 //      overflowing op from the fingerprints; replay the failing step op by
 //      op and check it bitwise against the record; find the modules whose
 //      upcast removes the overflow; lint the step; map it onto a proxy with a
-//      quarter of the experts and replay it there;
+//      quarter of the experts and replay it there; reduce it to the smallest
+//      step that still fails;
 //   B. the crash story: a child process recording steps is killed (SIGKILL)
 //      mid-step; inspect refuses the dump with advice, salvage rebuilds its
 //      index, verify checks every byte, inspect shows what survived.
@@ -30,6 +31,7 @@
 #include "analysis/check.h"
 #include "analysis/first_overflow.h"
 #include "proxy/proxy_builder.h"
+#include "proxy/reduce.h"
 #include "replayer/model_replay.h"
 #include "replayer/precision_bisect.h"
 #include "replayer/program_replay.h"
@@ -228,7 +230,23 @@ int RunModelStory(const std::string& dir) {
                                             formats::PhaseName(proxy_first->op->phase))
                                 .c_str()
                           : "none: the fault did NOT reproduce");
-  return proxy_first ? kExitOk : kExitFinding;
+  if (!proxy_first) return kExitFinding;
+
+  const std::string small = dir + "/small.moerr";
+  std::printf("A7. $ moerr reduce %s -o %s\n", bundle.c_str(), small.c_str());
+  proxy::ReduceOptions reduce;
+  reduce.step = step;
+  reduce.out_path = small;
+  reduce.work_dir = dir + "/reduce";
+  auto reduced = proxy::Reduce(**reader, reduce);
+  if (!reduced.ok()) return ReportError(reduced.status());
+  for (const proxy::ReduceRow& row : reduced->accepted) std::printf("    %-14s %s\n", row.pass.c_str(), row.removed.c_str());
+  std::printf("    %lld candidates replayed; the smallest step that still overflows first in %s (%s) has %lld of %lld "
+              "policy parameters (%.1fx fewer)\n\n",
+              static_cast<long long>(reduced->tried), reduced->module_class.c_str(), reduced->phase.c_str(),
+              static_cast<long long>(reduced->params_after), static_cast<long long>(reduced->params_before),
+              double(reduced->params_before) / reduced->params_after);
+  return kExitOk;
 }
 
 int RunCrashStory(const std::string& dir) {
