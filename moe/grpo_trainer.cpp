@@ -3,9 +3,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
-#include <torch/nn/utils/clip_grad.h>
-
 #include <c10/util/string_utils.h>
+#include <torch/nn/utils/clip_grad.h>
 
 #include <cmath>
 #include <sstream>
@@ -15,28 +14,27 @@
 #include "recorder/tensor_adapter.h"
 #include "support/json_fields.h"
 #include "support/status.h"
-#include "support/torch_boundary.h"
 
 namespace moerr::moe {
 
 llvm::json::Object ToJson(const GrpoOptions& o) {
   return llvm::json::Object{{"prompts", o.prompts},
-          {"group_size", o.group_size},
-          {"temperature", o.temperature},
-          {"clip_eps", o.clip_eps},
-          {"kl_coef", o.kl_coef},
-          {"lr", o.lr},
-          {"weight_decay", o.weight_decay},
-          {"max_grad_norm", o.max_grad_norm},
-          {"aux_loss_coef", o.aux_loss_coef},
-          {"precision", PrecisionName(o.numerics.precision)},
-          {"fp16_saturate", o.numerics.saturate},
-          {"rollout_precision", PrecisionName(o.rollout_numerics.precision)},
-          {"rollout_fp16_saturate", o.rollout_numerics.saturate},
-          {"initial_loss_scale", o.initial_loss_scale},
-          {"scale_growth_interval", o.scale_growth_interval},
-          {"naive_fp16_softmax", o.naive_fp16_softmax},
-          {"skip_update", o.skip_update}};
+                            {"group_size", o.group_size},
+                            {"temperature", o.temperature},
+                            {"clip_eps", o.clip_eps},
+                            {"kl_coef", o.kl_coef},
+                            {"lr", o.lr},
+                            {"weight_decay", o.weight_decay},
+                            {"max_grad_norm", o.max_grad_norm},
+                            {"aux_loss_coef", o.aux_loss_coef},
+                            {"precision", PrecisionName(o.numerics.precision)},
+                            {"fp16_saturate", o.numerics.saturate},
+                            {"rollout_precision", PrecisionName(o.rollout_numerics.precision)},
+                            {"rollout_fp16_saturate", o.rollout_numerics.saturate},
+                            {"initial_loss_scale", o.initial_loss_scale},
+                            {"scale_growth_interval", o.scale_growth_interval},
+                            {"naive_fp16_softmax", o.naive_fp16_softmax},
+                            {"skip_update", o.skip_update}};
 }
 
 absl::StatusOr<GrpoOptions> GrpoOptionsFromJson(const llvm::json::Object& json) {
@@ -119,11 +117,11 @@ TrainerState GrpoTrainer::SaveState() const {
     adam_steps[p.key()] = adam.step();
   }
   state.scalars = llvm::json::Object{{"step", step_},
-                   {"seed", static_cast<int64_t>(seed_)},
-                   {"loss_scale", loss_scale_},
-                   {"good_steps", good_steps_},
-                   {"rng", rng.str()},
-                   {"adam_step", std::move(adam_steps)}};
+                                     {"seed", static_cast<int64_t>(seed_)},
+                                     {"loss_scale", loss_scale_},
+                                     {"good_steps", good_steps_},
+                                     {"rng", rng.str()},
+                                     {"adam_step", std::move(adam_steps)}};
   return state;
 }
 
