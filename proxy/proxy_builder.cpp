@@ -9,10 +9,10 @@
 
 #include "absl/strings/str_format.h"
 #include "analysis/first_overflow.h"
-#include "formats/bundle_writer.h"
 #include "moe/addition_task.h"
 #include "moe/checkpoint.h"
 #include "proxy/expert_stats.h"
+#include "proxy/step_bundle.h"
 #include "proxy/surgery.h"
 #include "recorder/tensor_adapter.h"
 #include "replayer/model_replay.h"
@@ -26,23 +26,6 @@ int64_t CountParameters(moe::MoeTransformer& model) {
   int64_t n = 0;
   for (const at::Tensor& p : model->parameters()) n += p.numel();
   return n;
-}
-
-// The proxy's trainer state: tensors mapped, Adam steps renamed with them.
-moe::TrainerState MapState(const moe::TrainerState& original, const std::vector<LayerPlan>& plans) {
-  moe::TrainerState out;
-  out.scalars = original.scalars;
-  llvm::json::Object adam_steps;
-  for (const auto& [name, t] : original.tensors) {
-    if (auto mapped = MapTensor(name, t, plans)) out.tensors.push_back(*std::move(mapped));
-  }
-  if (const llvm::json::Object* steps = original.scalars.getObject("adam_step")) {
-    for (const auto& [name, n] : *steps) {
-      if (auto mapped = MapTensor(name.str(), at::Tensor(), plans)) adam_steps[mapped->first] = n;
-    }
-  }
-  out.scalars["adam_step"] = std::move(adam_steps);
-  return out;
 }
 
 llvm::json::Object PlanJson(const LayerPlan& p) {
@@ -138,55 +121,17 @@ absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, cons
     report.cluster_map = options.out_dir + "/clusters.json";
     MOERR_RETURN_IF_ERROR(moe::SaveCheckpoint(proxy_policy, report.checkpoint, options.overwrite));
 
-    // The proxy bundle: trainer state and mapped routing of the step.
-    MOERR_ASSIGN_OR_RETURN(auto writer, formats::BundleWriter::Create(
-                                            report.bundle, formats::WriterOptions().set_overwrite(options.overwrite)));
-    MOERR_RETURN_IF_ERROR(writer->BeginStep(report.step));
-    MOERR_RETURN_IF_ERROR(replayer::WriteTrainer(*writer, proxy_config, trainer->options(), report.step,
-                                                 MapState(trainer->SaveState(), report.plans)));
-    for (const formats::RoutingRecord& r : trace.routing) {
-      const LayerPlan* plan = nullptr;
-      for (const LayerPlan& p : report.plans) plan = p.layer == r.layer ? &p : plan;
-      if (plan == nullptr) continue;
-      MOERR_ASSIGN_OR_RETURN(formats::OwnedTensor ids, reader.ReadTensor(r.topk_ids, report.step));
-      at::Tensor logits;
-      if (!r.logits.empty()) {
-        MOERR_ASSIGN_OR_RETURN(formats::OwnedTensor l, reader.ReadTensor(r.logits, report.step));
-        logits = recorder::ToTensor(l.view()).to(at::kFloat);
+    // The proxy bundle: the step with its state and routing mapped.
+    MOERR_ASSIGN_OR_RETURN(StepBundle bundle, LoadStepBundle(reader, report.step));
+    bundle.config = proxy_config;
+    bundle.state = MapTrainerState(
+        bundle.state, [&](const std::string& name, const at::Tensor& t) { return MapTensor(name, t, report.plans); });
+    for (RoutingEntry& r : bundle.routing) {
+      for (const LayerPlan& plan : report.plans) {
+        if (plan.layer != r.layer) continue;
+        r.ids = MapRouting(r.ids, r.logits, plan, proxy_config.top_k);
+        if (r.logits.defined()) r.logits = r.logits.index_select(1, at::tensor(plan.kept, at::kLong)).contiguous();
       }
-      const at::Tensor mapped = MapRouting(recorder::ToTensor(ids.view()), logits, *plan, proxy_config.top_k);
-      formats::RoutingRecord out;
-      out.layer = r.layer;
-      out.micro_batch = r.micro_batch;
-      const std::string prefix = absl::StrFormat("routing/L%d/mb%d/", r.layer, r.micro_batch);
-      out.topk_ids = prefix + "topk_ids";
-      out.topk_weights = prefix + "topk_weights";
-      // Weights: the kept experts' softmax over the sliced logits (uniform without logits).
-      at::Tensor w = at::full(mapped.sizes(), 1.0 / proxy_config.top_k, at::kFloat);
-      at::Tensor sliced;
-      if (logits.defined()) {
-        sliced = logits.index_select(1, at::tensor(plan->kept, at::kLong)).contiguous();
-        w = at::softmax(sliced, -1).gather(1, mapped);
-        if (proxy_config.norm_topk_prob) w = w / w.sum(-1, true);
-        out.logits = prefix + "logits";
-      }
-      const at::Tensor counts = at::bincount(mapped.reshape({-1}), {}, report.kept);
-      out.token_counts.assign(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel());
-      for (const auto& [name, t] : {std::pair<std::string, at::Tensor>{out.topk_ids, mapped.to(at::kInt).contiguous()},
-                                    {out.topk_weights, w.contiguous()},
-                                    {out.logits, sliced}}) {
-        if (name.empty()) continue;
-        MOERR_ASSIGN_OR_RETURN(formats::TensorView view, recorder::ViewOf(t));
-        MOERR_RETURN_IF_ERROR(writer->PutTensor(name, formats::Role::kOther, report.step, view));
-      }
-      formats::Record record;
-      record.kind = static_cast<uint16_t>(formats::RecordKind::kRouting);
-      record.step = report.step;
-      record.routing = std::move(out);
-      MOERR_RETURN_IF_ERROR(writer->AppendRecord(std::move(record)));
-    }
-    if (auto metrics = reader.ReadAnnotation("metrics", report.step); metrics.ok()) {
-      MOERR_RETURN_IF_ERROR(writer->Annotate("metrics", *std::move(metrics), report.step));
     }
     llvm::json::Array plans;
     for (const LayerPlan& p : report.plans) plans.push_back(PlanJson(p));
@@ -196,9 +141,7 @@ absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, cons
                                   {"step", report.step},
                                   {"forced_keeps", options.cluster.force},
                                   {"layers", llvm::json::Array(plans)}};
-    MOERR_RETURN_IF_ERROR(writer->Annotate("proxy", llvm::json::Object(info)));
-    MOERR_RETURN_IF_ERROR(writer->EndStep(report.step));
-    MOERR_RETURN_IF_ERROR(writer->Close());
+    MOERR_RETURN_IF_ERROR(WriteStepBundle(bundle, report.bundle, llvm::json::Object{{"proxy", llvm::json::Object(info)}}));
     std::ofstream map(report.cluster_map, std::ios::trunc);
     map << llvm::formatv("{0:2}", llvm::json::Value(llvm::json::Object(info))).str() << "\n";
     if (!map.good()) return absl::InternalError("cannot write " + report.cluster_map);

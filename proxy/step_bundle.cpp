@@ -33,7 +33,23 @@ absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, i
   return b;
 }
 
-absl::Status WriteStepBundle(const StepBundle& b, const std::string& path) {
+moe::TrainerState MapTrainerState(const moe::TrainerState& state, const TensorMap& map) {
+  moe::TrainerState out;
+  out.scalars = state.scalars;
+  for (const auto& [name, t] : state.tensors) {
+    if (auto mapped = map(name, t)) out.tensors.push_back(*std::move(mapped));
+  }
+  llvm::json::Object steps;
+  if (const llvm::json::Object* old = state.scalars.getObject("adam_step")) {
+    for (const auto& [name, n] : *old) {
+      if (auto mapped = map(name.str(), at::Tensor())) steps[mapped->first] = n;
+    }
+  }
+  out.scalars["adam_step"] = std::move(steps);
+  return out;
+}
+
+absl::Status WriteStepBundle(const StepBundle& b, const std::string& path, const llvm::json::Object& annotations) {
   return CatchTorch("writing " + path, [&]() -> absl::Status {
     MOERR_ASSIGN_OR_RETURN(auto writer,
                            formats::BundleWriter::Create(path, formats::WriterOptions().set_overwrite(true)));
@@ -68,6 +84,7 @@ absl::Status WriteStepBundle(const StepBundle& b, const std::string& path) {
       MOERR_RETURN_IF_ERROR(writer->AppendRecord(std::move(record)));
     }
     if (!b.metrics.empty()) MOERR_RETURN_IF_ERROR(writer->Annotate("metrics", llvm::json::Object(b.metrics), b.step));
+    for (const auto& [key, value] : annotations) MOERR_RETURN_IF_ERROR(writer->Annotate(key.str(), value));
     MOERR_RETURN_IF_ERROR(writer->EndStep(b.step));
     return writer->Close();
   });

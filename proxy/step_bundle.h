@@ -6,6 +6,8 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,7 +36,17 @@ struct StepBundle {
 };
 
 absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, int64_t step);
-absl::Status WriteStepBundle(const StepBundle& bundle, const std::string& path);
+// `annotations`: step-less extras ("proxy": how it was made).
+absl::Status WriteStepBundle(const StepBundle& bundle, const std::string& path,
+                             const llvm::json::Object& annotations = {});
+
+// A tensor of the state by name (with or without its "policy/" prefix) to
+// its new name and value; nullopt drops it.
+using TensorMap =
+    std::function<std::optional<std::pair<std::string, at::Tensor>>(const std::string& name, const at::Tensor& t)>;
+// `state` with every tensor mapped and Adam's per-parameter steps renamed
+// the same way.
+moe::TrainerState MapTrainerState(const moe::TrainerState& state, const TensorMap& map);
 
 // Policy parameters of the bundle's model.
 int64_t ParameterCount(const StepBundle& bundle);

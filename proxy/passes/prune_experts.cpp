@@ -64,17 +64,8 @@ class PruneExperts : public ReducePass {
     Candidate out{current, absl::StrFormat("experts per MoE layer %d -> %d", c.num_experts, keep)};
     StepBundle& b = out.bundle;
     b.config = *config;
-    b.state.tensors.clear();
-    for (const auto& [name, t] : current.state.tensors) {
-      if (auto mapped = MapTensor(name, t, plans)) b.state.tensors.push_back(*std::move(mapped));
-    }
-    llvm::json::Object steps;
-    if (const llvm::json::Object* old = current.state.scalars.getObject("adam_step")) {
-      for (const auto& [name, n] : *old) {
-        if (auto mapped = MapTensor(name.str(), at::Tensor(), plans)) steps[mapped->first] = n;
-      }
-    }
-    b.state.scalars["adam_step"] = std::move(steps);
+    b.state = MapTrainerState(current.state,
+                              [&](const std::string& name, const at::Tensor& t) { return MapTensor(name, t, plans); });
     for (RoutingEntry& r : b.routing) {
       for (const LayerPlan& p : plans) {
         if (p.layer != r.layer) continue;

@@ -35,17 +35,11 @@ class PruneLayers : public ReducePass {
       StepBundle& b = cand.bundle;
       b.config.num_layers -= 1;
       if (drop < c.first_k_dense) b.config.first_k_dense -= 1;
-      b.state.tensors.clear();
-      for (const auto& [name, t] : current.state.tensors) {
-        if (auto renamed = Renumber(name, drop)) b.state.tensors.emplace_back(*renamed, t);
-      }
-      llvm::json::Object steps;
-      if (const llvm::json::Object* old = current.state.scalars.getObject("adam_step")) {
-        for (const auto& [name, n] : *old) {
-          if (auto renamed = Renumber(name.str(), drop)) steps[*renamed] = n;
-        }
-      }
-      b.state.scalars["adam_step"] = std::move(steps);
+      b.state = MapTrainerState(current.state, [&](const std::string& name, const at::Tensor& t) {
+        std::optional<std::pair<std::string, at::Tensor>> out;
+        if (auto renamed = Renumber(name, drop)) out.emplace(*renamed, t);
+        return out;
+      });
       b.routing.clear();
       for (const RoutingEntry& r : current.routing) {
         if (r.layer == drop) continue;
