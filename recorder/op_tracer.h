@@ -131,6 +131,10 @@ class OpTracer {
   absl::flat_hash_map<const void*, KnownStorage> storages_;
   absl::flat_hash_map<uint64_t, KnownFingerprint> fingerprints_;  // this step's tensors
   absl::flat_hash_set<uint64_t> unfilled_;  // outputs of `empty`-like ops no recorded op has read yet
+  // The op being started: does it write its first tensor (in place) or its
+  // tensors (out=), and how many tensor arguments InputId has seen.
+  bool writes_first_ = false, writes_any_ = false;
+  int64_t tensor_args_ = 0;
   absl::flat_hash_map<const c10::TensorImpl*, std::string> names_;
   // Autograd sequence numbers [begin, end) of the nodes a forward op made,
   // with the op's seq and module, for attributing backward ops; sorted by
