@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "diff/trace_diff.h"
 #include "formats/bundle_reader.h"
+#include "proxy/surgery.h"
 #include "analysis/first_overflow.h"
 #include "replayer/model_replay.h"
 #include "replayer/program_replay.h"
@@ -24,6 +25,26 @@ std::string Describe(const formats::Fingerprint& f) {
 std::string Where(const formats::OpEvent& op) {
   return absl::StrFormat("%s (%s, %s)", op.name, op.module.empty() ? "no module" : op.module,
                          formats::PhaseName(op.phase));
+}
+
+// For a proxy bundle's expert module: " (the original's expert N)", read
+// from the bundle's "proxy" annotation; otherwise "".
+std::string OriginalExpert(const formats::BundleReader& reader, const std::string& module) {
+  const auto expert = proxy::ExpertOf(module);
+  auto info = reader.ReadAnnotation("proxy");
+  if (!expert || !info.ok() || !info->getAsObject()) return "";
+  const llvm::json::Array* layers = info->getAsObject()->getArray("layers");
+  for (size_t i = 0; layers != nullptr && i < layers->size(); ++i) {
+    const llvm::json::Object* layer = (*layers)[i].getAsObject();
+    const llvm::json::Array* kept = layer ? layer->getArray("kept") : nullptr;
+    if (kept == nullptr || layer->getInteger("layer") != expert->first || expert->second >= int64_t(kept->size())) {
+      continue;
+    }
+    if (auto original = (*kept)[expert->second].getAsInteger()) {
+      return absl::StrFormat(" (the original's expert %d)", *original);
+    }
+  }
+  return "";
 }
 
 // `moerr replay --model`: runs the step again on a rebuilt model, records it
@@ -67,7 +88,10 @@ int ModelReplay(const formats::BundleReader& reader, int64_t step, replayer::Mod
     // A bundle without ops (a proxy): where the replayed step first overflows.
     const auto first = analysis::FindFirstOverflow(*b);
     std::printf("  the bundle records no ops to compare with (a proxy bundle); first overflow of the replay: %s\n",
-                first ? absl::StrFormat("op %d %s", first->op_index, Where(*first->op)).c_str() : "none");
+                first ? absl::StrFormat("op %d %s%s", first->op_index, Where(*first->op),
+                                        OriginalExpert(reader, first->op->module))
+                            .c_str()
+                      : "none");
     return first ? kExitFinding : kExitOk;
   }
   diff::DiffOptions diff_options;
