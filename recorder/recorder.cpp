@@ -247,6 +247,7 @@ absl::Status Recorder::StepEnd(int64_t step, StepOutcome outcome) {
 absl::Status Recorder::Stop() {
   if (stopped_) return absl::OkStatus();
   stopped_ = true;
+  if (!tracer_) return absl::OkStatus();  // Start failed before tracing began
   RemoveCrashHandler();
   ops_at_stop_ = tracer_->ops_recorded();
   tracer_.reset();  // flushes into the ring or the writer

@@ -114,7 +114,7 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
   struct Options {
     std::string bundle;
     std::vector<int64_t> steps;
-    bool check = false, isolated = false, model = false, live_routing = false;
+    bool check = false, isolated = false, model = false, live_routing = false, force = false;
     std::string policy, precision, out;
   };
   auto opts = std::make_shared<Options>();
@@ -133,6 +133,7 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--live-routing", opts->live_routing, "With --model: let the routers choose instead of the record");
   cmd->add_option("--precision", opts->precision, "With --model: train and roll out in fp32, bf16 or fp16-emu");
   cmd->add_option("--out", opts->out, "With --model: keep the replayed step's recording here");
+  cmd->add_flag("--force", opts->force, "With --out: overwrite an existing recording");
   cmd->add_option("--policy", opts->policy,
                   "Precision policy file: lines \"module:PATH|tree:PATH|op:NAME fp32|fp64|round-fp16|"
                   "round-fp16-sat|round-bf16\"");
@@ -183,7 +184,7 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
                                  : (std::filesystem::temp_directory_path() /
                                     absl::StrFormat("moerr-model-replay-%d-%d.moerr", ::getpid(), step))
                                        .string();
-        model.overwrite = !keep;
+        model.overwrite = !keep || opts->force;
         const int code = ModelReplay(**reader, step, model);
         if (!keep) std::filesystem::remove(model.record_path);
         exit_code = std::max(exit_code, code);

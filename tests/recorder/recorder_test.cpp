@@ -88,6 +88,18 @@ TEST(RecorderTest, RecordsATinyStepInEachMode) {
 }
 
 // Backward ops name the forward op (and module) whose autograd node they run.
+// Starting over an existing bundle is refused with a clear error (and the
+// half-made recorder is torn down cleanly); --force replaces it.
+TEST(RecorderTest, RefusesToOverwriteABundleUnlessAsked) {
+  TempDir dir;
+  const std::string path = dir.File("r.moerr");
+  ASSERT_TRUE(Recorder::Start(RecordOptions(path).set_crash_handler(false)).value()->Stop().ok());
+  auto again = Recorder::Start(RecordOptions(path).set_crash_handler(false));
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
+  EXPECT_TRUE(Recorder::Start(RecordOptions(path).set_crash_handler(false).set_overwrite(true)).ok());
+}
+
 TEST(RecorderTest, BackwardOpsPointAtTheirForwardOps) {
   TempDir dir;
   auto reader = RecordSteps(dir.File("b.moerr"), CaptureMode::kStats, 1);
