@@ -13,6 +13,7 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
   struct Options {
     std::string bundle, out;
     int64_t step = -1;
+    bool force = false;
   };
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
@@ -22,7 +23,12 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("-o,--output", opts->out, "The reduced bundle to write (OUT.moerr; candidates go to OUT.work/)")
       ->required();
   cmd->add_option("--step", opts->step, "Step to reduce (default: the first that overflowed)");
+  cmd->add_flag("--force", opts->force, "Overwrite an existing output bundle");
   cmd->callback([opts, &exit_code] {
+    if (std::filesystem::exists(opts->out) && !opts->force) {
+      exit_code = ReportError(absl::AlreadyExistsError(opts->out + " exists; pass --force to overwrite it"));
+      return;
+    }
     auto reader = formats::BundleReader::Open(opts->bundle);
     if (!reader.ok()) {
       exit_code = ReportError(reader.status());
