@@ -22,12 +22,6 @@
 namespace moerr::proxy {
 namespace {
 
-int64_t CountParameters(moe::MoeTransformer& model) {
-  int64_t n = 0;
-  for (const at::Tensor& p : model->parameters()) n += p.numel();
-  return n;
-}
-
 llvm::json::Object PlanJson(const LayerPlan& p) {
   llvm::json::Array kept, maps, forced;
   for (int64_t e : p.kept) kept.push_back(e);
@@ -99,19 +93,20 @@ absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, cons
       report.plans.push_back(std::move(plan));
     }
 
-    // The proxy models: every tensor mapped; backbone tensors are the same.
+    // The step pruned: state and routing mapped; backbone tensors are the same.
+    MOERR_ASSIGN_OR_RETURN(StepBundle original, LoadStepBundle(reader, report.step));
+    const StepBundle bundle = PruneStep(original, proxy_config, report.plans);
+    report.params_original = ParameterCount(original);
+    report.params_proxy = ParameterCount(bundle);
     moe::MoeTransformer proxy_policy(proxy_config);
     std::map<std::string, formats::TensorView> weights;
     std::vector<at::Tensor> keep_alive;
-    for (const auto& [name, t] : policy->NamedTensors()) {
-      auto mapped = MapTensor(name, t, report.plans);
-      if (!mapped) continue;
-      keep_alive.push_back(mapped->second.detach().contiguous());
-      MOERR_ASSIGN_OR_RETURN(weights[mapped->first], recorder::ViewOf(keep_alive.back()));
+    for (const auto& [name, t] : bundle.state.tensors) {
+      if (name.rfind("policy/", 0) != 0) continue;
+      keep_alive.push_back(t.contiguous());
+      MOERR_ASSIGN_OR_RETURN(weights[name.substr(sizeof("policy/") - 1)], recorder::ViewOf(keep_alive.back()));
     }
     MOERR_RETURN_IF_ERROR(moe::LoadWeights(proxy_policy, weights));
-    report.params_original = CountParameters(policy);
-    report.params_proxy = CountParameters(proxy_policy);
 
     if (::mkdir(options.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
       return absl::InternalError(absl::StrFormat("cannot create %s: %s", options.out_dir, std::strerror(errno)));
@@ -121,18 +116,6 @@ absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, cons
     report.cluster_map = options.out_dir + "/clusters.json";
     MOERR_RETURN_IF_ERROR(moe::SaveCheckpoint(proxy_policy, report.checkpoint, options.overwrite));
 
-    // The proxy bundle: the step with its state and routing mapped.
-    MOERR_ASSIGN_OR_RETURN(StepBundle bundle, LoadStepBundle(reader, report.step));
-    bundle.config = proxy_config;
-    bundle.state = MapTrainerState(
-        bundle.state, [&](const std::string& name, const at::Tensor& t) { return MapTensor(name, t, report.plans); });
-    for (RoutingEntry& r : bundle.routing) {
-      for (const LayerPlan& plan : report.plans) {
-        if (plan.layer != r.layer) continue;
-        r.ids = MapRouting(r.ids, r.logits, plan, proxy_config.top_k);
-        if (r.logits.defined()) r.logits = r.logits.index_select(1, at::tensor(plan.kept, at::kLong)).contiguous();
-      }
-    }
     llvm::json::Array plans;
     for (const LayerPlan& p : report.plans) plans.push_back(PlanJson(p));
     const llvm::json::Object info{{"method", MethodName(options.cluster.method)},

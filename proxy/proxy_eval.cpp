@@ -15,7 +15,6 @@
 #include "analysis/check.h"
 #include "analysis/first_overflow.h"
 #include "moe/checkpoint.h"
-#include "moe/training_run.h"
 #include "moe/warmup.h"
 #include "proxy/proxy_builder.h"
 #include "recorder/recorder.h"
@@ -34,13 +33,7 @@ absl::Status Record(moe::GrpoTrainer& trainer, const std::string& path, int64_t 
                                        recorder::RecordOptions(path).set_overwrite(true).set_crash_handler(false)));
   trainer.policy()->SetRoutingObserver(rec.get());
   MOERR_RETURN_IF_ERROR(replayer::RecordTrainerStart(*rec, trainer));
-  for (int64_t s = 0; s < steps; ++s) {
-    MOERR_RETURN_IF_ERROR(rec->StepBegin(s));
-    MOERR_RETURN_IF_ERROR(replayer::RecordTrainerStep(*rec, trainer));
-    const moe::StepMetrics m = trainer.Step();
-    MOERR_RETURN_IF_ERROR(rec->AnnotateStep("metrics", moe::MetricsToJson(m)));
-    MOERR_RETURN_IF_ERROR(rec->StepEnd(s, {m.loss, m.grad_norm}));
-  }
+  for (int64_t s = 0; s < steps; ++s) MOERR_RETURN_IF_ERROR(replayer::RecordStep(*rec, trainer, s).status());
   trainer.policy()->SetRoutingObserver(nullptr);
   return rec->Stop();
 }

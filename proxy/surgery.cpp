@@ -63,6 +63,25 @@ std::optional<std::pair<std::string, at::Tensor>> MapTensor(const std::string& n
   return std::make_pair(name, t);
 }
 
+StepBundle PruneStep(const StepBundle& step, const moe::MoeConfig& proxy_config, const std::vector<LayerPlan>& plans) {
+  StepBundle out = step;
+  out.config = proxy_config;
+  out.state = MapTrainerState(step.state,
+                              [&](const std::string& name, const at::Tensor& t) { return MapTensor(name, t, plans); });
+  for (RoutingEntry& r : out.routing) {
+    if (const LayerPlan* p = PlanOf(plans, r.layer)) {
+      r.ids = MapRouting(r.ids, r.logits, *p, proxy_config.top_k);
+      if (r.logits.defined()) r.logits = r.logits.index_select(1, at::tensor(p->kept, at::kLong)).contiguous();
+    }
+  }
+  for (auto& [layer, expert] : out.implicated) {
+    if (const LayerPlan* p = PlanOf(plans, layer)) {
+      expert = std::find(p->kept.begin(), p->kept.end(), expert) - p->kept.begin();
+    }
+  }
+  return out;
+}
+
 at::Tensor MapRouting(const at::Tensor& ids, const at::Tensor& logits, const LayerPlan& plan, int64_t top_k) {
   const int64_t tokens = ids.size(0), experts = static_cast<int64_t>(plan.medoid_of.size());
   std::vector<int64_t> new_index(experts, -1);

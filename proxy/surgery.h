@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "moe/moe_config.h"
 #include "proxy/clustering.h"
+#include "proxy/step_bundle.h"
 
 namespace moerr::proxy {
 
@@ -29,6 +30,11 @@ absl::StatusOr<moe::MoeConfig> ProxyConfig(const moe::MoeConfig& original, int64
 // everything else is returned as it is (the same tensor).
 std::optional<std::pair<std::string, at::Tensor>> MapTensor(const std::string& name, const at::Tensor& t,
                                                             const std::vector<LayerPlan>& plans);
+
+// `step` pruned to `plans` with `proxy_config`: trainer state mapped
+// (MapTensor), recorded routing mapped (MapRouting) with its logits sliced to
+// the kept experts, implicated experts renumbered.
+StepBundle PruneStep(const StepBundle& step, const moe::MoeConfig& proxy_config, const std::vector<LayerPlan>& plans);
 
 // Recorded routing of a layer, `ids` [T, k] original ids, `logits` [T, E] (may
 // be undefined), to [T, k'] new ids: each id to its medoid, duplicates within a

@@ -99,6 +99,15 @@ absl::Status RecordTrainerStep(recorder::Recorder& rec, const moe::GrpoTrainer& 
   return absl::OkStatus();
 }
 
+absl::StatusOr<moe::StepMetrics> RecordStep(recorder::Recorder& rec, moe::GrpoTrainer& trainer, int64_t step) {
+  MOERR_RETURN_IF_ERROR(rec.StepBegin(step));
+  MOERR_RETURN_IF_ERROR(RecordTrainerStep(rec, trainer));
+  const moe::StepMetrics m = trainer.Step();
+  MOERR_RETURN_IF_ERROR(rec.AnnotateStep("metrics", moe::MetricsToJson(m)));
+  MOERR_RETURN_IF_ERROR(rec.StepEnd(step, {m.loss, m.grad_norm}));
+  return m;
+}
+
 absl::Status WriteTrainer(formats::BundleWriter& writer, const moe::MoeConfig& config, const moe::GrpoOptions& options,
                           int64_t step, const moe::TrainerState& state) {
   MOERR_RETURN_IF_ERROR(writer.Annotate("model_config", moe::ToHfConfig(config)));

@@ -36,6 +36,10 @@ absl::Status RecordTrainerStep(recorder::Recorder& rec, const moe::GrpoTrainer& 
 absl::StatusOr<std::unique_ptr<moe::GrpoTrainer>> LoadTrainer(const formats::BundleReader& reader, int64_t step,
                                                               std::optional<moe::Numerics> numerics = std::nullopt);
 
+// One step of `trainer` recorded as step `step`: StepBegin, the trainer
+// state, the step, its "metrics" annotation, StepEnd.
+absl::StatusOr<moe::StepMetrics> RecordStep(recorder::Recorder& rec, moe::GrpoTrainer& trainer, int64_t step);
+
 // What RecordTrainerStart and RecordTrainerStep write, for a bundle made
 // without running the trainer (a proxy): the config, options and `state` at
 // `step` (tensors are copied at once).

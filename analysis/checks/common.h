@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cmath>
+#include <map>
+#include <vector>
 #include <string>
 
 #include "absl/strings/str_format.h"
@@ -52,6 +54,18 @@ inline Finding At(absl::string_view check, Severity severity, const StepView& st
   f.step = step.step;
   f.where = std::move(where);
   return f;
+}
+
+// Per MoE layer, the routed token slots each expert got over the step's
+// routing decisions.
+inline std::map<int64_t, std::vector<int64_t>> TokensPerExpert(const formats::Trace& trace) {
+  std::map<int64_t, std::vector<int64_t>> counts;
+  for (const formats::RoutingRecord& r : trace.routing) {
+    std::vector<int64_t>& c = counts[r.layer];
+    if (c.size() < r.token_counts.size()) c.resize(r.token_counts.size(), 0);
+    for (size_t e = 0; e < r.token_counts.size(); ++e) c[e] += r.token_counts[e];
+  }
+  return counts;
 }
 
 // "1 op", "3 ops".

@@ -25,16 +25,13 @@ class LoadImbalance : public Check {
 
   absl::Status Run(const LintInput& input, std::vector<Finding>& out) const override {
     const StepView& s = input.bundle;
-    std::map<int64_t, std::vector<int64_t>> counts;  // layer -> tokens per expert
-    std::map<int64_t, int64_t> top_k;                 // layer -> k
+    const std::map<int64_t, std::vector<int64_t>> counts = checks::TokensPerExpert(*s.trace);
+    std::map<int64_t, int64_t> top_k;  // layer -> k
     for (const formats::RoutingRecord& r : s.trace->routing) {
       if (const formats::TensorInfo* ids = s.reader->FindTensor(r.topk_ids, s.step)) {
         const std::vector<int64_t>& shape = s.reader->index().blobs[ids->blob].shape;
         if (shape.size() == 2) top_k[r.layer] = shape[1];
       }
-      std::vector<int64_t>& c = counts[r.layer];
-      if (c.size() < r.token_counts.size()) c.resize(r.token_counts.size(), 0);
-      for (size_t e = 0; e < r.token_counts.size(); ++e) c[e] += r.token_counts[e];
     }
     for (const auto& [layer, c] : counts) {
       int64_t total = 0, dead = 0, busiest = 0;

@@ -18,14 +18,8 @@ constexpr double kEntropyDelta = 0.15;        // change of normalised load entro
 constexpr double kRmsLow = 0.8, kRmsHigh = 1.25;  // hidden RMS ratio outside this is a warning
 
 std::map<int64_t, double> LoadEntropy(const formats::Trace& trace) {
-  std::map<int64_t, std::vector<int64_t>> counts;
-  for (const formats::RoutingRecord& r : trace.routing) {
-    std::vector<int64_t>& c = counts[r.layer];
-    if (c.size() < r.token_counts.size()) c.resize(r.token_counts.size(), 0);
-    for (size_t e = 0; e < r.token_counts.size(); ++e) c[e] += r.token_counts[e];
-  }
   std::map<int64_t, double> out;
-  for (const auto& [layer, c] : counts) {
+  for (const auto& [layer, c] : checks::TokensPerExpert(trace)) {
     double total = 0, h = 0;
     for (int64_t n : c) total += n;
     if (total == 0 || c.size() < 2) continue;

@@ -57,10 +57,7 @@ int main(int argc, char** argv) {
                    .value();
     policy->SetRoutingObserver(rec.get());
     MOERR_CHECK(replayer::RecordTrainerStart(*rec, trainer).ok());
-    MOERR_CHECK(rec->StepBegin(0).ok());
-    MOERR_CHECK(replayer::RecordTrainerStep(*rec, trainer).ok());
-    const moe::StepMetrics m = trainer.Step();
-    MOERR_CHECK(rec->StepEnd(0, {m.loss, m.grad_norm}).ok());
+    MOERR_CHECK(replayer::RecordStep(*rec, trainer, 0).ok());
     MOERR_CHECK(rec->Stop().ok());
     policy->SetRoutingObserver(nullptr);
   };

@@ -61,24 +61,8 @@ class PruneExperts : public ReducePass {
     }
     auto config = ProxyConfig(c, keep);
     if (!config.ok()) return {};
-    Candidate out{current, absl::StrFormat("experts per MoE layer %d -> %d", c.num_experts, keep)};
-    StepBundle& b = out.bundle;
-    b.config = *config;
-    b.state = MapTrainerState(current.state,
-                              [&](const std::string& name, const at::Tensor& t) { return MapTensor(name, t, plans); });
-    for (RoutingEntry& r : b.routing) {
-      for (const LayerPlan& p : plans) {
-        if (p.layer != r.layer) continue;
-        r.ids = MapRouting(r.ids, r.logits, p, b.config.top_k);
-        if (r.logits.defined()) r.logits = r.logits.index_select(1, at::tensor(p.kept, at::kLong)).contiguous();
-      }
-    }
-    for (auto& [layer, expert] : b.implicated) {
-      for (const LayerPlan& p : plans) {
-        if (p.layer == layer) expert = std::find(p.kept.begin(), p.kept.end(), expert) - p.kept.begin();
-      }
-    }
-    return {std::move(out)};
+    return {Candidate{PruneStep(current, *config, plans),
+                      absl::StrFormat("experts per MoE layer %d -> %d", c.num_experts, keep)}};
   }
 };
 

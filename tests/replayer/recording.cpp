@@ -7,7 +7,6 @@
 
 #include "moe/grpo_trainer.h"
 #include "moe/warmup.h"
-#include "moe/training_run.h"
 #include "recorder/recorder.h"
 #include "replayer/model_replay.h"
 
@@ -23,12 +22,9 @@ std::unique_ptr<formats::BundleReader> Record(const std::string& path, moe::MoeT
   EXPECT_TRUE(replayer::RecordTrainerStart(*rec, trainer).ok());
   finite = true;
   for (int s = 0; s < steps; ++s) {
-    EXPECT_TRUE(rec->StepBegin(s).ok());
-    EXPECT_TRUE(replayer::RecordTrainerStep(*rec, trainer).ok());
-    const moe::StepMetrics m = trainer.Step();
-    finite = finite && m.finite;
-    EXPECT_TRUE(rec->AnnotateStep("metrics", moe::MetricsToJson(m)).ok());
-    EXPECT_TRUE(rec->StepEnd(s, {m.loss, m.grad_norm}).ok());
+    const absl::StatusOr<moe::StepMetrics> m = replayer::RecordStep(*rec, trainer, s);
+    EXPECT_TRUE(m.ok()) << m.status();
+    finite = finite && m.ok() && m->finite;
   }
   EXPECT_TRUE(rec->Stop().ok());
   policy->SetRoutingObserver(nullptr);
