@@ -6,6 +6,7 @@
 #include <c10/util/string_utils.h>
 #include <torch/nn/utils/clip_grad.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -20,6 +21,7 @@ namespace moerr::moe {
 llvm::json::Object ToJson(const GrpoOptions& o) {
   return llvm::json::Object{{"prompts", o.prompts},
                             {"group_size", o.group_size},
+                            {"response_tokens", o.response_tokens},
                             {"temperature", o.temperature},
                             {"clip_eps", o.clip_eps},
                             {"kl_coef", o.kl_coef},
@@ -37,12 +39,17 @@ llvm::json::Object ToJson(const GrpoOptions& o) {
                             {"skip_update", o.skip_update}};
 }
 
+int64_t ResponseTokens(const GrpoOptions& options, const AdditionTask& task) {
+  return options.response_tokens > 0 ? std::min(options.response_tokens, task.answer_length()) : task.answer_length();
+}
+
 absl::StatusOr<GrpoOptions> GrpoOptionsFromJson(const llvm::json::Object& json) {
   GrpoOptions o;
   std::string precision, rollout_precision;
   JsonFields f(json, "GRPO options");
   f.Get("prompts", o.prompts);
   f.Get("group_size", o.group_size);
+  f.Get("response_tokens", o.response_tokens);
   f.Get("temperature", o.temperature);
   f.Get("clip_eps", o.clip_eps);
   f.Get("kl_coef", o.kl_coef);
@@ -61,10 +68,10 @@ absl::StatusOr<GrpoOptions> GrpoOptionsFromJson(const llvm::json::Object& json) 
   MOERR_RETURN_IF_ERROR(f.status());
   MOERR_ASSIGN_OR_RETURN(o.numerics.precision, ParsePrecision(precision));
   MOERR_ASSIGN_OR_RETURN(o.rollout_numerics.precision, ParsePrecision(rollout_precision));
-  if (o.prompts < 1 || o.group_size < 2 || o.scale_growth_interval < 1 || !(o.temperature > 0) || !(o.lr >= 0) ||
+  if (o.prompts < 1 || o.group_size < 2 || o.response_tokens < 0 || o.scale_growth_interval < 1 || !(o.temperature > 0) || !(o.lr >= 0) ||
       !(o.weight_decay >= 0)) {
     return absl::InvalidArgumentError(
-        "GRPO options: prompts >= 1, group_size >= 2, scale_growth_interval >= 1, temperature > 0, lr >= 0 and "
+        "GRPO options: prompts >= 1, group_size >= 2, response_tokens >= 0, scale_growth_interval >= 1, temperature > 0, lr >= 0 and "
         "weight_decay >= 0 are required");
   }
   return o;
@@ -180,8 +187,9 @@ StepMetrics GrpoTrainer::Step() {
     RECORD_USER_SCOPE("batch");
     batch = task_.Sample(options_.prompts, rng_);
   }
+  const int64_t answer_tokens = ResponseTokens(options_, task_);
   const at::Tensor prompts = batch.prompts.repeat_interleave(g, 0);  // [n, P]
-  const at::Tensor answers = batch.answers.repeat_interleave(g, 0);
+  const at::Tensor answers = batch.answers.narrow(1, 0, answer_tokens).repeat_interleave(g, 0);  // [n, A]
 
   // Rollout, under the rollout precision.
   at::Tensor responses, old_logp;
@@ -189,7 +197,7 @@ StepMetrics GrpoTrainer::Step() {
     NumericsScope scope(options_.rollout_numerics);
     torch::NoGradGuard no_grad;
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed_ * 1000003 + step_);
-    responses = Generate(policy_, prompts, task_.answer_length(), options_.temperature, gen);
+    responses = Generate(policy_, prompts, answer_tokens, options_.temperature, gen);
     const at::Tensor seq = at::cat({prompts, responses}, 1);
     old_logp = TokenLogProbs(policy_->forward(seq.narrow(1, 0, seq.size(1) - 1)), prompts, responses).to(at::kFloat);
   }

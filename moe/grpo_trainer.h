@@ -33,6 +33,10 @@ namespace moerr::moe {
 struct GrpoOptions {
   int64_t prompts = 8;        // per step
   int64_t group_size = 4;     // responses per prompt
+  // Response tokens sampled per sequence; 0: the task's whole answer. Fewer
+  // truncate every response (and the reward compares that prefix): `moerr
+  // reduce`'s truncate-tokens pass sets it.
+  int64_t response_tokens = 0;
   double temperature = 1.0;
   double clip_eps = 0.2;
   double kl_coef = 0.05;
@@ -49,6 +53,9 @@ struct GrpoOptions {
   bool naive_fp16_softmax = false;
   bool skip_update = false;
 };
+
+// The response tokens a step samples per sequence under `options`.
+int64_t ResponseTokens(const GrpoOptions& options, const AdditionTask& task);
 
 // Every field, and back; a missing or mistyped field is an error naming it.
 llvm::json::Object ToJson(const GrpoOptions& options);

@@ -3,8 +3,10 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <cstring>
 
 #include "absl/strings/str_format.h"
+#include "analysis/check.h"
 #include "analysis/first_overflow.h"
 #include "proxy/passes/reduce_pass.h"
 #include "proxy/step_bundle.h"
@@ -15,18 +17,87 @@
 namespace moerr::proxy {
 namespace {
 
-// The passes, in the order each round tries them.
+// The passes, in the order each round tries them: the model first (it is
+// what costs accelerators), then the batch.
 std::vector<std::unique_ptr<ReducePass>> Passes() {
   std::vector<std::unique_ptr<ReducePass>> passes;
   passes.push_back(MakePruneExpertsPass());
   passes.push_back(MakePruneLayersPass());
+  passes.push_back(MakeTruncateTokensPass());
   passes.push_back(MakeShrinkBatchPass());
   return passes;
 }
 
-struct Failure {
-  std::string phase, module_class;
+StepSize SizeOf(const StepBundle& b) {
+  return StepSize{ParameterCount(b),  b.config.num_layers,  b.config.num_experts,
+                  b.options.prompts,  b.options.group_size, moe::ResponseTokens(b.options, moe::AdditionTask())};
+}
+
+// Warnings and errors of `check` (every check when empty), worst first.
+absl::StatusOr<std::vector<analysis::Finding>> Warnings(const formats::BundleReader& reader, int64_t step,
+                                                        const formats::Trace& trace, const std::string& check) {
+  analysis::LintInput input{analysis::StepView{&reader, "", step, &trace}, std::nullopt};
+  MOERR_ASSIGN_OR_RETURN(std::vector<analysis::Finding> findings,
+                         analysis::RunChecks(input, check.empty() ? std::vector<std::string>{}
+                                                                  : std::vector<std::string>{check}));
+  std::vector<analysis::Finding> out;
+  for (analysis::Finding& f : findings) {
+    if (f.severity != analysis::Severity::kInfo) out.push_back(std::move(f));
+  }
+  return out;
+}
+
+ReduceFailure FindingFailure(const analysis::Finding& f) {
+  return {f.check, f.phase, analysis::ModuleClass(f.where),
+          absl::StrFormat("%s %s in %s: %s", analysis::SeverityName(f.severity), f.check, f.where, f.message)};
+}
+
+bool Same(const ReduceFailure& a, const ReduceFailure& b) {
+  return a.kind == b.kind && a.phase == b.phase && a.module_class == b.module_class;
+}
+
+// How step `step` of `reader` fails, and the experts the failure is in;
+// nullopt when it does not fail.
+struct Located {
+  ReduceFailure failure;
+  std::vector<std::pair<int64_t, int64_t>> experts;
 };
+absl::StatusOr<std::optional<Located>> FindFailure(const formats::BundleReader& reader, int64_t step) {
+  MOERR_ASSIGN_OR_RETURN(formats::Trace trace, formats::ReadTrace(reader, step));
+  if (const auto first = analysis::FindFirstOverflow(trace)) {
+    Located out;
+    out.failure = {"overflow", std::string(formats::PhaseName(first->op->phase)),
+                   analysis::ModuleClass(first->op->module),
+                   absl::StrFormat("first overflow at op %zu, %s in %s (%s)", first->op_index, first->op->name,
+                                   first->op->module, formats::PhaseName(first->op->phase))};
+    for (const formats::OpEvent* op : {first->op, first->forward_op}) {
+      if (op == nullptr) continue;
+      if (auto e = ExpertOf(op->module)) out.experts.push_back(*e);
+    }
+    return out;
+  }
+  MOERR_ASSIGN_OR_RETURN(std::vector<analysis::Finding> warnings, Warnings(reader, step, trace, ""));
+  if (warnings.empty()) return std::nullopt;
+  Located out{FindingFailure(warnings.front()), {}};
+  if (auto e = ExpertOf(warnings.front().where)) out.experts.push_back(*e);
+  return out;
+}
+
+// Whether step `step` of `reader` (a candidate's replay) fails as `failure`:
+// its first overflow, or any of its warnings of the same check.
+absl::StatusOr<bool> Reproduces(const formats::BundleReader& reader, int64_t step, const ReduceFailure& failure) {
+  MOERR_ASSIGN_OR_RETURN(formats::Trace trace, formats::ReadTrace(reader, step));
+  if (failure.kind == "overflow") {
+    const auto first = analysis::FindFirstOverflow(trace);
+    return first && formats::PhaseName(first->op->phase) == failure.phase &&
+           analysis::ModuleClass(first->op->module) == failure.module_class;
+  }
+  MOERR_ASSIGN_OR_RETURN(std::vector<analysis::Finding> warnings, Warnings(reader, step, trace, failure.kind));
+  for (const analysis::Finding& f : warnings) {
+    if (Same(FindingFailure(f), failure)) return true;
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -40,34 +111,25 @@ absl::StatusOr<ReduceReport> Reduce(const formats::BundleReader& reader, const R
   }
   const auto start = std::chrono::steady_clock::now();
   ReduceReport report;
-  // The failure: the recorded step's first overflow.
-  std::optional<analysis::FirstOverflow> first;
-  formats::Trace trace;
+  std::optional<Located> found;
   for (int64_t step : options.step >= 0 ? std::vector<int64_t>{options.step} : reader.CompleteSteps()) {
-    MOERR_ASSIGN_OR_RETURN(trace, formats::ReadTrace(reader, step));
-    first = analysis::FindFirstOverflow(trace);
-    if (first) {
+    MOERR_ASSIGN_OR_RETURN(found, FindFailure(reader, step));
+    if (found) {
       report.step = step;
       break;
     }
   }
-  if (!first) {
+  if (!found) {
     return absl::FailedPreconditionError(
-        "no recorded step overflows: reduce keeps a failure's first overflow, and there is none (moerr lint names "
-        "other failures)");
+        options.step >= 0 ? absl::StrFormat("step %d does not fail: it has no overflow and no lint warning",
+                                            options.step)
+                          : "no recorded step fails: none has an overflow or a lint warning");
   }
-  report.phase = std::string(formats::PhaseName(first->op->phase));
-  report.module_class = analysis::ModuleClass(first->op->module);
+  report.failure = found->failure;
 
   MOERR_ASSIGN_OR_RETURN(StepBundle current, LoadStepBundle(reader, report.step));
-  for (const formats::OpEvent* op : {first->op, first->forward_op}) {
-    if (op == nullptr) continue;
-    if (auto e = ExpertOf(op->module)) current.implicated.push_back(*e);
-  }
-  report.params_before = ParameterCount(current);
-  report.layers_before = current.config.num_layers;
-  report.experts_before = current.config.num_experts;
-  report.prompts_before = current.options.prompts;
+  current.implicated = found->experts;
+  report.before = SizeOf(current);
 
   const std::string candidate_path = options.work_dir + "/candidate.moerr";
   auto same_failure = [&](const StepBundle& candidate) -> absl::StatusOr<bool> {
@@ -79,10 +141,7 @@ absl::StatusOr<ReduceReport> Reduce(const formats::BundleReader& reader, const R
     replay.overwrite = true;
     MOERR_RETURN_IF_ERROR(replayer::ReplayModelStep(*cand_reader, candidate.step, replay).status());
     MOERR_ASSIGN_OR_RETURN(auto replayed, formats::BundleReader::Open(replay.record_path));
-    MOERR_ASSIGN_OR_RETURN(formats::Trace t, formats::ReadTrace(*replayed, candidate.step));
-    const auto f = analysis::FindFirstOverflow(t);
-    return f && formats::PhaseName(f->op->phase) == report.phase &&
-           analysis::ModuleClass(f->op->module) == report.module_class;
+    return Reproduces(*replayed, candidate.step, report.failure);
   };
 
   const std::vector<std::unique_ptr<ReducePass>> passes = Passes();
@@ -101,10 +160,7 @@ absl::StatusOr<ReduceReport> Reduce(const formats::BundleReader& reader, const R
     }
   }
   MOERR_RETURN_IF_ERROR(WriteStepBundle(current, options.out_path));
-  report.params_after = ParameterCount(current);
-  report.layers_after = current.config.num_layers;
-  report.experts_after = current.config.num_experts;
-  report.prompts_after = current.options.prompts;
+  report.after = SizeOf(current);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
 }

@@ -1,10 +1,15 @@
 // moerr reduce (DESIGN.md, "Bisect"): delta-debug a failing step to the
 // smallest one that still fails the same way. Passes (proxy/passes/) propose
-// smaller steps: fewer experts per layer, fewer decoder layers, fewer
-// prompts; a candidate is kept when model replay shows its first overflow
-// in the same phase and module class as the recorded one. Passes repeat
-// until none makes progress. Steps whose failure is not an overflow (lint
-// names those) are not reduced.
+// smaller steps: fewer experts per layer, fewer decoder layers, shorter
+// responses, fewer prompts or responses per prompt. A candidate is kept when
+// model replay shows the same failure:
+//   - an overflow: the replay's first overflow is in the same phase and
+//     module class as the recorded one;
+//   - otherwise the recorded step's worst lint finding (a warning or an
+//     error: lost update, collapsed load, mixed precisions): the replayed
+//     step raises a warning of the same check in the same phase and module
+//     class.
+// Passes repeat until none makes progress.
 #pragma once
 
 #include <functional>
@@ -17,7 +22,7 @@
 namespace moerr::proxy {
 
 struct ReduceOptions {
-  int64_t step = -1;        // default: the first recorded step with an overflow
+  int64_t step = -1;        // default: the first recorded step that fails
   std::string out_path;     // required: the reduced bundle
   std::string work_dir;     // required: candidates and their replays
 };
@@ -26,14 +31,27 @@ struct ReduceRow {
   std::string pass, removed;
 };
 
+// What a step's replay costs: the model and the batch.
+struct StepSize {
+  int64_t params = 0;  // policy parameters
+  int64_t layers = 0, experts = 0;
+  int64_t prompts = 0, group_size = 0, response_tokens = 0;
+};
+
+// The failure a reduction keeps.
+struct ReduceFailure {
+  std::string kind;  // "overflow" or the lint check's name
+  std::string phase;         // "" when the finding is not about an op
+  std::string module_class;  // analysis::ModuleClass of the op's module or the finding's place
+  std::string description;   // one line for people
+};
+
 struct ReduceReport {
   int64_t step = 0;
-  std::string phase, module_class;   // of the failure, kept throughout
-  std::vector<ReduceRow> accepted;   // in the order they were taken
-  int64_t tried = 0;                 // candidates replayed
-  int64_t params_before = 0, params_after = 0;
-  int64_t layers_before = 0, layers_after = 0, experts_before = 0, experts_after = 0;
-  int64_t prompts_before = 0, prompts_after = 0;
+  ReduceFailure failure;
+  std::vector<ReduceRow> accepted;  // in the order they were taken
+  int64_t tried = 0;                // candidates replayed
+  StepSize before, after;
   double seconds = 0;
 };
 

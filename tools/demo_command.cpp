@@ -243,9 +243,9 @@ int RunModelStory(const std::string& dir) {
   for (const proxy::ReduceRow& row : reduced->accepted) std::printf("    %-14s %s\n", row.pass.c_str(), row.removed.c_str());
   std::printf("    %lld candidates replayed; the smallest step that still overflows first in %s (%s) has %lld of %lld "
               "policy parameters (%.1fx fewer)\n\n",
-              static_cast<long long>(reduced->tried), reduced->module_class.c_str(), reduced->phase.c_str(),
-              static_cast<long long>(reduced->params_after), static_cast<long long>(reduced->params_before),
-              double(reduced->params_before) / reduced->params_after);
+              static_cast<long long>(reduced->tried), reduced->failure.module_class.c_str(),
+              reduced->failure.phase.c_str(), static_cast<long long>(reduced->after.params),
+              static_cast<long long>(reduced->before.params), double(reduced->before.params) / reduced->after.params);
   return kExitOk;
 }
 

@@ -103,11 +103,17 @@ void AddLintCommand(CLI::App& app, int& exit_code) {
       return;
     }
     std::vector<analysis::Finding> all;
+    std::vector<int64_t> opless;
     for (int64_t step : steps) {
       auto trace = formats::ReadTrace(**reader, step);
       if (!trace.ok()) {
         exit_code = ReportError(trace.status());
         return;
+      }
+      if (trace->ops.empty()) {
+        // A step for model replay (moerr proxy, moerr reduce): nothing to lint.
+        opless.push_back(step);
+        continue;
       }
       analysis::LintInput input{analysis::StepView{reader->get(), opts->bundle, step, &*trace}, std::nullopt};
       if (original) input.original = original_view;
@@ -117,6 +123,17 @@ void AddLintCommand(CLI::App& app, int& exit_code) {
         return;
       }
       all.insert(all.end(), findings->begin(), findings->end());
+    }
+    if (!opless.empty()) {
+      const std::string hint = absl::StrFormat(
+          "%s: step %d records no ops (a step to replay, as moerr proxy and moerr reduce write); `moerr replay %s "
+          "--step %d --model --out R.moerr` records one to lint",
+          opts->bundle, opless.front(), opts->bundle, opless.front());
+      if (opless.size() == steps.size()) {
+        exit_code = ReportError(absl::FailedPreconditionError(hint));
+        return;
+      }
+      std::fprintf(stderr, "moerr: note: %s\n", hint.c_str());
     }
     int counts[3] = {0, 0, 0};
     for (const analysis::Finding& f : all) ++counts[static_cast<int>(f.severity)];

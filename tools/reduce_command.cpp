@@ -3,27 +3,89 @@
 
 #include "absl/strings/str_format.h"
 #include "formats/bundle_reader.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "llvm/Support/JSON.h"
 #include "proxy/reduce.h"
 #include "support/progress.h"
 #include "tools/command.h"
 
 namespace moerr::tools {
+namespace {
+
+// One row per dimension a pass can shrink, in table order.
+struct SizeRow {
+  const char* name;  // for people
+  const char* key;   // in --json
+  int64_t proxy::StepSize::*field;
+};
+constexpr SizeRow kSizeRows[] = {
+    {"policy parameters", "params", &proxy::StepSize::params},
+    {"decoder layers", "layers", &proxy::StepSize::layers},
+    {"experts per MoE layer", "experts", &proxy::StepSize::experts},
+    {"response tokens", "response_tokens", &proxy::StepSize::response_tokens},
+    {"prompts per step", "prompts", &proxy::StepSize::prompts},
+    {"responses per prompt", "group_size", &proxy::StepSize::group_size},
+};
+
+llvm::json::Value ToJson(const proxy::ReduceReport& r, const std::string& out) {
+  llvm::json::Array accepted;
+  for (const proxy::ReduceRow& row : r.accepted) accepted.push_back(llvm::json::Object{{"pass", row.pass}, {"removed", row.removed}});
+  llvm::json::Object before, after;
+  for (const SizeRow& row : kSizeRows) {
+    before[row.key] = r.before.*row.field;
+    after[row.key] = r.after.*row.field;
+  }
+  return llvm::json::Object{
+      {"step", r.step},
+      {"failure", llvm::json::Object{{"kind", r.failure.kind},
+                                     {"phase", r.failure.phase},
+                                     {"module_class", r.failure.module_class},
+                                     {"description", r.failure.description}}},
+      {"accepted", std::move(accepted)},
+      {"candidates", r.tried},
+      {"seconds", r.seconds},
+      {"before", std::move(before)},
+      {"after", std::move(after)},
+      {"output", out}};
+}
+
+void PrintReport(const proxy::ReduceReport& r, const std::string& out) {
+  const std::string where = r.failure.module_class + (r.failure.phase.empty() ? "" : " (" + r.failure.phase + ")");
+  std::printf("step %lld fails: %s\n%s %s; %lld candidates replayed in %.1f s\n\n", static_cast<long long>(r.step),
+              r.failure.description.c_str(),
+              r.failure.kind == "overflow" ? "kept: the first overflow in"
+                                           : ("kept: the " + r.failure.kind + " warning in").c_str(),
+              where.c_str(), static_cast<long long>(r.tried), r.seconds);
+  std::printf("| pass | removed |\n|---|---|\n");
+  for (const proxy::ReduceRow& row : r.accepted) std::printf("| %s | %s |\n", row.pass.c_str(), row.removed.c_str());
+  std::printf("\n| | original | reduced | ratio |\n|---|---|---|---|\n");
+  for (const SizeRow& row : kSizeRows) {
+    const int64_t a = r.before.*row.field, b = r.after.*row.field;
+    std::printf("| %s | %lld | %lld | %.2fx |\n", row.name, static_cast<long long>(a), static_cast<long long>(b),
+                b > 0 ? double(a) / b : 0.0);
+  }
+  std::printf("\nwrote %s (moerr replay %s --model)\n", out.c_str(), out.c_str());
+}
+
+}  // namespace
 
 void AddReduceCommand(CLI::App& app, int& exit_code) {
   struct Options {
     std::string bundle, out;
     int64_t step = -1;
-    bool force = false;
+    bool force = false, json = false;
   };
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
-      "reduce", "Shrink a failing step (fewer experts, layers, prompts) while model replay still shows its first "
-                "overflow in the same phase and module class; writes the smallest bundle that still fails");
+      "reduce", "Shrink a failing step (fewer experts, layers, response tokens, prompts) while model replay still "
+                "fails the same way (the first overflow, or the lint warning, in the same phase and module class); "
+                "writes the smallest bundle that still fails");
   cmd->add_option("BUNDLE", opts->bundle, "A replayable or full bundle of the reference trainer")->required();
   cmd->add_option("-o,--output", opts->out, "The reduced bundle to write (OUT.moerr; candidates go to OUT.work/)")
       ->required();
-  cmd->add_option("--step", opts->step, "Step to reduce (default: the first that overflowed)");
+  cmd->add_option("--step", opts->step, "Step to reduce (default: the first that overflowed or has a lint warning)");
   cmd->add_flag("--force", opts->force, "Overwrite an existing output bundle");
+  cmd->add_flag("--json", opts->json, "Print the report as JSON");
   cmd->callback([opts, &exit_code] {
     if (std::filesystem::exists(opts->out) && !opts->force) {
       exit_code = ReportError(absl::AlreadyExistsError(opts->out + " exists; pass --force to overwrite it"));
@@ -50,23 +112,11 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
       return;
     }
     exit_code = kExitOk;
-    std::printf("step %lld fails in %s (%s); %lld candidates replayed in %.1f s\n\n",
-                static_cast<long long>(report->step), report->module_class.c_str(), report->phase.c_str(),
-                static_cast<long long>(report->tried), report->seconds);
-    std::printf("| pass | removed |\n|---|---|\n");
-    for (const proxy::ReduceRow& row : report->accepted) {
-      std::printf("| %s | %s |\n", row.pass.c_str(), row.removed.c_str());
+    if (opts->json) {
+      std::printf("%s\n", llvm::formatv("{0:2}", ToJson(*report, opts->out)).str().c_str());
+    } else {
+      PrintReport(*report, opts->out);
     }
-    std::printf("\n| | original | reduced | ratio |\n|---|---|---|---|\n");
-    auto line = [](const char* what, int64_t a, int64_t b) {
-      std::printf("| %s | %lld | %lld | %.2fx |\n", what, static_cast<long long>(a), static_cast<long long>(b),
-                  b > 0 ? double(a) / b : 0.0);
-    };
-    line("policy parameters", report->params_before, report->params_after);
-    line("decoder layers", report->layers_before, report->layers_after);
-    line("experts per MoE layer", report->experts_before, report->experts_after);
-    line("prompts per step", report->prompts_before, report->prompts_after);
-    std::printf("\nwrote %s (moerr replay %s --model)\n", opts->out.c_str(), opts->out.c_str());
   });
 }
 

@@ -26,6 +26,7 @@ class ReducePass {
 
 std::unique_ptr<ReducePass> MakePruneExpertsPass();
 std::unique_ptr<ReducePass> MakePruneLayersPass();
+std::unique_ptr<ReducePass> MakeTruncateTokensPass();
 std::unique_ptr<ReducePass> MakeShrinkBatchPass();
 
 }  // namespace moerr::proxy

@@ -132,5 +132,24 @@ TEST_F(GrpoTest, SkipUpdateLeavesParametersUnchanged) {
   }
 }
 
+// response_tokens truncates every response to a prefix of what the whole
+// step samples (the same generator, the same prompts).
+TEST_F(GrpoTest, ResponseTokensTruncateTheSampledResponses) {
+  at::Tensor responses[2];
+  for (int64_t tokens : {int64_t{0}, int64_t{2}}) {
+    GrpoOptions options;
+    options.response_tokens = tokens;
+    GrpoTrainer trainer(Copy(), Copy(), AdditionTask(), options, 7);
+    EXPECT_TRUE(trainer.Step().finite);
+    responses[tokens == 0 ? 0 : 1] = trainer.last_batch().responses;
+  }
+  ASSERT_EQ(responses[0].size(1), AdditionTask().answer_length());
+  ASSERT_EQ(responses[1].size(1), 2);
+  EXPECT_TRUE(responses[0].narrow(1, 0, 2).equal(responses[1]));
+  GrpoOptions bad;
+  bad.response_tokens = -1;
+  EXPECT_FALSE(GrpoOptionsFromJson(ToJson(bad)).ok());
+}
+
 }  // namespace
 }  // namespace moerr::moe

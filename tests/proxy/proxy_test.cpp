@@ -1,6 +1,7 @@
 // The proxy: surgery keeps the backbone bitwise and the kept experts in
 // order, mapped routing names only kept experts, proxies of every family load
 // back, clustering is deterministic, and a fault reproduces in the proxy.
+#include "analysis/check.h"
 #include "proxy/proxy_builder.h"
 #include "proxy/proxy_eval.h"
 #include "proxy/reduce.h"
@@ -229,11 +230,12 @@ TEST(ReduceTest, ShrinksAFailingStepAndKeepsItsFailure) {
   options.out_path = dir.File("small.moerr");
   options.work_dir = dir.File("work");
   const ReduceReport report = Reduce(*reader, options).value();
-  EXPECT_EQ(report.phase, "forward");
-  EXPECT_EQ(report.module_class, "model.layers.mlp.experts");
+  EXPECT_EQ(report.failure.kind, "overflow");
+  EXPECT_EQ(report.failure.phase, "forward");
+  EXPECT_EQ(report.failure.module_class, "model.layers.mlp.experts");
   EXPECT_FALSE(report.accepted.empty());
-  EXPECT_LT(report.params_after, report.params_before);
-  EXPECT_LE(report.experts_after, report.experts_before / 2);
+  EXPECT_LT(report.after.params, report.before.params);
+  EXPECT_LE(report.after.experts, report.before.experts / 2);
   auto small = formats::BundleReader::Open(options.out_path).value();
   replayer::ModelReplayOptions replay;
   replay.record_path = dir.File("replay.moerr");
@@ -244,10 +246,40 @@ TEST(ReduceTest, ShrinksAFailingStepAndKeepsItsFailure) {
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(analysis::ModuleClass(first->op->module), "model.layers.mlp.experts");
 
+  EXPECT_LT(report.after.response_tokens * report.after.prompts * report.after.group_size,
+            report.before.response_tokens * report.before.prompts * report.before.group_size);
+
   // A healthy step has no failure to keep.
   auto healthy = testing::RecordTinySteps(dir.File("h.moerr"), moe::Precision::kFp32,
                                           recorder::CaptureMode::kReplayable, 1);
   EXPECT_EQ(Reduce(*healthy, options).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// reduce keeps a failure that is no overflow by its lint warning: the lost
+// update of skip-update stays lost in the reduced step.
+TEST(ReduceTest, KeepsALintWarningWhenNothingOverflows) {
+  TempDir dir;
+  moe::InjectedFault injected;
+  bool finite = false;
+  auto reader = testing::RecordFaultyStep(dir.File("f.moerr"), moe::FaultKind::kSkipUpdate,
+                                          recorder::CaptureMode::kReplayable, injected, finite);
+  ASSERT_TRUE(finite);
+  ReduceOptions options;
+  options.out_path = dir.File("small.moerr");
+  options.work_dir = dir.File("work");
+  const ReduceReport report = Reduce(*reader, options).value();
+  EXPECT_EQ(report.failure.kind, "optimizer-hazards");
+  EXPECT_LT(report.after.params, report.before.params);
+  auto small = formats::BundleReader::Open(options.out_path).value();
+  replayer::ModelReplayOptions replay;
+  replay.record_path = dir.File("replay.moerr");
+  ASSERT_TRUE(replayer::ReplayModelStep(*small, report.step, replay).ok());
+  auto recording = formats::BundleReader::Open(replay.record_path).value();
+  const formats::Trace trace = formats::ReadTrace(*recording, report.step).value();
+  analysis::LintInput input{analysis::StepView{recording.get(), "", report.step, &trace}, std::nullopt};
+  const std::vector<analysis::Finding> findings = analysis::RunChecks(input, {"optimizer-hazards"}).value();
+  ASSERT_FALSE(findings.empty());
+  EXPECT_EQ(findings.front().severity, analysis::Severity::kWarning);
 }
 
 // proxy-eval end to end on the tiny model: every configuration gets a row
