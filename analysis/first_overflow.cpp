@@ -1,6 +1,7 @@
 #include "analysis/first_overflow.h"
 
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "absl/container/flat_hash_map.h"
@@ -88,6 +89,29 @@ std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, cons
     }
   }
   return std::nullopt;
+}
+
+std::vector<HeadroomPoint> HeadroomProfile(const formats::Trace& trace, double limit) {
+  const absl::flat_hash_set<uint64_t> uninitialised = formats::UninitialisedValues(trace);
+  std::vector<HeadroomPoint> out;
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    const formats::OpEvent& op = trace.ops[i];
+    std::optional<HeadroomPoint> least;
+    for (uint64_t id : op.outputs) {
+      const formats::TensorMeta* m = id ? trace.Find(id) : nullptr;
+      if (m == nullptr || m->producer != static_cast<int64_t>(op.seq) || uninitialised.contains(id)) continue;
+      const formats::Fingerprint& f = m->fingerprint;
+      const double bits = !f.Finite() ? -std::numeric_limits<double>::infinity()
+                          : f.abs_max > 0 ? std::log2(limit / f.abs_max)
+                                          : std::numeric_limits<double>::quiet_NaN();
+      if (std::isnan(bits)) continue;
+      if (!least || bits < least->headroom_bits) {
+        least = HeadroomPoint{i, &op, f.Finite() ? f.abs_max : std::numeric_limits<double>::infinity(), bits};
+      }
+    }
+    if (least) out.push_back(*least);
+  }
+  return out;
 }
 
 std::string ModuleClass(const std::string& module) {

@@ -44,6 +44,12 @@ struct FirstOverflow {
   std::vector<HeadroomPoint> trend;
 };
 
+// Per op in execution order, the least headroom of its outputs against
+// `limit` (fp16's 65504, say): log2(limit / abs_max); -Inf for an output
+// that is not finite. Ops without an initialised, non-zero output are left
+// out.
+std::vector<HeadroomPoint> HeadroomProfile(const formats::Trace& trace, double limit);
+
 std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, const OverflowOptions& options = {});
 
 // A module path without its indices: "model.layers.0.mlp.experts.3" ->

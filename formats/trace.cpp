@@ -8,6 +8,16 @@
 #include "support/status.h"
 
 namespace moerr::formats {
+
+std::map<int64_t, std::vector<int64_t>> TokensPerExpert(const std::vector<RoutingRecord>& routing) {
+  std::map<int64_t, std::vector<int64_t>> counts;
+  for (const RoutingRecord& r : routing) {
+    std::vector<int64_t>& c = counts[r.layer];
+    if (c.size() < r.token_counts.size()) c.resize(r.token_counts.size(), 0);
+    for (size_t e = 0; e < r.token_counts.size(); ++e) c[e] += r.token_counts[e];
+  }
+  return counts;
+}
 namespace {
 
 // Bitwise equality of doubles, so NaN == NaN (a replay that reproduces a NaN

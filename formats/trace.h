@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,9 @@ struct RoutingRecord {
   std::string topk_ids, topk_weights, logits;
   std::vector<int64_t> token_counts;
 };
+
+// Per MoE layer, the routed token slots each expert got over `routing`.
+std::map<int64_t, std::vector<int64_t>> TokensPerExpert(const std::vector<RoutingRecord>& routing);
 
 // All ops and tensor metadata of one step (or every step when step < 0), in
 // execution order.

@@ -13,6 +13,7 @@
 #include "moe/checkpoint.h"
 #include "moe/warmup.h"
 #include "recorder/tensor_adapter.h"
+#include "support/check.h"
 #include "support/json_fields.h"
 #include "support/status.h"
 
@@ -197,7 +198,13 @@ StepMetrics GrpoTrainer::Step() {
     NumericsScope scope(options_.rollout_numerics);
     torch::NoGradGuard no_grad;
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed_ * 1000003 + step_);
-    responses = Generate(policy_, prompts, answer_tokens, options_.temperature, gen);
+    if (response_source_) {
+      responses = response_source_(step_, prompts);
+      MOERR_CHECK(responses.dim() == 2 && responses.size(0) == n && responses.size(1) == answer_tokens)
+          << "a response source gives [" << n << ", " << answer_tokens << "] responses";
+    } else {
+      responses = Generate(policy_, prompts, answer_tokens, options_.temperature, gen);
+    }
     const at::Tensor seq = at::cat({prompts, responses}, 1);
     old_logp = TokenLogProbs(policy_->forward(seq.narrow(1, 0, seq.size(1) - 1)), prompts, responses).to(at::kFloat);
   }

@@ -13,6 +13,7 @@
 #include <torch/optim/adamw.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -105,6 +106,13 @@ class GrpoTrainer {
 
   StepMetrics Step();
 
+  // Responses [prompts x group_size, response tokens] int64 the next steps
+  // train on instead of sampling their own (the prompts still come from the
+  // trainer's sampler): another model's rollouts, replayed. Called once per
+  // step with the step's prompts [n, P]; null: sample.
+  using ResponseSource = std::function<at::Tensor(int64_t step, const at::Tensor& prompts)>;
+  void set_response_source(ResponseSource source) { response_source_ = std::move(source); }
+
   TrainerState SaveState() const;
   // `tensors` by TrainerState's names. Weights are copied into the models in
   // place (the optimizer keeps its parameters); Adam moments are replaced.
@@ -129,6 +137,7 @@ class GrpoTrainer {
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   double loss_scale_;
   StepBatch last_batch_;
+  ResponseSource response_source_;
   int64_t good_steps_ = 0;
   int64_t step_ = 0;
 };

@@ -15,10 +15,12 @@
 #include "analysis/check.h"
 #include "analysis/first_overflow.h"
 #include "moe/checkpoint.h"
+#include "moe/peak_memory.h"
 #include "moe/warmup.h"
 #include "proxy/proxy_builder.h"
 #include "recorder/recorder.h"
 #include "replayer/model_replay.h"
+#include "support/check.h"
 #include "support/status.h"
 #include "support/torch_boundary.h"
 
@@ -118,23 +120,29 @@ void StaticFidelity(moe::MoeTransformer& original, moe::MoeTransformer& proxy, c
   row.routing_agreement = slots > 0 ? agree / slots : 1.0;
 }
 
-struct Trajectory {
-  std::vector<double> loss, reward, kl, grad_norm;
-  double seconds = 0;
-};
+}  // namespace
 
-Trajectory Train(const moe::MoeTransformer& model, int64_t steps, uint64_t seed) {
+Trajectory Train(const moe::MoeTransformer& model, int64_t steps, uint64_t seed, const Trajectory* replay) {
+  Trajectory t;
+  moe::PeakMemoryScope memory;
   moe::MoeTransformer policy = moe::CopyOf(model), reference = moe::CopyOf(model);
   moe::GrpoTrainer trainer(policy, reference, moe::AdditionTask(), moe::GrpoOptions(), seed);
-  Trajectory t;
+  if (replay != nullptr) {
+    MOERR_CHECK(static_cast<int64_t>(replay->responses.size()) >= steps) << "a replayed trajectory as long";
+    trainer.set_response_source([replay](int64_t step, const at::Tensor&) { return replay->responses.at(step); });
+  }
   const auto start = Clock::now();
   for (int64_t s = 0; s < steps; ++s) {
     const moe::StepMetrics m = trainer.Step();
     t.loss.push_back(m.loss), t.reward.push_back(m.reward), t.kl.push_back(m.kl), t.grad_norm.push_back(m.grad_norm);
+    t.responses.push_back(trainer.last_batch().responses);
   }
   t.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  t.peak_bytes = memory.peak_bytes();
   return t;
 }
+
+namespace {
 
 ProxyOptions Configure(double keep, const std::string& method, const std::string& out_dir, int64_t step) {
   ProxyOptions o;
@@ -217,7 +225,12 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
         row.corr_reward = Pearson(base.reward, t.reward);
         row.corr_kl = Pearson(base.kl, t.kl);
         row.corr_grad_norm = Pearson(base.grad_norm, t.grad_norm);
+        const Trajectory replayed = Train(proxy, options.steps, 5, &base);
+        row.replayed_corr_loss = Pearson(base.loss, replayed.loss);
+        row.replayed_corr_kl = Pearson(base.kl, replayed.kl);
+        row.replayed_corr_grad_norm = Pearson(base.grad_norm, replayed.grad_norm);
         row.step_time_ratio = base.seconds / t.seconds;
+        row.peak_memory_ratio = double(base.peak_bytes) / t.peak_bytes;
         report.rows.push_back(std::move(row));
       }
     }
@@ -290,7 +303,9 @@ llvm::json::Object ToJson(const EvalReport& report) {
         {"keep", r.keep}, {"method", r.method}, {"kept", r.kept}, {"hidden_cosine", num(r.hidden_cosine)},
         {"logit_kl", num(r.logit_kl)}, {"routing_agreement", num(r.routing_agreement)}, {"accuracy", num(r.accuracy)},
         {"corr_loss", num(r.corr_loss)}, {"corr_reward", num(r.corr_reward)}, {"corr_kl", num(r.corr_kl)},
-        {"corr_grad_norm", num(r.corr_grad_norm)}, {"fault_cases", r.cases}, {"reproduced", r.reproduced},
+        {"corr_grad_norm", num(r.corr_grad_norm)}, {"replayed_corr_loss", num(r.replayed_corr_loss)},
+        {"replayed_corr_kl", num(r.replayed_corr_kl)}, {"replayed_corr_grad_norm", num(r.replayed_corr_grad_norm)},
+        {"peak_memory_ratio", num(r.peak_memory_ratio)}, {"fault_cases", r.cases}, {"reproduced", r.reproduced},
         {"localised", r.localised}, {"onset_delta", num(r.onset_delta)}, {"params_ratio", num(r.params_ratio)},
         {"step_time_ratio", num(r.step_time_ratio)}});
   }

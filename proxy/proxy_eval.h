@@ -6,13 +6,16 @@
 //     task accuracy;
 //   dynamics: Pearson correlation of the loss, reward, KL and grad-norm
 //     trajectories of N healthy RL steps of the proxy with the original's
-//     (same seed, so the same prompts);
+//     (same seed, so the same prompts), twice: the proxy sampling its own
+//     responses, and the proxy training on the original's sampled responses
+//     (replayed batches, as a recorded step is replayed on a proxy);
 //   fault reproduction: for each catalogue fault and seed, the original's
 //     failing step is mapped to the proxy and model-replayed; reproduced when
 //     the proxy's replay raises the lint finding that names the fault in the
 //     original; localised when also in the same phase and module class
 //     (module path without indices); the onset difference in steps;
-//   cost: policy parameters and RL step time, original / proxy.
+//   cost: policy parameters, peak tensor memory of the RL run (both models,
+//     gradients, Adam state, activations) and RL step time, original / proxy.
 #pragma once
 
 #include <functional>
@@ -43,10 +46,11 @@ struct EvalRow {
   std::string method;
   int64_t kept = 0;
   double hidden_cosine = 0, logit_kl = 0, routing_agreement = 0, accuracy = 0;
-  double corr_loss = 0, corr_reward = 0, corr_kl = 0, corr_grad_norm = 0;
+  double corr_loss = 0, corr_reward = 0, corr_kl = 0, corr_grad_norm = 0;  // own rollouts
+  double replayed_corr_loss = 0, replayed_corr_kl = 0, replayed_corr_grad_norm = 0;  // the original's responses
   int64_t cases = 0, reproduced = 0, localised = 0;
   double onset_delta = 0;  // mean |proxy onset - original onset| over reproduced cases, steps
-  double params_ratio = 0, step_time_ratio = 0;  // original / proxy
+  double params_ratio = 0, peak_memory_ratio = 0, step_time_ratio = 0;  // original / proxy
 };
 
 struct EvalReport {
@@ -55,6 +59,17 @@ struct EvalReport {
   int64_t experts = 0;
   std::vector<EvalRow> rows;
 };
+
+// Healthy RL steps of copies of `model` (GRPO defaults, `seed`): the metric
+// trajectories, the responses each step trained on, the time and the peak
+// tensor memory. `replay`: train on its responses instead of sampling.
+struct Trajectory {
+  std::vector<double> loss, reward, kl, grad_norm;
+  std::vector<at::Tensor> responses;
+  double seconds = 0;
+  int64_t peak_bytes = 0;
+};
+Trajectory Train(const moe::MoeTransformer& model, int64_t steps, uint64_t seed, const Trajectory* replay = nullptr);
 
 using EvalProgress = std::function<void(const std::string& phase, int64_t done, int64_t total)>;
 

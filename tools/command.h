@@ -31,5 +31,6 @@ void AddLintCommand(CLI::App& app, int& exit_code);
 void AddProxyCommand(CLI::App& app, int& exit_code);
 void AddProxyEvalCommand(CLI::App& app, int& exit_code);
 void AddReduceCommand(CLI::App& app, int& exit_code);
+void AddReportCommand(CLI::App& app, int& exit_code);
 
 }  // namespace moerr::tools

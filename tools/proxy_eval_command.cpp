@@ -77,17 +77,21 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
                 report->preset.c_str(), static_cast<long long>(report->experts), report->original_accuracy,
                 static_cast<long long>(eval.steps), static_cast<long long>(eval.seeds));
     std::printf("| keep | method | hidden cos | logit KL | routing agr. | accuracy | r(loss) | r(reward) | r(KL) | "
-                "r(grad norm) | faults reproduced | localised | onset diff | params ratio | step-time ratio |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                "r(grad norm) | replayed r(loss) | replayed r(KL) | replayed r(grad norm) | faults reproduced | "
+                "localised | onset diff | params ratio | peak memory ratio | step-time ratio |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const proxy::EvalRow& r : report->rows) {
-      std::printf("| %lld/%lld | %s | %s | %s | %s | %s | %s | %s | %s | %s | %lld/%lld | %lld/%lld | %s | %s | %s |\n",
+      std::printf("| %lld/%lld | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %lld/%lld | %lld/%lld | "
+                  "%s | %s | %s | %s |\n",
                   static_cast<long long>(r.kept), static_cast<long long>(report->experts), r.method.c_str(),
                   Cell(r.hidden_cosine).c_str(), Cell(r.logit_kl, 4).c_str(), Cell(r.routing_agreement).c_str(),
                   Cell(r.accuracy).c_str(), Cell(r.corr_loss).c_str(), Cell(r.corr_reward).c_str(),
-                  Cell(r.corr_kl).c_str(), Cell(r.corr_grad_norm).c_str(), static_cast<long long>(r.reproduced),
-                  static_cast<long long>(r.cases), static_cast<long long>(r.localised),
-                  static_cast<long long>(r.cases), Cell(r.onset_delta, 2).c_str(),
-                  Cell(r.params_ratio, 2, "x").c_str(), Cell(r.step_time_ratio, 2, "x").c_str());
+                  Cell(r.corr_kl).c_str(), Cell(r.corr_grad_norm).c_str(), Cell(r.replayed_corr_loss).c_str(),
+                  Cell(r.replayed_corr_kl).c_str(), Cell(r.replayed_corr_grad_norm).c_str(),
+                  static_cast<long long>(r.reproduced), static_cast<long long>(r.cases),
+                  static_cast<long long>(r.localised), static_cast<long long>(r.cases), Cell(r.onset_delta, 2).c_str(),
+                  Cell(r.params_ratio, 2, "x").c_str(), Cell(r.peak_memory_ratio, 2, "x").c_str(),
+                  Cell(r.step_time_ratio, 2, "x").c_str());
     }
     if (!opts->json.empty()) {
       std::ofstream out(opts->json, std::ios::trunc);

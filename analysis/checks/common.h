@@ -56,18 +56,6 @@ inline Finding At(absl::string_view check, Severity severity, const StepView& st
   return f;
 }
 
-// Per MoE layer, the routed token slots each expert got over the step's
-// routing decisions.
-inline std::map<int64_t, std::vector<int64_t>> TokensPerExpert(const formats::Trace& trace) {
-  std::map<int64_t, std::vector<int64_t>> counts;
-  for (const formats::RoutingRecord& r : trace.routing) {
-    std::vector<int64_t>& c = counts[r.layer];
-    if (c.size() < r.token_counts.size()) c.resize(r.token_counts.size(), 0);
-    for (size_t e = 0; e < r.token_counts.size(); ++e) c[e] += r.token_counts[e];
-  }
-  return counts;
-}
-
 // "1 op", "3 ops".
 inline std::string Count(int64_t n, absl::string_view one, absl::string_view many) {
   return absl::StrFormat("%d %s", n, n == 1 ? one : many);

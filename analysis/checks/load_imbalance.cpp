@@ -25,7 +25,7 @@ class LoadImbalance : public Check {
 
   absl::Status Run(const LintInput& input, std::vector<Finding>& out) const override {
     const StepView& s = input.bundle;
-    const std::map<int64_t, std::vector<int64_t>> counts = checks::TokensPerExpert(*s.trace);
+    const std::map<int64_t, std::vector<int64_t>> counts = formats::TokensPerExpert(s.trace->routing);
     std::map<int64_t, int64_t> top_k;  // layer -> k
     for (const formats::RoutingRecord& r : s.trace->routing) {
       if (const formats::TensorInfo* ids = s.reader->FindTensor(r.topk_ids, s.step)) {

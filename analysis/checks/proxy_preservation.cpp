@@ -19,7 +19,7 @@ constexpr double kRmsLow = 0.8, kRmsHigh = 1.25;  // hidden RMS ratio outside th
 
 std::map<int64_t, double> LoadEntropy(const formats::Trace& trace) {
   std::map<int64_t, double> out;
-  for (const auto& [layer, c] : checks::TokensPerExpert(trace)) {
+  for (const auto& [layer, c] : formats::TokensPerExpert(trace.routing)) {
     double total = 0, h = 0;
     for (int64_t n : c) total += n;
     if (total == 0 || c.size() < 2) continue;

@@ -1,0 +1,60 @@
+#include "report/html_report.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "report/svg_plot.h"
+
+namespace moerr::report {
+
+void HtmlReport::Heading(const std::string& text) { absl::StrAppend(&body_, "<h2>", Escape(text), "</h2>\n"); }
+
+void HtmlReport::Paragraph(const std::string& text) { absl::StrAppend(&body_, "<p>", Escape(text), "</p>\n"); }
+
+void HtmlReport::Preformatted(const std::string& text) {
+  absl::StrAppend(&body_, "<pre>", Escape(text), "</pre>\n");
+}
+
+void HtmlReport::Table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows) {
+  body_ += "<table>\n<tr>";
+  for (const std::string& h : header) absl::StrAppend(&body_, "<th>", Escape(h), "</th>");
+  body_ += "</tr>\n";
+  for (const auto& row : rows) {
+    body_ += "<tr>";
+    for (const std::string& cell : row) absl::StrAppend(&body_, "<td>", Escape(cell), "</td>");
+    body_ += "</tr>\n";
+  }
+  body_ += "</table>\n";
+}
+
+void HtmlReport::Figure(const std::string& svg, const std::string& caption) {
+  absl::StrAppend(&body_, "<figure>\n", svg, "<figcaption>", Escape(caption), "</figcaption>\n</figure>\n");
+}
+
+std::string HtmlReport::Render() const {
+  return absl::StrCat(
+      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>", Escape(title_),
+      "</title>\n<style>\n"
+      "body { font-family: sans-serif; max-width: 980px; margin: 2em auto; color: #222; line-height: 1.4; }\n"
+      "pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 12px; }\n"
+      "table { border-collapse: collapse; margin: 0.5em 0; font-size: 13px; }\n"
+      "th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }\n"
+      "figure { margin: 1em 0; } figcaption { font-size: 12px; color: #555; }\n"
+      "</style>\n</head>\n<body>\n<h1>",
+      Escape(title_), "</h1>\n", body_, "</body>\n</html>\n");
+}
+
+absl::Status HtmlReport::Write(const std::string& path) const {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << Render();
+    out.close();
+    if (!out) return absl::UnavailableError("cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return absl::UnavailableError("cannot rename " + tmp + " to " + path);
+  return absl::OkStatus();
+}
+
+}  // namespace moerr::report

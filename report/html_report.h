@@ -1,0 +1,33 @@
+// A self-contained HTML page: headings, paragraphs, preformatted text,
+// tables and inline SVG figures, written in one file a browser opens
+// without anything else.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace moerr::report {
+
+class HtmlReport {
+ public:
+  explicit HtmlReport(std::string title) : title_(std::move(title)) {}
+
+  // Text arguments are escaped; `svg` is inserted as it is.
+  void Heading(const std::string& text);
+  void Paragraph(const std::string& text);
+  void Preformatted(const std::string& text);
+  void Table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
+  void Figure(const std::string& svg, const std::string& caption);
+
+  std::string Render() const;
+  // Writes PATH.tmp and renames it over PATH: a reader never sees half a page.
+  absl::Status Write(const std::string& path) const;
+
+ private:
+  std::string title_;
+  std::string body_;
+};
+
+}  // namespace moerr::report

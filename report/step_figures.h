@@ -1,0 +1,36 @@
+// The figures of a report, from recorded data: a step's per-op headroom
+// with its first overflow, its expert load per layer, a proxy's cluster map
+// and metric trajectories of two runs. Each returns inline SVG.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "formats/trace.h"
+
+namespace moerr::report {
+
+// Per op (x: execution order) the least headroom of its outputs against
+// `limit` in bits, log2(limit / |max|), forward and backward ops apart; the
+// first overflow (against the outputs' own dtypes) is marked.
+std::string HeadroomFigure(const formats::Trace& trace, double limit, const std::string& limit_name);
+
+// Layers x experts: each expert's share of the layer's routed slots, as a
+// multiple of the fair share 1/E. Empty when the step has no routing.
+std::string ExpertLoadFigure(const formats::Trace& trace);
+
+// A proxy's experts per layer: the colour is the kept expert (cluster) an
+// original expert maps to; kept experts read "K", forced keeps "F".
+struct ClusterLayer {
+  int64_t layer = 0;
+  std::vector<int64_t> medoid_of;  // per original expert: the kept expert it maps to
+  std::vector<int64_t> forced;     // forced keeps
+};
+std::string ClusterMapFigure(const std::vector<ClusterLayer>& layers);
+
+// One metric over steps, two runs; non-finite values leave gaps.
+std::string TrajectoryFigure(const std::string& metric, const std::string& a_name, const std::vector<double>& a,
+                             const std::string& b_name, const std::vector<double>& b);
+
+}  // namespace moerr::report

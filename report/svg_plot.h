@@ -1,0 +1,53 @@
+// Plots as inline SVG: line plots (trajectories, per-op headroom) and
+// heatmaps (expert load, cluster maps). Every mark carries a <title>, so a
+// browser shows its value on hover without any script.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace moerr::report {
+
+struct Series {
+  std::string name;
+  std::vector<double> x, y;  // same length; a non-finite y breaks the line
+  std::string color;         // CSS colour; empty: the palette's next
+  bool dots = false;         // points instead of a line
+};
+
+// A vertical rule at `x`, labelled (the first overflow).
+struct Mark {
+  double x = 0;
+  std::string label;
+};
+
+struct LinePlot {
+  std::string title, x_label, y_label;
+  std::vector<Series> series;
+  std::vector<Mark> marks;
+  std::optional<double> y_rule;  // a horizontal rule (headroom 0)
+  // The y range; values outside are drawn at the edge (-Inf headroom at the
+  // bottom). Unset: the data's range.
+  std::optional<double> y_min, y_max;
+
+  std::string ToSvg(int width = 820, int height = 300) const;
+};
+
+struct Heatmap {
+  std::string title, row_label, col_label;
+  std::vector<std::string> rows, cols;
+  // [rows][cols]: a sequential colour from 0 to the largest value ...
+  std::vector<std::vector<double>> values;
+  // ... or, when not empty, a categorical colour per cell (-1: none).
+  std::vector<std::vector<int>> category;
+  std::vector<std::vector<std::string>> text;     // shown in the cell; may be empty
+  std::vector<std::vector<std::string>> tooltip;  // on hover; may be empty
+
+  std::string ToSvg(int cell = 26) const;
+};
+
+// Text for SVG and HTML: & < > " escaped.
+std::string Escape(const std::string& text);
+
+}  // namespace moerr::report

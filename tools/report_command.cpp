@@ -1,0 +1,69 @@
+#include <cstdio>
+#include <filesystem>
+
+#include "absl/strings/str_format.h"
+#include "formats/bundle_reader.h"
+#include "formats/trace.h"
+#include "report/html_report.h"
+#include "report/step_section.h"
+#include "tools/command.h"
+
+namespace moerr::tools {
+
+void AddReportCommand(CLI::App& app, int& exit_code) {
+  struct Options {
+    std::string bundle, out;
+    std::vector<int64_t> steps;
+    bool force = false;
+  };
+  auto opts = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "report", "Write an HTML report of recorded steps: first overflow, per-op fp16 headroom, expert load per "
+                "layer, lint findings (one file, no script)");
+  cmd->add_option("BUNDLE", opts->bundle, "A bundle (any mode)")->required();
+  cmd->add_option("-o,--output", opts->out, "The HTML file to write")->required();
+  cmd->add_option("--step", opts->steps, "Steps to report (default: every complete step)");
+  cmd->add_flag("--force", opts->force, "Overwrite an existing report");
+  cmd->callback([opts, &exit_code] {
+    if (std::filesystem::exists(opts->out) && !opts->force) {
+      exit_code = ReportError(absl::AlreadyExistsError(opts->out + " exists; pass --force to overwrite it"));
+      return;
+    }
+    auto reader = formats::BundleReader::Open(opts->bundle);
+    if (!reader.ok()) {
+      exit_code = ReportError(reader.status());
+      return;
+    }
+    const std::vector<int64_t> steps = opts->steps.empty() ? (*reader)->CompleteSteps() : opts->steps;
+    if (steps.empty()) {
+      exit_code = ReportError(absl::NotFoundError(opts->bundle + " has no complete step"));
+      return;
+    }
+    report::HtmlReport page("moerr report: " + opts->bundle);
+    for (int64_t step : steps) {
+      auto trace = formats::ReadTrace(**reader, step);
+      if (!trace.ok()) {
+        exit_code = ReportError(trace.status());
+        return;
+      }
+      if (trace->ops.empty()) {
+        page.Heading(absl::StrFormat("Step %d of %s", step, opts->bundle));
+        page.Paragraph("No ops recorded (a step to replay, as moerr proxy and moerr reduce write): `moerr replay " +
+                       opts->bundle + " --step " + std::to_string(step) + " --model --out R.moerr` records one.");
+        continue;
+      }
+      if (absl::Status s = report::AddStepSection(page, **reader, opts->bundle, step, *trace); !s.ok()) {
+        exit_code = ReportError(s);
+        return;
+      }
+    }
+    if (absl::Status s = page.Write(opts->out); !s.ok()) {
+      exit_code = ReportError(s);
+      return;
+    }
+    std::printf("wrote %s (%zu step%s)\n", opts->out.c_str(), steps.size(), steps.size() == 1 ? "" : "s");
+    exit_code = kExitOk;
+  });
+}
+
+}  // namespace moerr::tools
