@@ -40,17 +40,6 @@ absl::Status Record(moe::GrpoTrainer& trainer, const std::string& path, int64_t 
   return rec->Stop();
 }
 
-// Pearson correlation over the pairs where both are finite; NaN when undefined.
-double Pearson(const std::vector<double>& a, const std::vector<double>& b) {
-  double n = 0, sa = 0, sb = 0, saa = 0, sbb = 0, sab = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) continue;
-    n += 1, sa += a[i], sb += b[i], saa += a[i] * a[i], sbb += b[i] * b[i], sab += a[i] * b[i];
-  }
-  const double va = saa - sa * sa / n, vb = sbb - sb * sb / n;
-  if (n < 3 || va <= 0 || vb <= 0) return NAN;
-  return (sab - sa * sb / n) / std::sqrt(va * vb);
-}
 
 // The lint check that names each fault.
 const char* CheckFor(moe::FaultKind f) {
@@ -121,6 +110,23 @@ void StaticFidelity(moe::MoeTransformer& original, moe::MoeTransformer& proxy, c
 }
 
 }  // namespace
+
+double Pearson(const std::vector<double>& a, const std::vector<double>& b) {
+  double n = 0, sa = 0, sb = 0, saa = 0, sbb = 0, sab = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) continue;
+    n += 1, sa += a[i], sb += b[i], saa += a[i] * a[i], sbb += b[i] * b[i], sab += a[i] * b[i];
+  }
+  const double va = saa - sa * sa / n, vb = sbb - sb * sb / n;
+  if (n < 3 || va <= 0 || vb <= 0) return NAN;
+  return (sab - sa * sb / n) / std::sqrt(va * vb);
+}
+
+absl::Status RecordHealthyStep(const moe::MoeTransformer& warm, const std::string& path) {
+  moe::MoeTransformer policy = moe::CopyOf(warm), reference = moe::CopyOf(warm);
+  moe::GrpoTrainer trainer(policy, reference, moe::AdditionTask(), moe::GrpoOptions(), 0);
+  return Record(trainer, path, 1);
+}
 
 Trajectory Train(const moe::MoeTransformer& model, int64_t steps, uint64_t seed, const Trajectory* replay) {
   Trajectory t;
@@ -194,11 +200,7 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
 
     // A healthy recorded step to build the static proxies from.
     const std::string healthy = options.out_dir + "/healthy.moerr";
-    {
-      moe::MoeTransformer policy = moe::CopyOf(warm), reference = moe::CopyOf(warm);
-      moe::GrpoTrainer trainer(policy, reference, task, moe::GrpoOptions(), 0);
-      MOERR_RETURN_IF_ERROR(Record(trainer, healthy, 1));
-    }
+    MOERR_RETURN_IF_ERROR(RecordHealthyStep(warm, healthy));
     MOERR_ASSIGN_OR_RETURN(auto healthy_reader, formats::BundleReader::Open(healthy));
     std::mt19937_64 rng(99);
     const moe::AdditionTask::Batch held_out = task.Sample(64, rng);

@@ -60,6 +60,13 @@ struct EvalReport {
   std::vector<EvalRow> rows;
 };
 
+// Pearson correlation over the pairs where both are finite; NaN when undefined.
+double Pearson(const std::vector<double>& a, const std::vector<double>& b);
+
+// One healthy RL step of copies of `warm` (GRPO defaults), recorded
+// replayable at `path`: what a proxy for healthy dynamics is built from.
+absl::Status RecordHealthyStep(const moe::MoeTransformer& warm, const std::string& path);
+
 // Healthy RL steps of copies of `model` (GRPO defaults, `seed`): the metric
 // trajectories, the responses each step trained on, the time and the peak
 // tensor memory. `replay`: train on its responses instead of sampling.

@@ -1,11 +1,14 @@
-// `moerr demo`, end to end on the built-in model:
-//   A. train the tiny reference MoE model, break one expert so its fp16
-//      activations overflow, record the RL steps on anomaly; name the first
-//      overflowing op from the fingerprints; replay the failing step op by
-//      op and check it bitwise against the record; find the modules whose
-//      upcast removes the overflow; lint the step; map it onto a proxy with a
-//      quarter of the experts and replay it there; reduce it to the smallest
-//      step that still fails;
+// `moerr demo`, end to end on the built-in model (the `small` preset unless
+// --preset says otherwise):
+//   A. warm the model up (or load the warm-up an earlier run cached), break
+//      one expert so its fp16 activations overflow, record the RL steps on
+//      anomaly; inspect the bundle; name the first overflowing op from the
+//      fingerprints; replay the failing step op by op and check it bitwise
+//      against the record; find the modules whose upcast removes the
+//      overflow; lint the step; map it onto a proxy with a quarter of the
+//      experts and replay it there; reduce it to the smallest step that
+//      still fails; compare healthy RL dynamics of the model and a 1/4
+//      proxy; write DIR/report.html with the figures;
 //   B. the crash story: a child process recording steps is killed (SIGKILL)
 //      mid-step; inspect refuses the dump with advice, salvage rebuilds its
 //      index, verify checks every byte, inspect shows what survived.
@@ -14,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +25,7 @@
 #include <random>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "formats/bundle_reader.h"
@@ -30,11 +35,17 @@
 #include "formats/trace.h"
 #include "analysis/check.h"
 #include "analysis/first_overflow.h"
+#include "moe/checkpoint.h"
+#include "moe/warmup.h"
 #include "proxy/proxy_builder.h"
+#include "proxy/proxy_eval.h"
 #include "proxy/reduce.h"
 #include "replayer/model_replay.h"
 #include "replayer/precision_bisect.h"
 #include "replayer/program_replay.h"
+#include "report/html_report.h"
+#include "report/step_figures.h"
+#include "report/step_section.h"
 #include "support/progress.h"
 #include "tools/command.h"
 #include "tools/recording_observer.h"
@@ -106,17 +117,30 @@ OwnedTensor Int32Uniform(std::vector<int64_t> shape, int high, uint64_t seed) {
   }
 }
 
-int RunModelStory(const std::string& dir) {
-  const std::string out = dir + "/run", bundle = out + "/run.moerr";
+struct DemoOptions {
+  std::string dir = "moerr-demo";
+  std::string preset = "small";
+  int64_t dynamics_steps = 12;  // healthy RL steps, original against proxy
+};
+
+// The warm model: DIR/cache/PRESET/ from an earlier run, or warmed up now
+// (and cached there). Its path.
+std::string WarmCache(const DemoOptions& o) { return o.dir + "/cache/" + o.preset; }
+
+int RunModelStory(const DemoOptions& o, report::HtmlReport& page) {
+  const std::string out = o.dir + "/run", bundle = out + "/run.moerr", cache = WarmCache(o);
   std::filesystem::create_directories(out);
-  std::printf("A1. $ moerr train --preset tiny --fault expert-overflow --steps 3 --record replayable \\\n"
-              "          --trigger anomaly:2 -o %s\n", out.c_str());
+  const bool cached = std::filesystem::exists(cache + "/config.json");
+  std::printf("A1. $ moerr train --preset %s %s--fault expert-overflow --steps 3 --record replayable \\\n"
+              "          --trigger anomaly:2 -o %s\n",
+              o.preset.c_str(), cached ? ("--init " + cache + " ").c_str() : "", out.c_str());
   moe::TrainOptions train;
-  train.preset = "tiny";
+  train.preset = o.preset;
   train.fault = moe::FaultKind::kExpertOverflow;
   train.steps = 3;
   train.out_dir = out;
   train.overwrite = true;
+  if (cached) train.init_checkpoint = cache;
   recorder::RecordOptions record(bundle);
   record.set_mode(recorder::CaptureMode::kReplayable).set_anomaly(2, 10.0).set_overwrite(true);
   RecordingObserver observer(record);
@@ -125,36 +149,63 @@ int RunModelStory(const std::string& dir) {
       train, [&](const std::string& p, int64_t done, int64_t total) { progress.Update(p, done, total); }, &observer);
   progress.Finish();
   if (!report.ok()) return ReportError(report.status());
-  std::printf("    warm-up: accuracy %.1f%% on 256 held-out sums\n", 100 * report->warmup.accuracy);
+  if (!cached) {
+    std::filesystem::create_directories(cache);
+    std::filesystem::copy(out + "/warmup", cache,
+                          std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
+  }
+  auto warm = moe::LoadCheckpoint(cache);
+  if (!warm.ok()) return ReportError(warm.status());
+  const double warm_accuracy = moe::Accuracy(*warm, moe::AdditionTask(), 256, 1);
+  std::printf("    warm-up: %s; accuracy %.1f%% on 256 held-out sums\n",
+              cached ? ("loaded from " + cache).c_str() : ("600 steps, cached in " + cache).c_str(),
+              100 * warm_accuracy);
   std::printf("    fault: %s\n", report->fault.description.c_str());
   for (const moe::StepMetrics& m : report->steps) {
     std::printf("    step %lld: loss %g, grad norm %g, loss scale %g%s\n", static_cast<long long>(m.step), m.loss,
                 m.grad_norm, m.loss_scale, m.skipped ? "  -> skipped: non-finite" : "");
   }
   const auto& written = observer.recorder().written_steps();
-  std::printf("    the anomaly trigger wrote steps %s to %s\n\n",
-              absl::StrJoin(written, ", ").c_str(), bundle.c_str());
+  std::printf("    the anomaly trigger wrote steps %s to %s\n\n", absl::StrJoin(written, ", ").c_str(), bundle.c_str());
   if (written.empty()) return ReportError(absl::InternalError("no anomaly was recorded"));
+  page.Paragraph(absl::StrFormat("The `%s` model (%s, accuracy %.1f%%) was broken with the fault `expert-overflow`: %s. "
+                                 "RL steps were recorded on anomaly to %s.",
+                                 o.preset, cached ? "warm-up loaded from " + cache : "warmed up", 100 * warm_accuracy,
+                                 report->fault.description, bundle));
 
   auto reader = formats::BundleReader::Open(bundle);
   if (!reader.ok()) return ReportError(reader.status());
+  std::printf("A2. $ moerr inspect %s\n", bundle.c_str());
+  auto summary = formats::Summarize(**reader);
+  if (!summary.ok()) return ReportError(summary.status());
+  for (absl::string_view line : absl::StrSplit(formats::RenderText(*summary, bundle), '\n')) {
+    if (absl::StartsWith(line, bundle) || absl::StrContains(line, "tensor bytes") ||
+        absl::StrContains(line, "traced ops") || absl::StrContains(line, "complete steps")) {
+      std::printf("    %s\n", std::string(absl::StripLeadingAsciiWhitespace(line)).c_str());
+    }
+  }
+  std::printf("\n");
+
   const int64_t step = written.front();
   auto trace = formats::ReadTrace(**reader, step);
   if (!trace.ok()) return ReportError(trace.status());
-  std::printf("A2. The first op whose inputs were finite and whose output was not (from fingerprints, no re-run):\n");
+  std::printf("A3. $ moerr bisect %s --step %lld   (the first op whose inputs were finite and whose output was "
+              "not, from fingerprints, no re-run)\n",
+              bundle.c_str(), static_cast<long long>(step));
   const auto first = analysis::FindFirstOverflow(*trace);
   if (!first) return ReportError(absl::InternalError("the recorded step has no overflow"));
-  std::printf("    step %lld, op %zu of %zu: %s in %s (%s); output: %llu of %llu values +Inf, %llu -Inf, %llu NaN\n",
-              static_cast<long long>(step), first->op_index, trace->ops.size(), first->op->name.c_str(),
-              first->op->module.c_str(), std::string(formats::PhaseName(first->op->phase)).c_str(),
+  std::printf("    op %zu of %zu: %s in %s (%s); output: %llu of %llu values +Inf, %llu -Inf, %llu NaN\n",
+              first->op_index, trace->ops.size(), first->op->name.c_str(), first->op->module.c_str(),
+              std::string(formats::PhaseName(first->op->phase)).c_str(),
               static_cast<unsigned long long>(first->fingerprint.pos_inf),
               static_cast<unsigned long long>(first->fingerprint.numel),
               static_cast<unsigned long long>(first->fingerprint.neg_inf),
               static_cast<unsigned long long>(first->fingerprint.nan));
   std::printf("    the fault was injected in %s: %s\n\n", report->fault.module.c_str(),
               first->op->module == report->fault.module ? "found" : "NOT found");
+  if (absl::Status s = report::AddStepSection(page, **reader, bundle, step, *trace); !s.ok()) return ReportError(s);
 
-  std::printf("A3. $ moerr replay %s --step %lld --check\n", bundle.c_str(), static_cast<long long>(step));
+  std::printf("A4. $ moerr replay %s --step %lld --check\n", bundle.c_str(), static_cast<long long>(step));
   auto replay = replayer::ReplayTrace(**reader, step, *trace);
   auto again = replayer::ReplayTrace(**reader, step, *trace);
   if (!replay.ok() || !again.ok()) return ReportError(replay.ok() ? again.status() : replay.status());
@@ -164,7 +215,7 @@ int RunModelStory(const std::string& dir) {
               replay->dispatched, replay->compared, replay->mismatched, same ? "bitwise identical" : "DIFFERENT");
   if (replay->mismatched != 0 || !same) return kExitFinding;
 
-  std::printf("A4. $ moerr bisect %s --step %lld --precision\n", bundle.c_str(), static_cast<long long>(step));
+  std::printf("A5. $ moerr bisect %s --step %lld --precision\n", bundle.c_str(), static_cast<long long>(step));
   auto precision = replayer::PrecisionBisect(**reader, step, *trace);
   if (!precision.ok()) return ReportError(precision.status());
   if (!precision->removable) return ReportError(absl::InternalError("upcasting did not remove the overflow"));
@@ -179,7 +230,7 @@ int RunModelStory(const std::string& dir) {
   }
   std::printf("\n");
 
-  std::printf("A5. $ moerr lint %s --step %lld\n", bundle.c_str(), static_cast<long long>(step));
+  std::printf("A6. $ moerr lint %s --step %lld\n", bundle.c_str(), static_cast<long long>(step));
   const analysis::LintInput lint{analysis::StepView{reader->get(), bundle, step, &*trace}, std::nullopt};
   auto findings = analysis::RunChecks(lint);
   if (!findings.ok()) return ReportError(findings.status());
@@ -199,8 +250,8 @@ int RunModelStory(const std::string& dir) {
   }
   std::printf("\n");
 
-  const std::string proxy_dir = dir + "/proxy";
-  std::printf("A6. $ moerr proxy %s --keep 1/4 -o %s && moerr replay %s/proxy.moerr --model\n", bundle.c_str(),
+  const std::string proxy_dir = o.dir + "/proxy";
+  std::printf("A7. $ moerr proxy %s --keep 1/4 -o %s && moerr replay %s/proxy.moerr --model\n", bundle.c_str(),
               proxy_dir.c_str(), proxy_dir.c_str());
   proxy::ProxyOptions proxy_options;
   proxy_options.step = step;
@@ -224,28 +275,78 @@ int RunModelStory(const std::string& dir) {
   auto proxy_trace = formats::ReadTrace(**replay_reader, step);
   if (!proxy_trace.ok()) return ReportError(proxy_trace.status());
   const auto proxy_first = analysis::FindFirstOverflow(*proxy_trace);
-  std::printf("    the proxy's step, routing replayed: loss %g; first overflow %s\n\n", replayed->metrics.loss,
-              proxy_first ? absl::StrFormat("at op %zu, %s in %s (%s): the fault reproduces on the proxy",
-                                            proxy_first->op_index, proxy_first->op->name, proxy_first->op->module,
-                                            formats::PhaseName(proxy_first->op->phase))
-                                .c_str()
-                          : "none: the fault did NOT reproduce");
+  const std::string reproduced =
+      proxy_first ? absl::StrFormat("first overflow at op %zu, %s in %s (%s): the fault reproduces on the proxy",
+                                    proxy_first->op_index, proxy_first->op->name, proxy_first->op->module,
+                                    formats::PhaseName(proxy_first->op->phase))
+                  : "no overflow: the fault did NOT reproduce";
+  std::printf("    the proxy's step, routing replayed: loss %g; %s\n\n", replayed->metrics.loss, reproduced.c_str());
+  page.Heading("Proxy at 1/4 of the experts");
+  page.Paragraph(absl::StrFormat("%d experts per MoE layer -> %d (the broken expert forced in); policy parameters %d "
+                                 "-> %d (%.2fx fewer). Model replay of the proxy's step: %s.",
+                                 built->experts, built->kept, built->params_original, built->params_proxy,
+                                 double(built->params_original) / built->params_proxy, reproduced));
+  std::vector<report::ClusterLayer> layers;
+  for (const proxy::LayerPlan& plan : built->plans) layers.push_back({plan.layer, plan.medoid_of, plan.forced});
+  page.Figure(report::ClusterMapFigure(layers), "Written as " + built->cluster_map + ".");
   if (!proxy_first) return kExitFinding;
 
-  const std::string small = dir + "/small.moerr";
-  std::printf("A7. $ moerr reduce %s -o %s\n", bundle.c_str(), small.c_str());
+  const std::string small = o.dir + "/small.moerr";
+  std::printf("A8. $ moerr reduce %s -o %s\n", bundle.c_str(), small.c_str());
   proxy::ReduceOptions reduce;
   reduce.step = step;
   reduce.out_path = small;
-  reduce.work_dir = dir + "/reduce";
-  auto reduced = proxy::Reduce(**reader, reduce);
+  reduce.work_dir = o.dir + "/reduce";
+  Progress reduce_bar("reduce", 0);
+  auto reduced = proxy::Reduce(**reader, reduce, [&](int64_t tried, const std::string& pass) {
+    reduce_bar.Update(tried, pass);
+  });
+  reduce_bar.Finish();
   if (!reduced.ok()) return ReportError(reduced.status());
-  for (const proxy::ReduceRow& row : reduced->accepted) std::printf("    %-14s %s\n", row.pass.c_str(), row.removed.c_str());
-  std::printf("    %lld candidates replayed; the smallest step that still overflows first in %s (%s) has %lld of %lld "
-              "policy parameters (%.1fx fewer)\n\n",
-              static_cast<long long>(reduced->tried), reduced->failure.module_class.c_str(),
-              reduced->failure.phase.c_str(), static_cast<long long>(reduced->after.params),
-              static_cast<long long>(reduced->before.params), double(reduced->before.params) / reduced->after.params);
+  std::vector<std::vector<std::string>> removed;
+  for (const proxy::ReduceRow& row : reduced->accepted) {
+    std::printf("    %-16s %s\n", row.pass.c_str(), row.removed.c_str());
+    removed.push_back({row.pass, row.removed});
+  }
+  const std::string reduced_line = absl::StrFormat(
+      "%d candidates replayed in %.0f s; the smallest step that still overflows first in %s (%s) has %d of %d policy "
+      "parameters (%.1fx fewer), %d of %d response tokens, %d of %d prompts",
+      reduced->tried, reduced->seconds, reduced->failure.module_class, reduced->failure.phase, reduced->after.params,
+      reduced->before.params, double(reduced->before.params) / reduced->after.params, reduced->after.response_tokens,
+      reduced->before.response_tokens, reduced->after.prompts, reduced->before.prompts);
+  std::printf("    %s\n\n", reduced_line.c_str());
+  page.Heading("moerr reduce");
+  page.Table({"pass", "removed"}, removed);
+  page.Paragraph(reduced_line + ". Written as " + small + ".");
+
+  std::printf("A9. RL dynamics: %lld healthy steps of the warm model against its 1/4 proxy (cluster), the proxy\n"
+              "    training on the original's sampled responses\n",
+              static_cast<long long>(o.dynamics_steps));
+  const std::string healthy = o.dir + "/healthy.moerr";
+  if (absl::Status s = proxy::RecordHealthyStep(*warm, healthy); !s.ok()) return ReportError(s);
+  auto healthy_reader = formats::BundleReader::Open(healthy);
+  if (!healthy_reader.ok()) return ReportError(healthy_reader.status());
+  proxy::ProxyOptions healthy_options = proxy_options;
+  healthy_options.step = 0;
+  healthy_options.out_dir = o.dir + "/healthy-proxy";
+  auto healthy_proxy = proxy::BuildProxy(**healthy_reader, healthy_options);
+  if (!healthy_proxy.ok()) return ReportError(healthy_proxy.status());
+  auto proxy_model = moe::LoadCheckpoint(healthy_proxy->checkpoint);
+  if (!proxy_model.ok()) return ReportError(proxy_model.status());
+  const proxy::Trajectory base = proxy::Train(*warm, o.dynamics_steps, 5);
+  const proxy::Trajectory mirrored = proxy::Train(*proxy_model, o.dynamics_steps, 5, &base);
+  const std::string dynamics = absl::StrFormat(
+      "Pearson r(loss) %.3f, r(grad norm) %.3f; peak tensor memory %s -> %s (%.2fx less)",
+      proxy::Pearson(base.loss, mirrored.loss), proxy::Pearson(base.grad_norm, mirrored.grad_norm),
+      formats::HumanBytes(base.peak_bytes), formats::HumanBytes(mirrored.peak_bytes),
+      double(base.peak_bytes) / mirrored.peak_bytes);
+  std::printf("    %s\n\n", dynamics.c_str());
+  page.Heading("RL dynamics, original against proxy");
+  page.Paragraph(absl::StrFormat("%d healthy GRPO steps from the warm model and from its 1/4 proxy (cluster), the proxy "
+                                 "training on the original's sampled responses: %s.",
+                                 o.dynamics_steps, dynamics));
+  page.Figure(report::TrajectoryFigure("loss", "original", base.loss, "proxy 1/4", mirrored.loss), "");
+  page.Figure(report::TrajectoryFigure("grad norm", "original", base.grad_norm, "proxy 1/4", mirrored.grad_norm), "");
   return kExitOk;
 }
 
@@ -305,15 +406,30 @@ int RunCrashStory(const std::string& dir) {
 }  // namespace
 
 void AddDemoCommand(CLI::App& app, int& exit_code) {
-  auto dir = std::make_shared<std::string>("moerr-demo");
+  auto opts = std::make_shared<DemoOptions>();
   CLI::App* cmd = app.add_subcommand(
       "demo",
-      "End-to-end demo on the built-in model: record a failing step, find the first overflowing op, replay it; "
-      "then salvage a killed recording");
-  cmd->add_option("--dir", *dir, "Working directory for the demo's files")->capture_default_str();
-  cmd->callback([dir, &exit_code] {
-    exit_code = RunModelStory(*dir);
-    if (exit_code == kExitOk) exit_code = RunCrashStory(*dir);
+      "End-to-end demo on the built-in model: record a failing RL step, inspect it, find the first overflowing op, "
+      "replay it, lint it, reproduce it on a 1/4 proxy, reduce it, compare RL dynamics; write an HTML report; then "
+      "salvage a killed recording");
+  cmd->add_option("--dir", opts->dir, "Working directory for the demo's files (the warm-up is cached in DIR/cache)")
+      ->capture_default_str();
+  cmd->add_option("--preset", opts->preset, "Model size: tiny, small, wide")->capture_default_str();
+  cmd->add_option("--dynamics-steps", opts->dynamics_steps, "Healthy RL steps compared, original against proxy")
+      ->capture_default_str()
+      ->check(CLI::Range(3, 1000));
+  cmd->callback([opts, &exit_code] {
+    const auto start = std::chrono::steady_clock::now();
+    report::HtmlReport page("moerr demo: an expert that overflows fp16, found, replayed, proxied and reduced");
+    exit_code = RunModelStory(*opts, page);
+    const std::string report_path = opts->dir + "/report.html";
+    if (exit_code == kExitOk) {
+      if (absl::Status s = page.Write(report_path); !s.ok()) exit_code = ReportError(s);
+    }
+    if (exit_code == kExitOk) std::printf("Report: %s\n\n", report_path.c_str());
+    if (exit_code == kExitOk) exit_code = RunCrashStory(opts->dir);
+    std::printf("\nThe demo took %.0f s.\n",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   });
 }
 
