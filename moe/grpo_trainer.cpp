@@ -190,7 +190,10 @@ StepMetrics GrpoTrainer::Step() {
   }
   const int64_t answer_tokens = ResponseTokens(options_, task_);
   const at::Tensor prompts = batch.prompts.repeat_interleave(g, 0);  // [n, P]
-  const at::Tensor answers = batch.answers.narrow(1, 0, answer_tokens).repeat_interleave(g, 0);  // [n, A]
+  // [n, A]; narrowed only when truncated, so a whole step records no extra op.
+  const at::Tensor answers = (answer_tokens < batch.answers.size(1) ? batch.answers.narrow(1, 0, answer_tokens)
+                                                                    : batch.answers)
+                                 .repeat_interleave(g, 0);
 
   // Rollout, under the rollout precision.
   at::Tensor responses, old_logp;
