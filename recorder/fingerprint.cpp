@@ -1,13 +1,17 @@
 #include "recorder/fingerprint.h"
 
 #include <ATen/ATen.h>
-#include <ATen/record_function.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <optional>
+#include <vector>
 #include <type_traits>
 
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include "xxhash.h"
 
 namespace moerr::recorder {
@@ -61,11 +65,10 @@ inline float AsFloat(c10::Half v) { return static_cast<float>(v); }
 // double sums. A chunk whose float sums are not finite (NaN, Inf, or squares
 // past float range) is redone element by element with Stats::Add.
 template <typename T>
-void AccumulateFloat(const T* data, int64_t n, formats::Fingerprint& f) {
+void AccumulateFloat(const T* data, int64_t n, Stats& stats) {
   constexpr int kLanes = 8;
   constexpr int64_t kChunk = 256;
   float buf[kChunk];
-  Stats stats;
   for (int64_t base = 0; base < n; base += kChunk) {
     const int64_t m = std::min(kChunk, n - base);
     const float* v;
@@ -103,15 +106,68 @@ void AccumulateFloat(const T* data, int64_t n, formats::Fingerprint& f) {
       stats.b16 += cb[l];
     }
   }
-  stats.Finish(n, f);
 }
 
 template <typename T>
-void Accumulate(const T* data, int64_t n, formats::Fingerprint& f) {
-  Stats stats;
+void Accumulate(const T* data, int64_t n, Stats& stats) {
   for (int64_t i = 0; i < n; ++i) stats.Add(static_cast<double>(data[i]));
-  stats.Finish(n, f);
 }
+
+// Folds `n` elements of `dtype` at `data` into `stats`; false for a dtype
+// without statistics (hash and size only). Calls whose sizes are multiples
+// of 256 elements give the same statistics as one call over all of them.
+bool AccumulateAny(at::ScalarType dtype, const void* data, int64_t n, Stats& stats) {
+  switch (dtype) {
+    case at::kFloat: AccumulateFloat(static_cast<const float*>(data), n, stats); return true;
+    case at::kDouble: Accumulate(static_cast<const double*>(data), n, stats); return true;
+    case at::kBFloat16: AccumulateFloat(static_cast<const c10::BFloat16*>(data), n, stats); return true;
+    case at::kHalf: AccumulateFloat(static_cast<const c10::Half*>(data), n, stats); return true;
+    case at::kLong: Accumulate(static_cast<const int64_t*>(data), n, stats); return true;
+    case at::kInt: Accumulate(static_cast<const int32_t*>(data), n, stats); return true;
+    case at::kShort: Accumulate(static_cast<const int16_t*>(data), n, stats); return true;
+    case at::kChar: Accumulate(static_cast<const int8_t*>(data), n, stats); return true;
+    case at::kByte: Accumulate(static_cast<const uint8_t*>(data), n, stats); return true;
+    case at::kBool: Accumulate(static_cast<const bool*>(data), n, stats); return true;
+    default: return false;
+  }
+}
+
+// Copies the elements of a strided tensor in row-major order, a block at a
+// time: what `contiguous()` would hold, without allocating it or
+// dispatching an op.
+class Gatherer {
+ public:
+  explicit Gatherer(const at::Tensor& t)
+      : base_(static_cast<const char*>(t.data_ptr())),
+        esize_(static_cast<int64_t>(t.element_size())),
+        sizes_(t.sizes().vec()),
+        strides_(t.strides().vec()),
+        index_(sizes_.size(), 0) {}
+
+  // The next `m` elements into `out` (m no more than what is left).
+  void Next(int64_t m, char* out) {
+    const size_t d = sizes_.size();
+    while (m > 0) {
+      int64_t offset = 0;
+      for (size_t k = 0; k < d; ++k) offset += index_[k] * strides_[k];
+      const int64_t run = std::min(m, sizes_[d - 1] - index_[d - 1]);
+      const int64_t inner = strides_[d - 1];
+      if (inner == 1) {
+        std::memcpy(out, base_ + offset * esize_, run * esize_);
+      } else {
+        for (int64_t j = 0; j < run; ++j) std::memcpy(out + j * esize_, base_ + (offset + j * inner) * esize_, esize_);
+      }
+      out += run * esize_, m -= run;
+      index_[d - 1] += run;
+      for (size_t k = d - 1; k > 0 && index_[k] == sizes_[k]; --k) index_[k] = 0, ++index_[k - 1];
+    }
+  }
+
+ private:
+  const char* base_;
+  int64_t esize_;
+  std::vector<int64_t> sizes_, strides_, index_;
+};
 
 }  // namespace
 
@@ -146,27 +202,40 @@ KnownFingerprint DeriveViewFingerprint(const KnownFingerprint& base, const ViewS
   return derived;
 }
 
-formats::Fingerprint ComputeFingerprint(const at::Tensor& input) {
+formats::Fingerprint ComputeFingerprint(const at::Tensor& t) {
   formats::Fingerprint f;
-  if (!input.defined()) return f;
-  at::DisableRecordFunctionGuard no_record;  // contiguous() below must not be traced
-  const at::Tensor t = input.is_contiguous() ? input : input.contiguous();
+  if (!t.defined()) return f;
   const int64_t n = t.numel();
   if (n == 0) return f;
-  const void* data = t.data_ptr();
-  f.hash = XXH3_64bits(data, n * t.element_size());
-  switch (t.scalar_type()) {
-    case at::kFloat: AccumulateFloat(static_cast<const float*>(data), n, f); break;
-    case at::kDouble: Accumulate(static_cast<const double*>(data), n, f); break;
-    case at::kBFloat16: AccumulateFloat(static_cast<const c10::BFloat16*>(data), n, f); break;
-    case at::kHalf: AccumulateFloat(static_cast<const c10::Half*>(data), n, f); break;
-    case at::kLong: Accumulate(static_cast<const int64_t*>(data), n, f); break;
-    case at::kInt: Accumulate(static_cast<const int32_t*>(data), n, f); break;
-    case at::kShort: Accumulate(static_cast<const int16_t*>(data), n, f); break;
-    case at::kChar: Accumulate(static_cast<const int8_t*>(data), n, f); break;
-    case at::kByte: Accumulate(static_cast<const uint8_t*>(data), n, f); break;
-    case at::kBool: Accumulate(static_cast<const bool*>(data), n, f); break;
-    default: f.numel = n;  // other dtypes: hash and size only
+  const int64_t esize = static_cast<int64_t>(t.element_size());
+  // Blocks of 16384 elements (a multiple of AccumulateFloat's chunk): the
+  // hash and the statistics read each block while it is in cache.
+  constexpr int64_t kBlock = 16384;
+  Stats stats;
+  bool has_stats = true;
+  if (t.is_contiguous() && n <= kBlock) {
+    f.hash = XXH3_64bits(t.data_ptr(), n * esize);
+    has_stats = AccumulateAny(t.scalar_type(), t.data_ptr(), n, stats);
+  } else {
+    XXH3_state_t state;
+    XXH3_64bits_reset(&state);
+    std::optional<Gatherer> gather;
+    std::vector<char> buffer;
+    if (!t.is_contiguous()) gather.emplace(t), buffer.resize(kBlock * esize);
+    const char* data = static_cast<const char*>(t.data_ptr());
+    for (int64_t base = 0; base < n; base += kBlock) {
+      const int64_t m = std::min(kBlock, n - base);
+      const char* block = data + base * esize;
+      if (gather) gather->Next(m, buffer.data()), block = buffer.data();
+      XXH3_64bits_update(&state, block, m * esize);
+      has_stats = AccumulateAny(t.scalar_type(), block, m, stats);
+    }
+    f.hash = XXH3_64bits_digest(&state);
+  }
+  if (has_stats) {
+    stats.Finish(n, f);
+  } else {
+    f.numel = n;  // other dtypes: hash and size only
   }
   return f;
 }

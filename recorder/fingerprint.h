@@ -1,7 +1,8 @@
 // Tensor fingerprints: one pass over the values (min, max, mean, abs-max, L2,
 // NaN / +Inf / -Inf counts, counts beyond the fp16 and bf16 finite range)
-// plus XXH3-64 of the contiguous bytes. Computed without dispatching ATen ops
-// where the tensor is contiguous, so it never re-enters the recorder.
+// plus XXH3-64 of the contiguous bytes (the elements in row-major order,
+// gathered from strided tensors without a copy of the whole). Computed
+// without dispatching ATen ops, so it never re-enters the recorder.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -143,7 +143,9 @@ void OpTracer::NewStep() {
 }
 
 OpTracer::AliasKey OpTracer::AliasOf(const at::Tensor& t) {
-  return AliasKey{t.storage().unsafeGetStorageImpl(), t.storage_offset(), t.sizes().vec(), t.strides().vec(),
+  return AliasKey{t.storage().unsafeGetStorageImpl(), t.storage_offset(),
+                  absl::InlinedVector<int64_t, 6>(t.sizes().begin(), t.sizes().end()),
+                  absl::InlinedVector<int64_t, 6>(t.strides().begin(), t.strides().end()),
                   static_cast<int>(t.scalar_type())};
 }
 

@@ -27,6 +27,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "formats/bundle_index.h"
 #include "formats/trace.h"
 #include "recorder/fingerprint.h"
@@ -81,7 +82,7 @@ class OpTracer {
   struct AliasKey {
     const void* storage;
     int64_t offset;
-    std::vector<int64_t> sizes, strides;
+    absl::InlinedVector<int64_t, 6> sizes, strides;  // inline: no allocation per lookup
     int dtype;
     bool operator==(const AliasKey& o) const {
       return storage == o.storage && offset == o.offset && sizes == o.sizes && strides == o.strides && dtype == o.dtype;

@@ -156,6 +156,34 @@ TEST(RecorderTest, FingerprintsMatchAnIndependentComputation) {
   EXPECT_GT(checked, 1000);
 }
 
+// Strided tensors (transposed, expanded, sliced; larger than a block, with
+// NaN and Inf) are fingerprinted from their elements in row-major order: the
+// same fingerprint as their contiguous copy, the hash of its bytes.
+TEST(RecorderTest, StridedFingerprintsEqualTheirContiguousCopies) {
+  torch::manual_seed(3);
+  at::Tensor big = torch::randn({3, 40000});
+  big[1][7] = NAN;
+  big[2][39999] = INFINITY;
+  for (const at::Tensor& t : {big.t(), big.t().to(at::kBFloat16), big.narrow(1, 5, 30000), big.select(1, 2),
+                              torch::randn({1, 5}).expand({9000, 5}), big.slice(1, 0, 40000, 3)}) {
+    ASSERT_FALSE(t.is_contiguous());
+    const at::Tensor c = t.contiguous();
+    const formats::Fingerprint a = ComputeFingerprint(t), b = ComputeFingerprint(c);
+    SCOPED_TRACE(t.sizes());
+    EXPECT_EQ(a.hash, XXH3_64bits(c.data_ptr(), c.numel() * c.element_size()));
+    EXPECT_EQ(a.hash, b.hash);
+    EXPECT_EQ(a.numel, b.numel);
+    EXPECT_EQ(a.min, b.min);
+    EXPECT_EQ(a.max, b.max);
+    EXPECT_EQ(a.mean, b.mean);
+    EXPECT_EQ(a.l2, b.l2);
+    EXPECT_EQ(a.abs_max, b.abs_max);
+    EXPECT_EQ(a.nan, b.nan);
+    EXPECT_EQ(a.pos_inf, b.pos_inf);
+    EXPECT_EQ(a.beyond_f16, b.beyond_f16);
+  }
+}
+
 // Views of an input's elements get the input's statistics without a pass over
 // their bytes (op_tracer.cpp, OutputId). Full mode computes every output from
 // its bytes; the same deterministic step recorded both ways must agree.
