@@ -94,7 +94,7 @@ absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, cons
     }
 
     // The step pruned: state and routing mapped; backbone tensors are the same.
-    MOERR_ASSIGN_OR_RETURN(StepBundle original, LoadStepBundle(reader, report.step));
+    MOERR_ASSIGN_OR_RETURN(StepBundle original, LoadStepBundle(reader, report.step, *trainer, trace));
     const StepBundle bundle = PruneStep(original, proxy_config, report.plans);
     report.params_original = ParameterCount(original);
     report.params_proxy = ParameterCount(bundle);

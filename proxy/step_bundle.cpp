@@ -13,11 +13,16 @@ namespace moerr::proxy {
 absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, int64_t step) {
   MOERR_ASSIGN_OR_RETURN(std::unique_ptr<moe::GrpoTrainer> trainer, replayer::LoadTrainer(reader, step));
   MOERR_ASSIGN_OR_RETURN(formats::Trace trace, formats::ReadTrace(reader, step));
+  return LoadStepBundle(reader, step, *trainer, trace);
+}
+
+absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, int64_t step,
+                                          const moe::GrpoTrainer& trainer, const formats::Trace& trace) {
   StepBundle b;
   b.step = step;
-  b.config = trainer->policy()->config();
-  b.options = trainer->options();
-  b.state = trainer->SaveState();
+  b.config = trainer.policy()->config();
+  b.options = trainer.options();
+  b.state = trainer.SaveState();
   for (auto& [name, t] : b.state.tensors) t = t.detach().clone();
   for (const formats::RoutingRecord& r : trace.routing) {
     RoutingEntry e{r.layer, r.micro_batch, {}, {}};

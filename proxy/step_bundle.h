@@ -36,6 +36,9 @@ struct StepBundle {
 };
 
 absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, int64_t step);
+// The same from a trainer LoadTrainer made of that step and its trace.
+absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, int64_t step,
+                                          const moe::GrpoTrainer& trainer, const formats::Trace& trace);
 // `annotations`: step-less extras ("proxy": how it was made).
 absl::Status WriteStepBundle(const StepBundle& bundle, const std::string& path,
                              const llvm::json::Object& annotations = {});

@@ -206,13 +206,11 @@ TEST(ProxyTest, ExpertOverflowReproducesInTheProxy) {
   EXPECT_EQ(absl::StrFormat("model.layers.%d.mlp.experts.%d", report.implicated[0].first, report.implicated[0].second),
             injected.module);
   auto proxy = formats::BundleReader::Open(report.bundle).value();
-  replayer::ModelReplayOptions replay;
-  replay.record_path = dir.File("replay.moerr");
-  const replayer::ModelReplayReport replayed = replayer::ReplayModelStep(*proxy, report.step, replay).value();
-  EXPECT_FALSE(replayed.metrics.finite);
-  auto recording = formats::BundleReader::Open(replay.record_path).value();
-  const formats::Trace trace = formats::ReadTrace(*recording, report.step).value();
-  const auto first = analysis::FindFirstOverflow(trace);
+  moe::StepMetrics metrics;
+  const testing::ModelReplayed replayed =
+      testing::ModelReplayToTrace(*proxy, report.step, dir.File("replay.moerr"), &metrics);
+  EXPECT_FALSE(metrics.finite);
+  const auto first = analysis::FindFirstOverflow(replayed.trace);
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(first->op->phase, formats::Phase::kForward);
   EXPECT_NE(first->op->module.find(".mlp.experts."), std::string::npos) << first->op->module;
@@ -237,12 +235,8 @@ TEST(ReduceTest, ShrinksAFailingStepAndKeepsItsFailure) {
   EXPECT_LT(report.after.params, report.before.params);
   EXPECT_LE(report.after.experts, report.before.experts / 2);
   auto small = formats::BundleReader::Open(options.out_path).value();
-  replayer::ModelReplayOptions replay;
-  replay.record_path = dir.File("replay.moerr");
-  ASSERT_TRUE(replayer::ReplayModelStep(*small, report.step, replay).ok());
-  auto recording = formats::BundleReader::Open(replay.record_path).value();
-  const formats::Trace trace = formats::ReadTrace(*recording, report.step).value();
-  const auto first = analysis::FindFirstOverflow(trace);  // points into `trace`
+  const testing::ModelReplayed replayed = testing::ModelReplayToTrace(*small, report.step, dir.File("replay.moerr"));
+  const auto first = analysis::FindFirstOverflow(replayed.trace);  // points into `replayed.trace`
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(analysis::ModuleClass(first->op->module), "model.layers.mlp.experts");
 
@@ -271,12 +265,9 @@ TEST(ReduceTest, KeepsALintWarningWhenNothingOverflows) {
   EXPECT_EQ(report.failure.kind, "optimizer-hazards");
   EXPECT_LT(report.after.params, report.before.params);
   auto small = formats::BundleReader::Open(options.out_path).value();
-  replayer::ModelReplayOptions replay;
-  replay.record_path = dir.File("replay.moerr");
-  ASSERT_TRUE(replayer::ReplayModelStep(*small, report.step, replay).ok());
-  auto recording = formats::BundleReader::Open(replay.record_path).value();
-  const formats::Trace trace = formats::ReadTrace(*recording, report.step).value();
-  analysis::LintInput input{analysis::StepView{recording.get(), "", report.step, &trace}, std::nullopt};
+  const testing::ModelReplayed replayed = testing::ModelReplayToTrace(*small, report.step, dir.File("replay.moerr"));
+  analysis::LintInput input{
+      analysis::StepView{replayed.recording.get(), "", report.step, &replayed.trace}, std::nullopt};
   const std::vector<analysis::Finding> findings = analysis::RunChecks(input, {"optimizer-hazards"}).value();
   ASSERT_FALSE(findings.empty());
   EXPECT_EQ(findings.front().severity, analysis::Severity::kWarning);

@@ -65,4 +65,18 @@ std::unique_ptr<formats::BundleReader> RecordFaultyStep(const std::string& path,
   return Record(path, policy, reference, options, mode, steps, /*seed=*/7, finite);
 }
 
+ModelReplayed ModelReplayToTrace(const formats::BundleReader& bundle, int64_t step, const std::string& path,
+                                 moe::StepMetrics* metrics) {
+  replayer::ModelReplayOptions options;
+  options.record_path = path;
+  options.overwrite = true;
+  auto report = replayer::ReplayModelStep(bundle, step, options);
+  EXPECT_TRUE(report.ok()) << report.status();
+  if (report.ok() && metrics != nullptr) *metrics = report->metrics;
+  ModelReplayed out;
+  out.recording = formats::BundleReader::Open(path).value();
+  out.trace = formats::ReadTrace(*out.recording, step).value();
+  return out;
+}
+
 }  // namespace moerr::testing

@@ -5,6 +5,8 @@
 #include <string>
 
 #include "formats/bundle_reader.h"
+#include "formats/trace.h"
+#include "moe/grpo_trainer.h"
 #include "moe/fault.h"
 #include "moe/numerics.h"
 #include "recorder/op_tracer.h"
@@ -22,5 +24,14 @@ std::unique_ptr<formats::BundleReader> RecordTinySteps(const std::string& path, 
 std::unique_ptr<formats::BundleReader> RecordFaultyStep(const std::string& path, moe::FaultKind kind,
                                                         recorder::CaptureMode mode, moe::InjectedFault& fault,
                                                         bool& finite, int64_t warmup_steps = 0, int steps = 1);
+
+// Step `step` of `bundle` model-replayed and recorded at `path`: the
+// recording and its trace (the replay's metrics in `metrics`, if given).
+struct ModelReplayed {
+  std::unique_ptr<formats::BundleReader> recording;
+  formats::Trace trace;
+};
+ModelReplayed ModelReplayToTrace(const formats::BundleReader& bundle, int64_t step, const std::string& path,
+                                 moe::StepMetrics* metrics = nullptr);
 
 }  // namespace moerr::testing
