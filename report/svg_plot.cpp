@@ -20,7 +20,9 @@ std::vector<double> Ticks(double lo, double hi, int n) {
   const double raw = (hi - lo) / n, mag = std::pow(10.0, std::floor(std::log10(raw)));
   const double step = mag * (raw / mag < 1.5 ? 1 : raw / mag < 3.5 ? 2 : raw / mag < 7.5 ? 5 : 10);
   std::vector<double> out;
-  for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push_back(v);
+  const double first = std::ceil(lo / step) * step;
+  // Counted, not accumulated: a step below the values' precision cannot loop.
+  for (int i = 0; i <= 4 * n && first + i * step <= hi + step * 1e-9; ++i) out.push_back(first + i * step);
   return out;
 }
 
