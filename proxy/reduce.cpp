@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "analysis/check.h"
 #include "analysis/first_overflow.h"
@@ -48,7 +49,8 @@ absl::StatusOr<std::vector<analysis::Finding>> Warnings(const formats::BundleRea
 }
 
 ReduceFailure FindingFailure(const analysis::Finding& f) {
-  return {f.check, f.phase, analysis::ModuleClass(f.where),
+  // "layer 3" -> "layer", a module path -> its class; "(no module)" stays.
+  return {f.check, f.phase, absl::StartsWith(f.where, "(") ? f.where : analysis::ModuleClass(f.where),
           absl::StrFormat("%s %s in %s: %s", analysis::SeverityName(f.severity), f.check, f.where, f.message)};
 }
 
@@ -62,8 +64,8 @@ struct Located {
   ReduceFailure failure;
   std::vector<std::pair<int64_t, int64_t>> experts;
 };
-absl::StatusOr<std::optional<Located>> FindFailure(const formats::BundleReader& reader, int64_t step) {
-  MOERR_ASSIGN_OR_RETURN(formats::Trace trace, formats::ReadTrace(reader, step));
+absl::StatusOr<std::optional<Located>> FindFailure(const formats::BundleReader& reader, int64_t step,
+                                                   const formats::Trace& trace) {
   if (const auto first = analysis::FindFirstOverflow(trace)) {
     Located out;
     out.failure = {"overflow", std::string(formats::PhaseName(first->op->phase)),
@@ -111,9 +113,33 @@ absl::StatusOr<ReduceReport> Reduce(const formats::BundleReader& reader, const R
   }
   const auto start = std::chrono::steady_clock::now();
   ReduceReport report;
+  // Writes `b` as a bundle, model-replays it, and opens the replay's recording.
+  const std::string candidate_path = options.work_dir + "/candidate.moerr";
+  auto replay = [&](const StepBundle& b) -> absl::StatusOr<std::unique_ptr<formats::BundleReader>> {
+    MOERR_RETURN_IF_ERROR(WriteStepBundle(b, candidate_path));
+    MOERR_ASSIGN_OR_RETURN(auto cand_reader, formats::BundleReader::Open(candidate_path));
+    replayer::ModelReplayOptions replay_options;
+    replay_options.record_path = options.work_dir + "/replay.moerr";
+    replay_options.overwrite = true;
+    MOERR_RETURN_IF_ERROR(replayer::ReplayModelStep(*cand_reader, b.step, replay_options).status());
+    return formats::BundleReader::Open(replay_options.record_path);
+  };
+
+  // The failure: the first step that fails. A step without ops (a proxy's,
+  // or an earlier reduction's) fails as its model replay does.
   std::optional<Located> found;
+  std::optional<StepBundle> current;
   for (int64_t step : options.step >= 0 ? std::vector<int64_t>{options.step} : reader.CompleteSteps()) {
-    MOERR_ASSIGN_OR_RETURN(found, FindFailure(reader, step));
+    MOERR_ASSIGN_OR_RETURN(formats::Trace trace, formats::ReadTrace(reader, step));
+    if (trace.ops.empty()) {
+      MOERR_ASSIGN_OR_RETURN(current, LoadStepBundle(reader, step));
+      MOERR_ASSIGN_OR_RETURN(auto replayed, replay(*current));
+      MOERR_ASSIGN_OR_RETURN(trace, formats::ReadTrace(*replayed, step));
+      MOERR_ASSIGN_OR_RETURN(found, FindFailure(*replayed, step, trace));
+    } else {
+      MOERR_ASSIGN_OR_RETURN(found, FindFailure(reader, step, trace));
+      current.reset();
+    }
     if (found) {
       report.step = step;
       break;
@@ -126,21 +152,15 @@ absl::StatusOr<ReduceReport> Reduce(const formats::BundleReader& reader, const R
                           : "no recorded step fails: none has an overflow or a lint warning");
   }
   report.failure = found->failure;
+  if (!current) {
+    MOERR_ASSIGN_OR_RETURN(current, LoadStepBundle(reader, report.step));
+  }
+  current->implicated = found->experts;
+  report.before = SizeOf(*current);
 
-  MOERR_ASSIGN_OR_RETURN(StepBundle current, LoadStepBundle(reader, report.step));
-  current.implicated = found->experts;
-  report.before = SizeOf(current);
-
-  const std::string candidate_path = options.work_dir + "/candidate.moerr";
   auto same_failure = [&](const StepBundle& candidate) -> absl::StatusOr<bool> {
     ++report.tried;
-    MOERR_RETURN_IF_ERROR(WriteStepBundle(candidate, candidate_path));
-    MOERR_ASSIGN_OR_RETURN(auto cand_reader, formats::BundleReader::Open(candidate_path));
-    replayer::ModelReplayOptions replay;
-    replay.record_path = options.work_dir + "/replay.moerr";
-    replay.overwrite = true;
-    MOERR_RETURN_IF_ERROR(replayer::ReplayModelStep(*cand_reader, candidate.step, replay).status());
-    MOERR_ASSIGN_OR_RETURN(auto replayed, formats::BundleReader::Open(replay.record_path));
+    MOERR_ASSIGN_OR_RETURN(auto replayed, replay(candidate));
     return Reproduces(*replayed, candidate.step, report.failure);
   };
 
@@ -148,7 +168,7 @@ absl::StatusOr<ReduceReport> Reduce(const formats::BundleReader& reader, const R
   for (bool progressed = true; progressed;) {
     progressed = false;
     for (const auto& pass : passes) {
-      for (Candidate& candidate : pass->Propose(current)) {
+      for (Candidate& candidate : pass->Propose(*current)) {
         if (progress) progress(report.tried, std::string(pass->name()));
         MOERR_ASSIGN_OR_RETURN(bool same, same_failure(candidate.bundle));
         if (!same) continue;
@@ -159,8 +179,8 @@ absl::StatusOr<ReduceReport> Reduce(const formats::BundleReader& reader, const R
       }
     }
   }
-  MOERR_RETURN_IF_ERROR(WriteStepBundle(current, options.out_path));
-  report.after = SizeOf(current);
+  MOERR_RETURN_IF_ERROR(WriteStepBundle(*current, options.out_path));
+  report.after = SizeOf(*current);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
 }

@@ -9,7 +9,8 @@
 //     error: lost update, collapsed load, mixed precisions): the replayed
 //     step raises a warning of the same check in the same phase and module
 //     class.
-// Passes repeat until none makes progress.
+// Passes repeat until none makes progress. A step without recorded ops (a
+// proxy's, or an earlier reduction's) fails as its own model replay does.
 #pragma once
 
 #include <functional>

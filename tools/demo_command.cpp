@@ -414,7 +414,9 @@ void AddDemoCommand(CLI::App& app, int& exit_code) {
       "salvage a killed recording");
   cmd->add_option("--dir", opts->dir, "Working directory for the demo's files (the warm-up is cached in DIR/cache)")
       ->capture_default_str();
-  cmd->add_option("--preset", opts->preset, "Model size: tiny, small, wide")->capture_default_str();
+  cmd->add_option("--preset", opts->preset, "Model size: tiny, small, wide")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"tiny", "small", "wide"}));
   cmd->add_option("--dynamics-steps", opts->dynamics_steps, "Healthy RL steps compared, original against proxy")
       ->capture_default_str()
       ->check(CLI::Range(3, 1000));

@@ -214,6 +214,15 @@ TEST(ProxyTest, ExpertOverflowReproducesInTheProxy) {
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(first->op->phase, formats::Phase::kForward);
   EXPECT_NE(first->op->module.find(".mlp.experts."), std::string::npos) << first->op->module;
+
+  // The proxy bundle records no ops; reduce finds its failure by replaying it.
+  ReduceOptions reduce;
+  reduce.out_path = dir.File("small.moerr");
+  reduce.work_dir = dir.File("work");
+  const ReduceReport reduced = Reduce(*proxy, reduce).value();
+  EXPECT_EQ(reduced.failure.kind, "overflow");
+  EXPECT_EQ(reduced.failure.module_class, "model.layers.mlp.experts");
+  EXPECT_LE(reduced.after.params, reduced.before.params);
 }
 
 // reduce: the expert-overflow step shrinks (experts, layers, prompts) and
