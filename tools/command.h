@@ -18,6 +18,10 @@ inline constexpr int kExitError = 2;
 // Prints "moerr: error: <message>" to stderr and returns kExitError.
 int ReportError(const absl::Status& status);
 
+// AlreadyExists when `path` exists and `force` is not set: an output a
+// command would overwrite.
+absl::Status CheckOverwrite(const std::string& path, bool force);
+
 // Each sets `exit_code` when its subcommand runs.
 void AddInspectCommand(CLI::App& app, int& exit_code);
 void AddVerifyCommand(CLI::App& app, int& exit_code);

@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <filesystem>
 
 #include "tools/command.h"
 
@@ -7,6 +8,11 @@ namespace moerr::tools {
 int ReportError(const absl::Status& status) {
   std::fprintf(stderr, "moerr: error: %s\n", std::string(status.message()).c_str());
   return kExitError;
+}
+
+absl::Status CheckOverwrite(const std::string& path, bool force) {
+  if (force || !std::filesystem::exists(path)) return absl::OkStatus();
+  return absl::AlreadyExistsError(path + " exists; pass --force to overwrite it");
 }
 
 }  // namespace moerr::tools

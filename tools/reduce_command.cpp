@@ -87,8 +87,8 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--force", opts->force, "Overwrite an existing output bundle");
   cmd->add_flag("--json", opts->json, "Print the report as JSON");
   cmd->callback([opts, &exit_code] {
-    if (std::filesystem::exists(opts->out) && !opts->force) {
-      exit_code = ReportError(absl::AlreadyExistsError(opts->out + " exists; pass --force to overwrite it"));
+    if (absl::Status s = CheckOverwrite(opts->out, opts->force); !s.ok()) {
+      exit_code = ReportError(s);
       return;
     }
     auto reader = formats::BundleReader::Open(opts->bundle);

@@ -1,5 +1,4 @@
 #include <cstdio>
-#include <filesystem>
 
 #include "absl/strings/str_format.h"
 #include "formats/bundle_reader.h"
@@ -25,8 +24,8 @@ void AddReportCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--step", opts->steps, "Steps to report (default: every complete step)");
   cmd->add_flag("--force", opts->force, "Overwrite an existing report");
   cmd->callback([opts, &exit_code] {
-    if (std::filesystem::exists(opts->out) && !opts->force) {
-      exit_code = ReportError(absl::AlreadyExistsError(opts->out + " exists; pass --force to overwrite it"));
+    if (absl::Status s = CheckOverwrite(opts->out, opts->force); !s.ok()) {
+      exit_code = ReportError(s);
       return;
     }
     auto reader = formats::BundleReader::Open(opts->bundle);
