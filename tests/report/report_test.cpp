@@ -1,6 +1,6 @@
-// The HTML report: plots escape their text and leave gaps for what cannot be
-// drawn; a step's section marks the first overflow the analysis finds and
-// draws one dot per op of the headroom profile; the page is written whole.
+// The HTML report: a step's section marks the first overflow the analysis
+// finds and draws one dot per op of the headroom profile; the page is
+// written whole. (The plots alone: svg_plot_test.cpp.)
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -13,7 +13,6 @@
 #include "report/html_report.h"
 #include "report/step_figures.h"
 #include "report/step_section.h"
-#include "report/svg_plot.h"
 #include "tests/replayer/recording.h"
 
 namespace moerr::report {
@@ -23,31 +22,6 @@ size_t Occurrences(const std::string& s, const std::string& what) {
   size_t n = 0;
   for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
   return n;
-}
-
-TEST(SvgPlotTest, EscapesTextAndBreaksLinesAtNaN) {
-  LinePlot plot;
-  plot.title = "a < b & \"c\"";
-  plot.series.push_back(Series{"s", {0, 1, 2, 3, 4}, {1, 2, NAN, 3, 4}, "", false});
-  const std::string svg = plot.ToSvg();
-  EXPECT_TRUE(absl::StrContains(svg, "a &lt; b &amp; &quot;c&quot;"));
-  EXPECT_FALSE(absl::StrContains(svg, "a < b"));
-  // Two runs of the line: each starts with a move.
-  const size_t path = svg.find("<path d=\"");
-  ASSERT_NE(path, std::string::npos);
-  EXPECT_EQ(Occurrences(svg.substr(path, svg.find('"', path + 9) - path), "M"), 2u);
-}
-
-TEST(SvgPlotTest, HeatmapColoursCategoriesAndCarriesTooltips) {
-  Heatmap map;
-  map.rows = {"layer 0"};
-  map.cols = {"0", "1", "2"};
-  map.category = {{0, 0, 1}};
-  map.tooltip = {{"a", "b", "c"}};
-  const std::string svg = map.ToSvg();
-  EXPECT_EQ(Occurrences(svg, "fill=\"#1f77b4\""), 2u);  // category 0
-  EXPECT_EQ(Occurrences(svg, "fill=\"#d62728\""), 1u);  // category 1
-  EXPECT_EQ(Occurrences(svg, "<title>"), 3u);
 }
 
 TEST(StepSectionTest, MarksTheFirstOverflowAndDrawsEveryOp) {
