@@ -11,6 +11,18 @@
 #include "support/check.h"
 
 namespace moerr::analysis {
+namespace {
+
+// Output `id` of `op` when `op` produced it (not an input it returned) and
+// its values are initialised; else nullptr.
+const formats::TensorMeta* ProducedValues(const formats::Trace& trace, const formats::OpEvent& op, uint64_t id,
+                                          const absl::flat_hash_set<uint64_t>& uninitialised) {
+  const formats::TensorMeta* meta = id ? trace.Find(id) : nullptr;
+  if (meta == nullptr || meta->producer != static_cast<int64_t>(op.seq) || uninitialised.contains(id)) return nullptr;
+  return meta;
+}
+
+}  // namespace
 
 double DTypeMax(formats::DType dtype) {
   switch (dtype) {
@@ -40,11 +52,8 @@ std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, cons
   auto trend_point = [&](size_t j, double limit) -> std::optional<HeadroomPoint> {
     const formats::OpEvent& op = trace.ops[j];
     for (uint64_t out : op.outputs) {
-      const formats::TensorMeta* m = out ? trace.Find(out) : nullptr;
-      if (m == nullptr || m->producer != static_cast<int64_t>(op.seq) || uninitialised.contains(out) ||
-          m->fingerprint.abs_max <= 0) {
-        continue;
-      }
+      const formats::TensorMeta* m = ProducedValues(trace, op, out, uninitialised);
+      if (m == nullptr || m->fingerprint.abs_max <= 0) continue;
       return HeadroomPoint{j, &op, m->fingerprint.abs_max, std::log2(limit / m->fingerprint.abs_max)};
     }
     return std::nullopt;
@@ -66,8 +75,8 @@ std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, cons
     }
     if (!inputs_finite) continue;
     for (uint64_t id : op.outputs) {
-      const formats::TensorMeta* meta = id ? trace.Find(id) : nullptr;
-      if (meta == nullptr || meta->producer != static_cast<int64_t>(op.seq) || uninitialised.contains(id)) continue;
+      const formats::TensorMeta* meta = ProducedValues(trace, op, id, uninitialised);
+      if (meta == nullptr) continue;
       const double limit = options.limit > 0 ? options.limit : DTypeMax(meta->dtype);
       const bool beyond = options.fraction > 0 && meta->fingerprint.abs_max > options.fraction * limit;
       if (meta->fingerprint.Finite() && !beyond) continue;
@@ -98,8 +107,8 @@ std::vector<HeadroomPoint> HeadroomProfile(const formats::Trace& trace, double l
     const formats::OpEvent& op = trace.ops[i];
     std::optional<HeadroomPoint> least;
     for (uint64_t id : op.outputs) {
-      const formats::TensorMeta* m = id ? trace.Find(id) : nullptr;
-      if (m == nullptr || m->producer != static_cast<int64_t>(op.seq) || uninitialised.contains(id)) continue;
+      const formats::TensorMeta* m = ProducedValues(trace, op, id, uninitialised);
+      if (m == nullptr) continue;
       const formats::Fingerprint& f = m->fingerprint;
       const double bits = !f.Finite() ? -std::numeric_limits<double>::infinity()
                           : f.abs_max > 0 ? std::log2(limit / f.abs_max)
@@ -131,8 +140,8 @@ std::vector<PredictedOverflow> PredictOverflows(const formats::Trace& trace, for
   for (size_t i = 0; i < trace.ops.size(); ++i) {
     const formats::OpEvent& op = trace.ops[i];
     for (uint64_t id : op.outputs) {
-      const formats::TensorMeta* meta = id ? trace.Find(id) : nullptr;
-      if (meta == nullptr || meta->producer != static_cast<int64_t>(op.seq) || uninitialised.contains(id)) continue;
+      const formats::TensorMeta* meta = ProducedValues(trace, op, id, uninitialised);
+      if (meta == nullptr) continue;
       const bool wider = meta->dtype == formats::DType::kF32 || meta->dtype == formats::DType::kF64 ||
                          (format == formats::DType::kF16 && meta->dtype == formats::DType::kBF16);
       const uint64_t count =

@@ -72,15 +72,12 @@ TEST(ModelReplayTest, AFaultyStepFailsAtTheSameOp) {
   auto reader = testing::RecordFaultyStep(dir.File("f.moerr"), moe::FaultKind::kExpertOverflow,
                                           recorder::CaptureMode::kReplayable, injected, finite);
   ASSERT_FALSE(finite);
-  ModelReplayOptions options;
-  options.record_path = dir.File("replay.moerr");
-  auto report = ReplayModelStep(*reader, 0, options);
-  ASSERT_TRUE(report.ok()) << report.status();
-  EXPECT_FALSE(report->metrics.finite);
-  auto replay = formats::BundleReader::Open(options.record_path).value();
-  const auto recorded = analysis::FindFirstOverflow(formats::ReadTrace(*reader, 0).value());
-  const formats::Trace replayed_trace = formats::ReadTrace(*replay, 0).value();
-  const auto replayed = analysis::FindFirstOverflow(replayed_trace);
+  moe::StepMetrics metrics;
+  const testing::ModelReplayed replay = testing::ModelReplayToTrace(*reader, 0, dir.File("replay.moerr"), &metrics);
+  EXPECT_FALSE(metrics.finite);
+  const formats::Trace recorded_trace = formats::ReadTrace(*reader, 0).value();
+  const auto recorded = analysis::FindFirstOverflow(recorded_trace);
+  const auto replayed = analysis::FindFirstOverflow(replay.trace);
   ASSERT_TRUE(recorded && replayed);
   EXPECT_EQ(replayed->op_index, recorded->op_index);
   EXPECT_EQ(replayed->op->module, injected.module);
