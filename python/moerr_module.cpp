@@ -38,6 +38,15 @@ void Check(const absl::Status& s) {
   if (!s.ok()) Raise(s);
 }
 
+// Recorder calls that wait for the tracer's worker thread run without the
+// GIL: the worker may drop the last reference to a tensor Python knew, which
+// takes the GIL.
+template <typename F>
+auto WithoutGil(F f) {
+  py::gil_scoped_release no_gil;
+  return f();
+}
+
 template <typename T>
 T Take(absl::StatusOr<T> v) {
   if (!v.ok()) Raise(v.status());
@@ -69,8 +78,18 @@ class PyRecorder {
     rec_ = Take(recorder::Recorder::Start(options));
   }
 
-  void StepBegin(int64_t step) { Check(Live().StepBegin(step)); }
-  void StepEnd(int64_t step, double loss, double grad_norm) { Check(Live().StepEnd(step, {loss, grad_norm})); }
+  ~PyRecorder() {
+    if (rec_) WithoutGil([&] { rec_.reset(); });  // stops, logging errors
+  }
+
+  void StepBegin(int64_t step) {
+    recorder::Recorder& rec = Live();
+    Check(WithoutGil([&] { return rec.StepBegin(step); }));
+  }
+  void StepEnd(int64_t step, double loss, double grad_norm) {
+    recorder::Recorder& rec = Live();
+    Check(WithoutGil([&] { return rec.StepEnd(step, {loss, grad_norm}); }));
+  }
   void Annotate(const std::string& key, const std::string& json) { Check(Live().Annotate(key, ParseJson(json))); }
   void AnnotateStep(const std::string& key, const std::string& json) {
     Check(Live().AnnotateStep(key, ParseJson(json)));
@@ -83,12 +102,13 @@ class PyRecorder {
         (logits.defined() && (logits.dim() != 2 || logits.size(0) != ids.size(0)))) {
       Raise(absl::InvalidArgumentError("routing: topk_ids and topk_weights [T, k], logits [T, E] or None"));
     }
-    Live().OnRouting({layer, ids, weights, logits, hidden});
+    recorder::Recorder& rec = Live();
+    WithoutGil([&] { rec.OnRouting({layer, ids, weights, logits, hidden}); });
   }
   std::vector<int64_t> Written() const { return rec_ ? rec_->written_steps() : written_; }
   void Stop() {
     if (!rec_) return;
-    const absl::Status s = rec_->Stop();
+    const absl::Status s = WithoutGil([&] { return rec_->Stop(); });
     written_ = rec_->written_steps();
     rec_.reset();
     Check(s);

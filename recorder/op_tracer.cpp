@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/SequenceNumber.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/core/function_schema.h>
 
 #include <algorithm>
 #include <atomic>
@@ -36,6 +37,7 @@ struct ThreadState {
   // the node (accumulating that node's gradients) are attributed to it.
   std::vector<int64_t> evaluating;
   uint32_t thread = 0;
+  absl::flat_hash_set<const char*> operators;  // see IsOperator
 };
 
 ThreadState& State() {
@@ -59,6 +61,8 @@ struct OpContext : at::ObserverContext {
 };
 
 constexpr const char kEvaluateFunction[] = "autograd::engine::evaluate_function";
+// Tensor bytes the worker may hold before the traced thread waits for it.
+constexpr size_t kWorkerBytes = size_t{1} << 30;
 
 std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& fn) {
   OpTracer* t = g_tracer.load(std::memory_order_acquire);
@@ -68,6 +72,17 @@ std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& f
 void EndTrampoline(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   OpTracer* t = g_tracer.load(std::memory_order_acquire);
   if (t) t->OnEnd(fn, ctx);
+}
+
+// Whether `fn` runs a dispatcher op (not a named record). An op's name() is
+// its schema's, a pointer that lives as long as the process, so the answer
+// is kept per pointer; a named record's name lives in the record, so only
+// ops are kept (operator_name() copies two strings: too slow for every op).
+bool IsOperator(ThreadState& st, const at::RecordFunction& fn) {
+  if (st.operators.contains(fn.name())) return true;
+  if (!fn.operator_name()) return false;
+  st.operators.insert(fn.name());
+  return true;
 }
 
 bool Contains(const std::vector<std::string>& scopes, const char* name) {
@@ -109,7 +124,7 @@ std::string CaptureModeName(CaptureMode mode) {
 }
 
 OpTracer::OpTracer(CaptureMode mode, TraceSink* sink, size_t batch_ops)
-    : mode_(mode), sink_(sink), batch_ops_(std::max<size_t>(1, batch_ops)) {
+    : mode_(mode), sink_(sink), batch_ops_(std::max<size_t>(1, batch_ops)), worker_(sink, kWorkerBytes) {
   OpTracer* expected = nullptr;
   MOERR_CHECK(g_tracer.compare_exchange_strong(expected, this)) << "only one OpTracer may be active";
   handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&StartTrampoline, &EndTrampoline)
@@ -132,13 +147,15 @@ void OpTracer::set_enabled(bool on) {
 
 void OpTracer::NewStep() {
   std::lock_guard<std::mutex> lock(mu_);
+  FlushLocked();
+  worker_.NewStep();
+  step_first_id_ = next_id_;
   node_ranges_.clear();
   // A step is replayed on its own: whatever it reads from an earlier step is
   // a leaf of this one.
   known_.clear();
   aliases_.clear();
   storages_.clear();
-  fingerprints_.clear();
   unfilled_.clear();
 }
 
@@ -170,13 +187,16 @@ void OpTracer::NameTensors(const std::vector<std::pair<std::string, at::Tensor>>
 }
 
 void OpTracer::Flush() {
-  std::lock_guard<std::mutex> lock(mu_);
-  FlushLocked();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    FlushLocked();
+  }
+  worker_.Drain();
 }
 
 void OpTracer::FlushLocked() {
   if (pending_.ops.empty() && pending_.tensors.empty()) return;
-  sink_->OnOps(std::move(pending_));
+  worker_.AddBatch(std::move(pending_));
   pending_ = formats::OpBatch();
 }
 
@@ -186,7 +206,7 @@ uint64_t OpTracer::ops_recorded() const {
 }
 
 uint64_t OpTracer::NewTensor(const at::Tensor& t, int64_t producer, std::string leaf_name, formats::Role role,
-                             uint64_t view_of, const KnownFingerprint* derived) {
+                             uint64_t view_of, const ViewSource* derive_from) {
   const uint64_t id = next_id_++;
   formats::TensorMeta meta;
   meta.id = id;
@@ -196,16 +216,20 @@ uint64_t OpTracer::NewTensor(const at::Tensor& t, int64_t producer, std::string 
   meta.shape = t.sizes().vec();
   meta.strides = t.strides().vec();
   meta.storage_offset = t.storage_offset();
-  meta.fingerprint = derived ? derived->fingerprint : ComputeFingerprint(t);
-  fingerprints_.insert_or_assign(id, KnownFingerprint{meta.fingerprint, derived ? derived->real_hash : true});
   meta.producer = producer;
   meta.view_of = view_of;
-  if (!leaf_name.empty()) {
-    meta.leaf = leaf_name;
-    at::DisableRecordFunctionGuard no_record;
-    sink_->OnTensorBytes(std::move(leaf_name), role, t.detach().clone());
+  meta.leaf = leaf_name;
+  pending_.tensors.push_back(std::move(meta));  // the worker fills in the fingerprint
+  TraceWorker::Job job;
+  job.id = id;
+  job.tensor = t;
+  if (derive_from != nullptr) {
+    job.base = derive_from->id;
+    job.source = *derive_from;
   }
-  pending_.tensors.push_back(std::move(meta));
+  job.capture = std::move(leaf_name);
+  job.role = role;
+  worker_.Add(std::move(job));
   known_.insert_or_assign(t.unsafeGetTensorImpl(),
                           Known{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()),
                                 static_cast<uint32_t>(t._version()), id});
@@ -275,12 +299,9 @@ uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const std::st
   // A dense view of exactly an input's elements: the same values, so the
   // same statistics, without a copy or a pass (fingerprint.h).
   if (mode_ != CaptureMode::kFull) {
-    if (const ViewSource* in = ViewedInput(t, inputs)) {
-      auto fp = fingerprints_.find(in->id);
-      if (fp != fingerprints_.end()) {
-        const KnownFingerprint derived = DeriveViewFingerprint(fp->second, *in, t);
-        return NewTensor(t, producer, "", formats::Role::kActivation, in->id, &derived);
-      }
+    const ViewSource* in = ViewedInput(t, inputs);
+    if (in != nullptr && in->id >= step_first_id_) {
+      return NewTensor(t, producer, "", formats::Role::kActivation, in->id, in);
     }
   }
   std::string name;
@@ -342,6 +363,18 @@ formats::OpArg OpTracer::ToArg(const c10::IValue& v, bool in_optimizer, bool in_
   return a;
 }
 
+const std::vector<bool>& OpTracer::WrittenArgs(const at::RecordFunction& fn) {
+  auto [it, inserted] = written_args_.try_emplace(fn.name());
+  if (inserted) {
+    if (const c10::optional<c10::FunctionSchema> schema = fn.operator_schema()) {
+      for (const c10::Argument& arg : schema->arguments()) {
+        it->second.push_back(arg.alias_info() != nullptr && arg.alias_info()->isWrite());
+      }
+    }
+  }
+  return it->second;
+}
+
 std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction& fn) {
   ThreadState& st = State();
   switch (fn.scope()) {
@@ -354,7 +387,7 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
     default: break;
   }
   const bool backward_call = st.depth == 0 && std::strcmp(fn.name(), "aten::_backward") == 0;
-  if (backward_call || !fn.operator_name()) {
+  if (backward_call || !IsOperator(st, fn)) {
     auto ctx = std::make_unique<OpContext>();
     ctx->transparent = true;
     ctx->backward = backward_call || std::strncmp(fn.name(), kEvaluateFunction, sizeof(kEvaluateFunction) - 1) == 0;
@@ -406,7 +439,19 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   writes_first_ = !op.name.empty() && op.name.back() == '_';
   writes_any_ = op.overload.find("out") != std::string::npos;
   tensor_args_ = 0;
-  for (const c10::IValue& v : fn.inputs()) op.args.push_back(ToArg(v, in_optimizer, in_batch, in_backward, ctx->sources));
+  const auto inputs = fn.inputs();
+  for (const c10::IValue& v : inputs) op.args.push_back(ToArg(v, in_optimizer, in_batch, in_backward, ctx->sources));
+  // The worker may still have to read what this op overwrites (the leaves
+  // just named included).
+  const std::vector<bool>& written = WrittenArgs(fn);
+  for (size_t i = 0; i < inputs.size() && i < written.size(); ++i) {
+    if (!written[i]) continue;
+    if (inputs[i].isTensor()) {
+      worker_.BeforeWrite(inputs[i].toTensor());
+    } else if (inputs[i].isTensorList()) {
+      for (const at::Tensor& t : inputs[i].toTensorVector()) worker_.BeforeWrite(t);
+    }
+  }
   return ctx;
 }
 

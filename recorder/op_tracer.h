@@ -1,7 +1,9 @@
 // The op tracer: a global at::RecordFunction observer that records the
 // outermost ATen op on each thread, in forward, backward and optimizer, as an
 // OpEvent (DESIGN.md, "The trace"). Inputs are read in the start callback,
-// outputs in the end callback.
+// outputs in the end callback. Fingerprints, byte captures and the hand-off
+// to the sink run on a TraceWorker thread; an op that writes a tensor first
+// waits until the worker has read it.
 //
 // Tensor ids follow TensorImpl identity and version counter. The tracer holds
 // a weak reference to each TensorImpl it has named, so a freed address that
@@ -31,6 +33,7 @@
 #include "formats/bundle_index.h"
 #include "formats/trace.h"
 #include "recorder/fingerprint.h"
+#include "recorder/trace_worker.h"
 
 namespace moerr::recorder {
 
@@ -62,7 +65,7 @@ class OpTracer {
   void NewStep();
   // Names parameters' leaves "param/<name>" instead of "leaf/<id>".
   void NameTensors(const std::vector<std::pair<std::string, at::Tensor>>& named);
-  // Hands the pending ops to the sink.
+  // Hands the pending ops to the sink; returns once the sink has them.
   void Flush();
   uint64_t ops_recorded() const;
 
@@ -111,8 +114,11 @@ class OpTracer {
   uint64_t InputId(const at::Tensor& t, bool in_optimizer, bool in_batch, bool in_backward);
   uint64_t OutputId(const at::Tensor& t, int64_t producer, const std::string& op_name,
                     const std::vector<ViewSource>& inputs);
+  // `derive_from`: `t` is a dense view of exactly that input's elements.
   uint64_t NewTensor(const at::Tensor& t, int64_t producer, std::string leaf_name, formats::Role role,
-                     uint64_t view_of = 0, const KnownFingerprint* derived = nullptr);
+                     uint64_t view_of = 0, const ViewSource* derive_from = nullptr);
+  // Which arguments of the op `fn` runs it may write (alias annotations).
+  const std::vector<bool>& WrittenArgs(const at::RecordFunction& fn);
   formats::OpArg ToArg(const c10::IValue& v, bool in_optimizer, bool in_batch, bool in_backward,
                        std::vector<ViewSource>& sources);
   void FlushLocked();
@@ -130,7 +136,7 @@ class OpTracer {
   absl::flat_hash_map<const c10::TensorImpl*, Known> known_;
   absl::flat_hash_map<AliasKey, KnownAlias> aliases_;
   absl::flat_hash_map<const void*, KnownStorage> storages_;
-  absl::flat_hash_map<uint64_t, KnownFingerprint> fingerprints_;  // this step's tensors
+  uint64_t step_first_id_ = 1;  // ids below belong to earlier steps
   absl::flat_hash_set<uint64_t> unfilled_;  // outputs of `empty`-like ops no recorded op has read yet
   // The op being started: does it write its first tensor (in place) or its
   // tensors (out=), and how many tensor arguments InputId has seen.
@@ -148,6 +154,9 @@ class OpTracer {
   };
   std::vector<NodeRange> node_ranges_;
   size_t inserts_since_prune_ = 0;
+  // By the name pointer an op's schema owns (stable for the process).
+  absl::flat_hash_map<const char*, std::vector<bool>> written_args_;
+  TraceWorker worker_;  // last: destroyed first, after the final flush
 };
 
 }  // namespace moerr::recorder

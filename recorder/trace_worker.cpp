@@ -1,0 +1,220 @@
+#include "recorder/trace_worker.h"
+
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
+
+#include <utility>
+
+#include "recorder/op_tracer.h"
+#include "support/check.h"
+
+namespace moerr::recorder {
+namespace {
+
+// Jobs or bytes staged before they are published to the worker.
+constexpr size_t kPublishJobs = 256;
+constexpr size_t kPublishBytes = size_t{16} << 20;
+
+// Whether a reference to `t` keeps its memory alive. A DataPtr without a
+// context never frees its memory (at::from_blob without a deleter): the
+// program owns it and may free it at any time.
+bool OwnsMemory(const at::Tensor& t) {
+  return !t.has_storage() || t.storage().data_ptr().get() == nullptr ||
+         t.storage().data_ptr().get_context() != nullptr;
+}
+
+}  // namespace
+
+TraceWorker::TraceWorker(TraceSink* sink, size_t max_bytes)
+    : sink_(sink), max_bytes_(max_bytes), thread_([this] { Run(); }) {}
+
+TraceWorker::~TraceWorker() {
+  Publish();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_one();
+  thread_.join();
+}
+
+const void* TraceWorker::StorageKey(const at::Tensor& t) {
+  return t.has_storage() ? static_cast<const void*>(t.storage().unsafeGetStorageImpl())
+                         : static_cast<const void*>(t.unsafeGetTensorImpl());
+}
+
+void TraceWorker::Add(Job job) {
+  auto item = std::make_unique<Item>();
+  // A derived fingerprint reads no values: nothing for a write to wait on.
+  if (job.base == 0 || !job.capture.empty()) {
+    item->storage = StorageKey(job.tensor);
+    item->bytes = job.tensor.nbytes();
+  }
+  item->job = std::move(job);
+  if (item->storage != nullptr && !OwnsMemory(item->job->tensor)) {
+    // Memory the program lent (from_blob) may be freed right after the op:
+    // read it now.
+    RunJob(*item);
+    item->state.store(kDone);
+    item->storage = nullptr;
+    item->bytes = 0;
+  }
+  staged_bytes_ += item->bytes;
+  staged_.push_back(std::move(item));
+  if (staged_.size() >= kPublishJobs || staged_bytes_ >= kPublishBytes) Publish();
+}
+
+void TraceWorker::AddBatch(formats::OpBatch batch) {
+  auto item = std::make_unique<Item>();
+  item->batch = std::move(batch);
+  staged_.push_back(std::move(item));
+  Publish();
+}
+
+void TraceWorker::Publish() {
+  if (staged_.empty()) return;
+  bool wake = false;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    // Back-pressure; a group larger than the bound alone still goes through.
+    if (queued_bytes_ > 0 && queued_bytes_ + staged_bytes_ > max_bytes_) {
+      ++waiters_;
+      done_cv_.wait(lock, [&] { return queued_bytes_ == 0 || queued_bytes_ + staged_bytes_ <= max_bytes_; });
+      --waiters_;
+    }
+    for (std::unique_ptr<Item>& item : staged_) {
+      if (item->storage != nullptr) ++readers_[item->storage];
+      queue_.push_back(std::move(item));
+    }
+    queued_bytes_ += staged_bytes_;
+    unfinished_ += staged_.size();
+    wake = worker_idle_;
+  }
+  staged_.clear();
+  staged_bytes_ = 0;
+  if (wake) work_cv_.notify_one();
+}
+
+void TraceWorker::RunJob(Item& item) {
+  Job& job = *item.job;
+  if (job.base == 0) item.result.fingerprint = ComputeFingerprint(job.tensor);
+  if (!job.capture.empty()) {
+    at::DisableRecordFunctionGuard no_record;  // the copy is not an op of the traced program
+    sink_->OnTensorBytes(std::move(job.capture), job.role, job.tensor.detach().clone());
+  }
+}
+
+void TraceWorker::Finish(Item& item) {
+  bool notify = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    item.state.store(kDone);
+    if (item.storage != nullptr) {
+      auto it = readers_.find(item.storage);
+      if (--it->second == 0) readers_.erase(it);
+    }
+    notify = waiters_ > 0;
+  }
+  if (notify) done_cv_.notify_all();
+}
+
+void TraceWorker::BeforeWrite(const at::Tensor& t) {
+  const void* key = StorageKey(t);
+  for (const std::unique_ptr<Item>& item : staged_) {
+    if (item->storage == key) {
+      Publish();
+      break;
+    }
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  while (readers_.contains(key)) {
+    // Run a job the worker has not reached; it stays queued (and valid)
+    // until the worker, in order, sees it done.
+    Item* mine = nullptr;
+    for (const std::unique_ptr<Item>& item : queue_) {
+      int queued = kQueued;
+      if (item->storage == key && item->state.compare_exchange_strong(queued, kRunning)) {
+        mine = item.get();
+        break;
+      }
+    }
+    if (mine == nullptr) {  // the rest are the worker's, running
+      ++waiters_;
+      done_cv_.wait(lock, [&] { return !readers_.contains(key); });
+      --waiters_;
+      return;
+    }
+    lock.unlock();
+    RunJob(*mine);
+    Finish(*mine);
+    lock.lock();
+  }
+}
+
+void TraceWorker::Drain() {
+  Publish();
+  std::unique_lock<std::mutex> lock(mu_);
+  ++waiters_;
+  done_cv_.wait(lock, [&] { return unfinished_ == 0; });
+  --waiters_;
+}
+
+void TraceWorker::NewStep() {
+  Drain();
+  fingerprints_.clear();  // the worker is idle: nothing is queued
+}
+
+void TraceWorker::Run() {
+  for (;;) {
+    Item* item = nullptr;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      worker_idle_ = true;
+      work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      worker_idle_ = false;
+      if (queue_.empty()) return;  // stopping, and everything ran
+      item = queue_.front().get();  // stays queued (visible to BeforeWrite) until done
+    }
+    if (!item->job) {
+      for (formats::TensorMeta& meta : item->batch.tensors) {
+        auto it = fingerprints_.find(meta.id);
+        MOERR_CHECK(it != fingerprints_.end()) << "tensor " << meta.id << " was never fingerprinted";
+        meta.fingerprint = it->second.fingerprint;
+      }
+      sink_->OnOps(std::move(item->batch));
+    } else {
+      int queued = kQueued;
+      if (item->state.compare_exchange_strong(queued, kRunning)) {
+        RunJob(*item);
+        Finish(*item);
+      } else {
+        std::unique_lock<std::mutex> lock(mu_);  // the tracer took it: wait for its result
+        ++waiters_;
+        done_cv_.wait(lock, [&] { return item->state.load() == kDone; });
+        --waiters_;
+      }
+      const Job& job = *item->job;
+      if (job.base != 0) {
+        auto base = fingerprints_.find(job.base);
+        MOERR_CHECK(base != fingerprints_.end()) << "view of tensor " << job.base << " before its fingerprint";
+        fingerprints_.insert_or_assign(job.id, DeriveViewFingerprint(base->second, job.source, job.tensor));
+      } else {
+        fingerprints_.insert_or_assign(job.id, item->result);
+      }
+    }
+    std::unique_ptr<Item> done;
+    bool notify = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done = std::move(queue_.front());
+      queue_.pop_front();
+      queued_bytes_ -= done->bytes;
+      --unfinished_;
+      notify = waiters_ > 0;
+    }
+    if (notify) done_cv_.notify_all();
+    // `done` drops its tensor reference here, outside the lock.
+  }
+}
+
+}  // namespace moerr::recorder
