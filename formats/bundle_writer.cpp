@@ -44,8 +44,11 @@ struct BundleWriter::ChunkJob {
 struct BundleWriter::Pending {
   std::shared_ptr<ChunkJob> chunk;  // set for a chunk
   std::shared_future<void> encoded;
-  std::optional<Record> record;     // set for a record; a blob record is
+  std::optional<Record> record;     // set for a blob or tensor record: it is
                                     // completed from index_ when written
+  std::vector<std::byte> encoded_record;  // any other record, encoded by the
+  uint16_t kind = 0;                      // thread that appended it
+  int64_t step = -1;
 };
 
 absl::StatusOr<std::unique_ptr<BundleWriter>> BundleWriter::Create(const std::string& path,
@@ -85,14 +88,19 @@ absl::StatusOr<uint64_t> BundleWriter::WriteFrame(FrameKind kind, uint32_t flags
   return at;
 }
 
-absl::Status BundleWriter::WriteRecord(const Record& record) {
-  const std::vector<std::byte> bytes = EncodeRecord(record);
+BundleWriter::Pending BundleWriter::Encoded(const Record& record) {
+  Pending item;
+  item.encoded_record = EncodeRecord(record);
+  item.kind = record.kind;
+  item.step = record.step;
+  return item;
+}
+
+absl::Status BundleWriter::WriteRecord(uint16_t kind, int64_t step, absl::Span<const std::byte> bytes) {
   MOERR_ASSIGN_OR_RETURN(const uint64_t at,
                          WriteFrame(FrameKind::kRecord, 0, bytes, FrameHash(uint32_t(FrameKind::kRecord), 0, bytes)));
-  const auto kind = static_cast<RecordKind>(record.kind);
-  if (kind != RecordKind::kBlob && kind != RecordKind::kTensor) {
-    index_.records.push_back(RecordRef{record.kind, record.step, at, bytes.size()});
-  }
+  const auto k = static_cast<RecordKind>(kind);
+  if (k != RecordKind::kBlob && k != RecordKind::kTensor) index_.records.push_back(RecordRef{kind, step, at, bytes.size()});
   return absl::OkStatus();
 }
 
@@ -108,10 +116,11 @@ absl::Status BundleWriter::WriteOne(Pending& item) {
     --pending_chunks_;
     return absl::OkStatus();
   }
+  if (!item.record) return WriteRecord(item.kind, item.step, item.encoded_record);
   Record& record = *item.record;
   if (record.kind == static_cast<uint16_t>(RecordKind::kBlob)) record.blob = index_.blobs[record.tensor.blob];
   if (record.kind == static_cast<uint16_t>(RecordKind::kTensor)) index_.tensors.push_back(record.tensor);
-  return WriteRecord(record);
+  return WriteRecord(record.kind, record.step, EncodeRecord(record));
 }
 
 absl::Status BundleWriter::Enqueue(Pending item) {
@@ -209,7 +218,7 @@ absl::Status BundleWriter::BeginStep(int64_t step) {
   Record record;
   record.kind = static_cast<uint16_t>(RecordKind::kStepBegin);
   record.step = step;
-  return Enqueue(Pending{nullptr, {}, std::move(record)});
+  return Enqueue(Encoded(record));
 }
 
 absl::Status BundleWriter::EndStep(int64_t step) {
@@ -217,7 +226,7 @@ absl::Status BundleWriter::EndStep(int64_t step) {
   Record record;
   record.kind = static_cast<uint16_t>(RecordKind::kStepEnd);
   record.step = step;
-  MOERR_RETURN_IF_ERROR(Enqueue(Pending{nullptr, {}, std::move(record)}));
+  MOERR_RETURN_IF_ERROR(Enqueue(Encoded(record)));
   return Checkpoint();
 }
 
@@ -228,14 +237,14 @@ absl::Status BundleWriter::Annotate(absl::string_view key, llvm::json::Value val
   record.step = step;
   record.key = std::string(key);
   record.value = std::move(value);
-  return Enqueue(Pending{nullptr, {}, std::move(record)});
+  return Enqueue(Encoded(record));
 }
 
 absl::Status BundleWriter::AppendRecord(Record record) {
   MOERR_RETURN_IF_ERROR(failed_);
   const auto kind = static_cast<RecordKind>(record.kind);
   MOERR_CHECK(kind != RecordKind::kBlob && kind != RecordKind::kTensor) << "blob and tensor records come from PutTensor";
-  return Enqueue(Pending{nullptr, {}, std::move(record)});
+  return Enqueue(Encoded(record));
 }
 
 absl::Status BundleWriter::Checkpoint() {

@@ -440,6 +440,7 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   writes_any_ = op.overload.find("out") != std::string::npos;
   tensor_args_ = 0;
   const auto inputs = fn.inputs();
+  op.args.reserve(inputs.size());
   for (const c10::IValue& v : inputs) op.args.push_back(ToArg(v, in_optimizer, in_batch, in_backward, ctx->sources));
   // The worker may still have to read what this op overwrites (the leaves
   // just named included).
