@@ -325,6 +325,51 @@ TEST(RecorderTest, RecordsAPlainLibTorchProgram) {
   EXPECT_EQ(params, 4);  // two weights, two biases
 }
 
+// Fingerprints and captures run on the tracer's worker thread. What an op
+// produced is recorded as it was then, even when the next ops overwrite it
+// in place at once, and memory the program lent (from_blob) is read before
+// the program reuses it.
+TEST(RecorderTest, RecordsValuesAsTheOpLeftThemDespiteLaterWrites) {
+  TempDir dir;
+  auto rec = Recorder::Start(RecordOptions(dir.File("w.moerr")).set_mode(CaptureMode::kFull).set_crash_handler(false)).value();
+  ASSERT_TRUE(rec->StepBegin(0).ok());
+  std::vector<float> lent(4096);
+  for (size_t i = 0; i < lent.size(); ++i) lent[i] = static_cast<float>(i);
+  const at::Tensor x = at::from_blob(lent.data(), {64, 64}).clone();
+  std::fill(lent.begin(), lent.end(), -1.0f);
+  std::vector<at::Tensor> expected;  // an independent copy of each version
+  at::Tensor y = x * 2;
+  for (int i = 0; i < 50; ++i) {
+    {
+      at::DisableRecordFunctionGuard no_record;
+      expected.push_back(y.clone());
+    }
+    y.add_(1.0);  // each write waits for the worker to have read y
+  }
+  ASSERT_TRUE(rec->StepEnd(0, {0.0, 1.0}).ok());
+  ASSERT_TRUE(rec->Stop().ok());
+
+  auto reader = formats::BundleReader::Open(dir.File("w.moerr")).value();
+  const formats::Trace trace = formats::ReadTrace(*reader, 0).value();
+  ASSERT_EQ(trace.ops.size(), 52u);  // clone, mul, 50 x add_
+  const formats::TensorMeta* leaf = trace.Find(static_cast<uint64_t>(trace.ops[0].args[0].i));
+  ASSERT_NE(leaf, nullptr);
+  const at::Tensor lent_values = at::arange(4096, at::kFloat).reshape({64, 64});
+  EXPECT_TRUE(ToTensor(reader->ReadTensor(leaf->leaf, 0).value().view()).equal(lent_values));
+  EXPECT_EQ(leaf->fingerprint.max, 4095.0);
+  for (int i = 0; i < 50; ++i) {
+    // Op i+1 produced version i of y (mul, then add_ i-1); add_ i read it.
+    const formats::OpEvent& op = trace.ops[static_cast<size_t>(i + 1)];
+    ASSERT_EQ(op.outputs.size(), 1u);
+    const formats::TensorMeta* meta = trace.Find(op.outputs[0]);
+    ASSERT_NE(meta, nullptr);
+    SCOPED_TRACE(::testing::Message() << "version " << i << " (" << op.name << ")");
+    EXPECT_EQ(meta->fingerprint.hash, ComputeFingerprint(expected[static_cast<size_t>(i)]).hash);
+    EXPECT_EQ(meta->fingerprint.max, expected[static_cast<size_t>(i)].max().item<double>());
+    EXPECT_TRUE(ToTensor(reader->ReadTensor(meta->leaf, 0).value().view()).equal(expected[static_cast<size_t>(i)]));
+  }
+}
+
 TEST(RecorderTest, AnomalyTriggerWritesOnlyTheFailingWindow) {
   TempDir dir;
   Models m = TinyModels();
