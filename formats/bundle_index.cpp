@@ -15,6 +15,7 @@
 #include "support/status.h"
 #define XXH_STATIC_LINKING_ONLY
 #include "xxhash.h"
+#include "zstd.h"
 
 namespace moerr::formats {
 namespace {
@@ -658,6 +659,43 @@ absl::Status ValidateIndex(const IndexData& index, uint64_t data_end, const Limi
     }
   }
   return absl::OkStatus();
+}
+
+std::vector<std::byte> EncodeRecordFrame(const Record& record, uint32_t* flags) {
+  constexpr size_t kMinCompressed = 4096;
+  std::vector<std::byte> bytes = EncodeRecord(record);
+  *flags = 0;
+  if (bytes.size() < kMinCompressed) return bytes;
+  std::vector<std::byte> packed(ZSTD_compressBound(bytes.size()));
+  const size_t n = ZSTD_compress(packed.data(), packed.size(), bytes.data(), bytes.size(), 1);
+  if (ZSTD_isError(n) || n > bytes.size() - bytes.size() / 8) return bytes;
+  packed.resize(n);
+  *flags = kRecordZstd;
+  return packed;
+}
+
+absl::StatusOr<Record> DecodeRecordFrame(absl::Span<const std::byte> payload, uint32_t flags, uint64_t offset,
+                                         const Limits& limits) {
+  if ((flags & ~kRecordZstd) != 0) {
+    return absl::DataLossError(absl::StrFormat("record at offset %d: unknown frame flags 0x%x", offset, flags));
+  }
+  if (flags == 0) return DecodeRecord(payload, offset, limits);
+  const unsigned long long size = ZSTD_getFrameContentSize(payload.data(), payload.size());
+  if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN) {
+    return absl::DataLossError(absl::StrFormat("record at offset %d: not a zstd frame with its content size", offset));
+  }
+  if (size % sizeof(capnp::word) != 0 || size > limits.max_record_bytes) {
+    return absl::DataLossError(absl::StrFormat("record at offset %d: decompressed size %d is not whole words up to %d",
+                                               offset, size, limits.max_record_bytes));
+  }
+  // Cap'n Proto reads words: decompress into word-aligned memory.
+  std::vector<capnp::word> words(size / sizeof(capnp::word));
+  const size_t n = ZSTD_decompress(words.data(), size, payload.data(), payload.size());
+  if (ZSTD_isError(n) || n != size) {
+    return absl::DataLossError(absl::StrFormat("record at offset %d: zstd: %s", offset,
+                                               ZSTD_isError(n) ? ZSTD_getErrorName(n) : "short frame"));
+  }
+  return DecodeRecord(absl::MakeConstSpan(reinterpret_cast<const std::byte*>(words.data()), size), offset, limits);
 }
 
 }  // namespace moerr::formats

@@ -120,6 +120,12 @@ absl::StatusOr<IndexData> DecodeIndex(absl::Span<const std::byte> payload, uint6
                                       const Limits& limits);
 absl::StatusOr<Record> DecodeRecord(absl::Span<const std::byte> payload, uint64_t offset,
                                     const Limits& limits);
+// A record frame's payload: the record, zstd-compressed (flags kRecordZstd)
+// when that saves at least an eighth of a record of 4 KiB or more.
+std::vector<std::byte> EncodeRecordFrame(const Record& record, uint32_t* flags);
+// Decodes a record frame's payload given its header flags.
+absl::StatusOr<Record> DecodeRecordFrame(absl::Span<const std::byte> payload, uint32_t flags, uint64_t offset,
+                                         const Limits& limits);
 
 // The semantic checks of DESIGN.md's reader: counts, names, shapes
 // (overflow-checked numel == raw size), chunk ranges (inside [header end,

@@ -78,7 +78,7 @@ absl::Status BundleReader::Load() {
 }
 
 absl::StatusOr<absl::Span<const std::byte>> BundleReader::Payload(uint64_t offset, uint64_t length,
-                                                                  FrameKind kind) const {
+                                                                  FrameKind kind, uint32_t* flags) const {
   // Callers have bounds-checked [offset, offset + length) inside the data area.
   const FrameHeader header = DecodeFrameHeader(file_.subspan(offset - kFrameHeaderSize));
   if (header.kind != static_cast<uint32_t>(kind) || header.length != length) {
@@ -91,6 +91,7 @@ absl::StatusOr<absl::Span<const std::byte>> BundleReader::Payload(uint64_t offse
     return absl::DataLossError(absl::StrFormat("%s frame at offset %d: checksum mismatch (corrupt bytes)",
                                                FrameKindName(header.kind), offset - kFrameHeaderSize));
   }
+  if (flags != nullptr) *flags = header.flags;
   return payload;
 }
 
@@ -133,8 +134,9 @@ absl::StatusOr<OwnedTensor> BundleReader::ReadBlob(uint32_t b) const {
 }
 
 absl::StatusOr<Record> BundleReader::ReadRecord(const RecordRef& ref) const {
-  MOERR_ASSIGN_OR_RETURN(auto payload, Payload(ref.offset, ref.length, FrameKind::kRecord));
-  return DecodeRecord(payload, ref.offset, limits_);
+  uint32_t flags = 0;
+  MOERR_ASSIGN_OR_RETURN(auto payload, Payload(ref.offset, ref.length, FrameKind::kRecord, &flags));
+  return DecodeRecordFrame(payload, flags, ref.offset, limits_);
 }
 
 absl::StatusOr<llvm::json::Value> BundleReader::ReadAnnotation(absl::string_view key, int64_t step) const {

@@ -59,7 +59,9 @@ class BundleReader {
   absl::Status Load();
   // The payload of the frame whose payload starts at `offset`, after checking
   // the header's kind, length and hash.
-  absl::StatusOr<absl::Span<const std::byte>> Payload(uint64_t offset, uint64_t length, FrameKind kind) const;
+  // Checks the frame at `offset` against the index; `flags`: its header's.
+  absl::StatusOr<absl::Span<const std::byte>> Payload(uint64_t offset, uint64_t length, FrameKind kind,
+                                                      uint32_t* flags = nullptr) const;
 
   std::unique_ptr<llvm::MemoryBuffer> buffer_;
   absl::Span<const std::byte> file_;

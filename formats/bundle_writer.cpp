@@ -47,7 +47,8 @@ struct BundleWriter::Pending {
   std::optional<Record> record;     // set for a blob or tensor record: it is
                                     // completed from index_ when written
   std::vector<std::byte> encoded_record;  // any other record, encoded by the
-  uint16_t kind = 0;                      // thread that appended it
+  uint32_t flags = 0;                     // thread that appended it
+  uint16_t kind = 0;
   int64_t step = -1;
 };
 
@@ -90,15 +91,17 @@ absl::StatusOr<uint64_t> BundleWriter::WriteFrame(FrameKind kind, uint32_t flags
 
 BundleWriter::Pending BundleWriter::Encoded(const Record& record) {
   Pending item;
-  item.encoded_record = EncodeRecord(record);
+  item.encoded_record = EncodeRecordFrame(record, &item.flags);
   item.kind = record.kind;
   item.step = record.step;
   return item;
 }
 
-absl::Status BundleWriter::WriteRecord(uint16_t kind, int64_t step, absl::Span<const std::byte> bytes) {
-  MOERR_ASSIGN_OR_RETURN(const uint64_t at,
-                         WriteFrame(FrameKind::kRecord, 0, bytes, FrameHash(uint32_t(FrameKind::kRecord), 0, bytes)));
+absl::Status BundleWriter::WriteRecord(uint16_t kind, int64_t step, absl::Span<const std::byte> bytes,
+                                       uint32_t flags) {
+  MOERR_ASSIGN_OR_RETURN(const uint64_t at, WriteFrame(FrameKind::kRecord, flags, bytes,
+                                                       FrameHash(uint32_t(FrameKind::kRecord), flags, bytes)));
+  if (flags & kRecordZstd) index_.required_features |= kFeatureZstdRecords;
   const auto k = static_cast<RecordKind>(kind);
   if (k != RecordKind::kBlob && k != RecordKind::kTensor) index_.records.push_back(RecordRef{kind, step, at, bytes.size()});
   return absl::OkStatus();
@@ -116,11 +119,11 @@ absl::Status BundleWriter::WriteOne(Pending& item) {
     --pending_chunks_;
     return absl::OkStatus();
   }
-  if (!item.record) return WriteRecord(item.kind, item.step, item.encoded_record);
+  if (!item.record) return WriteRecord(item.kind, item.step, item.encoded_record, item.flags);
   Record& record = *item.record;
   if (record.kind == static_cast<uint16_t>(RecordKind::kBlob)) record.blob = index_.blobs[record.tensor.blob];
   if (record.kind == static_cast<uint16_t>(RecordKind::kTensor)) index_.tensors.push_back(record.tensor);
-  return WriteRecord(record.kind, record.step, EncodeRecord(record));
+  return WriteRecord(record.kind, record.step, EncodeRecord(record), 0);
 }
 
 absl::Status BundleWriter::Enqueue(Pending item) {

@@ -89,7 +89,7 @@ class BundleWriter {
   BundleWriter(WriterOptions options, std::unique_ptr<FileSink> sink);
   absl::StatusOr<uint64_t> WriteFrame(FrameKind kind, uint32_t flags, absl::Span<const std::byte> payload,
                                       uint64_t hash);
-  absl::Status WriteRecord(uint16_t kind, int64_t step, absl::Span<const std::byte> bytes);
+  absl::Status WriteRecord(uint16_t kind, int64_t step, absl::Span<const std::byte> bytes, uint32_t flags);
   // A record other than blob and tensor, encoded by the calling thread.
   static Pending Encoded(const Record& record);
   absl::Status Enqueue(Pending item);

@@ -29,8 +29,12 @@ inline constexpr size_t kFrameHeaderSize = 24;
 inline constexpr size_t kFooterSize = 64;
 inline constexpr absl::string_view kSuperblockMagic{"MOERRBN\0", 8};
 inline constexpr absl::string_view kFooterMagic{"MOERRFT\0", 8};
-// Index.requiredFeatures bits this reader understands (none yet).
-inline constexpr uint64_t kKnownFeatures = 0;
+// Index.requiredFeatures bits.
+inline constexpr uint64_t kFeatureZstdRecords = 1;  // some record frames carry kRecordZstd
+inline constexpr uint64_t kKnownFeatures = kFeatureZstdRecords;
+// Record frame flags: the payload is one zstd frame (with its content size)
+// of the Cap'n Proto record.
+inline constexpr uint32_t kRecordZstd = 1;
 
 enum class FrameKind : uint32_t {
   kChunk = 1,       // encoded tensor bytes (Chunk in bundle.capnp says how)

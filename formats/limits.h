@@ -25,6 +25,8 @@ struct Limits {
   uint32_t max_name_bytes = 4096;
   // Decoded bytes of one chunk; the writer uses 4 MiB.
   uint64_t max_chunk_bytes = uint64_t{64} << 20;
+  // Decompressed bytes of one record.
+  uint64_t max_record_bytes = uint64_t{1} << 30;
   // Decoded bytes one read may materialise (one tensor).
   uint64_t max_materialized_bytes = uint64_t{16} << 30;
 };

@@ -87,7 +87,7 @@ absl::StatusOr<SalvageResult> AnalyzeForSalvage(absl::Span<const std::byte> file
     const ScannedFrame& f = scan.frames[i];
     if (f.header.kind != static_cast<uint32_t>(FrameKind::kRecord)) continue;
     const uint64_t at = f.offset + kFrameHeaderSize;
-    auto record = DecodeRecord(file.subspan(at, f.header.length), at, limits);
+    auto record = DecodeRecordFrame(file.subspan(at, f.header.length), f.header.flags, at, limits);
     if (!record.ok()) {
       // A record that checksums but does not decode was written by a broken or
       // newer writer; keep everything before it.
@@ -97,6 +97,7 @@ absl::StatusOr<SalvageResult> AnalyzeForSalvage(absl::Span<const std::byte> file
       report.bytes_dropped = file.size() - scan.end;
       break;
     }
+    if (f.header.flags & kRecordZstd) index.required_features |= kFeatureZstdRecords;
     switch (static_cast<RecordKind>(record->kind)) {
       case RecordKind::kBlob: index.blobs.push_back(std::move(record->blob)); break;
       case RecordKind::kTensor:

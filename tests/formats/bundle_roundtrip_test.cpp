@@ -4,6 +4,7 @@
 
 #include "formats/bundle_reader.h"
 #include "formats/bundle_writer.h"
+#include "formats/frame.h"
 #include "tests/formats/test_util.h"
 
 namespace moerr::formats {
@@ -112,6 +113,48 @@ TEST(BundleTest, StepsAnnotationsAndCompression) {
   EXPECT_EQ(model->getAsObject()->getString("name")->str(), "tiny");
   EXPECT_EQ(reader->ReadAnnotation("model", 0).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(reader->ReadAnnotation("absent").status().code(), absl::StatusCode::kNotFound);
+}
+
+// A large record (a batch of ops) is stored zstd-compressed, and the index
+// says a reader must know that; a small one is stored as is.
+TEST(BundleTest, LargeRecordsAreCompressed) {
+  TempDir dir;
+  const std::string path = dir.File("r.moerr");
+  Record ops;
+  ops.kind = static_cast<uint16_t>(RecordKind::kOps);
+  ops.step = 0;
+  for (uint64_t i = 0; i < 2000; ++i) {
+    OpEvent op;
+    op.seq = i;
+    op.name = "aten::mul";
+    op.module = "model.layers.1.mlp.experts.7";
+    op.outputs = {i + 1};
+    ops.ops.ops.push_back(op);
+  }
+  {
+    auto writer = BundleWriter::Create(path, WriterOptions().set_sync(false)).value();
+    ASSERT_TRUE(writer->BeginStep(0).ok());
+    ASSERT_TRUE(writer->AppendRecord(ops).ok());
+    ASSERT_TRUE(writer->EndStep(0).ok());
+    ASSERT_TRUE(writer->Close().ok());
+  }
+  auto reader = BundleReader::Open(path).value();
+  EXPECT_EQ(reader->index().required_features, kFeatureZstdRecords);
+  const std::vector<std::byte> file = testing::ReadFile(path);
+  int compressed = 0, plain = 0;
+  for (const RecordRef& ref : reader->index().records) {
+    const FrameHeader header = DecodeFrameHeader(absl::MakeConstSpan(file).subspan(ref.offset - kFrameHeaderSize));
+    (header.flags & kRecordZstd ? compressed : plain) += 1;
+    auto record = reader->ReadRecord(ref);
+    ASSERT_TRUE(record.ok()) << record.status();
+    if (record->kind != ops.kind) continue;
+    EXPECT_LT(ref.length, EncodeRecord(ops).size() / 4);
+    ASSERT_EQ(record->ops.ops.size(), 2000u);
+    EXPECT_EQ(record->ops.ops[1999].seq, 1999u);
+    EXPECT_EQ(record->ops.ops[1999].module, "model.layers.1.mlp.experts.7");
+  }
+  EXPECT_EQ(compressed, 1);
+  EXPECT_EQ(plain, 2);  // step begin and end
 }
 
 TEST(BundleTest, WeightLikeBf16Compresses) {

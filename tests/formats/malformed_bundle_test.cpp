@@ -87,6 +87,22 @@ Bytes WithChunk(const Sample& s, const Bytes& payload, Codec codec, uint64_t raw
   return testing::AppendIndex(b, EncodeIndex(index));
 }
 
+// Inserts a record frame holding `payload` with header `flags` before the
+// index, and lists it in the index (which requires compressed records).
+Bytes WithRecord(const Sample& s, const Bytes& payload, uint32_t flags) {
+  Bytes b(s.file.begin(), s.file.begin() + (s.index_offset - kFrameHeaderSize));
+  const uint32_t kind = static_cast<uint32_t>(FrameKind::kRecord);
+  const auto header = EncodeFrameHeader({kind, flags, payload.size(), FrameHash(kind, flags, payload)});
+  b.insert(b.end(), header.begin(), header.end());
+  const uint64_t at = b.size();
+  b.insert(b.end(), payload.begin(), payload.end());
+  b.resize(b.size() + PaddedLength(payload.size()) - payload.size());
+  IndexData index = s.index;
+  index.required_features |= kFeatureZstdRecords;
+  index.records.push_back(RecordRef{static_cast<uint16_t>(RecordKind::kAnnotation), -1, at, payload.size()});
+  return testing::AppendIndex(b, EncodeIndex(index));
+}
+
 Bytes Zstd(const Bytes& raw) {
   Bytes out(ZSTD_compressBound(raw.size()));
   out.resize(ZSTD_compress(out.data(), out.size(), raw.data(), raw.size(), 1));
@@ -266,6 +282,24 @@ const Case kCases[] = {
     {"TensorNamesMissingBlob",
      [](const Sample& s) { return Reindex(s, [](IndexData& i) { i.tensors[0].blob = 999; }); }, Op::kOpen,
      "blob 999, but there are"},
+    {"CompressedRecordOfNoWholeWords",
+     [](const Sample& s) { return WithRecord(s, Zstd(Bytes(1001, std::byte{0})), kRecordZstd); }, Op::kRecords,
+     "decompressed size 1001 is not whole words"},
+    {"CompressedRecordNotZstd",
+     [](const Sample& s) { return WithRecord(s, Bytes(64, std::byte{0x5a}), kRecordZstd); }, Op::kRecords,
+     "not a zstd frame with its content size"},
+    {"CompressedRecordTruncated",
+     [](const Sample& s) {
+       Bytes z = Zstd(Bytes(4096, std::byte{3}));
+       z.resize(z.size() - 4);
+       return WithRecord(s, z, kRecordZstd);
+     },
+     Op::kRecords, "zstd"},
+    {"CompressedRecordHoldsNoRecord",
+     [](const Sample& s) { return WithRecord(s, Zstd(Bytes(4096, std::byte{0xff})), kRecordZstd); }, Op::kRecords,
+     "segment count 4294967296 exceeds"},
+    {"UnknownRecordFlags", [](const Sample& s) { return WithRecord(s, Bytes(64, std::byte{0}), 0x10); }, Op::kRecords,
+     "unknown frame flags 0x10"},
     {"RecordOutOfBounds",
      [](const Sample& s) { return Reindex(s, [](IndexData& i) { i.records[0].offset = ~uint64_t{0} - 7; }); },
      Op::kOpen, "record 0: range"},
