@@ -23,6 +23,20 @@ bool OwnsMemory(const at::Tensor& t) {
          t.storage().data_ptr().get_context() != nullptr;
 }
 
+// A new TensorImpl over the storage and geometry of `t`: it keeps the memory
+// alive without adding a reference to `t` itself, whose use_count() LibTorch
+// reads to decide whether it may take over a buffer (AccumulateGrad,
+// InputBuffer): holding `t` would make the traced program run other ops.
+at::Tensor StorageAlias(const at::Tensor& t) {
+  if (!t.has_storage() || t.layout() != at::kStrided) return t;
+  auto impl = c10::make_intrusive<c10::TensorImpl>(
+      c10::Storage(t.storage()), c10::DispatchKeySet(c10::computeDispatchKey(t.scalar_type(), t.layout(), t.device())),
+      t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides());
+  impl->set_storage_offset(t.storage_offset());
+  return at::Tensor(std::move(impl));
+}
+
 }  // namespace
 
 TraceWorker::TraceWorker(TraceSink* sink, size_t max_bytes)
@@ -50,6 +64,7 @@ void TraceWorker::Add(Job job) {
     item->storage = StorageKey(job.tensor);
     item->bytes = job.tensor.nbytes();
   }
+  job.tensor = StorageAlias(job.tensor);
   item->job = std::move(job);
   if (item->storage != nullptr && !OwnsMemory(item->job->tensor)) {
     // Memory the program lent (from_blob) may be freed right after the op:
@@ -165,6 +180,7 @@ void TraceWorker::NewStep() {
 }
 
 void TraceWorker::Run() {
+  at::DisableRecordFunctionGuard no_record;  // nothing this thread runs is the traced program's
   for (;;) {
     Item* item = nullptr;
     {

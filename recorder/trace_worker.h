@@ -4,8 +4,10 @@
 // writes them), so that work overlaps the step instead of lengthening it.
 //
 // Invariants:
-//  - A job holds a strong reference to its tensor: the memory it reads is
-//    neither freed nor reused before the job has run.
+//  - A job holds a strong reference to its tensor's storage (through a
+//    TensorImpl of its own, so the traced program sees no extra reference to
+//    its tensors): the memory it reads is neither freed nor reused before the
+//    job has run.
 //  - The tracer calls BeforeWrite(t) before an op writes `t`: the jobs still
 //    queued that read t's storage (through any view) run there and then, on
 //    the tracer's thread, so every job reads the values of the op it

@@ -370,6 +370,48 @@ TEST(RecorderTest, RecordsValuesAsTheOpLeftThemDespiteLaterWrites) {
   }
 }
 
+// Dispatcher ops, counted by an observer of our own.
+std::atomic<int64_t> g_dispatched{0};
+std::unique_ptr<at::ObserverContext> CountOp(const at::RecordFunction& fn) {
+  if (fn.operator_name()) ++g_dispatched;
+  return nullptr;
+}
+
+// One SGD step of a fresh MLP whose parameters have no gradients yet, so
+// autograd may take over the backward's gradient buffers when nothing else
+// references them. Returns the ops the step dispatched.
+int64_t DispatchedBySgdStep(Recorder* rec) {
+  torch::manual_seed(0);
+  torch::nn::Sequential mlp(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 1));
+  torch::optim::SGD sgd(mlp->parameters(), 0.1);
+  const at::Tensor x = torch::randn({4, 8}), y = torch::randn({4, 1});
+  const at::CallbackHandle handle =
+      at::addGlobalCallback(at::RecordFunctionCallback(&CountOp).scopes({at::RecordScope::FUNCTION}));
+  g_dispatched = 0;
+  if (rec) EXPECT_TRUE(rec->StepBegin(0).ok());
+  torch::mse_loss(mlp->forward(x), y).backward();
+  {
+    RECORD_USER_SCOPE("optimizer");
+    sgd.step();
+  }
+  if (rec) EXPECT_TRUE(rec->StepEnd(0, {0.0, 1.0}).ok());
+  at::removeCallback(handle);
+  return g_dispatched;
+}
+
+// The recorder only observes: a recorded step dispatches exactly the ops of
+// an unrecorded one (a reference it held to an op's output would, for one,
+// make autograd copy gradients it otherwise takes over).
+TEST(RecorderTest, RecordingDoesNotChangeTheOpsThatRun) {
+  TempDir dir;
+  const int64_t plain = DispatchedBySgdStep(nullptr);
+  auto rec = Recorder::Start(RecordOptions(dir.File("o.moerr")).set_crash_handler(false)).value();
+  const int64_t recorded = DispatchedBySgdStep(rec.get());
+  ASSERT_TRUE(rec->Stop().ok());
+  EXPECT_GT(plain, 20);
+  EXPECT_EQ(recorded, plain);
+}
+
 TEST(RecorderTest, AnomalyTriggerWritesOnlyTheFailingWindow) {
   TempDir dir;
   Models m = TinyModels();
