@@ -37,7 +37,6 @@ struct ThreadState {
   // the node (accumulating that node's gradients) are attributed to it.
   std::vector<int64_t> evaluating;
   uint32_t thread = 0;
-  absl::flat_hash_set<const char*> operators;  // see IsOperator
 };
 
 ThreadState& State() {
@@ -72,17 +71,6 @@ std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& f
 void EndTrampoline(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   OpTracer* t = g_tracer.load(std::memory_order_acquire);
   if (t) t->OnEnd(fn, ctx);
-}
-
-// Whether `fn` runs a dispatcher op (not a named record). An op's name() is
-// its schema's, a pointer that lives as long as the process, so the answer
-// is kept per pointer; a named record's name lives in the record, so only
-// ops are kept (operator_name() copies two strings: too slow for every op).
-bool IsOperator(ThreadState& st, const at::RecordFunction& fn) {
-  if (st.operators.contains(fn.name())) return true;
-  if (!fn.operator_name()) return false;
-  st.operators.insert(fn.name());
-  return true;
 }
 
 bool Contains(const std::vector<std::string>& scopes, const char* name) {
@@ -387,7 +375,7 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
     default: break;
   }
   const bool backward_call = st.depth == 0 && std::strcmp(fn.name(), "aten::_backward") == 0;
-  if (backward_call || !IsOperator(st, fn)) {
+  if (backward_call || !fn.operator_name()) {
     auto ctx = std::make_unique<OpContext>();
     ctx->transparent = true;
     ctx->backward = backward_call || std::strncmp(fn.name(), kEvaluateFunction, sizeof(kEvaluateFunction) - 1) == 0;
