@@ -39,8 +39,8 @@ void Check(const absl::Status& s) {
 }
 
 // Recorder calls that wait for the tracer's worker thread run without the
-// GIL: the worker may drop the last reference to a tensor Python knew, which
-// takes the GIL.
+// GIL: the worker may hold a tensor Python knew (one without a storage) and
+// drop its last reference, which takes the GIL.
 template <typename F>
 auto WithoutGil(F f) {
   py::gil_scoped_release no_gil;

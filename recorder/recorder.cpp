@@ -196,6 +196,7 @@ absl::Status Recorder::AnnotateStep(const std::string& key, llvm::json::Value va
 }
 
 absl::Status Recorder::Annotate(const std::string& key, llvm::json::Value value) {
+  std::lock_guard<std::mutex> lock(mu_);  // the tracer's worker writes op batches
   return writer_->Annotate(key, std::move(value));
 }
 

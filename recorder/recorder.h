@@ -106,7 +106,7 @@ class Recorder : public TraceSink, public RoutingObserver {
   RecordOptions options_;
   std::unique_ptr<formats::BundleWriter> writer_;
   std::unique_ptr<OpTracer> tracer_;
-  std::mutex mu_;
+  std::mutex mu_;  // the writer and the ring: the tracer's worker thread writes op batches
   absl::Status failed_;  // first error inside a callback, reported at StepEnd / Stop
   bool stopped_ = false;
   int64_t step_ = -1;
