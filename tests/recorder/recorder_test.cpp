@@ -412,6 +412,33 @@ TEST(RecorderTest, RecordingDoesNotChangeTheOpsThatRun) {
   EXPECT_EQ(recorded, plain);
 }
 
+// The same for a GRPO step of the reference model in replayable mode.
+TEST(RecorderTest, RecordingDoesNotChangeTheOpsOfAGrpoStep) {
+  TempDir dir;
+  auto dispatched = [](Recorder* rec) {
+    torch::manual_seed(0);
+    Models m = TinyModels();
+    if (rec) m.policy->SetRoutingObserver(rec);
+    moe::GrpoTrainer trainer(m.policy, m.reference, moe::AdditionTask(), moe::GrpoOptions(), 1);
+    trainer.Step();  // optimizer state exists from here on
+    const at::CallbackHandle handle =
+        at::addGlobalCallback(at::RecordFunctionCallback(&CountOp).scopes({at::RecordScope::FUNCTION}));
+    g_dispatched = 0;
+    if (rec) EXPECT_TRUE(rec->StepBegin(1).ok());
+    const moe::StepMetrics metrics = trainer.Step();
+    if (rec) EXPECT_TRUE(rec->StepEnd(1, {metrics.loss, metrics.grad_norm}).ok());
+    at::removeCallback(handle);
+    m.policy->SetRoutingObserver(nullptr);
+    return g_dispatched.load();
+  };
+  const int64_t plain = dispatched(nullptr);
+  auto rec = Recorder::Start(RecordOptions(dir.File("g.moerr")).set_crash_handler(false)).value();
+  const int64_t recorded = dispatched(rec.get());
+  ASSERT_TRUE(rec->Stop().ok());
+  EXPECT_GT(plain, 1000);
+  EXPECT_EQ(recorded, plain);
+}
+
 TEST(RecorderTest, AnomalyTriggerWritesOnlyTheFailingWindow) {
   TempDir dir;
   Models m = TinyModels();
