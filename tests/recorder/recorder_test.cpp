@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -377,26 +378,47 @@ std::unique_ptr<at::ObserverContext> CountOp(const at::RecordFunction& fn) {
   return nullptr;
 }
 
+// The ops `step` dispatches, as step `index` of `rec` when one is given.
+int64_t Dispatched(Recorder* rec, int64_t index, const std::function<StepOutcome()>& step) {
+  const at::CallbackHandle handle =
+      at::addGlobalCallback(at::RecordFunctionCallback(&CountOp).scopes({at::RecordScope::FUNCTION}));
+  g_dispatched = 0;
+  if (rec) EXPECT_TRUE(rec->StepBegin(index).ok());
+  const StepOutcome outcome = step();
+  if (rec) EXPECT_TRUE(rec->StepEnd(index, outcome).ok());
+  at::removeCallback(handle);
+  return g_dispatched;
+}
+
 // One SGD step of a fresh MLP whose parameters have no gradients yet, so
 // autograd may take over the backward's gradient buffers when nothing else
-// references them. Returns the ops the step dispatched.
+// references them.
 int64_t DispatchedBySgdStep(Recorder* rec) {
   torch::manual_seed(0);
   torch::nn::Sequential mlp(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 1));
   torch::optim::SGD sgd(mlp->parameters(), 0.1);
   const at::Tensor x = torch::randn({4, 8}), y = torch::randn({4, 1});
-  const at::CallbackHandle handle =
-      at::addGlobalCallback(at::RecordFunctionCallback(&CountOp).scopes({at::RecordScope::FUNCTION}));
-  g_dispatched = 0;
-  if (rec) EXPECT_TRUE(rec->StepBegin(0).ok());
-  torch::mse_loss(mlp->forward(x), y).backward();
-  {
+  return Dispatched(rec, 0, [&] {
+    torch::mse_loss(mlp->forward(x), y).backward();
     RECORD_USER_SCOPE("optimizer");
     sgd.step();
-  }
-  if (rec) EXPECT_TRUE(rec->StepEnd(0, {0.0, 1.0}).ok());
-  at::removeCallback(handle);
-  return g_dispatched;
+    return StepOutcome{0.0, 1.0};
+  });
+}
+
+// The second GRPO step of the tiny reference model (optimizer state exists).
+int64_t DispatchedByGrpoStep(Recorder* rec) {
+  torch::manual_seed(0);
+  Models m = TinyModels();
+  if (rec) m.policy->SetRoutingObserver(rec);
+  moe::GrpoTrainer trainer(m.policy, m.reference, moe::AdditionTask(), moe::GrpoOptions(), 1);
+  trainer.Step();
+  const int64_t n = Dispatched(rec, 1, [&] {
+    const moe::StepMetrics metrics = trainer.Step();
+    return StepOutcome{metrics.loss, metrics.grad_norm};
+  });
+  m.policy->SetRoutingObserver(nullptr);
+  return n;
 }
 
 // The recorder only observes: a recorded step dispatches exactly the ops of
@@ -404,39 +426,14 @@ int64_t DispatchedBySgdStep(Recorder* rec) {
 // make autograd copy gradients it otherwise takes over).
 TEST(RecorderTest, RecordingDoesNotChangeTheOpsThatRun) {
   TempDir dir;
-  const int64_t plain = DispatchedBySgdStep(nullptr);
-  auto rec = Recorder::Start(RecordOptions(dir.File("o.moerr")).set_crash_handler(false)).value();
-  const int64_t recorded = DispatchedBySgdStep(rec.get());
-  ASSERT_TRUE(rec->Stop().ok());
-  EXPECT_GT(plain, 20);
-  EXPECT_EQ(recorded, plain);
-}
-
-// The same for a GRPO step of the reference model in replayable mode.
-TEST(RecorderTest, RecordingDoesNotChangeTheOpsOfAGrpoStep) {
-  TempDir dir;
-  auto dispatched = [](Recorder* rec) {
-    torch::manual_seed(0);
-    Models m = TinyModels();
-    if (rec) m.policy->SetRoutingObserver(rec);
-    moe::GrpoTrainer trainer(m.policy, m.reference, moe::AdditionTask(), moe::GrpoOptions(), 1);
-    trainer.Step();  // optimizer state exists from here on
-    const at::CallbackHandle handle =
-        at::addGlobalCallback(at::RecordFunctionCallback(&CountOp).scopes({at::RecordScope::FUNCTION}));
-    g_dispatched = 0;
-    if (rec) EXPECT_TRUE(rec->StepBegin(1).ok());
-    const moe::StepMetrics metrics = trainer.Step();
-    if (rec) EXPECT_TRUE(rec->StepEnd(1, {metrics.loss, metrics.grad_norm}).ok());
-    at::removeCallback(handle);
-    m.policy->SetRoutingObserver(nullptr);
-    return g_dispatched.load();
-  };
-  const int64_t plain = dispatched(nullptr);
-  auto rec = Recorder::Start(RecordOptions(dir.File("g.moerr")).set_crash_handler(false)).value();
-  const int64_t recorded = dispatched(rec.get());
-  ASSERT_TRUE(rec->Stop().ok());
-  EXPECT_GT(plain, 1000);
-  EXPECT_EQ(recorded, plain);
+  for (auto* program : {&DispatchedBySgdStep, &DispatchedByGrpoStep}) {
+    const int64_t plain = program(nullptr);
+    auto rec = Recorder::Start(RecordOptions(dir.File("o.moerr")).set_overwrite(true).set_crash_handler(false)).value();
+    const int64_t recorded = program(rec.get());
+    ASSERT_TRUE(rec->Stop().ok());
+    EXPECT_GT(plain, 20);
+    EXPECT_EQ(recorded, plain);
+  }
 }
 
 TEST(RecorderTest, AnomalyTriggerWritesOnlyTheFailingWindow) {
