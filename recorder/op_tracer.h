@@ -49,6 +49,9 @@ class TraceSink {
   // A snapshot (a private copy) of a leaf, a random op's output, or (full
   // mode) an op output, to store under `name`.
   virtual void OnTensorBytes(std::string name, formats::Role role, at::Tensor snapshot) = 0;
+  // Work for the trace failed (a capture LibTorch could not copy); the sink
+  // reports it where it reports its own errors.
+  virtual void OnError(absl::Status status) = 0;
 };
 
 class OpTracer {

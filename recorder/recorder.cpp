@@ -129,6 +129,11 @@ void Recorder::OnTensorBytes(std::string name, formats::Role role, at::Tensor sn
   if (absl::Status s = EmitTensor(name, role, snapshot); !s.ok() && failed_.ok()) failed_ = s;
 }
 
+void Recorder::OnError(absl::Status status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed_.ok()) failed_ = std::move(status);
+}
+
 void Recorder::OnRouting(const RoutingEvent& e) {
   if (!in_step_) return;
   at::DisableRecordFunctionGuard no_record;  // our own ops are not the model's

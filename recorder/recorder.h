@@ -86,6 +86,7 @@ class Recorder : public TraceSink, public RoutingObserver {
   // TraceSink and RoutingObserver.
   void OnOps(formats::OpBatch batch) override;
   void OnTensorBytes(std::string name, formats::Role role, at::Tensor snapshot) override;
+  void OnError(absl::Status status) override;
   void OnRouting(const RoutingEvent& event) override;
 
  private:

@@ -6,7 +6,9 @@
 #include <utility>
 
 #include "recorder/op_tracer.h"
+#include "absl/strings/str_cat.h"
 #include "support/check.h"
+#include "support/torch_boundary.h"
 
 namespace moerr::recorder {
 namespace {
@@ -113,10 +115,13 @@ void TraceWorker::Publish() {
 void TraceWorker::RunJob(Item& item) {
   Job& job = *item.job;
   if (job.base == 0) item.result.fingerprint = ComputeFingerprint(job.tensor);
-  if (!job.capture.empty()) {
-    at::DisableRecordFunctionGuard no_record;  // the copy is not an op of the traced program
-    sink_->OnTensorBytes(std::move(job.capture), job.role, job.tensor.detach().clone());
-  }
+  if (job.capture.empty()) return;
+  at::DisableRecordFunctionGuard no_record;  // the copy is not an op of the traced program
+  const absl::Status copied = CatchTorch(absl::StrCat("capturing ", job.capture), [&] {
+    sink_->OnTensorBytes(job.capture, job.role, job.tensor.detach().clone());
+    return absl::OkStatus();
+  });
+  if (!copied.ok()) sink_->OnError(copied);
 }
 
 void TraceWorker::Finish(Item& item) {
