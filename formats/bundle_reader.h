@@ -58,8 +58,7 @@ class BundleReader {
   BundleReader(std::unique_ptr<llvm::MemoryBuffer> buffer, const Limits& limits);
   absl::Status Load();
   // The payload of the frame whose payload starts at `offset`, after checking
-  // the header's kind, length and hash.
-  // Checks the frame at `offset` against the index; `flags`: its header's.
+  // the header's kind, length and hash; `flags`, when given, gets the header's.
   absl::StatusOr<absl::Span<const std::byte>> Payload(uint64_t offset, uint64_t length, FrameKind kind,
                                                       uint32_t* flags = nullptr) const;
 
