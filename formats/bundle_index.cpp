@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "formats/bundle.capnp.h"
+#include "formats/chunk_codec.h"
 #include "formats/frame.h"
 #include "formats/tensor_view.h"
 #include "support/kj_boundary.h"
@@ -666,12 +667,13 @@ std::vector<std::byte> EncodeRecordFrame(const Record& record, uint32_t* flags) 
   std::vector<std::byte> bytes = EncodeRecord(record);
   *flags = 0;
   if (bytes.size() < kMinCompressed) return bytes;
-  std::vector<std::byte> packed(ZSTD_compressBound(bytes.size()));
-  const size_t n = ZSTD_compress(packed.data(), packed.size(), bytes.data(), bytes.size(), 1);
-  if (ZSTD_isError(n) || n > bytes.size() - bytes.size() / 8) return bytes;
-  packed.resize(n);
+  thread_local ChunkEncoder encoder;  // not thread-safe: one per thread
+  EncodedChunk chunk;
+  encoder.Encode(bytes, /*item_size=*/1, chunk);
+  if (chunk.codec != Codec::kZstd) return bytes;
   *flags = kRecordZstd;
-  return packed;
+  chunk.buffer.resize(chunk.payload.size());  // the payload is the buffer's start
+  return std::move(chunk.buffer);
 }
 
 absl::StatusOr<Record> DecodeRecordFrame(absl::Span<const std::byte> payload, uint32_t flags, uint64_t offset,
@@ -680,6 +682,7 @@ absl::StatusOr<Record> DecodeRecordFrame(absl::Span<const std::byte> payload, ui
     return absl::DataLossError(absl::StrFormat("record at offset %d: unknown frame flags 0x%x", offset, flags));
   }
   if (flags == 0) return DecodeRecord(payload, offset, limits);
+  // The size is checked before anything is allocated from it.
   const unsigned long long size = ZSTD_getFrameContentSize(payload.data(), payload.size());
   if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN) {
     return absl::DataLossError(absl::StrFormat("record at offset %d: not a zstd frame with its content size", offset));
@@ -690,12 +693,11 @@ absl::StatusOr<Record> DecodeRecordFrame(absl::Span<const std::byte> payload, ui
   }
   // Cap'n Proto reads words: decompress into word-aligned memory.
   std::vector<capnp::word> words(size / sizeof(capnp::word));
-  const size_t n = ZSTD_decompress(words.data(), size, payload.data(), payload.size());
-  if (ZSTD_isError(n) || n != size) {
-    return absl::DataLossError(absl::StrFormat("record at offset %d: zstd: %s", offset,
-                                               ZSTD_isError(n) ? ZSTD_getErrorName(n) : "short frame"));
+  const absl::Span<std::byte> bytes(reinterpret_cast<std::byte*>(words.data()), size);
+  if (absl::Status s = DecodeChunk(payload, Codec::kZstd, /*shuffle=*/1, bytes); !s.ok()) {
+    return absl::DataLossError(absl::StrFormat("record at offset %d: %s", offset, s.message()));
   }
-  return DecodeRecord(absl::MakeConstSpan(reinterpret_cast<const std::byte*>(words.data()), size), offset, limits);
+  return DecodeRecord(bytes, offset, limits);
 }
 
 }  // namespace moerr::formats

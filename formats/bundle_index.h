@@ -120,8 +120,8 @@ absl::StatusOr<IndexData> DecodeIndex(absl::Span<const std::byte> payload, uint6
                                       const Limits& limits);
 absl::StatusOr<Record> DecodeRecord(absl::Span<const std::byte> payload, uint64_t offset,
                                     const Limits& limits);
-// A record frame's payload: the record, zstd-compressed (flags kRecordZstd)
-// when that saves at least an eighth of a record of 4 KiB or more.
+// A record frame's payload: the record of 4 KiB or more zstd-compressed
+// (flags kRecordZstd) by the chunk codec when that pays, else as is.
 std::vector<std::byte> EncodeRecordFrame(const Record& record, uint32_t* flags);
 // Decodes a record frame's payload given its header flags.
 absl::StatusOr<Record> DecodeRecordFrame(absl::Span<const std::byte> payload, uint32_t flags, uint64_t offset,
