@@ -23,6 +23,7 @@ llvm::json::Object ToJson(const GrpoOptions& o) {
   return llvm::json::Object{{"prompts", o.prompts},
                             {"group_size", o.group_size},
                             {"response_tokens", o.response_tokens},
+                            {"micro_batch", o.micro_batch},
                             {"temperature", o.temperature},
                             {"clip_eps", o.clip_eps},
                             {"kl_coef", o.kl_coef},
@@ -51,6 +52,7 @@ absl::StatusOr<GrpoOptions> GrpoOptionsFromJson(const llvm::json::Object& json) 
   f.Get("prompts", o.prompts);
   f.Get("group_size", o.group_size);
   f.Get("response_tokens", o.response_tokens);
+  if (json.get("micro_batch") != nullptr) f.Get("micro_batch", o.micro_batch);  // absent before it existed
   f.Get("temperature", o.temperature);
   f.Get("clip_eps", o.clip_eps);
   f.Get("kl_coef", o.kl_coef);
@@ -69,11 +71,11 @@ absl::StatusOr<GrpoOptions> GrpoOptionsFromJson(const llvm::json::Object& json) 
   MOERR_RETURN_IF_ERROR(f.status());
   MOERR_ASSIGN_OR_RETURN(o.numerics.precision, ParsePrecision(precision));
   MOERR_ASSIGN_OR_RETURN(o.rollout_numerics.precision, ParsePrecision(rollout_precision));
-  if (o.prompts < 1 || o.group_size < 2 || o.response_tokens < 0 || o.scale_growth_interval < 1 || !(o.temperature > 0) || !(o.lr >= 0) ||
-      !(o.weight_decay >= 0)) {
+  if (o.prompts < 1 || o.group_size < 2 || o.response_tokens < 0 || o.micro_batch < 0 || o.scale_growth_interval < 1 ||
+      !(o.temperature > 0) || !(o.lr >= 0) || !(o.weight_decay >= 0)) {
     return absl::InvalidArgumentError(
-        "GRPO options: prompts >= 1, group_size >= 2, response_tokens >= 0, scale_growth_interval >= 1, temperature > 0, lr >= 0 and "
-        "weight_decay >= 0 are required");
+        "GRPO options: prompts >= 1, group_size >= 2, response_tokens >= 0, micro_batch >= 0, scale_growth_interval >= 1, "
+        "temperature > 0, lr >= 0 and weight_decay >= 0 are required");
   }
   return o;
 }
@@ -93,6 +95,27 @@ GrpoTrainer::GrpoTrainer(MoeTransformer policy, MoeTransformer reference, Additi
 }
 
 namespace {
+
+// Rows [begin, begin + len) of a [n, ...] tensor: the tensor itself when that
+// is all of it, so a step without micro-batches records no extra op.
+at::Tensor Rows(const at::Tensor& t, int64_t begin, int64_t len) {
+  return len == t.size(0) ? t : t.narrow(0, begin, len);
+}
+
+// Log-probs [n, A] fp32 of `responses` under `model`, without gradients, one
+// micro-batch of `micro` sequences at a time.
+at::Tensor NoGradLogProbs(MoeTransformer& model, const at::Tensor& inputs, const at::Tensor& prompts,
+                          const at::Tensor& responses, int64_t micro) {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> parts;
+  for (int64_t begin = 0, n = inputs.size(0); begin < n; begin += micro) {
+    const int64_t len = std::min(micro, n - begin);
+    parts.push_back(TokenLogProbs(model->forward(Rows(inputs, begin, len)), Rows(prompts, begin, len),
+                                  Rows(responses, begin, len))
+                        .to(at::kFloat));
+  }
+  return parts.size() == 1 ? parts[0] : at::cat(parts);
+}
 
 // The optimizer's key for a parameter's state (LibTorch's own convention).
 std::string StateKey(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
@@ -189,6 +212,7 @@ StepMetrics GrpoTrainer::Step() {
     batch = task_.Sample(options_.prompts, rng_);
   }
   const int64_t answer_tokens = ResponseTokens(options_, task_);
+  const int64_t micro = options_.micro_batch > 0 ? std::min(options_.micro_batch, n) : n;  // sequences per forward
   const at::Tensor prompts = batch.prompts.repeat_interleave(g, 0);  // [n, P]
   // [n, A]; narrowed only when truncated, so a whole step records no extra op.
   const at::Tensor answers = (answer_tokens < batch.answers.size(1) ? batch.answers.narrow(1, 0, answer_tokens)
@@ -209,7 +233,7 @@ StepMetrics GrpoTrainer::Step() {
       responses = Generate(policy_, prompts, answer_tokens, options_.temperature, gen);
     }
     const at::Tensor seq = at::cat({prompts, responses}, 1);
-    old_logp = TokenLogProbs(policy_->forward(seq.narrow(1, 0, seq.size(1) - 1)), prompts, responses).to(at::kFloat);
+    old_logp = NoGradLogProbs(policy_, seq.narrow(1, 0, seq.size(1) - 1), prompts, responses, micro);
   }
   const at::Tensor seq = at::cat({prompts, responses}, 1);
   const at::Tensor inputs = seq.narrow(1, 0, seq.size(1) - 1);
@@ -225,48 +249,60 @@ StepMetrics GrpoTrainer::Step() {
     // Under the training precision, so the KL to the reference measures the
     // policy's drift, not a precision difference (0 while they are equal).
     NumericsScope scope(options_.numerics);
-    torch::NoGradGuard no_grad;
-    ref_logp = TokenLogProbs(reference_->forward(inputs), prompts, responses).to(at::kFloat);
+    ref_logp = NoGradLogProbs(reference_, inputs, prompts, responses, micro);
   }
 
   last_batch_ = StepBatch{prompts, responses, mask, advantages, old_logp, ref_logp};
 
-  // Training forward and loss, under the training precision.
-  at::Tensor loss;
-  {
-    NumericsScope scope(options_.numerics);
-    const at::Tensor logp =
-        TokenLogProbs(policy_->forward(inputs), prompts, responses, options_.naive_fp16_softmax).to(at::kFloat);
-    const at::Tensor ratio = at::exp(logp - old_logp);
-    const at::Tensor clipped = ratio.clamp(1 - options_.clip_eps, 1 + options_.clip_eps);
-    const at::Tensor surrogate = at::min(ratio * advantages, clipped * advantages);
-    const at::Tensor log_ref_ratio = ref_logp - logp;
-    const at::Tensor kl = at::exp(log_ref_ratio) - log_ref_ratio - 1;
-    const at::Tensor tokens = mask.sum().clamp_min(1);
-    loss = ((-surrogate + options_.kl_coef * kl) * mask).sum() / tokens + options_.aux_loss_coef * policy_->AuxLoss();
-    torch::NoGradGuard no_grad;
-    m.kl = ((kl * mask).sum() / tokens).item<double>();
-    m.clip_fraction = ((ratio - clipped).abs().gt(1e-9).to(at::kFloat) * mask).sum().item<double>() / tokens.item<double>();
-    m.ratio_error = (((ratio - 1).abs() * mask).sum() / tokens).item<double>();
-  }
-  m.loss = loss.item<double>();
-  m.reward = rewards.mean().item<double>();
-  {
-    double entropy = 0;
-    const auto layers = policy_->MoeLayers();
-    for (const MoeLayer& layer : layers) {
-      const at::Tensor share = layer->expert_counts().to(at::kDouble) / layer->expert_counts().sum().to(at::kDouble);
-      entropy += -(share * share.clamp_min(1e-30).log()).sum().item<double>() / std::log(double(share.numel()));
-      m.top_expert_share += share.max().item<double>() / layers.size();
-    }
-    m.load_entropy = layers.empty() ? 0 : entropy / layers.size();
-  }
-
-  // Backward, loss scaling, update.
-  // Gradients are dropped, not zeroed (PyTorch 2's set_to_none): backward
-  // writes fresh ones, and the step reads nothing of the last one's.
+  // Gradients are dropped, not zeroed (PyTorch 2's set_to_none), before the
+  // training forward: backward writes fresh ones, the step reads nothing of
+  // the last one's, and they need not be alive beside the activations.
   for (at::Tensor& p : policy_->parameters()) p.mutable_grad().reset();
-  {
+
+  // Training forward, loss and backward under the training precision, one
+  // micro-batch at a time. A micro-batch's loss is its share of the step's: its token terms
+  // over all the step's response tokens, its router aux loss weighted by its
+  // share of the sequences; the metrics add up the same way.
+  const at::Tensor tokens = mask.sum().clamp_min(1);
+  const auto layers = policy_->MoeLayers();
+  std::vector<at::Tensor> counts(layers.size());  // [E] int64 routed slots, over the micro-batches
+  for (int64_t begin = 0; begin < n; begin += micro) {
+    const int64_t len = std::min(micro, n - begin);
+    const auto part = [&](const at::Tensor& t) { return Rows(t, begin, len); };
+    at::Tensor loss;
+    {
+      NumericsScope scope(options_.numerics);
+      const at::Tensor part_mask = part(mask), part_advantages = part(advantages);
+      const at::Tensor logp =
+          TokenLogProbs(policy_->forward(part(inputs)), part(prompts), part(responses), options_.naive_fp16_softmax)
+              .to(at::kFloat);
+      const at::Tensor ratio = at::exp(logp - part(old_logp));
+      const at::Tensor clipped = ratio.clamp(1 - options_.clip_eps, 1 + options_.clip_eps);
+      const at::Tensor surrogate = at::min(ratio * part_advantages, clipped * part_advantages);
+      const at::Tensor log_ref_ratio = part(ref_logp) - logp;
+      const at::Tensor kl = at::exp(log_ref_ratio) - log_ref_ratio - 1;
+      const double aux_coef = len == n ? options_.aux_loss_coef : options_.aux_loss_coef * len / n;
+      loss = ((-surrogate + options_.kl_coef * kl) * part_mask).sum() / tokens + aux_coef * policy_->AuxLoss();
+      torch::NoGradGuard no_grad;
+      m.kl += ((kl * part_mask).sum() / tokens).item<double>();
+      m.clip_fraction +=
+          ((ratio - clipped).abs().gt(1e-9).to(at::kFloat) * part_mask).sum().item<double>() / tokens.item<double>();
+      m.ratio_error += (((ratio - 1).abs() * part_mask).sum() / tokens).item<double>();
+    }
+    m.loss += loss.item<double>();
+    for (size_t l = 0; l < layers.size(); ++l) {
+      counts[l] = counts[l].defined() ? counts[l] + layers[l]->expert_counts() : layers[l]->expert_counts();
+    }
+    if (begin + len == n) {
+      m.reward = rewards.mean().item<double>();
+      double entropy = 0;
+      for (const at::Tensor& c : counts) {
+        const at::Tensor share = c.to(at::kDouble) / c.sum().to(at::kDouble);
+        entropy += -(share * share.clamp_min(1e-30).log()).sum().item<double>() / std::log(double(share.numel()));
+        m.top_expert_share += share.max().item<double>() / layers.size();
+      }
+      m.load_entropy = layers.empty() ? 0 : entropy / layers.size();
+    }
     NumericsScope scope(options_.numerics);
     (loss * loss_scale_).backward();
   }

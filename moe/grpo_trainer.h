@@ -38,6 +38,12 @@ struct GrpoOptions {
   // truncate every response (and the reward compares that prefix): `moerr
   // reduce`'s truncate-tokens pass sets it.
   int64_t response_tokens = 0;
+  // Sequences per training forward and backward; 0: all of them at once.
+  // Gradients accumulate over the micro-batches (the same gradient up to
+  // summation order, with the router aux loss taken per micro-batch, as
+  // Megatron does), so only one micro-batch's activations are alive: what
+  // an RL trainer sets to fit a step into a device's memory.
+  int64_t micro_batch = 0;
   double temperature = 1.0;
   double clip_eps = 0.2;
   double kl_coef = 0.05;

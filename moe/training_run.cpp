@@ -65,6 +65,7 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
     GrpoOptions grpo;
     grpo.numerics = Numerics{options.precision, options.fp16_saturate};
     grpo.rollout_numerics = grpo.numerics;
+    grpo.micro_batch = options.micro_batch;
     std::mt19937_64 rng(options.seed + 17);
     const AdditionTask::Batch calib = task.Sample(64, rng);
     const at::Tensor calibration = at::cat({calib.prompts, calib.answers}, 1);

@@ -21,6 +21,7 @@ struct TrainOptions {
   int64_t steps = 10;              // GRPO steps
   Precision precision = Precision::kFp32;
   bool fp16_saturate = false;      // fp16 emulation: overflow saturates to +-65504 instead of Inf
+  int64_t micro_batch = 0;         // GrpoOptions::micro_batch
   uint64_t seed = 0;
   std::string out_dir;             // required
   std::string init_checkpoint;     // start from this HF checkpoint instead of warming up

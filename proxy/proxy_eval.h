@@ -14,8 +14,10 @@
 //     the proxy's replay raises the lint finding that names the fault in the
 //     original; localised when also in the same phase and module class
 //     (module path without indices); the onset difference in steps;
-//   cost: policy parameters, peak tensor memory of the RL run (both models,
-//     gradients, Adam state, activations) and RL step time, original / proxy.
+//   cost: policy parameters, peak tensor memory (both models, gradients,
+//     Adam state, activations) of two RL steps trained in micro-batches of
+//     `memory_micro_batch` sequences, as a step is fitted onto fewer devices,
+//     and of the whole-batch RL run; RL step time; each original / proxy.
 #pragma once
 
 #include <functional>
@@ -39,6 +41,7 @@ struct EvalOptions {
   // "cluster", "cluster-unforced", and the baselines "frequency", "random", "reap", "hc-medoid".
   std::vector<std::string> methods = {"cluster", "cluster-unforced", "frequency", "random", "reap", "hc-medoid"};
   std::vector<moe::FaultKind> faults = moe::AllFaults();
+  int64_t memory_micro_batch = 2;  // sequences per training forward in the peak-memory steps
 };
 
 struct EvalRow {
@@ -50,7 +53,8 @@ struct EvalRow {
   double replayed_corr_loss = 0, replayed_corr_kl = 0, replayed_corr_grad_norm = 0;  // the original's responses
   int64_t cases = 0, reproduced = 0, localised = 0;
   double onset_delta = 0;  // mean |proxy onset - original onset| over reproduced cases, steps
-  double params_ratio = 0, peak_memory_ratio = 0, step_time_ratio = 0;  // original / proxy
+  // Original / proxy. Peak memory: micro-batched steps, and the whole-batch run.
+  double params_ratio = 0, peak_memory_ratio = 0, whole_batch_peak_memory_ratio = 0, step_time_ratio = 0;
 };
 
 struct EvalReport {
@@ -77,6 +81,11 @@ struct Trajectory {
   int64_t peak_bytes = 0;
 };
 Trajectory Train(const moe::MoeTransformer& model, int64_t steps, uint64_t seed, const Trajectory* replay = nullptr);
+
+// Peak tensor memory, bytes, of two healthy RL steps of copies of `model`
+// (the second runs with Adam's state allocated) trained in micro-batches of
+// `micro_batch` sequences.
+int64_t MicroBatchedPeakMemory(const moe::MoeTransformer& model, int64_t micro_batch);
 
 using EvalProgress = std::function<void(const std::string& phase, int64_t done, int64_t total)>;
 

@@ -64,6 +64,10 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
                   "fp16 emulation: an overflow gives inf, or saturates to +-65504 (as NPUs can)")
       ->check(CLI::IsMember({"inf", "saturate"}))
       ->capture_default_str();
+  cmd->add_option("--micro-batch", opts->train.micro_batch,
+                  "Sequences per training forward and backward, gradients accumulated (0: the whole batch at once)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", opts->train.seed, "Random seed")->capture_default_str();
   cmd->add_option("-o,--output", opts->train.out_dir, "Output directory: metrics.jsonl, warmup/, checkpoint/")
       ->required();

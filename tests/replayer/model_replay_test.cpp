@@ -39,30 +39,35 @@ void ExpectSameOps(const formats::Trace& a, const formats::Trace& b) {
   EXPECT_GT(compared, 1000u);
 }
 
+// Also in micro-batches (12 of the 32 sequences: parts of 12, 12 and 8),
+// whose forward and backward passes interleave.
 TEST(ModelReplayTest, RepeatsARecordedStepBitwise) {
-  TempDir dir;
-  // Step 1 follows an update, so the Adam moments and the sampler state matter.
-  auto reader = testing::RecordTinySteps(dir.File("r.moerr"), moe::Precision::kFp32,
-                                         recorder::CaptureMode::kReplayable, 2);
-  ModelReplayOptions options;
-  options.record_path = dir.File("replay.moerr");
-  auto report = ReplayModelStep(*reader, 1, options);
-  ASSERT_TRUE(report.ok()) << report.status();
-  EXPECT_EQ(*report->recorded_metrics.getNumber("loss"), report->metrics.loss);
-  EXPECT_EQ(*report->recorded_metrics.getNumber("grad_norm"), report->metrics.grad_norm);
-  EXPECT_GT(report->recorded_decisions, 0);
-  EXPECT_EQ(report->decisions, report->recorded_decisions);
-  EXPECT_EQ(report->forced, report->decisions);
-  EXPECT_EQ(report->live_agree, report->slots);  // the same weights choose the same experts
-  EXPECT_TRUE(report->routing_problem.empty()) << report->routing_problem;
+  for (int64_t micro_batch : {0, 12}) {
+    SCOPED_TRACE("micro-batch " + std::to_string(micro_batch));
+    TempDir dir;
+    // Step 1 follows an update, so the Adam moments and the sampler state matter.
+    auto reader = testing::RecordTinySteps(dir.File("r.moerr"), moe::Precision::kFp32,
+                                           recorder::CaptureMode::kReplayable, 2, micro_batch);
+    ModelReplayOptions options;
+    options.record_path = dir.File("replay.moerr");
+    auto report = ReplayModelStep(*reader, 1, options);
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_EQ(*report->recorded_metrics.getNumber("loss"), report->metrics.loss);
+    EXPECT_EQ(*report->recorded_metrics.getNumber("grad_norm"), report->metrics.grad_norm);
+    EXPECT_GT(report->recorded_decisions, 0);
+    EXPECT_EQ(report->decisions, report->recorded_decisions);
+    EXPECT_EQ(report->forced, report->decisions);
+    EXPECT_EQ(report->live_agree, report->slots);  // the same weights choose the same experts
+    EXPECT_TRUE(report->routing_problem.empty()) << report->routing_problem;
 
-  auto replay = formats::BundleReader::Open(options.record_path).value();
-  const formats::Trace a = formats::ReadTrace(*reader, 1).value();
-  const formats::Trace b = formats::ReadTrace(*replay, 1).value();
-  ExpectSameOps(a, b);
-  const diff::DiffReport d = diff::DiffTraces(*reader, a, 1, *replay, b, 1).value();
-  EXPECT_EQ(d.only_a + d.only_b, 0u);
-  EXPECT_EQ(d.diverged_ops, 0u);
+    auto replay = formats::BundleReader::Open(options.record_path).value();
+    const formats::Trace a = formats::ReadTrace(*reader, 1).value();
+    const formats::Trace b = formats::ReadTrace(*replay, 1).value();
+    ExpectSameOps(a, b);
+    const diff::DiffReport d = diff::DiffTraces(*reader, a, 1, *replay, b, 1).value();
+    EXPECT_EQ(d.only_a + d.only_b, 0u);
+    EXPECT_EQ(d.diverged_ops, 0u);
+  }
 }
 
 TEST(ModelReplayTest, AFaultyStepFailsAtTheSameOp) {

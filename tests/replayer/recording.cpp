@@ -34,13 +34,14 @@ std::unique_ptr<formats::BundleReader> Record(const std::string& path, moe::MoeT
 }  // namespace
 
 std::unique_ptr<formats::BundleReader> RecordTinySteps(const std::string& path, moe::Precision precision,
-                                                       recorder::CaptureMode mode, int steps) {
+                                                       recorder::CaptureMode mode, int steps, int64_t micro_batch) {
   torch::manual_seed(0);
   const moe::MoeConfig config = moe::Preset("tiny").value();
   moe::MoeTransformer policy(config), reference(config);
   moe::GrpoOptions options;
   options.numerics.precision = precision;
   options.rollout_numerics.precision = precision;
+  options.micro_batch = micro_batch;
   bool finite = false;
   return Record(path, policy, reference, options, mode, steps, /*seed=*/1, finite);
 }

@@ -13,9 +13,10 @@
 
 namespace moerr::testing {
 
-// `steps` fault-free steps of the tiny model from seed 0, in `precision`.
+// `steps` fault-free steps of the tiny model from seed 0, in `precision`,
+// trained in micro-batches of `micro_batch` sequences (0: whole batches).
 std::unique_ptr<formats::BundleReader> RecordTinySteps(const std::string& path, moe::Precision precision,
-                                                       recorder::CaptureMode mode, int steps);
+                                                       recorder::CaptureMode mode, int steps, int64_t micro_batch = 0);
 
 // `steps` steps (default one) of the tiny model from seed 0, after
 // `warmup_steps` of supervised warm-up, with `kind` injected; `fault` gets
