@@ -14,15 +14,12 @@
 #include "report/step_figures.h"
 #include "report/step_section.h"
 #include "tests/replayer/recording.h"
+#include "tests/report/occurrences.h"
 
 namespace moerr::report {
 namespace {
 
-size_t Occurrences(const std::string& s, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
-  return n;
-}
+using testing::Occurrences;
 
 TEST(StepSectionTest, MarksTheFirstOverflowAndDrawsEveryOp) {
   formats::testing::TempDir dir;

@@ -8,15 +8,12 @@
 
 #include "absl/strings/match.h"
 #include "report/svg_plot.h"
+#include "tests/report/occurrences.h"
 
 namespace moerr::report {
 namespace {
 
-size_t Occurrences(const std::string& s, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
-  return n;
-}
+using testing::Occurrences;
 
 TEST(SvgPlotTest, EscapesTextAndBreaksLinesAtNaN) {
   LinePlot plot;
