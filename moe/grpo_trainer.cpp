@@ -3,8 +3,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
-#include <c10/util/string_utils.h>
-#include <torch/nn/utils/clip_grad.h>
 
 #include <algorithm>
 #include <cmath>
@@ -90,8 +88,7 @@ GrpoTrainer::GrpoTrainer(MoeTransformer policy, MoeTransformer reference, Additi
       rng_(seed),
       loss_scale_(options.numerics.precision == Precision::kFp16Emu ? options.initial_loss_scale : 1.0) {
   for (auto& p : reference_->parameters()) p.set_requires_grad(false);
-  optimizer_ = std::make_unique<torch::optim::AdamW>(
-      policy_->parameters(), torch::optim::AdamWOptions(options.lr).weight_decay(options.weight_decay));
+  optimizer_ = std::make_unique<ForeachAdamW>(policy_->parameters(), options.lr, options.weight_decay);
 }
 
 namespace {
@@ -117,9 +114,6 @@ at::Tensor NoGradLogProbs(MoeTransformer& model, const at::Tensor& inputs, const
   return parts.size() == 1 ? parts[0] : at::cat(parts);
 }
 
-// The optimizer's key for a parameter's state (LibTorch's own convention).
-std::string StateKey(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
-
 // `tensors` entries named "PREFIX/NAME", by NAME.
 std::map<std::string, formats::TensorView> WithPrefix(const std::map<std::string, formats::TensorView>& tensors,
                                                       const std::string& prefix) {
@@ -139,13 +133,14 @@ TrainerState GrpoTrainer::SaveState() const {
   llvm::json::Object adam_steps;
   for (const auto& [name, t] : policy_->NamedTensors()) state.tensors.emplace_back("policy/" + name, t);
   for (const auto& [name, t] : reference_->NamedTensors()) state.tensors.emplace_back("reference/" + name, t);
-  for (const auto& p : policy_->named_parameters()) {
-    auto it = optimizer_->state().find(StateKey(p.value()));
-    if (it == optimizer_->state().end()) continue;
-    const auto& adam = static_cast<const torch::optim::AdamWParamState&>(*it->second);
-    state.tensors.emplace_back("exp_avg/" + p.key(), adam.exp_avg());
-    state.tensors.emplace_back("exp_avg_sq/" + p.key(), adam.exp_avg_sq());
-    adam_steps[p.key()] = adam.step();
+  const auto named = policy_->named_parameters();
+  for (size_t i = 0; i < named.size(); ++i) {
+    MOERR_CHECK(named[i].value().is_same(optimizer_->params().at(i))) << "the optimizer's parameters in model order";
+    const ForeachAdamW::State& adam = optimizer_->state()[i];
+    if (adam.step == 0) continue;  // not updated yet
+    state.tensors.emplace_back("exp_avg/" + named[i].key(), adam.exp_avg);
+    state.tensors.emplace_back("exp_avg_sq/" + named[i].key(), adam.exp_avg_sq);
+    adam_steps[named[i].key()] = adam.step;
   }
   state.scalars = llvm::json::Object{{"step", step_},
                                      {"seed", static_cast<int64_t>(seed_)},
@@ -175,25 +170,25 @@ absl::Status GrpoTrainer::RestoreState(const llvm::json::Object& scalars,
   MOERR_RETURN_IF_ERROR(Annotate(LoadWeights(policy_, WithPrefix(tensors, "policy/")), "policy"));
   MOERR_RETURN_IF_ERROR(Annotate(LoadWeights(reference_, WithPrefix(tensors, "reference/")), "reference"));
   const auto exp_avg = WithPrefix(tensors, "exp_avg/"), exp_avg_sq = WithPrefix(tensors, "exp_avg_sq/");
-  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::AdamWParamState>>> moments;
-  for (const auto& p : policy_->named_parameters()) {
-    auto a = exp_avg.find(p.key()), b = exp_avg_sq.find(p.key());
-    auto n = adam_steps->getInteger(p.key());
+  const auto named = policy_->named_parameters();
+  std::vector<ForeachAdamW::State> moments(named.size());
+  for (size_t i = 0; i < named.size(); ++i) {
+    const std::string& name = named[i].key();
+    const at::Tensor& p = named[i].value();
+    auto a = exp_avg.find(name), b = exp_avg_sq.find(name);
+    auto n = adam_steps->getInteger(name);
     if (a == exp_avg.end() && b == exp_avg_sq.end() && !n) continue;  // no update yet
     if (a == exp_avg.end() || b == exp_avg_sq.end() || !n || *n < 1) {
-      return absl::InvalidArgumentError("trainer state: incomplete Adam state for " + p.key());
+      return absl::InvalidArgumentError("trainer state: incomplete Adam state for " + name);
     }
-    if (a->second.shape != p.value().sizes().vec() || b->second.shape != p.value().sizes().vec()) {
-      return absl::InvalidArgumentError("trainer state: Adam moments of " + p.key() + " do not fit its shape");
+    if (a->second.shape != p.sizes().vec() || b->second.shape != p.sizes().vec()) {
+      return absl::InvalidArgumentError("trainer state: Adam moments of " + name + " do not fit its shape");
     }
-    auto adam = std::make_unique<torch::optim::AdamWParamState>();
-    adam->step(*n);
-    adam->exp_avg(recorder::ToTensor(a->second).to(p.value().scalar_type()));
-    adam->exp_avg_sq(recorder::ToTensor(b->second).to(p.value().scalar_type()));
-    moments.emplace_back(StateKey(p.value()), std::move(adam));
+    moments[i].step = *n;
+    moments[i].exp_avg = recorder::ToTensor(a->second).to(p.scalar_type());
+    moments[i].exp_avg_sq = recorder::ToTensor(b->second).to(p.scalar_type());
   }
-  optimizer_->state().clear();
-  for (auto& [key, adam] : moments) optimizer_->state()[key] = std::move(adam);
+  optimizer_->state() = std::move(moments);
   step_ = step;
   seed_ = static_cast<uint64_t>(seed);
   loss_scale_ = loss_scale;
@@ -232,7 +227,11 @@ StepMetrics GrpoTrainer::Step() {
     } else {
       responses = Generate(policy_, prompts, answer_tokens, options_.temperature, gen);
     }
-    const at::Tensor seq = at::cat({prompts, responses}, 1);
+    at::Tensor seq;
+    {
+      RECORD_USER_SCOPE("batch");  // the sampled responses join the step's batch here
+      seq = at::cat({prompts, responses}, 1);
+    }
     old_logp = NoGradLogProbs(policy_, seq.narrow(1, 0, seq.size(1) - 1), prompts, responses, micro);
   }
   const at::Tensor seq = at::cat({prompts, responses}, 1);
@@ -307,18 +306,17 @@ StepMetrics GrpoTrainer::Step() {
     (loss * loss_scale_).backward();
   }
   RECORD_USER_SCOPE("optimizer");
-  std::vector<at::Tensor> params = policy_->parameters();
-  bool finite = std::isfinite(m.loss);
-  double sq = 0;
-  {
-    torch::NoGradGuard no_grad;
-    for (at::Tensor& p : params) {
-      if (!p.grad().defined()) continue;
-      p.mutable_grad().div_(loss_scale_);
-      sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
-    }
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : policy_->parameters()) {
+    if (p.grad().defined()) grads.push_back(p.grad());
   }
-  m.grad_norm = std::sqrt(sq);
+  bool finite = std::isfinite(m.loss);
+  if (!grads.empty()) {
+    torch::NoGradGuard no_grad;
+    at::_foreach_div_(grads, loss_scale_);
+    // The global L2 norm from the per-tensor norms, combined in double.
+    m.grad_norm = std::sqrt(at::stack(at::_foreach_norm(grads)).to(at::kDouble).pow(2).sum().item<double>());
+  }
   finite = finite && std::isfinite(m.grad_norm);
   m.finite = finite;
   m.loss_scale = loss_scale_;
@@ -327,8 +325,13 @@ StepMetrics GrpoTrainer::Step() {
     if (options_.numerics.precision == Precision::kFp16Emu) loss_scale_ /= 2;
     good_steps_ = 0;
   } else {
-    torch::nn::utils::clip_grad_norm_(params, options_.max_grad_norm);
-    if (!options_.skip_update) optimizer_->step();
+    // Clipped as torch::nn::utils::clip_grad_norm_ clips: by max / (norm + 1e-6) when that is below 1.
+    const double clip = options_.max_grad_norm / (m.grad_norm + 1e-6);
+    if (clip < 1) {
+      torch::NoGradGuard no_grad;
+      at::_foreach_mul_(grads, clip);
+    }
+    if (!options_.skip_update) optimizer_->Step();
     if (options_.numerics.precision == Precision::kFp16Emu && ++good_steps_ % options_.scale_growth_interval == 0) {
       loss_scale_ *= 2;
     }

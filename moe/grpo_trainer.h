@@ -5,12 +5,11 @@
 //             advantages + kl_coef * k3 KL to the frozen reference
 //             (exp(ref - logp) - (ref - logp) - 1) + aux_loss_coef * router
 //             load-balancing loss, averaged over response tokens
-//   update    AdamW after clipping the gradient norm; under fp16 emulation
+//   update    AdamW (multi-tensor: foreach_adamw.h) after clipping the
+//             gradient norm; under fp16 emulation
 //             with dynamic loss scaling: a step whose gradients are not
 //             finite is skipped and the scale halved.
 #pragma once
-
-#include <torch/optim/adamw.h>
 
 #include <cstdint>
 #include <functional>
@@ -26,6 +25,7 @@
 #include "llvm/Support/JSON.h"
 
 #include "moe/addition_task.h"
+#include "moe/foreach_adamw.h"
 #include "moe/moe_transformer.h"
 #include "moe/numerics.h"
 
@@ -128,7 +128,7 @@ class GrpoTrainer {
   MoeTransformer& policy() { return policy_; }
   MoeTransformer& reference() { return reference_; }
   const MoeTransformer& policy() const { return policy_; }
-  torch::optim::AdamW& optimizer() { return *optimizer_; }
+  ForeachAdamW& optimizer() { return *optimizer_; }
   const GrpoOptions& options() const { return options_; }
   double loss_scale() const { return loss_scale_; }
   const StepBatch& last_batch() const { return last_batch_; }  // of the last Step()
@@ -140,7 +140,7 @@ class GrpoTrainer {
   GrpoOptions options_;
   uint64_t seed_;
   std::mt19937_64 rng_;
-  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<ForeachAdamW> optimizer_;  // over policy_->parameters(), in that order
   double loss_scale_;
   StepBatch last_batch_;
   ResponseSource response_source_;

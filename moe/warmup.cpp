@@ -10,6 +10,9 @@ namespace moerr::moe {
 
 at::Tensor Generate(MoeTransformer& model, const at::Tensor& prompts, int64_t steps, double temperature,
                     c10::optional<at::Generator> generator) {
+  // The sampling loop is the rollout engine's work: a recorder does not
+  // trace it, and the responses are a leaf of the step (op_tracer.h).
+  RECORD_USER_SCOPE("generate");
   torch::NoGradGuard no_grad;
   at::Tensor seq = prompts;
   for (int64_t i = 0; i < steps; ++i) {

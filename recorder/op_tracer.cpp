@@ -36,6 +36,7 @@ struct ThreadState {
   // Sequence numbers of the nodes the engine is evaluating: its ops outside
   // the node (accumulating that node's gradients) are attributed to it.
   std::vector<int64_t> evaluating;
+  int untraced = 0;  // open kUntracedScope scopes
   uint32_t thread = 0;
 };
 
@@ -52,6 +53,9 @@ ThreadState& State() {
 struct OpContext : at::ObserverContext {
   formats::OpEvent op;
   std::vector<ViewSource> sources;
+  // An op that returns nothing (in-place `_foreach_*_`): the tensors it
+  // writes, in argument order, recorded as its outputs.
+  std::vector<at::Tensor> written;
   int64_t seq_begin = -1;
   // Not an op of its own: aten::_backward, or a named record that is no
   // dispatcher op (the engine's "autograd::engine::evaluate_function: ...").
@@ -60,6 +64,8 @@ struct OpContext : at::ObserverContext {
 };
 
 constexpr const char kEvaluateFunction[] = "autograd::engine::evaluate_function";
+// Ops inside a user scope of this name are not recorded (op_tracer.h).
+constexpr const char kUntracedScope[] = "generate";
 // Tensor bytes the worker may hold before the traced thread waits for it.
 constexpr size_t kWorkerBytes = size_t{1} << 30;
 
@@ -351,22 +357,43 @@ formats::OpArg OpTracer::ToArg(const c10::IValue& v, bool in_optimizer, bool in_
   return a;
 }
 
-const std::vector<bool>& OpTracer::WrittenArgs(const at::RecordFunction& fn) {
-  auto [it, inserted] = written_args_.try_emplace(fn.name());
+const OpTracer::SchemaInfo& OpTracer::InfoOf(const at::RecordFunction& fn) {
+  auto [it, inserted] = schema_info_.try_emplace(fn.name());
   if (inserted) {
     if (const c10::optional<c10::FunctionSchema> schema = fn.operator_schema()) {
       for (const c10::Argument& arg : schema->arguments()) {
-        it->second.push_back(arg.alias_info() != nullptr && arg.alias_info()->isWrite());
+        it->second.written.push_back(arg.alias_info() != nullptr && arg.alias_info()->isWrite());
       }
+      it->second.returns_nothing = schema->returns().empty();
     }
   }
   return it->second;
 }
 
+void OpTracer::WaitBeforeWrites(const at::RecordFunction& fn, std::vector<at::Tensor>* written) {
+  const auto inputs = fn.inputs();
+  const std::vector<bool>& writes = InfoOf(fn).written;
+  for (size_t i = 0; i < inputs.size() && i < writes.size(); ++i) {
+    if (!writes[i]) continue;
+    if (inputs[i].isTensor()) {
+      worker_.BeforeWrite(inputs[i].toTensor());
+      if (written != nullptr) written->push_back(inputs[i].toTensor());
+    } else if (inputs[i].isTensorList()) {
+      for (const at::Tensor& t : inputs[i].toTensorVector()) {
+        worker_.BeforeWrite(t);
+        if (written != nullptr) written->push_back(t);
+      }
+    }
+  }
+}
+
 std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction& fn) {
   ThreadState& st = State();
   switch (fn.scope()) {
-    case at::RecordScope::USER_SCOPE: st.scopes.emplace_back(fn.name()); return nullptr;
+    case at::RecordScope::USER_SCOPE:
+      st.scopes.emplace_back(fn.name());
+      st.untraced += st.scopes.back() == kUntracedScope;
+      return nullptr;
     case at::RecordScope::BACKWARD_FUNCTION:
       if (!st.evaluating.empty() && st.evaluating.back() < 0) st.evaluating.back() = fn.seqNr();
       st.backward.emplace_back(fn.seqNr(), st.depth);
@@ -385,6 +412,10 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   }
   if (st.depth++ > 0) return nullptr;  // only the outermost op of a thread
   std::lock_guard<std::mutex> lock(mu_);
+  if (st.untraced > 0) {
+    WaitBeforeWrites(fn);  // not recorded, but it may overwrite what the worker is to read
+    return nullptr;
+  }
   if (!enabled_) return nullptr;
   auto ctx = std::make_unique<OpContext>();
   formats::OpEvent& op = ctx->op;
@@ -431,16 +462,9 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   op.args.reserve(inputs.size());
   for (const c10::IValue& v : inputs) op.args.push_back(ToArg(v, in_optimizer, in_batch, in_backward, ctx->sources));
   // The worker may still have to read what this op overwrites (the leaves
-  // just named included).
-  const std::vector<bool>& written = WrittenArgs(fn);
-  for (size_t i = 0; i < inputs.size() && i < written.size(); ++i) {
-    if (!written[i]) continue;
-    if (inputs[i].isTensor()) {
-      worker_.BeforeWrite(inputs[i].toTensor());
-    } else if (inputs[i].isTensorList()) {
-      for (const at::Tensor& t : inputs[i].toTensorVector()) worker_.BeforeWrite(t);
-    }
-  }
+  // just named included). An op that returns nothing has what it wrote as
+  // its outputs.
+  WaitBeforeWrites(fn, InfoOf(fn).returns_nothing ? &ctx->written : nullptr);
   return ctx;
 }
 
@@ -448,7 +472,10 @@ void OpTracer::OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   ThreadState& st = State();
   switch (fn.scope()) {
     case at::RecordScope::USER_SCOPE:
-      if (!st.scopes.empty()) st.scopes.pop_back();
+      if (!st.scopes.empty()) {
+        st.untraced -= st.scopes.back() == kUntracedScope;
+        st.scopes.pop_back();
+      }
       return;
     case at::RecordScope::BACKWARD_FUNCTION:
       if (!st.backward.empty()) {
@@ -470,6 +497,10 @@ void OpTracer::OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (ctx == nullptr) return;
   formats::OpEvent& op = op_ctx->op;
   std::lock_guard<std::mutex> lock(mu_);
+  for (const at::Tensor& t : op_ctx->written) {
+    op.outputs.push_back(OutputId(t, static_cast<int64_t>(op.seq), op.name, op_ctx->sources));
+  }
+  op_ctx->written.clear();
   for (const c10::IValue& v : fn.outputs()) {
     if (v.isTensor() && v.toTensor().defined()) {
       op.outputs.push_back(OutputId(v.toTensor(), static_cast<int64_t>(op.seq), op.name, op_ctx->sources));

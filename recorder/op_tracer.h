@@ -15,7 +15,10 @@
 // (saved inside composite ops, engine buffers) are captured as "saved/<id>",
 // not leaves. Ops inside a scope named
 // "optimizer" are in the optimizer phase; leaves first read inside a scope
-// named "batch" are the batch.
+// named "batch" are the batch. Ops inside a scope named "generate" are not
+// recorded: a rollout's sampling loop is the inference engine's work, not
+// the training step's, and what it returns is a leaf of the step (read it
+// first inside "batch" to make it part of the batch).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -120,8 +123,17 @@ class OpTracer {
   // `derive_from`: `t` is a dense view of exactly that input's elements.
   uint64_t NewTensor(const at::Tensor& t, int64_t producer, std::string leaf_name, formats::Role role,
                      uint64_t view_of = 0, const ViewSource* derive_from = nullptr);
-  // Which arguments of the op `fn` runs it may write (alias annotations).
-  const std::vector<bool>& WrittenArgs(const at::RecordFunction& fn);
+  // From the schema of the op `fn` runs: which arguments it may write
+  // (alias annotations), and whether it returns nothing (an in-place
+  // `_foreach_*_` op, whose results are the tensors it wrote).
+  struct SchemaInfo {
+    std::vector<bool> written;
+    bool returns_nothing = false;
+  };
+  const SchemaInfo& InfoOf(const at::RecordFunction& fn);
+  // Runs the worker's queued reads of every tensor `fn` may write (mu_ held);
+  // appends those tensors to `written` when given.
+  void WaitBeforeWrites(const at::RecordFunction& fn, std::vector<at::Tensor>* written = nullptr);
   formats::OpArg ToArg(const c10::IValue& v, bool in_optimizer, bool in_batch, bool in_backward,
                        std::vector<ViewSource>& sources);
   void FlushLocked();
@@ -158,7 +170,7 @@ class OpTracer {
   std::vector<NodeRange> node_ranges_;
   size_t inserts_since_prune_ = 0;
   // By the name pointer an op's schema owns (stable for the process).
-  absl::flat_hash_map<const char*, std::vector<bool>> written_args_;
+  absl::flat_hash_map<const char*, SchemaInfo> schema_info_;
   TraceWorker worker_;  // last: destroyed first, after the final flush
 };
 

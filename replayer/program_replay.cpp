@@ -290,6 +290,15 @@ class Replay {
       if (autocast) {
         at::autocast::set_autocast_cpu_dtype(recorder::ToScalarType(static_cast<formats::DType>(op.autocast)));
       }
+      // An op that returns nothing (in-place `_foreach_*_`) has the tensors
+      // it writes as its outputs, in argument order, as the recorder lists them.
+      std::vector<c10::IValue> written;
+      if (handle->schema().returns().empty()) {
+        for (size_t i = 0; i < stack.size() && i < schema_args.size(); ++i) {
+          const c10::AliasInfo* alias = schema_args[i].alias_info();
+          if (alias != nullptr && alias->isWrite()) written.push_back(stack[i]);
+        }
+      }
       const auto start = std::chrono::steady_clock::now();
       const absl::Status called = CatchTorch("dispatch", [&] {
         handle->callBoxed(&stack);
@@ -301,6 +310,7 @@ class Replay {
       // Outputs: tensors and tensor lists, flattened as the recorder did.
       const bool round = rule != nullptr && !rule->Upcast();
       size_t o = 0;
+      if (!written.empty()) stack = std::move(written);
       for (const c10::IValue& v : stack) {
         if (v.isTensor()) {
           const at::Tensor t = round ? Round(v.toTensor(), rule->action) : v.toTensor();

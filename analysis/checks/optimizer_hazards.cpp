@@ -116,14 +116,18 @@ class OptimizerHazards : public Check {
       if (op.phase != formats::Phase::kOptimizer) continue;
       ++optimizer_ops;
       if (!absl::EndsWith(op.name, "_")) continue;  // in place
-      const formats::OpArg* target = nullptr;
+      // The first tensor argument, or each tensor of a first tensor list
+      // (`_foreach_*_`), is what an in-place op writes.
       for (const formats::OpArg& a : op.args) {
         if (a.kind == formats::OpArg::Kind::kTensor) {
-          target = &a;
+          written += forward_leaves.contains(a.i);
+          break;
+        }
+        if (a.kind == formats::OpArg::Kind::kTensors) {
+          for (int64_t id : a.ints) written += forward_leaves.contains(static_cast<uint64_t>(id));
           break;
         }
       }
-      written += target != nullptr && forward_leaves.contains(target->i);
     }
     if (written > 0 || forward_leaves.empty()) return;
     Finding f = checks::At(kName, Severity::kWarning, s, "optimizer");

@@ -3,7 +3,11 @@
 // alike. Prints a markdown table: step time ratio per mode, bundle bytes per
 // step, and the capture throughput of full mode.
 //
-//   recorder_bench [--preset small] [--steps 4] [--rounds 3]
+//   recorder_bench [--preset small] [--steps 4] [--rounds 3] [--threads N]
+//
+// --threads: LibTorch's intra-op threads (default: LibTorch's choice, one
+// per core). The recorder's worker and writer threads share the cores with
+// them; fewer leaves them a core, as a GPU job's idle host cores would.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -11,7 +15,9 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 
+#include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 
 #include "moe/grpo_trainer.h"
@@ -40,16 +46,18 @@ struct Result {
 int main(int argc, char** argv) {
   using namespace moerr;
   std::string preset = "small", only;
-  int steps = 4, rounds = 3;
+  int steps = 4, rounds = 3, threads = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--preset") preset = argv[i + 1];
     if (flag == "--steps") steps = std::atoi(argv[i + 1]);
     if (flag == "--rounds") rounds = std::atoi(argv[i + 1]);
+    if (flag == "--threads") threads = std::atoi(argv[i + 1]);
     if (flag == "--only") only = argv[i + 1];  // one mode (and the baseline), for profiling
   }
   const std::string dir = std::filesystem::temp_directory_path() / "moerr-recorder-bench";
   std::filesystem::create_directories(dir);
+  if (threads > 0) at::set_num_threads(threads);
   torch::manual_seed(0);
   const moe::MoeConfig config = moe::Preset(preset).value();
   moe::MoeTransformer policy(config), reference(config);
@@ -101,8 +109,9 @@ int main(int argc, char** argv) {
   }
   const Result& base = results["none"];
   Result& full = results["full"];
-  std::printf("Preset %s, %d GRPO steps x %d interleaved rounds per variant, same process:\n\n", preset.c_str(), steps,
-              rounds);
+  std::printf("Preset %s, %d GRPO steps x %d interleaved rounds per variant, same process, %d LibTorch threads on %u "
+              "cores:\n\n",
+              preset.c_str(), steps, rounds, at::get_num_threads(), std::thread::hardware_concurrency());
   std::printf("| mode | step ms | x no recorder | ops/step | bundle MiB/step | x full size |\n|---|---|---|---|---|---|\n");
   for (const auto& [name, mode] : variants) {
     if (!results.count(name) || results[name].steps == 0) continue;

@@ -272,9 +272,10 @@ TEST(RecorderTest, LeavesAreParametersOptimizerStateAndBatch) {
   // AdamW's exp_avg and exp_avg_sq (the trainer drops the last step's
   // gradients instead of zeroing them, so they are not read).
   EXPECT_EQ(at_step1[formats::Role::kOptimizerState], 2 * params);
-  EXPECT_EQ(at_step1[formats::Role::kBatch], 2);                    // prompts and answers
+  // Prompts, answers, and the responses the untraced sampling loop returned.
+  EXPECT_EQ(at_step1[formats::Role::kBatch], 3);
   EXPECT_EQ(at_step1[formats::Role::kLeaf], 0) << "a leaf that is none of the above";
-  EXPECT_GT(at_step1[formats::Role::kRng], 0);  // RNG state and sampled tokens
+  EXPECT_GT(at_step1[formats::Role::kRng], 0);  // the RNG state
   // Values autograd saved inside composite ops are captured, not leaves.
   EXPECT_GT(at_step1[formats::Role::kActivation], 0);
   for (const auto& t : reader->index().tensors) {
