@@ -335,11 +335,16 @@ int RunModelStory(const DemoOptions& o, report::HtmlReport& page) {
   if (!proxy_model.ok()) return ReportError(proxy_model.status());
   const proxy::Trajectory base = proxy::Train(*warm, o.dynamics_steps, 5);
   const proxy::Trajectory mirrored = proxy::Train(*proxy_model, o.dynamics_steps, 5, &base);
+  const int64_t micro_batch = proxy::EvalOptions().memory_micro_batch;
+  const int64_t base_micro = proxy::MicroBatchedPeakMemory(*warm, micro_batch);
+  const int64_t proxy_micro = proxy::MicroBatchedPeakMemory(*proxy_model, micro_batch);
   const std::string dynamics = absl::StrFormat(
-      "Pearson r(loss) %.3f, r(grad norm) %.3f; peak tensor memory %s -> %s (%.2fx less)",
+      "Pearson r(loss) %.3f, r(grad norm) %.3f; peak tensor memory %s -> %s (%.2fx less), in micro-batches of %d "
+      "sequences %s -> %s (%.2fx less)",
       proxy::Pearson(base.loss, mirrored.loss), proxy::Pearson(base.grad_norm, mirrored.grad_norm),
       formats::HumanBytes(base.peak_bytes), formats::HumanBytes(mirrored.peak_bytes),
-      double(base.peak_bytes) / mirrored.peak_bytes);
+      double(base.peak_bytes) / mirrored.peak_bytes, micro_batch, formats::HumanBytes(base_micro),
+      formats::HumanBytes(proxy_micro), double(base_micro) / proxy_micro);
   std::printf("    %s\n\n", dynamics.c_str());
   page.Heading("RL dynamics, original against proxy");
   page.Paragraph(absl::StrFormat("%d healthy GRPO steps from the warm model and from its 1/4 proxy (cluster), the proxy "

@@ -98,7 +98,10 @@ def record(path, mode="replayable", trigger="always", steps=None, ring=2, spike=
 
 @contextlib.contextmanager
 def scope(name):
-    """Ops inside run in the user scope `name` ("optimizer" marks the optimizer phase)."""
+    """Ops inside run in the user scope `name` ("optimizer" marks the optimizer
+    phase; "generate" a rollout's sampling loop, which is not recorded: what it
+    returns is a leaf of the step, part of the batch when first read inside
+    scope("batch"))."""
     with torch.autograd.profiler.record_function(name):
         yield
 
