@@ -249,8 +249,7 @@ uint64_t OpTracer::InputId(const at::Tensor& t, bool in_optimizer, bool in_batch
   // Memory an `empty` op allocated, read before any recorded op wrote it:
   // something outside the ops filled it (Python's torch.tensor(0.) is an
   // empty plus a memcpy), so its values are a leaf of the step.
-  const bool written = writes_any_ || (writes_first_ && tensor_args_ == 0);
-  ++tensor_args_;
+  const bool written = arg_written_;
   const uint64_t known = KnownId(t);
   const bool filled_outside = known != 0 && !written && unfilled_.erase(known) > 0;
   if (known != 0 && !filled_outside) return known;
@@ -453,14 +452,16 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
     ctx->seq_begin = static_cast<int64_t>(at::sequence_number::peek());
   }
   const bool in_backward = op.phase == formats::Phase::kBackward;
-  // An in-place op's first tensor and an out= op's tensors may be written,
-  // not read: an `empty` buffer there is not a leaf (see InputId).
-  writes_first_ = !op.name.empty() && op.name.back() == '_';
-  writes_any_ = op.overload.find("out") != std::string::npos;
-  tensor_args_ = 0;
+  // An argument the schema marks as written (in place, out=) is not read:
+  // an `empty` buffer there is not a leaf (see InputId).
+  const SchemaInfo& info = InfoOf(fn);
   const auto inputs = fn.inputs();
   op.args.reserve(inputs.size());
-  for (const c10::IValue& v : inputs) op.args.push_back(ToArg(v, in_optimizer, in_batch, in_backward, ctx->sources));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    arg_written_ = i < info.written.size() && info.written[i];
+    op.args.push_back(ToArg(inputs[i], in_optimizer, in_batch, in_backward, ctx->sources));
+  }
+  arg_written_ = false;
   // The worker may still have to read what this op overwrites (the leaves
   // just named included). An op that returns nothing has what it wrote as
   // its outputs.

@@ -153,10 +153,9 @@ class OpTracer {
   absl::flat_hash_map<const void*, KnownStorage> storages_;
   uint64_t step_first_id_ = 1;  // ids below belong to earlier steps
   absl::flat_hash_set<uint64_t> unfilled_;  // outputs of `empty`-like ops no recorded op has read yet
-  // The op being started: does it write its first tensor (in place) or its
-  // tensors (out=), and how many tensor arguments InputId has seen.
-  bool writes_first_ = false, writes_any_ = false;
-  int64_t tensor_args_ = 0;
+  // The argument of the op being started that InputId names: does the
+  // op's schema mark it as written (in place, out=)?
+  bool arg_written_ = false;
   absl::flat_hash_map<const c10::TensorImpl*, std::string> names_;
   // Autograd sequence numbers [begin, end) of the nodes a forward op made,
   // with the op's seq and module, for attributing backward ops; sorted by

@@ -5,6 +5,7 @@
 #include "analysis/first_overflow.h"
 
 #include <gtest/gtest.h>
+#include <cstring>
 #include <torch/torch.h>
 
 #include "moe/fault.h"
@@ -199,6 +200,53 @@ TEST(ProgramReplayTest, FollowsTheWritesOfOpsThatReturnNothing) {
     EXPECT_GT(report->from_record, 0u);  // the dropout mask
     EXPECT_EQ(report->mismatched, 0u);
   }
+}
+
+// Memory an `empty` op allocated and something outside the ops filled (a
+// memcpy, as Python's torch.tensor does) is a leaf where an op first reads
+// it; where an op's schema marks it as written (out=, in place) it is not
+// read, so not a leaf. The out= op's input is read even though its name
+// says "out".
+TEST(ProgramReplayTest, ABufferFilledOutsideTheOpsIsALeafWhereItIsRead) {
+  TempDir dir;
+  auto rec = recorder::Recorder::Start(recorder::RecordOptions(dir.File("b.moerr")).set_crash_handler(false)).value();
+  ASSERT_TRUE(rec->StepBegin(0).ok());
+  at::Tensor filled = at::empty({8});
+  const float values[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  std::memcpy(filled.data_ptr<float>(), values, sizeof values);  // no op, no version bump
+  at::Tensor out = at::empty({8});
+  at::add_out(out, filled, filled);
+  at::Tensor scratch = at::empty({8});
+  scratch.fill_(3.0);
+  const double total = (out + scratch).sum().item<double>();
+  EXPECT_EQ(total, 2 * 28.0 + 24.0);
+  ASSERT_TRUE(rec->StepEnd(0, {0.0, 0.0}).ok());
+  ASSERT_TRUE(rec->Stop().ok());
+
+  auto reader = formats::BundleReader::Open(dir.File("b.moerr")).value();
+  const formats::Trace trace = formats::ReadTrace(*reader, 0).value();
+  const formats::OpEvent *add = nullptr, *fill = nullptr;
+  for (const formats::OpEvent& op : trace.ops) {
+    if (op.name == "aten::add" && op.overload == "out") add = &op;
+    if (op.name == "aten::fill_") fill = &op;
+  }
+  ASSERT_TRUE(add != nullptr && fill != nullptr);
+  // add.out(self, other, *, alpha, out): self and other read, out written.
+  const formats::TensorMeta* self = trace.Find(add->args[0].i);
+  const formats::TensorMeta* written = trace.Find(add->args[3].i);
+  ASSERT_TRUE(self != nullptr && written != nullptr);
+  EXPECT_EQ(self->producer, -1) << "the filled buffer is a leaf where add reads it";
+  EXPECT_FALSE(self->leaf.empty());
+  EXPECT_GE(written->producer, 0) << "out= writes the empty buffer: not a leaf";
+  const formats::TensorMeta* filled_in_place = trace.Find(fill->args[0].i);
+  ASSERT_NE(filled_in_place, nullptr);
+  EXPECT_GE(filled_in_place->producer, 0) << "fill_ writes the empty buffer: not a leaf";
+
+  // The replay reads the leaf's recorded bytes and matches every output.
+  auto report = ReplayStep(*reader, 0);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->mismatched, 0u);
+  EXPECT_GT(report->compared, 3u);
 }
 
 }  // namespace
