@@ -41,7 +41,7 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--memory-micro-batch", opts->eval.memory_micro_batch,
                   "Sequences per training forward in the peak-memory steps (the whole-batch peak is reported too)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--json", opts->json, "Also write the report as JSON here");
   cmd->callback([opts, &exit_code] {
     proxy::EvalOptions eval = opts->eval;

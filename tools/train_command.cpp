@@ -67,7 +67,7 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--micro-batch", opts->train.micro_batch,
                   "Sequences per training forward and backward, gradients accumulated (0: the whole batch at once)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--seed", opts->train.seed, "Random seed")->capture_default_str();
   cmd->add_option("-o,--output", opts->train.out_dir, "Output directory: metrics.jsonl, warmup/, checkpoint/")
       ->required();
