@@ -259,9 +259,9 @@ StepMetrics GrpoTrainer::Step() {
   for (at::Tensor& p : policy_->parameters()) p.mutable_grad().reset();
 
   // Training forward, loss and backward under the training precision, one
-  // micro-batch at a time. A micro-batch's loss is its share of the step's: its token terms
-  // over all the step's response tokens, its router aux loss weighted by its
-  // share of the sequences; the metrics add up the same way.
+  // micro-batch at a time. A micro-batch's loss is its share of the step's:
+  // its token terms over all the step's response tokens, its router aux loss
+  // weighted by its share of the sequences; the metrics add up the same way.
   const at::Tensor tokens = mask.sum().clamp_min(1);
   const auto layers = policy_->MoeLayers();
   std::vector<at::Tensor> counts(layers.size());  // [E] int64 routed slots, over the micro-batches

@@ -320,8 +320,8 @@ llvm::json::Object ToJson(const EvalReport& report) {
         {"corr_grad_norm", num(r.corr_grad_norm)}, {"replayed_corr_loss", num(r.replayed_corr_loss)},
         {"replayed_corr_kl", num(r.replayed_corr_kl)}, {"replayed_corr_grad_norm", num(r.replayed_corr_grad_norm)},
         {"peak_memory_ratio", num(r.peak_memory_ratio)},
-        {"whole_batch_peak_memory_ratio", num(r.whole_batch_peak_memory_ratio)}, {"fault_cases", r.cases}, {"reproduced", r.reproduced},
-        {"localised", r.localised}, {"onset_delta", num(r.onset_delta)}, {"params_ratio", num(r.params_ratio)},
+        {"whole_batch_peak_memory_ratio", num(r.whole_batch_peak_memory_ratio)}, {"fault_cases", r.cases},
+        {"reproduced", r.reproduced}, {"localised", r.localised}, {"onset_delta", num(r.onset_delta)}, {"params_ratio", num(r.params_ratio)},
         {"step_time_ratio", num(r.step_time_ratio)}});
   }
   return llvm::json::Object{{"preset", report.preset},

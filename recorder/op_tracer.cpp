@@ -465,7 +465,7 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   // The worker may still have to read what this op overwrites (the leaves
   // just named included). An op that returns nothing has what it wrote as
   // its outputs.
-  WaitBeforeWrites(fn, InfoOf(fn).returns_nothing ? &ctx->written : nullptr);
+  WaitBeforeWrites(fn, info.returns_nothing ? &ctx->written : nullptr);
   return ctx;
 }
 
