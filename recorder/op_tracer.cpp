@@ -245,13 +245,12 @@ uint64_t OpTracer::NewTensor(const at::Tensor& t, int64_t producer, std::string 
   return id;
 }
 
-uint64_t OpTracer::InputId(const at::Tensor& t, bool in_optimizer, bool in_batch, bool in_backward) {
+uint64_t OpTracer::InputId(const at::Tensor& t, const ArgUse& use) {
   // Memory an `empty` op allocated, read before any recorded op wrote it:
   // something outside the ops filled it (Python's torch.tensor(0.) is an
   // empty plus a memcpy), so its values are a leaf of the step.
-  const bool written = arg_written_;
   const uint64_t known = KnownId(t);
-  const bool filled_outside = known != 0 && !written && unfilled_.erase(known) > 0;
+  const bool filled_outside = known != 0 && !use.written && unfilled_.erase(known) > 0;
   if (known != 0 && !filled_outside) return known;
   // Another view of a storage a recorded tensor lives in, unchanged since.
   if (!filled_outside && t.has_storage()) {
@@ -264,7 +263,7 @@ uint64_t OpTracer::InputId(const at::Tensor& t, bool in_optimizer, bool in_batch
   // First seen in backward: a value autograd made inside a composite op or
   // the engine (saved for backward, gradient buffers). Not a leaf of the
   // step: captured so that the backward ops can be replayed.
-  if (in_backward && !(t.is_leaf() && t.requires_grad())) {
+  if (use.in_backward && !(t.is_leaf() && t.requires_grad())) {
     std::string name = mode_ == CaptureMode::kStats ? "" : absl::StrCat("saved/", next_id_);
     return NewTensor(t, -1, std::move(name), formats::Role::kActivation);
   }
@@ -273,8 +272,8 @@ uint64_t OpTracer::InputId(const at::Tensor& t, bool in_optimizer, bool in_batch
   formats::Role role = formats::Role::kLeaf;
   auto named = names_.find(t.unsafeGetTensorImpl());
   if (t.is_leaf() && t.requires_grad()) role = formats::Role::kParameter;
-  if (in_optimizer) role = formats::Role::kOptimizerState;
-  if (in_batch) role = formats::Role::kBatch;
+  if (use.in_optimizer) role = formats::Role::kOptimizerState;
+  if (use.in_batch) role = formats::Role::kBatch;
   if (mode_ != CaptureMode::kStats) {
     const uint64_t id = next_id_;
     name = named != names_.end() ? absl::StrCat("param/", named->second, "@", id) : absl::StrCat("leaf/", id);
@@ -311,8 +310,7 @@ uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const std::st
   return id;
 }
 
-formats::OpArg OpTracer::ToArg(const c10::IValue& v, bool in_optimizer, bool in_batch, bool in_backward,
-                               std::vector<ViewSource>& sources) {
+formats::OpArg OpTracer::ToArg(const c10::IValue& v, const ArgUse& use, std::vector<ViewSource>& sources) {
   using K = formats::OpArg::Kind;
   formats::OpArg a;
   if (v.isNone()) {
@@ -321,16 +319,16 @@ formats::OpArg OpTracer::ToArg(const c10::IValue& v, bool in_optimizer, bool in_
     const at::Tensor& t = v.toTensor();
     if (!t.defined()) return a;
     a.kind = K::kTensor;
-    a.i = static_cast<int64_t>(InputId(t, in_optimizer, in_batch, in_backward));
+    a.i = static_cast<int64_t>(InputId(t, use));
     if (auto source = SourceOf(t, static_cast<uint64_t>(a.i))) sources.push_back(*source);
   } else if (v.isTensorList()) {
     a.kind = K::kTensors;
-    for (const at::Tensor& t : v.toTensorVector()) a.ints.push_back(static_cast<int64_t>(InputId(t, in_optimizer, in_batch, in_backward)));
+    for (const at::Tensor& t : v.toTensorVector()) a.ints.push_back(static_cast<int64_t>(InputId(t, use)));
   } else if (v.isList() && v.toListRef().size() > 0 && (v.toListRef()[0].isTensor() || v.toListRef()[0].isNone())) {
     a.kind = K::kOptionalTensors;
     for (const c10::IValue& e : v.toListRef()) {
       a.ints.push_back(e.isTensor() && e.toTensor().defined()
-                           ? static_cast<int64_t>(InputId(e.toTensor(), in_optimizer, in_batch, in_backward))
+                           ? static_cast<int64_t>(InputId(e.toTensor(), use))
                            : -1);
     }
   } else if (v.isInt()) {
@@ -451,17 +449,16 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
     op.module = ModuleOf(st.scopes);
     ctx->seq_begin = static_cast<int64_t>(at::sequence_number::peek());
   }
-  const bool in_backward = op.phase == formats::Phase::kBackward;
   // An argument the schema marks as written (in place, out=) is not read:
   // an `empty` buffer there is not a leaf (see InputId).
   const SchemaInfo& info = InfoOf(fn);
+  ArgUse use{in_optimizer, in_batch, op.phase == formats::Phase::kBackward};
   const auto inputs = fn.inputs();
   op.args.reserve(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
-    arg_written_ = i < info.written.size() && info.written[i];
-    op.args.push_back(ToArg(inputs[i], in_optimizer, in_batch, in_backward, ctx->sources));
+    use.written = i < info.written.size() && info.written[i];
+    op.args.push_back(ToArg(inputs[i], use, ctx->sources));
   }
-  arg_written_ = false;
   // The worker may still have to read what this op overwrites (the leaves
   // just named included). An op that returns nothing has what it wrote as
   // its outputs.
@@ -501,7 +498,6 @@ void OpTracer::OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   for (const at::Tensor& t : op_ctx->written) {
     op.outputs.push_back(OutputId(t, static_cast<int64_t>(op.seq), op.name, op_ctx->sources));
   }
-  op_ctx->written.clear();
   for (const c10::IValue& v : fn.outputs()) {
     if (v.isTensor() && v.toTensor().defined()) {
       op.outputs.push_back(OutputId(v.toTensor(), static_cast<int64_t>(op.seq), op.name, op_ctx->sources));

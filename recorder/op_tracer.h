@@ -116,8 +116,14 @@ class OpTracer {
   static AliasKey AliasOf(const at::Tensor& t);
   // The id `t` already has (by TensorImpl or by alias), or 0.
   uint64_t KnownId(const at::Tensor& t);
+  // How an op uses an argument: the phase markers around the op, and whether
+  // its schema marks the argument as written (in place, out=), not read.
+  struct ArgUse {
+    bool in_optimizer = false, in_batch = false, in_backward = false;
+    bool written = false;
+  };
   // The id of `t` as an input; a new id (and a leaf) when unknown.
-  uint64_t InputId(const at::Tensor& t, bool in_optimizer, bool in_batch, bool in_backward);
+  uint64_t InputId(const at::Tensor& t, const ArgUse& use);
   uint64_t OutputId(const at::Tensor& t, int64_t producer, const std::string& op_name,
                     const std::vector<ViewSource>& inputs);
   // `derive_from`: `t` is a dense view of exactly that input's elements.
@@ -134,8 +140,7 @@ class OpTracer {
   // Runs the worker's queued reads of every tensor `fn` may write (mu_ held);
   // appends those tensors to `written` when given.
   void WaitBeforeWrites(const at::RecordFunction& fn, std::vector<at::Tensor>* written = nullptr);
-  formats::OpArg ToArg(const c10::IValue& v, bool in_optimizer, bool in_batch, bool in_backward,
-                       std::vector<ViewSource>& sources);
+  formats::OpArg ToArg(const c10::IValue& v, const ArgUse& use, std::vector<ViewSource>& sources);
   void FlushLocked();
 
   CaptureMode mode_;
@@ -153,9 +158,6 @@ class OpTracer {
   absl::flat_hash_map<const void*, KnownStorage> storages_;
   uint64_t step_first_id_ = 1;  // ids below belong to earlier steps
   absl::flat_hash_set<uint64_t> unfilled_;  // outputs of `empty`-like ops no recorded op has read yet
-  // The argument of the op being started that InputId names: does the
-  // op's schema mark it as written (in place, out=)?
-  bool arg_written_ = false;
   absl::flat_hash_map<const c10::TensorImpl*, std::string> names_;
   // Autograd sequence numbers [begin, end) of the nodes a forward op made,
   // with the op's seq and module, for attributing backward ops; sorted by
