@@ -243,7 +243,7 @@ absl::Status BundleWriter::Annotate(absl::string_view key, llvm::json::Value val
   return Enqueue(Encoded(record));
 }
 
-absl::Status BundleWriter::AppendRecord(Record record) {
+absl::Status BundleWriter::AppendRecord(const Record& record) {
   MOERR_RETURN_IF_ERROR(failed_);
   const auto kind = static_cast<RecordKind>(record.kind);
   MOERR_CHECK(kind != RecordKind::kBlob && kind != RecordKind::kTensor) << "blob and tensor records come from PutTensor";

@@ -69,7 +69,7 @@ class BundleWriter {
   absl::Status Annotate(absl::string_view key, llvm::json::Value value, int64_t step = -1);
   // Appends a record of any kind but blob and tensor (those come from
   // PutTensor): ops, routing, ...
-  absl::Status AppendRecord(Record record);
+  absl::Status AppendRecord(const Record& record);
   // Writes everything pending, then a checkpoint frame (a partial index).
   absl::Status Checkpoint();
   // Writes the index and footer, syncs, and renames PATH.partial to PATH.

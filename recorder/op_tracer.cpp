@@ -25,7 +25,9 @@ std::atomic<OpTracer*> g_tracer{nullptr};
 // autograd nodes running.
 struct ThreadState {
   int depth = 0;
-  std::vector<std::string> scopes;
+  // Names of the open user scopes, owned by their RecordFunctions (which
+  // outlive their place on this stack).
+  std::vector<const char*> scopes;
   // Running autograd nodes: sequence number, and the op depth outside the
   // node. A node's ops are outermost ops of their own: backward() is itself
   // an op (aten::_backward) that the whole backward pass runs inside.
@@ -50,18 +52,46 @@ ThreadState& State() {
   return state;
 }
 
-struct OpContext : at::ObserverContext {
+// What a recorded op needs between its start and end callbacks. Reused:
+// the event's strings and vectors keep their capacity from op to op (the
+// event is swapped with a spent batch's slot when the op ends), so the
+// steady state allocates nothing per op.
+struct OpScratch {
   formats::OpEvent op;
   std::vector<ViewSource> sources;
   // An op that returns nothing (in-place `_foreach_*_`): the tensors it
   // writes, in argument order, recorded as its outputs.
   std::vector<at::Tensor> written;
   int64_t seq_begin = -1;
+};
+
+// Scratches not in use, per thread (a thread's outermost ops do not nest).
+std::vector<std::unique_ptr<OpScratch>>& ScratchPool() {
+  thread_local std::vector<std::unique_ptr<OpScratch>> pool;
+  return pool;
+}
+
+struct OpContext : at::ObserverContext {
+  std::unique_ptr<OpScratch> scratch;  // null when transparent
   // Not an op of its own: aten::_backward, or a named record that is no
   // dispatcher op (the engine's "autograd::engine::evaluate_function: ...").
   bool transparent = false;
   bool backward = false;  // ... and what runs inside it is backward work
+
+  ~OpContext() override {
+    if (!scratch) return;
+    scratch->written.clear();  // drops the references now
+    if (ScratchPool().size() < 8) ScratchPool().push_back(std::move(scratch));
+  }
 };
+
+std::unique_ptr<OpScratch> TakeScratch() {
+  std::vector<std::unique_ptr<OpScratch>>& pool = ScratchPool();
+  if (pool.empty()) return std::make_unique<OpScratch>();
+  std::unique_ptr<OpScratch> s = std::move(pool.back());
+  pool.pop_back();
+  return s;
+}
 
 constexpr const char kEvaluateFunction[] = "autograd::engine::evaluate_function";
 // Ops inside a user scope of this name are not recorded (op_tracer.h).
@@ -79,14 +109,14 @@ void EndTrampoline(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (t) t->OnEnd(fn, ctx);
 }
 
-bool Contains(const std::vector<std::string>& scopes, const char* name) {
-  return std::find(scopes.begin(), scopes.end(), name) != scopes.end();
+bool Contains(const std::vector<const char*>& scopes, const char* name) {
+  return std::any_of(scopes.begin(), scopes.end(), [&](const char* s) { return std::strcmp(s, name) == 0; });
 }
 
 // The innermost scope that names a module (not a phase marker).
-std::string ModuleOf(const std::vector<std::string>& scopes) {
+const char* ModuleOf(const std::vector<const char*>& scopes) {
   for (auto it = scopes.rbegin(); it != scopes.rend(); ++it) {
-    if (*it != "optimizer" && *it != "batch") return *it;
+    if (std::strcmp(*it, "optimizer") != 0 && std::strcmp(*it, "batch") != 0) return *it;
   }
   return "";
 }
@@ -189,9 +219,12 @@ void OpTracer::Flush() {
 }
 
 void OpTracer::FlushLocked() {
-  if (pending_.ops.empty() && pending_.tensors.empty()) return;
+  if (pending_ops_ == 0 && pending_tensors_ == 0) return;
+  pending_.ops.resize(pending_ops_);  // drops what a spare batch had beyond them
+  pending_.tensors.resize(pending_tensors_);
   worker_.AddBatch(std::move(pending_));
-  pending_ = formats::OpBatch();
+  pending_ = worker_.SpareBatch();
+  pending_ops_ = pending_tensors_ = 0;
 }
 
 uint64_t OpTracer::ops_recorded() const {
@@ -202,18 +235,22 @@ uint64_t OpTracer::ops_recorded() const {
 uint64_t OpTracer::NewTensor(const at::Tensor& t, int64_t producer, std::string leaf_name, formats::Role role,
                              uint64_t view_of, const ViewSource* derive_from) {
   const uint64_t id = next_id_++;
-  formats::TensorMeta meta;
+  // Overwritten in place (a spare batch's slot keeps its capacity); every
+  // field is set. The worker fills in the fingerprint.
+  formats::TensorMeta& meta =
+      pending_tensors_ < pending_.tensors.size() ? pending_.tensors[pending_tensors_] : pending_.tensors.emplace_back();
+  ++pending_tensors_;
   meta.id = id;
   // Every dtype a bundle stores; others (complex) are recorded as f32-shaped
   // metadata with a hash of their bytes.
   meta.dtype = ToDType(t.scalar_type()).value_or(formats::DType::kF32);
-  meta.shape = t.sizes().vec();
-  meta.strides = t.strides().vec();
+  meta.shape.assign(t.sizes().begin(), t.sizes().end());
+  meta.strides.assign(t.strides().begin(), t.strides().end());
   meta.storage_offset = t.storage_offset();
+  meta.fingerprint = formats::Fingerprint();
   meta.producer = producer;
   meta.view_of = view_of;
   meta.leaf = leaf_name;
-  pending_.tensors.push_back(std::move(meta));  // the worker fills in the fingerprint
   TraceWorker::Job job;
   job.id = id;
   job.tensor = t;
@@ -310,20 +347,26 @@ uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const std::st
   return id;
 }
 
-formats::OpArg OpTracer::ToArg(const c10::IValue& v, const ArgUse& use, std::vector<ViewSource>& sources) {
+void OpTracer::ToArg(const c10::IValue& v, const ArgUse& use, std::vector<ViewSource>& sources, formats::OpArg& a) {
   using K = formats::OpArg::Kind;
-  formats::OpArg a;
-  if (v.isNone()) {
-    a.kind = K::kNone;
-  } else if (v.isTensor()) {
+  // `a` is a reused slot: every field is reset, keeping capacity. Lists are
+  // read through toListRef(): no copy of the list.
+  a.kind = K::kNone;
+  a.i = 0;
+  a.f = 0;
+  a.text.clear();
+  a.ints.clear();
+  a.floats.clear();
+  if (v.isNone()) return;
+  if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
-    if (!t.defined()) return a;
+    if (!t.defined()) return;
     a.kind = K::kTensor;
     a.i = static_cast<int64_t>(InputId(t, use));
     if (auto source = SourceOf(t, static_cast<uint64_t>(a.i))) sources.push_back(*source);
   } else if (v.isTensorList()) {
     a.kind = K::kTensors;
-    for (const at::Tensor& t : v.toTensorVector()) a.ints.push_back(static_cast<int64_t>(InputId(t, use)));
+    for (const c10::IValue& e : v.toListRef()) a.ints.push_back(static_cast<int64_t>(InputId(e.toTensor(), use)));
   } else if (v.isList() && v.toListRef().size() > 0 && (v.toListRef()[0].isTensor() || v.toListRef()[0].isNone())) {
     a.kind = K::kOptionalTensors;
     for (const c10::IValue& e : v.toListRef()) {
@@ -340,18 +383,19 @@ formats::OpArg OpTracer::ToArg(const c10::IValue& v, const ArgUse& use, std::vec
   } else if (v.isString()) {
     a.kind = K::kText, a.text = v.toStringRef();
   } else if (v.isIntList()) {
-    a.kind = K::kInts, a.ints = v.toIntVector();
+    a.kind = K::kInts;
+    for (const c10::IValue& e : v.toListRef()) a.ints.push_back(e.toInt());
   } else if (v.isDoubleList()) {
-    a.kind = K::kFloats, a.floats = v.toDoubleVector();
+    a.kind = K::kFloats;
+    for (const c10::IValue& e : v.toListRef()) a.floats.push_back(e.toDouble());
   } else if (v.isBoolList()) {
     a.kind = K::kBools;
-    for (bool b : v.toBoolList()) a.ints.push_back(b);
+    for (const c10::IValue& e : v.toListRef()) a.ints.push_back(e.toBool());
   } else if (v.isDevice()) {
     a.kind = K::kDevice, a.text = v.toDevice().str();
   } else {
     a.kind = K::kUnsupported, a.text = v.tagKind();
   }
-  return a;
 }
 
 const OpTracer::SchemaInfo& OpTracer::InfoOf(const at::RecordFunction& fn) {
@@ -389,7 +433,7 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   switch (fn.scope()) {
     case at::RecordScope::USER_SCOPE:
       st.scopes.emplace_back(fn.name());
-      st.untraced += st.scopes.back() == kUntracedScope;
+      st.untraced += std::strcmp(st.scopes.back(), kUntracedScope) == 0;
       return nullptr;
     case at::RecordScope::BACKWARD_FUNCTION:
       if (!st.evaluating.empty() && st.evaluating.back() < 0) st.evaluating.back() = fn.seqNr();
@@ -415,22 +459,31 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   }
   if (!enabled_) return nullptr;
   auto ctx = std::make_unique<OpContext>();
-  formats::OpEvent& op = ctx->op;
+  ctx->scratch = TakeScratch();
+  OpScratch& scratch = *ctx->scratch;
+  scratch.sources.clear();
+  scratch.seq_begin = -1;
+  // A reused event: every field is set below.
+  formats::OpEvent& op = scratch.op;
   op.seq = next_seq_++;
   op.thread = st.thread;
   const bool in_optimizer = Contains(st.scopes, "optimizer");
   const bool in_batch = Contains(st.scopes, "batch");
   const auto name = fn.operator_name();
-  op.name = name ? name->name : fn.name();
-  op.overload = name ? name->overload_name : "";
+  op.name.assign(name ? name->name : fn.name());
+  op.overload.assign(name ? name->overload_name : "");
+  op.module.clear();
   op.sequence_nr = fn.seqNr();
+  op.forward_seq = -1;
+  op.outputs.clear();
+  op.autocast = -1;
   if (at::autocast::is_cpu_enabled()) {
     auto dtype = moerr::recorder::ToDType(at::autocast::get_autocast_cpu_dtype());
     op.autocast = dtype.ok() ? static_cast<int8_t>(*dtype) : -1;
   }
   if (in_optimizer) {
     op.phase = formats::Phase::kOptimizer;
-    op.module = "optimizer";
+    op.module.assign("optimizer");
   } else if (!st.backward.empty() || st.in_backward_call > 0) {
     op.phase = formats::Phase::kBackward;
     const int64_t node = !st.backward.empty()     ? st.backward.back().first
@@ -440,29 +493,29 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
                                [](int64_t n, const NodeRange& r) { return n < r.begin; });
     if (it != node_ranges_.begin() && node < std::prev(it)->end) {
       op.forward_seq = static_cast<int64_t>(std::prev(it)->seq);
-      op.module = std::prev(it)->module;
+      op.module.assign(*std::prev(it)->module);
     } else if (it != node_ranges_.end() && it->begin == node + 1) {
-      op.module = it->module;  // a custom Function's node: the module its forward ran in
+      op.module.assign(*it->module);  // a custom Function's node: the module its forward ran in
     }
   } else {
     op.phase = formats::Phase::kForward;
-    op.module = ModuleOf(st.scopes);
-    ctx->seq_begin = static_cast<int64_t>(at::sequence_number::peek());
+    op.module.assign(ModuleOf(st.scopes));
+    scratch.seq_begin = static_cast<int64_t>(at::sequence_number::peek());
   }
   // An argument the schema marks as written (in place, out=) is not read:
   // an `empty` buffer there is not a leaf (see InputId).
   const SchemaInfo& info = InfoOf(fn);
   ArgUse use{in_optimizer, in_batch, op.phase == formats::Phase::kBackward};
   const auto inputs = fn.inputs();
-  op.args.reserve(inputs.size());
+  op.args.resize(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     use.written = i < info.written.size() && info.written[i];
-    op.args.push_back(ToArg(inputs[i], use, ctx->sources));
+    ToArg(inputs[i], use, scratch.sources, op.args[i]);
   }
   // The worker may still have to read what this op overwrites (the leaves
   // just named included). An op that returns nothing has what it wrote as
   // its outputs.
-  WaitBeforeWrites(fn, info.returns_nothing ? &ctx->written : nullptr);
+  WaitBeforeWrites(fn, info.returns_nothing ? &scratch.written : nullptr);
   return ctx;
 }
 
@@ -471,7 +524,7 @@ void OpTracer::OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   switch (fn.scope()) {
     case at::RecordScope::USER_SCOPE:
       if (!st.scopes.empty()) {
-        st.untraced -= st.scopes.back() == kUntracedScope;
+        st.untraced -= std::strcmp(st.scopes.back(), kUntracedScope) == 0;
         st.scopes.pop_back();
       }
       return;
@@ -493,35 +546,42 @@ void OpTracer::OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   }
   --st.depth;
   if (ctx == nullptr) return;
-  formats::OpEvent& op = op_ctx->op;
+  OpScratch& scratch = *op_ctx->scratch;
+  formats::OpEvent& op = scratch.op;
+  const int64_t producer = static_cast<int64_t>(op.seq);
   std::lock_guard<std::mutex> lock(mu_);
-  for (const at::Tensor& t : op_ctx->written) {
-    op.outputs.push_back(OutputId(t, static_cast<int64_t>(op.seq), op.name, op_ctx->sources));
-  }
+  for (const at::Tensor& t : scratch.written) op.outputs.push_back(OutputId(t, producer, op.name, scratch.sources));
   for (const c10::IValue& v : fn.outputs()) {
     if (v.isTensor() && v.toTensor().defined()) {
-      op.outputs.push_back(OutputId(v.toTensor(), static_cast<int64_t>(op.seq), op.name, op_ctx->sources));
+      op.outputs.push_back(OutputId(v.toTensor(), producer, op.name, scratch.sources));
     } else if (v.isTensorList()) {
-      for (const at::Tensor& t : v.toTensorVector()) {
-        op.outputs.push_back(OutputId(t, static_cast<int64_t>(op.seq), op.name, op_ctx->sources));
+      for (const c10::IValue& e : v.toListRef()) {
+        op.outputs.push_back(OutputId(e.toTensor(), producer, op.name, scratch.sources));
       }
     } else {
       op.outputs.push_back(0);
     }
   }
-  if (op_ctx->seq_begin >= 0) {
+  if (scratch.seq_begin >= 0) {
     const int64_t end = static_cast<int64_t>(at::sequence_number::peek());
     // An op that made nodes; or the first op after a gap in the numbers: a
     // node something unrecorded made (a custom autograd Function, whose
     // forward runs this op without grad), which gets this op's module.
     const int64_t last = node_ranges_.empty() ? -1 : node_ranges_.back().end;
-    if (end > op_ctx->seq_begin || op_ctx->seq_begin > last) {
-      node_ranges_.push_back(NodeRange{op_ctx->seq_begin, end, op.seq, op.module});
+    if (end > scratch.seq_begin || scratch.seq_begin > last) {
+      node_ranges_.push_back(NodeRange{scratch.seq_begin, end, op.seq, &*modules_.insert(op.module).first});
     }
   }
-  pending_.ops.push_back(std::move(op));
+  // Into the batch by swapping with the slot's old event, whose capacity the
+  // scratch keeps for the next op.
+  if (pending_ops_ < pending_.ops.size()) {
+    std::swap(pending_.ops[pending_ops_], op);
+  } else {
+    pending_.ops.push_back(std::move(op));
+  }
+  ++pending_ops_;
   ++recorded_;
-  if (pending_.ops.size() >= batch_ops_) FlushLocked();
+  if (pending_ops_ >= batch_ops_) FlushLocked();
 }
 
 }  // namespace moerr::recorder

@@ -32,6 +32,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/node_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "formats/bundle_index.h"
 #include "formats/trace.h"
@@ -48,7 +49,7 @@ std::string CaptureModeName(CaptureMode mode);
 class TraceSink {
  public:
   virtual ~TraceSink() = default;
-  virtual void OnOps(formats::OpBatch batch) = 0;
+  virtual void OnOps(formats::OpBatch& batch) = 0;
   // A snapshot (a private copy) of a leaf, a random op's output, or (full
   // mode) an op output, to store under `name`.
   virtual void OnTensorBytes(std::string name, formats::Role role, at::Tensor snapshot) = 0;
@@ -140,7 +141,8 @@ class OpTracer {
   // Runs the worker's queued reads of every tensor `fn` may write (mu_ held);
   // appends those tensors to `written` when given.
   void WaitBeforeWrites(const at::RecordFunction& fn, std::vector<at::Tensor>* written = nullptr);
-  formats::OpArg ToArg(const c10::IValue& v, const ArgUse& use, std::vector<ViewSource>& sources);
+  // Fills `a` (a reused slot) with the recorded form of `v`.
+  void ToArg(const c10::IValue& v, const ArgUse& use, std::vector<ViewSource>& sources, formats::OpArg& a);
   void FlushLocked();
 
   CaptureMode mode_;
@@ -152,7 +154,10 @@ class OpTracer {
   uint64_t next_seq_ = 0;
   uint64_t next_id_ = 1;
   uint64_t recorded_ = 0;
+  // The batch being filled; elements from pending_ops_ / pending_tensors_
+  // on are a spare batch's slots, overwritten before use.
   formats::OpBatch pending_;
+  size_t pending_ops_ = 0, pending_tensors_ = 0;
   absl::flat_hash_map<const c10::TensorImpl*, Known> known_;
   absl::flat_hash_map<AliasKey, KnownAlias> aliases_;
   absl::flat_hash_map<const void*, KnownStorage> storages_;
@@ -166,9 +171,10 @@ class OpTracer {
   struct NodeRange {
     int64_t begin, end;
     uint64_t seq;
-    std::string module;
+    const std::string* module;  // in modules_
   };
   std::vector<NodeRange> node_ranges_;
+  absl::node_hash_set<std::string> modules_;  // module paths, at stable addresses
   size_t inserts_since_prune_ = 0;
   // By the name pointer an op's schema owns (stable for the process).
   absl::flat_hash_map<const char*, SchemaInfo> schema_info_;

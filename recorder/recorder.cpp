@@ -115,13 +115,15 @@ absl::Status Recorder::EmitTensor(const std::string& name, formats::Role role, c
   return writer_->PutTensor(name, role, step_, view);
 }
 
-void Recorder::OnOps(formats::OpBatch batch) {
+void Recorder::OnOps(formats::OpBatch& batch) {
   std::lock_guard<std::mutex> lock(mu_);
   formats::Record record;
   record.kind = static_cast<uint16_t>(formats::RecordKind::kOps);
   record.step = step_;
-  record.ops = std::move(batch);
-  if (absl::Status s = Emit(std::move(record)); !s.ok() && failed_.ok()) failed_ = s;
+  std::swap(record.ops, batch);
+  absl::Status s = Streaming() ? writer_->AppendRecord(record) : Emit(std::move(record));
+  if (Streaming()) std::swap(record.ops, batch);
+  if (!s.ok() && failed_.ok()) failed_ = s;
 }
 
 void Recorder::OnTensorBytes(std::string name, formats::Role role, at::Tensor snapshot) {

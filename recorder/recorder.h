@@ -84,7 +84,7 @@ class Recorder : public TraceSink, public RoutingObserver {
   const formats::WriteStats& write_stats() const { return writer_->stats(); }
 
   // TraceSink and RoutingObserver.
-  void OnOps(formats::OpBatch batch) override;
+  void OnOps(formats::OpBatch& batch) override;
   void OnTensorBytes(std::string name, formats::Role role, at::Tensor snapshot) override;
   void OnError(absl::Status status) override;
   void OnRouting(const RoutingEvent& event) override;

@@ -16,6 +16,8 @@ namespace {
 // Jobs or bytes staged before they are published to the worker.
 constexpr size_t kPublishJobs = 256;
 constexpr size_t kPublishBytes = size_t{16} << 20;
+// Spent op batches kept for the producer to refill.
+constexpr size_t kSpareBatches = 4;
 
 // Whether a reference to `t` keeps its memory alive. A DataPtr without a
 // context never frees its memory (at::from_blob without a deleter): the
@@ -91,8 +93,10 @@ void TraceWorker::AddBatch(formats::OpBatch batch) {
 void TraceWorker::Publish() {
   if (staged_.empty()) return;
   bool wake = false;
+  std::vector<std::unique_ptr<Item>> spent;
   {
     std::unique_lock<std::mutex> lock(mu_);
+    spent.swap(spent_);
     // Back-pressure; a group larger than the bound alone still goes through.
     if (queued_bytes_ > 0 && queued_bytes_ + staged_bytes_ > max_bytes_) {
       ++waiters_;
@@ -110,6 +114,21 @@ void TraceWorker::Publish() {
   staged_.clear();
   staged_bytes_ = 0;
   if (wake) work_cv_.notify_one();
+  Recycle(spent);
+}
+
+void TraceWorker::Recycle(std::vector<std::unique_ptr<Item>>& spent) {
+  for (std::unique_ptr<Item>& item : spent) {
+    if (!item->job && spare_batches_.size() < kSpareBatches) spare_batches_.push_back(std::move(item->batch));
+  }
+  spent.clear();
+}
+
+formats::OpBatch TraceWorker::SpareBatch() {
+  if (spare_batches_.empty()) return formats::OpBatch();
+  formats::OpBatch batch = std::move(spare_batches_.back());
+  spare_batches_.pop_back();
+  return batch;
 }
 
 void TraceWorker::RunJob(Item& item) {
@@ -177,6 +196,10 @@ void TraceWorker::Drain() {
   ++waiters_;
   done_cv_.wait(lock, [&] { return unfinished_ == 0; });
   --waiters_;
+  std::vector<std::unique_ptr<Item>> spent;
+  spent.swap(spent_);
+  lock.unlock();
+  Recycle(spent);
 }
 
 void TraceWorker::NewStep() {
@@ -202,7 +225,7 @@ void TraceWorker::Run() {
         MOERR_CHECK(it != fingerprints_.end()) << "tensor " << meta.id << " was never fingerprinted";
         meta.fingerprint = it->second.fingerprint;
       }
-      sink_->OnOps(std::move(item->batch));
+      sink_->OnOps(item->batch);
     } else {
       int queued = kQueued;
       if (item->state.compare_exchange_strong(queued, kRunning)) {
@@ -223,18 +246,16 @@ void TraceWorker::Run() {
         fingerprints_.insert_or_assign(job.id, item->result);
       }
     }
-    std::unique_ptr<Item> done;
     bool notify = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      done = std::move(queue_.front());
+      queued_bytes_ -= queue_.front()->bytes;
+      spent_.push_back(std::move(queue_.front()));
       queue_.pop_front();
-      queued_bytes_ -= done->bytes;
       --unfinished_;
       notify = waiters_ > 0;
     }
     if (notify) done_cv_.notify_all();
-    // `done` drops its tensor reference here, outside the lock.
   }
 }
 

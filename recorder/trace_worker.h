@@ -15,6 +15,8 @@
 //  - Items reach the sink in the order they were added, so a batch comes
 //    after the fingerprints of every tensor it describes.
 //  - At most `max_bytes` of queued tensors are held; Add blocks beyond that.
+//  - Finished items go back to the producer, which frees them at its next
+//    Publish or Drain: a job's references outlive it by at most a group.
 //
 // One producer at a time: the tracer calls Add, AddBatch, BeforeWrite,
 // Drain and NewStep under its own lock. Jobs are staged on the producer's
@@ -71,6 +73,9 @@ class TraceWorker {
   void BeforeWrite(const at::Tensor& t);
   // Blocks until everything added has reached the sink.
   void Drain();
+  // A batch the sink is done with, its vectors and strings keeping their
+  // capacity, for the producer to overwrite in place (or an empty batch).
+  formats::OpBatch SpareBatch();
   // Drains, then forgets the fingerprints kept as bases of derived views.
   void NewStep();
 
@@ -86,6 +91,10 @@ class TraceWorker {
   };
   static const void* StorageKey(const at::Tensor& t);
   void Publish();
+  // Frees finished items on the producer's thread (what it allocated, it
+  // frees: no allocator traffic between the threads) and keeps their
+  // batches as spares.
+  void Recycle(std::vector<std::unique_ptr<Item>>& spent);
   // Computes the fingerprint and hands over the capture (either thread).
   void RunJob(Item& item);
   // After RunJob: marks `item` done and releases its readers.
@@ -105,6 +114,8 @@ class TraceWorker {
   size_t unfinished_ = 0;     // items added and not yet finished
   size_t queued_bytes_ = 0;   // tensor bytes held by unfinished jobs
   absl::flat_hash_map<const void*, int> readers_;  // storage -> published jobs not done
+  std::vector<std::unique_ptr<Item>> spent_;  // finished, for Recycle
+  std::vector<formats::OpBatch> spare_batches_;  // producer side
   bool stop_ = false;
   bool worker_idle_ = false;  // waiting on work_cv_
   int waiters_ = 0;           // threads waiting on done_cv_
