@@ -442,8 +442,13 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
       return nullptr;
     default: break;
   }
-  const bool backward_call = st.depth == 0 && std::strcmp(fn.name(), "aten::_backward") == 0;
-  if (backward_call || !fn.operator_name()) {
+  if (st.depth > 0) {  // only the outermost op of a thread is recorded
+    ++st.depth;
+    return nullptr;
+  }
+  const bool backward_call = std::strcmp(fn.name(), "aten::_backward") == 0;
+  const c10::optional<c10::OperatorName> name = fn.operator_name();
+  if (backward_call || !name) {
     auto ctx = std::make_unique<OpContext>();
     ctx->transparent = true;
     ctx->backward = backward_call || std::strncmp(fn.name(), kEvaluateFunction, sizeof(kEvaluateFunction) - 1) == 0;
@@ -451,7 +456,7 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
     if (ctx->backward && !backward_call) st.evaluating.push_back(-1);  // the node's number comes with it
     return ctx;
   }
-  if (st.depth++ > 0) return nullptr;  // only the outermost op of a thread
+  ++st.depth;
   std::lock_guard<std::mutex> lock(mu_);
   if (st.untraced > 0) {
     WaitBeforeWrites(fn);  // not recorded, but it may overwrite what the worker is to read
@@ -469,9 +474,8 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   op.thread = st.thread;
   const bool in_optimizer = Contains(st.scopes, "optimizer");
   const bool in_batch = Contains(st.scopes, "batch");
-  const auto name = fn.operator_name();
-  op.name.assign(name ? name->name : fn.name());
-  op.overload.assign(name ? name->overload_name : "");
+  op.name.assign(name->name);
+  op.overload.assign(name->overload_name);
   op.module.clear();
   op.sequence_nr = fn.seqNr();
   op.forward_seq = -1;
