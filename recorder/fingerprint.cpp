@@ -5,6 +5,7 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -13,6 +14,13 @@
 
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include "xxhash.h"
+#if defined(__x86_64__)
+// XXH3 through libxxhash's run-time dispatch (AVX2 or AVX-512 where the CPU
+// has them): the same hashes as the baseline build, faster.
+#include "xxh_x86dispatch.h"
+#endif
+
+#include "recorder/fingerprint_simd.h"
 
 namespace moerr::recorder {
 namespace {
@@ -59,14 +67,19 @@ inline float AsFloat(float v) { return v; }
 inline float AsFloat(c10::BFloat16 v) { return static_cast<float>(v); }
 inline float AsFloat(c10::Half v) { return static_cast<float>(v); }
 
+using simd::kLanes;
+
+std::atomic<bool> g_use_avx2{simd::CpuHasAvx2()};
+
 // Float-representable values in 256-element chunks: each chunk is reduced
-// in float over 8 lanes (the compiler vectorises it; min, max, abs-max and
-// counts are exact, the chunk sums carry float rounding) and folded into
-// double sums. A chunk whose float sums are not finite (NaN, Inf, or squares
-// past float range) is redone element by element with Stats::Add.
-template <typename T>
+// in float over 8 lanes, lane l taking the values j + l (min, max, abs-max
+// and counts are exact, the chunk sums carry float rounding), and folded
+// into double sums. A chunk whose float sums are not finite (NaN, Inf, or
+// squares past float range) is redone element by element with Stats::Add.
+// kAvx2: the lanes come from the AVX2 kernels (fingerprint_simd.h, the same
+// bits); else from the loop below, which the compiler vectorises.
+template <bool kAvx2, typename T>
 void AccumulateFloat(const T* data, int64_t n, Stats& stats) {
-  constexpr int kLanes = 8;
   constexpr int64_t kChunk = 256;
   float buf[kChunk];
   for (int64_t base = 0; base < n; base += kChunk) {
@@ -75,22 +88,34 @@ void AccumulateFloat(const T* data, int64_t n, Stats& stats) {
     if constexpr (std::is_same_v<T, float>) {
       v = data + base;
     } else {
-      for (int64_t j = 0; j < m; ++j) buf[j] = static_cast<float>(data[base + j]);
+      int64_t j = 0;
+      if constexpr (kAvx2) {
+        j = m - m % kLanes;
+        simd::Widen(data + base, j, buf);
+      }
+      for (; j < m; ++j) buf[j] = static_cast<float>(data[base + j]);
       v = buf;
     }
     float cs[kLanes] = {}, csq[kLanes] = {}, clo[kLanes], chi[kLanes], cam[kLanes] = {};
     uint32_t cb[kLanes] = {};
-    for (int l = 0; l < kLanes; ++l) clo[l] = INFINITY, chi[l] = -INFINITY;
-    for (int64_t j = 0; j < m; j += kLanes) {
-      const int lanes = static_cast<int>(std::min<int64_t>(kLanes, m - j));
-      for (int l = 0; l < lanes; ++l) {
-        const float x = v[j + l], a = std::fabs(x);
-        cs[l] += x;
-        csq[l] += x * x;
-        clo[l] = x < clo[l] ? x : clo[l];
-        chi[l] = x > chi[l] ? x : chi[l];
-        cam[l] = a > cam[l] ? a : cam[l];
-        cb[l] += a > 65504.0f;
+    if constexpr (kAvx2) {
+      simd::Lanes r;
+      simd::ReduceLanes(v, m, r);
+      std::memcpy(cs, r.sum, sizeof cs), std::memcpy(csq, r.sq, sizeof csq), std::memcpy(clo, r.lo, sizeof clo);
+      std::memcpy(chi, r.hi, sizeof chi), std::memcpy(cam, r.amax, sizeof cam), std::memcpy(cb, r.beyond_f16, sizeof cb);
+    } else {
+      for (int l = 0; l < kLanes; ++l) clo[l] = INFINITY, chi[l] = -INFINITY;
+      for (int64_t j = 0; j < m; j += kLanes) {
+        const int lanes = static_cast<int>(std::min<int64_t>(kLanes, m - j));
+        for (int l = 0; l < lanes; ++l) {
+          const float x = v[j + l], a = std::fabs(x);
+          cs[l] += x;
+          csq[l] += x * x;
+          clo[l] = x < clo[l] ? x : clo[l];
+          chi[l] = x > chi[l] ? x : chi[l];
+          cam[l] = a > cam[l] ? a : cam[l];
+          cb[l] += a > 65504.0f;
+        }
       }
     }
     float s1 = 0, s2 = 0;
@@ -111,6 +136,15 @@ void AccumulateFloat(const T* data, int64_t n, Stats& stats) {
 template <typename T>
 void Accumulate(const T* data, int64_t n, Stats& stats) {
   for (int64_t i = 0; i < n; ++i) stats.Add(static_cast<double>(data[i]));
+}
+
+template <typename T>
+void AccumulateFloat(const T* data, int64_t n, Stats& stats) {
+  if (g_use_avx2.load(std::memory_order_relaxed)) {
+    AccumulateFloat<true>(data, n, stats);
+  } else {
+    AccumulateFloat<false>(data, n, stats);
+  }
 }
 
 // Folds `n` elements of `dtype` at `data` into `stats`; false for a dtype
@@ -170,6 +204,8 @@ class Gatherer {
 };
 
 }  // namespace
+
+bool SetFingerprintSimd(bool on) { return g_use_avx2.exchange(on && simd::CpuHasAvx2()); }
 
 c10::optional<ViewSource> SourceOf(const at::Tensor& t, uint64_t id) {
   if (!t.defined() || !t.has_storage() || !t.is_non_overlapping_and_dense()) return c10::nullopt;

@@ -12,6 +12,10 @@
 namespace moerr::recorder {
 
 formats::Fingerprint ComputeFingerprint(const at::Tensor& t);
+// Whether ComputeFingerprint may use its AVX2 kernels (the default where the
+// CPU has AVX2 and F16C; they give the same bits as the portable loops);
+// returns the previous setting. For tests and benchmarks.
+bool SetFingerprintSimd(bool on);
 
 // A tensor input of an op, for recognising outputs that are dense views of
 // exactly its elements (t, transpose, view, reshape, detach...).

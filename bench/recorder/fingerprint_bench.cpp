@@ -35,13 +35,19 @@ void BM_Xxh3(benchmark::State& state) {
 }
 BENCHMARK(BM_Xxh3);
 
+// range(0): the dtype; range(1): 1 with the AVX2 kernels (where the CPU has
+// them), 0 with the portable loops only.
 void BM_Fingerprint(benchmark::State& state) {
   const at::Tensor& t = Data(static_cast<at::ScalarType>(state.range(0)));
+  const bool simd = moerr::recorder::SetFingerprintSimd(state.range(1) != 0);
   for (auto _ : state) benchmark::DoNotOptimize(moerr::recorder::ComputeFingerprint(t));
+  moerr::recorder::SetFingerprintSimd(simd);
   state.SetBytesProcessed(state.iterations() * t.nbytes());
-  state.SetLabel(c10::toString(t.scalar_type()));
+  state.SetLabel(std::string(c10::toString(t.scalar_type())) + (state.range(1) ? " simd" : " portable"));
 }
-BENCHMARK(BM_Fingerprint)->Arg(static_cast<int>(at::kFloat))->Arg(static_cast<int>(at::kBFloat16));
+BENCHMARK(BM_Fingerprint)->ArgsProduct({{static_cast<int>(at::kFloat), static_cast<int>(at::kBFloat16),
+                                         static_cast<int>(at::kHalf)},
+                                        {0, 1}});
 
 }  // namespace
 

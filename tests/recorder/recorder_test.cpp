@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <set>
@@ -182,6 +183,39 @@ TEST(RecorderTest, StridedFingerprintsEqualTheirContiguousCopies) {
     EXPECT_EQ(a.nan, b.nan);
     EXPECT_EQ(a.pos_inf, b.pos_inf);
     EXPECT_EQ(a.beyond_f16, b.beyond_f16);
+  }
+}
+
+// The AVX2 kernels and the portable loops give the same fingerprint, to the
+// bit (a bundle recorded on one machine is replayed on another): every float
+// dtype, lengths that are not a multiple of the 8 lanes, values past f16
+// range, NaN and Inf (which send a chunk down the careful path).
+TEST(RecorderTest, SimdFingerprintsEqualPortableOnes) {
+  torch::manual_seed(5);
+  at::Tensor base = torch::randn({70001}) * 3e4;
+  base[17] = NAN;
+  base[40000] = -INFINITY;
+  const at::Tensor tail = torch::randn({1003});
+  for (const at::Tensor& t : {base, base.narrow(0, 300, 60000), tail, tail.to(at::kBFloat16), base.to(at::kBFloat16),
+                              tail.to(at::kHalf), (tail * 1e5).to(at::kHalf), base.t().contiguous()}) {
+    SCOPED_TRACE(c10::toString(t.scalar_type()));
+    SetFingerprintSimd(true);
+    const formats::Fingerprint simd = ComputeFingerprint(t);
+    SetFingerprintSimd(false);
+    const formats::Fingerprint portable = ComputeFingerprint(t);
+    SetFingerprintSimd(true);
+    EXPECT_EQ(simd.hash, portable.hash);
+    EXPECT_EQ(simd.numel, portable.numel);
+    EXPECT_EQ(std::memcmp(&simd.min, &portable.min, sizeof(double)), 0);
+    EXPECT_EQ(std::memcmp(&simd.max, &portable.max, sizeof(double)), 0);
+    EXPECT_EQ(std::memcmp(&simd.mean, &portable.mean, sizeof(double)), 0) << simd.mean << " " << portable.mean;
+    EXPECT_EQ(std::memcmp(&simd.l2, &portable.l2, sizeof(double)), 0) << simd.l2 << " " << portable.l2;
+    EXPECT_EQ(std::memcmp(&simd.abs_max, &portable.abs_max, sizeof(double)), 0);
+    EXPECT_EQ(simd.nan, portable.nan);
+    EXPECT_EQ(simd.pos_inf, portable.pos_inf);
+    EXPECT_EQ(simd.neg_inf, portable.neg_inf);
+    EXPECT_EQ(simd.beyond_f16, portable.beyond_f16);
+    EXPECT_EQ(simd.beyond_bf16, portable.beyond_bf16);
   }
 }
 
