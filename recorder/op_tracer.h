@@ -49,6 +49,8 @@ std::string CaptureModeName(CaptureMode mode);
 class TraceSink {
  public:
   virtual ~TraceSink() = default;
+  // A finished batch of ops. The sink may move it out (to keep it); what it
+  // leaves goes back to the tracer, which refills it in place.
   virtual void OnOps(formats::OpBatch& batch) = 0;
   // A snapshot (a private copy) of a leaf, a random op's output, or (full
   // mode) an op output, to store under `name`.

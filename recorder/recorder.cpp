@@ -120,6 +120,8 @@ void Recorder::OnOps(formats::OpBatch& batch) {
   formats::Record record;
   record.kind = static_cast<uint16_t>(formats::RecordKind::kOps);
   record.step = step_;
+  // Streaming, the batch is encoded and left to the tracer to refill; the
+  // anomaly ring keeps it.
   std::swap(record.ops, batch);
   absl::Status s = Streaming() ? writer_->AppendRecord(record) : Emit(std::move(record));
   if (Streaming()) std::swap(record.ops, batch);

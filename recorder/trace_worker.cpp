@@ -68,7 +68,9 @@ void TraceWorker::Add(Job job) {
     item->storage = StorageKey(job.tensor);
     item->bytes = job.tensor.nbytes();
   }
+  const c10::TensorImpl* program = job.tensor.unsafeGetTensorImpl();
   job.tensor = StorageAlias(job.tensor);
+  item->own_alias = job.tensor.unsafeGetTensorImpl() != program;
   item->job = std::move(job);
   if (item->storage != nullptr && !OwnsMemory(item->job->tensor)) {
     // Memory the program lent (from_blob) may be freed right after the op:
@@ -246,6 +248,8 @@ void TraceWorker::Run() {
         fingerprints_.insert_or_assign(job.id, item->result);
       }
     }
+    // The storage goes now; the rest of the item waits for the producer.
+    if (item->own_alias) item->job->tensor.unsafeGetTensorImpl()->release_resources();
     bool notify = false;
     {
       std::lock_guard<std::mutex> lock(mu_);

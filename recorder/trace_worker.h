@@ -15,8 +15,8 @@
 //  - Items reach the sink in the order they were added, so a batch comes
 //    after the fingerprints of every tensor it describes.
 //  - At most `max_bytes` of queued tensors are held; Add blocks beyond that.
-//  - Finished items go back to the producer, which frees them at its next
-//    Publish or Drain: a job's references outlive it by at most a group.
+//  - A finished job drops its storage reference at once; the item itself
+//    goes back to the producer, which frees it at its next Publish or Drain.
 //
 // One producer at a time: the tracer calls Add, AddBatch, BeforeWrite,
 // Drain and NewStep under its own lock. Jobs are staged on the producer's
@@ -86,6 +86,7 @@ class TraceWorker {
     formats::OpBatch batch;
     const void* storage = nullptr;  // the job reads this storage's values
     size_t bytes = 0;
+    bool own_alias = false;  // job->tensor is a TensorImpl of the worker's (StorageAlias)
     std::atomic<int> state{kQueued};  // whoever moves it from kQueued runs it
     KnownFingerprint result;          // valid once kDone
   };
