@@ -54,8 +54,8 @@ ThreadState& State() {
 
 // What a recorded op needs between its start and end callbacks. Reused:
 // the event's strings and vectors keep their capacity from op to op (the
-// event is swapped with a spent batch's slot when the op ends), so the
-// steady state allocates nothing per op.
+// event is swapped with a spent batch's slot when the op ends), so building
+// an event allocates nothing once the batches are warm.
 struct OpScratch {
   formats::OpEvent op;
   std::vector<ViewSource> sources;
