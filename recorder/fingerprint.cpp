@@ -62,11 +62,6 @@ struct Stats {
   }
 };
 
-// Values as float (exact for every type here but f64 and 64-bit ints).
-inline float AsFloat(float v) { return v; }
-inline float AsFloat(c10::BFloat16 v) { return static_cast<float>(v); }
-inline float AsFloat(c10::Half v) { return static_cast<float>(v); }
-
 using simd::kLanes;
 
 std::atomic<bool> g_use_avx2{simd::CpuHasAvx2()};

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "recorder/fingerprint.h"
@@ -121,10 +122,10 @@ const char* ModuleOf(const std::vector<const char*>& scopes) {
   return "";
 }
 
-bool IsRandomOp(const std::string& name) {
+bool IsRandomOp(absl::string_view name) {
   for (const char* r : {"rand", "normal", "bernoulli", "multinomial", "dropout", "uniform", "exponential", "poisson",
                         "cauchy", "geometric", "log_normal"}) {
-    if (name.find(r) != std::string::npos) return true;
+    if (absl::StrContains(name, r)) return true;
   }
   return false;
 }
@@ -319,7 +320,7 @@ uint64_t OpTracer::InputId(const at::Tensor& t, const ArgUse& use) {
   return NewTensor(t, -1, std::move(name), role);
 }
 
-uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const std::string& op_name,
+uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const SchemaInfo& op,
                             const std::vector<ViewSource>& inputs) {
   auto it = known_.find(t.unsafeGetTensorImpl());
   if (it != known_.end() && !it->second.impl.expired() && it->second.version == static_cast<uint32_t>(t._version())) {
@@ -335,7 +336,7 @@ uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const std::st
   }
   std::string name;
   formats::Role role = formats::Role::kActivation;
-  if (mode_ != CaptureMode::kStats && IsRandomOp(op_name)) {
+  if (mode_ != CaptureMode::kStats && op.random) {
     // Random outputs are replayed from their recorded values.
     name = absl::StrCat("rng/", next_id_);
     role = formats::Role::kRng;
@@ -343,7 +344,7 @@ uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const std::st
     name = absl::StrCat("act/", next_id_);
   }
   const uint64_t id = NewTensor(t, producer, std::move(name), role);
-  if (formats::AllocatesUninitialised(op_name)) unfilled_.insert(id);
+  if (op.allocates_uninitialised) unfilled_.insert(id);
   return id;
 }
 
@@ -401,6 +402,8 @@ void OpTracer::ToArg(const c10::IValue& v, const ArgUse& use, std::vector<ViewSo
 const OpTracer::SchemaInfo& OpTracer::InfoOf(const at::RecordFunction& fn) {
   auto [it, inserted] = schema_info_.try_emplace(fn.name());
   if (inserted) {
+    it->second.random = IsRandomOp(fn.name());
+    it->second.allocates_uninitialised = formats::AllocatesUninitialised(fn.name());
     if (const c10::optional<c10::FunctionSchema> schema = fn.operator_schema()) {
       for (const c10::Argument& arg : schema->arguments()) {
         it->second.written.push_back(arg.alias_info() != nullptr && arg.alias_info()->isWrite());
@@ -411,9 +414,10 @@ const OpTracer::SchemaInfo& OpTracer::InfoOf(const at::RecordFunction& fn) {
   return it->second;
 }
 
-void OpTracer::WaitBeforeWrites(const at::RecordFunction& fn, std::vector<at::Tensor>* written) {
+void OpTracer::WaitBeforeWrites(const at::RecordFunction& fn, const SchemaInfo& info,
+                                std::vector<at::Tensor>* written) {
   const auto inputs = fn.inputs();
-  const std::vector<bool>& writes = InfoOf(fn).written;
+  const std::vector<bool>& writes = info.written;
   for (size_t i = 0; i < inputs.size() && i < writes.size(); ++i) {
     if (!writes[i]) continue;
     if (inputs[i].isTensor()) {
@@ -459,7 +463,7 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   ++st.depth;
   std::lock_guard<std::mutex> lock(mu_);
   if (st.untraced > 0) {
-    WaitBeforeWrites(fn);  // not recorded, but it may overwrite what the worker is to read
+    WaitBeforeWrites(fn, InfoOf(fn));  // not recorded, but it may overwrite what the worker is to read
     return nullptr;
   }
   if (!enabled_) return nullptr;
@@ -519,7 +523,7 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   // The worker may still have to read what this op overwrites (the leaves
   // just named included). An op that returns nothing has what it wrote as
   // its outputs.
-  WaitBeforeWrites(fn, info.returns_nothing ? &scratch.written : nullptr);
+  WaitBeforeWrites(fn, info, info.returns_nothing ? &scratch.written : nullptr);
   return ctx;
 }
 
@@ -554,13 +558,14 @@ void OpTracer::OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   formats::OpEvent& op = scratch.op;
   const int64_t producer = static_cast<int64_t>(op.seq);
   std::lock_guard<std::mutex> lock(mu_);
-  for (const at::Tensor& t : scratch.written) op.outputs.push_back(OutputId(t, producer, op.name, scratch.sources));
+  const SchemaInfo& info = InfoOf(fn);
+  for (const at::Tensor& t : scratch.written) op.outputs.push_back(OutputId(t, producer, info, scratch.sources));
   for (const c10::IValue& v : fn.outputs()) {
     if (v.isTensor() && v.toTensor().defined()) {
-      op.outputs.push_back(OutputId(v.toTensor(), producer, op.name, scratch.sources));
+      op.outputs.push_back(OutputId(v.toTensor(), producer, info, scratch.sources));
     } else if (v.isTensorList()) {
       for (const c10::IValue& e : v.toListRef()) {
-        op.outputs.push_back(OutputId(e.toTensor(), producer, op.name, scratch.sources));
+        op.outputs.push_back(OutputId(e.toTensor(), producer, info, scratch.sources));
       }
     } else {
       op.outputs.push_back(0);

@@ -127,22 +127,27 @@ class OpTracer {
   };
   // The id of `t` as an input; a new id (and a leaf) when unknown.
   uint64_t InputId(const at::Tensor& t, const ArgUse& use);
-  uint64_t OutputId(const at::Tensor& t, int64_t producer, const std::string& op_name,
-                    const std::vector<ViewSource>& inputs);
-  // `derive_from`: `t` is a dense view of exactly that input's elements.
-  uint64_t NewTensor(const at::Tensor& t, int64_t producer, std::string leaf_name, formats::Role role,
-                     uint64_t view_of = 0, const ViewSource* derive_from = nullptr);
-  // From the schema of the op `fn` runs: which arguments it may write
-  // (alias annotations), and whether it returns nothing (an in-place
-  // `_foreach_*_` op, whose results are the tensors it wrote).
+  // What the tracer needs of the operator an op runs, worked out once per
+  // operator (InfoOf, keyed by its schema name): from
+  // its schema, which arguments it may write (alias annotations) and whether
+  // it returns nothing (an in-place `_foreach_*_` op, whose results are the
+  // tensors it wrote); from its name, whether it draws random numbers and
+  // whether it allocates without filling (`empty`...).
   struct SchemaInfo {
     std::vector<bool> written;
     bool returns_nothing = false;
+    bool random = false;
+    bool allocates_uninitialised = false;
   };
+  uint64_t OutputId(const at::Tensor& t, int64_t producer, const SchemaInfo& op, const std::vector<ViewSource>& inputs);
+  // `derive_from`: `t` is a dense view of exactly that input's elements.
+  uint64_t NewTensor(const at::Tensor& t, int64_t producer, std::string leaf_name, formats::Role role,
+                     uint64_t view_of = 0, const ViewSource* derive_from = nullptr);
   const SchemaInfo& InfoOf(const at::RecordFunction& fn);
   // Runs the worker's queued reads of every tensor `fn` may write (mu_ held);
   // appends those tensors to `written` when given.
-  void WaitBeforeWrites(const at::RecordFunction& fn, std::vector<at::Tensor>* written = nullptr);
+  void WaitBeforeWrites(const at::RecordFunction& fn, const SchemaInfo& info,
+                        std::vector<at::Tensor>* written = nullptr);
   // Fills `a` (a reused slot) with the recorded form of `v`.
   void ToArg(const c10::IValue& v, const ArgUse& use, std::vector<ViewSource>& sources, formats::OpArg& a);
   void FlushLocked();
