@@ -93,24 +93,26 @@ void AccumulateFloat(const T* data, int64_t n, Stats& stats) {
     }
     float cs[kLanes] = {}, csq[kLanes] = {}, clo[kLanes], chi[kLanes], cam[kLanes] = {};
     uint32_t cb[kLanes] = {};
+    int64_t done = 0;  // values already in the lanes
     if constexpr (kAvx2) {
+      done = m - m % kLanes;
       simd::Lanes r;
-      simd::ReduceLanes(v, m, r);
+      simd::ReduceLanes(v, done, r);
       std::memcpy(cs, r.sum, sizeof cs), std::memcpy(csq, r.sq, sizeof csq), std::memcpy(clo, r.lo, sizeof clo);
       std::memcpy(chi, r.hi, sizeof chi), std::memcpy(cam, r.amax, sizeof cam), std::memcpy(cb, r.beyond_f16, sizeof cb);
     } else {
       for (int l = 0; l < kLanes; ++l) clo[l] = INFINITY, chi[l] = -INFINITY;
-      for (int64_t j = 0; j < m; j += kLanes) {
-        const int lanes = static_cast<int>(std::min<int64_t>(kLanes, m - j));
-        for (int l = 0; l < lanes; ++l) {
-          const float x = v[j + l], a = std::fabs(x);
-          cs[l] += x;
-          csq[l] += x * x;
-          clo[l] = x < clo[l] ? x : clo[l];
-          chi[l] = x > chi[l] ? x : chi[l];
-          cam[l] = a > cam[l] ? a : cam[l];
-          cb[l] += a > 65504.0f;
-        }
+    }
+    for (int64_t j = done; j < m; j += kLanes) {  // all of them, or the AVX2 kernel's partial last group
+      const int lanes = static_cast<int>(std::min<int64_t>(kLanes, m - j));
+      for (int l = 0; l < lanes; ++l) {
+        const float x = v[j + l], a = std::fabs(x);
+        cs[l] += x;
+        csq[l] += x * x;
+        clo[l] = x < clo[l] ? x : clo[l];
+        chi[l] = x > chi[l] ? x : chi[l];
+        cam[l] = a > cam[l] ? a : cam[l];
+        cb[l] += a > 65504.0f;
       }
     }
     float s1 = 0, s2 = 0;

@@ -23,8 +23,7 @@ __attribute__((target("avx2"))) void ReduceLanes(const float* v, int64_t m, Lane
   __m256i count = _mm256_setzero_si256();
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256 f16_max = _mm256_set1_ps(65504.0f);
-  const int64_t whole = m - m % kLanes;
-  for (int64_t j = 0; j < whole; j += kLanes) {
+  for (int64_t j = 0; j < m; j += kLanes) {
     const __m256 x = _mm256_loadu_ps(v + j), a = _mm256_and_ps(x, abs_mask);
     s = _mm256_add_ps(s, x);
     q = _mm256_add_ps(q, _mm256_mul_ps(x, x));
@@ -37,15 +36,6 @@ __attribute__((target("avx2"))) void ReduceLanes(const float* v, int64_t m, Lane
   _mm256_storeu_ps(r.sum, s), _mm256_storeu_ps(r.sq, q), _mm256_storeu_ps(r.lo, lo), _mm256_storeu_ps(r.hi, hi);
   _mm256_storeu_ps(r.amax, am);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(r.beyond_f16), count);
-  for (int l = 0; l < m - whole; ++l) {  // the last, partial group
-    const float x = v[whole + l], a = std::fabs(x);
-    r.sum[l] += x;
-    r.sq[l] += x * x;
-    r.lo[l] = x < r.lo[l] ? x : r.lo[l];
-    r.hi[l] = x > r.hi[l] ? x : r.hi[l];
-    r.amax[l] = a > r.amax[l] ? a : r.amax[l];
-    r.beyond_f16[l] += a > 65504.0f;
-  }
 }
 
 __attribute__((target("avx2"))) void Widen(const c10::BFloat16* v, int64_t m, float* out) {

@@ -24,7 +24,7 @@ struct Lanes {
 // Whether this CPU has AVX2 and F16C (x86-64 only).
 bool CpuHasAvx2();
 
-// The lanes of `m` values. Each operation is the IEEE float operation the
+// The lanes of `m` values, m a multiple of kLanes. Each operation is the IEEE float operation the
 // portable loop does on the same lane (no fused multiply-add in this
 // target; min and max pick as `x < lo ? x : lo` does, NaN included), so the
 // lanes hold the same bits.
