@@ -18,6 +18,7 @@
 #include "moe/peak_memory.h"
 #include "moe/warmup.h"
 #include "proxy/proxy_builder.h"
+#include "proxy/surgery.h"
 #include "recorder/recorder.h"
 #include "replayer/model_replay.h"
 #include "support/check.h"
@@ -128,18 +129,82 @@ absl::Status RecordHealthyStep(const moe::MoeTransformer& warm, const std::strin
   return Record(trainer, path, 1);
 }
 
-Trajectory Train(const moe::MoeTransformer& model, int64_t steps, uint64_t seed, const Trajectory* replay) {
+namespace {
+
+// Logs a model's routing decisions into the current step's entry.
+struct DecisionLog : recorder::RoutingObserver {
+  Trajectory::Decisions* step = nullptr;
+  void OnRouting(const recorder::RoutingEvent& e) override {
+    (*step)[e.layer].emplace_back(e.topk_ids.detach().clone(), e.logits.detach().clone());
+  }
+};
+
+// Serves a step's logged decisions in call order per layer, mapped to the
+// proxy's experts.
+class MappedDecisions : public recorder::RoutingSource {
+ public:
+  MappedDecisions(const std::vector<LayerPlan>& plans, int64_t top_k) : top_k_(top_k) {
+    for (const LayerPlan& p : plans) plans_.emplace(p.layer, p);
+  }
+  void BeginStep(const Trajectory::Decisions& step) {
+    step_ = &step;
+    next_.clear();
+  }
+  at::Tensor Route(int64_t layer, const at::Tensor& live, int64_t) override {
+    at::DisableRecordFunctionGuard no_record;  // not the model's ops
+    const auto& calls = step_->at(layer);
+    const size_t i = next_[layer]++;
+    MOERR_CHECK(i < calls.size()) << "layer " << layer << " routes more often than the original did";
+    MOERR_CHECK(calls[i].first.size(0) == live.size(0)) << "layer " << layer << " routes another batch";
+    return MapRouting(calls[i].first, calls[i].second, plans_.at(layer), top_k_);
+  }
+
+ private:
+  std::map<int64_t, LayerPlan> plans_;
+  int64_t top_k_;
+  const Trajectory::Decisions* step_ = nullptr;
+  std::map<int64_t, size_t> next_;
+};
+
+}  // namespace
+
+Trajectory Train(const moe::MoeTransformer& model, int64_t steps, uint64_t seed, const Trajectory* original,
+                 const std::vector<LayerPlan>* plans) {
+  MOERR_CHECK((original == nullptr) == (plans == nullptr)) << "a replayed original needs its expert map";
   Trajectory t;
   moe::PeakMemoryScope memory;
   moe::MoeTransformer policy = moe::CopyOf(model), reference = moe::CopyOf(model);
   moe::GrpoTrainer trainer(policy, reference, moe::AdditionTask(), moe::GrpoOptions(), seed);
-  if (replay != nullptr) {
-    MOERR_CHECK(static_cast<int64_t>(replay->responses.size()) >= steps) << "a replayed trajectory as long";
-    trainer.set_response_source([replay](int64_t step, const at::Tensor&) { return replay->responses.at(step); });
+  const moe::GrpoOptions& options = trainer.options();
+  const int64_t n = options.prompts * options.group_size;
+  const int64_t micro = options.micro_batch > 0 ? std::min(options.micro_batch, n) : n;
+  // Forwards per layer over the sampled batch: old log-probs, then training.
+  const size_t batch_forwards = 2 * ((n + micro - 1) / micro);
+  const std::vector<LayerPlan> no_plans;
+  MappedDecisions policy_source(plans ? *plans : no_plans, model->config().top_k),
+      reference_source(plans ? *plans : no_plans, model->config().top_k);
+  DecisionLog policy_log, reference_log;
+  if (original != nullptr) {
+    MOERR_CHECK(static_cast<int64_t>(original->responses.size()) >= steps) << "a replayed trajectory as long";
+    trainer.set_response_source([&](int64_t step, const at::Tensor&) {
+      policy_source.BeginStep(original->policy_routing.at(step));
+      reference_source.BeginStep(original->reference_routing.at(step));
+      return original->responses.at(step);
+    });
+    policy->SetRoutingSource(&policy_source);
+    reference->SetRoutingSource(&reference_source);
   }
+  policy->SetRoutingObserver(&policy_log);  // sees the forced decisions when replaying
+  reference->SetRoutingObserver(&reference_log);
   const auto start = Clock::now();
   for (int64_t s = 0; s < steps; ++s) {
+    policy_log.step = &t.policy_routing.emplace_back();
+    reference_log.step = &t.reference_routing.emplace_back();
     const moe::StepMetrics m = trainer.Step();
+    for (auto& [layer, calls] : t.policy_routing.back()) {  // the rollout's come first
+      MOERR_CHECK(calls.size() >= batch_forwards) << "layer " << layer << " routed " << calls.size() << " times";
+      calls.erase(calls.begin(), calls.end() - batch_forwards);
+    }
     t.loss.push_back(m.loss), t.reward.push_back(m.reward), t.kl.push_back(m.kl), t.grad_norm.push_back(m.grad_norm);
     t.responses.push_back(trainer.last_batch().responses);
   }
@@ -238,7 +303,7 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
         row.corr_reward = Pearson(base.reward, t.reward);
         row.corr_kl = Pearson(base.kl, t.kl);
         row.corr_grad_norm = Pearson(base.grad_norm, t.grad_norm);
-        const Trajectory replayed = Train(proxy, options.steps, 5, &base);
+        const Trajectory replayed = Train(proxy, options.steps, 5, &base, &built.plans);
         row.replayed_corr_loss = Pearson(base.loss, replayed.loss);
         row.replayed_corr_kl = Pearson(base.kl, replayed.kl);
         row.replayed_corr_grad_norm = Pearson(base.grad_norm, replayed.grad_norm);

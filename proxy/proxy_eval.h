@@ -7,8 +7,9 @@
 //   dynamics: Pearson correlation of the loss, reward, KL and grad-norm
 //     trajectories of N healthy RL steps of the proxy with the original's
 //     (same seed, so the same prompts), twice: the proxy sampling its own
-//     responses, and the proxy training on the original's sampled responses
-//     (replayed batches, as a recorded step is replayed on a proxy);
+//     responses, and the proxy replaying the original's steps: its sampled
+//     responses, and its routing mapped to the proxy's experts (as a recorded
+//     step is replayed on a proxy);
 //   fault reproduction: for each catalogue fault and seed, the original's
 //     failing step is mapped to the proxy and model-replayed; reproduced when
 //     the proxy's replay raises the lint finding that names the fault in the
@@ -21,6 +22,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -50,7 +52,7 @@ struct EvalRow {
   int64_t kept = 0;
   double hidden_cosine = 0, logit_kl = 0, routing_agreement = 0, accuracy = 0;
   double corr_loss = 0, corr_reward = 0, corr_kl = 0, corr_grad_norm = 0;  // own rollouts
-  double replayed_corr_loss = 0, replayed_corr_kl = 0, replayed_corr_grad_norm = 0;  // the original's responses
+  double replayed_corr_loss = 0, replayed_corr_kl = 0, replayed_corr_grad_norm = 0;  // the original's steps replayed
   int64_t cases = 0, reproduced = 0, localised = 0;
   double onset_delta = 0;  // mean |proxy onset - original onset| over reproduced cases, steps
   // Original / proxy. Peak memory: micro-batched steps, and the whole-batch run.
@@ -72,15 +74,24 @@ double Pearson(const std::vector<double>& a, const std::vector<double>& b);
 absl::Status RecordHealthyStep(const moe::MoeTransformer& warm, const std::string& path);
 
 // Healthy RL steps of copies of `model` (GRPO defaults, `seed`): the metric
-// trajectories, the responses each step trained on, the time and the peak
-// tensor memory. `replay`: train on its responses instead of sampling.
+// trajectories, what each step trained on, the time and the peak tensor memory.
 struct Trajectory {
   std::vector<double> loss, reward, kl, grad_norm;
-  std::vector<at::Tensor> responses;
+  std::vector<at::Tensor> responses;  // per step [n, response tokens]
+  // Per step, per MoE layer in call order, (ids [T, k], logits [T, E]) of the
+  // policy's forwards over the sampled batch (its old log-probs, then its
+  // training forward; not the rollout's) and of the reference's; forced ones
+  // when replaying.
+  using Decisions = std::map<int64_t, std::vector<std::pair<at::Tensor, at::Tensor>>>;
+  std::vector<Decisions> policy_routing, reference_routing;
   double seconds = 0;
   int64_t peak_bytes = 0;
 };
-Trajectory Train(const moe::MoeTransformer& model, int64_t steps, uint64_t seed, const Trajectory* replay = nullptr);
+// `original` (with `plans`, its experts' map onto `model`'s): each step
+// replays the original's instead of sampling: its responses, and the policy's
+// and the reference's routing forced to the original's, mapped by MapRouting.
+Trajectory Train(const moe::MoeTransformer& model, int64_t steps, uint64_t seed, const Trajectory* original = nullptr,
+                 const std::vector<LayerPlan>* plans = nullptr);
 
 // Peak tensor memory, bytes, of two healthy RL steps of copies of `model`
 // (the second runs with Adam's state allocated) trained in micro-batches of

@@ -320,7 +320,7 @@ int RunModelStory(const DemoOptions& o, report::HtmlReport& page) {
   page.Paragraph(reduced_line + ". Written as " + small + ".");
 
   std::printf("A9. RL dynamics: %lld healthy steps of the warm model against its 1/4 proxy (cluster), the proxy\n"
-              "    training on the original's sampled responses\n",
+              "    replaying the original's steps (its sampled responses and its routing)\n",
               static_cast<long long>(o.dynamics_steps));
   const std::string healthy = o.dir + "/healthy.moerr";
   if (absl::Status s = proxy::RecordHealthyStep(*warm, healthy); !s.ok()) return ReportError(s);
@@ -334,7 +334,7 @@ int RunModelStory(const DemoOptions& o, report::HtmlReport& page) {
   auto proxy_model = moe::LoadCheckpoint(healthy_proxy->checkpoint);
   if (!proxy_model.ok()) return ReportError(proxy_model.status());
   const proxy::Trajectory base = proxy::Train(*warm, o.dynamics_steps, 5);
-  const proxy::Trajectory mirrored = proxy::Train(*proxy_model, o.dynamics_steps, 5, &base);
+  const proxy::Trajectory mirrored = proxy::Train(*proxy_model, o.dynamics_steps, 5, &base, &healthy_proxy->plans);
   const int64_t micro_batch = proxy::EvalOptions().memory_micro_batch;
   const int64_t base_micro = proxy::MicroBatchedPeakMemory(*warm, micro_batch);
   const int64_t proxy_micro = proxy::MicroBatchedPeakMemory(*proxy_model, micro_batch);
@@ -348,7 +348,7 @@ int RunModelStory(const DemoOptions& o, report::HtmlReport& page) {
   std::printf("    %s\n\n", dynamics.c_str());
   page.Heading("RL dynamics, original against proxy");
   page.Paragraph(absl::StrFormat("%d healthy GRPO steps from the warm model and from its 1/4 proxy (cluster), the proxy "
-                                 "training on the original's sampled responses: %s.",
+                                 "replaying the original's steps (its sampled responses and its routing): %s.",
                                  o.dynamics_steps, dynamics));
   page.Figure(report::TrajectoryFigure("loss", "original", base.loss, "proxy 1/4", mirrored.loss), "");
   page.Figure(report::TrajectoryFigure("grad norm", "original", base.grad_norm, "proxy 1/4", mirrored.grad_norm), "");

@@ -285,6 +285,52 @@ TEST(ReduceTest, KeepsALintWarningWhenNothingOverflows) {
   EXPECT_EQ(findings.front().severity, analysis::Severity::kWarning);
 }
 
+// Every expert of a model mapped to itself.
+std::vector<LayerPlan> IdentityPlans(const moe::MoeTransformer& model) {
+  std::vector<LayerPlan> plans;
+  for (moe::MoeLayer m : model->MoeLayers()) {
+    LayerPlan& p = plans.emplace_back();
+    p.layer = m->gate()->layer();
+    for (int64_t e = 0; e < model->config().num_experts; ++e) p.kept.push_back(e), p.medoid_of.push_back(e);
+  }
+  return plans;
+}
+
+// Replaying a run forces each forward over the sampled batch onto the
+// decisions the original made in the same forward: onto another model, every
+// decision is the original's; onto the same model, the run is the original.
+TEST(ProxyEvalTest, ReplayedRunsRouteAsTheOriginalDid) {
+  torch::manual_seed(0);
+  const moe::MoeConfig config = moe::Preset("tiny").value();
+  const moe::MoeTransformer model(config), other(config);
+  const std::vector<LayerPlan> identity = IdentityPlans(model);
+  const Trajectory original = Train(model, 3, 5);
+  const Trajectory onto_other = Train(other, 3, 5, &original, &identity);
+  ASSERT_EQ(onto_other.policy_routing.size(), 3u);
+  int64_t live_differs = 0;
+  for (size_t s = 0; s < 3; ++s) {
+    for (auto side : {&Trajectory::policy_routing, &Trajectory::reference_routing}) {
+      const Trajectory::Decisions& a = (original.*side)[s];
+      const Trajectory::Decisions& b = (onto_other.*side)[s];
+      ASSERT_EQ(a.size(), identity.size());
+      for (const auto& [layer, calls] : a) {
+        ASSERT_EQ(b.at(layer).size(), calls.size()) << "layer " << layer;
+        for (size_t i = 0; i < calls.size(); ++i) {
+          EXPECT_TRUE(at::equal(b.at(layer)[i].first, calls[i].first)) << "step " << s << " layer " << layer;
+          // The other model's own router would have chosen otherwise.
+          live_differs += !at::equal(std::get<1>(b.at(layer)[i].second.topk(config.top_k, -1)), calls[i].first);
+        }
+      }
+    }
+  }
+  EXPECT_GT(live_differs, 0);
+  const Trajectory onto_same = Train(model, 3, 5, &original, &identity);
+  EXPECT_EQ(onto_same.loss, original.loss);
+  EXPECT_EQ(onto_same.grad_norm, original.grad_norm);
+  EXPECT_EQ(onto_same.kl, original.kl);
+  EXPECT_EQ(onto_same.reward, original.reward);
+}
+
 // proxy-eval end to end on the tiny model: every configuration gets a row
 // with measured numbers, and faults that show in the original are counted.
 TEST(ProxyEvalTest, MeasuresEveryConfiguration) {
