@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 
@@ -131,11 +132,21 @@ absl::Status RecordHealthyStep(const moe::MoeTransformer& warm, const std::strin
 
 namespace {
 
+// A copy of `t` in memory of its own, not from LibTorch's allocator: a log
+// is not the run's tensor memory (PeakMemoryScope counts that).
+at::Tensor UncountedCopy(const at::Tensor& t) {
+  const at::Tensor c = t.detach().contiguous();
+  auto* bytes = new std::vector<char>(c.nbytes());
+  std::memcpy(bytes->data(), c.data_ptr(), bytes->size());
+  return at::from_blob(bytes->data(), c.sizes(), [bytes](void*) { delete bytes; }, c.options());
+}
+
 // Logs a model's routing decisions into the current step's entry.
 struct DecisionLog : recorder::RoutingObserver {
   Trajectory::Decisions* step = nullptr;
   void OnRouting(const recorder::RoutingEvent& e) override {
-    (*step)[e.layer].emplace_back(e.topk_ids.detach().clone(), e.logits.detach().clone());
+    at::DisableRecordFunctionGuard no_record;  // not the model's ops
+    (*step)[e.layer].emplace_back(UncountedCopy(e.topk_ids), UncountedCopy(e.logits));
   }
 };
 

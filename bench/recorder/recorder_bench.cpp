@@ -20,6 +20,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 
+#include "absl/strings/str_format.h"
 #include "moe/grpo_trainer.h"
 #include "recorder/recorder.h"
 
@@ -125,9 +126,10 @@ int main(int argc, char** argv) {
       std::printf("| do-nothing observer (floor) | %.0f | %.2f | - | - | - |\n", ms, r.seconds / base.seconds);
       continue;
     }
-    std::printf("| %s | %.0f | %.2f | %.0f | %.2f | %.3f |\n", name.c_str(), ms, r.seconds / base.seconds,
-                static_cast<double>(r.ops) / r.steps, r.bytes / double(1 << 20) / r.steps,
-                static_cast<double>(r.bytes) / full.bytes);
+    const std::string of_full =  // no full run with --only
+        full.bytes > 0 ? absl::StrFormat("%.3f", static_cast<double>(r.bytes) / full.bytes) : "-";
+    std::printf("| %s | %.0f | %.2f | %.0f | %.2f | %s |\n", name.c_str(), ms, r.seconds / base.seconds,
+                static_cast<double>(r.ops) / r.steps, r.bytes / double(1 << 20) / r.steps, of_full.c_str());
   }
   if (full.steps == 0 || results["replayable"].steps == 0) return 0;
   std::printf("\nfull mode: %.0f MB/s of captured tensor bytes (distinct, before compression) over its step time;\n"
