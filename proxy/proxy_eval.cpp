@@ -135,6 +135,7 @@ namespace {
 // A copy of `t` in memory of its own, not from LibTorch's allocator: a log
 // is not the run's tensor memory (PeakMemoryScope counts that).
 at::Tensor UncountedCopy(const at::Tensor& t) {
+  if (!t.defined()) return t;
   const at::Tensor c = t.detach().contiguous();
   auto* bytes = new std::vector<char>(c.nbytes());
   std::memcpy(bytes->data(), c.data_ptr(), bytes->size());
