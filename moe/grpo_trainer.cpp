@@ -215,7 +215,7 @@ StepMetrics GrpoTrainer::Step() {
                                  .repeat_interleave(g, 0);
 
   // Rollout, under the rollout precision.
-  at::Tensor responses, old_logp;
+  at::Tensor responses, old_logp, inputs;
   {
     NumericsScope scope(options_.rollout_numerics);
     torch::NoGradGuard no_grad;
@@ -232,10 +232,9 @@ StepMetrics GrpoTrainer::Step() {
       RECORD_USER_SCOPE("batch");  // the sampled responses join the step's batch here
       seq = at::cat({prompts, responses}, 1);
     }
-    old_logp = NoGradLogProbs(policy_, seq.narrow(1, 0, seq.size(1) - 1), prompts, responses, micro);
+    inputs = seq.narrow(1, 0, seq.size(1) - 1);  // [n, P + A - 1]: each position predicts the next token
+    old_logp = NoGradLogProbs(policy_, inputs, prompts, responses, micro);
   }
-  const at::Tensor seq = at::cat({prompts, responses}, 1);
-  const at::Tensor inputs = seq.narrow(1, 0, seq.size(1) - 1);
   // Tokens up to and including the first EOS count.
   const at::Tensor eos_seen = responses.eq(AdditionTask::kEos).to(at::kLong).cumsum(1);
   const at::Tensor mask = (eos_seen - responses.eq(AdditionTask::kEos).to(at::kLong)).eq(0).to(at::kFloat);
