@@ -43,6 +43,11 @@ int64_t ResponseTokens(const GrpoOptions& options, const AdditionTask& task) {
   return options.response_tokens > 0 ? std::min(options.response_tokens, task.answer_length()) : task.answer_length();
 }
 
+int64_t SequencesPerForward(const GrpoOptions& options) {
+  const int64_t n = options.prompts * options.group_size;
+  return options.micro_batch > 0 ? std::min(options.micro_batch, n) : n;
+}
+
 absl::StatusOr<GrpoOptions> GrpoOptionsFromJson(const llvm::json::Object& json) {
   GrpoOptions o;
   std::string precision, rollout_precision;
@@ -207,7 +212,7 @@ StepMetrics GrpoTrainer::Step() {
     batch = task_.Sample(options_.prompts, rng_);
   }
   const int64_t answer_tokens = ResponseTokens(options_, task_);
-  const int64_t micro = options_.micro_batch > 0 ? std::min(options_.micro_batch, n) : n;  // sequences per forward
+  const int64_t micro = SequencesPerForward(options_);
   const at::Tensor prompts = batch.prompts.repeat_interleave(g, 0);  // [n, P]
   // [n, A]; narrowed only when truncated, so a whole step records no extra op.
   const at::Tensor answers = (answer_tokens < batch.answers.size(1) ? batch.answers.narrow(1, 0, answer_tokens)

@@ -64,6 +64,10 @@ struct GrpoOptions {
 // The response tokens a step samples per sequence under `options`.
 int64_t ResponseTokens(const GrpoOptions& options, const AdditionTask& task);
 
+// The sequences each forward of a step takes under `options` (all of the
+// step's prompts x group_size, or micro_batch of them).
+int64_t SequencesPerForward(const GrpoOptions& options);
+
 // Every field, and back; a missing or mistyped field is an error naming it.
 llvm::json::Object ToJson(const GrpoOptions& options);
 absl::StatusOr<GrpoOptions> GrpoOptionsFromJson(const llvm::json::Object& json);

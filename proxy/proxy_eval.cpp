@@ -189,7 +189,7 @@ Trajectory Train(const moe::MoeTransformer& model, int64_t steps, uint64_t seed,
   moe::GrpoTrainer trainer(policy, reference, moe::AdditionTask(), moe::GrpoOptions(), seed);
   const moe::GrpoOptions& options = trainer.options();
   const int64_t n = options.prompts * options.group_size;
-  const int64_t micro = options.micro_batch > 0 ? std::min(options.micro_batch, n) : n;
+  const int64_t micro = moe::SequencesPerForward(options);
   // Forwards per layer over the sampled batch: old log-probs, then training.
   const size_t batch_forwards = 2 * ((n + micro - 1) / micro);
   const std::vector<LayerPlan> no_plans;
