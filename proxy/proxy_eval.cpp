@@ -74,17 +74,32 @@ absl::StatusOr<std::optional<Symptom>> FindSymptom(const formats::BundleReader& 
   return std::optional<Symptom>();
 }
 
-// Routing choices per MoE layer of a forward pass.
-struct Choices : recorder::RoutingObserver {
-  std::map<int64_t, at::Tensor> ids;
-  void OnRouting(const recorder::RoutingEvent& e) override { ids[e.layer] = e.topk_ids.detach().clone(); }
+// A copy of `t` in memory of its own, not from LibTorch's allocator: a log
+// is not the run's tensor memory (PeakMemoryScope counts that).
+at::Tensor UncountedCopy(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  const at::Tensor c = t.detach().contiguous();
+  auto* bytes = new std::vector<char>(c.nbytes());
+  std::memcpy(bytes->data(), c.data_ptr(), bytes->size());
+  return at::from_blob(bytes->data(), c.sizes(), [bytes](void*) { delete bytes; }, c.options());
+}
+
+// Logs a model's routing decisions into `*step`, per MoE layer in call order.
+struct DecisionLog : recorder::RoutingObserver {
+  Trajectory::Decisions* step = nullptr;
+  void OnRouting(const recorder::RoutingEvent& e) override {
+    at::DisableRecordFunctionGuard no_record;  // not the model's ops
+    (*step)[e.layer].emplace_back(UncountedCopy(e.topk_ids), UncountedCopy(e.logits));
+  }
 };
 
 void StaticFidelity(moe::MoeTransformer& original, moe::MoeTransformer& proxy, const std::vector<LayerPlan>& plans,
                     const at::Tensor& tokens, EvalRow& row) {
   at::DisableRecordFunctionGuard no_record;
   torch::NoGradGuard no_grad;
-  Choices co, cp;
+  Trajectory::Decisions original_calls, proxy_calls;  // one forward each
+  DecisionLog co, cp;
+  co.step = &original_calls, cp.step = &proxy_calls;
   original->SetRoutingObserver(&co);
   proxy->SetRoutingObserver(&cp);
   const moe::ForwardOutput fo = original->Forward(tokens, true), fp = proxy->Forward(tokens, true);
@@ -99,7 +114,7 @@ void StaticFidelity(moe::MoeTransformer& original, moe::MoeTransformer& proxy, c
   row.logit_kl = (lo.exp() * (lo - lp)).sum(-1).mean().item<double>();
   double agree = 0, slots = 0;
   for (const LayerPlan& plan : plans) {
-    const at::Tensor a = co.ids.at(plan.layer), b = cp.ids.at(plan.layer);
+    const at::Tensor a = original_calls.at(plan.layer).back().first, b = proxy_calls.at(plan.layer).back().first;
     std::vector<int64_t> index(plan.medoid_of.size(), -1);
     for (size_t i = 0; i < plan.kept.size(); ++i) index[plan.kept[i]] = static_cast<int64_t>(i);
     std::vector<int64_t> lookup(plan.medoid_of.size());
@@ -131,25 +146,6 @@ absl::Status RecordHealthyStep(const moe::MoeTransformer& warm, const std::strin
 }
 
 namespace {
-
-// A copy of `t` in memory of its own, not from LibTorch's allocator: a log
-// is not the run's tensor memory (PeakMemoryScope counts that).
-at::Tensor UncountedCopy(const at::Tensor& t) {
-  if (!t.defined()) return t;
-  const at::Tensor c = t.detach().contiguous();
-  auto* bytes = new std::vector<char>(c.nbytes());
-  std::memcpy(bytes->data(), c.data_ptr(), bytes->size());
-  return at::from_blob(bytes->data(), c.sizes(), [bytes](void*) { delete bytes; }, c.options());
-}
-
-// Logs a model's routing decisions into the current step's entry.
-struct DecisionLog : recorder::RoutingObserver {
-  Trajectory::Decisions* step = nullptr;
-  void OnRouting(const recorder::RoutingEvent& e) override {
-    at::DisableRecordFunctionGuard no_record;  // not the model's ops
-    (*step)[e.layer].emplace_back(UncountedCopy(e.topk_ids), UncountedCopy(e.logits));
-  }
-};
 
 // Serves a step's logged decisions in call order per layer, mapped to the
 // proxy's experts.
