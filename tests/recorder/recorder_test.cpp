@@ -189,7 +189,8 @@ TEST(RecorderTest, StridedFingerprintsEqualTheirContiguousCopies) {
 // The AVX2 kernels and the portable loops give the same fingerprint, to the
 // bit (a bundle recorded on one machine is replayed on another): every float
 // dtype, lengths that are not a multiple of the 8 lanes, values past f16
-// range, NaN and Inf (which send a chunk down the careful path).
+// range, NaN and Inf (which send a chunk down the careful path), and a
+// transposed view (gathered in blocks).
 TEST(RecorderTest, SimdFingerprintsEqualPortableOnes) {
   SetFingerprintSimd(true);
   // The second call returns what the first set: false where the CPU has no AVX2.
@@ -199,8 +200,9 @@ TEST(RecorderTest, SimdFingerprintsEqualPortableOnes) {
   base[17] = NAN;
   base[40000] = -INFINITY;
   const at::Tensor tail = torch::randn({1003});
+  const at::Tensor transposed = base.narrow(0, 0, 70000).view({7, 10000}).t();
   for (const at::Tensor& t : {base, base.narrow(0, 300, 60000), tail, tail.to(at::kBFloat16), base.to(at::kBFloat16),
-                              tail.to(at::kHalf), (tail * 1e5).to(at::kHalf), base.t().contiguous()}) {
+                              tail.to(at::kHalf), (tail * 1e5).to(at::kHalf), transposed}) {
     SCOPED_TRACE(c10::toString(t.scalar_type()));
     SetFingerprintSimd(true);
     const formats::Fingerprint simd = ComputeFingerprint(t);
