@@ -40,6 +40,9 @@ struct ThreadState {
   // the node (accumulating that node's gradients) are attributed to it.
   std::vector<int64_t> evaluating;
   int untraced = 0;  // open kUntracedScope scopes
+  // RecordFunction is off on this thread, turned off by the tracer (see
+  // Silence) for the outermost op running, or for the untraced scope open.
+  bool silenced_op = false, silenced_scope = false;
   uint32_t thread = 0;
 };
 
@@ -108,6 +111,19 @@ std::unique_ptr<at::ObserverContext> StartTrampoline(const at::RecordFunction& f
 void EndTrampoline(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   OpTracer* t = g_tracer.load(std::memory_order_acquire);
   if (t) t->OnEnd(fn, ctx);
+}
+
+// Turns RecordFunction off on this thread when the tracer is the only
+// observer its ops call back, and says whether it did. What then runs is
+// what the tracer does not record (the ops an outermost op runs inside it,
+// an untraced scope): LibTorch neither boxes their arguments nor calls back,
+// which saves most of the callbacks of a step, and no other observer
+// (a profiler) misses them. Whoever silenced turns it back on.
+bool Silence() {
+  const at::StepCallbacks callbacks = at::getStepCallbacks(at::RecordScope::FUNCTION);
+  if (callbacks.callbacks_.size() != 1 || callbacks.callbacks_[0].start_ != &StartTrampoline) return false;
+  at::enableRecordFunction(false);
+  return true;
 }
 
 bool Contains(const std::vector<const char*>& scopes, const char* name) {
@@ -437,7 +453,13 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   switch (fn.scope()) {
     case at::RecordScope::USER_SCOPE:
       st.scopes.emplace_back(fn.name());
-      st.untraced += std::strcmp(st.scopes.back(), kUntracedScope) == 0;
+      if (std::strcmp(fn.name(), kUntracedScope) == 0 && st.untraced++ == 0) {
+        // Drained, the worker has nothing left that an op inside could
+        // overwrite: the scope's ops need no callbacks at all.
+        std::lock_guard<std::mutex> lock(mu_);
+        worker_.Drain();
+        st.silenced_scope = Silence();
+      }
       return nullptr;
     case at::RecordScope::BACKWARD_FUNCTION:
       if (!st.evaluating.empty() && st.evaluating.back() < 0) st.evaluating.back() = fn.seqNr();
@@ -461,6 +483,7 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
     return ctx;
   }
   ++st.depth;
+  st.silenced_op = Silence();
   std::lock_guard<std::mutex> lock(mu_);
   if (st.untraced > 0) {
     WaitBeforeWrites(fn, InfoOf(fn));  // not recorded, but it may overwrite what the worker is to read
@@ -532,7 +555,10 @@ void OpTracer::OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   switch (fn.scope()) {
     case at::RecordScope::USER_SCOPE:
       if (!st.scopes.empty()) {
-        st.untraced -= std::strcmp(st.scopes.back(), kUntracedScope) == 0;
+        if (std::strcmp(st.scopes.back(), kUntracedScope) == 0 && --st.untraced == 0 && st.silenced_scope) {
+          at::enableRecordFunction(true);
+          st.silenced_scope = false;
+        }
         st.scopes.pop_back();
       }
       return;
@@ -552,7 +578,10 @@ void OpTracer::OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
     }
     return;
   }
-  --st.depth;
+  if (--st.depth == 0 && st.silenced_op) {
+    at::enableRecordFunction(true);
+    st.silenced_op = false;
+  }
   if (ctx == nullptr) return;
   OpScratch& scratch = *op_ctx->scratch;
   formats::OpEvent& op = scratch.op;

@@ -14,6 +14,8 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "formats/bundle_reader.h"
 #include "formats/salvage.h"
 #include "formats/trace.h"
@@ -474,6 +476,48 @@ TEST(RecorderTest, RecordingDoesNotChangeTheOpsThatRun) {
     EXPECT_GT(plain, 20);
     EXPECT_EQ(recorded, plain);
   }
+}
+
+// What identifies a recorded op: everything but its position in the run.
+std::string Describe(const formats::OpEvent& op) {
+  std::string s = absl::StrCat(op.name, ".", op.overload, " ", op.module, " ", static_cast<int>(op.phase), " ",
+                               op.forward_seq, " ->");
+  for (uint64_t out : op.outputs) absl::StrAppend(&s, " ", out);
+  for (const formats::OpArg& a : op.args) {
+    absl::StrAppend(&s, " (", static_cast<int>(a.kind), " ", a.i, " ", a.f, " ", a.text, " ",
+                    absl::StrJoin(a.ints, ","), ")");
+  }
+  return s;
+}
+
+// Alone, the tracer turns RecordFunction off inside the ops it records and
+// inside "generate" (op_tracer.cpp, Silence); beside another observer it
+// does not. Either way it records the same trace, the other observer still
+// sees every op, and RecordFunction is on again afterwards.
+TEST(RecorderTest, RecordsTheSameTraceWithOrWithoutAnotherObserver) {
+  TempDir dir;
+  auto alone = RecordSteps(dir.File("alone.moerr"), CaptureMode::kReplayable, 2);
+  EXPECT_TRUE(at::isRecordFunctionEnabled());
+  const at::CallbackHandle handle =
+      at::addGlobalCallback(at::RecordFunctionCallback(&CountOp).scopes({at::RecordScope::FUNCTION}));
+  g_dispatched = 0;
+  auto beside = RecordSteps(dir.File("beside.moerr"), CaptureMode::kReplayable, 2);
+  at::removeCallback(handle);
+  for (int64_t step : {0, 1}) {
+    const formats::Trace a = formats::ReadTrace(*alone, step).value(), b = formats::ReadTrace(*beside, step).value();
+    ASSERT_EQ(a.ops.size(), b.ops.size());
+    ASSERT_GT(a.ops.size(), 500u);
+    for (size_t i = 0; i < a.ops.size(); ++i) ASSERT_EQ(Describe(a.ops[i]), Describe(b.ops[i])) << "op " << i;
+    ASSERT_EQ(a.tensors.size(), b.tensors.size());
+    const absl::flat_hash_set<uint64_t> garbage = formats::UninitialisedValues(a);  // `empty` memory
+    for (size_t i = 0; i < a.tensors.size(); ++i) {
+      EXPECT_EQ(a.tensors[i].id, b.tensors[i].id);
+      if (!garbage.contains(a.tensors[i].id)) EXPECT_EQ(a.tensors[i].fingerprint.hash, b.tensors[i].fingerprint.hash) << "tensor " << a.tensors[i].id;
+    }
+    // The other observer saw the ops inside recorded ops and the rollout's.
+    EXPECT_GT(g_dispatched.load(), 4 * static_cast<int64_t>(a.ops.size()));
+  }
+  EXPECT_TRUE(at::isRecordFunctionEnabled());
 }
 
 TEST(RecorderTest, AnomalyTriggerWritesOnlyTheFailingWindow) {
