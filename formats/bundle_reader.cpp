@@ -163,6 +163,16 @@ std::vector<int64_t> BundleReader::CompleteSteps() const {
   return steps;
 }
 
+std::vector<int64_t> BundleReader::Steps() const {
+  std::vector<int64_t> steps;
+  for (const RecordRef& r : index_.records) {
+    if (r.step >= 0) steps.push_back(r.step);
+  }
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  return steps;
+}
+
 absl::StatusOr<VerifyReport> BundleReader::Verify() const {
   VerifyReport report;
   const ScanResult scan = ScanFrames(file_.subspan(0, file_.size() - kFooterSize));

@@ -50,6 +50,8 @@ class BundleReader {
   absl::StatusOr<llvm::json::Value> ReadAnnotation(absl::string_view key, int64_t step = -1) const;
   // Steps whose stepEnd record is in the bundle, ascending.
   std::vector<int64_t> CompleteSteps() const;
+  // Steps with any record in the bundle (a crashed step's too), ascending.
+  std::vector<int64_t> Steps() const;
 
   // Checks every frame's hash, in file order, and every blob's content hash.
   absl::StatusOr<VerifyReport> Verify() const;

@@ -109,7 +109,12 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
     options.limit = opts->limit == "fp16"   ? analysis::DTypeMax(formats::DType::kF16)
                     : opts->limit == "bf16" ? analysis::DTypeMax(formats::DType::kBF16)
                                             : 0;
-    const std::vector<int64_t> steps = opts->steps.empty() ? (*reader)->CompleteSteps() : opts->steps;
+    const absl::StatusOr<std::vector<int64_t>> to_read = StepsToRead(**reader, opts->bundle, opts->steps);
+    if (!to_read.ok()) {
+      exit_code = ReportError(to_read.status());
+      return;
+    }
+    const std::vector<int64_t>& steps = *to_read;
     llvm::json::Array results;
     exit_code = kExitOk;
     for (int64_t step : steps) {

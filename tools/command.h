@@ -4,10 +4,14 @@
 // error.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "formats/bundle_reader.h"
 
 namespace moerr::tools {
 
@@ -21,6 +25,12 @@ int ReportError(const absl::Status& status);
 // AlreadyExists when `path` exists and `force` is not set: an output a
 // command would overwrite.
 absl::Status CheckOverwrite(const std::string& path, bool force);
+
+// The steps a command reads from the bundle at `path`: `requested`, each of
+// which must have records there, or every complete step when none is
+// requested (NotFound when there are none).
+absl::StatusOr<std::vector<int64_t>> StepsToRead(const formats::BundleReader& reader, const std::string& path,
+                                                 const std::vector<int64_t>& requested);
 
 // Each sets `exit_code` when its subcommand runs.
 void AddInspectCommand(CLI::App& app, int& exit_code);

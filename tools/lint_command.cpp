@@ -97,11 +97,12 @@ void AddLintCommand(CLI::App& app, int& exit_code) {
       original_trace = *std::move(trace);
       original_view = analysis::StepView{original.get(), opts->against, step, &original_trace};
     }
-    const std::vector<int64_t> steps = opts->steps.empty() ? (*reader)->CompleteSteps() : opts->steps;
-    if (steps.empty()) {
-      exit_code = ReportError(absl::NotFoundError(opts->bundle + " has no complete step"));
+    const absl::StatusOr<std::vector<int64_t>> to_read = StepsToRead(**reader, opts->bundle, opts->steps);
+    if (!to_read.ok()) {
+      exit_code = ReportError(to_read.status());
       return;
     }
+    const std::vector<int64_t>& steps = *to_read;
     std::vector<analysis::Finding> all;
     std::vector<int64_t> opless;
     for (int64_t step : steps) {

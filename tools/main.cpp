@@ -1,5 +1,9 @@
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 #include "tools/command.h"
 
@@ -13,6 +17,24 @@ int ReportError(const absl::Status& status) {
 absl::Status CheckOverwrite(const std::string& path, bool force) {
   if (force || !std::filesystem::exists(path)) return absl::OkStatus();
   return absl::AlreadyExistsError(path + " exists; pass --force to overwrite it");
+}
+
+absl::StatusOr<std::vector<int64_t>> StepsToRead(const formats::BundleReader& reader, const std::string& path,
+                                                 const std::vector<int64_t>& requested) {
+  const std::vector<int64_t> present = reader.Steps();
+  const std::string listed = present.empty() ? "none" : absl::StrJoin(present, ", ");
+  for (int64_t step : requested) {
+    if (!std::binary_search(present.begin(), present.end(), step)) {
+      return absl::NotFoundError(absl::StrFormat("step %d is not in %s (its steps: %s)", step, path, listed));
+    }
+  }
+  if (!requested.empty()) return requested;
+  std::vector<int64_t> complete = reader.CompleteSteps();
+  if (complete.empty()) {
+    return absl::NotFoundError(absl::StrFormat(
+        "%s has no complete step (its steps: %s); pass --step to read an incomplete one", path, listed));
+  }
+  return complete;
 }
 
 }  // namespace moerr::tools

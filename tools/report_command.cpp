@@ -33,11 +33,12 @@ void AddReportCommand(CLI::App& app, int& exit_code) {
       exit_code = ReportError(reader.status());
       return;
     }
-    const std::vector<int64_t> steps = opts->steps.empty() ? (*reader)->CompleteSteps() : opts->steps;
-    if (steps.empty()) {
-      exit_code = ReportError(absl::NotFoundError(opts->bundle + " has no complete step"));
+    const absl::StatusOr<std::vector<int64_t>> to_read = StepsToRead(**reader, opts->bundle, opts->steps);
+    if (!to_read.ok()) {
+      exit_code = ReportError(to_read.status());
       return;
     }
+    const std::vector<int64_t>& steps = *to_read;
     report::HtmlReport page("moerr report: " + opts->bundle);
     for (int64_t step : steps) {
       auto trace = formats::ReadTrace(**reader, step);

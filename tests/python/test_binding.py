@@ -113,3 +113,14 @@ def test_routing_of_an_unknown_router(tmp_path):
     assert torch.equal(routing[0]["topk_ids"].long(), ids)
     assert routing[0]["logits"] is not None and routing[1]["logits"] is None
     assert sum(routing[1]["token_counts"]) == ids.numel()
+
+
+def test_a_step_the_bundle_lacks_is_an_error(tmp_path):
+    path = tmp_path / "run.moerr"
+    train(path, mode="stats", steps=2)
+    for command in (["bisect", path], ["lint", path], ["report", path, "-o", tmp_path / "r.html"]):
+        p = subprocess.run([MOERR, *map(str, command), "--step", "7"], capture_output=True, text=True)
+        assert p.returncode == 2, (command, p.stdout)
+        assert "step 7 is not in" in p.stderr and "(its steps: 0, 1)" in p.stderr, p.stderr
+    assert not (tmp_path / "r.html").exists()
+    assert "step 1: no overflowing op" in run("bisect", path, "--step", "1")
