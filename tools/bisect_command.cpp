@@ -135,8 +135,14 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
       }
       const auto found = analysis::FindFirstOverflow(*trace, options);
       if (!found) {
-        if (opts->json) results.push_back(llvm::json::Object{{"step", step}, {"found", false}});
-        else std::printf("step %lld: no overflowing op in %zu ops\n", static_cast<long long>(step), trace->ops.size());
+        if (opts->json) {
+          results.push_back(llvm::json::Object{{"step", step}, {"found", false}, {"ops", static_cast<int64_t>(trace->ops.size())}});
+        } else if (trace->ops.empty()) {
+          // A proxy's step, or a crashed one whose ops were lost.
+          std::printf("step %lld: records no ops, nothing to search\n", static_cast<long long>(step));
+        } else {
+          std::printf("step %lld: no overflowing op in %zu ops\n", static_cast<long long>(step), trace->ops.size());
+        }
         continue;
       }
       exit_code = kExitFinding;
