@@ -99,6 +99,10 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_flag("--json", opts->json, "Print JSON");
   cmd->callback([opts, &exit_code] {
+    if (absl::Status s = CheckNotAnInput(opts->policy_out, {opts->bundle}); opts->precision && !s.ok()) {
+      exit_code = ReportError(s);
+      return;
+    }
     auto reader = formats::BundleReader::Open(opts->bundle);
     if (!reader.ok()) {
       exit_code = ReportError(reader.status());

@@ -25,6 +25,10 @@ int ReportError(const absl::Status& status);
 // AlreadyExists when `path` exists and `force` is not set: an output a
 // command would overwrite.
 absl::Status CheckOverwrite(const std::string& path, bool force);
+// InvalidArgument when the output `path` is one of the files `inputs` name
+// (the same file by any name): writing it would destroy what the command
+// reads, --force or not.
+absl::Status CheckNotAnInput(const std::string& path, const std::vector<std::string>& inputs);
 
 // The steps a command reads from the bundle at `path`: `requested`, each of
 // which must have records there, or every complete step when none is

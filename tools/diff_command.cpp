@@ -64,6 +64,10 @@ void AddDiffCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--html", opts->html, "Also write a self-contained HTML report here");
   cmd->add_flag("--json", opts->json, "Print JSON");
   cmd->callback([opts, &exit_code] {
+    if (absl::Status s = CheckNotAnInput(opts->html, {opts->a, opts->b}); !s.ok()) {
+      exit_code = ReportError(s);
+      return;
+    }
     diff::DiffOptions options;
     options.compare_bytes = !opts->fingerprints_only;
     for (const std::string& t : opts->thresholds) {

@@ -19,6 +19,17 @@ absl::Status CheckOverwrite(const std::string& path, bool force) {
   return absl::AlreadyExistsError(path + " exists; pass --force to overwrite it");
 }
 
+absl::Status CheckNotAnInput(const std::string& path, const std::vector<std::string>& inputs) {
+  for (const std::string& input : inputs) {
+    std::error_code error;
+    if (std::filesystem::equivalent(path, input, error)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("the output %s is the input %s; write the output elsewhere", path, input));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<int64_t>> StepsToRead(const formats::BundleReader& reader, const std::string& path,
                                                  const std::vector<int64_t>& requested) {
   const std::vector<int64_t> present = reader.Steps();

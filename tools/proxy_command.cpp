@@ -52,6 +52,10 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
                 "Do not force in the experts the recorded failure names or super experts");
   cmd->add_flag("--force", opts->force, "Overwrite an earlier proxy in the output directory");
   cmd->callback([opts, &exit_code] {
+    if (absl::Status s = CheckNotAnInput(opts->out + "/proxy.moerr", {opts->bundle}); !s.ok()) {
+      exit_code = ReportError(s);
+      return;
+    }
     proxy::ProxyOptions options;
     options.step = opts->step;
     options.out_dir = opts->out;

@@ -138,6 +138,10 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
                   "Precision policy file: lines \"module:PATH|tree:PATH|op:NAME fp32|fp64|round-fp16|"
                   "round-fp16-sat|round-bf16\"");
   cmd->callback([opts, &exit_code] {
+    if (absl::Status s = CheckNotAnInput(opts->out, {opts->bundle}); !s.ok()) {
+      exit_code = ReportError(s);
+      return;
+    }
     auto reader = formats::BundleReader::Open(opts->bundle);
     if (!reader.ok()) {
       exit_code = ReportError(reader.status());

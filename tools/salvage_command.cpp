@@ -19,6 +19,10 @@ void AddSalvageCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("-o,--output", opts->out, "Where to write the repaired bundle")->required();
   cmd->add_flag("--force", opts->force, "Overwrite the output if it exists");
   cmd->callback([opts, &exit_code] {
+    if (absl::Status s = CheckNotAnInput(opts->out, {opts->in}); !s.ok()) {
+      exit_code = ReportError(s);
+      return;
+    }
     auto report = formats::Salvage(opts->in, opts->out, opts->force);
     if (!report.ok()) {
       exit_code = ReportError(report.status());

@@ -124,3 +124,17 @@ def test_a_step_the_bundle_lacks_is_an_error(tmp_path):
         assert "step 7 is not in" in p.stderr and "(its steps: 0, 1)" in p.stderr, p.stderr
     assert not (tmp_path / "r.html").exists()
     assert "step 1: no overflowing op" in run("bisect", path, "--step", "1")
+
+
+def test_an_output_never_overwrites_an_input(tmp_path):
+    path = tmp_path / "run.moerr"
+    train(path, mode="stats", steps=1)
+    before = path.read_bytes()
+    same = str(tmp_path / "." / "run.moerr")  # the same file by another name
+    for command in (["report", path, "-o", same, "--force"], ["salvage", path, "-o", same, "--force"],
+                    ["diff", path, path, "--html", same], ["reduce", path, "-o", same, "--force"]):
+        p = subprocess.run([MOERR, *map(str, command)], capture_output=True, text=True)
+        assert p.returncode == 2, (command, p.stdout)
+        assert "write the output elsewhere" in p.stderr, p.stderr
+    assert path.read_bytes() == before
+    assert "ok:" in run("verify", path)
