@@ -181,7 +181,7 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
                     p.headroom_bits, p.op->module == op.module ? "" : ("  (" + p.op->module + ")").c_str());
       }
     }
-    if (opts->json) std::printf("%s\n", llvm::formatv("{0:2}", llvm::json::Value(std::move(results))).str().c_str());
+    if (opts->json) PrintJson(std::move(results));
   });
 }
 

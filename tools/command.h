@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "formats/bundle_reader.h"
+#include "llvm/Support/JSON.h"
 
 namespace moerr::tools {
 
@@ -35,6 +36,11 @@ absl::Status CheckNotAnInput(const std::string& path, const std::vector<std::str
 // requested (NotFound when there are none).
 absl::StatusOr<std::vector<int64_t>> StepsToRead(const formats::BundleReader& reader, const std::string& path,
                                                  const std::vector<int64_t>& requested);
+
+// JSON has no Inf or NaN: such values print as null.
+llvm::json::Value JsonNumber(double v);
+// Prints `value` as indented JSON on stdout.
+void PrintJson(llvm::json::Value value);
 
 // Each sets `exit_code` when its subcommand runs.
 void AddInspectCommand(CLI::App& app, int& exit_code);

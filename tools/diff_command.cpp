@@ -16,23 +16,20 @@ std::string OpLabel(const formats::OpEvent& op) {
                          formats::PhaseName(op.phase));
 }
 
-// JSON has no Inf or NaN: such values print as null.
-llvm::json::Value Number(double v) { return std::isfinite(v) ? llvm::json::Value(v) : llvm::json::Value(nullptr); }
-
 llvm::json::Object OutputJson(const diff::OutputDiff& o) {
   llvm::json::Object out{{"slot", static_cast<int64_t>(o.slot)},
                          {"dtype_a", std::string(formats::DTypeName(o.a_dtype))},
                          {"dtype_b", std::string(formats::DTypeName(o.b_dtype))},
-                         {"error", Number(o.error)},
+                         {"error", JsonNumber(o.error)},
                          {"nan_mismatch", o.nan_mismatch},
                          {"inf_mismatch", o.inf_mismatch},
                          {"diverged", o.diverged},
                          {"compared_on", o.tensors ? "bytes" : "fingerprints"}};
   if (!o.note.empty()) out["note"] = o.note;
   if (const auto& m = o.tensors) {
-    out["metrics"] = llvm::json::Object{{"cosine", Number(m->cosine)},     {"max_abs", Number(m->max_abs)},
-                                        {"max_rel", Number(m->max_rel)},   {"mean_abs", Number(m->mean_abs)},
-                                        {"rmse", Number(m->rmse)},         {"rel_l2", Number(m->rel_l2)},
+    out["metrics"] = llvm::json::Object{{"cosine", JsonNumber(m->cosine)},     {"max_abs", JsonNumber(m->max_abs)},
+                                        {"max_rel", JsonNumber(m->max_rel)},   {"mean_abs", JsonNumber(m->mean_abs)},
+                                        {"rmse", JsonNumber(m->rmse)},         {"rel_l2", JsonNumber(m->rel_l2)},
                                         {"max_ulp", m->max_ulp},           {"within_0.1%", m->within_0p1},
                                         {"within_0.5%", m->within_0p5}};
   }
@@ -138,7 +135,7 @@ void AddDiffCommand(CLI::App& app, int& exit_code) {
         for (const auto& o : d.outputs) outputs.push_back(OutputJson(o));
         diverged.push_back(llvm::json::Object{{"op_a", d.a}, {"op_b", d.b}, {"op", op.name}, {"module", op.module},
                                               {"phase", std::string(formats::PhaseName(op.phase))},
-                                              {"error", Number(d.error)}, {"outputs", std::move(outputs)}});
+                                              {"error", JsonNumber(d.error)}, {"outputs", std::move(outputs)}});
       }
       llvm::json::Object root{{"a", opts->a}, {"b", opts->b}, {"step_a", sides[0].step}, {"step_b", sides[1].step},
                               {"matched", static_cast<int64_t>(report->matched)},
@@ -149,7 +146,7 @@ void AddDiffCommand(CLI::App& app, int& exit_code) {
                               {"bytes_compared", report->bytes_compared},
                               {"diverged_ops", static_cast<int64_t>(report->diverged_ops)},
                               {"diverged", std::move(diverged)}, {"unmatched", std::move(unmatched)}};
-      std::printf("%s\n", llvm::formatv("{0:2}", llvm::json::Value(std::move(root))).str().c_str());
+      PrintJson(std::move(root));
       return;
     }
     std::printf("%zu ops matched, %zu only in A, %zu only in B; %zu outputs compared (%zu on their bytes)\n",

@@ -27,7 +27,7 @@ void AddInspectCommand(CLI::App& app, int& exit_code) {
       return;
     }
     if (opts->json) {
-      std::printf("%s\n", llvm::formatv("{0:2}", formats::ToJson(*summary)).str().c_str());
+      PrintJson(formats::ToJson(*summary));
     } else {
       std::printf("%s", formats::RenderText(*summary, opts->bundle).c_str());
     }

@@ -142,7 +142,7 @@ void AddLintCommand(CLI::App& app, int& exit_code) {
     if (opts->json) {
       llvm::json::Array out;
       for (const analysis::Finding& f : all) out.push_back(FindingJson(f));
-      std::printf("%s\n", llvm::formatv("{0:2}", llvm::json::Value(std::move(out))).str().c_str());
+      PrintJson(std::move(out));
       return;
     }
     int64_t step = -2;

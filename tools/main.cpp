@@ -1,9 +1,11 @@
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "llvm/Support/FormatVariadic.h"
 
 #include "tools/command.h"
 
@@ -17,6 +19,12 @@ int ReportError(const absl::Status& status) {
 absl::Status CheckOverwrite(const std::string& path, bool force) {
   if (force || !std::filesystem::exists(path)) return absl::OkStatus();
   return absl::AlreadyExistsError(path + " exists; pass --force to overwrite it");
+}
+
+llvm::json::Value JsonNumber(double v) { return std::isfinite(v) ? llvm::json::Value(v) : llvm::json::Value(nullptr); }
+
+void PrintJson(llvm::json::Value value) {
+  std::printf("%s\n", llvm::formatv("{0:2}", std::move(value)).str().c_str());
 }
 
 absl::Status CheckNotAnInput(const std::string& path, const std::vector<std::string>& inputs) {

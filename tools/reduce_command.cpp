@@ -117,7 +117,7 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
     }
     exit_code = kExitOk;
     if (opts->json) {
-      std::printf("%s\n", llvm::formatv("{0:2}", ToJson(*report, opts->out)).str().c_str());
+      PrintJson(ToJson(*report, opts->out));
     } else {
       PrintReport(*report, opts->out);
     }

@@ -22,6 +22,25 @@ std::string Describe(const formats::Fingerprint& f) {
                          f.abs_max, f.l2, f.nan, f.pos_inf, f.neg_inf, f.hash);
 }
 
+llvm::json::Object FingerprintJson(const formats::Fingerprint& f) {
+  return llvm::json::Object{{"min", JsonNumber(f.min)},
+                            {"max", JsonNumber(f.max)},
+                            {"mean", JsonNumber(f.mean)},
+                            {"abs_max", JsonNumber(f.abs_max)},
+                            {"l2", JsonNumber(f.l2)},
+                            {"nan", static_cast<int64_t>(f.nan)},
+                            {"pos_inf", static_cast<int64_t>(f.pos_inf)},
+                            {"neg_inf", static_cast<int64_t>(f.neg_inf)},
+                            {"hash", absl::StrFormat("%016x", f.hash)}};
+}
+
+llvm::json::Object OpJson(size_t index, const formats::OpEvent& op) {
+  return llvm::json::Object{{"op_index", static_cast<int64_t>(index)},
+                            {"op", op.name},
+                            {"module", op.module},
+                            {"phase", std::string(formats::PhaseName(op.phase))}};
+}
+
 std::string Where(const formats::OpEvent& op) {
   return absl::StrFormat("%s (%s, %s)", op.name, op.module.empty() ? "no module" : op.module,
                          formats::PhaseName(op.phase));
@@ -47,36 +66,64 @@ std::string OriginalExpert(const formats::BundleReader& reader, const std::strin
   return "";
 }
 
-// `moerr replay --model`: runs the step again on a rebuilt model, records it
-// to `out` and compares it op by op with the record. Returns the exit code.
-int ModelReplay(const formats::BundleReader& reader, int64_t step, replayer::ModelReplayOptions options) {
-  auto report = replayer::ReplayModelStep(reader, step, options);
-  if (!report.ok()) return ReportError(report.status());
+// The text form of ModelReplay's report, up to the op-by-op comparison.
+void PrintModelReplay(int64_t step, const replayer::ModelReplayOptions& options, const replayer::ModelReplayReport& report,
+                      const std::pair<const char*, double> (&metrics)[4]) {
   std::printf("step %lld: model replay in %.2f s; routing %s: %lld of %lld decisions from the record",
-              static_cast<long long>(step), report->seconds, options.routing_replay ? "replayed" : "live",
-              static_cast<long long>(report->forced), static_cast<long long>(report->decisions));
-  if (report->slots > 0) {
+              static_cast<long long>(step), report.seconds, options.routing_replay ? "replayed" : "live",
+              static_cast<long long>(report.forced), static_cast<long long>(report.decisions));
+  if (report.slots > 0) {
     std::printf("; the live router picks the recorded expert in %.2f%% of %lld token slots",
-                100.0 * report->live_agree / report->slots, static_cast<long long>(report->slots));
+                100.0 * report.live_agree / report.slots, static_cast<long long>(report.slots));
   }
   std::printf("\n");
-  if (!report->routing_problem.empty()) std::printf("  routing: %s\n", report->routing_problem.c_str());
-  const moe::StepMetrics& m = report->metrics;
-  const llvm::json::Object& r = report->recorded_metrics;
-  auto row = [&](const char* name, double replayed) {
+  if (!report.routing_problem.empty()) std::printf("  routing: %s\n", report.routing_problem.c_str());
+  for (const auto& [name, replayed] : metrics) {
     // MetricsToJson writes non-finite values as "nan", "inf", "-inf".
     std::string recorded = "-";
-    if (const llvm::json::Value* v = r.get(name)) {
+    if (const llvm::json::Value* v = report.recorded_metrics.get(name)) {
       if (auto n = v->getAsNumber()) recorded = absl::StrFormat("%.9g", *n);
       if (auto s = v->getAsString()) recorded = s->str();
     }
     std::printf("  %-10s recorded %-16s replayed %s\n", name, recorded.c_str(),
                 std::isnan(replayed) ? "nan" : absl::StrFormat("%.9g", replayed).c_str());
-  };
-  row("loss", m.loss);
-  row("grad_norm", m.grad_norm);
-  row("reward", m.reward);
-  row("kl", m.kl);
+  }
+}
+
+// `moerr replay --model`: runs the step again on a rebuilt model, records it
+// to `out` and compares it op by op with the record; prints what it found,
+// or puts it in `json` when given. Returns the exit code.
+int ModelReplay(const formats::BundleReader& reader, int64_t step, replayer::ModelReplayOptions options,
+                llvm::json::Object* json) {
+  auto report = replayer::ReplayModelStep(reader, step, options);
+  if (!report.ok()) return ReportError(report.status());
+  const moe::StepMetrics& m = report->metrics;
+  const llvm::json::Object& r = report->recorded_metrics;
+  const std::pair<const char*, double> metrics[] = {
+      {"loss", m.loss}, {"grad_norm", m.grad_norm}, {"reward", m.reward}, {"kl", m.kl}};
+  if (json != nullptr) {
+    llvm::json::Object values;
+    for (const auto& [name, replayed] : metrics) {
+      // MetricsToJson writes non-finite values as "nan", "inf", "-inf".
+      const llvm::json::Value* recorded = r.get(name);
+      values[name] = llvm::json::Object{{"recorded", recorded ? *recorded : llvm::json::Value(nullptr)},
+                                        {"replayed", JsonNumber(replayed)}};
+    }
+    *json = llvm::json::Object{
+        {"step", step},
+        {"mode", "model"},
+        {"seconds", report->seconds},
+        {"routing", options.routing_replay ? "replayed" : "live"},
+        {"decisions", report->decisions},
+        {"forced", report->forced},
+        {"live_router_agrees", report->slots > 0 ? llvm::json::Value(double(report->live_agree) / report->slots)
+                                                 : llvm::json::Value(nullptr)},
+        {"routing_problem", report->routing_problem.empty() ? llvm::json::Value(nullptr)
+                                                            : llvm::json::Value(report->routing_problem)},
+        {"metrics", std::move(values)}};
+  } else {
+    PrintModelReplay(step, options, *report, metrics);
+  }
 
   auto replay = formats::BundleReader::Open(options.record_path);
   if (!replay.ok()) return ReportError(replay.status());
@@ -87,25 +134,135 @@ int ModelReplay(const formats::BundleReader& reader, int64_t step, replayer::Mod
   if (a->ops.empty()) {
     // A bundle without ops (a proxy): where the replayed step first overflows.
     const auto first = analysis::FindFirstOverflow(*b);
-    std::printf("  the bundle records no ops to compare with (a proxy bundle); first overflow of the replay: %s\n",
-                first ? absl::StrFormat("op %d %s%s", first->op_index, Where(*first->op),
-                                        OriginalExpert(reader, first->op->module))
-                            .c_str()
-                      : "none");
+    if (json != nullptr) {
+      llvm::json::Value where(nullptr);
+      if (first) {
+        llvm::json::Object o = OpJson(first->op_index, *first->op);
+        o["original_expert"] = OriginalExpert(reader, first->op->module);
+        where = std::move(o);
+      }
+      (*json)["first_overflow"] = std::move(where);
+    } else {
+      std::printf("  the bundle records no ops to compare with (a proxy bundle); first overflow of the replay: %s\n",
+                  first ? absl::StrFormat("op %d %s%s", first->op_index, Where(*first->op),
+                                          OriginalExpert(reader, first->op->module))
+                              .c_str()
+                        : "none");
+    }
     return first ? kExitFinding : kExitOk;
   }
   diff::DiffOptions diff_options;
   diff_options.compare_bytes = false;  // the replay is recorded with fingerprints only
   auto d = diff::DiffTraces(reader, *a, step, **replay, *b, step, diff_options);
   if (!d.ok()) return ReportError(d.status());
-  std::printf("  op by op: %zu ops aligned, %zu only in the record, %zu only in the replay, %zu diverged\n",
-              d->matched, d->only_a, d->only_b, d->diverged_ops);
-  if (d->first_divergence) {
-    const diff::OpDiff& first = d->ops[*d->first_divergence];
-    std::printf("  first divergence: op %lld %s, error %.3g\n", static_cast<long long>(first.a),
-                Where(a->ops[first.a]).c_str(), first.error);
+  if (json != nullptr) {
+    (*json)["ops_aligned"] = static_cast<int64_t>(d->matched);
+    (*json)["only_in_record"] = static_cast<int64_t>(d->only_a);
+    (*json)["only_in_replay"] = static_cast<int64_t>(d->only_b);
+    (*json)["diverged"] = static_cast<int64_t>(d->diverged_ops);
+    llvm::json::Value first(nullptr);
+    if (d->first_divergence) {
+      const diff::OpDiff& op = d->ops[*d->first_divergence];
+      llvm::json::Object o = OpJson(op.a, a->ops[op.a]);
+      o["error"] = JsonNumber(op.error);
+      first = std::move(o);
+    }
+    (*json)["first_divergence"] = std::move(first);
+  } else {
+    std::printf("  op by op: %zu ops aligned, %zu only in the record, %zu only in the replay, %zu diverged\n",
+                d->matched, d->only_a, d->only_b, d->diverged_ops);
+    if (d->first_divergence) {
+      const diff::OpDiff& first = d->ops[*d->first_divergence];
+      std::printf("  first divergence: op %lld %s, error %.3g\n", static_cast<long long>(first.a),
+                  Where(a->ops[first.a]).c_str(), first.error);
+    }
   }
   return d->diverged_ops > 0 || d->only_a + d->only_b > 0 ? kExitFinding : kExitOk;
+}
+
+// What a program replay of one step found.
+struct ProgramResult {
+  const replayer::ReplayReport* report = nullptr;
+  const formats::Trace* trace = nullptr;
+  bool isolated = false;
+  // With a precision policy: the step as the replay saw it, and the first
+  // overflow of the record and of the replay (pointing into those traces).
+  std::optional<formats::Trace> replayed;
+  std::optional<analysis::FirstOverflow> recorded_overflow, policy_overflow;
+  std::vector<replayer::OutputError> worst;  // isolated: the largest own errors, worst first
+  std::optional<bool> same;                  // --check: whether a second replay was bitwise identical
+};
+
+void PrintProgramReplay(const ProgramResult& r) {
+  const replayer::ReplayReport& report = *r.report;
+  std::printf("step %lld: %zu ops: %zu re-dispatched%s, %zu random ops from the record; %zu outputs compared, "
+              "%zu differ\n",
+              static_cast<long long>(report.step), report.ops, report.dispatched,
+              r.replayed ? absl::StrFormat(" (%d under the policy)", report.policy_ops).c_str() : "",
+              report.from_record, report.compared, report.mismatched);
+  if (const auto& d = report.first_divergence) {
+    std::printf("  first divergence: op %zu %s, output %llu\n    recorded %s\n    replayed %s\n", d->op_index,
+                Where(d->op).c_str(), static_cast<unsigned long long>(d->output), Describe(d->recorded).c_str(),
+                Describe(d->replayed).c_str());
+  }
+  if (r.replayed) {
+    auto where = [](const std::optional<analysis::FirstOverflow>& f) {
+      return f ? absl::StrFormat("op %d %s", f->op_index, Where(*f->op)) : std::string("none");
+    };
+    std::printf("  first overflow: recorded %s; under the policy %s\n", where(r.recorded_overflow).c_str(),
+                where(r.policy_overflow).c_str());
+  }
+  if (!r.worst.empty()) {
+    std::printf("  ops whose own error is largest (relative L2 against the recorded output):\n");
+    for (const replayer::OutputError& e : r.worst) {
+      const formats::OpEvent& op = r.trace->ops[e.op_index];
+      std::printf("    op %6zu %-24s %-40s rel-L2 %.3g  max-abs %.3g  max-ULP %llu\n", e.op_index, op.name.c_str(),
+                  op.module.empty() ? "(no module)" : op.module.c_str(), e.metrics.rel_l2, e.metrics.max_abs,
+                  static_cast<unsigned long long>(e.metrics.max_ulp));
+    }
+  }
+  if (r.same) std::printf("  --check: a second replay is %s\n", *r.same ? "bitwise identical" : "DIFFERENT");
+}
+
+llvm::json::Object ProgramReplayJson(const ProgramResult& r) {
+  const replayer::ReplayReport& report = *r.report;
+  llvm::json::Object out{{"step", report.step},
+                         {"mode", r.isolated ? "isolated" : "program"},
+                         {"ops", static_cast<int64_t>(report.ops)},
+                         {"dispatched", static_cast<int64_t>(report.dispatched)},
+                         {"from_record", static_cast<int64_t>(report.from_record)},
+                         {"compared", static_cast<int64_t>(report.compared)},
+                         {"differ", static_cast<int64_t>(report.mismatched)}};
+  llvm::json::Value first(nullptr);
+  if (const auto& d = report.first_divergence) {
+    llvm::json::Object o = OpJson(d->op_index, d->op);
+    o["output"] = static_cast<int64_t>(d->output);
+    o["recorded"] = FingerprintJson(d->recorded);
+    o["replayed"] = FingerprintJson(d->replayed);
+    first = std::move(o);
+  }
+  out["first_divergence"] = std::move(first);
+  if (r.replayed) {
+    auto where = [](const std::optional<analysis::FirstOverflow>& f) {
+      return f ? llvm::json::Value(OpJson(f->op_index, *f->op)) : llvm::json::Value(nullptr);
+    };
+    out["policy_ops"] = static_cast<int64_t>(report.policy_ops);
+    out["first_overflow"] = llvm::json::Object{{"recorded", where(r.recorded_overflow)},
+                                               {"under_policy", where(r.policy_overflow)}};
+  }
+  if (!r.worst.empty()) {
+    llvm::json::Array worst;
+    for (const replayer::OutputError& e : r.worst) {
+      llvm::json::Object o = OpJson(e.op_index, r.trace->ops[e.op_index]);
+      o["rel_l2"] = JsonNumber(e.metrics.rel_l2);
+      o["max_abs"] = JsonNumber(e.metrics.max_abs);
+      o["max_ulp"] = static_cast<int64_t>(e.metrics.max_ulp);
+      worst.push_back(std::move(o));
+    }
+    out["largest_own_errors"] = std::move(worst);
+  }
+  if (r.same) out["bitwise_identical_twice"] = *r.same;
+  return out;
 }
 
 }  // namespace
@@ -114,7 +271,7 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
   struct Options {
     std::string bundle;
     std::vector<int64_t> steps;
-    bool check = false, isolated = false, model = false, live_routing = false, force = false;
+    bool check = false, isolated = false, model = false, live_routing = false, force = false, json = false;
     std::string policy, precision, out;
   };
   auto opts = std::make_shared<Options>();
@@ -134,6 +291,7 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--precision", opts->precision, "With --model: train and roll out in fp32, bf16 or fp16-emu");
   cmd->add_option("--out", opts->out, "With --model: keep the replayed step's recording here");
   cmd->add_flag("--force", opts->force, "With --out: overwrite an existing recording");
+  cmd->add_flag("--json", opts->json, "Print the results as JSON, one object per step");
   cmd->add_option("--policy", opts->policy,
                   "Precision policy file: lines \"module:PATH|tree:PATH|op:NAME fp32|fp64|round-fp16|"
                   "round-fp16-sat|round-bf16\"");
@@ -163,6 +321,7 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
       return;
     }
     exit_code = kExitOk;
+    llvm::json::Array results;  // --json: one object per step
     if (opts->model) {
       if (opts->isolated || opts->check || !opts->policy.empty()) {
         exit_code = ReportError(absl::InvalidArgumentError("--model does not combine with --isolated, --check or --policy"));
@@ -189,11 +348,14 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
                                     absl::StrFormat("moerr-model-replay-%d-%d.moerr", ::getpid(), step))
                                        .string();
         model.overwrite = !keep || opts->force;
-        const int code = ModelReplay(**reader, step, model);
+        llvm::json::Object result;
+        const int code = ModelReplay(**reader, step, model, opts->json ? &result : nullptr);
         if (!keep) std::filesystem::remove(model.record_path);
         exit_code = std::max(exit_code, code);
         if (code == kExitError) return;
+        results.push_back(std::move(result));
       }
+      if (opts->json) PrintJson(std::move(results));
       return;
     }
     for (int64_t step : steps) {
@@ -208,55 +370,37 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
         exit_code = ReportError(report.status());
         return;
       }
-      std::printf("step %lld: %zu ops: %zu re-dispatched%s, %zu random ops from the record; %zu outputs compared, "
-                  "%zu differ\n",
-                  static_cast<long long>(step), report->ops, report->dispatched,
-                  options.policy.empty() ? "" : absl::StrFormat(" (%d under the policy)", report->policy_ops).c_str(),
-                  report->from_record, report->compared, report->mismatched);
-      if (const auto& d = report->first_divergence) {
-        std::printf("  first divergence: op %zu %s (%s, %s), output %llu\n    recorded %s\n    replayed %s\n",
-                    d->op_index, d->op.name.c_str(), d->op.module.empty() ? "no module" : d->op.module.c_str(),
-                    std::string(formats::PhaseName(d->op.phase)).c_str(), static_cast<unsigned long long>(d->output),
-                    Describe(d->recorded).c_str(), Describe(d->replayed).c_str());
-        exit_code = kExitFinding;
-      }
+      if (report->first_divergence) exit_code = kExitFinding;
+      ProgramResult result;
+      result.report = &*report;
+      result.trace = &trace;
+      result.isolated = opts->isolated;
       if (!options.policy.empty()) {
         // Does the policy remove (or cause) an overflow?
-        const formats::Trace replayed = replayer::ReplayedTrace(trace, *report, trace.ops.size());
-        const auto recorded = analysis::FindFirstOverflow(trace);
-        const auto now = analysis::FindFirstOverflow(replayed);
-        auto where = [](const std::optional<analysis::FirstOverflow>& f) {
-          return f ? absl::StrFormat("op %d (%s, %s, %s)", f->op_index, f->op->name,
-                                     f->op->module.empty() ? "no module" : f->op->module, formats::PhaseName(f->op->phase))
-                   : std::string("none");
-        };
-        std::printf("  first overflow: recorded %s; under the policy %s\n", where(recorded).c_str(), where(now).c_str());
+        result.replayed = replayer::ReplayedTrace(trace, *report, trace.ops.size());
+        result.recorded_overflow = analysis::FindFirstOverflow(trace);
+        result.policy_overflow = analysis::FindFirstOverflow(*result.replayed);
       }
-      if (!report->errors.empty()) {
-        // Isolated: each op's own error against its recorded output, worst first.
-        std::vector<replayer::OutputError> worst = report->errors;
-        std::sort(worst.begin(), worst.end(),
-                  [](const auto& x, const auto& y) { return x.metrics.rel_l2 > y.metrics.rel_l2; });
-        std::printf("  ops whose own error is largest (relative L2 against the recorded output):\n");
-        for (size_t i = 0; i < std::min<size_t>(worst.size(), 10); ++i) {
-          const replayer::OutputError& e = worst[i];
-          const formats::OpEvent& op = trace.ops[e.op_index];
-          std::printf("    op %6zu %-24s %-40s rel-L2 %.3g  max-abs %.3g  max-ULP %llu\n", e.op_index, op.name.c_str(),
-                      op.module.empty() ? "(no module)" : op.module.c_str(), e.metrics.rel_l2, e.metrics.max_abs,
-                      static_cast<unsigned long long>(e.metrics.max_ulp));
-        }
-      }
+      result.worst = report->errors;
+      std::sort(result.worst.begin(), result.worst.end(),
+                [](const auto& x, const auto& y) { return x.metrics.rel_l2 > y.metrics.rel_l2; });
+      result.worst.resize(std::min<size_t>(result.worst.size(), 10));
       if (opts->check) {
         auto again = replayer::ReplayTrace(**reader, step, trace, options);
         if (!again.ok()) {
           exit_code = ReportError(again.status());
           return;
         }
-        const bool same = again->outputs == report->outputs;  // bitwise (Fingerprint::operator==)
-        std::printf("  --check: a second replay is %s\n", same ? "bitwise identical" : "DIFFERENT");
-        if (!same) exit_code = kExitFinding;
+        result.same = again->outputs == report->outputs;  // bitwise (Fingerprint::operator==)
+        if (!*result.same) exit_code = kExitFinding;
+      }
+      if (opts->json) {
+        results.push_back(ProgramReplayJson(result));
+      } else {
+        PrintProgramReplay(result);
       }
     }
+    if (opts->json) PrintJson(std::move(results));
   });
 }
 

@@ -56,6 +56,10 @@ def test_a_python_step_replays_bitwise_in_moerr(tmp_path):
     replay = run("replay", path, "--check")
     assert replay.count(", 0 differ") == 2, replay
     assert replay.count("bitwise identical") == 2, replay
+    steps = json.loads(run("replay", path, "--check", "--json"))
+    assert [s["step"] for s in steps] == [0, 1]
+    assert all(s["differ"] == 0 and s["compared"] > 0 and s["first_divergence"] is None for s in steps), steps
+    assert all(s["bitwise_identical_twice"] for s in steps), steps
 
     bundle = moerr.Bundle(path)
     assert bundle.steps == [0, 1]
