@@ -141,4 +141,7 @@ def test_an_output_never_overwrites_an_input(tmp_path):
         assert p.returncode == 2, (command, p.stdout)
         assert "write the output elsewhere" in p.stderr, p.stderr
     assert path.read_bytes() == before
-    assert "ok:" in run("verify", path)
+    assert json.loads(run("verify", path, "--json"))["ok"]
+    (tmp_path / "cut.moerr").write_bytes(before[: len(before) // 2])
+    cut = json.loads(run("verify", tmp_path / "cut.moerr", "--json", ok=(1,)))
+    assert not cut["ok"] and "moerr salvage" in cut["damage"], cut
