@@ -1,0 +1,59 @@
+#include "tools/command.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "llvm/Support/FormatVariadic.h"
+
+namespace moerr::tools {
+
+int ReportError(const absl::Status& status) {
+  std::fprintf(stderr, "moerr: error: %s\n", std::string(status.message()).c_str());
+  return kExitError;
+}
+
+absl::Status CheckOverwrite(const std::string& path, bool force) {
+  if (force || !std::filesystem::exists(path)) return absl::OkStatus();
+  return absl::AlreadyExistsError(path + " exists; pass --force to overwrite it");
+}
+
+llvm::json::Value JsonNumber(double v) { return std::isfinite(v) ? llvm::json::Value(v) : llvm::json::Value(nullptr); }
+
+void PrintJson(llvm::json::Value value) {
+  std::printf("%s\n", llvm::formatv("{0:2}", std::move(value)).str().c_str());
+}
+
+absl::Status CheckNotAnInput(const std::string& path, const std::vector<std::string>& inputs) {
+  for (const std::string& input : inputs) {
+    std::error_code error;
+    if (std::filesystem::equivalent(path, input, error)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("the output %s is the input %s; write the output elsewhere", path, input));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int64_t>> StepsToRead(const formats::BundleReader& reader, const std::string& path,
+                                                 const std::vector<int64_t>& requested) {
+  const std::vector<int64_t> present = reader.Steps();
+  const std::string listed = present.empty() ? "none" : absl::StrJoin(present, ", ");
+  for (int64_t step : requested) {
+    if (!std::binary_search(present.begin(), present.end(), step)) {
+      return absl::NotFoundError(absl::StrFormat("step %d is not in %s (its steps: %s)", step, path, listed));
+    }
+  }
+  if (!requested.empty()) return requested;
+  std::vector<int64_t> complete = reader.CompleteSteps();
+  if (complete.empty()) {
+    return absl::NotFoundError(absl::StrFormat(
+        "%s has no complete step (its steps: %s); pass --step to read an incomplete one", path, listed));
+  }
+  return complete;
+}
+
+}  // namespace moerr::tools
