@@ -315,11 +315,12 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
       }
       options.policy = *std::move(policy);
     }
-    std::vector<int64_t> steps = opts->steps.empty() ? (*reader)->CompleteSteps() : opts->steps;
-    if (steps.empty()) {
-      exit_code = ReportError(absl::NotFoundError(opts->bundle + " has no complete step"));
+    const absl::StatusOr<std::vector<int64_t>> to_read = StepsToRead(**reader, opts->bundle, opts->steps);
+    if (!to_read.ok()) {
+      exit_code = ReportError(to_read.status());
       return;
     }
+    const std::vector<int64_t>& steps = *to_read;
     exit_code = kExitOk;
     llvm::json::Array results;  // --json: one object per step
     if (opts->model) {

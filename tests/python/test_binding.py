@@ -122,7 +122,7 @@ def test_routing_of_an_unknown_router(tmp_path):
 def test_a_step_the_bundle_lacks_is_an_error(tmp_path):
     path = tmp_path / "run.moerr"
     train(path, mode="stats", steps=2)
-    for command in (["bisect", path], ["lint", path], ["report", path, "-o", tmp_path / "r.html"]):
+    for command in (["bisect", path], ["lint", path], ["replay", path], ["report", path, "-o", tmp_path / "r.html"]):
         p = subprocess.run([MOERR, *map(str, command), "--step", "7"], capture_output=True, text=True)
         assert p.returncode == 2, (command, p.stdout)
         assert "step 7 is not in" in p.stderr and "(its steps: 0, 1)" in p.stderr, p.stderr
