@@ -145,3 +145,10 @@ def test_an_output_never_overwrites_an_input(tmp_path):
     (tmp_path / "cut.moerr").write_bytes(before[: len(before) // 2])
     cut = json.loads(run("verify", tmp_path / "cut.moerr", "--json", ok=(1,)))
     assert not cut["ok"] and "moerr salvage" in cut["damage"], cut
+
+
+def test_the_demo_keeps_out_of_a_directory_it_did_not_make(tmp_path):
+    (tmp_path / "run.moerr").write_bytes(b"someone's recording")
+    p = subprocess.run([MOERR, "demo", "--dir", str(tmp_path), "--preset", "tiny"], capture_output=True, text=True)
+    assert p.returncode == 2 and "pass another --dir" in p.stderr, p.stderr
+    assert (tmp_path / "run.moerr").read_bytes() == b"someone's recording"
