@@ -456,7 +456,9 @@ void AddDemoCommand(CLI::App& app, int& exit_code) {
       "End-to-end demo on the built-in model: record a failing RL step, inspect it, find the first overflowing op, "
       "replay it, lint it, reproduce it on a 1/4 proxy, reduce it, compare RL dynamics; write an HTML report; then "
       "salvage a killed recording");
-  cmd->add_option("--dir", opts->dir, "Working directory for the demo's files (the warm-up is cached in DIR/cache)")
+  cmd->add_option("--dir", opts->dir,
+                  "Working directory for the demo's files: new, or one an earlier demo made (the warm-up is cached "
+                  "in DIR/cache)")
       ->capture_default_str();
   cmd->add_option("--preset", opts->preset, "Model size: tiny, small, wide")
       ->capture_default_str()
