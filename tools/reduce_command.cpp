@@ -1,9 +1,12 @@
+#include <stdlib.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/str_format.h"
 #include "formats/bundle_reader.h"
-#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 #include "proxy/reduce.h"
 #include "support/progress.h"
@@ -81,7 +84,7 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
                 "fails the same way (the first overflow, or the lint warning, in the same phase and module class); "
                 "writes the smallest bundle that still fails");
   cmd->add_option("BUNDLE", opts->bundle, "A replayable or full bundle of the reference trainer")->required();
-  cmd->add_option("-o,--output", opts->out, "The reduced bundle to write (OUT.moerr; candidates go to OUT.work/)")
+  cmd->add_option("-o,--output", opts->out, "The reduced bundle to write (candidates go to a directory OUT.work-XXXXXX beside it, removed at the end)")
       ->required();
   cmd->add_option("--step", opts->step, "Step to reduce (default: the first that overflowed or has a lint warning)");
   cmd->add_flag("--force", opts->force, "Overwrite an existing output bundle");
@@ -103,7 +106,14 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
     proxy::ReduceOptions options;
     options.step = opts->step;
     options.out_path = opts->out;
-    options.work_dir = opts->out + ".work";
+    // A directory of its own, so removing it afterwards removes only what
+    // the reduction wrote.
+    std::string work = opts->out + ".work-XXXXXX";
+    if (::mkdtemp(work.data()) == nullptr) {
+      exit_code = ReportError(absl::InternalError(absl::StrFormat("cannot create %s: %s", work, std::strerror(errno))));
+      return;
+    }
+    options.work_dir = work;
     Progress bar("reduce", 0);
     auto report = proxy::Reduce(**reader, options, [&](int64_t tried, const std::string& pass) {
       bar.Update(tried, pass);
