@@ -1,8 +1,10 @@
 #include "tools/command.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/str_format.h"
@@ -35,6 +37,33 @@ absl::Status CheckNotAnInput(const std::string& path, const std::vector<std::str
           absl::StrFormat("the output %s is the input %s; write the output elsewhere", path, input));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status ClaimWorkDir(const std::string& dir, const std::string& command, const std::vector<std::string>& own) {
+  namespace fs = std::filesystem;
+  const fs::path marker = fs::path(dir) / (".moerr-" + command);
+  std::error_code error;
+  if (fs::exists(dir, error) && !fs::exists(marker, error)) {
+    if (!fs::is_directory(dir, error)) return absl::InvalidArgumentError(dir + " is not a directory");
+    bool empty = true, owned = true;
+    for (const fs::directory_entry& e : fs::directory_iterator(dir, error)) {
+      empty = false;
+      owned = owned && std::find(own.begin(), own.end(), e.path().filename().string()) != own.end();
+    }
+    if (!empty && !(owned && !own.empty() && fs::exists(fs::path(dir) / own[0], error))) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s holds files moerr %s did not write, and it overwrites files of fixed names there; pass another "
+          "directory",
+          dir, command));
+    }
+  }
+  fs::create_directories(dir, error);
+  if (error) return absl::InternalError(absl::StrFormat("cannot create %s: %s", dir, error.message()));
+  std::FILE* f = std::fopen(marker.c_str(), "w");
+  if (f == nullptr) return absl::InternalError(absl::StrFormat("cannot write in %s: %s", dir, std::strerror(errno)));
+  std::fprintf(f, "the working directory of moerr %s\n", command.c_str());
+  std::fclose(f);
   return absl::OkStatus();
 }
 

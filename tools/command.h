@@ -31,6 +31,14 @@ absl::Status CheckOverwrite(const std::string& path, bool force);
 // reads, --force or not.
 absl::Status CheckNotAnInput(const std::string& path, const std::vector<std::string>& inputs);
 
+// A working directory `command` fills with files and directories of the
+// fixed names `own`, overwriting and removing them: it must be new, empty,
+// marked by an earlier run (DIR/.moerr-COMMAND), or hold nothing but those
+// names and own[0] (what every run leaves, its cache): an earlier run from
+// before the mark. FailedPrecondition otherwise, so nothing someone else put
+// there is lost. Creates and marks it.
+absl::Status ClaimWorkDir(const std::string& dir, const std::string& command, const std::vector<std::string>& own);
+
 // The steps a command reads from the bundle at `path`: `requested`, each of
 // which must have records there, or every complete step when none is
 // requested (NotFound when there are none).

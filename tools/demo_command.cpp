@@ -125,43 +125,6 @@ struct DemoOptions {
   int64_t dynamics_steps = 12;  // healthy RL steps, original against proxy
 };
 
-// The file that marks a directory as the demo's own.
-constexpr const char kDemoMarker[] = ".moerr-demo";
-
-// The demo writes, and removes, files of fixed names in its directory: it
-// runs only in a directory that is new, empty, the demo's (marked), or laid
-// out as an earlier demo left it (its cache and nothing but its names), so
-// it never overwrites what someone else put there. Marks it.
-absl::Status ClaimDemoDir(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code error;
-  if (fs::exists(dir, error) && !fs::exists(fs::path(dir) / kDemoMarker, error)) {
-    if (!fs::is_directory(dir, error)) return absl::InvalidArgumentError(dir + " is not a directory");
-    static const char* const kOwn[] = {"cache",  "run",  "run.moerr", "run.moerr.partial", "run.salvaged.moerr",
-                                       "proxy",  "reduce", "small.moerr", "healthy.moerr",   "healthy-proxy",
-                                       "report.html"};
-    bool empty = true, own = true;
-    for (const fs::directory_entry& e : fs::directory_iterator(dir, error)) {
-      empty = false;
-      const std::string name = e.path().filename().string();
-      own = own && std::any_of(std::begin(kOwn), std::end(kOwn), [&](const char* n) { return name == n; });
-    }
-    if (!empty && !(own && fs::exists(fs::path(dir) / "cache", error))) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "%s holds files the demo did not write, and the demo overwrites files of fixed names there; pass "
-          "another --dir",
-          dir));
-    }
-  }
-  fs::create_directories(dir, error);
-  if (error) return absl::InternalError(absl::StrFormat("cannot create %s: %s", dir, error.message()));
-  std::FILE* f = std::fopen((fs::path(dir) / kDemoMarker).c_str(), "w");
-  if (f == nullptr) return absl::InternalError(absl::StrFormat("cannot write in %s: %s", dir, std::strerror(errno)));
-  std::fputs("moerr demo's working directory\n", f);
-  std::fclose(f);
-  return absl::OkStatus();
-}
-
 // The warm model: DIR/cache/PRESET/ from an earlier run, or warmed up now
 // (and cached there). Its path.
 std::string WarmCache(const DemoOptions& o) { return o.dir + "/cache/" + o.preset; }
@@ -467,7 +430,10 @@ void AddDemoCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(3, 1000));
   cmd->callback([opts, &exit_code] {
-    if (absl::Status s = ClaimDemoDir(opts->dir); !s.ok()) {
+    if (absl::Status s = ClaimWorkDir(opts->dir, "demo",
+                                      {"cache", "run", "run.moerr", "run.moerr.partial", "run.salvaged.moerr", "proxy",
+                                       "reduce", "small.moerr", "healthy.moerr", "healthy-proxy", "report.html"});
+        !s.ok()) {
       exit_code = ReportError(s);
       return;
     }

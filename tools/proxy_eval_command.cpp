@@ -1,5 +1,6 @@
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/numbers.h"
@@ -65,6 +66,14 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
         }
         eval.faults.push_back(*kind);
       }
+    }
+    std::vector<std::string> own = {"warmup", "healthy.moerr", "proxy", "fault.moerr", "proxy-replay.moerr"};
+    if (!opts->json.empty() && std::filesystem::path(opts->json).parent_path() == std::filesystem::path(eval.out_dir)) {
+      own.push_back(std::filesystem::path(opts->json).filename().string());  // -o DIR --json DIR/report.json
+    }
+    if (absl::Status s = ClaimWorkDir(eval.out_dir, "proxy-eval", own); !s.ok()) {
+      exit_code = ReportError(s);
+      return;
     }
     PhasedProgress bar;
     auto report = proxy::EvaluateProxies(eval, [&](const std::string& phase, int64_t done, int64_t total) {

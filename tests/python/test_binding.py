@@ -147,8 +147,10 @@ def test_an_output_never_overwrites_an_input(tmp_path):
     assert not cut["ok"] and "moerr salvage" in cut["damage"], cut
 
 
-def test_the_demo_keeps_out_of_a_directory_it_did_not_make(tmp_path):
+def test_work_directories_are_the_commands_own(tmp_path):
     (tmp_path / "run.moerr").write_bytes(b"someone's recording")
     p = subprocess.run([MOERR, "demo", "--dir", str(tmp_path), "--preset", "tiny"], capture_output=True, text=True)
-    assert p.returncode == 2 and "pass another --dir" in p.stderr, p.stderr
+    assert p.returncode == 2 and "pass another directory" in p.stderr, p.stderr
     assert (tmp_path / "run.moerr").read_bytes() == b"someone's recording"
+    p = subprocess.run([MOERR, "proxy-eval", "-o", str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode == 2 and "pass another directory" in p.stderr, p.stderr
