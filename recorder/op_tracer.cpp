@@ -194,9 +194,15 @@ void OpTracer::NewStep() {
   node_ranges_.clear();
   // A step is replayed on its own: whatever it reads from an earlier step is
   // a leaf of this one.
+  // Cleared to the size the last step reached: clear() frees a large
+  // table, and growing it back rehashes every entry a dozen times a step.
+  const size_t known = known_.size(), aliases = aliases_.size(), storages = storages_.size();
   known_.clear();
   aliases_.clear();
   storages_.clear();
+  known_.reserve(known);
+  aliases_.reserve(aliases);
+  storages_.reserve(storages);
   unfilled_.clear();
 }
 
@@ -440,10 +446,11 @@ void OpTracer::WaitBeforeWrites(const at::RecordFunction& fn, const SchemaInfo& 
       worker_.BeforeWrite(inputs[i].toTensor());
       if (written != nullptr) written->push_back(inputs[i].toTensor());
     } else if (inputs[i].isTensorList()) {
-      for (const at::Tensor& t : inputs[i].toTensorVector()) {
-        worker_.BeforeWrite(t);
-        if (written != nullptr) written->push_back(t);
-      }
+      // From the last: the worker reads the list's queued values from the
+      // first, so the two threads share them and meet once.
+      const c10::List<at::Tensor> list = inputs[i].toTensorList();
+      for (size_t j = list.size(); j-- > 0;) worker_.BeforeWrite(list.get(j));
+      if (written != nullptr) written->insert(written->end(), list.begin(), list.end());
     }
   }
 }

@@ -171,11 +171,13 @@ void TraceWorker::BeforeWrite(const at::Tensor& t) {
   while (readers_.contains(key)) {
     // Run a job the worker has not reached; it stays queued (and valid)
     // until the worker, in order, sees it done.
+    // From the back: what is about to be written was most likely read
+    // last, and the worker works from the front.
     Item* mine = nullptr;
-    for (const std::unique_ptr<Item>& item : queue_) {
+    for (auto it = queue_.rbegin(); it != queue_.rend(); ++it) {
       int queued = kQueued;
-      if (item->storage == key && item->state.compare_exchange_strong(queued, kRunning)) {
-        mine = item.get();
+      if ((*it)->storage == key && (*it)->state.compare_exchange_strong(queued, kRunning)) {
+        mine = it->get();
         break;
       }
     }
