@@ -18,6 +18,8 @@ constexpr size_t kPublishJobs = 256;
 constexpr size_t kPublishBytes = size_t{16} << 20;
 // Spent op batches kept for the producer to refill.
 constexpr size_t kSpareBatches = 4;
+// Spent items kept for reuse (a step of `small` adds ~16,000).
+constexpr size_t kFreeItems = 4096;
 
 // Whether a reference to `t` keeps its memory alive. A DataPtr without a
 // context never frees its memory (at::from_blob without a deleter): the
@@ -27,21 +29,25 @@ bool OwnsMemory(const at::Tensor& t) {
          t.storage().data_ptr().get_context() != nullptr;
 }
 
-// A new TensorImpl over the storage and geometry of `t`: it keeps the memory
-// alive without adding a reference to `t` itself, whose use_count() LibTorch
-// reads to decide whether it may take over a buffer (AccumulateGrad,
-// InputBuffer): holding `t` would make the traced program run other ops.
-at::Tensor StorageAlias(const at::Tensor& t) {
-  if (!t.has_storage() || t.layout() != at::kStrided) return t;
+}  // namespace
+
+// A new TensorImpl over a job's storage and geometry. The job keeps the
+// memory alive without a reference to the program's tensor, whose
+// use_count() LibTorch reads to decide whether it may take over a buffer
+// (AccumulateGrad, InputBuffer): holding it would make the traced program
+// run other ops. Built by the thread that runs the job, not the traced one.
+at::Tensor TraceWorker::TensorOf(const Item& item) {
+  if (!item.view) return item.job->tensor;
+  const View& v = *item.view;
   auto impl = c10::make_intrusive<c10::TensorImpl>(
-      c10::Storage(t.storage()), c10::DispatchKeySet(c10::computeDispatchKey(t.scalar_type(), t.layout(), t.device())),
-      t.dtype());
-  impl->set_sizes_and_strides(t.sizes(), t.strides());
-  impl->set_storage_offset(t.storage_offset());
+      c10::Storage(v.storage),
+      c10::DispatchKeySet(c10::computeDispatchKey(c10::typeMetaToScalarType(v.dtype), at::kStrided,
+                                                  v.storage.device())),
+      v.dtype);
+  impl->set_sizes_and_strides(v.sizes, v.strides);
+  impl->set_storage_offset(v.offset);
   return at::Tensor(std::move(impl));
 }
-
-}  // namespace
 
 TraceWorker::TraceWorker(TraceSink* sink, size_t max_bytes)
     : sink_(sink), max_bytes_(max_bytes), thread_([this] { Run(); }) {}
@@ -61,18 +67,32 @@ const void* TraceWorker::StorageKey(const at::Tensor& t) {
                          : static_cast<const void*>(t.unsafeGetTensorImpl());
 }
 
+std::unique_ptr<TraceWorker::Item> TraceWorker::NewItem() {
+  if (free_items_.empty()) return std::make_unique<Item>();
+  std::unique_ptr<Item> item = std::move(free_items_.back());
+  free_items_.pop_back();
+  return item;
+}
+
 void TraceWorker::Add(Job job) {
-  auto item = std::make_unique<Item>();
+  std::unique_ptr<Item> item = NewItem();
   // A derived fingerprint reads no values: nothing for a write to wait on.
   if (job.base == 0 || !job.capture.empty()) {
     item->storage = StorageKey(job.tensor);
     item->bytes = job.tensor.nbytes();
   }
-  const c10::TensorImpl* program = job.tensor.unsafeGetTensorImpl();
-  job.tensor = StorageAlias(job.tensor);
-  item->own_alias = job.tensor.unsafeGetTensorImpl() != program;
+  const bool owned = OwnsMemory(job.tensor);
+  if (job.tensor.has_storage() && job.tensor.layout() == at::kStrided) {
+    View& v = item->view.emplace();
+    v.storage = job.tensor.storage();
+    v.sizes.assign(job.tensor.sizes().begin(), job.tensor.sizes().end());
+    v.strides.assign(job.tensor.strides().begin(), job.tensor.strides().end());
+    v.offset = job.tensor.storage_offset();
+    v.dtype = job.tensor.dtype();
+    job.tensor.reset();
+  }
   item->job = std::move(job);
-  if (item->storage != nullptr && !OwnsMemory(item->job->tensor)) {
+  if (item->storage != nullptr && !owned) {
     // Memory the program lent (from_blob) may be freed right after the op:
     // read it now.
     RunJob(*item);
@@ -122,6 +142,16 @@ void TraceWorker::Publish() {
 void TraceWorker::Recycle(std::vector<std::unique_ptr<Item>>& spent) {
   for (std::unique_ptr<Item>& item : spent) {
     if (!item->job && spare_batches_.size() < kSpareBatches) spare_batches_.push_back(std::move(item->batch));
+    if (free_items_.size() < kFreeItems) {
+      item->job.reset();
+      item->view.reset();
+      item->batch = formats::OpBatch();
+      item->storage = nullptr;
+      item->bytes = 0;
+      item->state.store(kQueued);
+      item->result = KnownFingerprint();
+      free_items_.push_back(std::move(item));
+    }
   }
   spent.clear();
 }
@@ -135,11 +165,13 @@ formats::OpBatch TraceWorker::SpareBatch() {
 
 void TraceWorker::RunJob(Item& item) {
   Job& job = *item.job;
-  if (job.base == 0) item.result.fingerprint = ComputeFingerprint(job.tensor);
+  if (job.base != 0 && job.capture.empty()) return;  // derived in Run, from the view's geometry
+  const at::Tensor tensor = TensorOf(item);
+  if (job.base == 0) item.result.fingerprint = ComputeFingerprint(tensor);
   if (job.capture.empty()) return;
   at::DisableRecordFunctionGuard no_record;  // the copy is not an op of the traced program
   const absl::Status copied = CatchTorch(absl::StrCat("capturing ", job.capture), [&] {
-    sink_->OnTensorBytes(job.capture, job.role, job.tensor.detach().clone());
+    sink_->OnTensorBytes(job.capture, job.role, tensor.detach().clone());
     return absl::OkStatus();
   });
   if (!copied.ok()) sink_->OnError(copied);
@@ -245,13 +277,13 @@ void TraceWorker::Run() {
       if (job.base != 0) {
         auto base = fingerprints_.find(job.base);
         MOERR_CHECK(base != fingerprints_.end()) << "view of tensor " << job.base << " before its fingerprint";
-        fingerprints_.insert_or_assign(job.id, DeriveViewFingerprint(base->second, job.source, job.tensor));
+        fingerprints_.insert_or_assign(job.id, DeriveViewFingerprint(base->second, job.source, TensorOf(*item)));
       } else {
         fingerprints_.insert_or_assign(job.id, item->result);
       }
     }
     // The storage goes now; the rest of the item waits for the producer.
-    if (item->own_alias) item->job->tensor.unsafeGetTensorImpl()->release_resources();
+    if (item->view) item->view->storage = c10::Storage();
     bool notify = false;
     {
       std::lock_guard<std::mutex> lock(mu_);

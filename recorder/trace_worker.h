@@ -4,10 +4,11 @@
 // writes them), so that work overlaps the step instead of lengthening it.
 //
 // Invariants:
-//  - A job holds a strong reference to its tensor's storage (through a
-//    TensorImpl of its own, so the traced program sees no extra reference to
-//    its tensors): the memory it reads is neither freed nor reused before the
-//    job has run.
+//  - A job holds a strong reference to its tensor's storage, and the view's
+//    geometry (not the program's TensorImpl, so the traced program sees no
+//    extra reference to its tensors): the memory it reads is neither freed
+//    nor reused before the job has run. Whichever thread runs the job builds
+//    a tensor over them (TensorOf).
 //  - The tracer calls BeforeWrite(t) before an op writes `t`: the jobs still
 //    queued that read t's storage (through any view) run there and then, on
 //    the tracer's thread, so every job reads the values of the op it
@@ -16,7 +17,8 @@
 //    after the fingerprints of every tensor it describes.
 //  - At most `max_bytes` of queued tensors are held; Add blocks beyond that.
 //  - A finished job drops its storage reference at once; the item itself
-//    goes back to the producer, which frees it at its next Publish or Drain.
+//    goes back to the producer, which reuses it (or frees it) at its next
+//    Publish or Drain.
 //
 // One producer at a time: the tracer calls Add, AddBatch, BeforeWrite,
 // Drain and NewStep under its own lock. Jobs are staged on the producer's
@@ -81,21 +83,31 @@ class TraceWorker {
 
  private:
   enum State { kQueued, kRunning, kDone };
+  // What a job reads, kept instead of the program's tensor (see TensorOf).
+  struct View {
+    c10::Storage storage;
+    c10::SmallVector<int64_t, 5> sizes, strides;
+    int64_t offset = 0;
+    caffe2::TypeMeta dtype;
+  };
   struct Item {
-    std::optional<Job> job;
+    std::optional<Job> job;  // job->tensor is undefined when `view` holds it
+    std::optional<View> view;
     formats::OpBatch batch;
     const void* storage = nullptr;  // the job reads this storage's values
     size_t bytes = 0;
-    bool own_alias = false;  // job->tensor is a TensorImpl of the worker's (StorageAlias)
     std::atomic<int> state{kQueued};  // whoever moves it from kQueued runs it
     KnownFingerprint result;          // valid once kDone
   };
+  // The tensor a job reads: over its View, or the job's own.
+  static at::Tensor TensorOf(const Item& item);
   static const void* StorageKey(const at::Tensor& t);
   void Publish();
-  // Frees finished items on the producer's thread (what it allocated, it
-  // frees: no allocator traffic between the threads) and keeps their
-  // batches as spares.
+  // Takes finished items back on the producer's thread (what it allocated,
+  // it frees: no allocator traffic between the threads): keeps their
+  // batches as spares and some items for reuse.
   void Recycle(std::vector<std::unique_ptr<Item>>& spent);
+  std::unique_ptr<Item> NewItem();  // a reset item from Recycle, or a new one
   // Computes the fingerprint and hands over the capture (either thread).
   void RunJob(Item& item);
   // After RunJob: marks `item` done and releases its readers.
@@ -117,6 +129,7 @@ class TraceWorker {
   absl::flat_hash_map<const void*, int> readers_;  // storage -> published jobs not done
   std::vector<std::unique_ptr<Item>> spent_;  // finished, for Recycle
   std::vector<formats::OpBatch> spare_batches_;  // producer side
+  std::vector<std::unique_ptr<Item>> free_items_;  // producer side, reset
   bool stop_ = false;
   bool worker_idle_ = false;  // waiting on work_cv_
   int waiters_ = 0;           // threads waiting on done_cv_

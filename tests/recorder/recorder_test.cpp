@@ -425,9 +425,13 @@ int64_t Dispatched(Recorder* rec, int64_t index, const std::function<StepOutcome
   const at::CallbackHandle handle =
       at::addGlobalCallback(at::RecordFunctionCallback(&CountOp).scopes({at::RecordScope::FUNCTION}));
   g_dispatched = 0;
-  if (rec) EXPECT_TRUE(rec->StepBegin(index).ok());
+  if (rec) {
+    EXPECT_TRUE(rec->StepBegin(index).ok());
+  }
   const StepOutcome outcome = step();
-  if (rec) EXPECT_TRUE(rec->StepEnd(index, outcome).ok());
+  if (rec) {
+    EXPECT_TRUE(rec->StepEnd(index, outcome).ok());
+  }
   at::removeCallback(handle);
   return g_dispatched;
 }
@@ -512,7 +516,9 @@ TEST(RecorderTest, RecordsTheSameTraceWithOrWithoutAnotherObserver) {
     const absl::flat_hash_set<uint64_t> garbage = formats::UninitialisedValues(a);  // `empty` memory
     for (size_t i = 0; i < a.tensors.size(); ++i) {
       EXPECT_EQ(a.tensors[i].id, b.tensors[i].id);
-      if (!garbage.contains(a.tensors[i].id)) EXPECT_EQ(a.tensors[i].fingerprint.hash, b.tensors[i].fingerprint.hash) << "tensor " << a.tensors[i].id;
+      if (!garbage.contains(a.tensors[i].id)) {
+        EXPECT_EQ(a.tensors[i].fingerprint.hash, b.tensors[i].fingerprint.hash) << "tensor " << a.tensors[i].id;
+      }
     }
     // The other observer saw the ops inside recorded ops and the rollout's.
     EXPECT_GT(g_dispatched.load(), 4 * static_cast<int64_t>(a.ops.size()));
