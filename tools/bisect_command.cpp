@@ -140,7 +140,8 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
       const auto found = analysis::FindFirstOverflow(*trace, options);
       if (!found) {
         if (opts->json) {
-          results.push_back(llvm::json::Object{{"step", step}, {"found", false}, {"ops", static_cast<int64_t>(trace->ops.size())}});
+          results.push_back(llvm::json::Object{
+              {"step", step}, {"found", false}, {"ops", static_cast<int64_t>(trace->ops.size())}});
         } else if (trace->ops.empty()) {
           // A proxy's step, or a crashed one whose ops were lost.
           std::printf("step %lld: records no ops, nothing to search\n", static_cast<long long>(step));
