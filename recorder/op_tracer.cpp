@@ -41,7 +41,7 @@ struct ThreadState {
   std::vector<int64_t> evaluating;
   int untraced = 0;  // open kUntracedScope scopes
   // RecordFunction is off on this thread, turned off by the tracer (see
-  // Silence) for the outermost op running, or for the untraced scope open.
+  // OnlyObserver) for the outermost op running, or for the untraced scope open.
   bool silenced_op = false, silenced_scope = false;
   uint32_t thread = 0;
 };
@@ -113,17 +113,15 @@ void EndTrampoline(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (t) t->OnEnd(fn, ctx);
 }
 
-// Turns RecordFunction off on this thread when the tracer is the only
-// observer its ops call back, and says whether it did. What then runs is
-// what the tracer does not record (the ops an outermost op runs inside it,
-// an untraced scope): LibTorch neither boxes their arguments nor calls back,
-// which saves most of the callbacks of a step, and no other observer
-// (a profiler) misses them. Whoever silenced turns it back on.
-bool Silence() {
+// Whether the tracer is the only observer this thread's ops call back. Then
+// it may turn RecordFunction off on the thread for what it does not record
+// (the ops an outermost op runs inside it, an untraced scope): LibTorch
+// neither boxes their arguments nor calls back, which saves most of the
+// callbacks of a step, and no other observer (a profiler) misses them.
+// Whoever turns it off turns it back on.
+bool OnlyObserver() {
   const at::StepCallbacks callbacks = at::getStepCallbacks(at::RecordScope::FUNCTION);
-  if (callbacks.callbacks_.size() != 1 || callbacks.callbacks_[0].start_ != &StartTrampoline) return false;
-  at::enableRecordFunction(false);
-  return true;
+  return callbacks.callbacks_.size() == 1 && callbacks.callbacks_[0].start_ == &StartTrampoline;
 }
 
 bool Contains(const std::vector<const char*>& scopes, const char* name) {
@@ -193,9 +191,9 @@ void OpTracer::NewStep() {
   step_first_id_ = next_id_;
   node_ranges_.clear();
   // A step is replayed on its own: whatever it reads from an earlier step is
-  // a leaf of this one.
-  // Cleared to the size the last step reached: clear() frees a large
-  // table, and growing it back rehashes every entry a dozen times a step.
+  // a leaf of this one. The maps keep the size the last step reached:
+  // clear() frees a large table, and growing it back rehashes every entry a
+  // dozen times a step.
   const size_t known = known_.size(), aliases = aliases_.size(), storages = storages_.size();
   known_.clear();
   aliases_.clear();
@@ -460,12 +458,13 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   switch (fn.scope()) {
     case at::RecordScope::USER_SCOPE:
       st.scopes.emplace_back(fn.name());
-      if (std::strcmp(fn.name(), kUntracedScope) == 0 && st.untraced++ == 0) {
+      if (std::strcmp(fn.name(), kUntracedScope) == 0 && st.untraced++ == 0 && OnlyObserver()) {
         // Drained, the worker has nothing left that an op inside could
         // overwrite: the scope's ops need no callbacks at all.
         std::lock_guard<std::mutex> lock(mu_);
         worker_.Drain();
-        st.silenced_scope = Silence();
+        at::enableRecordFunction(false);
+        st.silenced_scope = true;
       }
       return nullptr;
     case at::RecordScope::BACKWARD_FUNCTION:
@@ -490,7 +489,8 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
     return ctx;
   }
   ++st.depth;
-  st.silenced_op = Silence();
+  st.silenced_op = OnlyObserver();
+  if (st.silenced_op) at::enableRecordFunction(false);
   std::lock_guard<std::mutex> lock(mu_);
   if (st.untraced > 0) {
     WaitBeforeWrites(fn, InfoOf(fn));  // not recorded, but it may overwrite what the worker is to read
