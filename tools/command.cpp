@@ -10,17 +10,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "support/status.h"
 
 namespace moerr::tools {
 
 int ReportError(const absl::Status& status) {
   std::fprintf(stderr, "moerr: error: %s\n", std::string(status.message()).c_str());
   return kExitError;
-}
-
-absl::Status CheckOverwrite(const std::string& path, bool force) {
-  if (force || !std::filesystem::exists(path)) return absl::OkStatus();
-  return absl::AlreadyExistsError(path + " exists; pass --force to overwrite it");
 }
 
 llvm::json::Value JsonNumber(double v) { return std::isfinite(v) ? llvm::json::Value(v) : llvm::json::Value(nullptr); }
@@ -38,6 +34,12 @@ absl::Status CheckNotAnInput(const std::string& path, const std::vector<std::str
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckOverwrite(const std::string& path, bool force, const std::vector<std::string>& inputs) {
+  MOERR_RETURN_IF_ERROR(CheckNotAnInput(path, inputs));
+  if (force || !std::filesystem::exists(path)) return absl::OkStatus();
+  return absl::AlreadyExistsError(path + " exists; pass --force to overwrite it");
 }
 
 absl::Status ClaimWorkDir(const std::string& dir, const std::string& command, const std::vector<std::string>& own) {

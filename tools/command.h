@@ -23,13 +23,13 @@ inline constexpr int kExitError = 2;
 // Prints "moerr: error: <message>" to stderr and returns kExitError.
 int ReportError(const absl::Status& status);
 
-// AlreadyExists when `path` exists and `force` is not set: an output a
-// command would overwrite.
-absl::Status CheckOverwrite(const std::string& path, bool force);
 // InvalidArgument when the output `path` is one of the files `inputs` name
 // (the same file by any name): writing it would destroy what the command
 // reads, --force or not.
 absl::Status CheckNotAnInput(const std::string& path, const std::vector<std::string>& inputs);
+// CheckNotAnInput, then AlreadyExists when `path` exists and `force` is not
+// set: an output a command would overwrite.
+absl::Status CheckOverwrite(const std::string& path, bool force, const std::vector<std::string>& inputs);
 
 // A working directory `command` fills with files and directories of the
 // fixed names `own`, overwriting and removing them: it must be new, empty,

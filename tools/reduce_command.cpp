@@ -90,11 +90,7 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--force", opts->force, "Overwrite an existing output bundle");
   cmd->add_flag("--json", opts->json, "Print the report as JSON");
   cmd->callback([opts, &exit_code] {
-    if (absl::Status s = CheckNotAnInput(opts->out, {opts->bundle}); !s.ok()) {
-      exit_code = ReportError(s);
-      return;
-    }
-    if (absl::Status s = CheckOverwrite(opts->out, opts->force); !s.ok()) {
+    if (absl::Status s = CheckOverwrite(opts->out, opts->force, {opts->bundle}); !s.ok()) {
       exit_code = ReportError(s);
       return;
     }

@@ -24,11 +24,7 @@ void AddReportCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--step", opts->steps, "Steps to report (default: every complete step)");
   cmd->add_flag("--force", opts->force, "Overwrite an existing report");
   cmd->callback([opts, &exit_code] {
-    if (absl::Status s = CheckNotAnInput(opts->out, {opts->bundle}); !s.ok()) {
-      exit_code = ReportError(s);
-      return;
-    }
-    if (absl::Status s = CheckOverwrite(opts->out, opts->force); !s.ok()) {
+    if (absl::Status s = CheckOverwrite(opts->out, opts->force, {opts->bundle}); !s.ok()) {
       exit_code = ReportError(s);
       return;
     }
