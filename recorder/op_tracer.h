@@ -23,8 +23,8 @@
 // When the tracer is the only RecordFunction observer, it turns
 // RecordFunction off on a thread for what it does not record: inside an
 // outermost op (until its end) and inside "generate". LibTorch then boxes no
-// arguments for those ops: a step's callbacks fall from ~120k to ~16k on the
-// `small` preset. Beside another observer (a profiler) it leaves
+// arguments for those ops and calls back only for the recorded ops and the
+// scopes around them. Beside another observer (a profiler) it leaves
 // RecordFunction on, and that observer sees every op.
 #pragma once
 

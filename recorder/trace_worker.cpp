@@ -18,7 +18,7 @@ constexpr size_t kPublishJobs = 256;
 constexpr size_t kPublishBytes = size_t{16} << 20;
 // Spent op batches kept for the producer to refill.
 constexpr size_t kSpareBatches = 4;
-// Spent items kept for reuse (a step of `small` adds ~16,000).
+// Spent items kept for reuse (a `small` step adds one per new tensor).
 constexpr size_t kFreeItems = 4096;
 
 // Whether a reference to `t` keeps its memory alive. A DataPtr without a

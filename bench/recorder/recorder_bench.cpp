@@ -8,6 +8,7 @@
 // --threads: LibTorch's intra-op threads (default: LibTorch's choice, one
 // per core). The recorder's worker and writer threads share the cores with
 // them; fewer leaves them a core, as a GPU job's idle host cores would.
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -27,8 +28,13 @@
 namespace {
 
 // The floor of any observer that reads every op's inputs and outputs: a
-// callback that does nothing with them, but makes LibTorch box them.
-std::unique_ptr<at::ObserverContext> NoopStart(const at::RecordFunction&) { return nullptr; }
+// callback that does nothing with them, but makes LibTorch box them. It
+// counts its calls.
+std::atomic<int64_t> g_noop_calls{0};
+std::unique_ptr<at::ObserverContext> NoopStart(const at::RecordFunction&) {
+  g_noop_calls.fetch_add(1, std::memory_order_relaxed);
+  return nullptr;
+}
 void NoopEnd(const at::RecordFunction&, at::ObserverContext*) {}
 
 using Clock = std::chrono::steady_clock;
@@ -130,6 +136,11 @@ int main(int argc, char** argv) {
         full.bytes > 0 ? absl::StrFormat("%.3f", static_cast<double>(r.bytes) / full.bytes) : "-";
     std::printf("| %s | %.0f | %.2f | %.0f | %.2f | %s |\n", name.c_str(), ms, r.seconds / base.seconds,
                 static_cast<double>(r.ops) / r.steps, r.bytes / double(1 << 20) / r.steps, of_full.c_str());
+  }
+  if (results["observer floor"].steps > 0) {
+    std::printf("\nThe do-nothing observer was called back %.0f times a step (every op, nested ones included, and "
+                "every scope).\n",
+                static_cast<double>(g_noop_calls.load()) / results["observer floor"].steps);
   }
   if (full.steps == 0 || results["replayable"].steps == 0) return 0;
   std::printf("\nfull mode: %.0f MB/s of captured tensor bytes (distinct, before compression) over its step time;\n"
