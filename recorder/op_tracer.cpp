@@ -163,7 +163,7 @@ std::string CaptureModeName(CaptureMode mode) {
 }
 
 OpTracer::OpTracer(CaptureMode mode, TraceSink* sink, size_t batch_ops)
-    : mode_(mode), sink_(sink), batch_ops_(std::max<size_t>(1, batch_ops)), worker_(sink, kWorkerBytes) {
+    : mode_(mode), batch_ops_(std::max<size_t>(1, batch_ops)), worker_(sink, kWorkerBytes) {
   OpTracer* expected = nullptr;
   MOERR_CHECK(g_tracer.compare_exchange_strong(expected, this)) << "only one OpTracer may be active";
   handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&StartTrampoline, &EndTrampoline)

@@ -160,7 +160,6 @@ class OpTracer {
   void FlushLocked();
 
   CaptureMode mode_;
-  TraceSink* sink_;
   size_t batch_ops_;
   at::CallbackHandle handle_;
   mutable std::mutex mu_;

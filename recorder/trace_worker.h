@@ -84,10 +84,13 @@ class TraceWorker {
  private:
   enum State { kQueued, kRunning, kDone };
   // What a job reads, kept instead of the program's tensor (see TensorOf).
+  // Every field is set where one is made (no member initialisers: clang
+  // then takes the nested struct for not default-constructible inside
+  // std::optional).
   struct View {
     c10::Storage storage;
     c10::SmallVector<int64_t, 5> sizes, strides;
-    int64_t offset = 0;
+    int64_t offset;
     caffe2::TypeMeta dtype;
   };
   struct Item {
