@@ -68,8 +68,12 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
       }
     }
     std::vector<std::string> own = {"warmup", "healthy.moerr", "proxy", "fault.moerr", "proxy-replay.moerr"};
-    if (!opts->json.empty() && std::filesystem::path(opts->json).parent_path() == std::filesystem::path(eval.out_dir)) {
-      own.push_back(std::filesystem::path(opts->json).filename().string());  // -o DIR --json DIR/report.json
+    if (!opts->json.empty()) {  // -o DIR --json DIR/report.json, however spelled
+      namespace fs = std::filesystem;
+      std::error_code a, b, c, d;
+      const fs::path json = fs::absolute(opts->json, a), dir = fs::absolute(eval.out_dir, b);
+      const fs::path json_dir = fs::weakly_canonical(json.parent_path(), c);
+      if (!a && !b && !c && json_dir == fs::weakly_canonical(dir, d) && !d) own.push_back(json.filename().string());
     }
     if (absl::Status s = ClaimWorkDir(eval.out_dir, "proxy-eval", own); !s.ok()) {
       exit_code = ReportError(s);

@@ -154,3 +154,12 @@ def test_work_directories_are_the_commands_own(tmp_path):
     assert (tmp_path / "run.moerr").read_bytes() == b"someone's recording"
     p = subprocess.run([MOERR, "proxy-eval", "-o", str(tmp_path)], capture_output=True, text=True)
     assert p.returncode == 2 and "pass another directory" in p.stderr, p.stderr
+    # A directory an earlier run left (no marker) with its --json report in
+    # it, named by another spelling: the command's own, so it goes on (to
+    # the preset, which is bad here).
+    old = tmp_path / "old-eval"
+    (old / "warmup").mkdir(parents=True)
+    (old / "report.json").write_text("{}")
+    p = subprocess.run([MOERR, "proxy-eval", "-o", "old-eval", "--json", "./old-eval/../old-eval/report.json",
+                        "--preset", "nope"], capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 2 and "unknown preset" in p.stderr, p.stderr
