@@ -32,7 +32,7 @@ $(BUILD)/build.ninja:
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The sanitizer suite (formats/, diff/, report/, the recorder) under
+# The sanitizer suite (formats/, diff/, report/, the recorder, the replayer) under
 # ASan+UBSan with clang, plus the libFuzzer target.
 $(ASAN_BUILD)/build.ninja:
 	CC=clang CXX=clang++ cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -47,7 +47,7 @@ demo: build
 # The robustness suite under sanitizers first, then every test of the main
 # build; the output ends with ctest's summary of the main build.
 test: build build-asan
-	cd $(ASAN_BUILD) && ctest --output-on-failure
+	cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 bench: build
