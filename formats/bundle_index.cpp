@@ -6,12 +6,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "formats/bundle.capnp.h"
 #include "formats/chunk_codec.h"
 #include "formats/frame.h"
-#include "formats/tensor_view.h"
 #include "support/kj_boundary.h"
 #include "support/status.h"
 #define XXH_STATIC_LINKING_ONLY
@@ -552,114 +550,6 @@ absl::StatusOr<Record> DecodeRecord(absl::Span<const std::byte> payload, uint64_
         }
         return out;
       });
-}
-
-absl::Status ValidateName(absl::string_view name, uint32_t max_bytes) {
-  if (name.empty()) return absl::DataLossError("name is empty");
-  if (name.size() > max_bytes) {
-    return absl::DataLossError(absl::StrFormat("name is %d bytes, the limit is %d", name.size(), max_bytes));
-  }
-  if (name.find('\0') != absl::string_view::npos) {
-    return absl::DataLossError(absl::StrFormat("name contains NUL at byte %d", name.find('\0')));
-  }
-  size_t bad = 0;
-  if (!llvm::json::isUTF8(llvm::StringRef(name.data(), name.size()), &bad)) {
-    return absl::DataLossError(absl::StrFormat("name is not valid UTF-8 (byte %d)", bad));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateIndex(const IndexData& index, uint64_t data_end, const Limits& limits) {
-  if (const uint64_t unknown = index.required_features & ~kKnownFeatures; unknown != 0) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "index: requires feature bits 0x%x this reader does not know; use a newer moerr", unknown));
-  }
-  constexpr uint64_t kFirstPayload = kSuperblockSize + kFrameHeaderSize;
-  struct Range {
-    uint64_t begin, end;
-    size_t blob, chunk;
-  };
-  std::vector<Range> ranges;
-  for (size_t b = 0; b < index.blobs.size(); ++b) {
-    const BlobInfo& blob = index.blobs[b];
-    auto where = [&](absl::string_view field) { return absl::StrFormat("index: blob %d: %s", b, field); };
-    if (blob.shape.size() > limits.max_rank) {
-      return absl::DataLossError(absl::StrFormat("%s: rank %d exceeds %d", where("shape"), blob.shape.size(),
-                                                 limits.max_rank));
-    }
-    const auto bytes = CheckedNumel(blob.shape, ItemSize(blob.dtype));
-    if (!bytes.ok()) return absl::DataLossError(absl::StrCat(where("shape"), ": ", bytes.status().message()));
-    if (static_cast<uint64_t>(*bytes) != blob.raw_size) {
-      return absl::DataLossError(absl::StrFormat("%s: shape x itemsize = %d bytes but rawSize = %d",
-                                                 where("rawSize"), *bytes, blob.raw_size));
-    }
-    uint64_t sum = 0;
-    for (size_t c = 0; c < blob.chunks.size(); ++c) {
-      const ChunkInfo& chunk = blob.chunks[c];
-      const std::string at = absl::StrFormat("index: blob %d: chunk %d at offset %d", b, c, chunk.offset);
-      if (chunk.raw_size == 0 || chunk.raw_size > limits.max_chunk_bytes) {
-        return absl::DataLossError(absl::StrFormat("%s: rawSize %d is not in [1, %d]", at, chunk.raw_size,
-                                                   limits.max_chunk_bytes));
-      }
-      if (chunk.offset % 8 != 0) return absl::DataLossError(absl::StrCat(at, ": offset is not 8-byte aligned"));
-      uint64_t end;
-      if (chunk.offset < kFirstPayload || __builtin_add_overflow(chunk.offset, chunk.stored_size, &end) ||
-          end > data_end) {
-        return absl::DataLossError(absl::StrFormat("%s: range [%d, +%d) is outside the data area [%d, %d)", at,
-                                                   chunk.offset, chunk.stored_size, kFirstPayload, data_end));
-      }
-      if (chunk.shuffle != 1 && chunk.shuffle != 2 && chunk.shuffle != 4 && chunk.shuffle != 8) {
-        return absl::DataLossError(absl::StrFormat("%s: shuffle %d is not 1, 2, 4 or 8", at, chunk.shuffle));
-      }
-      if (chunk.codec == Codec::kRaw && chunk.stored_size != chunk.raw_size) {
-        return absl::DataLossError(absl::StrFormat("%s: raw chunk stores %d bytes but declares %d", at,
-                                                   chunk.stored_size, chunk.raw_size));
-      }
-      if (__builtin_add_overflow(sum, chunk.raw_size, &sum)) {
-        return absl::DataLossError(absl::StrCat(where("chunks"), ": raw sizes overflow"));
-      }
-      ranges.push_back(Range{chunk.offset - kFrameHeaderSize, end, b, c});
-    }
-    if (sum != blob.raw_size) {
-      return absl::DataLossError(
-          absl::StrFormat("%s: chunks hold %d bytes but rawSize = %d", where("chunks"), sum, blob.raw_size));
-    }
-  }
-  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
-  for (size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].begin < ranges[i - 1].end) {
-      return absl::DataLossError(absl::StrFormat(
-          "index: blob %d chunk %d (frame at %d) overlaps blob %d chunk %d (frame [%d, %d))", ranges[i].blob,
-          ranges[i].chunk, ranges[i].begin, ranges[i - 1].blob, ranges[i - 1].chunk, ranges[i - 1].begin,
-          ranges[i - 1].end));
-    }
-  }
-  absl::flat_hash_set<std::pair<absl::string_view, int64_t>> seen;
-  seen.reserve(index.tensors.size());
-  for (size_t t = 0; t < index.tensors.size(); ++t) {
-    const TensorInfo& tensor = index.tensors[t];
-    if (absl::Status s = ValidateName(tensor.name, limits.max_name_bytes); !s.ok()) {
-      return Annotate(s, absl::StrFormat("index: tensor %d", t));
-    }
-    if (tensor.blob >= index.blobs.size()) {
-      return absl::DataLossError(absl::StrFormat("index: tensor %d (%s): blob %d, but there are %d blobs", t,
-                                                 tensor.name, tensor.blob, index.blobs.size()));
-    }
-    if (!seen.insert({tensor.name, tensor.step}).second) {
-      return absl::DataLossError(
-          absl::StrFormat("index: tensor %d: duplicate name \"%s\" at step %d", t, tensor.name, tensor.step));
-    }
-  }
-  for (size_t r = 0; r < index.records.size(); ++r) {
-    const RecordRef& ref = index.records[r];
-    uint64_t end;
-    if (ref.offset < kFirstPayload || ref.offset % 8 != 0 || __builtin_add_overflow(ref.offset, ref.length, &end) ||
-        end > data_end) {
-      return absl::DataLossError(absl::StrFormat("index: record %d: range [%d, +%d) is outside the data area", r,
-                                                 ref.offset, ref.length));
-    }
-  }
-  return absl::OkStatus();
 }
 
 std::vector<std::byte> EncodeRecordFrame(const Record& record, uint32_t* flags) {
