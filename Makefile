@@ -26,17 +26,20 @@ deps:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	fi
 
-$(BUILD)/build.ninja:
+# Configured again when this file (and so the flags) changes.
+$(BUILD)/build.ninja: Makefile
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
+	touch $@
 
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The sanitizer suite (formats/, diff/, report/, the recorder, the replayer) under
-# ASan+UBSan with clang, plus the libFuzzer target.
-$(ASAN_BUILD)/build.ninja:
+# The sanitizer suite (formats/, diff/, report/, the recorder, replayer and
+# lint) under ASan+UBSan with clang, plus the libFuzzer target.
+$(ASAN_BUILD)/build.ninja: Makefile
 	CC=clang CXX=clang++ cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DMOERR_SANITIZER_SUITE=ON -DMOERR_SANITIZE=ON -DMOERR_FUZZ=ON -DMOERR_FUZZ_SECONDS=$(FUZZ_SECONDS)
+	touch $@
 
 build-asan: deps $(ASAN_BUILD)/build.ninja
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
