@@ -282,6 +282,8 @@ void TraceWorker::Run() {
         fingerprints_.insert_or_assign(job.id, item->result);
       }
     }
+    // The storage goes now; the rest of the item waits for the producer.
+    if (item->view) item->view->storage = c10::Storage();
     bool notify = false;
     {
       std::lock_guard<std::mutex> lock(mu_);

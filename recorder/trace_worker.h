@@ -15,14 +15,10 @@
 //    describes. Only a job the worker has already started is waited for.
 //  - Items reach the sink in the order they were added, so a batch comes
 //    after the fingerprints of every tensor it describes.
-//  - At most `max_bytes` of queued tensors are held (and, until the
-//    producer next takes them back, those of finished jobs); Add blocks
-//    beyond that.
-//  - A finished item goes back to the producer, which reuses it (or frees
-//    it) at its next Publish or Drain, and only then drops the job's storage
-//    reference: memory of the traced program that the job held last is
-//    freed on the program's thread, into its allocator arena (freed on this
-//    thread, it made the program's own allocations slower).
+//  - At most `max_bytes` of queued tensors are held; Add blocks beyond that.
+//  - A finished job drops its storage reference at once; the item itself
+//    goes back to the producer, which reuses it (or frees it) at its next
+//    Publish or Drain.
 //
 // One producer at a time: the tracer calls Add, AddBatch, BeforeWrite,
 // Drain and NewStep under its own lock. Jobs are staged on the producer's
@@ -111,8 +107,8 @@ class TraceWorker {
   static const void* StorageKey(const at::Tensor& t);
   void Publish();
   // Takes finished items back on the producer's thread (what it allocated,
-  // and the storages its jobs held, it frees: no allocator traffic between
-  // the threads): keeps their batches as spares and some items for reuse.
+  // it frees: no allocator traffic between the threads): keeps their
+  // batches as spares and some items for reuse.
   void Recycle(std::vector<std::unique_ptr<Item>>& spent);
   std::unique_ptr<Item> NewItem();  // a reset item from Recycle, or a new one
   // Computes the fingerprint and hands over the capture (either thread).
