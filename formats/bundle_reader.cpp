@@ -7,6 +7,21 @@
 #include "support/status.h"
 
 namespace moerr::formats {
+namespace {
+
+// The steps of the records `keep` selects, ascending, each once.
+template <typename Keep>
+std::vector<int64_t> StepsOf(const std::vector<RecordRef>& records, Keep keep) {
+  std::vector<int64_t> steps;
+  for (const RecordRef& r : records) {
+    if (keep(r)) steps.push_back(r.step);
+  }
+  std::sort(steps.begin(), steps.end());
+  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+  return steps;
+}
+
+}  // namespace
 
 BundleReader::BundleReader(std::unique_ptr<llvm::MemoryBuffer> buffer, const Limits& limits)
     : buffer_(std::move(buffer)),
@@ -154,23 +169,12 @@ absl::StatusOr<llvm::json::Value> BundleReader::ReadAnnotation(absl::string_view
 }
 
 std::vector<int64_t> BundleReader::CompleteSteps() const {
-  std::vector<int64_t> steps;
-  for (const RecordRef& r : index_.records) {
-    if (r.kind == static_cast<uint16_t>(RecordKind::kStepEnd)) steps.push_back(r.step);
-  }
-  std::sort(steps.begin(), steps.end());
-  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
-  return steps;
+  return StepsOf(index_.records,
+                 [](const RecordRef& r) { return r.kind == static_cast<uint16_t>(RecordKind::kStepEnd); });
 }
 
 std::vector<int64_t> BundleReader::Steps() const {
-  std::vector<int64_t> steps;
-  for (const RecordRef& r : index_.records) {
-    if (r.step >= 0) steps.push_back(r.step);
-  }
-  std::sort(steps.begin(), steps.end());
-  steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
-  return steps;
+  return StepsOf(index_.records, [](const RecordRef& r) { return r.step >= 0; });
 }
 
 absl::StatusOr<VerifyReport> BundleReader::Verify() const {
