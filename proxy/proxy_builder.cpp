@@ -70,14 +70,12 @@ absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, cons
   const int64_t multiple = std::lcm(std::max<int64_t>(1, options.ep), groups);
   report.kept = (report.kept + multiple - 1) / multiple * multiple;
   if (report.kept > config.num_experts) {
-    if (multiple == 1) {
-      return absl::InvalidArgumentError(absl::StrFormat("cannot keep %d experts: each MoE layer has %d",
-                                                        report.kept, config.num_experts));
-    }
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "cannot keep %d experts (rounded up to a multiple of %d: expert-parallel size %d, %d routing groups): each "
-        "MoE layer has %d",
-        report.kept, multiple, options.ep, groups, config.num_experts));
+    const std::string rounded =
+        multiple == 1 ? ""
+                      : absl::StrFormat(" (rounded up to a multiple of %d: expert-parallel size %d, %d routing groups)",
+                                        multiple, options.ep, groups);
+    return absl::InvalidArgumentError(absl::StrFormat("cannot keep %d experts%s: each MoE layer has %d", report.kept,
+                                                      rounded, config.num_experts));
   }
   MOERR_ASSIGN_OR_RETURN(moe::MoeConfig proxy_config, ProxyConfig(config, report.kept));
   ClusterOptions cluster = options.cluster;
