@@ -382,10 +382,9 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
         result.recorded_overflow = analysis::FindFirstOverflow(trace);
         result.policy_overflow = analysis::FindFirstOverflow(*result.replayed);
       }
-      result.worst = report->errors;
-      std::sort(result.worst.begin(), result.worst.end(),
-                [](const auto& x, const auto& y) { return x.metrics.rel_l2 > y.metrics.rel_l2; });
-      result.worst.resize(std::min<size_t>(result.worst.size(), 10));
+      result.worst.resize(std::min<size_t>(report->errors.size(), 10));
+      std::partial_sort_copy(report->errors.begin(), report->errors.end(), result.worst.begin(), result.worst.end(),
+                             [](const auto& x, const auto& y) { return x.metrics.rel_l2 > y.metrics.rel_l2; });
       if (opts->check) {
         auto again = replayer::ReplayTrace(**reader, step, trace, options);
         if (!again.ok()) {
