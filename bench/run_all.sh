@@ -23,6 +23,10 @@ echo "## Recorder overhead and bundle size per capture mode"
 "$BUILD/bench/recorder_bench" --preset small
 
 echo
+echo "## Op tracer bookkeeping per op (Google Benchmark; mode -1 untraced, 0 stats, 1 replayable)"
+"$BUILD/bench/tracer_bench" --benchmark_min_time=1
+
+echo
 echo "## Fingerprint kernel (Google Benchmark, 16 MiB per dtype)"
 "$BUILD/bench/fingerprint_bench" --benchmark_min_time=0.5
 

@@ -282,8 +282,10 @@ void TraceWorker::Run() {
         fingerprints_.insert_or_assign(job.id, item->result);
       }
     }
-    // The storage goes now; the rest of the item waits for the producer.
-    if (item->view) item->view->storage = c10::Storage();
+    // The item, with its storage reference, goes back to the producer
+    // (Recycle): the last reference to a program's tensor is dropped on the
+    // thread that allocated it, not here, where freeing it would take the
+    // training thread's malloc arena lock from under its allocations.
     bool notify = false;
     {
       std::lock_guard<std::mutex> lock(mu_);

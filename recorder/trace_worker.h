@@ -16,9 +16,10 @@
 //  - Items reach the sink in the order they were added, so a batch comes
 //    after the fingerprints of every tensor it describes.
 //  - At most `max_bytes` of queued tensors are held; Add blocks beyond that.
-//  - A finished job drops its storage reference at once; the item itself
-//    goes back to the producer, which reuses it (or frees it) at its next
-//    Publish or Drain.
+//  - A finished item goes back to the producer, which drops its storage
+//    reference and reuses the item (or frees it) at its next Publish or
+//    Drain: what the traced thread allocated, it frees. A tensor the
+//    program has let go of is freed then.
 //
 // One producer at a time: the tracer calls Add, AddBatch, BeforeWrite,
 // Drain and NewStep under its own lock. Jobs are staged on the producer's
