@@ -35,7 +35,7 @@ build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
 # The sanitizer suite (formats/, diff/, report/, the model, the recorder,
-# replayer and lint) under ASan+UBSan with clang, plus the libFuzzer target.
+# replayer, lint and proxy) under ASan+UBSan with clang, plus the libFuzzer target.
 $(ASAN_BUILD)/build.ninja: Makefile
 	CC=clang CXX=clang++ cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DMOERR_SANITIZER_SUITE=ON -DMOERR_SANITIZE=ON -DMOERR_FUZZ=ON -DMOERR_FUZZ_SECONDS=$(FUZZ_SECONDS)
