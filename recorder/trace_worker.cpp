@@ -282,10 +282,7 @@ void TraceWorker::Run() {
         fingerprints_.insert_or_assign(job.id, item->result);
       }
     }
-    // The item, with its storage reference, goes back to the producer
-    // (Recycle): the last reference to a program's tensor is dropped on the
-    // thread that allocated it, not here, where freeing it would take the
-    // training thread's malloc arena lock from under its allocations.
+    // The item keeps its storage reference: the producer drops it (Recycle).
     bool notify = false;
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -15,11 +15,14 @@
 //    describes. Only a job the worker has already started is waited for.
 //  - Items reach the sink in the order they were added, so a batch comes
 //    after the fingerprints of every tensor it describes.
-//  - At most `max_bytes` of queued tensors are held; Add blocks beyond that.
+//  - At most `max_bytes` of queued tensors are held (and, until the
+//    producer next takes them back, those of finished jobs); Add blocks
+//    beyond that.
 //  - A finished item goes back to the producer, which drops its storage
 //    reference and reuses the item (or frees it) at its next Publish or
-//    Drain: what the traced thread allocated, it frees. A tensor the
-//    program has let go of is freed then.
+//    Drain: what the traced thread allocated, it frees. Freed on the
+//    worker, the program's memory took the traced thread's malloc arena
+//    lock from under its own allocations.
 //
 // One producer at a time: the tracer calls Add, AddBatch, BeforeWrite,
 // Drain and NewStep under its own lock. Jobs are staged on the producer's
