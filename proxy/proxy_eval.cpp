@@ -262,16 +262,22 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
   };
   EvalReport report;
   report.preset = options.preset;
+  report.family = moe::FamilyName(options.family);
   const moe::AdditionTask task;
   MOERR_RETURN_IF_ERROR(CatchTorch("proxy evaluation", [&]() -> absl::Status {
-    // The warm model, cached across runs.
-    const std::string warm_dir = options.out_dir + "/warmup";
+    // The warm model, cached across runs of the same preset, family and
+    // warm-up length (what it was made from is in its directory's name).
+    MOERR_ASSIGN_OR_RETURN(moe::MoeConfig config, moe::Preset(options.preset, options.family));
+    const std::string warm_dir = absl::StrFormat("%s/warmup/%s-%s-%d", options.out_dir, options.preset,
+                                                 moe::FamilyName(options.family), options.warmup_steps);
     moe::MoeTransformer warm{nullptr};
     if (auto cached = moe::LoadCheckpoint(warm_dir); cached.ok() && (*cached)->config().num_experts > 0) {
       warm = *cached;
     } else {
+      if (::mkdir((options.out_dir + "/warmup").c_str(), 0755) != 0 && errno != EEXIST) {
+        return absl::InternalError(absl::StrFormat("cannot create %s/warmup: %s", options.out_dir, std::strerror(errno)));
+      }
       torch::manual_seed(0);
-      MOERR_ASSIGN_OR_RETURN(moe::MoeConfig config, moe::Preset(options.preset));
       warm = moe::MoeTransformer(config);
       moe::WarmupOptions w;
       w.steps = options.warmup_steps;
@@ -398,6 +404,7 @@ llvm::json::Object ToJson(const EvalReport& report) {
         {"step_time_ratio", num(r.step_time_ratio)}});
   }
   return llvm::json::Object{{"preset", report.preset},
+                            {"family", report.family},
                             {"experts", report.experts},
                             {"original_accuracy", report.original_accuracy},
                             {"rows", std::move(rows)}};

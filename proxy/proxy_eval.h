@@ -35,8 +35,11 @@ namespace moerr::proxy {
 
 struct EvalOptions {
   std::string preset = "small";
+  moe::Family family = moe::Family::kQwen3Moe;
   int64_t warmup_steps = 600;
-  std::string out_dir;                  // required: warm-up checkpoint (reused), bundles, report
+  // Required: the warm-up checkpoint (OUT/warmup/PRESET-FAMILY-STEPS, reused
+  // by a later run of the same three), bundles, report.
+  std::string out_dir;
   int64_t steps = 30;                   // healthy RL steps for the dynamics
   int64_t seeds = 3;                    // per fault
   std::vector<double> keeps = {0.5, 0.25, 0.125};
@@ -60,7 +63,7 @@ struct EvalRow {
 };
 
 struct EvalReport {
-  std::string preset;
+  std::string preset, family;
   double original_accuracy = 0;
   int64_t experts = 0;
   std::vector<EvalRow> rows;

@@ -24,15 +24,17 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
   struct Options {
     proxy::EvalOptions eval;
     std::vector<std::string> keeps = {"1/2", "1/4", "1/8"}, faults;
-    std::string json;
+    std::string json, family = "qwen3_moe";
   };
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "proxy-eval", "Measure proxies against the original: static fidelity, RL dynamics, fault reproduction and "
                     "cost, for each kept fraction and method; prints one table");
-  cmd->add_option("-o,--output", opts->eval.out_dir, "Work directory (the warm-up checkpoint is reused from here)")
+  cmd->add_option("-o,--output", opts->eval.out_dir, "Work directory (its warm-up of each preset, family and length is reused)")
       ->required();
   cmd->add_option("--preset", opts->eval.preset, "Model size: tiny, small, wide")->capture_default_str();
+  cmd->add_option("--family", opts->family, "Model family: qwen2_moe, qwen3_moe, deepseek_v3, mixtral")
+      ->capture_default_str();
   cmd->add_option("--warmup-steps", opts->eval.warmup_steps, "Supervised warm-up steps")->capture_default_str();
   cmd->add_option("--steps", opts->eval.steps, "Healthy RL steps for the dynamics")->capture_default_str();
   cmd->add_option("--seeds", opts->eval.seeds, "Seeds per fault")->capture_default_str();
@@ -46,6 +48,12 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--json", opts->json, "Also write the report as JSON here");
   cmd->callback([opts, &exit_code] {
     proxy::EvalOptions eval = opts->eval;
+    auto family = moe::ParseFamily(opts->family);
+    if (!family.ok()) {
+      exit_code = ReportError(family.status());
+      return;
+    }
+    eval.family = *family;
     eval.keeps.clear();
     for (const std::string& k : opts->keeps) {
       std::vector<std::string> parts = absl::StrSplit(k, '/');
@@ -89,9 +97,10 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
       return;
     }
     exit_code = kExitOk;
-    std::printf("preset `%s`, %lld experts per MoE layer; original accuracy %.3f; %lld healthy RL steps; faults x "
-                "%lld seeds; peak memory in micro-batches of %lld sequences\n\n",
-                report->preset.c_str(), static_cast<long long>(report->experts), report->original_accuracy,
+    std::printf("preset `%s` (%s), %lld experts per MoE layer; original accuracy %.3f; %lld healthy RL steps; "
+                "faults x %lld seeds; peak memory in micro-batches of %lld sequences\n\n",
+                report->preset.c_str(), report->family.c_str(), static_cast<long long>(report->experts),
+                report->original_accuracy,
                 static_cast<long long>(eval.steps), static_cast<long long>(eval.seeds),
                 static_cast<long long>(eval.memory_micro_batch));
     std::printf("| keep | method | hidden cos | logit KL | routing agr. | accuracy | r(loss) | r(reward) | r(KL) | "

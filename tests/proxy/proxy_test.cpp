@@ -368,5 +368,31 @@ TEST(ProxyEvalTest, MeasuresEveryConfiguration) {
             std::string::npos);
 }
 
+// A work directory keeps one warm-up per preset, family and length: a run
+// asking for another family warms that one up instead of reusing the first.
+TEST(ProxyEvalTest, CachesAWarmUpPerPresetFamilyAndLength) {
+  TempDir dir;
+  EvalOptions options;
+  options.preset = "tiny";
+  options.warmup_steps = 0;
+  options.out_dir = dir.File("eval");
+  options.steps = 3;
+  options.seeds = 1;
+  options.keeps = {0.5};
+  options.methods = {"cluster"};
+  options.faults = {moe::FaultKind::kRouterCollapse};
+  ASSERT_EQ(EvaluateProxies(options).value().family, "qwen3_moe");
+  options.family = moe::Family::kDeepseekV3;
+  const EvalReport deepseek = EvaluateProxies(options).value();
+  EXPECT_EQ(deepseek.family, "deepseek_v3");
+  ASSERT_EQ(deepseek.rows.size(), 1u);
+  EXPECT_EQ(deepseek.rows[0].kept, 4);
+  for (const char* family : {"qwen3_moe", "deepseek_v3"}) {
+    const auto warm = moe::LoadCheckpoint(dir.File("eval/warmup/tiny-") + family + "-0");
+    ASSERT_TRUE(warm.ok()) << family << ": " << warm.status();
+    EXPECT_EQ(moe::FamilyName((*warm)->config().family), family);
+  }
+}
+
 }  // namespace
 }  // namespace moerr::proxy
