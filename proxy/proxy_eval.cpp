@@ -275,7 +275,8 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
       warm = *cached;
     } else {
       if (::mkdir((options.out_dir + "/warmup").c_str(), 0755) != 0 && errno != EEXIST) {
-        return absl::InternalError(absl::StrFormat("cannot create %s/warmup: %s", options.out_dir, std::strerror(errno)));
+        return absl::InternalError(
+            absl::StrFormat("cannot create %s/warmup: %s", options.out_dir, std::strerror(errno)));
       }
       torch::manual_seed(0);
       warm = moe::MoeTransformer(config);

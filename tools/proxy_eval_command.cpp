@@ -30,7 +30,8 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "proxy-eval", "Measure proxies against the original: static fidelity, RL dynamics, fault reproduction and "
                     "cost, for each kept fraction and method; prints one table");
-  cmd->add_option("-o,--output", opts->eval.out_dir, "Work directory (its warm-up of each preset, family and length is reused)")
+  cmd->add_option("-o,--output", opts->eval.out_dir,
+                  "Work directory (its warm-up of each preset, family and length is reused)")
       ->required();
   cmd->add_option("--preset", opts->eval.preset, "Model size: tiny, small, wide")->capture_default_str();
   cmd->add_option("--family", opts->family, "Model family: qwen2_moe, qwen3_moe, deepseek_v3, mixtral")
