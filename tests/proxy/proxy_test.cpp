@@ -331,17 +331,27 @@ TEST(ProxyEvalTest, ReplayedRunsRouteAsTheOriginalDid) {
   EXPECT_EQ(onto_same.reward, original.reward);
 }
 
-// proxy-eval end to end on the tiny model: every configuration gets a row
-// with measured numbers, and faults that show in the original are counted.
-TEST(ProxyEvalTest, MeasuresEveryConfiguration) {
-  TempDir dir;
+// proxy-eval on the tiny model, unwarmed, in `dir`: a short run of one
+// configuration (`cluster` at 1/2) and one fault.
+EvalOptions TinyEval(const TempDir& dir) {
   EvalOptions options;
   options.preset = "tiny";
   options.warmup_steps = 0;
   options.out_dir = dir.File("eval");
-  options.steps = 4;
+  options.steps = 3;
   options.seeds = 1;
   options.keeps = {0.5};
+  options.methods = {"cluster"};
+  options.faults = {moe::FaultKind::kRouterCollapse};
+  return options;
+}
+
+// proxy-eval end to end on the tiny model: every configuration gets a row
+// with measured numbers, and faults that show in the original are counted.
+TEST(ProxyEvalTest, MeasuresEveryConfiguration) {
+  TempDir dir;
+  EvalOptions options = TinyEval(dir);
+  options.steps = 4;
   options.methods = {"cluster", "random"};
   options.faults = {moe::FaultKind::kExpertOverflow, moe::FaultKind::kRouterCollapse};
   const EvalReport report = EvaluateProxies(options).value();
@@ -372,15 +382,7 @@ TEST(ProxyEvalTest, MeasuresEveryConfiguration) {
 // asking for another family warms that one up instead of reusing the first.
 TEST(ProxyEvalTest, CachesAWarmUpPerPresetFamilyAndLength) {
   TempDir dir;
-  EvalOptions options;
-  options.preset = "tiny";
-  options.warmup_steps = 0;
-  options.out_dir = dir.File("eval");
-  options.steps = 3;
-  options.seeds = 1;
-  options.keeps = {0.5};
-  options.methods = {"cluster"};
-  options.faults = {moe::FaultKind::kRouterCollapse};
+  EvalOptions options = TinyEval(dir);
   ASSERT_EQ(EvaluateProxies(options).value().family, "qwen3_moe");
   options.family = moe::Family::kDeepseekV3;
   const EvalReport deepseek = EvaluateProxies(options).value();
