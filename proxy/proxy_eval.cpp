@@ -254,8 +254,10 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
           "unknown method \"%s\" (cluster, cluster-unforced, frequency, random, reap, hc-medoid)", m));
     }
   }
-  if (::mkdir(options.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return absl::InternalError(absl::StrFormat("cannot create %s: %s", options.out_dir, std::strerror(errno)));
+  for (const std::string& dir : {options.out_dir, options.out_dir + "/warmup"}) {
+    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+      return absl::InternalError(absl::StrFormat("cannot create %s: %s", dir, std::strerror(errno)));
+    }
   }
   auto report_progress = [&](const std::string& phase, int64_t done, int64_t total) {
     if (progress) progress(phase, done, total);
@@ -269,15 +271,11 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
     // warm-up length (what it was made from is in its directory's name).
     MOERR_ASSIGN_OR_RETURN(moe::MoeConfig config, moe::Preset(options.preset, options.family));
     const std::string warm_dir = absl::StrFormat("%s/warmup/%s-%s-%d", options.out_dir, options.preset,
-                                                 moe::FamilyName(options.family), options.warmup_steps);
+                                                 report.family, options.warmup_steps);
     moe::MoeTransformer warm{nullptr};
     if (auto cached = moe::LoadCheckpoint(warm_dir); cached.ok() && (*cached)->config().num_experts > 0) {
       warm = *cached;
     } else {
-      if (::mkdir((options.out_dir + "/warmup").c_str(), 0755) != 0 && errno != EEXIST) {
-        return absl::InternalError(
-            absl::StrFormat("cannot create %s/warmup: %s", options.out_dir, std::strerror(errno)));
-      }
       torch::manual_seed(0);
       warm = moe::MoeTransformer(config);
       moe::WarmupOptions w;
