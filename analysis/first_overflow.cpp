@@ -40,6 +40,11 @@ double DTypeMax(formats::DType dtype) {
   return 0;
 }
 
+bool IsFloating(formats::DType dtype) {
+  return dtype == formats::DType::kF64 || dtype == formats::DType::kF32 || dtype == formats::DType::kBF16 ||
+         dtype == formats::DType::kF16;
+}
+
 std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, const OverflowOptions& options) {
   absl::flat_hash_map<uint64_t, size_t> by_seq;
   for (size_t i = 0; i < trace.ops.size(); ++i) by_seq[trace.ops[i].seq] = i;
@@ -76,7 +81,7 @@ std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, cons
     if (!inputs_finite) continue;
     for (uint64_t id : op.outputs) {
       const formats::TensorMeta* meta = ProducedValues(trace, op, id, uninitialised);
-      if (meta == nullptr) continue;
+      if (meta == nullptr || !IsFloating(meta->dtype)) continue;
       const double limit = options.limit > 0 ? options.limit : DTypeMax(meta->dtype);
       const bool beyond = options.fraction > 0 && meta->fingerprint.abs_max > options.fraction * limit;
       if (meta->fingerprint.Finite() && !beyond) continue;

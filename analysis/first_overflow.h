@@ -1,8 +1,10 @@
 // The first overflowing op, from fingerprints alone (DESIGN.md, "Bisect"):
 // the first op in execution order whose inputs (tensors and scalars) are all
-// finite and one of whose outputs is not (or, with a threshold, comes within
-// a fraction of a dtype's range). No re-run is needed, so a stats bundle will
-// do. Precision bisect, which replays, is in replayer/precision_bisect.h.
+// finite and one of whose floating outputs is not (or, with a threshold,
+// comes within a fraction of a dtype's range). No re-run is needed, so a
+// stats bundle will do. Its cause, the op before it whose output exploded,
+// is in overflow_cause.h; precision bisect, which replays, in
+// replayer/precision_bisect.h.
 #pragma once
 
 #include <optional>
@@ -24,6 +26,10 @@ struct OverflowOptions {
 
 // Largest finite value of `dtype` (floating types; integers: their maximum).
 double DTypeMax(formats::DType dtype);
+
+// f64, f32, bf16, f16: the types whose values can overflow to Inf. Integer
+// and bool tensors are never overflow candidates.
+bool IsFloating(formats::DType dtype);
 
 struct HeadroomPoint {
   size_t op_index = 0;

@@ -47,10 +47,6 @@ namespace moerr::analysis {
 inline constexpr double kInputRiseBits = 8;
 inline constexpr double kPeerRiseBits = 8;
 
-// True for f64, f32, bf16 and f16: the dtypes whose values can overflow.
-// Integer and bool tensors are never overflow candidates.
-bool IsFloating(formats::DType dtype);
-
 // One op of the chain, with the output the chain passed through.
 struct CauseLink {
   size_t op_index = 0;

@@ -1,9 +1,16 @@
-// Bisect: the first overflowing op for the catalogue's overflow faults, and
-// precision bisect; precision policies; isolated replay.
+// Bisect: the first overflowing op for the catalogue's overflow faults, its
+// cause, and precision bisect; precision policies; isolated replay.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
 
 #include "absl/strings/match.h"
 #include "analysis/first_overflow.h"
+#include "analysis/overflow_cause.h"
+#include "llvm/Support/JSON.h"
 #include "replayer/precision_bisect.h"
 #include "replayer/precision_policy.h"
 #include "replayer/program_replay.h"
@@ -52,6 +59,238 @@ TEST(BisectTest, BadKernelIsNamedInTheLogSoftmax) {
     EXPECT_TRUE(absl::StartsWith(first->op->module, fault.module)) << first->op->module << " vs " << fault.module;
   }
   EXPECT_GT(failing, 0);
+}
+
+// A trace built by hand: each op reads tensors and produces one of the
+// given dtype and abs-max (Inf: one value is +Inf).
+class TraceBuilder {
+ public:
+  // A step input: a tensor no op of the step produced.
+  uint64_t Input(double abs_max, formats::DType dtype = formats::DType::kF32) { return Tensor(-1, abs_max, dtype); }
+
+  uint64_t Op(const std::string& name, const std::string& module, formats::Phase phase,
+              const std::vector<uint64_t>& inputs, double abs_max, formats::DType dtype = formats::DType::kF32) {
+    formats::OpEvent op;
+    op.seq = trace_.ops.size() + 100;
+    op.name = name;
+    op.module = module;
+    op.phase = phase;
+    for (uint64_t id : inputs) {
+      formats::OpArg a;
+      a.kind = formats::OpArg::Kind::kTensor;
+      a.i = static_cast<int64_t>(id);
+      op.args.push_back(a);
+    }
+    op.outputs.push_back(Tensor(static_cast<int64_t>(op.seq), abs_max, dtype));
+    trace_.ops.push_back(op);
+    return op.outputs.back();
+  }
+
+  formats::Trace Done() {
+    trace_.Index();
+    return trace_;
+  }
+
+ private:
+  uint64_t Tensor(int64_t producer, double abs_max, formats::DType dtype) {
+    formats::TensorMeta t;
+    t.id = trace_.tensors.size() + 1;
+    t.dtype = dtype;
+    t.shape = {16};
+    t.producer = producer;
+    t.fingerprint.numel = 16;
+    t.fingerprint.pos_inf = std::isinf(abs_max) ? 1 : 0;
+    t.fingerprint.abs_max = std::isinf(abs_max) ? 1 : abs_max;
+    trace_.tensors.push_back(t);
+    return t.id;
+  }
+  formats::Trace trace_;
+};
+
+constexpr formats::Phase kFwd = formats::Phase::kForward, kBwd = formats::Phase::kBackward;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Four experts' down projections read one activation; expert 2's weights
+// are 1e36, so its output is 2^121, finite in fp32; the sum carries it on
+// and the next layer's norm squares it to Inf.
+TraceBuilder ExpertsWithOneScaled(uint64_t& x) {
+  TraceBuilder b;
+  x = b.Op("aten::mul", "m.layers.0.mlp.experts.0", kFwd, {b.Input(1)}, 1.5);
+  uint64_t sum = b.Op("aten::zeros", "m.layers.0.mlp", kFwd, {}, 0);
+  for (int e = 0; e < 4; ++e) {
+    const std::string expert = "m.layers.0.mlp.experts." + std::to_string(e);
+    const uint64_t w = b.Input(e == 2 ? 1e36 : 0.2 + 0.01 * e);  // weights: step inputs
+    const uint64_t wt = b.Op("aten::t", expert, kFwd, {w}, e == 2 ? 1e36 : 0.2 + 0.01 * e);
+    const uint64_t y = b.Op("aten::matmul", expert, kFwd, {x, wt}, e == 2 ? 3e36 : 0.6 + 0.02 * e);
+    sum = b.Op("aten::add", "m.layers.0.mlp", kFwd, {sum, y}, e < 2 ? 1.0 : 3e36);
+  }
+  x = sum;
+  return b;
+}
+
+TEST(OverflowCauseTest, WalksBackFromTheFirstNonFiniteOpToTheExplodedExpert) {
+  uint64_t x = 0;
+  TraceBuilder b = ExpertsWithOneScaled(x);
+  const uint64_t squared = b.Op("aten::pow", "m.layers.1.input_layernorm", kFwd, {x}, kInf);
+  b.Op("aten::mean", "m.layers.1.input_layernorm", kFwd, {squared}, kInf);
+  const formats::Trace trace = b.Done();
+  const auto found = analysis::FindOverflowCause(trace);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->first.op->name, "aten::pow");
+  EXPECT_TRUE(found->found_explosion);
+  EXPECT_EQ(found->cause.op->name, "aten::matmul");
+  EXPECT_EQ(found->cause.op->module, "m.layers.0.mlp.experts.2");
+  // Against its activation input (1.5; the transposed weight is a step
+  // input) and against the other three experts' matmuls.
+  EXPECT_NEAR(found->cause.input_rise_bits, std::log2(3e36 / 1.5), 1e-9);
+  EXPECT_NEAR(found->cause.peer_rise_bits, std::log2(3e36 / 0.62), 1e-9);
+  EXPECT_EQ(found->cause.peers, 3u);
+  // The chain: matmul, then the adds that carried the value, then the pow.
+  std::vector<std::string> names;
+  for (const auto& link : found->chain) names.push_back(link.op->name);
+  EXPECT_EQ(names, (std::vector<std::string>{"aten::matmul", "aten::add", "aten::add", "aten::pow"}));
+  EXPECT_EQ(found->chain.back().op_index, found->first.op_index);
+  for (size_t k = 1; k + 1 < found->chain.size(); ++k) EXPECT_FALSE(found->chain[k].exploded) << k;
+}
+
+// The first overflow is in backward: a gradient op reads the forward value
+// autograd saved. The walk follows it into forward.
+TEST(OverflowCauseTest, BackwardOverflowWalksIntoTheForwardOpThatExploded) {
+  uint64_t x = 0;
+  TraceBuilder b = ExpertsWithOneScaled(x);
+  const uint64_t normed = b.Op("aten::mul", "m.layers.1.input_layernorm", kFwd, {x, b.Input(1e-36)}, 3.0);
+  const uint64_t grad = b.Op("aten::ones_like", "", kBwd, {normed}, 1.0);
+  b.Op("aten::mul", "m.layers.1.input_layernorm", kBwd, {grad, x}, kInf);
+  const formats::Trace trace = b.Done();
+  const auto found = analysis::FindOverflowCause(trace);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->first.op->phase, formats::Phase::kBackward);
+  EXPECT_EQ(found->cause.op->module, "m.layers.0.mlp.experts.2");
+  EXPECT_EQ(found->cause.op->phase, formats::Phase::kForward);
+}
+
+// A gradient that explodes in backward (against its inputs and the same op
+// of the other experts) and overflows at a later cast.
+TEST(OverflowCauseTest, NamesABackwardOpThatExploded) {
+  TraceBuilder b;
+  const uint64_t grad = b.Op("aten::ones_like", "", kBwd, {b.Input(2)}, 1.0);
+  uint64_t big = 0;
+  for (int e = 0; e < 4; ++e) {
+    const std::string expert = "m.layers.0.mlp.experts." + std::to_string(e);
+    const uint64_t g = b.Op("aten::mm", expert, kBwd, {grad, b.Input(0.5)}, e == 1 ? 1e30 : 0.5);
+    if (e == 1) big = g;
+  }
+  const uint64_t scaled = b.Op("aten::mul", "m.layers.0.mlp", kBwd, {big}, 2e30);
+  b.Op("aten::to", "m.layers.0.mlp", kBwd, {scaled}, kInf, formats::DType::kF16);
+  const formats::Trace trace = b.Done();
+  const auto found = analysis::FindOverflowCause(trace);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->first.op->name, "aten::to");
+  EXPECT_EQ(found->cause.op->name, "aten::mm");
+  EXPECT_EQ(found->cause.op->module, "m.layers.0.mlp.experts.1");
+  EXPECT_EQ(found->cause.op->phase, formats::Phase::kBackward);
+  EXPECT_EQ(found->chain.size(), 3u);
+}
+
+// An op that overflows from ordinary inputs has no exploded op before it:
+// it is its own cause.
+TEST(OverflowCauseTest, AnOpThatOverflowsFromOrdinaryInputsIsItsOwnCause) {
+  TraceBuilder b;
+  const uint64_t logits = b.Op("aten::mul", "lm_head", kFwd, {b.Input(2), b.Input(3)}, 12.0);
+  b.Op("aten::exp", "lm_head.softmax", kFwd, {logits}, kInf, formats::DType::kF16);
+  const formats::Trace trace = b.Done();
+  const auto found = analysis::FindOverflowCause(trace);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_FALSE(found->found_explosion);
+  EXPECT_EQ(found->cause.op_index, found->first.op_index);
+  ASSERT_EQ(found->chain.size(), 1u);
+}
+
+// The earlier steps' ops are peers too: an op whose output is always 2^20
+// above its input (a legitimately large one, alone in its module class) is
+// not an explosion once the step before shows it at the same magnitude.
+TEST(OverflowCauseTest, EarlierStepsAddPeers) {
+  auto step = [](bool overflow) {
+    TraceBuilder b;
+    const uint64_t h = b.Op("aten::relu", "h", kFwd, {b.Input(1)}, 0.5);
+    const uint64_t big = b.Op("aten::mul", "scale", kFwd, {h}, 1e6);
+    b.Op("aten::to", "cast", kFwd, {big}, overflow ? kInf : 1e6, formats::DType::kF16);
+    return b.Done();
+  };
+  const formats::Trace before = step(false), now = step(true);
+  const auto alone = analysis::FindOverflowCause(now);
+  ASSERT_TRUE(alone.has_value());
+  EXPECT_TRUE(alone->found_explosion);
+  EXPECT_EQ(alone->cause.op->module, "scale");
+  const auto with_before = analysis::FindOverflowCause(now, {}, {&before});
+  ASSERT_TRUE(with_before.has_value());
+  EXPECT_FALSE(with_before->found_explosion);
+  EXPECT_EQ(with_before->cause.op->module, "cast");
+}
+
+// Integer and bool tensors are never overflow candidates, not even against
+// a fraction of their own range (a bool mask of ones is at its maximum).
+TEST(OverflowCauseTest, IntegerAndBoolOutputsNeverOverflow) {
+  auto trace = [](bool with_float) {
+    TraceBuilder b;
+    b.Op("aten::ones", "m.mask", kFwd, {}, 1.0, formats::DType::kBool);
+    b.Op("aten::arange", "m.positions", kFwd, {}, 2147483647.0, formats::DType::kI32);
+    if (with_float) b.Op("aten::mul", "m.scores", kFwd, {}, 40000.0, formats::DType::kF16);
+    return b.Done();
+  };
+  const formats::Trace ints = trace(false), floats = trace(true);
+  analysis::OverflowOptions options;
+  options.fraction = 0.5;
+  EXPECT_FALSE(analysis::FindFirstOverflow(ints, options).has_value());
+  EXPECT_FALSE(analysis::FindOverflowCause(ints, options).has_value());
+  const auto first = analysis::FindFirstOverflow(floats, options);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->op->module, "m.scores");
+}
+
+// The reference model with one expert's down projection scaled, in each
+// precision: fp32 and bf16 with outputs ~2^122 (finite; the first Inf or
+// NaN comes later), fp16 emulation with outputs ~8x fp16's maximum. The
+// analysis and `moerr bisect --json` both name the expert as the cause.
+TEST(OverflowCauseTest, NamesTheScaledExpertOfTheReferenceModelInEachPrecision) {
+  TempDir dir;
+  for (const auto& [precision, extra] : std::vector<std::pair<moe::Precision, double>>{
+           {moe::Precision::kFp32, 1e31}, {moe::Precision::kBf16, 1e31}, {moe::Precision::kFp16Emu, 1}}) {
+    SCOPED_TRACE(moe::PrecisionName(precision));
+    moe::InjectedFault fault;
+    bool finite = true;
+    const std::string path = dir.File(moe::PrecisionName(precision) + ".moerr");
+    // In fp32 the loss may stay finite: the next norm squares the large
+    // values to Inf, and rsqrt(Inf) zeroes those rows.
+    auto reader = testing::RecordScaledExpertStep(path, precision, extra, fault, finite);
+    const formats::Trace trace = formats::ReadTrace(*reader, 0).value();
+    const auto found = analysis::FindOverflowCause(trace);
+    ASSERT_TRUE(found.has_value());
+    EXPECT_TRUE(found->found_explosion);
+    EXPECT_TRUE(absl::StartsWith(found->cause.op->module, fault.module)) << found->cause.op->module;
+    EXPECT_GE(found->cause.peer_rise_bits, analysis::kPeerRiseBits);
+    if (precision != moe::Precision::kFp16Emu) {
+      // The first non-finite value is outside the expert, downstream.
+      EXPECT_FALSE(absl::StartsWith(found->first.op->module, fault.module)) << found->first.op->module;
+      EXPECT_GT(found->first.op_index, found->cause.op_index);
+    }
+#ifdef MOERR_BIN
+    std::FILE* p = popen(("'" MOERR_BIN "' bisect --json '" + path + "'").c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+    EXPECT_EQ(WEXITSTATUS(pclose(p)), 1) << out;  // a finding
+    auto json = llvm::json::parse(out);
+    ASSERT_TRUE(static_cast<bool>(json)) << llvm::toString(json.takeError());
+    const llvm::json::Object* step = json->getAsArray()->front().getAsObject();
+    EXPECT_EQ(step->getString("module").getValueOr("").str(), found->first.op->module);
+    const llvm::json::Object* cause = step->getObject("cause");
+    ASSERT_NE(cause, nullptr) << out;
+    EXPECT_TRUE(absl::StartsWith(cause->getString("module").getValueOr("").str(), fault.module)) << out;
+    EXPECT_EQ(step->getArray("chain")->size(), found->chain.size());
+#endif
+  }
 }
 
 // Precision bisect finds a set of modules whose upcast removes the
@@ -184,6 +423,86 @@ TEST(IsolatedReplayTest, NeedsAFullBundle) {
   auto report = ReplayStep(*reader, 0, isolated);
   ASSERT_FALSE(report.ok());
   EXPECT_NE(report.status().message().find("--record full"), std::string::npos) << report.status();
+}
+
+// Precision bisect first replays the step with nothing upcast: when that
+// replay does not overflow where the record does, no set of modules can be
+// said to remove the overflow, and the bisect says so after that one replay
+// instead of naming a module. Here the record is made to overflow at the
+// first linear op of a healthy step; the replay computes it finite.
+TEST(PrecisionBisectMinimalTest, StopsWhenTheReplayDoesNotReproduceTheOverflow) {
+  TempDir dir;
+  auto reader = testing::RecordTinySteps(dir.File("ok.moerr"), moe::Precision::kFp32,
+                                         recorder::CaptureMode::kReplayable, 1);
+  formats::Trace trace = formats::ReadTrace(*reader, 0).value();
+  const auto linear = std::find_if(trace.ops.begin(), trace.ops.end(), [](const formats::OpEvent& op) {
+    return op.name == "aten::linear" && op.phase == formats::Phase::kForward && !op.outputs.empty();
+  });
+  ASSERT_NE(linear, trace.ops.end());
+  for (formats::TensorMeta& t : trace.tensors) {
+    if (t.id == linear->outputs[0]) t.fingerprint.pos_inf = 1;
+  }
+  const auto recorded = analysis::FindFirstOverflow(trace);
+  ASSERT_TRUE(recorded.has_value());
+  ASSERT_EQ(recorded->op_index, static_cast<size_t>(linear - trace.ops.begin()));
+
+  std::vector<size_t> trial_sets;
+  PrecisionBisectOptions options;
+  options.on_trial = [&](size_t, size_t set) { trial_sets.push_back(set); };
+  auto result = PrecisionBisect(*reader, 0, trace, options);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition) << result.status();
+  EXPECT_NE(result.status().message().find("does not overflow"), std::string::npos) << result.status();
+  EXPECT_EQ(trial_sets, std::vector<size_t>{0});  // the one replay, with nothing upcast
+}
+
+// The count of replays a bisect reports is the replays it ran, the first
+// with nothing upcast; a set holds a module and its submodule only when
+// each is needed (1-minimal over disjoint own-op sets).
+TEST(PrecisionBisectMinimalTest, CountsItsReplaysAndKeepsAnAncestorOnlyWhenNeeded) {
+  TempDir dir;
+  moe::InjectedFault fault;
+  bool finite = true;
+  auto reader = testing::RecordFaultyStep(dir.File("e.moerr"), moe::FaultKind::kExpertOverflow,
+                                          recorder::CaptureMode::kReplayable, fault, finite);
+  ASSERT_FALSE(finite);
+  const formats::Trace trace = formats::ReadTrace(*reader, 0).value();
+  std::vector<size_t> trial_sets;
+  PrecisionBisectOptions options;
+  options.on_trial = [&](size_t, size_t set) { trial_sets.push_back(set); };
+  auto result = PrecisionBisect(*reader, 0, trace, options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_TRUE(result->removable);
+  EXPECT_EQ(result->trials, trial_sets.size());
+  ASSERT_GE(trial_sets.size(), 2u);
+  EXPECT_EQ(trial_sets[0], 0u);                          // reproduces the failure
+  EXPECT_EQ(trial_sets[1], result->candidates.size());  // everything upcast removes it
+
+  // Where the set names a module and one of its submodules, the module's
+  // own ops matter: a policy without it (the submodule kept) overflows.
+  size_t end = result->op_index;
+  while (end < trace.ops.size() && trace.ops[end].phase == formats::Phase::kForward) ++end;
+  auto overflows = [&](const PrecisionPolicy& policy) {
+    ReplayOptions replay;
+    replay.policy = policy;
+    replay.end_op = end;
+    return analysis::FindFirstOverflow(ReplayedTrace(trace, ReplayTrace(*reader, 0, trace, replay).value(), end))
+        .has_value();
+  };
+  size_t pairs = 0;
+  for (size_t a = 0; a < result->modules.size(); ++a) {
+    const std::string& ancestor = result->modules[a];
+    const bool has_descendant = std::any_of(result->modules.begin(), result->modules.end(), [&](const std::string& m) {
+      return absl::StartsWith(m, ancestor + ".");
+    });
+    if (!has_descendant) continue;
+    ++pairs;
+    std::vector<PolicyRule> rules = result->policy.rules();
+    rules.erase(rules.begin() + a);
+    EXPECT_TRUE(overflows(PrecisionPolicy(rules))) << ancestor << " is covered by its submodules";
+  }
+  EXPECT_GT(pairs, 0u) << "the tiny expert-overflow step needs a decoder layer and its expert: "
+                       << result->policy.ToText();
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include <random>
 
+#include "absl/strings/match.h"
+
 #include "moe/grpo_trainer.h"
 #include "moe/warmup.h"
 #include "recorder/recorder.h"
@@ -64,6 +66,33 @@ std::unique_ptr<formats::BundleReader> RecordFaultyStep(const std::string& path,
   const moe::AdditionTask::Batch calib = moe::AdditionTask().Sample(32, rng);
   fault = moe::InjectFault(kind, policy, options, at::cat({calib.prompts, calib.answers}, 1)).value();
   return Record(path, policy, reference, options, mode, steps, /*seed=*/7, finite);
+}
+
+std::unique_ptr<formats::BundleReader> RecordScaledExpertStep(const std::string& path, moe::Precision precision,
+                                                              double extra, moe::InjectedFault& fault, bool& finite) {
+  torch::manual_seed(0);
+  const moe::MoeConfig config = moe::Preset("tiny").value();
+  moe::MoeTransformer policy(config);
+  moe::MoeTransformer reference = moe::CopyOf(policy);
+  moe::GrpoOptions options;
+  std::mt19937_64 rng(9);
+  const moe::AdditionTask::Batch calib = moe::AdditionTask().Sample(32, rng);
+  fault = moe::InjectFault(moe::FaultKind::kExpertOverflow, policy, options, at::cat({calib.prompts, calib.answers}, 1))
+              .value();
+  int scaled = 0;
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : policy->named_parameters()) {
+      if (absl::StartsWith(p.key(), fault.module + ".") && absl::StrContains(p.key(), "down_proj")) {
+        p.value().mul_(extra);
+        ++scaled;
+      }
+    }
+  }
+  EXPECT_EQ(scaled, 1) << fault.module;
+  options.numerics.precision = precision;
+  options.rollout_numerics = options.numerics;
+  return Record(path, policy, reference, options, recorder::CaptureMode::kStats, 1, /*seed=*/7, finite);
 }
 
 ModelReplayed ModelReplayToTrace(const formats::BundleReader& bundle, int64_t step, const std::string& path,

@@ -26,6 +26,13 @@ std::unique_ptr<formats::BundleReader> RecordFaultyStep(const std::string& path,
                                                         recorder::CaptureMode mode, moe::InjectedFault& fault,
                                                         bool& finite, int64_t warmup_steps = 0, int steps = 1);
 
+// One step of the tiny model from seed 0 in `precision` (no warm-up), with
+// the expert-overflow fault's expert (`fault.module`) broken: its down
+// projection scaled as the fault does (outputs ~8x fp16's maximum), then by
+// `extra` more. `finite` as above.
+std::unique_ptr<formats::BundleReader> RecordScaledExpertStep(const std::string& path, moe::Precision precision,
+                                                              double extra, moe::InjectedFault& fault, bool& finite);
+
 // Step `step` of `bundle` model-replayed and recorded at `path`: the
 // recording and its trace (the replay's metrics in `metrics`, if given).
 struct ModelReplayed {
