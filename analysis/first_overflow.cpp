@@ -59,7 +59,7 @@ std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, cons
     for (uint64_t out : op.outputs) {
       const formats::TensorMeta* m = ProducedValues(trace, op, out, uninitialised);
       if (m == nullptr || m->fingerprint.abs_max <= 0) continue;
-      return HeadroomPoint{j, &op, m->fingerprint.abs_max, std::log2(limit / m->fingerprint.abs_max)};
+      return HeadroomPoint{j, &op, m->fingerprint.abs_max, std::log2(limit / m->fingerprint.abs_max), m->dtype};
     }
     return std::nullopt;
   };
@@ -113,14 +113,16 @@ std::vector<HeadroomPoint> HeadroomProfile(const formats::Trace& trace, double l
     std::optional<HeadroomPoint> least;
     for (uint64_t id : op.outputs) {
       const formats::TensorMeta* m = ProducedValues(trace, op, id, uninitialised);
-      if (m == nullptr) continue;
+      if (m == nullptr || !IsFloating(m->dtype)) continue;
       const formats::Fingerprint& f = m->fingerprint;
+      const double range = limit > 0 ? limit : DTypeMax(m->dtype);
       const double bits = !f.Finite() ? -std::numeric_limits<double>::infinity()
-                          : f.abs_max > 0 ? std::log2(limit / f.abs_max)
+                          : f.abs_max > 0 ? std::log2(range) - std::log2(f.abs_max)  // no range / abs_max: f64's overflows
                                           : std::numeric_limits<double>::quiet_NaN();
       if (std::isnan(bits)) continue;
       if (!least || bits < least->headroom_bits) {
-        least = HeadroomPoint{i, &op, f.Finite() ? f.abs_max : std::numeric_limits<double>::infinity(), bits};
+        least = HeadroomPoint{i, &op, f.Finite() ? f.abs_max : std::numeric_limits<double>::infinity(), bits,
+                              m->dtype};
       }
     }
     if (least) out.push_back(*least);

@@ -36,6 +36,7 @@ struct HeadroomPoint {
   const formats::OpEvent* op = nullptr;
   double abs_max = 0;
   double headroom_bits = 0;  // log2(limit / abs_max); 0 or less: overflowing
+  formats::DType dtype = formats::DType::kF32;  // of the output it was read from
 };
 
 struct FirstOverflow {
@@ -50,10 +51,11 @@ struct FirstOverflow {
   std::vector<HeadroomPoint> trend;
 };
 
-// Per op in execution order, the least headroom of its outputs against
-// `limit` (fp16's 65504, say): log2(limit / abs_max); -Inf for an output
-// that is not finite. Ops without an initialised, non-zero output are left
-// out.
+// Per op in execution order, the least headroom of its floating outputs
+// against `limit` (fp16's 65504, say), or with `limit` 0 against each
+// output's own dtype: log2(limit / abs_max); -Inf for an output that is not
+// finite. Integer and bool outputs have no headroom; ops without an
+// initialised, non-zero floating output are left out.
 std::vector<HeadroomPoint> HeadroomProfile(const formats::Trace& trace, double limit);
 
 std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, const OverflowOptions& options = {});
