@@ -32,6 +32,16 @@ void HtmlReport::Figure(const std::string& svg, const std::string& caption) {
   absl::StrAppend(&body_, "<figure>\n", svg, "<figcaption>", Escape(caption), "</figcaption>\n</figure>\n");
 }
 
+void HtmlReport::Verdict(const std::string& heading, const std::vector<VerdictLine>& lines, bool failed) {
+  verdict_ = absl::StrCat("<section class=\"verdict ", failed ? "failed" : "passed", "\">\n<h2>", Escape(heading),
+                          "</h2>\n<dl>\n");
+  for (const VerdictLine& line : lines) {
+    absl::StrAppend(&verdict_, "<dt>", Escape(line.label), "</dt><dd>", line.code ? "<code>" : "", Escape(line.text),
+                    line.code ? "</code>" : "", "</dd>\n");
+  }
+  verdict_ += "</dl>\n</section>\n";
+}
+
 std::string HtmlReport::Render() const {
   return absl::StrCat(
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>", Escape(title_),
@@ -41,8 +51,13 @@ std::string HtmlReport::Render() const {
       "table { border-collapse: collapse; margin: 0.5em 0; font-size: 13px; }\n"
       "th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: left; }\n"
       "figure { margin: 1em 0; } figcaption { font-size: 12px; color: #555; }\n"
+      ".verdict { border-left: 6px solid #2ca02c; background: #f3faf3; padding: 0.4em 1em; margin: 1em 0; }\n"
+      ".verdict.failed { border-color: #d62728; background: #fdf3f3; }\n"
+      ".verdict h2 { margin: 0.3em 0; font-size: 1.2em; }\n"
+      ".verdict dl { display: grid; grid-template-columns: max-content auto; gap: 0.2em 1em; margin: 0.4em 0; }\n"
+      ".verdict dt { font-weight: bold; } .verdict dd { margin: 0; }\n"
       "</style>\n</head>\n<body>\n<h1>",
-      Escape(title_), "</h1>\n", body_, "</body>\n</html>\n");
+      Escape(title_), "</h1>\n", verdict_, body_, "</body>\n</html>\n");
 }
 
 absl::Status HtmlReport::Write(const std::string& path) const {

@@ -21,12 +21,23 @@ class HtmlReport {
   void Table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
   void Figure(const std::string& svg, const std::string& caption);
 
+  // The verdict, drawn under the title before every section: a heading and
+  // labelled lines; a line with `code` set is a command. `failed` frames it
+  // as a problem found. A page has one: a second call replaces the first.
+  struct VerdictLine {
+    std::string label, text;
+    bool code = false;
+  };
+  void Verdict(const std::string& heading, const std::vector<VerdictLine>& lines, bool failed);
+  bool has_verdict() const { return !verdict_.empty(); }
+
   std::string Render() const;
   // Writes PATH.tmp and renames it over PATH: a reader never sees half a page.
   absl::Status Write(const std::string& path) const;
 
  private:
   std::string title_;
+  std::string verdict_;
   std::string body_;
 };
 

@@ -4,12 +4,29 @@
 #include "analysis/check.h"
 #include "analysis/first_overflow.h"
 #include "report/step_figures.h"
+#include "report/verdict.h"
 #include "support/status.h"
 
 namespace moerr::report {
+namespace {
+
+// Whether the bundle holds what a replay needs: its recording mode (the
+// recorder's "recording" annotation) is not "stats". Without the annotation
+// (a bundle another tool wrote), assumed so.
+bool Replayable(const formats::BundleReader& reader) {
+  const absl::StatusOr<llvm::json::Value> recording = reader.ReadAnnotation("recording");
+  const llvm::json::Object* o = recording.ok() ? recording->getAsObject() : nullptr;
+  if (o == nullptr) return true;
+  const auto mode = o->getString("mode");
+  return !mode || *mode != "stats";
+}
+
+}  // namespace
 
 absl::Status AddStepSection(HtmlReport& page, const formats::BundleReader& reader, const std::string& path,
-                            int64_t step, const formats::Trace& trace) {
+                            int64_t step, const formats::Trace& trace,
+                            const std::vector<formats::DType>& would_fit) {
+  AddOverflowVerdict(page, path, step, trace, Replayable(reader));
   page.Heading(absl::StrFormat("Step %d of %s", step, path));
   const auto first = analysis::FindFirstOverflow(trace);
   page.Paragraph(first ? absl::StrFormat("%zu ops recorded. The first op whose inputs were finite and whose output "
@@ -19,9 +36,15 @@ absl::Status AddStepSection(HtmlReport& page, const formats::BundleReader& reade
                                          formats::PhaseName(first->op->phase), first->fingerprint.pos_inf,
                                          first->fingerprint.numel, first->fingerprint.neg_inf, first->fingerprint.nan)
                        : absl::StrFormat("%zu ops recorded; every output is finite.", trace.ops.size()));
-  page.Figure(HeadroomFigure(trace, 65504.0, "fp16"),
-              "Each dot is an op's least headroom: how many doublings its largest output could take before leaving "
-              "fp16's range. Dots at the bottom are non-finite outputs.");
+  std::string caption =
+      "Each dot is an op's least headroom: how many doublings its largest floating output could take before "
+      "leaving the range of its own dtype (an fp32 output: fp32's). Dots at the bottom are non-finite outputs; "
+      "integer and bool outputs have no headroom and are left out; f64 outputs (about 1000 bits) sit on the top "
+      "edge. Hover over a dot for its op.";
+  if (!would_fit.empty()) {
+    caption += " The pale overlays ask: would the same outputs fit if they were held in a 16-bit format?";
+  }
+  page.Figure(HeadroomFigure(trace, would_fit), caption);
   if (const std::string load = ExpertLoadFigure(trace); !load.empty()) {
     page.Figure(load, "Darker: busier. A number is a load of at least twice the fair share.");
   }

@@ -33,11 +33,11 @@ std::string Text(double x, double y, const std::string& s, const char* anchor = 
                          Escape(s));
 }
 
-std::string Open(int width, int height) {
+std::string Open(int width, int height, const std::string& css_class) {
   return absl::StrFormat(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
+      "<svg xmlns=\"http://www.w3.org/2000/svg\"%s width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
       "font-family=\"sans-serif\" font-size=\"11\">\n",
-      width, height, width, height);
+      css_class.empty() ? "" : " class=\"" + Escape(css_class) + "\"", width, height, width, height);
 }
 
 }  // namespace
@@ -81,7 +81,7 @@ std::string LinePlot::ToSvg(int width, int height) const {
   auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * pw; };
   auto py = [&](double y) { return top + (1 - (std::clamp(y, y0, y1) - y0) / (y1 - y0)) * ph; };
 
-  std::string svg = Open(width, height);
+  std::string svg = Open(width, height, css_class);
   svg += Text(left + pw / 2, 16, title, "middle", "font-size=\"13\" font-weight=\"bold\"");
   absl::StrAppendFormat(&svg, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#999\"/>\n",
                         left, top, pw, ph);
@@ -113,8 +113,9 @@ std::string LinePlot::ToSvg(int width, int height) const {
         continue;
       }
       if (s.dots) {
-        absl::StrAppendFormat(&svg, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"1.6\" fill=\"%s\"><title>%s: %s</title></circle>\n",
-                              px(s.x[i]), py(y), color, Number(s.x[i]), Number(y));
+        const std::string tip = i < s.tips.size() ? Escape(s.tips[i]) : Number(s.x[i]) + ": " + Number(y);
+        absl::StrAppendFormat(&svg, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"1.6\" fill=\"%s\"><title>%s</title></circle>\n",
+                              px(s.x[i]), py(y), color, tip);
       } else {
         absl::StrAppendFormat(&d, "%s%.1f,%.1f ", down ? "L" : "M", px(s.x[i]), py(y));
         down = true;
@@ -147,7 +148,7 @@ std::string Heatmap::ToSvg(int cell) const {
   for (const auto& row : values)
     for (double v : row)
       if (std::isfinite(v)) hi = std::max(hi, v);
-  std::string svg = Open(static_cast<int>(width), static_cast<int>(height));
+  std::string svg = Open(static_cast<int>(width), static_cast<int>(height), css_class);
   svg += Text(8, 16, title, "start", "font-size=\"13\" font-weight=\"bold\"");
   svg += Text(left + cell * double(cols.size()) / 2, 36, col_label);
   for (size_t c = 0; c < cols.size(); ++c) svg += Text(left + cell * (c + 0.5), top - 6, cols[c]);

@@ -14,6 +14,8 @@ struct Series {
   std::vector<double> x, y;  // same length; a non-finite y breaks the line
   std::string color;         // CSS colour; empty: the palette's next
   bool dots = false;         // points instead of a line
+  // Per point, shown on hover over its dot (dots only); empty: "x: y".
+  std::vector<std::string> tips;
 };
 
 // A vertical rule at `x`, labelled (the first overflow).
@@ -24,6 +26,7 @@ struct Mark {
 
 struct LinePlot {
   std::string title, x_label, y_label;
+  std::string css_class;  // the <svg>'s class, naming the plot in a page; may be empty
   std::vector<Series> series;
   std::vector<Mark> marks;
   std::optional<double> y_rule;  // a horizontal rule (headroom 0)
@@ -36,6 +39,7 @@ struct LinePlot {
 
 struct Heatmap {
   std::string title, row_label, col_label;
+  std::string css_class;  // the <svg>'s class; may be empty
   std::vector<std::string> rows, cols;
   // [rows][cols]: a sequential colour from 0 to the largest value ...
   std::vector<std::vector<double>> values;

@@ -1,6 +1,6 @@
-// The HTML report: a step's section marks the first overflow the analysis
-// finds and draws one dot per op of the headroom profile; the page is
-// written whole. (The plots alone: svg_plot_test.cpp.)
+// The HTML report: a step's section sets the page's verdict, marks the first
+// overflow the analysis finds and draws one dot per op of the headroom
+// profile, each with its details on hover; the page is written whole. (The plots alone: svg_plot_test.cpp.)
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -36,9 +36,19 @@ TEST(StepSectionTest, MarksTheFirstOverflowAndDrawsEveryOp) {
   const std::string html = page.Render();
   EXPECT_TRUE(absl::StrContains(html, absl::StrFormat("first overflow: op %zu %s in %s", first->op_index,
                                                       first->op->name, first->op->module)));
-  const std::string headroom = HeadroomFigure(trace, 65504.0, "fp16");
-  EXPECT_EQ(Occurrences(headroom, "<circle"), analysis::HeadroomProfile(trace, 65504.0).size());
+  const std::string headroom = HeadroomFigure(trace);
+  EXPECT_EQ(Occurrences(headroom, "<circle"), analysis::HeadroomProfile(trace, 0).size());
+  EXPECT_EQ(Occurrences(html, "<circle"), Occurrences(html, "><title>op "));  // every dot's details on hover
   EXPECT_TRUE(absl::StrContains(html, "dtype-headroom"));  // the lint table
+  // The verdict, first: the first non-finite op and what to run next.
+  const size_t verdict = html.find("<section class=\"verdict failed\">");
+  ASSERT_NE(verdict, std::string::npos);
+  EXPECT_LT(verdict, html.find("<h2>Step 0"));
+  EXPECT_TRUE(absl::StrContains(html, absl::StrFormat("<dt>First non-finite op</dt><dd>op %zu %s in %s",
+                                                      first->op_index, first->op->name, first->op->module)));
+  EXPECT_TRUE(absl::StrContains(html, "the cause is in " + injected.module + " (forward)"));
+  // A stats recording: precision bisect, which replays, needs a replayable one.
+  EXPECT_TRUE(absl::StrContains(html, "<code>moerr bisect f.moerr --step 0</code>"));
 
   const std::string path = dir.File("r.html");
   ASSERT_TRUE(page.Write(path).ok());

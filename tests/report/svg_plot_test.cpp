@@ -18,7 +18,7 @@ using testing::Occurrences;
 TEST(SvgPlotTest, EscapesTextAndBreaksLinesAtNaN) {
   LinePlot plot;
   plot.title = "a < b & \"c\"";
-  plot.series.push_back(Series{"s", {0, 1, 2, 3, 4}, {1, 2, NAN, 3, 4}, "", false});
+  plot.series.push_back(Series{"s", {0, 1, 2, 3, 4}, {1, 2, NAN, 3, 4}, "", false, {}});
   const std::string svg = plot.ToSvg();
   EXPECT_TRUE(absl::StrContains(svg, "a &lt; b &amp; &quot;c&quot;"));
   EXPECT_FALSE(absl::StrContains(svg, "a < b"));
@@ -44,7 +44,7 @@ TEST(SvgPlotTest, HeatmapColoursCategoriesAndCarriesTooltips) {
 // counted, so there are a few and the plot ends.
 TEST(SvgPlotTest, TicksOfANarrowRangeAtALargeMagnitudeAreBounded) {
   LinePlot plot;
-  plot.series.push_back(Series{"s", {0, 1}, {1e20, 1e20 + 32768}, "", false});
+  plot.series.push_back(Series{"s", {0, 1}, {1e20, 1e20 + 32768}, "", false, {}});
   const std::string svg = plot.ToSvg();
   EXPECT_LE(Occurrences(svg, "stroke=\"#eee\""), 21u);  // grid lines, one per y tick
 }
