@@ -14,7 +14,8 @@ FUZZ_SECONDS ?= 60
 PACKAGES = cmake ninja-build g++ clang libclang-rt-14-dev pkg-config \
   libtorch-dev libcapnp-dev capnproto libzstd-dev llvm-dev libabsl-dev \
   libgtest-dev libbenchmark-dev libxxhash-dev libcli11-dev \
-  python3-torch python3-numpy python3-dev pybind11-dev python3-pytest
+  python3-torch python3-numpy python3-dev pybind11-dev python3-pytest \
+  chromium
 
 SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 

@@ -203,7 +203,10 @@ int RunModelStory(const DemoOptions& o, report::HtmlReport& page) {
               static_cast<unsigned long long>(first->fingerprint.nan));
   std::printf("    the fault was injected in %s: %s\n\n", report->fault.module.c_str(),
               first->op->module == report->fault.module ? "found" : "NOT found");
-  if (absl::Status s = report::AddStepSection(page, **reader, bundle, step, *trace); !s.ok()) return ReportError(s);
+  // The step emulates fp16: the overlay asks which fp32 values would not fit in it.
+  if (absl::Status s = report::AddStepSection(page, **reader, bundle, step, *trace, {formats::DType::kF16}); !s.ok()) {
+    return ReportError(s);
+  }
 
   std::printf("A4. $ moerr replay %s --step %lld --check\n", bundle.c_str(), static_cast<long long>(step));
   auto replay = replayer::ReplayTrace(**reader, step, *trace);
