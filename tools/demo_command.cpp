@@ -35,6 +35,7 @@
 #include "formats/trace.h"
 #include "analysis/check.h"
 #include "analysis/first_overflow.h"
+#include "analysis/overflow_cause.h"
 #include "moe/checkpoint.h"
 #include "moe/warmup.h"
 #include "proxy/proxy_builder.h"
@@ -190,19 +191,27 @@ int RunModelStory(const DemoOptions& o, report::HtmlReport& page) {
   auto trace = formats::ReadTrace(**reader, step);
   if (!trace.ok()) return ReportError(trace.status());
   std::printf("A3. $ moerr bisect %s --step %lld   (the first op whose inputs were finite and whose output was "
-              "not, from fingerprints, no re-run)\n",
+              "not, and the op before it whose output exploded; from fingerprints, no re-run)\n",
               bundle.c_str(), static_cast<long long>(step));
-  const auto first = analysis::FindFirstOverflow(*trace);
-  if (!first) return ReportError(absl::InternalError("the recorded step has no overflow"));
-  std::printf("    op %zu of %zu: %s in %s (%s); output: %llu of %llu values +Inf, %llu -Inf, %llu NaN\n",
+  const auto cause = analysis::FindOverflowCause(*trace);
+  if (!cause) return ReportError(absl::InternalError("the recorded step has no overflow"));
+  const analysis::FirstOverflow* first = &cause->first;
+  std::printf("    first overflow: op %zu of %zu, %s in %s (%s); output: %llu of %llu values +Inf, %llu -Inf, "
+              "%llu NaN\n",
               first->op_index, trace->ops.size(), first->op->name.c_str(), first->op->module.c_str(),
               std::string(formats::PhaseName(first->op->phase)).c_str(),
               static_cast<unsigned long long>(first->fingerprint.pos_inf),
               static_cast<unsigned long long>(first->fingerprint.numel),
               static_cast<unsigned long long>(first->fingerprint.neg_inf),
               static_cast<unsigned long long>(first->fingerprint.nan));
+  const analysis::CauseLink& c = cause->cause;
+  std::printf("    cause: op %zu, %s in %s (%s): abs-max %.6g, %+.1f bits over its computed inputs, %+.1f over "
+              "its %zu peers' median\n",
+              c.op_index, c.op->name.c_str(), c.op->module.c_str(),
+              std::string(formats::PhaseName(c.op->phase)).c_str(),
+              c.abs_max, c.input_rise_bits, c.peer_rise_bits, c.peers);
   std::printf("    the fault was injected in %s: %s\n\n", report->fault.module.c_str(),
-              first->op->module == report->fault.module ? "found" : "NOT found");
+              cause->found_explosion && absl::StartsWith(c.op->module, report->fault.module) ? "found" : "NOT found");
   // The step emulates fp16: the overlay asks which fp32 values would not fit in it.
   if (absl::Status s = report::AddStepSection(page, **reader, bundle, step, *trace, {formats::DType::kF16}); !s.ok()) {
     return ReportError(s);
