@@ -15,7 +15,7 @@ namespace moerr::formats {
 namespace {
 
 absl::Status ErrnoError(absl::string_view what, const std::string& path) {
-  return absl::InternalError(absl::StrFormat("%s %s: %s", what, path, std::strerror(errno)));
+  return absl::UnavailableError(absl::StrFormat("%s %s: %s", what, path, std::strerror(errno)));
 }
 
 }  // namespace
@@ -101,7 +101,7 @@ absl::Status FileSink::Finish(bool sync) {
   const int rc = overwrite_ ? ::rename(partial.c_str(), path_.c_str())
                             : ::renameat2(AT_FDCWD, partial.c_str(), AT_FDCWD, path_.c_str(), RENAME_NOREPLACE);
   if (rc != 0) {
-    return absl::InternalError(absl::StrFormat("cannot rename %s to %s: %s (the bundle is kept as %s)", partial,
+    return absl::UnavailableError(absl::StrFormat("cannot rename %s to %s: %s (the bundle is kept as %s)", partial,
                                                path_, std::strerror(errno), partial));
   }
   if (sync) {

@@ -1,5 +1,6 @@
 #include "formats/frame.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_format.h"
@@ -54,12 +55,15 @@ std::array<std::byte, kSuperblockSize> EncodeSuperblock(const Superblock& s) {
 }
 
 absl::StatusOr<Superblock> DecodeSuperblock(absl::Span<const std::byte> bytes) {
+  // Bad input (kInvalidArgument) unless the file begins as a bundle does;
+  // after that, missing or wrong bytes are damage (kDataLoss).
+  if (bytes.empty()) return absl::InvalidArgumentError("the file is empty, not a moerr bundle");
+  if (std::memcmp(bytes.data(), kSuperblockMagic.data(), std::min<size_t>(bytes.size(), 8)) != 0) {
+    return absl::InvalidArgumentError("superblock at offset 0: wrong magic, not a moerr bundle");
+  }
   if (bytes.size() < kSuperblockSize) {
     return absl::DataLossError(absl::StrFormat("superblock: file has %d bytes, need %d", bytes.size(),
                                                kSuperblockSize));
-  }
-  if (std::memcmp(bytes.data(), kSuperblockMagic.data(), 8) != 0) {
-    return absl::InvalidArgumentError("superblock at offset 0: wrong magic, not a moerr bundle");
   }
   if (Get<uint64_t>(&bytes[kSelfHashAt]) != SelfHash(bytes.data())) {
     return absl::DataLossError("superblock at offset 0: checksum mismatch");

@@ -91,7 +91,7 @@ absl::StatusOr<HfCheckpoint> LoadHfCheckpoint(const std::string& dir) {
 absl::Status SaveHfCheckpoint(const std::string& dir, const llvm::json::Object& config,
                               const std::vector<std::pair<std::string, TensorView>>& tensors, bool overwrite) {
   if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return absl::InternalError(absl::StrFormat("cannot create %s: %s", dir, std::strerror(errno)));
+    return absl::UnavailableError(absl::StrFormat("cannot create %s: %s", dir, std::strerror(errno)));
   }
   MOERR_RETURN_IF_ERROR(WriteJsonFile(dir + "/config.json", llvm::json::Object(config), overwrite));
   return WriteSafetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}}, overwrite);

@@ -35,7 +35,7 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
   if (options.out_dir.empty()) return absl::InvalidArgumentError("an output directory is required (-o DIR)");
   if (options.steps < 0 || options.warmup_steps < 0) return absl::InvalidArgumentError("step counts must be >= 0");
   if (::mkdir(options.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return absl::InternalError(absl::StrFormat("cannot create %s: %s", options.out_dir, std::strerror(errno)));
+    return absl::UnavailableError(absl::StrFormat("cannot create %s: %s", options.out_dir, std::strerror(errno)));
   }
   TrainReport report;
   report.metrics_path = options.out_dir + "/metrics.jsonl";
@@ -72,7 +72,7 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
     MOERR_ASSIGN_OR_RETURN(report.fault, InjectFault(options.fault, policy, grpo, calibration));
     GrpoTrainer trainer(policy, reference, task, grpo, options.seed);
     std::ofstream metrics(report.metrics_path, std::ios::trunc);
-    if (!metrics) return absl::InternalError("cannot write " + report.metrics_path);
+    if (!metrics) return absl::UnavailableError("cannot write " + report.metrics_path);
     if (observer) MOERR_RETURN_IF_ERROR(observer->OnStart(trainer));
     for (int64_t i = 0; i < options.steps; ++i) {
       if (observer) MOERR_RETURN_IF_ERROR(observer->BeforeStep(i));

@@ -112,7 +112,7 @@ absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, cons
     MOERR_RETURN_IF_ERROR(moe::LoadWeights(proxy_policy, weights));
 
     if (::mkdir(options.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::InternalError(absl::StrFormat("cannot create %s: %s", options.out_dir, std::strerror(errno)));
+      return absl::UnavailableError(absl::StrFormat("cannot create %s: %s", options.out_dir, std::strerror(errno)));
     }
     report.bundle = options.out_dir + "/proxy.moerr";
     report.checkpoint = options.out_dir + "/checkpoint";
@@ -130,7 +130,7 @@ absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, cons
     MOERR_RETURN_IF_ERROR(WriteStepBundle(bundle, report.bundle, llvm::json::Object{{"proxy", llvm::json::Object(info)}}));
     std::ofstream map(report.cluster_map, std::ios::trunc);
     map << llvm::formatv("{0:2}", llvm::json::Value(llvm::json::Object(info))).str() << "\n";
-    if (!map.good()) return absl::InternalError("cannot write " + report.cluster_map);
+    if (!map.good()) return absl::UnavailableError("cannot write " + report.cluster_map);
     return absl::OkStatus();
   }));
   return report;

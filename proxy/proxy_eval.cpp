@@ -256,7 +256,7 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
   }
   for (const std::string& dir : {options.out_dir, options.out_dir + "/warmup"}) {
     if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::InternalError(absl::StrFormat("cannot create %s: %s", dir, std::strerror(errno)));
+      return absl::UnavailableError(absl::StrFormat("cannot create %s: %s", dir, std::strerror(errno)));
     }
   }
   auto report_progress = [&](const std::string& phase, int64_t done, int64_t total) {

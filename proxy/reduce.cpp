@@ -109,7 +109,7 @@ absl::StatusOr<ReduceReport> Reduce(const formats::BundleReader& reader, const R
     return absl::InvalidArgumentError("reduce: an output bundle and a work directory are required");
   }
   if (::mkdir(options.work_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return absl::InternalError(absl::StrFormat("cannot create %s: %s", options.work_dir, std::strerror(errno)));
+    return absl::UnavailableError(absl::StrFormat("cannot create %s: %s", options.work_dir, std::strerror(errno)));
   }
   const auto start = std::chrono::steady_clock::now();
   ReduceReport report;

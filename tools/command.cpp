@@ -7,16 +7,45 @@
 #include <cstring>
 #include <filesystem>
 
+#include <c10/util/Exception.h>
+
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "kj/exception.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "support/status.h"
 
 namespace moerr::tools {
 
+int ExitCodeOf(const absl::Status& status) {
+  const absl::StatusCode code = status.code();
+  return code == absl::StatusCode::kInternal || code == absl::StatusCode::kUnknown ? kExitInternal : kExitError;
+}
+
 int ReportError(const absl::Status& status) {
-  std::fprintf(stderr, "moerr: error: %s\n", std::string(status.message()).c_str());
-  return kExitError;
+  const int exit_code = ExitCodeOf(status);
+  if (exit_code == kExitInternal) {
+    std::fprintf(stderr, "moerr: internal error: %s (a bug in moerr; please report it)\n",
+                 std::string(status.message()).c_str());
+  } else {
+    std::fprintf(stderr, "moerr: error: %s\n", std::string(status.message()).c_str());
+  }
+  return exit_code;
+}
+
+int ReportException() {
+  std::string what = "an exception of unknown type";
+  try {
+    throw;
+  } catch (const c10::Error& e) {
+    what = std::string("LibTorch: ") + e.what_without_backtrace();
+  } catch (const kj::Exception& e) {
+    what = std::string("Cap'n Proto: ") + e.getDescription().cStr();
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  return ReportError(absl::InternalError("uncaught exception: " + what));
 }
 
 llvm::json::Value JsonNumber(double v) { return std::isfinite(v) ? llvm::json::Value(v) : llvm::json::Value(nullptr); }
@@ -61,9 +90,9 @@ absl::Status ClaimWorkDir(const std::string& dir, const std::string& command, co
     }
   }
   fs::create_directories(dir, error);
-  if (error) return absl::InternalError(absl::StrFormat("cannot create %s: %s", dir, error.message()));
+  if (error) return absl::UnavailableError(absl::StrFormat("cannot create %s: %s", dir, error.message()));
   std::FILE* f = std::fopen(marker.c_str(), "w");
-  if (f == nullptr) return absl::InternalError(absl::StrFormat("cannot write in %s: %s", dir, std::strerror(errno)));
+  if (f == nullptr) return absl::UnavailableError(absl::StrFormat("cannot write in %s: %s", dir, std::strerror(errno)));
   std::fprintf(f, "the working directory of moerr %s\n", command.c_str());
   std::fclose(f);
   return absl::OkStatus();

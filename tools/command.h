@@ -1,7 +1,11 @@
 // The `moerr` command: one file per subcommand. Each Add*Command registers
 // its options and a callback that calls one library function and prints.
-// Exit codes: 0 ok, 1 a finding a script would branch on, 2 usage or input
-// error.
+// Exit codes, the same for every subcommand (README, "Exit codes"):
+//   0 ok; 1 the check ran and found a problem (a finding a script would
+//   branch on); 2 bad input or usage (a missing, empty or non-bundle file, a
+//   bad option, an output that cannot be written); 3 an internal error (a
+//   bug in moerr: an absl kInternal or kUnknown status, or an exception that
+//   reached main).
 #pragma once
 
 #include <cstdint>
@@ -19,9 +23,22 @@ namespace moerr::tools {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFinding = 1;
 inline constexpr int kExitError = 2;
+inline constexpr int kExitInternal = 3;
 
-// Prints "moerr: error: <message>" to stderr and returns kExitError.
+// The exit code of a failed `status`: kExitInternal for kInternal and
+// kUnknown (moerr's own invariants broke), kExitError for every other code
+// (the input, the options or the file system).
+int ExitCodeOf(const absl::Status& status);
+// Prints "moerr: error: <message>" (or "moerr: internal error: ...") to
+// stderr and returns ExitCodeOf(status).
 int ReportError(const absl::Status& status);
+// Whether `exit_code` ends the command: an error, not a finding.
+inline bool IsError(int exit_code) { return exit_code >= kExitError; }
+// Called inside a catch block at main's boundary: prints the exception in
+// flight (c10::Error without its backtrace, kj::Exception, std::exception)
+// as an internal error and returns kExitInternal. Library code returns
+// absl::Status; an exception that gets this far is a bug.
+int ReportException();
 
 // InvalidArgument when the output `path` is one of the files `inputs` name
 // (the same file by any name): writing it would destroy what the command

@@ -27,3 +27,5 @@ int main(int argc, char** argv) {
   }
   return exit_code;
 }
+  } catch (...) {
+    return ReportException();  // LibTorch, Cap'n Proto or any other exception: a bug

@@ -106,7 +106,7 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
     // the reduction wrote.
     std::string work = opts->out + ".work-XXXXXX";
     if (::mkdtemp(work.data()) == nullptr) {
-      exit_code = ReportError(absl::InternalError(absl::StrFormat("cannot create %s: %s", work, std::strerror(errno))));
+      exit_code = ReportError(absl::UnavailableError(absl::StrFormat("cannot create %s: %s", work, std::strerror(errno))));
       return;
     }
     options.work_dir = work;

@@ -265,6 +265,22 @@ llvm::json::Object ProgramReplayJson(const ProgramResult& r) {
   return out;
 }
 
+// Why step `step` of `path`, which records no ops, has nothing to
+// re-dispatch: the step bundles `moerr proxy` (marked by its "proxy"
+// annotation) and `moerr reduce` write hold a model's state and routing,
+// which model replay runs.
+absl::Status NoOpsToReplay(const formats::BundleReader& reader, const std::string& path, int64_t step) {
+  if (reader.ReadAnnotation("proxy").ok()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s is a proxy bundle: it records no ops to re-execute; replay it with --model: moerr replay %s --model",
+        path, path));
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "step %d of %s records no ops to re-execute; a bundle moerr proxy or moerr reduce wrote is replayed with "
+      "--model: moerr replay %s --model",
+      step, path, path));
+}
+
 }  // namespace
 
 void AddReplayCommand(CLI::App& app, int& exit_code) {
@@ -353,7 +369,7 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
         const int code = ModelReplay(**reader, step, model, opts->json ? &result : nullptr);
         if (!keep) std::filesystem::remove(model.record_path);
         exit_code = std::max(exit_code, code);
-        if (code == kExitError) return;
+        if (IsError(code)) return;
         results.push_back(std::move(result));
       }
       if (opts->json) PrintJson(std::move(results));
@@ -366,6 +382,10 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
         return;
       }
       const formats::Trace& trace = *read;
+      if (trace.ops.empty()) {
+        exit_code = ReportError(NoOpsToReplay(**reader, opts->bundle, step));
+        return;
+      }
       auto report = replayer::ReplayTrace(**reader, step, trace, options);
       if (!report.ok()) {
         exit_code = ReportError(report.status());

@@ -18,6 +18,13 @@ void AddVerifyCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--json", opts->json, "Print the result as JSON");
   cmd->callback([opts, &exit_code] {
     auto reader = formats::BundleReader::Open(opts->bundle);
+    // A bundle whose bytes are damaged (kDataLoss: a checksum, a cut file, a
+    // bad index) is a finding; a missing file or one that is not a bundle
+    // (empty, the wrong magic, a newer format) is bad input.
+    if (!reader.ok() && reader.status().code() != absl::StatusCode::kDataLoss) {
+      exit_code = ReportError(reader.status());
+      return;
+    }
     absl::StatusOr<formats::VerifyReport> report =
         reader.ok() ? (*reader)->Verify() : absl::StatusOr<formats::VerifyReport>(reader.status());
     exit_code = report.ok() ? kExitOk : kExitFinding;

@@ -157,6 +157,7 @@ const Case kCases[] = {
      "wrong magic"},
     {"TooShortForASuperblock", [](const Sample& s) { return Bytes(s.file.begin(), s.file.begin() + 10); }, Op::kOpen,
      "superblock: file has 10 bytes"},
+    {"EmptyFile", [](const Sample&) { return Bytes(); }, Op::kOpen, "the file is empty, not a moerr bundle"},
     {"SuperblockChecksum", [](const Sample& s) { Bytes b = s.file; b[20] ^= std::byte{1}; return b; }, Op::kOpen,
      "superblock at offset 0: checksum mismatch"},
     {"MajorVersionPlusOne", [](const Sample& s) { return RewriteSuperblock(s, kMajorVersion + 1); }, Op::kOpen,
@@ -364,6 +365,18 @@ TEST(MalformedBundleTest, EveryCaseHasItsOwnMessage) {
   std::set<std::string> errors;
   for (const Case& c : kCases) EXPECT_TRUE(errors.insert(c.error).second) << c.name;
   EXPECT_GE(errors.size() + 1, 25u);  // + NestingTooDeep
+}
+
+// A file that does not begin as a bundle does is bad input; one that does
+// and is then cut or corrupt is damage (what `moerr verify` reports).
+TEST(MalformedBundleTest, NotABundleIsBadInputAndACutBundleIsDamage) {
+  testing::TempDir dir;
+  const Bytes bundle = testing::MakeSampleBundle(dir.File("b.moerr"));
+  const Bytes text = {std::byte{'h'}, std::byte{'i'}, std::byte{'\n'}};
+  EXPECT_EQ(RunOp(Bytes(), Op::kOpen).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RunOp(text, Op::kOpen).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(RunOp(Bytes(bundle.begin(), bundle.begin() + 5), Op::kOpen).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(RunOp(Bytes(bundle.begin(), bundle.end() - 9), Op::kOpen).code(), absl::StatusCode::kDataLoss);
 }
 
 }  // namespace
