@@ -2,13 +2,16 @@
 #   make demo   install what is missing, build, run the end-to-end demo
 #   make test   install what is missing, build, run every test
 #   make bench  install what is missing, build, run the benchmarks
-.PHONY: deps build build-asan demo test bench clean
+#   make install PREFIX=/usr/local   build, then install moerr under PREFIX
+#   make package  build, then the Debian package BUILD/moerr_VERSION_ARCH.deb
+.PHONY: deps build build-asan demo test bench install package clean
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
 PYTHON     ?= /usr/bin/python3
 FUZZ_SECONDS ?= 60
+PREFIX     ?= /usr/local
 
 # Debian packages moerr needs (DESIGN.md, "Dependencies").
 PACKAGES = cmake ninja-build g++ clang libclang-rt-14-dev pkg-config \
@@ -56,6 +59,17 @@ test: build build-asan
 
 bench: build
 	PYTHON=$(PYTHON) BUILD=$(BUILD) bench/run_all.sh
+
+# The command in PREFIX/bin, the Python package where /usr/bin/python3 finds
+# it (PREFIX/lib/python3/dist-packages for /usr, PREFIX/lib/python3.X/
+# dist-packages otherwise), the docs in PREFIX/share/doc/moerr.
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
+
+# CPack (packaging/debian.cmake): the same files under /usr, depending on
+# Debian's packages of the libraries they load.
+package: build
+	cd $(BUILD) && cpack
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

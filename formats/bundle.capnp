@@ -181,4 +181,7 @@ struct Index {
   blobs @1 :List(Blob);
   tensors @2 :List(Tensor);
   records @3 :List(RecordRef);  # every record but blob and tensor records
+  writer @4 :Text;              # the moerr version that wrote the file ("0.1.0");
+                                # empty in files from before moerr 0.1.0. At most
+                                # Limits.max_name_bytes, valid UTF-8, no NUL.
 }

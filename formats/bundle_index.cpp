@@ -427,6 +427,7 @@ std::vector<std::byte> EncodeIndex(const IndexData& index) {
   capnp::MallocMessageBuilder message;
   auto root = message.initRoot<schema::Index>();
   root.setRequiredFeatures(index.required_features);
+  root.setWriter(TextOf(index.writer));
   auto blobs = root.initBlobs(index.blobs.size());
   for (size_t i = 0; i < index.blobs.size(); ++i) SetBlob(index.blobs[i], blobs[i]);
   auto tensors = root.initTensors(index.tensors.size());
@@ -480,6 +481,7 @@ absl::StatusOr<IndexData> DecodeIndex(absl::Span<const std::byte> payload, uint6
         auto root = reader.getRoot<schema::Index>();
         IndexData out;
         out.required_features = root.getRequiredFeatures();
+        out.writer = std::string(View(root.getWriter()));
         auto blobs = root.getBlobs();
         auto tensors = root.getTensors();
         auto records = root.getRecords();

@@ -92,6 +92,7 @@ struct RecordRef {
 
 struct IndexData {
   uint64_t required_features = 0;
+  std::string writer;  // the moerr version that wrote the file; "" before 0.1.0
   std::vector<BlobInfo> blobs;
   std::vector<TensorInfo> tensors;
   std::vector<RecordRef> records;

@@ -23,6 +23,7 @@ absl::StatusOr<BundleSummary> Summarize(const BundleReader& reader) {
   s.file_bytes = reader.file_size();
   s.major = reader.superblock().major;
   s.minor = reader.superblock().minor;
+  s.writer = index.writer;
   s.tensors = index.tensors.size();
   s.blobs = index.blobs.size();
   std::vector<bool> counted(index.blobs.size(), false);
@@ -58,7 +59,9 @@ absl::StatusOr<BundleSummary> Summarize(const BundleReader& reader) {
 }
 
 std::string RenderText(const BundleSummary& s, const std::string& path) {
-  std::string out = absl::StrFormat("%s: moerr bundle v%d.%d, %s\n", path, s.major, s.minor, HumanBytes(s.file_bytes));
+  std::string out = absl::StrFormat("%s: moerr bundle v%d.%d, %s, written by %s\n", path, s.major, s.minor,
+                                    HumanBytes(s.file_bytes),
+                                    s.writer.empty() ? std::string("an unrecorded moerr version") : "moerr " + s.writer);
   absl::StrAppendFormat(&out, "  %d tensors in %d distinct blobs (%d chunks)\n", s.tensors, s.blobs, s.chunks);
   absl::StrAppendFormat(&out, "  tensor bytes: %s logical, %s distinct, %s stored (%.3fx of distinct)\n",
                         HumanBytes(s.logical_bytes), HumanBytes(s.raw_bytes), HumanBytes(s.stored_bytes),
@@ -104,6 +107,7 @@ llvm::json::Value ToJson(const BundleSummary& s) {
   for (int64_t step : s.complete_steps) steps.push_back(step);
   return llvm::json::Object{{"file_bytes", s.file_bytes},
                             {"version", absl::StrFormat("%d.%d", s.major, s.minor)},
+                            {"writer", s.writer.empty() ? llvm::json::Value(nullptr) : llvm::json::Value(s.writer)},
                             {"tensors", s.tensors},
                             {"blobs", s.blobs},
                             {"chunks", s.chunks},

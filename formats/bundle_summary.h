@@ -24,6 +24,7 @@ struct RoleSummary {
 struct BundleSummary {
   uint64_t file_bytes = 0;
   uint16_t major = 0, minor = 0;
+  std::string writer;  // the moerr version that wrote the file; "" when not recorded
   uint64_t tensors = 0, blobs = 0, chunks = 0;
   uint64_t raw_bytes = 0, stored_bytes = 0;
   uint64_t logical_bytes = 0;  // as if every tensor were stored (no dedup)

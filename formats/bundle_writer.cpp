@@ -10,6 +10,7 @@
 #include "llvm/Support/Threading.h"
 #include "support/check.h"
 #include "support/status.h"
+#include "support/version.h"
 
 namespace moerr::formats {
 namespace {
@@ -67,6 +68,7 @@ absl::StatusOr<std::unique_ptr<BundleWriter>> BundleWriter::Create(const std::st
 
 BundleWriter::BundleWriter(WriterOptions options, std::unique_ptr<FileSink> sink)
     : options_(options), sink_(std::move(sink)) {
+  index_.writer = moerr::Version();
   const int threads = options_.threads > 0 ? options_.threads : llvm::hardware_concurrency().compute_thread_count();
   pool_ = std::make_unique<llvm::ThreadPool>(llvm::hardware_concurrency(threads));
   max_pending_chunks_ = 2 * static_cast<size_t>(threads) + 2;

@@ -37,6 +37,11 @@ absl::Status ValidateIndex(const IndexData& index, uint64_t data_end, const Limi
     return absl::FailedPreconditionError(absl::StrFormat(
         "index: requires feature bits 0x%x this reader does not know; use a newer moerr", unknown));
   }
+  if (!index.writer.empty()) {
+    if (absl::Status s = ValidateName(index.writer, limits.max_name_bytes); !s.ok()) {
+      return absl::DataLossError(absl::StrCat("index: writer version: ", s.message()));
+    }
+  }
   constexpr uint64_t kFirstPayload = kSuperblockSize + kFrameHeaderSize;
   struct Range {
     uint64_t begin, end;

@@ -1,3 +1,6 @@
+#include "absl/strings/str_format.h"
+#include "formats/frame.h"
+#include "support/version.h"
 #include "tools/command.h"
 
 int main(int argc, char** argv) {
@@ -5,6 +8,12 @@ int main(int argc, char** argv) {
   CLI::App app{"moerr: debug failing training steps of Mixture-of-Experts models from their recorded bundles", "moerr"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Help for every subcommand");
+  // A reader opens every minor version of its major format version.
+  app.set_version_flag("--version",
+                       absl::StrFormat("moerr %s\nbundle format: writes %d.%d, reads %d.x", moerr::Version(),
+                                       moerr::formats::kMajorVersion, moerr::formats::kMinorVersion,
+                                       moerr::formats::kMajorVersion),
+                       "Print moerr's version and the bundle format versions it writes and reads");
   int exit_code = kExitOk;
   AddDemoCommand(app, exit_code);
   AddInspectCommand(app, exit_code);

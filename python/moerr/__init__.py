@@ -28,6 +28,7 @@ import torch
 
 from ._moerr import Bundle as _Bundle
 from ._moerr import Recorder as _Recorder
+from ._version import __version__
 
 __all__ = ["record", "instrument", "routing", "scope", "Bundle"]
 

@@ -1,10 +1,12 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <regex>
 
 #include "formats/bundle_reader.h"
 #include "formats/bundle_writer.h"
 #include "formats/frame.h"
+#include "support/version.h"
 #include "tests/formats/test_util.h"
 
 namespace moerr::formats {
@@ -113,6 +115,16 @@ TEST(BundleTest, StepsAnnotationsAndCompression) {
   EXPECT_EQ(model->getAsObject()->getString("name")->str(), "tiny");
   EXPECT_EQ(reader->ReadAnnotation("model", 0).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(reader->ReadAnnotation("absent").status().code(), absl::StatusCode::kNotFound);
+}
+
+// The index names the moerr version that wrote the file, "x.y.z" from the
+// top-level CMakeLists.txt.
+TEST(BundleTest, RecordsTheWriterVersion) {
+  TempDir dir;
+  MakeSampleBundle(dir.File("b.moerr"));
+  auto reader = BundleReader::Open(dir.File("b.moerr")).value();
+  EXPECT_EQ(reader->index().writer, moerr::Version());
+  EXPECT_TRUE(std::regex_match(reader->index().writer, std::regex(R"(\d+\.\d+\.\d+)"))) << reader->index().writer;
 }
 
 // A large record (a batch of ops) is stored zstd-compressed, and the index

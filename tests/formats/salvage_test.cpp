@@ -4,6 +4,7 @@
 
 #include "formats/bundle_reader.h"
 #include "llvm/Support/MemoryBuffer.h"
+#include "support/version.h"
 #include "tests/formats/test_util.h"
 
 namespace moerr::formats {
@@ -66,6 +67,8 @@ class SalvageTest : public ::testing::Test {
     auto reader = BundleReader::FromBuffer(llvm::MemoryBuffer::getMemBufferCopy(
         llvm::StringRef(reinterpret_cast<const char*>(fixed.data()), fixed.size())));
     ASSERT_TRUE(reader.ok()) << reader.status();
+    // The writer's version comes with the checkpoint salvage starts from.
+    EXPECT_EQ((*reader)->index().writer, result->report.from_checkpoint ? moerr::Version() : "");
     size_t recovered = 0;
     for (const Expected& e : expected_) {
       const TensorInfo* t = (*reader)->FindTensor(e.name, e.step);
@@ -119,6 +122,7 @@ TEST_F(SalvageTest, FinishedBundleSalvagesToItself) {
   auto copy = BundleReader::Open(dir_.File("copy.moerr"));
   ASSERT_TRUE(copy.ok()) << copy.status();
   EXPECT_TRUE((*copy)->Verify().ok());
+  EXPECT_EQ((*copy)->index().writer, moerr::Version());
   // Refuses to overwrite.
   EXPECT_FALSE(Salvage(path_, dir_.File("copy.moerr"), false).ok());
 }
