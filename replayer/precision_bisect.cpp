@@ -73,6 +73,15 @@ absl::StatusOr<PrecisionBisectResult> PrecisionBisect(const formats::BundleReade
     return failed;
   };
 
+  // The search needs the failure to reproduce with nothing upcast: else
+  // every set would "remove" it and ddmin would name an arbitrary module.
+  MOERR_ASSIGN_OR_RETURN(const bool reproduced, fails({}));
+  if (!reproduced) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "step %d: replayed without a policy, the step does not overflow at op %d as recorded, so no set of modules "
+        "can be said to remove it; `moerr replay --step %d --check` shows where the replay departs from the record",
+        step, result.op_index, step));
+  }
   std::vector<size_t> set(result.candidates.size());
   for (size_t i = 0; i < set.size(); ++i) set[i] = i;
   MOERR_ASSIGN_OR_RETURN(const bool all_fail, fails(set));
@@ -80,7 +89,11 @@ absl::StatusOr<PrecisionBisectResult> PrecisionBisect(const formats::BundleReade
   result.removable = true;
 
   // ddmin over sets that make the failure disappear: try each part, then
-  // each complement; refine the split when neither helps.
+  // each complement; refine the split when neither helps. It stops at a
+  // split into single modules where no complement removes the failure, so
+  // the set is 1-minimal: dropping any one module brings the failure back.
+  // A set may hold a module and its submodule: a `module:` rule upcasts
+  // only that module's own ops, so the two cover disjoint ops.
   size_t n = 2;
   while (set.size() >= 2) {
     const std::vector<std::vector<size_t>> parts = Split(set, std::min(n, set.size()));

@@ -3,7 +3,10 @@
 // under a policy that upcasts a candidate set (program_replay.h) and looks
 // for an overflow in the replayed fingerprints (first_overflow.h). The search
 // is delta debugging (Zeller's ddmin): it bisects the candidates first, then
-// refines until removing any one module brings the failure back.
+// refines until removing any one module brings the failure back (a 1-minimal
+// set, not necessarily the smallest one). Each module of a set stands for its
+// own ops (a `module:` rule), not its submodules', so a set holds a module
+// and one of its submodules when both are needed.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -37,13 +40,14 @@ struct PrecisionBisectResult {
   std::vector<std::string> candidates;
   // False when upcasting every candidate still fails: not a precision problem.
   bool removable = false;
-  std::vector<std::string> modules;  // the set found, in execution order
-  PrecisionPolicy policy;            // upcasts exactly `modules`
-  size_t trials = 0;                 // replays run
+  std::vector<std::string> modules;  // the 1-minimal set found, in execution order
+  PrecisionPolicy policy;            // upcasts exactly `modules` (module: rules)
+  size_t trials = 0;                 // replays run, the one with nothing upcast included
 };
 
 // `trace` is step `step` read from `reader`. NotFound when the step has no
-// overflow to remove.
+// overflow to remove; FailedPrecondition when its replay with nothing
+// upcast does not overflow (the replay does not reproduce the record).
 absl::StatusOr<PrecisionBisectResult> PrecisionBisect(const formats::BundleReader& reader, int64_t step,
                                                       const formats::Trace& trace,
                                                       const PrecisionBisectOptions& options = {});

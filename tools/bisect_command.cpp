@@ -39,7 +39,8 @@ int RunPrecisionBisect(const formats::BundleReader& reader, int64_t step, const 
   if (result->removable && !policy_out.empty()) {
     std::FILE* f = std::fopen(policy_out.c_str(), "w");
     const std::string text = absl::StrFormat("# moerr bisect --precision: upcasting these modules removes the overflow at "
-                                             "op %d (%s, %s)\n%s",
+                                             "op %d (%s, %s)\n# each line is a module's own ops, not its "
+                                             "submodules'; dropping any one brings the overflow back\n%s",
                                              result->op_index, result->op, result->module, result->policy.ToText());
     if (f == nullptr || std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0) {
       return ReportError(absl::UnavailableError("cannot write policy file " + policy_out));
@@ -64,8 +65,10 @@ int RunPrecisionBisect(const formats::BundleReader& reader, int64_t step, const 
                 "of these modules\n", result->candidates.size(), upcast.c_str());
     return kExitFinding;
   }
-  std::printf("  upcasting these %zu of %zu modules to %s removes it (%zu replays):\n", result->modules.size(),
-              result->candidates.size(), upcast.c_str(), result->trials);
+  std::printf("  upcasting these %zu of %zu modules to %s removes it; dropping any one brings it back (%zu replays).\n"
+              "  Each is the module's own ops, not its submodules': a module and its submodule are both listed when "
+              "both are needed:\n",
+              result->modules.size(), result->candidates.size(), upcast.c_str(), result->trials);
   for (const auto& m : result->modules) std::printf("    %s\n", m.c_str());
   if (!policy_out.empty()) std::printf("  policy written to %s (moerr replay --policy %s)\n", policy_out.c_str(), policy_out.c_str());
   return kExitFinding;

@@ -231,7 +231,8 @@ int RunModelStory(const DemoOptions& o, report::HtmlReport& page) {
   auto precision = replayer::PrecisionBisect(**reader, step, *trace);
   if (!precision.ok()) return ReportError(precision.status());
   if (!precision->removable) return ReportError(absl::InternalError("upcasting did not remove the overflow"));
-  std::printf("    %zu replays under upcast sets: upcasting these %zu of %zu modules to fp32 removes the overflow\n",
+  std::printf("    %zu replays under upcast sets: upcasting these %zu of %zu modules to fp32 removes the overflow, and\n"
+              "    dropping any one brings it back; each is the module's own ops, not its submodules'\n",
               precision->trials, precision->modules.size(), precision->candidates.size());
   for (const std::string& m : precision->modules) {
     std::printf("      %s%s\n", m.c_str(), m == report->fault.module ? "   <- the injected expert" : "");
