@@ -106,6 +106,8 @@ class PyRecorder {
     WithoutGil([&] { rec.OnRouting({layer, ids, weights, logits, hidden}); });
   }
   std::vector<int64_t> Written() const { return rec_ ? rec_->written_steps() : written_; }
+  // Ops traced since the recording started (inside steps only).
+  uint64_t OpsRecorded() const { return rec_ ? rec_->ops_recorded() : 0; }
   void Stop() {
     if (!rec_) return;
     const absl::Status s = WithoutGil([&] { return rec_->Stop(); });
@@ -217,6 +219,7 @@ PYBIND11_MODULE(_moerr, m) {
       .def("name_tensors", &PyRecorder::NameTensors)
       .def("routing", &PyRecorder::Routing)
       .def("written_steps", &PyRecorder::Written)
+      .def("ops_recorded", &PyRecorder::OpsRecorded)
       .def("stop", &PyRecorder::Stop);
   py::class_<PyBundle>(m, "Bundle")
       .def(py::init<const std::string&>())

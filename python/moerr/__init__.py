@@ -17,12 +17,18 @@ Routers in HF's MoE layout (a `gate` Linear next to an `experts`
 ModuleList, with `top_k`) report their decisions by themselves once
 instrumented; others call `moerr.routing(...)`. `moerr.Bundle(path)` reads a
 bundle back. Errors from the C++ side are ValueError (bad input),
-FileNotFoundError or RuntimeError, carrying moerr's message.
+FileNotFoundError or RuntimeError, carrying moerr's message; misuse of the
+recording API (`rec.step()` without `with`, nested recordings, an existing
+path without overwrite=True) raises RuntimeError or FileExistsError at once.
+A recording that holds less than it seems to (a step with no ops, a bundle
+with no complete step) warns with RecordingWarning.
 """
 import contextlib
 import json
 import math
+import os
 import re
+import warnings
 
 import torch
 
@@ -30,40 +36,102 @@ from ._moerr import Bundle as _Bundle
 from ._moerr import Recorder as _Recorder
 from ._version import __version__
 
-__all__ = ["record", "instrument", "routing", "scope", "Bundle"]
+__all__ = ["record", "instrument", "routing", "scope", "Bundle", "RecordingWarning"]
 
 _active = None  # the Recording in progress, if any
+
+_STEP_FORM = """rec.step() is a context manager; called on its own it records nothing. Write:
+    with rec.step():
+        ...  # forward, backward, optimizer step
+        rec.outcome(loss=loss.item())"""
+
+
+class RecordingWarning(UserWarning):
+    """A recording holds less than it seems to: a step that recorded no ops,
+    or a bundle closed with no complete step."""
+
+
+class _Step:
+    """What `Recording.step` returns: entering it begins the step, leaving
+    it ends the step."""
+
+    def __init__(self, recording, index):
+        self._recording = recording
+        self._index = index
+
+    def __enter__(self):
+        return self._recording._begin(self)
+
+    def __exit__(self, exc_type, exc, tb):
+        self._recording._end(warn=exc_type is None)
+        return False
 
 
 class Recording:
     """A recording in progress; `record` makes one."""
 
-    def __init__(self, recorder):
+    def __init__(self, recorder, path, window):
         self._rec = recorder
+        self._path = str(path)
+        self._window = window  # (first, last): the steps recorded
         self._step = -1
         self._outcome = (0.0, 0.0)
         self._in_step = False
+        self._ops_at_begin = 0
+        self._pending = None  # a _Step made but not entered
 
-    @contextlib.contextmanager
     def step(self, index=None):
-        """The body is one training step (numbered from 0 unless given)."""
-        self._step = self._step + 1 if index is None else index
+        """Use as `with rec.step():`; the body is one training step
+        (numbered from 0 unless given). Steps do not nest. Called on its own,
+        without `with`, it records nothing, and the next call into the
+        recording (or its close) raises RuntimeError. A step in which no op
+        ran warns with RecordingWarning (it is written, with no ops)."""
+        self._check_entered()
+        if self._in_step:
+            raise RuntimeError(f"rec.step() inside step {self._step}: steps do not nest")
+        self._pending = _Step(self, index)
+        return self._pending
+
+    def _check_entered(self):
+        if self._pending is not None:
+            self._pending = None
+            raise RuntimeError(_STEP_FORM)
+
+    def _begin(self, step):
+        if step is not self._pending:
+            raise RuntimeError("enter each rec.step() once, right where it is made: " + _STEP_FORM)
+        self._pending = None
+        if self._in_step:
+            raise RuntimeError(f"rec.step() inside step {self._step}: steps do not nest")
+        self._step = self._step + 1 if step._index is None else step._index
         self._outcome = (0.0, 0.0)
         self._rec.step_begin(self._step)
+        self._ops_at_begin = self._rec.ops_recorded()
         self._in_step = True
-        try:
-            yield self._step
-        finally:
-            self._in_step = False
-            loss, grad_norm = self._outcome
-            self._rec.step_end(self._step, loss, grad_norm)
+        return self._step
+
+    def _end(self, warn):
+        self._in_step = False
+        loss, grad_norm = self._outcome
+        self._rec.step_end(self._step, loss, grad_norm)
+        first, last = self._window
+        if warn and first <= self._step <= last and self._rec.ops_recorded() == self._ops_at_begin:
+            warnings.warn(f"{self._path}: step {self._step} recorded no ops: run the model's forward and backward "
+                          "inside `with rec.step():`", RecordingWarning, stacklevel=3)
 
     def outcome(self, loss=0.0, grad_norm=0.0):
-        """What the anomaly trigger judges the current step by."""
+        """What the anomaly trigger judges the current step by; inside a step only."""
+        self._check_entered()
+        if not self._in_step:
+            raise RuntimeError("rec.outcome() outside a step: call it inside `with rec.step():`")
         self._outcome = (float(loss), float(grad_norm))
 
     def annotate(self, key, value, step=False):
-        """A JSON-serialisable annotation, of the bundle or (step=True) of the current step."""
+        """A JSON-serialisable annotation, of the bundle or (step=True, inside
+        a step only) of the current step."""
+        self._check_entered()
+        if step and not self._in_step:
+            raise RuntimeError("rec.annotate(..., step=True) outside a step: call it inside `with rec.step():`")
         text = json.dumps(value)
         (self._rec.annotate_step if step else self._rec.annotate)(key, text)
 
@@ -83,18 +151,37 @@ def record(path, mode="replayable", trigger="always", steps=None, ring=2, spike=
     mode: "stats", "replayable" or "full". trigger: "always", "window"
     (steps=(first, last)) or "anomaly" (keeps `ring` steps in memory, writes
     them when a step's loss or grad norm goes non-finite or the grad norm
-    exceeds `spike` times its median)."""
+    exceeds `spike` times its median).
+
+    An existing `path` raises FileExistsError unless overwrite=True. One
+    recording at a time: a `record` inside another raises RuntimeError.
+    Closing a bundle that holds no complete step (no `with rec.step():`
+    ran, none inside the window, or, with trigger="anomaly", no step was
+    anomalous) warns with RecordingWarning."""
     global _active
+    if _active is not None:
+        raise RuntimeError(f"moerr.record({str(path)!r}) inside moerr.record({_active._path!r}): "
+                           "one recording at a time; close the first")
+    if not overwrite and os.path.lexists(path):
+        raise FileExistsError(f"{path} exists; pass overwrite=True to replace it")
     first, last = (0, 2**62) if steps is None else steps
     if steps is not None and trigger == "always":
         trigger = "window"
-    rec = Recording(_Recorder(str(path), mode, trigger, first, last, ring, spike, overwrite))
-    previous, _active = _active, rec
+    rec = Recording(_Recorder(str(path), mode, trigger, first, last, ring, spike, overwrite), path,
+                    (first, last) if trigger == "window" else (-2**62, 2**62))
+    _active = rec
     try:
         yield rec
     finally:
-        _active = previous
+        _active = None
         rec._rec.stop()
+    # Reached when the body raised nothing.
+    rec._check_entered()
+    if not rec.written_steps:
+        why = {"always": "no `with rec.step():` ran inside the recording",
+               "window": f"no step inside the window steps=({first}, {last}) ran",
+               "anomaly": "no step was anomalous (trigger=\"anomaly\" writes steps only then)"}.get(trigger, "")
+        warnings.warn(f"{path} holds no complete step: {why}", RecordingWarning, stacklevel=3)
 
 
 @contextlib.contextmanager
@@ -111,7 +198,14 @@ def routing(layer, topk_ids, topk_weights, logits=None, hidden=None):
     """Reports one routing decision of MoE layer `layer`: topk_ids and
     topk_weights [T, k], logits [T, E] (optional: without them the expert
     count is what the ids show, and routing-fragility cannot judge the layer);
-    `hidden` [T, d] the router's input."""
+    `hidden` [T, d] the router's input.
+
+    Outside a step (no recording, or between steps: an evaluation pass) it
+    does nothing, as ops there are not recorded either, so a router may call
+    it unconditionally; after `rec.step()` called without `with` it raises
+    RuntimeError."""
+    if _active is not None:
+        _active._check_entered()
     if _active is None or not _active._in_step:
         return
     with torch.no_grad():
