@@ -33,8 +33,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? kExitOk : kExitError;
+  } catch (...) {
+    return ReportException();  // LibTorch, Cap'n Proto or any other exception: a bug
   }
   return exit_code;
 }
-  } catch (...) {
-    return ReportException();  // LibTorch, Cap'n Proto or any other exception: a bug

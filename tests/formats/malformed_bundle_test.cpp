@@ -367,12 +367,6 @@ TEST(MalformedBundleTest, NestingTooDeep) {
   EXPECT_NE(status.message().find("nest"), std::string::npos) << status;
 }
 
-TEST(MalformedBundleTest, EveryCaseHasItsOwnMessage) {
-  std::set<std::string> errors;
-  for (const Case& c : kCases) EXPECT_TRUE(errors.insert(c.error).second) << c.name;
-  EXPECT_GE(errors.size() + 1, 25u);  // + NestingTooDeep
-}
-
 // A file that does not begin as a bundle does is bad input; one that does
 // and is then cut or corrupt is damage (what `moerr verify` reports).
 TEST(MalformedBundleTest, NotABundleIsBadInputAndACutBundleIsDamage) {
@@ -383,6 +377,12 @@ TEST(MalformedBundleTest, NotABundleIsBadInputAndACutBundleIsDamage) {
   EXPECT_EQ(RunOp(text, Op::kOpen).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(RunOp(Bytes(bundle.begin(), bundle.begin() + 5), Op::kOpen).code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(RunOp(Bytes(bundle.begin(), bundle.end() - 9), Op::kOpen).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(MalformedBundleTest, EveryCaseHasItsOwnMessage) {
+  std::set<std::string> errors;
+  for (const Case& c : kCases) EXPECT_TRUE(errors.insert(c.error).second) << c.name;
+  EXPECT_GE(errors.size() + 1, 25u);  // + NestingTooDeep
 }
 
 }  // namespace
