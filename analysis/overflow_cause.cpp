@@ -177,10 +177,9 @@ void Judge(const StepIndex& step, Peers& peers, CauseLink& link) {
   }
   link.input_rise_bits = bits - computed;
   link.peer_rise_bits = bits - peers.Median(*link.op, step.OpBits(link.op_index), link.peers);
-  const bool has_inputs = !std::isnan(link.input_rise_bits), has_peers = !std::isnan(link.peer_rise_bits);
-  link.exploded = link.abs_max > 0 && (has_inputs || has_peers) &&
-                  (!has_inputs || link.input_rise_bits >= kInputRiseBits) &&
-                  (!has_peers || link.peer_rise_bits >= kPeerRiseBits);
+  // NaN compares false: no computed input, never exploded; no peers, no veto.
+  link.exploded = link.abs_max > 0 && link.input_rise_bits >= kInputRiseBits &&
+                  (std::isnan(link.peer_rise_bits) || link.peer_rise_bits >= kPeerRiseBits);
 }
 
 }  // namespace

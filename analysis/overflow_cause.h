@@ -21,12 +21,12 @@
 //   * stands at least kPeerRiseBits above the median of its peers: the ops
 //     with the same name, module class (ModuleClass: the same module in the
 //     other experts and layers) and phase, in this step and in the earlier
-//     steps passed in.
-// An op with no computed input is judged by its peers alone, one with no
-// peers by its inputs alone; an op with neither is never named. The cause
-// is the exploded op nearest the first overflow on the chain (the op that
-// made the large value, not an upstream op that merely fed it); when none
-// exploded, the first overflowing op is its own cause.
+//     steps passed in. An op without peers is judged by its inputs alone.
+// An op with no computed input (a view or cast of a weight, an op on the
+// batch alone) is never named. The cause is the exploded op nearest the
+// first overflow on the chain (the op that made the large value, not the
+// ops after it that only carried it on); when none exploded, the first
+// overflowing op is its own cause.
 #pragma once
 
 #include <cstddef>
@@ -39,13 +39,16 @@
 
 namespace moerr::analysis {
 
-// Thresholds of the explosion criterion, in bits (factors of two). 8 bits
-// (256x) is past what one healthy op does to its largest input (a matmul
-// over K unit-scale terms grows by about log2(K)/2 bits) and past the spread
-// between the experts or layers of a healthy model, and well under what an
-// overflow needs in fp16 (~16 bits from unit scale) or fp32 (~128).
-inline constexpr double kInputRiseBits = 8;
-inline constexpr double kPeerRiseBits = 8;
+// Thresholds of the explosion criterion, in bits (factors of two). On
+// healthy steps of the reference model (tiny and small presets; fp32, bf16,
+// fp16 emulation) no op reaches 12 on both: the largest rises are 16 bits
+// over the inputs (the fp16 loss-scale multiply, 11 over its peers) and 15
+// over the peers (by ops that rose less than 12 over their inputs); at 8 on
+// both, one to three ops of each step would. The expert-overflow fault's expert
+// reaches 17 to 19 on both, an fp32 expert scaled by 1e37 about 120. An
+// overflow needs ~16 bits from unit scale in fp16 and ~128 in fp32.
+inline constexpr double kInputRiseBits = 12;
+inline constexpr double kPeerRiseBits = 12;
 
 // One op of the chain, with the output the chain passed through.
 struct CauseLink {
@@ -54,7 +57,7 @@ struct CauseLink {
   uint64_t output = 0;                   // tensor id
   double abs_max = 0;                    // the output's finite abs-max
   // log2(abs_max) minus log2 of the largest computed input's abs-max; NaN
-  // when the op has no computed input.
+  // when the op has no computed input (it is then never named).
   double input_rise_bits = 0;
   // log2(abs_max) minus the median log2 abs-max of the peers' outputs; NaN
   // when the op has no peers.

@@ -8,6 +8,7 @@ int main(int argc, char** argv) {
   CLI::App app{"moerr: debug failing training steps of Mixture-of-Experts models from their recorded bundles", "moerr"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Help for every subcommand");
+  app.footer("Exit codes: 0 ok; 1 the check ran and found a problem; 2 bad input or usage; 3 internal error (a bug)");
   // A reader opens every minor version of its major format version.
   app.set_version_flag("--version",
                        absl::StrFormat("moerr %s\nbundle format: writes %d.%d, reads %d.x", moerr::Version(),

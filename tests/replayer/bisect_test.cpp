@@ -206,6 +206,25 @@ TEST(OverflowCauseTest, AnOpThatOverflowsFromOrdinaryInputsIsItsOwnCause) {
   ASSERT_EQ(found->chain.size(), 1u);
 }
 
+// A view or cast of a step input did not make its value, it only read it:
+// a transposed weight far above the other experts' is never the cause.
+TEST(OverflowCauseTest, AViewOfAStepInputIsNeverNamed) {
+  TraceBuilder b;
+  uint64_t huge = 0;
+  for (int e = 0; e < 4; ++e) {
+    const std::string expert = "m.layers.0.mlp.experts." + std::to_string(e);
+    const double w = e == 2 ? 1e30 : 0.2;
+    const uint64_t t = b.Op("aten::t", expert, kFwd, {b.Input(w)}, w);
+    if (e == 2) huge = t;
+  }
+  b.Op("aten::to", "m.layers.0.mlp.experts.2", kFwd, {huge}, kInf, formats::DType::kF16);
+  const formats::Trace trace = b.Done();
+  const auto found = analysis::FindOverflowCause(trace);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_FALSE(found->found_explosion);
+  EXPECT_EQ(found->cause.op->name, "aten::to");
+}
+
 // The earlier steps' ops are peers too: an op whose output is always 2^20
 // above its input (a legitimately large one, alone in its module class) is
 // not an explosion once the step before shows it at the same magnitude.
