@@ -20,6 +20,9 @@ set(CPACK_DEBIAN_PACKAGE_SECTION devel)
 set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
 set(CPACK_STRIP_FILES ON)
 set(CPACK_DEBIAN_COMPRESSION_TYPE gzip)
+# Removes the Python bytecode the modules got when imported as root.
+set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA ${CMAKE_CURRENT_LIST_DIR}/prerm)
+set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 
 set(MOERR_DEB_DEPENDS
   libc6 libgcc-s1 libstdc++6   # the C and C++ runtimes
