@@ -52,7 +52,13 @@ for f in "$work/root/usr/bin/moerr" "$work"/root/usr/lib/python3/dist-packages/m
     path=$(awk -v n="$soname" '$1 == n && $2 == "=>" {print $3}
                                  $1 == "/lib64/" n || $1 == "/lib/" n {print $1}' <<<"$resolved")
     test -n "$path" || fail "$(basename "$f") needs $soname, which does not resolve"
-    owner=$(dpkg -S "$path" 2>/dev/null || dpkg -S "$(realpath "$path")") || fail "no package owns $path"
+    # The package ships it under /lib or /usr/lib (one directory on a merged
+    # /usr), or behind an alternatives link.
+    owner=""
+    for candidate in "$path" "/usr$path" "$(realpath "$path")"; do
+      owner=$(dpkg -S "$candidate" 2>/dev/null | head -1) && break
+    done
+    test -n "$owner" || fail "no package owns $path"
     owner=${owner%%:*}
     grep -qx "$owner" <<<"$depends" || fail "$(basename "$f") needs $soname from $owner, not in Depends"
     echo "$(basename "$f"): $soname <- $owner"
