@@ -1,5 +1,5 @@
-// Precision bisect (DESIGN.md, "Bisect"): the smallest set of modules whose
-// upcast makes a step's overflow disappear. Each trial replays the step
+// Precision bisect (DESIGN.md, "Bisect"): a set of modules whose upcast
+// makes a step's overflow disappear, none of which can be dropped. Each trial replays the step
 // under a policy that upcasts a candidate set (program_replay.h) and looks
 // for an overflow in the replayed fingerprints (first_overflow.h). The search
 // is delta debugging (Zeller's ddmin): it bisects the candidates first, then

@@ -223,8 +223,8 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "bisect", "Find the first overflowing op and its cause, the op before it whose output exploded, from the "
-      "recorded fingerprints alone (any bundle, stats too); with --precision, the smallest set of modules whose "
-      "upcast removes the overflow");
+      "recorded fingerprints alone (any bundle, stats too); with --precision, a set of modules whose upcast "
+      "removes the overflow, none of which can be dropped (1-minimal)");
   cmd->add_option("BUNDLE", opts->bundle, "Bundle file")->required();
   cmd->add_option("--step", opts->steps, "Steps to search (default: every complete step)");
   cmd->add_option("--limit", opts->limit, "Range to judge outputs against: dtype, fp16 or bf16")
@@ -235,8 +235,8 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   cmd->add_flag("--precision", opts->precision,
-                "Replay the step to find the smallest set of modules whose upcast removes the overflow (replayable "
-                "or full bundles)");
+                "Replay the step to find a set of modules whose upcast removes the overflow, none of which can be "
+                "dropped (replayable or full bundles)");
   cmd->add_option("--upcast", opts->upcast, "With --precision: the precision to upcast to")
       ->check(CLI::IsMember({"fp32", "fp64"}))
       ->capture_default_str();
