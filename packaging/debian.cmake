@@ -2,8 +2,8 @@
 # the install rules under /usr (the command, the Python package in
 # /usr/lib/python3/dist-packages, the docs). It holds moerr's files only and
 # depends on the Debian packages that ship the shared libraries the command
-# and the extension load (`dpkg -S` on what `ldd` resolves them to);
-# tests/install/package_test.sh checks that list against the built package.
+# and the extension load; tests/install/package_test.sh checks that list
+# against what they need (`dpkg -S` on what `ldd` resolves them to).
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME moerr)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
@@ -24,21 +24,17 @@ set(CPACK_DEBIAN_COMPRESSION_TYPE gzip)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA ${CMAKE_CURRENT_LIST_DIR}/prerm)
 set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 
-set(MOERR_DEB_DEPENDS
-  libc6 libgcc-s1 libstdc++6   # the C and C++ runtimes
-  libtorch1.13                 # libtorch, libtorch_cpu, libc10 (and libtorch_python for the extension)
-  libcapnp-0.9.2               # libcapnp, libkj
-  libabsl20220623              # libabsl_*
-  libllvm14                    # libLLVM-14
-  libzstd1 libxxhash0)
+# The libraries' packages, with the versions the binaries need, come from
+# dpkg-shlibdeps (dpkg-dev) run on the packaged binaries; Python and torch,
+# which the Python package imports, are listed here.
+set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 if(TARGET _moerr)
-  # The extension is built for this minor version of Python; the package imports torch.
+  # The extension is built for this minor version of Python.
   string(REPLACE "." ";" moerr_python_version "${MOERR_PYTHON_VERSION}")
   list(GET moerr_python_version 0 moerr_python_major)
   list(GET moerr_python_version 1 moerr_python_minor)
   math(EXPR moerr_python_next "${moerr_python_minor} + 1")
-  list(APPEND MOERR_DEB_DEPENDS "python3 (>= ${MOERR_PYTHON_VERSION})"
-       "python3 (<< ${moerr_python_major}.${moerr_python_next})" python3-torch)
+  set(CPACK_DEBIAN_PACKAGE_DEPENDS "python3 (>= ${MOERR_PYTHON_VERSION}), \
+python3 (<< ${moerr_python_major}.${moerr_python_next}), python3-torch")
 endif()
-list(JOIN MOERR_DEB_DEPENDS ", " CPACK_DEBIAN_PACKAGE_DEPENDS)
 include(CPack)
