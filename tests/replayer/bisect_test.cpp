@@ -225,7 +225,7 @@ TEST(OverflowCauseTest, AViewOfAStepInputIsNeverNamed) {
   EXPECT_EQ(found->cause.op->name, "aten::to");
 }
 
-// The earlier steps' ops are peers too: an op whose output is always 2^20
+// The earlier steps' ops are peers too: an op whose output is always 2^21
 // above its input (a legitimately large one, alone in its module class) is
 // not an explosion once the step before shows it at the same magnitude.
 TEST(OverflowCauseTest, EarlierStepsAddPeers) {
