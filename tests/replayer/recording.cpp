@@ -10,7 +10,7 @@
 #include "moe/grpo_trainer.h"
 #include "moe/warmup.h"
 #include "recorder/recorder.h"
-#include "replayer/model_replay.h"
+#include "replayer/step_failure.h"
 
 namespace moerr::testing {
 namespace {
@@ -100,13 +100,11 @@ ModelReplayed ModelReplayToTrace(const formats::BundleReader& bundle, int64_t st
   replayer::ModelReplayOptions options;
   options.record_path = path;
   options.overwrite = true;
-  auto report = replayer::ReplayModelStep(bundle, step, options);
-  EXPECT_TRUE(report.ok()) << report.status();
-  if (report.ok() && metrics != nullptr) *metrics = report->metrics;
-  ModelReplayed out;
-  out.recording = formats::BundleReader::Open(path).value();
-  out.trace = formats::ReadTrace(*out.recording, step).value();
-  return out;
+  auto replayed = replayer::ReplayModelStepTrace(bundle, step, options);
+  EXPECT_TRUE(replayed.ok()) << replayed.status();
+  if (!replayed.ok()) return {};
+  if (metrics != nullptr) *metrics = replayed->report.metrics;
+  return {std::move(replayed->recording.reader), std::move(replayed->recording.trace)};
 }
 
 }  // namespace moerr::testing

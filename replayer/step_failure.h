@@ -1,0 +1,72 @@
+// A step read back with its trace, a model replay read back the same way, and
+// the verdict every caller of model replay needs: does the replayed step fail
+// as the recorded one did (`moerr reduce`, `moerr proxy-eval`, the demo)?
+//
+// A step's failure is its first overflow (phase and module class of the op),
+// else its worst lint warning (the check, and the finding's phase and module
+// class); with a check named, the worst warning of that check alone.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "analysis/first_overflow.h"
+#include "formats/bundle_reader.h"
+#include "formats/trace.h"
+#include "replayer/model_replay.h"
+
+namespace moerr::replayer {
+
+// One step of an opened bundle with its trace.
+struct StepTrace {
+  std::unique_ptr<formats::BundleReader> reader;
+  std::string path;
+  int64_t step = 0;
+  formats::Trace trace;
+};
+
+// Step `step` of the bundle at `path`; -1: its first complete step.
+absl::StatusOr<StepTrace> OpenStepTrace(const std::string& path, int64_t step = -1);
+
+// ReplayModelStep, then its recording (options.record_path) read back.
+struct ReplayedStep {
+  ModelReplayReport report;
+  StepTrace recording;
+};
+absl::StatusOr<ReplayedStep> ReplayModelStepTrace(const formats::BundleReader& reader, int64_t step,
+                                                  const ModelReplayOptions& options);
+
+struct Failure {
+  std::string kind;          // "overflow" or the lint check's name
+  std::string phase;         // "" when the finding is not about an op
+  std::string module_class;  // analysis::ModuleClass of the op's module, or the finding's place
+  std::string description;   // one line for people
+  // Module paths the failure is in: the overflowing op's and the forward op's
+  // behind a backward op; a finding's place.
+  std::vector<std::string> modules;
+};
+
+Failure OverflowFailure(const analysis::FirstOverflow& first);
+
+// How step `step` of `reader` (trace `trace`) fails; nullopt when it does
+// not. `check` empty: the first overflow, else the worst warning of every
+// lint check; else the worst warning of that check.
+absl::StatusOr<std::optional<Failure>> FindFailure(const formats::BundleReader& reader, int64_t step,
+                                                   const formats::Trace& trace, const std::string& check = "");
+
+enum class Reproduction {
+  kNo,         // no overflow, or no warning of the same check
+  kSameKind,   // an overflow, or a warning of the same check, elsewhere
+  kSamePlace,  // and in the same phase and module class
+};
+
+// How a step (a replay, usually) shows `failure`: its first overflow, or any
+// of its warnings of the same check.
+absl::StatusOr<Reproduction> Reproduces(const formats::BundleReader& reader, int64_t step,
+                                        const formats::Trace& trace, const Failure& failure);
+
+}  // namespace moerr::replayer
