@@ -7,12 +7,17 @@
 #include "absl/strings/str_format.h"
 
 namespace moerr::proxy {
+
+at::Tensor CosineSimilarity(const at::Tensor& rows) {
+  const at::Tensor n = rows.to(at::kDouble);
+  const at::Tensor unit = n / n.norm(2, 1, /*keepdim=*/true).clamp_min(1e-30);
+  return unit.mm(unit.t());
+}
+
 namespace {
 
 at::Tensor CosineDistance(const at::Tensor& rows) {  // [E, d] -> [E, E]
-  const at::Tensor n = rows.to(at::kDouble);
-  const at::Tensor unit = n / n.norm(2, 1, /*keepdim=*/true).clamp_min(1e-30);
-  return (1 - unit.mm(unit.t())).clamp_min(0);
+  return (1 - CosineSimilarity(rows)).clamp_min(0);
 }
 
 // Original ids sorted by descending score (ties: lower id first).

@@ -48,6 +48,10 @@ struct LayerPlan {
   std::vector<int64_t> forced;     // forced keeps, ascending
 };
 
+// Cosine similarity of every pair of rows, [E, d] -> [E, E] f64 (router rows:
+// how alike two experts' routing preferences are).
+at::Tensor CosineSimilarity(const at::Tensor& rows);
+
 // [E, E] fused distance matrix (0 on the diagonal) of a layer.
 at::Tensor FusedDistance(const LayerStats& s, const ClusterOptions& options);
 

@@ -6,8 +6,8 @@
 #include <map>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "recorder/routing_hook.h"
-#include "recorder/tensor_adapter.h"
 #include "support/status.h"
 
 namespace moerr::proxy {
@@ -26,9 +26,8 @@ struct Capture : recorder::RoutingObserver {
 
 }  // namespace
 
-absl::StatusOr<std::vector<LayerStats>> CollectStats(const formats::BundleReader& reader, int64_t step,
-                                                     const formats::Trace& trace, moe::MoeTransformer& model,
-                                                     const at::Tensor& calibration) {
+absl::StatusOr<std::vector<LayerStats>> CollectStats(const std::vector<RoutingEntry>& routing,
+                                                     moe::MoeTransformer& model, const at::Tensor& calibration) {
   at::DisableRecordFunctionGuard no_record;
   torch::NoGradGuard no_grad;
   std::map<int64_t, LayerStats> stats;
@@ -43,17 +42,22 @@ absl::StatusOr<std::vector<LayerStats>> CollectStats(const formats::BundleReader
     s.router_rows = moe->gate()->weight.detach().to(at::kFloat).clone();
   }
   // The recorded routing of the step.
-  for (const formats::RoutingRecord& r : trace.routing) {
+  for (const RoutingEntry& r : routing) {
     auto it = stats.find(r.layer);
-    if (it == stats.end()) return absl::InvalidArgumentError(absl::StrFormat("routing for layer %d, not a MoE layer", r.layer));
+    if (it == stats.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("routing recorded for layer %d, micro-batch %d: not a MoE layer of the model", r.layer,
+                          r.micro_batch));
+    }
     LayerStats& s = it->second;
-    MOERR_ASSIGN_OR_RETURN(formats::OwnedTensor ids_owned, reader.ReadTensor(r.topk_ids, step));
-    MOERR_ASSIGN_OR_RETURN(formats::OwnedTensor w_owned, reader.ReadTensor(r.topk_weights, step));
-    const at::Tensor ids = recorder::ToTensor(ids_owned.view()).to(at::kLong);
-    const at::Tensor w = recorder::ToTensor(w_owned.view()).to(at::kDouble);
-    if (ids.dim() != 2 || w.sizes() != ids.sizes() || (ids.numel() && (ids.min().item<int64_t>() < 0 ||
-                                                                       ids.max().item<int64_t>() >= s.experts))) {
-      return absl::DataLossError(absl::StrFormat("%s: ids do not fit layer %d's %d experts", r.topk_ids, r.layer, s.experts));
+    const at::Tensor& ids = r.ids;
+    const at::Tensor& w = r.weights;
+    if (ids.dim() != 2 || !w.defined() || w.sizes() != ids.sizes() ||
+        (ids.numel() && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= s.experts))) {
+      return absl::DataLossError(absl::StrFormat(
+          "routing of layer %d, micro-batch %d: expert ids [%s] and weights [%s] do not fit the layer's %d experts",
+          r.layer, r.micro_batch, absl::StrJoin(ids.sizes().vec(), ", "),
+          w.defined() ? absl::StrJoin(w.sizes().vec(), ", ") : "none", s.experts));
     }
     s.frequency += at::bincount(ids.reshape({-1}), {}, s.experts).to(at::kDouble);
     s.weight_mass.index_add_(0, ids.reshape({-1}), w.reshape({-1}));

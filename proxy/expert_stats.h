@@ -12,9 +12,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "formats/bundle_reader.h"
-#include "formats/trace.h"
 #include "moe/moe_transformer.h"
+#include "proxy/step_bundle.h"
 
 namespace moerr::proxy {
 
@@ -31,9 +30,9 @@ struct LayerStats {
   at::Tensor output_mean;     // [E, hidden] f32: mean output over all calibration tokens (HC-SMoE)
 };
 
+// `routing`: the step's recorded decisions (ids and weights);
 // `calibration` [n, S] int64 token sequences for the forward pass.
-absl::StatusOr<std::vector<LayerStats>> CollectStats(const formats::BundleReader& reader, int64_t step,
-                                                     const formats::Trace& trace, moe::MoeTransformer& model,
-                                                     const at::Tensor& calibration);
+absl::StatusOr<std::vector<LayerStats>> CollectStats(const std::vector<RoutingEntry>& routing,
+                                                     moe::MoeTransformer& model, const at::Tensor& calibration);
 
 }  // namespace moerr::proxy

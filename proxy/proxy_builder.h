@@ -28,6 +28,7 @@ struct ProxyOptions {
   ClusterOptions cluster;
   std::string out_dir;        // required
   bool overwrite = false;
+  std::string source = "the bundle";  // the bundle's path, named in errors
 };
 
 struct ProxyReport {

@@ -13,8 +13,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "analysis/check.h"
-#include "analysis/first_overflow.h"
 #include "moe/checkpoint.h"
 #include "moe/peak_memory.h"
 #include "moe/warmup.h"
@@ -22,6 +20,7 @@
 #include "proxy/surgery.h"
 #include "recorder/recorder.h"
 #include "replayer/model_replay.h"
+#include "replayer/step_failure.h"
 #include "support/check.h"
 #include "support/status.h"
 #include "support/torch_boundary.h"
@@ -55,23 +54,6 @@ const char* CheckFor(moe::FaultKind f) {
     case moe::FaultKind::kNone: break;
   }
   return "";
-}
-
-struct Symptom {
-  std::string phase, module_class;
-};
-
-// The worst finding (warning or worse) of the fault's check in `step`.
-absl::StatusOr<std::optional<Symptom>> FindSymptom(const formats::BundleReader& reader, int64_t step,
-                                                   moe::FaultKind fault) {
-  MOERR_ASSIGN_OR_RETURN(formats::Trace trace, formats::ReadTrace(reader, step));
-  const analysis::LintInput input{analysis::StepView{&reader, "", step, &trace}, std::nullopt};
-  MOERR_ASSIGN_OR_RETURN(std::vector<analysis::Finding> findings, analysis::RunChecks(input, {CheckFor(fault)}));
-  for (const analysis::Finding& f : findings) {
-    if (f.severity < analysis::Severity::kWarning) continue;
-    return std::optional<Symptom>(Symptom{f.phase, analysis::ModuleClass(f.where)});
-  }
-  return std::optional<Symptom>();
 }
 
 // A copy of `t` in memory of its own, not from LibTorch's allocator: a log
@@ -233,20 +215,21 @@ int64_t MicroBatchedPeakMemory(const moe::MoeTransformer& model, int64_t micro_b
 
 namespace {
 
-ProxyOptions Configure(double keep, const std::string& method, const std::string& out_dir, int64_t step) {
+ProxyOptions Configure(double keep, const std::string& method, const std::string& out_dir, int64_t step,
+                       const std::string& source) {
   ProxyOptions o;
   o.keep_fraction = keep;
   o.step = step;
   o.out_dir = out_dir;
   o.overwrite = true;
+  o.source = source;
   o.cluster.force = method == "cluster";
   o.cluster.method = ParseMethod(method == "cluster-unforced" ? "cluster" : method).value();
   return o;
 }
 
-}  // namespace
-
-absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const EvalProgress& progress) {
+// Known methods, and the output directories made.
+absl::Status Prepare(const EvalOptions& options) {
   if (options.out_dir.empty()) return absl::InvalidArgumentError("an output directory is required (-o DIR)");
   for (const std::string& m : options.methods) {
     if (m != "cluster-unforced" && !ParseMethod(m).ok()) {
@@ -259,123 +242,164 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
       return absl::UnavailableError(absl::StrFormat("cannot create %s: %s", dir, std::strerror(errno)));
     }
   }
-  auto report_progress = [&](const std::string& phase, int64_t done, int64_t total) {
+  return absl::OkStatus();
+}
+
+// The warm model, cached across runs of the same preset, family and warm-up
+// length (what it was made from is in its directory's name).
+absl::StatusOr<moe::MoeTransformer> WarmModel(const EvalOptions& options, const EvalProgress& progress) {
+  MOERR_ASSIGN_OR_RETURN(moe::MoeConfig config, moe::Preset(options.preset, options.family));
+  const std::string warm_dir = absl::StrFormat("%s/warmup/%s-%s-%d", options.out_dir, options.preset,
+                                               moe::FamilyName(options.family), options.warmup_steps);
+  if (auto cached = moe::LoadCheckpoint(warm_dir); cached.ok() && (*cached)->config().num_experts > 0) return *cached;
+  torch::manual_seed(0);
+  moe::MoeTransformer warm(config);
+  moe::WarmupOptions w;
+  w.steps = options.warmup_steps;
+  moe::Warmup(warm, moe::AdditionTask(), w, [&](int64_t s, double) { progress("warm-up", s + 1, w.steps); });
+  MOERR_RETURN_IF_ERROR(Annotate(moe::SaveCheckpoint(warm, warm_dir, true), warm_dir));
+  return warm;
+}
+
+// What every configuration is compared with: the warm model's healthy
+// recorded step (the static proxies are built from it), a held-out batch,
+// its RL trajectory and its micro-batched peak memory.
+struct Baseline {
+  std::string healthy_path;
+  std::unique_ptr<formats::BundleReader> healthy;
+  at::Tensor tokens;  // [64, S] held-out sequences
+  Trajectory trajectory;
+  int64_t peak_bytes = 0;
+};
+
+absl::StatusOr<Baseline> MeasureBaseline(const moe::MoeTransformer& warm, const EvalOptions& options) {
+  Baseline b;
+  b.healthy_path = options.out_dir + "/healthy.moerr";
+  MOERR_RETURN_IF_ERROR(Annotate(RecordHealthyStep(warm, b.healthy_path), b.healthy_path));
+  MOERR_ASSIGN_OR_RETURN(b.healthy, formats::BundleReader::Open(b.healthy_path));
+  std::mt19937_64 rng(99);
+  const moe::AdditionTask::Batch held_out = moe::AdditionTask().Sample(64, rng);
+  b.tokens = at::cat({held_out.prompts, held_out.answers}, 1);
+  b.trajectory = Train(warm, options.steps, 5);
+  b.peak_bytes = MicroBatchedPeakMemory(warm, options.memory_micro_batch);
+  return b;
+}
+
+// Static fidelity, dynamics and cost of one kept fraction and method.
+absl::StatusOr<EvalRow> EvaluateConfiguration(moe::MoeTransformer& warm, const Baseline& base, double keep,
+                                              const std::string& method, const EvalOptions& options) {
+  EvalRow row;
+  row.keep = keep;
+  row.method = method;
+  MOERR_ASSIGN_OR_RETURN(
+      ProxyReport built,
+      BuildProxy(*base.healthy, Configure(keep, method, options.out_dir + "/proxy", 0, base.healthy_path)));
+  row.kept = built.kept;
+  row.params_ratio = double(built.params_original) / built.params_proxy;
+  MOERR_ASSIGN_OR_RETURN(moe::MoeTransformer proxy, moe::LoadCheckpoint(built.checkpoint));
+  StaticFidelity(warm, proxy, built.plans, base.tokens, row);
+  row.accuracy = moe::Accuracy(proxy, moe::AdditionTask(), 256, 1);
+  const Trajectory& original = base.trajectory;
+  const Trajectory t = Train(proxy, options.steps, 5);
+  row.corr_loss = Pearson(original.loss, t.loss);
+  row.corr_reward = Pearson(original.reward, t.reward);
+  row.corr_kl = Pearson(original.kl, t.kl);
+  row.corr_grad_norm = Pearson(original.grad_norm, t.grad_norm);
+  const Trajectory replayed = Train(proxy, options.steps, 5, &original, &built.plans);
+  row.replayed_corr_loss = Pearson(original.loss, replayed.loss);
+  row.replayed_corr_kl = Pearson(original.kl, replayed.kl);
+  row.replayed_corr_grad_norm = Pearson(original.grad_norm, replayed.grad_norm);
+  row.step_time_ratio = original.seconds / t.seconds;
+  row.peak_memory_ratio = double(base.peak_bytes) / MicroBatchedPeakMemory(proxy, options.memory_micro_batch);
+  row.whole_batch_peak_memory_ratio = double(original.peak_bytes) / t.peak_bytes;
+  return row;
+}
+
+// Two steps of copies of `warm` with `fault` injected, recorded at `path`.
+absl::Status RecordFault(const moe::MoeTransformer& warm, moe::FaultKind fault, int64_t seed, const std::string& path) {
+  moe::MoeTransformer policy = moe::CopyOf(warm), reference = moe::CopyOf(warm);
+  moe::GrpoOptions grpo;
+  const moe::AdditionTask task;
+  std::mt19937_64 calib_rng(seed + 17);
+  const moe::AdditionTask::Batch calib = task.Sample(64, calib_rng);
+  MOERR_ASSIGN_OR_RETURN(moe::InjectedFault injected,
+                         moe::InjectFault(fault, policy, grpo, at::cat({calib.prompts, calib.answers}, 1)));
+  moe::GrpoTrainer trainer(policy, reference, task, grpo, 100 + seed);
+  return Annotate(Record(trainer, path, 2), path);
+}
+
+// One fault case: recorded on the original, mapped to every configuration
+// of `rows`, model-replayed and judged (replayer::Reproduces).
+absl::Status ReproduceFault(const moe::MoeTransformer& warm, moe::FaultKind fault, int64_t seed,
+                            const EvalOptions& options, std::vector<EvalRow>& rows) {
+  const std::string path = options.out_dir + "/fault.moerr";
+  MOERR_RETURN_IF_ERROR(RecordFault(warm, fault, seed, path));
+  MOERR_ASSIGN_OR_RETURN(auto reader, formats::BundleReader::Open(path));
+  const std::vector<int64_t> steps = reader->CompleteSteps();
+  std::optional<replayer::Failure> original;
+  int64_t onset = -1;
+  for (int64_t s : steps) {
+    MOERR_ASSIGN_OR_RETURN(formats::Trace trace, formats::ReadTrace(*reader, s));
+    MOERR_ASSIGN_OR_RETURN(original, replayer::FindFailure(*reader, s, trace, CheckFor(fault)));
+    if (original) {
+      onset = s;
+      break;
+    }
+  }
+  if (!original) return absl::OkStatus();  // the fault did not show in the original: not a case
+  for (EvalRow& row : rows) {
+    ++row.cases;
+    for (int64_t s : steps) {
+      MOERR_ASSIGN_OR_RETURN(ProxyReport built,
+                             BuildProxy(*reader, Configure(row.keep, row.method, options.out_dir + "/proxy", s, path)));
+      MOERR_ASSIGN_OR_RETURN(auto proxy_reader, formats::BundleReader::Open(built.bundle));
+      replayer::ModelReplayOptions replay;
+      replay.record_path = options.out_dir + "/proxy-replay.moerr";
+      replay.overwrite = true;
+      MOERR_ASSIGN_OR_RETURN(replayer::ReplayedStep replayed, replayer::ReplayModelStepTrace(*proxy_reader, s, replay));
+      const replayer::StepTrace& r = replayed.recording;
+      MOERR_ASSIGN_OR_RETURN(replayer::Reproduction shown, replayer::Reproduces(*r.reader, s, r.trace, *original));
+      if (shown == replayer::Reproduction::kNo) continue;
+      ++row.reproduced;
+      row.localised += shown == replayer::Reproduction::kSamePlace;
+      row.onset_delta += std::abs(double(s - onset));
+      break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const EvalProgress& progress) {
+  MOERR_RETURN_IF_ERROR(Prepare(options));
+  const EvalProgress report_progress = [&](const std::string& phase, int64_t done, int64_t total) {
     if (progress) progress(phase, done, total);
   };
   EvalReport report;
   report.preset = options.preset;
   report.family = moe::FamilyName(options.family);
-  const moe::AdditionTask task;
   MOERR_RETURN_IF_ERROR(CatchTorch("proxy evaluation", [&]() -> absl::Status {
-    // The warm model, cached across runs of the same preset, family and
-    // warm-up length (what it was made from is in its directory's name).
-    MOERR_ASSIGN_OR_RETURN(moe::MoeConfig config, moe::Preset(options.preset, options.family));
-    const std::string warm_dir = absl::StrFormat("%s/warmup/%s-%s-%d", options.out_dir, options.preset,
-                                                 report.family, options.warmup_steps);
-    moe::MoeTransformer warm{nullptr};
-    if (auto cached = moe::LoadCheckpoint(warm_dir); cached.ok() && (*cached)->config().num_experts > 0) {
-      warm = *cached;
-    } else {
-      torch::manual_seed(0);
-      warm = moe::MoeTransformer(config);
-      moe::WarmupOptions w;
-      w.steps = options.warmup_steps;
-      moe::Warmup(warm, task, w, [&](int64_t s, double) { report_progress("warm-up", s + 1, w.steps); });
-      MOERR_RETURN_IF_ERROR(moe::SaveCheckpoint(warm, warm_dir, true));
-    }
+    MOERR_ASSIGN_OR_RETURN(moe::MoeTransformer warm, WarmModel(options, report_progress));
     report.experts = warm->config().num_experts;
-    report.original_accuracy = moe::Accuracy(warm, task, 256, 1);
-
-    // A healthy recorded step to build the static proxies from.
-    const std::string healthy = options.out_dir + "/healthy.moerr";
-    MOERR_RETURN_IF_ERROR(RecordHealthyStep(warm, healthy));
-    MOERR_ASSIGN_OR_RETURN(auto healthy_reader, formats::BundleReader::Open(healthy));
-    std::mt19937_64 rng(99);
-    const moe::AdditionTask::Batch held_out = task.Sample(64, rng);
-    const at::Tensor tokens = at::cat({held_out.prompts, held_out.answers}, 1);
-    const Trajectory base = Train(warm, options.steps, 5);
-    const int64_t base_peak = MicroBatchedPeakMemory(warm, options.memory_micro_batch);
+    report.original_accuracy = moe::Accuracy(warm, moe::AdditionTask(), 256, 1);
+    MOERR_ASSIGN_OR_RETURN(const Baseline base, MeasureBaseline(warm, options));
 
     const int64_t configs = options.keeps.size() * options.methods.size();
     int64_t done = 0;
     for (double keep : options.keeps) {
       for (const std::string& method : options.methods) {
         report_progress("static fidelity and dynamics", done++, configs);
-        EvalRow row;
-        row.keep = keep;
-        row.method = method;
-        MOERR_ASSIGN_OR_RETURN(ProxyReport built,
-                               BuildProxy(*healthy_reader, Configure(keep, method, options.out_dir + "/proxy", 0)));
-        row.kept = built.kept;
-        row.params_ratio = double(built.params_original) / built.params_proxy;
-        MOERR_ASSIGN_OR_RETURN(moe::MoeTransformer proxy, moe::LoadCheckpoint(built.checkpoint));
-        StaticFidelity(warm, proxy, built.plans, tokens, row);
-        row.accuracy = moe::Accuracy(proxy, task, 256, 1);
-        const Trajectory t = Train(proxy, options.steps, 5);
-        row.corr_loss = Pearson(base.loss, t.loss);
-        row.corr_reward = Pearson(base.reward, t.reward);
-        row.corr_kl = Pearson(base.kl, t.kl);
-        row.corr_grad_norm = Pearson(base.grad_norm, t.grad_norm);
-        const Trajectory replayed = Train(proxy, options.steps, 5, &base, &built.plans);
-        row.replayed_corr_loss = Pearson(base.loss, replayed.loss);
-        row.replayed_corr_kl = Pearson(base.kl, replayed.kl);
-        row.replayed_corr_grad_norm = Pearson(base.grad_norm, replayed.grad_norm);
-        row.step_time_ratio = base.seconds / t.seconds;
-        row.peak_memory_ratio = double(base_peak) / MicroBatchedPeakMemory(proxy, options.memory_micro_batch);
-        row.whole_batch_peak_memory_ratio = double(base.peak_bytes) / t.peak_bytes;
+        MOERR_ASSIGN_OR_RETURN(EvalRow row, EvaluateConfiguration(warm, base, keep, method, options));
         report.rows.push_back(std::move(row));
       }
     }
-
-    // Fault reproduction: each fault x seed recorded on the original, mapped
-    // to every proxy configuration, model-replayed and linted.
     const int64_t cases = options.faults.size() * options.seeds;
     int64_t case_index = 0;
     for (moe::FaultKind fault : options.faults) {
       for (int64_t seed = 0; seed < options.seeds; ++seed, ++case_index) {
         report_progress("fault reproduction", case_index, cases);
-        const std::string path = options.out_dir + "/fault.moerr";
-        {
-          moe::MoeTransformer policy = moe::CopyOf(warm), reference = moe::CopyOf(warm);
-          moe::GrpoOptions grpo;
-          std::mt19937_64 calib_rng(seed + 17);
-          const moe::AdditionTask::Batch calib = task.Sample(64, calib_rng);
-          MOERR_ASSIGN_OR_RETURN(moe::InjectedFault injected,
-                                 moe::InjectFault(fault, policy, grpo, at::cat({calib.prompts, calib.answers}, 1)));
-          moe::GrpoTrainer trainer(policy, reference, task, grpo, 100 + seed);
-          MOERR_RETURN_IF_ERROR(Record(trainer, path, 2));
-        }
-        MOERR_ASSIGN_OR_RETURN(auto reader, formats::BundleReader::Open(path));
-        const std::vector<int64_t> steps = reader->CompleteSteps();
-        std::optional<Symptom> original;
-        int64_t onset = -1;
-        for (int64_t s : steps) {
-          MOERR_ASSIGN_OR_RETURN(original, FindSymptom(*reader, s, fault));
-          if (original) {
-            onset = s;
-            break;
-          }
-        }
-        if (!original) continue;  // the fault did not show in the original: not a case
-        for (EvalRow& row : report.rows) {
-          ++row.cases;
-          for (int64_t s : steps) {
-            MOERR_ASSIGN_OR_RETURN(ProxyReport built,
-                                   BuildProxy(*reader, Configure(row.keep, row.method, options.out_dir + "/proxy", s)));
-            MOERR_ASSIGN_OR_RETURN(auto proxy_reader, formats::BundleReader::Open(built.bundle));
-            replayer::ModelReplayOptions replay;
-            replay.record_path = options.out_dir + "/proxy-replay.moerr";
-            replay.overwrite = true;
-            MOERR_RETURN_IF_ERROR(replayer::ReplayModelStep(*proxy_reader, s, replay).status());
-            MOERR_ASSIGN_OR_RETURN(auto replayed, formats::BundleReader::Open(replay.record_path));
-            MOERR_ASSIGN_OR_RETURN(std::optional<Symptom> symptom, FindSymptom(*replayed, s, fault));
-            if (!symptom) continue;
-            ++row.reproduced;
-            row.localised += symptom->phase == original->phase && symptom->module_class == original->module_class;
-            row.onset_delta += std::abs(double(s - onset));
-            break;
-          }
-        }
+        MOERR_RETURN_IF_ERROR(ReproduceFault(warm, fault, seed, options, report.rows));
       }
     }
     for (EvalRow& row : report.rows) {

@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "formats/bundle_reader.h"
+#include "replayer/step_failure.h"
 
 namespace moerr::proxy {
 
@@ -26,6 +27,7 @@ struct ReduceOptions {
   int64_t step = -1;        // default: the first recorded step that fails
   std::string out_path;     // required: the reduced bundle
   std::string work_dir;     // required: candidates and their replays
+  std::string source = "the bundle";  // the bundle's path, named in errors
 };
 
 struct ReduceRow {
@@ -40,12 +42,7 @@ struct StepSize {
 };
 
 // The failure a reduction keeps.
-struct ReduceFailure {
-  std::string kind;  // "overflow" or the lint check's name
-  std::string phase;         // "" when the finding is not about an op
-  std::string module_class;  // analysis::ModuleClass of the op's module or the finding's place
-  std::string description;   // one line for people
-};
+using ReduceFailure = replayer::Failure;
 
 struct ReduceReport {
   int64_t step = 0;

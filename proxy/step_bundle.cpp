@@ -3,6 +3,7 @@
 #include "absl/strings/str_format.h"
 #include "formats/bundle_writer.h"
 #include "formats/trace.h"
+#include "moe/checkpoint.h"
 #include "recorder/tensor_adapter.h"
 #include "replayer/model_replay.h"
 #include "support/status.h"
@@ -10,32 +11,63 @@
 
 namespace moerr::proxy {
 
-absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, int64_t step) {
-  MOERR_ASSIGN_OR_RETURN(std::unique_ptr<moe::GrpoTrainer> trainer, replayer::LoadTrainer(reader, step));
-  MOERR_ASSIGN_OR_RETURN(formats::Trace trace, formats::ReadTrace(reader, step));
-  return LoadStepBundle(reader, step, *trainer, trace);
+absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, int64_t step,
+                                          const std::string& source) {
+  absl::StatusOr<formats::Trace> trace = formats::ReadTrace(reader, step);
+  if (!trace.ok()) return Annotate(trace.status(), absl::StrFormat("%s, step %d", source, step));
+  return LoadStepBundle(reader, step, *trace, source);
 }
 
 absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, int64_t step,
-                                          const moe::GrpoTrainer& trainer, const formats::Trace& trace) {
+                                          const formats::Trace& trace, const std::string& source) {
+  const std::string where = absl::StrFormat("%s, step %d", source, step);
+  absl::StatusOr<std::unique_ptr<moe::GrpoTrainer>> trainer = replayer::LoadTrainer(reader, step);
+  if (!trainer.ok()) return Annotate(trainer.status(), where + ", trainer state");
   StepBundle b;
   b.step = step;
-  b.config = trainer.policy()->config();
-  b.options = trainer.options();
-  b.state = trainer.SaveState();
+  b.config = (*trainer)->policy()->config();
+  b.options = (*trainer)->options();
+  b.state = (*trainer)->SaveState();
   for (auto& [name, t] : b.state.tensors) t = t.detach().clone();
-  for (const formats::RoutingRecord& r : trace.routing) {
-    RoutingEntry e{r.layer, r.micro_batch, {}, {}};
-    MOERR_ASSIGN_OR_RETURN(formats::OwnedTensor ids, reader.ReadTensor(r.topk_ids, step));
-    e.ids = recorder::ToTensor(ids.view()).to(at::kLong);
-    if (!r.logits.empty()) {
-      MOERR_ASSIGN_OR_RETURN(formats::OwnedTensor logits, reader.ReadTensor(r.logits, step));
-      e.logits = recorder::ToTensor(logits.view()).to(at::kFloat);
+  // Reads tensor `name` of the step's routing of `layer`.
+  auto read = [&](const std::string& name, int64_t layer) -> absl::StatusOr<at::Tensor> {
+    absl::StatusOr<formats::OwnedTensor> t = reader.ReadTensor(name, step);
+    if (!t.ok()) return Annotate(t.status(), absl::StrFormat("%s, layer %d routing, tensor %s", where, layer, name));
+    return recorder::ToTensor(t->view());
+  };
+  MOERR_RETURN_IF_ERROR(CatchTorch(where + ", routing", [&]() -> absl::Status {
+    for (const formats::RoutingRecord& r : trace.routing) {
+      RoutingEntry e{r.layer, r.micro_batch, {}, {}, {}};
+      MOERR_ASSIGN_OR_RETURN(e.ids, read(r.topk_ids, r.layer));
+      e.ids = e.ids.to(at::kLong);
+      MOERR_ASSIGN_OR_RETURN(e.weights, read(r.topk_weights, r.layer));
+      e.weights = e.weights.to(at::kDouble);
+      if (!r.logits.empty()) {
+        MOERR_ASSIGN_OR_RETURN(e.logits, read(r.logits, r.layer));
+        e.logits = e.logits.to(at::kFloat);
+      }
+      b.routing.push_back(std::move(e));
     }
-    b.routing.push_back(std::move(e));
-  }
+    return absl::OkStatus();
+  }));
   if (auto m = reader.ReadAnnotation("metrics", step); m.ok() && m->getAsObject()) b.metrics = *m->getAsObject();
   return b;
+}
+
+absl::StatusOr<moe::MoeTransformer> LoadPolicy(const StepBundle& b) {
+  moe::MoeTransformer policy{nullptr};
+  MOERR_RETURN_IF_ERROR(CatchTorch("building the policy", [&]() -> absl::Status {
+    policy = moe::MoeTransformer(b.config);
+    std::map<std::string, formats::TensorView> weights;
+    std::vector<at::Tensor> keep_alive;  // the views' storage
+    for (const auto& [name, t] : b.state.tensors) {
+      if (name.rfind("policy/", 0) != 0) continue;
+      keep_alive.push_back(t.contiguous());
+      MOERR_ASSIGN_OR_RETURN(weights[name.substr(sizeof("policy/") - 1)], recorder::ViewOf(keep_alive.back()));
+    }
+    return Annotate(moe::LoadWeights(policy, weights), "policy");
+  }));
+  return policy;
 }
 
 moe::TrainerState MapTrainerState(const moe::TrainerState& state, const TensorMap& map) {

@@ -15,13 +15,17 @@
 #include "formats/bundle_reader.h"
 #include "moe/grpo_trainer.h"
 #include "moe/moe_config.h"
+#include "moe/moe_transformer.h"
 
 namespace moerr::proxy {
 
 struct RoutingEntry {
   int64_t layer = 0, micro_batch = 0;
-  at::Tensor ids;     // [T, k] int64
-  at::Tensor logits;  // [T, E] f32, or undefined
+  at::Tensor ids;      // [T, k] int64
+  at::Tensor logits;   // [T, E] f32, or undefined
+  // [T, k] f64 as recorded (expert statistics), or undefined once the ids
+  // are mapped; WriteStepBundle derives the weights it writes from the logits.
+  at::Tensor weights;
 };
 
 struct StepBundle {
@@ -35,10 +39,16 @@ struct StepBundle {
   std::vector<std::pair<int64_t, int64_t>> implicated;
 };
 
-absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, int64_t step);
-// The same from a trainer LoadTrainer made of that step and its trace.
+// Step `step` of `reader`, read once: the trainer's state at its start
+// (replayer::LoadTrainer), its recorded routing and metrics. `trace`: the
+// step's, when the caller has read it. `source` names the bundle in errors.
 absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, int64_t step,
-                                          const moe::GrpoTrainer& trainer, const formats::Trace& trace);
+                                          const std::string& source = "the bundle");
+absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, int64_t step,
+                                          const formats::Trace& trace, const std::string& source = "the bundle");
+
+// The bundle's policy: a model of its config holding its "policy/" weights.
+absl::StatusOr<moe::MoeTransformer> LoadPolicy(const StepBundle& bundle);
 // `annotations`: step-less extras ("proxy": how it was made).
 absl::Status WriteStepBundle(const StepBundle& bundle, const std::string& path,
                              const llvm::json::Object& annotations = {});

@@ -71,6 +71,7 @@ StepBundle PruneStep(const StepBundle& step, const moe::MoeConfig& proxy_config,
   for (RoutingEntry& r : out.routing) {
     if (const LayerPlan* p = PlanOf(plans, r.layer)) {
       r.ids = MapRouting(r.ids, r.logits, *p, proxy_config.top_k);
+      r.weights = at::Tensor();  // recorded for the original's experts
       if (r.logits.defined()) r.logits = r.logits.index_select(1, at::tensor(p->kept, at::kLong)).contiguous();
     }
   }

@@ -18,19 +18,9 @@
 #include "formats/bundle_reader.h"
 #include "formats/trace.h"
 #include "replayer/model_replay.h"
+#include "replayer/step_trace.h"
 
 namespace moerr::replayer {
-
-// One step of an opened bundle with its trace.
-struct StepTrace {
-  std::unique_ptr<formats::BundleReader> reader;
-  std::string path;
-  int64_t step = 0;
-  formats::Trace trace;
-};
-
-// Step `step` of the bundle at `path`; -1: its first complete step.
-absl::StatusOr<StepTrace> OpenStepTrace(const std::string& path, int64_t step = -1);
 
 // ReplayModelStep, then its recording (options.record_path) read back.
 struct ReplayedStep {

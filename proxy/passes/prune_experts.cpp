@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "absl/strings/str_format.h"
+#include "proxy/clustering.h"
 #include "proxy/passes/reduce_pass.h"
 #include "proxy/surgery.h"
 
@@ -43,10 +44,8 @@ class PruneExperts : public ReducePass {
         if (std::find(plan.kept.begin(), plan.kept.end(), e) == plan.kept.end()) plan.kept.push_back(e);
       }
       std::sort(plan.kept.begin(), plan.kept.end());
-      const at::Tensor rows = tensors.at(absl::StrFormat("policy/model.layers.%d.%s.gate.weight", layer, c.MlpName()))
-                                  .to(at::kDouble);
-      const at::Tensor unit = rows / rows.norm(2, 1, true).clamp_min(1e-30);
-      const at::Tensor sim = unit.mm(unit.t());
+      const at::Tensor sim =
+          CosineSimilarity(tensors.at(absl::StrFormat("policy/model.layers.%d.%s.gate.weight", layer, c.MlpName())));
       plan.medoid_of.resize(c.num_experts);
       const auto s = sim.accessor<double, 2>();
       for (int64_t e = 0; e < c.num_experts; ++e) {

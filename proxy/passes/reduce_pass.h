@@ -1,8 +1,9 @@
 // A reduction pass of `moerr reduce` (llvm-reduce style): proposes smaller
 // versions of a step, most reduced first; the driver keeps the first that
-// still fails the same way. One pass per file here, listed in reduce.cpp.
+// still fails the same way. One pass per file here, listed in passes.def.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,9 +25,11 @@ class ReducePass {
   virtual std::vector<Candidate> Propose(const StepBundle& current) const = 0;
 };
 
-std::unique_ptr<ReducePass> MakePruneExpertsPass();
-std::unique_ptr<ReducePass> MakePruneLayersPass();
-std::unique_ptr<ReducePass> MakeTruncateTokensPass();
-std::unique_ptr<ReducePass> MakeShrinkBatchPass();
+#define MOERR_REDUCE_PASS(Name) std::unique_ptr<ReducePass> Make##Name##Pass();
+#include "proxy/passes/passes.def"
+#undef MOERR_REDUCE_PASS
+
+// Every pass of passes.def, in its order.
+std::vector<std::unique_ptr<ReducePass>> AllReducePasses();
 
 }  // namespace moerr::proxy
