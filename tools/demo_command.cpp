@@ -41,9 +41,9 @@
 #include "proxy/proxy_builder.h"
 #include "proxy/proxy_eval.h"
 #include "proxy/reduce.h"
-#include "replayer/model_replay.h"
 #include "replayer/precision_bisect.h"
 #include "replayer/program_replay.h"
+#include "replayer/step_failure.h"
 #include "report/html_report.h"
 #include "report/step_figures.h"
 #include "report/step_section.h"
@@ -281,19 +281,15 @@ int RunModelStory(const DemoOptions& o, report::HtmlReport& page) {
   replayer::ModelReplayOptions model_replay;
   model_replay.record_path = proxy_dir + "/replay.moerr";
   model_replay.overwrite = true;
-  auto replayed = replayer::ReplayModelStep(**proxy_reader, step, model_replay);
+  auto replayed = replayer::ReplayModelStepTrace(**proxy_reader, step, model_replay);
   if (!replayed.ok()) return ReportError(replayed.status());
-  auto replay_reader = formats::BundleReader::Open(model_replay.record_path);
-  if (!replay_reader.ok()) return ReportError(replay_reader.status());
-  auto proxy_trace = formats::ReadTrace(**replay_reader, step);
-  if (!proxy_trace.ok()) return ReportError(proxy_trace.status());
-  const auto proxy_first = analysis::FindFirstOverflow(*proxy_trace);
+  const auto proxy_first = analysis::FindFirstOverflow(replayed->recording.trace);
   const std::string reproduced =
       proxy_first ? absl::StrFormat("first overflow at op %zu, %s in %s (%s): the fault reproduces on the proxy",
                                     proxy_first->op_index, proxy_first->op->name, proxy_first->op->module,
                                     formats::PhaseName(proxy_first->op->phase))
                   : "no overflow: the fault did NOT reproduce";
-  std::printf("    the proxy's step, routing replayed: loss %g; %s\n\n", replayed->metrics.loss, reproduced.c_str());
+  std::printf("    the proxy's step, routing replayed: loss %g; %s\n\n", replayed->report.metrics.loss, reproduced.c_str());
   page.Heading("Proxy at 1/4 of the experts");
   page.Paragraph(absl::StrFormat("%d experts per MoE layer -> %d (the broken expert forced in); policy parameters %d "
                                  "-> %d (%.2fx fewer). Model replay of the proxy's step: %s.",

@@ -59,6 +59,7 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
     proxy::ProxyOptions options;
     options.step = opts->step;
     options.out_dir = opts->out;
+    options.source = opts->bundle;
     options.overwrite = opts->force;
     options.ep = opts->ep;
     options.cluster.seed = opts->seed;

@@ -102,6 +102,7 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
     proxy::ReduceOptions options;
     options.step = opts->step;
     options.out_path = opts->out;
+    options.source = opts->bundle;
     // A directory of its own, so removing it afterwards removes only what
     // the reduction wrote.
     std::string work = opts->out + ".work-XXXXXX";
