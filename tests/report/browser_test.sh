@@ -22,7 +22,8 @@ mkdir -p "$dir"
   >"$dir/train.log" 2>&1 || fail "moerr train (see $dir/train.log)"
 "$moerr" report "$dir/run/run.moerr" --would-fit fp16 -o "$dir/report.html" || fail "moerr report"
 page=$(cd "$dir" && pwd)/report.html
-timeout 120 "$chromium" --headless=new --no-sandbox --disable-gpu --no-first-run --user-data-dir="$dir/profile" \
+timeout 120 "$chromium" --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run \
+  --user-data-dir="$dir/profile" \
   --enable-logging=stderr --v=0 --virtual-time-budget=2000 --dump-dom "file://$page" \
   >"$dir/dom.html" 2>"$dir/chromium.log" || fail "$chromium exited with $? (see $dir/chromium.log)"
 
