@@ -87,8 +87,8 @@ bool AddOverflowVerdict(HtmlReport& page, const std::string& path, int64_t step,
                    precision ? absl::StrFormat("moerr bisect %s --step %d --precision", path, step)
                              : absl::StrFormat("moerr bisect %s --step %d", path, step),
                    true});
-  lines.push_back({"", precision ? "finds the smallest set of modules whose upcast to fp32 removes the overflow, and "
-                                   "writes it as a policy for moerr replay --policy"
+  lines.push_back({"", precision ? "finds a set of modules whose upcast to fp32 removes the overflow, none of which can be "
+                                   "dropped, and writes it as a policy for moerr replay --policy"
                      : replayable ? "prints the cause, the chain and the headroom of each op on it"
                                   : "prints the cause, the chain and the headroom of each op on it (a stats bundle: "
                                     "precision bisect needs a replayable recording)"});
