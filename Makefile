@@ -16,7 +16,7 @@ PREFIX     ?= /usr/local
 # Debian packages moerr needs (DESIGN.md, "Dependencies").
 PACKAGES = cmake ninja-build g++ clang libclang-rt-14-dev pkg-config dpkg-dev \
   libtorch-dev libcapnp-dev capnproto libzstd-dev llvm-dev libabsl-dev \
-  libgtest-dev libbenchmark-dev libxxhash-dev libcli11-dev \
+  libgtest-dev libbenchmark-dev libxxhash-dev libcli11-dev libgloo-dev \
   python3-torch python3-numpy python3-dev pybind11-dev python3-pytest \
   chromium
 

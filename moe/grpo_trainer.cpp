@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <unordered_set>
 
+#include "absl/strings/str_format.h"
 #include "moe/checkpoint.h"
 #include "moe/warmup.h"
 #include "recorder/tensor_adapter.h"
@@ -205,7 +207,8 @@ absl::Status GrpoTrainer::RestoreState(const llvm::json::Object& scalars,
 StepMetrics GrpoTrainer::Step() {
   StepMetrics m;
   m.step = step_;
-  const int64_t g = options_.group_size, n = options_.prompts * g;
+  const int64_t g = options_.group_size, world_n = options_.prompts * g;
+  const int64_t n = parallel_ ? world_n / parallel_->layout().world_size : world_n;  // this rank's sequences
   AdditionTask::Batch batch;
   {
     RECORD_USER_SCOPE("batch");
@@ -213,22 +216,25 @@ StepMetrics GrpoTrainer::Step() {
   }
   const int64_t answer_tokens = ResponseTokens(options_, task_);
   const int64_t micro = SequencesPerForward(options_);
-  const at::Tensor prompts = batch.prompts.repeat_interleave(g, 0);  // [n, P]
+  const at::Tensor global_prompts = batch.prompts.repeat_interleave(g, 0);  // [world_n, P]
+  const at::Tensor prompts = Shard(global_prompts);                           // [n, P]
   // [n, A]; narrowed only when truncated, so a whole step records no extra op.
-  const at::Tensor answers = (answer_tokens < batch.answers.size(1) ? batch.answers.narrow(1, 0, answer_tokens)
-                                                                    : batch.answers)
-                                 .repeat_interleave(g, 0);
+  const at::Tensor answers = Shard((answer_tokens < batch.answers.size(1) ? batch.answers.narrow(1, 0, answer_tokens)
+                                                                          : batch.answers)
+                                       .repeat_interleave(g, 0));
 
   // Rollout, under the rollout precision.
   at::Tensor responses, old_logp, inputs;
   {
     NumericsScope scope(options_.rollout_numerics);
     torch::NoGradGuard no_grad;
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed_ * 1000003 + step_);
+    const uint64_t rank = parallel_ ? static_cast<uint64_t>(parallel_->layout().rank) : 0;
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed_ * 1000003 + step_ + rank * 0x9E3779B97F4A7C15ull);
     if (response_source_) {
-      responses = response_source_(step_, prompts);
-      MOERR_CHECK(responses.dim() == 2 && responses.size(0) == n && responses.size(1) == answer_tokens)
-          << "a response source gives [" << n << ", " << answer_tokens << "] responses";
+      responses = response_source_(step_, global_prompts);
+      MOERR_CHECK(responses.dim() == 2 && responses.size(0) == world_n && responses.size(1) == answer_tokens)
+          << "a response source gives [" << world_n << ", " << answer_tokens << "] responses";
+      responses = Shard(responses);
     } else {
       responses = Generate(policy_, prompts, answer_tokens, options_.temperature, gen);
     }
@@ -244,7 +250,7 @@ StepMetrics GrpoTrainer::Step() {
   const at::Tensor eos_seen = responses.eq(AdditionTask::kEos).to(at::kLong).cumsum(1);
   const at::Tensor mask = (eos_seen - responses.eq(AdditionTask::kEos).to(at::kLong)).eq(0).to(at::kFloat);
   const at::Tensor rewards = task_.Reward(answers, responses);  // [n]
-  const at::Tensor grouped = rewards.view({options_.prompts, g});
+  const at::Tensor grouped = rewards.view({n / g, g});
   const at::Tensor advantages =
       ((grouped - grouped.mean(1, true)) / (grouped.std(1, /*unbiased=*/true, true) + 1e-6)).view({n, 1});
   at::Tensor ref_logp;
@@ -266,7 +272,9 @@ StepMetrics GrpoTrainer::Step() {
   // micro-batch at a time. A micro-batch's loss is its share of the step's:
   // its token terms over all the step's response tokens, its router aux loss
   // weighted by its share of the sequences; the metrics add up the same way.
-  const at::Tensor tokens = mask.sum().clamp_min(1);
+  at::Tensor tokens = mask.sum();
+  if (parallel_) parallel_->AllReduceSum(tokens, CommGroup::kWorld);  // the world's response tokens
+  tokens = tokens.clamp_min(1);
   const auto layers = policy_->MoeLayers();
   std::vector<at::Tensor> counts(layers.size());  // [E] int64 routed slots, over the micro-batches
   for (int64_t begin = 0; begin < n; begin += micro) {
@@ -309,19 +317,32 @@ StepMetrics GrpoTrainer::Step() {
     NumericsScope scope(options_.numerics);
     (loss * loss_scale_).backward();
   }
+  if (parallel_) {
+    // The world's totals: each rank's loss and metrics are its share of them.
+    at::Tensor sums = at::tensor({m.loss, m.kl, m.clip_fraction, m.ratio_error, rewards.sum().item<double>()},
+                                 at::TensorOptions(at::kDouble));
+    parallel_->AllReduceSum(sums, CommGroup::kWorld);
+    const auto v = sums.accessor<double, 1>();
+    m.loss = v[0], m.kl = v[1], m.clip_fraction = v[2], m.ratio_error = v[3], m.reward = v[4] / world_n;
+  }
   RECORD_USER_SCOPE("optimizer");
+  if (parallel_) SyncGradients();
   std::vector<at::Tensor> grads;
   for (const at::Tensor& p : policy_->parameters()) {
     if (p.grad().defined()) grads.push_back(p.grad());
   }
   bool finite = std::isfinite(m.loss);
-  if (!grads.empty()) {
+  if (!grads.empty() || parallel_) {
     torch::NoGradGuard no_grad;
-    at::_foreach_div_(grads, loss_scale_);
-    // The global L2 norm from the per-tensor norms, combined in double.
-    m.grad_norm = std::sqrt(at::stack(at::_foreach_norm(grads)).to(at::kDouble).pow(2).sum().item<double>());
+    if (!grads.empty()) at::_foreach_div_(grads, loss_scale_);
+    m.grad_norm = GradNorm(grads);
   }
   finite = finite && std::isfinite(m.grad_norm);
+  if (parallel_) {  // the loss scaler's found-inf flag: one decision for the world
+    at::Tensor found_inf = at::tensor({finite ? 0.0 : 1.0}, at::TensorOptions(at::kDouble));
+    parallel_->AllReduceSum(found_inf, CommGroup::kWorld);
+    finite = found_inf.item<double>() == 0;
+  }
   m.finite = finite;
   m.loss_scale = loss_scale_;
   if (!finite) {
@@ -342,6 +363,112 @@ StepMetrics GrpoTrainer::Step() {
   }
   ++step_;
   return m;
+}
+
+namespace {
+
+// The routed experts' parameters (every expert's, hosted here or not).
+std::unordered_set<const c10::TensorImpl*> RoutedExpertParameters(const MoeTransformer& model) {
+  std::unordered_set<const c10::TensorImpl*> out;
+  for (MoeLayer layer : model->MoeLayers()) {
+    for (int64_t e = 0; e < model->config().num_experts; ++e) {
+      for (const at::Tensor& p : layer->expert(e)->parameters()) out.insert(p.unsafeGetTensorImpl());
+    }
+  }
+  return out;
+}
+
+double SumOfSquares(const std::vector<at::Tensor>& grads) {
+  return grads.empty() ? 0.0 : at::stack(at::_foreach_norm(grads)).to(at::kDouble).pow(2).sum().item<double>();
+}
+
+// Sums the gradients of `params` over `group`. A gradient no rank of the
+// group has stays undefined (the optimizer skips it, as it skips an expert
+// that got no tokens in one process); one that some rank lacks counts as 0.
+void SumGradients(Parallel& parallel, const std::vector<at::Tensor>& params, CommGroup group) {
+  torch::NoGradGuard no_grad;
+  std::vector<double> defined;
+  for (const at::Tensor& p : params) defined.push_back(p.grad().defined() ? 1 : 0);
+  at::Tensor has = at::tensor(defined, at::TensorOptions(at::kDouble));
+  parallel.AllReduceSum(has, group);
+  std::vector<at::Tensor> grads, flat;
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor p = params[i];
+    if (has[i].item<double>() == 0) continue;
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    MOERR_CHECK(p.grad().scalar_type() == params[0].scalar_type()) << "gradients of one dtype";
+    grads.push_back(p.grad());
+    flat.push_back(p.grad().reshape({-1}));
+  }
+  if (grads.empty()) return;
+  at::Tensor sum = at::cat(flat);
+  parallel.AllReduceSum(sum, group);
+  int64_t offset = 0;
+  for (at::Tensor& g : grads) {
+    g.copy_(sum.narrow(0, offset, g.numel()).view_as(g));
+    offset += g.numel();
+  }
+}
+
+}  // namespace
+
+absl::Status GrpoTrainer::set_parallel(Parallel* parallel) {
+  if (parallel != nullptr) {
+    const ParallelLayout& l = parallel->layout();
+    if (options_.prompts % l.world_size != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%d prompts per step do not split over %d ranks", options_.prompts, l.world_size));
+    }
+    if (options_.micro_batch != 0) return absl::InvalidArgumentError("micro-batches with more than one rank: not yet");
+    if (l.world_size % l.ep_size != 0 || policy_->config().num_experts % l.ep_size != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat("expert parallelism %d must divide the ranks (%d) and the experts (%d)",
+                                                        l.ep_size, l.world_size, policy_->config().num_experts));
+    }
+  }
+  parallel_ = parallel;
+  policy_->SetParallel(parallel);
+  reference_->SetParallel(parallel);
+  return absl::OkStatus();
+}
+
+at::Tensor GrpoTrainer::Shard(const at::Tensor& t) const {
+  if (parallel_ == nullptr) return t;
+  const int64_t rows = t.size(0) / parallel_->layout().world_size;
+  return t.narrow(0, parallel_->layout().rank * rows, rows);
+}
+
+// Dense parameters over the world; each expert hosted here over its replicas.
+void GrpoTrainer::SyncGradients() {
+  const ParallelLayout& l = parallel_->layout();
+  const auto experts = RoutedExpertParameters(policy_);
+  std::vector<at::Tensor> dense, local;
+  for (const at::Tensor& p : policy_->parameters()) {
+    if (experts.count(p.unsafeGetTensorImpl()) == 0) dense.push_back(p);
+  }
+  const int64_t x = policy_->config().num_experts;
+  for (MoeLayer layer : policy_->MoeLayers()) {
+    for (int64_t e = l.first_local_expert(x); e < l.first_local_expert(x) + l.local_experts(x); ++e) {
+      for (const at::Tensor& p : layer->expert(e)->parameters()) local.push_back(p);
+    }
+  }
+  SumGradients(*parallel_, dense, CommGroup::kWorld);
+  SumGradients(*parallel_, local, CommGroup::kExpertReplicas);
+}
+
+// The L2 norm from the per-tensor norms, combined in double. Across ranks:
+// the dense part is the same everywhere after SyncGradients; the experts'
+// part is summed over the world and divided by the replica count (each
+// expert's gradient is counted once per replica).
+double GrpoTrainer::GradNorm(const std::vector<at::Tensor>& grads) {
+  if (parallel_ == nullptr) return std::sqrt(SumOfSquares(grads));
+  const auto experts = RoutedExpertParameters(policy_);
+  std::vector<at::Tensor> dense, expert;
+  for (const at::Tensor& p : policy_->parameters()) {
+    if (p.grad().defined()) (experts.count(p.unsafeGetTensorImpl()) ? expert : dense).push_back(p.grad());
+  }
+  at::Tensor expert_sq = at::tensor({SumOfSquares(expert)}, at::TensorOptions(at::kDouble));
+  parallel_->AllReduceSum(expert_sq, CommGroup::kWorld);
+  return std::sqrt(SumOfSquares(dense) + expert_sq.item<double>() / parallel_->layout().replicas());
 }
 
 }  // namespace moerr::moe

@@ -28,6 +28,7 @@
 #include "moe/foreach_adamw.h"
 #include "moe/moe_transformer.h"
 #include "moe/numerics.h"
+#include "moe/parallel.h"
 
 namespace moerr::moe {
 
@@ -123,6 +124,17 @@ class GrpoTrainer {
   using ResponseSource = std::function<at::Tensor(int64_t step, const at::Tensor& prompts)>;
   void set_response_source(ResponseSource source) { response_source_ = std::move(source); }
 
+  // Data and expert parallelism (parallel.h); null: one process. Each rank
+  // samples the same global batch and trains on its slice of prompts
+  // (rank r: prompts [r*P/N, (r+1)*P/N), whole groups), the rollout drawing
+  // from its own generator; a response source is asked for the global
+  // batch's responses and sliced the same way. Dense gradients are summed
+  // over the world, each expert's over its replicas; the token count, the
+  // metrics, the gradient norm and the found-inf flag are world totals, so
+  // every rank takes the same clip and skip decisions. Needs prompts % N == 0
+  // and micro_batch == 0. Must outlive the trainer's use of it.
+  absl::Status set_parallel(Parallel* parallel);
+
   TrainerState SaveState() const;
   // `tensors` by TrainerState's names. Weights are copied into the models in
   // place (the optimizer keeps its parameters); Adam moments are replaced.
@@ -148,8 +160,13 @@ class GrpoTrainer {
   double loss_scale_;
   StepBatch last_batch_;
   ResponseSource response_source_;
+  Parallel* parallel_ = nullptr;
   int64_t good_steps_ = 0;
   int64_t step_ = 0;
+
+  at::Tensor Shard(const at::Tensor& t) const;  // this rank's rows of a global [n, ...] batch tensor
+  void SyncGradients();
+  double GradNorm(const std::vector<at::Tensor>& grads);  // the world's L2 norm of the gradients
 };
 
 }  // namespace moerr::moe

@@ -89,6 +89,10 @@ void MoeTransformerImpl::SetRoutingObserver(recorder::RoutingObserver* observer)
   for (MoeLayer& m : MoeLayers()) m->gate()->set_observer(observer);
 }
 
+void MoeTransformerImpl::SetParallel(Parallel* parallel) {
+  for (MoeLayer& m : MoeLayers()) m->set_parallel(parallel);
+}
+
 void MoeTransformerImpl::SetRoutingSource(recorder::RoutingSource* source) {
   for (MoeLayer& m : MoeLayers()) m->gate()->set_source(source);
 }

@@ -58,6 +58,8 @@ class MoeTransformerImpl : public torch::nn::Module {
   at::Tensor AuxLoss() const;
   void SetRoutingObserver(recorder::RoutingObserver* observer);
   void SetRoutingSource(recorder::RoutingSource* source);  // null: route live
+  // Expert parallelism for every MoE layer (MoeLayerImpl::set_parallel); null: none.
+  void SetParallel(Parallel* parallel);
   // Parameters and buffers by HF name, in registration order.
   std::vector<std::pair<std::string, at::Tensor>> NamedTensors() const;
 

@@ -30,6 +30,33 @@ llvm::json::Object MetricsToJson(const StepMetrics& m) {
                             {"finite", m.finite}};
 }
 
+namespace {
+
+// Every expert's weights from the EP rank hosting it, so each rank of an EP
+// group holds the whole model again.
+void GatherExperts(MoeTransformer& model, Parallel& parallel) {
+  torch::NoGradGuard no_grad;
+  const ParallelLayout& layout = parallel.layout();
+  const int64_t experts = model->config().num_experts;
+  for (MoeLayer layer : model->MoeLayers()) {
+    for (int64_t e = 0; e < experts; ++e) {
+      for (at::Tensor p : layer->expert(e)->parameters()) {
+        parallel.Broadcast(p, CommGroup::kExpertParallel, layout.host_of(e, experts));
+      }
+    }
+  }
+}
+
+// Rank 0's weights on every rank, as DDP does at construction: the ranks
+// start from one model whatever their warm-up did.
+void BroadcastFromRankZero(MoeTransformer& model, Parallel& parallel) {
+  torch::NoGradGuard no_grad;
+  for (at::Tensor t : model->parameters()) parallel.Broadcast(t, CommGroup::kWorld, 0);
+  for (at::Tensor t : model->buffers()) parallel.Broadcast(t, CommGroup::kWorld, 0);
+}
+
+}  // namespace
+
 absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const ProgressFn& progress,
                                         TrainObserver* observer) {
   if (options.out_dir.empty()) return absl::InvalidArgumentError("an output directory is required (-o DIR)");
@@ -40,8 +67,9 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
   TrainReport report;
   report.metrics_path = options.out_dir + "/metrics.jsonl";
   report.checkpoint_dir = options.out_dir + "/checkpoint";
+  const bool writer = options.parallel == nullptr || options.parallel->layout().rank == 0;
   struct stat st;
-  if (!options.overwrite && ::stat(report.metrics_path.c_str(), &st) == 0) {
+  if (writer && !options.overwrite && ::stat(report.metrics_path.c_str(), &st) == 0) {
     return absl::AlreadyExistsError(absl::StrFormat("%s exists; pass --force to overwrite", report.metrics_path));
   }
   const AdditionTask task;
@@ -59,8 +87,9 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
       report.warmup = Warmup(policy, task, warm, [&](int64_t step, double) {
         if (progress) progress("warm-up", step + 1, warm.steps);
       });
-      MOERR_RETURN_IF_ERROR(SaveCheckpoint(policy, options.out_dir + "/warmup", options.overwrite));
+      if (writer) MOERR_RETURN_IF_ERROR(SaveCheckpoint(policy, options.out_dir + "/warmup", options.overwrite));
     }
+    if (options.parallel != nullptr) BroadcastFromRankZero(policy, *options.parallel);
     MoeTransformer reference = CopyOf(policy);
     GrpoOptions grpo;
     grpo.numerics = Numerics{options.precision, options.fp16_saturate};
@@ -71,18 +100,29 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
     const at::Tensor calibration = at::cat({calib.prompts, calib.answers}, 1);
     MOERR_ASSIGN_OR_RETURN(report.fault, InjectFault(options.fault, policy, grpo, calibration));
     GrpoTrainer trainer(policy, reference, task, grpo, options.seed);
-    std::ofstream metrics(report.metrics_path, std::ios::trunc);
-    if (!metrics) return absl::UnavailableError("cannot write " + report.metrics_path);
+    MOERR_RETURN_IF_ERROR(trainer.set_parallel(options.parallel));
+    std::ofstream metrics;
+    if (writer) {
+      metrics.open(report.metrics_path, std::ios::trunc);
+      if (!metrics) return absl::UnavailableError("cannot write " + report.metrics_path);
+    }
     if (observer) MOERR_RETURN_IF_ERROR(observer->OnStart(trainer));
     for (int64_t i = 0; i < options.steps; ++i) {
       if (observer) MOERR_RETURN_IF_ERROR(observer->BeforeStep(i));
       report.steps.push_back(trainer.Step());
       if (observer) MOERR_RETURN_IF_ERROR(observer->AfterStep(report.steps.back(), trainer.loss_scale()));
-      metrics << llvm::formatv("{0}", llvm::json::Value(MetricsToJson(report.steps.back()))).str() << "\n";
-      metrics.flush();
+      if (writer) {
+        metrics << llvm::formatv("{0}", llvm::json::Value(MetricsToJson(report.steps.back()))).str() << "\n";
+        metrics.flush();
+      }
       if (progress) progress("RL", i + 1, options.steps);
     }
     if (observer) MOERR_RETURN_IF_ERROR(observer->OnFinish());
+    if (options.parallel != nullptr) {
+      GatherExperts(policy, *options.parallel);
+      MOERR_RETURN_IF_ERROR(trainer.set_parallel(nullptr));
+    }
+    if (!writer) return absl::OkStatus();
     report.final_accuracy = Accuracy(policy, task, 256, options.seed + 1);
     return SaveCheckpoint(policy, report.checkpoint_dir, options.overwrite);
   });

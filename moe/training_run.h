@@ -27,6 +27,12 @@ struct TrainOptions {
   std::string init_checkpoint;     // start from this HF checkpoint instead of warming up
   int64_t warmup_steps = 600;
   bool overwrite = false;
+  // Expert and data parallelism (parallel.h); null: one process. Every rank
+  // warms up the same model from the same seed, trains its slice of the
+  // batch and its experts; at the end each EP group gathers its experts
+  // (broadcast from their hosts) and rank 0 alone writes the metrics and
+  // checkpoints and measures the accuracy.
+  Parallel* parallel = nullptr;
 };
 
 struct TrainReport {

@@ -8,6 +8,7 @@
 #include "support/status.h"
 #include "tools/command.h"
 #include "tools/recording_observer.h"
+#include "tools/train_ranks.h"
 
 namespace moerr::tools {
 namespace {
@@ -45,6 +46,7 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
     moe::TrainOptions train;
     std::string family = "qwen3_moe", fault = "none", precision = "fp32";
     std::string record, trigger = "always", bundle, fp16_overflow = "inf";
+    RanksOptions ranks;
   };
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
@@ -78,6 +80,28 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
                   "write them when the loss or grad norm is non-finite or the grad norm exceeds SPIKE x its median)")
       ->capture_default_str();
   cmd->add_option("--bundle", opts->bundle, "Bundle path for --record (default: OUTPUT/run.moerr)");
+  cmd->add_option("--ranks", opts->ranks.ranks,
+                  "Rank processes to launch (expert and data parallel, c10d Gloo); a rank started by another launcher "
+                  "takes RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT from the environment")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--ep", opts->ranks.ep, "Ranks per expert-parallel group (divides --ranks and the experts)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--collective-timeout", opts->ranks.collective_timeout_s,
+                  "Seconds a collective (and the rendezvous) may take before the rank fails naming it")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 86400.0));
+  cmd->add_option("--deadline", opts->ranks.deadline_s,
+                  "Seconds the launcher lets the whole run take before it kills the ranks still running (0: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1e7));
+  cmd->add_option("--store", opts->ranks.store, "Rendezvous store: file (a c10d FileStore) or tcp (TCPStore, 127.0.0.1)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"file", "tcp"}));
+  cmd->add_option("--rank-fault", opts->ranks.rank_fault,
+                  "A multi-rank fault: kill:K (rank K is killed by SIGKILL as step 0 starts) or stall:K (rank K "
+                  "stops there, the others time out in their collective)");
   cmd->callback([opts, &exit_code] {
     Options& o = *opts;
     auto family = moe::ParseFamily(o.family);
@@ -93,6 +117,30 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
     o.train.fault = *fault;
     o.train.precision = *precision;
     o.train.fp16_saturate = o.fp16_overflow == "saturate";
+    auto rank_env = distributed::RankFromEnvironment();
+    if (!rank_env.ok()) {
+      exit_code = ReportError(rank_env.status());
+      return;
+    }
+    if ((o.ranks.ranks > 1 || rank_env->has_value()) && !o.record.empty()) {
+      exit_code = ReportError(absl::InvalidArgumentError("--record with more than one rank: not yet (one process only)"));
+      return;
+    }
+    if (!rank_env->has_value() && o.ranks.ranks > 1) {
+      exit_code = LaunchRanks(o.ranks);
+      return;
+    }
+    RankSession rank;
+    if (rank_env->has_value()) {
+      auto session = JoinAsRank(**rank_env, o.ranks);
+      if (!session.ok()) {
+        exit_code = ReportError(session.status());
+        return;
+      }
+      rank = std::move(*session);
+      o.train.parallel = rank.parallel.get();
+    }
+    const bool quiet = rank.parallel && rank.env.rank != 0;  // rank 0 speaks for the world
     std::unique_ptr<RecordingObserver> observer;
     if (!o.record.empty()) {
       auto mode = recorder::ParseCaptureMode(o.record);
@@ -110,12 +158,27 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
     }
     PhasedProgress progress;
     auto report = moe::RunTraining(
-        o.train, [&](const std::string& p, int64_t done, int64_t total) { progress.Update(p, done, total); },
-        observer.get());
-    progress.Finish();
+        o.train,
+        [&](const std::string& p, int64_t done, int64_t total) {
+          if (!quiet) progress.Update(p, done, total);
+        },
+        rank.fault ? rank.fault.get() : static_cast<moe::TrainObserver*>(observer.get()));
+    if (!quiet) progress.Finish();
     if (!report.ok()) {
-      exit_code = ReportError(report.status());
+      const absl::Status& s = report.status();
+      const std::string who = "rank " + std::to_string(rank.env.rank) + ": ";
+      exit_code = ReportError(rank.parallel && s.message().find(who) == absl::string_view::npos
+                                  ? absl::Status(s.code(), who + std::string(s.message()))
+                                  : s);
       return;
+    }
+    if (quiet) {
+      exit_code = kExitOk;
+      return;
+    }
+    if (rank.parallel) {
+      std::printf("%lld ranks, expert parallelism %lld: metrics and checkpoint from rank 0\n",
+                  static_cast<long long>(rank.env.world_size), static_cast<long long>(o.ranks.ep));
     }
     if (o.train.init_checkpoint.empty()) {
       std::printf("warm-up: %lld steps, loss %.3f, accuracy %.1f%% on 256 held-out sums\n",

@@ -1,0 +1,164 @@
+#include "distributed/launcher.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+
+namespace moerr::distributed {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string SignalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? absl::StrFormat("signal %d (SIG%s)", sig, abbrev) : absl::StrFormat("signal %d", sig);
+}
+
+// In the child, between fork and exec: only async-signal-safe calls.
+[[noreturn]] void ExecRank(const std::vector<char*>& argv, const std::vector<std::string>& env_lines,
+                           pid_t launcher) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != launcher) ::_exit(126);  // the launcher died before prctl
+  for (const std::string& line : env_lines) ::putenv(const_cast<char*>(line.c_str()));
+  ::execv("/proc/self/exe", argv.data());
+  ::_exit(127);
+}
+
+}  // namespace
+
+bool LaunchResult::ok() const {
+  return std::all_of(ranks.begin(), ranks.end(), [](const RankOutcome& r) { return r.kind == RankOutcome::Kind::kOk; });
+}
+
+std::string LaunchResult::Describe() const {
+  std::vector<RankOutcome> failed;
+  for (const RankOutcome& r : ranks) {
+    if (r.kind != RankOutcome::Kind::kOk) failed.push_back(r);
+  }
+  // Ranks that ended on their own first (by time), then those the launcher stopped.
+  std::stable_sort(failed.begin(), failed.end(), [](const RankOutcome& a, const RankOutcome& b) {
+    const bool a_own = a.kind == RankOutcome::Kind::kExited || a.kind == RankOutcome::Kind::kSignaled;
+    const bool b_own = b.kind == RankOutcome::Kind::kExited || b.kind == RankOutcome::Kind::kSignaled;
+    return a_own != b_own ? a_own : a.seconds < b.seconds;
+  });
+  std::string out;
+  for (const RankOutcome& r : failed) {
+    switch (r.kind) {
+      case RankOutcome::Kind::kExited:
+        out += absl::StrFormat("rank %d: exited with status %d after %.1f s\n", r.rank, r.code, r.seconds);
+        break;
+      case RankOutcome::Kind::kSignaled:
+        out += absl::StrFormat("rank %d: killed by %s after %.1f s\n", r.rank, SignalName(r.code), r.seconds);
+        break;
+      case RankOutcome::Kind::kStopped:
+        out += absl::StrFormat("rank %d: still running after another rank failed (hung or stalled): stopped by the "
+                               "launcher after %.1f s\n",
+                               r.rank, r.seconds);
+        break;
+      case RankOutcome::Kind::kHung:
+        out += absl::StrFormat("rank %d: still running at the deadline (hung): killed by the launcher after %.1f s\n",
+                               r.rank, r.seconds);
+        break;
+      case RankOutcome::Kind::kOk:
+        break;
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> OwnArguments() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.eof() && in.fail()) return absl::UnavailableError("cannot read /proc/self/cmdline");
+  std::vector<std::string> args = absl::StrSplit(text, '\0');
+  if (!args.empty() && args.back().empty()) args.pop_back();
+  if (args.empty()) return absl::UnavailableError("/proc/self/cmdline is empty");
+  return args;
+}
+
+absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
+  if (options.ranks < 1) return absl::InvalidArgumentError("--ranks must be >= 1");
+  const Clock::time_point start = Clock::now();
+  std::vector<char*> argv;
+  for (const std::string& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  LaunchResult result;
+  std::vector<pid_t> pids;
+  const pid_t launcher = ::getpid();
+  for (int64_t r = 0; r < options.ranks; ++r) {
+    // Built before fork: the child only calls async-signal-safe functions.
+    std::vector<std::string> env = {
+        absl::StrFormat("RANK=%d", r), absl::StrFormat("WORLD_SIZE=%d", options.ranks),
+        absl::StrFormat("LOCAL_RANK=%d", r), absl::StrFormat("LOCAL_WORLD_SIZE=%d", options.ranks)};
+    for (const auto& [k, v] : options.env) env.push_back(k + "=" + v);
+    const pid_t pid = ::fork();
+    if (pid == 0) ExecRank(argv, env, launcher);
+    if (pid < 0) {
+      const std::string why = std::strerror(errno);
+      for (pid_t p : pids) ::kill(p, SIGKILL);
+      for (pid_t p : pids) ::waitpid(p, nullptr, 0);
+      return absl::UnavailableError("cannot start rank " + std::to_string(r) + ": fork: " + why);
+    }
+    pids.push_back(pid);
+    result.ranks.push_back(RankOutcome{r, RankOutcome::Kind::kOk, 0, 0});
+  }
+
+  std::vector<bool> done(pids.size(), false), stopped(pids.size(), false);
+  double first_failure = -1, term_sent = -1;
+  bool deadline_hit = false;
+  for (size_t running = pids.size(); running > 0;) {
+    for (size_t r = 0; r < pids.size(); ++r) {
+      int status = 0;
+      if (done[r] || ::waitpid(pids[r], &status, WNOHANG) != pids[r]) continue;
+      done[r] = true;
+      --running;
+      RankOutcome& o = result.ranks[r];
+      o.seconds = Since(start);
+      if (stopped[r]) continue;  // kind already set by the launcher
+      if (WIFEXITED(status)) {
+        o.code = WEXITSTATUS(status);
+        o.kind = o.code == 0 ? RankOutcome::Kind::kOk : RankOutcome::Kind::kExited;
+      } else if (WIFSIGNALED(status)) {
+        o.code = WTERMSIG(status);
+        o.kind = RankOutcome::Kind::kSignaled;
+      }
+      if (o.kind != RankOutcome::Kind::kOk && first_failure < 0) first_failure = Since(start);
+    }
+    const double now = Since(start);
+    const bool give_up = first_failure >= 0 && term_sent < 0 && now - first_failure >= options.grace_s;
+    const bool deadline = options.deadline_s > 0 && now >= options.deadline_s && !deadline_hit;
+    if (give_up || deadline) {
+      deadline_hit = deadline_hit || deadline;
+      for (size_t r = 0; r < pids.size(); ++r) {
+        if (done[r] || stopped[r]) continue;
+        stopped[r] = true;
+        result.ranks[r].kind = deadline ? RankOutcome::Kind::kHung : RankOutcome::Kind::kStopped;
+        ::kill(pids[r], deadline ? SIGKILL : SIGTERM);
+      }
+      term_sent = now;
+    }
+    if (term_sent >= 0 && now - term_sent >= 2) {  // SIGTERM ignored: no waiting on it
+      for (size_t r = 0; r < pids.size(); ++r) {
+        if (!done[r]) ::kill(pids[r], SIGKILL);
+      }
+    }
+    if (running > 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return result;
+}
+
+}  // namespace moerr::distributed

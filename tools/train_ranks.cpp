@@ -1,0 +1,127 @@
+#include "tools/train_ranks.h"
+
+#include <ATen/Parallel.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "distributed/launcher.h"
+#include "support/status.h"
+#include "tools/command.h"
+
+namespace moerr::tools {
+namespace {
+
+// --rank-fault: the multi-rank faults. kill: the rank SIGKILLs itself as
+// step 0 starts, before its first collective of the step; stall: it stops
+// there for good, so the others wait in that collective until it times out.
+class RankFault : public moe::TrainObserver {
+ public:
+  explicit RankFault(bool kill) : kill_(kill) {}
+  absl::Status OnStart(moe::GrpoTrainer&) override { return absl::OkStatus(); }
+  absl::Status BeforeStep(int64_t step) override {
+    if (step != 0) return absl::OkStatus();
+    if (kill_) ::raise(SIGKILL);
+    for (;;) ::pause();
+  }
+  absl::Status AfterStep(const moe::StepMetrics&, double) override { return absl::OkStatus(); }
+  absl::Status OnFinish() override { return absl::OkStatus(); }
+
+ private:
+  bool kill_;
+};
+
+absl::Status ParseRankFault(const std::string& text, int64_t ranks, bool& kill, int64_t& rank) {
+  const size_t colon = text.find(':');
+  const std::string kind = text.substr(0, colon);
+  if (colon == std::string::npos || (kind != "kill" && kind != "stall") ||
+      !absl::SimpleAtoi(text.substr(colon + 1), &rank) || rank < 0 || rank >= ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--rank-fault must be kill:K or stall:K with K a rank below %d, not \"%s\"", ranks, text));
+  }
+  kill = kind == "kill";
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int LaunchRanks(const RanksOptions& o) {
+  bool kill = false;
+  int64_t fault_rank = 0;
+  if (o.ep < 1 || o.ranks % o.ep != 0) {
+    return ReportError(absl::InvalidArgumentError(
+        absl::StrFormat("--ep %d must divide --ranks %d", o.ep, o.ranks)));
+  }
+  if (!o.rank_fault.empty()) {
+    if (absl::Status s = ParseRankFault(o.rank_fault, o.ranks, kill, fault_rank); !s.ok()) return ReportError(s);
+  }
+  auto args = distributed::OwnArguments();
+  if (!args.ok()) return ReportError(args.status());
+  distributed::LaunchOptions launch;
+  launch.ranks = o.ranks;
+  launch.argv = *args;
+  launch.deadline_s = o.deadline_s;
+  std::string store_dir;
+  std::unique_ptr<distributed::StoreServer> server;
+  if (o.store == "tcp") {
+    auto hosted = distributed::HostTcpStore(o.ranks, o.collective_timeout_s);
+    if (!hosted.ok()) return ReportError(hosted.status());
+    server = std::move(*hosted);
+    launch.env = {{"MASTER_ADDR", "127.0.0.1"},
+                  {"MASTER_PORT", std::to_string(server->port())},
+                  {"MOERR_STORE_SERVER", "launcher"}};
+  } else {
+    char dir[] = "/tmp/moerr-store-XXXXXX";
+    if (::mkdtemp(dir) == nullptr) return ReportError(absl::UnavailableError("cannot create a FileStore directory"));
+    store_dir = dir;
+    launch.env = {{"MOERR_STORE", store_dir + "/store"}};
+  }
+  std::printf("launching %lld ranks: %lld expert-parallel group(s) of %lld, store %s\n",
+              static_cast<long long>(o.ranks), static_cast<long long>(o.ranks / o.ep), static_cast<long long>(o.ep),
+              o.store == "tcp" ? ("TCPStore 127.0.0.1:" + std::to_string(server->port())).c_str()
+                               : ("FileStore " + store_dir + "/store").c_str());
+  std::fflush(stdout);
+  auto result = distributed::Launch(launch);
+  if (!store_dir.empty()) {
+    ::unlink((store_dir + "/store").c_str());
+    ::rmdir(store_dir.c_str());
+  }
+  if (!result.ok()) return ReportError(result.status());
+  if (result->ok()) return kExitOk;
+  std::fprintf(stderr, "moerr: error: the run failed:\n%s", result->Describe().c_str());
+  int code = -1;  // the status every failed rank exited with, if they agree
+  for (const distributed::RankOutcome& r : result->ranks) {
+    if (r.kind == distributed::RankOutcome::Kind::kOk) continue;
+    const bool own_status = r.kind == distributed::RankOutcome::Kind::kExited;
+    code = own_status && (code == -1 || code == r.code) ? r.code : kExitInternal;
+  }
+  return code;
+}
+
+absl::StatusOr<RankSession> JoinAsRank(const distributed::RankEnv& env, const RanksOptions& o) {
+  if (o.ranks > 1 && o.ranks != env.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--ranks %d but WORLD_SIZE=%d in the environment", o.ranks, env.world_size));
+  }
+  RankSession session;
+  session.env = env;
+  if (!o.rank_fault.empty()) {
+    bool kill = false;
+    int64_t rank = 0;
+    MOERR_RETURN_IF_ERROR(ParseRankFault(o.rank_fault, env.world_size, kill, rank));
+    if (rank == env.rank) session.fault = std::make_unique<RankFault>(kill);
+  }
+  // Ranks share the machine's cores: one intra-op thread each.
+  at::set_num_threads(1);
+  distributed::WorldOptions world;
+  world.ep_size = o.ep;
+  world.collective_timeout_s = o.collective_timeout_s;
+  MOERR_ASSIGN_OR_RETURN(session.parallel, distributed::JoinWorld(env, world));
+  return session;
+}
+
+}  // namespace moerr::tools

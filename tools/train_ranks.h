@@ -1,0 +1,42 @@
+// `moerr train --ranks N --ep E`: the launcher side (start N ranks of this
+// command, wait, report any rank that died or hung) and the rank side (join
+// the world from the environment a launcher set). distributed/ does the
+// work; this is the command's glue.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "distributed/process_group.h"
+#include "moe/training_run.h"
+
+namespace moerr::tools {
+
+struct RanksOptions {
+  int64_t ranks = 1;
+  int64_t ep = 1;
+  double collective_timeout_s = 60;
+  double deadline_s = 0;
+  std::string store = "file";  // file or tcp
+  std::string rank_fault;      // "", kill:K or stall:K
+};
+
+// Runs the ranks and returns the command's exit code: 0 when every rank
+// exited 0; the status the failed ranks exited with when they all exited
+// with the same one (2 for bad input every rank rejects); otherwise
+// kExitInternal (a rank was killed by a signal, hung, or the ranks disagree).
+// Prints each failed rank's fate.
+int LaunchRanks(const RanksOptions& options);
+
+// A rank's world and the training observer that applies --rank-fault on it.
+struct RankSession {
+  distributed::RankEnv env;
+  std::unique_ptr<moe::Parallel> parallel;
+  std::unique_ptr<moe::TrainObserver> fault;  // null without --rank-fault for this rank
+};
+absl::StatusOr<RankSession> JoinAsRank(const distributed::RankEnv& env, const RanksOptions& options);
+
+}  // namespace moerr::tools
