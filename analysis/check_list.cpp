@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "support/enum_table.h"
 #include "support/status.h"
 
 namespace moerr::analysis {
@@ -16,14 +17,10 @@ std::unique_ptr<Check> MakeLoadImbalanceCheck();
 std::unique_ptr<Check> MakeOptimizerHazardsCheck();
 std::unique_ptr<Check> MakeProxyPreservationCheck();
 
-absl::string_view SeverityName(Severity s) {
-  switch (s) {
-    case Severity::kInfo: return "info";
-    case Severity::kWarning: return "warning";
-    case Severity::kError: return "error";
-  }
-  return "?";
-}
+constexpr EnumName<Severity> kSeverities[] = {
+    {Severity::kInfo, "info"}, {Severity::kWarning, "warning"}, {Severity::kError, "error"}};
+
+absl::string_view SeverityName(Severity s) { return EnumNameOf(kSeverities, s, "?"); }
 
 std::vector<std::unique_ptr<Check>> AllChecks() {
   std::vector<std::unique_ptr<Check>> checks;

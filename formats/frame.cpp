@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "support/check.h"
+#include "support/enum_table.h"
 #include "xxhash.h"
 
 namespace moerr::formats {
@@ -29,15 +30,12 @@ uint64_t SelfHash(const std::byte* block) { return XXH3_64bits(block, kSelfHashA
 
 }  // namespace
 
-absl::string_view FrameKindName(uint32_t kind) {
-  switch (static_cast<FrameKind>(kind)) {
-    case FrameKind::kChunk: return "chunk";
-    case FrameKind::kRecord: return "record";
-    case FrameKind::kCheckpoint: return "checkpoint";
-    case FrameKind::kIndex: return "index";
-  }
-  return "unknown";
-}
+constexpr EnumName<FrameKind> kFrameKinds[] = {{FrameKind::kChunk, "chunk"},
+                                               {FrameKind::kRecord, "record"},
+                                               {FrameKind::kCheckpoint, "checkpoint"},
+                                               {FrameKind::kIndex, "index"}};
+
+absl::string_view FrameKindName(uint32_t kind) { return EnumNameOf(kFrameKinds, static_cast<FrameKind>(kind)); }
 
 uint64_t FrameHash(uint32_t kind, uint32_t flags, absl::Span<const std::byte> payload) {
   return XXH3_64bits_withSeed(payload.data(), payload.size(), (uint64_t{kind} << 32) | flags);

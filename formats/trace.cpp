@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "formats/bundle_reader.h"
+#include "support/enum_table.h"
 #include "support/status.h"
 
 namespace moerr::formats {
@@ -32,15 +33,12 @@ bool Fingerprint::operator==(const Fingerprint& o) const {
          neg_inf == o.neg_inf && beyond_f16 == o.beyond_f16 && beyond_bf16 == o.beyond_bf16 && hash == o.hash;
 }
 
-absl::string_view PhaseName(Phase p) {
-  switch (p) {
-    case Phase::kForward: return "forward";
-    case Phase::kBackward: return "backward";
-    case Phase::kOptimizer: return "optimizer";
-    case Phase::kOther: return "other";
-  }
-  return "unknown";
-}
+constexpr EnumName<Phase> kPhases[] = {{Phase::kForward, "forward"},
+                                       {Phase::kBackward, "backward"},
+                                       {Phase::kOptimizer, "optimizer"},
+                                       {Phase::kOther, "other"}};
+
+absl::string_view PhaseName(Phase p) { return EnumNameOf(kPhases, p); }
 
 void Trace::Index() {
   by_id_.clear();

@@ -5,15 +5,12 @@
 #include <map>
 
 #include "absl/strings/str_format.h"
+#include "support/enum_table.h"
 
 namespace moerr::moe {
 namespace {
 
-struct FaultInfo {
-  FaultKind kind;
-  const char* name;
-};
-constexpr FaultInfo kFaults[] = {
+constexpr EnumName<FaultKind> kFaults[] = {
     {FaultKind::kNone, "none"},
     {FaultKind::kExpertOverflow, "expert-overflow"},
     {FaultKind::kGradOverflow, "grad-overflow"},
@@ -53,27 +50,14 @@ BusiestExpert FindBusiestExpert(MoeTransformer& policy, const at::Tensor& calibr
 
 }  // namespace
 
-absl::StatusOr<FaultKind> ParseFault(const std::string& name) {
-  for (const FaultInfo& f : kFaults) {
-    if (name == f.name) return f.kind;
-  }
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "unknown fault \"%s\" (expert-overflow, grad-overflow, logprob-precision, bad-kernel, router-collapse, "
-      "skip-update)",
-      name));
-}
+absl::StatusOr<FaultKind> ParseFault(const std::string& name) { return ParseEnum(kFaults, "fault", name); }
 
-std::string FaultName(FaultKind kind) {
-  for (const FaultInfo& f : kFaults) {
-    if (kind == f.kind) return f.name;
-  }
-  return "unknown";
-}
+std::string FaultName(FaultKind kind) { return std::string(EnumNameOf(kFaults, kind)); }
 
 std::vector<FaultKind> AllFaults() {
   std::vector<FaultKind> out;
-  for (const FaultInfo& f : kFaults) {
-    if (f.kind != FaultKind::kNone) out.push_back(f.kind);
+  for (const EnumName<FaultKind>& f : kFaults) {
+    if (f.value != FaultKind::kNone) out.push_back(f.value);
   }
   return out;
 }

@@ -1,26 +1,25 @@
 #include "moe/moe_config.h"
 
 #include "absl/strings/str_format.h"
+#include "support/enum_table.h"
 #include "support/status.h"
 
 namespace moerr::moe {
 
-std::string FamilyName(Family f) {
-  switch (f) {
-    case Family::kQwen2Moe: return "qwen2_moe";
-    case Family::kQwen3Moe: return "qwen3_moe";
-    case Family::kDeepseekV3: return "deepseek_v3";
-    case Family::kMixtral: return "mixtral";
-  }
-  return "unknown";
-}
+namespace {
+
+// The names are HF config.json `model_type` values.
+constexpr EnumName<Family> kFamilies[] = {{Family::kQwen2Moe, "qwen2_moe"},
+                                          {Family::kQwen3Moe, "qwen3_moe"},
+                                          {Family::kDeepseekV3, "deepseek_v3"},
+                                          {Family::kMixtral, "mixtral"}};
+
+}  // namespace
+
+std::string FamilyName(Family f) { return std::string(EnumNameOf(kFamilies, f)); }
 
 absl::StatusOr<Family> ParseFamily(const std::string& model_type) {
-  for (Family f : {Family::kQwen2Moe, Family::kQwen3Moe, Family::kDeepseekV3, Family::kMixtral}) {
-    if (FamilyName(f) == model_type) return f;
-  }
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "model_type \"%s\" is not supported (qwen2_moe, qwen3_moe, deepseek_v3, mixtral)", model_type));
+  return ParseEnum(kFamilies, "model_type", model_type);
 }
 
 absl::Status Validate(const MoeConfig& c) {

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "absl/strings/str_format.h"
+#include "support/enum_table.h"
 
 namespace moerr::moe {
 namespace {
@@ -25,21 +26,14 @@ struct Fp16RoundFunction : public torch::autograd::Function<Fp16RoundFunction> {
 
 }  // namespace
 
+constexpr EnumName<Precision> kPrecisions[] = {
+    {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp16Emu, "fp16-emu"}};
+
 absl::StatusOr<Precision> ParsePrecision(const std::string& name) {
-  if (name == "fp32") return Precision::kFp32;
-  if (name == "bf16") return Precision::kBf16;
-  if (name == "fp16-emu") return Precision::kFp16Emu;
-  return absl::InvalidArgumentError(absl::StrFormat("unknown precision \"%s\" (fp32, bf16, fp16-emu)", name));
+  return ParseEnum(kPrecisions, "precision", name);
 }
 
-std::string PrecisionName(Precision p) {
-  switch (p) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kBf16: return "bf16";
-    case Precision::kFp16Emu: return "fp16-emu";
-  }
-  return "unknown";
-}
+std::string PrecisionName(Precision p) { return std::string(EnumNameOf(kPrecisions, p)); }
 
 at::Tensor RoundToFp16(const at::Tensor& x, bool saturate) {
   if (!x.is_floating_point()) return x;

@@ -16,6 +16,7 @@
 #include "recorder/fingerprint.h"
 #include "recorder/tensor_adapter.h"
 #include "support/check.h"
+#include "support/enum_table.h"
 
 namespace moerr::recorder {
 namespace {
@@ -146,21 +147,14 @@ bool IsRandomOp(absl::string_view name) {
 
 }  // namespace
 
+constexpr EnumName<CaptureMode> kCaptureModes[] = {
+    {CaptureMode::kStats, "stats"}, {CaptureMode::kReplayable, "replayable"}, {CaptureMode::kFull, "full"}};
+
 absl::StatusOr<CaptureMode> ParseCaptureMode(const std::string& name) {
-  if (name == "stats") return CaptureMode::kStats;
-  if (name == "replayable") return CaptureMode::kReplayable;
-  if (name == "full") return CaptureMode::kFull;
-  return absl::InvalidArgumentError(absl::StrFormat("unknown capture mode \"%s\" (stats, replayable, full)", name));
+  return ParseEnum(kCaptureModes, "capture mode", name);
 }
 
-std::string CaptureModeName(CaptureMode mode) {
-  switch (mode) {
-    case CaptureMode::kStats: return "stats";
-    case CaptureMode::kReplayable: return "replayable";
-    case CaptureMode::kFull: return "full";
-  }
-  return "unknown";
-}
+std::string CaptureModeName(CaptureMode mode) { return std::string(EnumNameOf(kCaptureModes, mode)); }
 
 OpTracer::OpTracer(CaptureMode mode, TraceSink* sink, size_t batch_ops)
     : mode_(mode), batch_ops_(std::max<size_t>(1, batch_ops)), worker_(sink, kWorkerBytes) {
