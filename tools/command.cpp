@@ -33,6 +33,13 @@ int ReportError(const absl::Status& status) {
   return exit_code;
 }
 
+void OnRun(CLI::App* cmd, int& exit_code, std::function<CommandResult()> body) {
+  cmd->callback([&exit_code, body = std::move(body)] {
+    const CommandResult result = body();
+    exit_code = result.ok() ? *result : ReportError(result.status());
+  });
+}
+
 int ReportException() {
   std::string what = "an exception of unknown type";
   try {
@@ -114,6 +121,10 @@ absl::StatusOr<std::vector<int64_t>> StepsToRead(const formats::BundleReader& re
         "%s has no complete step (its steps: %s); pass --step to read an incomplete one", path, listed));
   }
   return complete;
+}
+
+absl::StatusOr<OpenedStep> OpenStep(const std::string& path, int64_t step) {
+  return replayer::OpenStepTrace(path, step);
 }
 
 }  // namespace moerr::tools

@@ -9,6 +9,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,7 +18,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "formats/bundle_reader.h"
+#include "formats/trace.h"
 #include "llvm/Support/JSON.h"
+#include "replayer/step_trace.h"
 
 namespace moerr::tools {
 
@@ -34,6 +38,13 @@ int ExitCodeOf(const absl::Status& status);
 int ReportError(const absl::Status& status);
 // Whether `exit_code` ends the command: an error, not a finding.
 inline bool IsError(int exit_code) { return exit_code >= kExitError; }
+
+// What a subcommand's body returns: kExitOk or kExitFinding when it ran, or
+// the status that stopped it.
+using CommandResult = absl::StatusOr<int>;
+// Makes `body` the callback of `cmd`: runs it when the subcommand is given
+// and sets `exit_code` to what it returned, or to ReportError(its status).
+void OnRun(CLI::App* cmd, int& exit_code, std::function<CommandResult()> body);
 // Called inside a catch block at main's boundary: prints the exception in
 // flight (c10::Error without its backtrace, kj::Exception, std::exception)
 // as an internal error and returns kExitInternal. Library code returns
@@ -61,6 +72,11 @@ absl::Status ClaimWorkDir(const std::string& dir, const std::string& command, co
 // requested (NotFound when there are none).
 absl::StatusOr<std::vector<int64_t>> StepsToRead(const formats::BundleReader& reader, const std::string& path,
                                                  const std::vector<int64_t>& requested);
+
+// The bundle at `path`, opened, and the trace of its step `step` (of its
+// first complete step when `step` < 0).
+using OpenedStep = replayer::StepTrace;
+absl::StatusOr<OpenedStep> OpenStep(const std::string& path, int64_t step);
 
 // JSON has no Inf or NaN: such values print as null.
 llvm::json::Value JsonNumber(double v);

@@ -22,6 +22,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <optional>
 #include <random>
 
 #include "absl/strings/str_format.h"
@@ -48,6 +50,7 @@
 #include "report/step_figures.h"
 #include "report/step_section.h"
 #include "support/progress.h"
+#include "support/status.h"
 #include "tools/command.h"
 #include "tools/recording_observer.h"
 
@@ -128,8 +131,24 @@ struct DemoOptions {
 // (and cached there). Its path.
 std::string WarmCache(const DemoOptions& o) { return o.dir + "/cache/" + o.preset; }
 
-int RunModelStory(const DemoOptions& o, report::HtmlReport& page) {
-  const std::string out = o.dir + "/run", bundle = out + "/run.moerr", cache = WarmCache(o);
+// What the model story's steps share: the run A1 records and the step of
+// it that failed.
+struct Story {
+  const DemoOptions& o;
+  report::HtmlReport& page;
+  std::string bundle;    // the recording
+  moe::TrainReport run;  // its fault and metrics
+  std::optional<moe::MoeTransformer> warm;
+  std::unique_ptr<formats::BundleReader> reader;  // of `bundle`
+  int64_t step = -1;                              // the first step the anomaly trigger wrote
+  formats::Trace trace;                           // of `step`
+};
+
+// A1: warm up (or load the cached warm-up), break an expert, record on anomaly.
+absl::Status RecordFailingRun(Story& s) {
+  const DemoOptions& o = s.o;
+  const std::string out = o.dir + "/run", cache = WarmCache(o);
+  s.bundle = out + "/run.moerr";
   std::filesystem::create_directories(out);
   const bool cached = std::filesystem::exists(cache + "/config.json");
   std::printf("A1. $ moerr train --preset %s %s--fault expert-overflow --steps 3 --record replayable \\\n"
@@ -142,63 +161,70 @@ int RunModelStory(const DemoOptions& o, report::HtmlReport& page) {
   train.out_dir = out;
   train.overwrite = true;
   if (cached) train.init_checkpoint = cache;
-  recorder::RecordOptions record(bundle);
+  recorder::RecordOptions record(s.bundle);
   record.set_mode(recorder::CaptureMode::kReplayable).set_anomaly(2, 10.0).set_overwrite(true);
   RecordingObserver observer(record);
   PhasedProgress progress;
   auto report = moe::RunTraining(
       train, [&](const std::string& p, int64_t done, int64_t total) { progress.Update(p, done, total); }, &observer);
   progress.Finish();
-  if (!report.ok()) return ReportError(report.status());
+  if (!report.ok()) return report.status();
+  s.run = *std::move(report);
   if (!cached) {
     std::filesystem::create_directories(cache);
     std::filesystem::copy(out + "/warmup", cache,
                           std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
   }
-  auto warm = moe::LoadCheckpoint(cache);
-  if (!warm.ok()) return ReportError(warm.status());
-  const double warm_accuracy = moe::Accuracy(*warm, moe::AdditionTask(), 256, 1);
+  MOERR_ASSIGN_OR_RETURN(s.warm, moe::LoadCheckpoint(cache));
+  const double warm_accuracy = moe::Accuracy(*s.warm, moe::AdditionTask(), 256, 1);
   std::printf("    warm-up: %s; accuracy %.1f%% on 256 held-out sums\n",
               cached ? ("loaded from " + cache).c_str() : ("600 steps, cached in " + cache).c_str(),
               100 * warm_accuracy);
-  std::printf("    fault: %s\n", report->fault.description.c_str());
-  for (const moe::StepMetrics& m : report->steps) {
+  std::printf("    fault: %s\n", s.run.fault.description.c_str());
+  for (const moe::StepMetrics& m : s.run.steps) {
     std::printf("    step %lld: loss %g, grad norm %g, loss scale %g%s\n", static_cast<long long>(m.step), m.loss,
                 m.grad_norm, m.loss_scale, m.skipped ? "  -> skipped: non-finite" : "");
   }
   const auto& written = observer.recorder().written_steps();
-  std::printf("    the anomaly trigger wrote steps %s to %s\n\n", absl::StrJoin(written, ", ").c_str(), bundle.c_str());
-  if (written.empty()) return ReportError(absl::InternalError("no anomaly was recorded"));
-  page.Paragraph(absl::StrFormat("The `%s` model (%s, accuracy %.1f%%) was broken with the fault `expert-overflow`: %s. "
-                                 "RL steps were recorded on anomaly to %s.",
-                                 o.preset, cached ? "warm-up loaded from " + cache : "warmed up", 100 * warm_accuracy,
-                                 report->fault.description, bundle));
+  std::printf("    the anomaly trigger wrote steps %s to %s\n\n", absl::StrJoin(written, ", ").c_str(),
+              s.bundle.c_str());
+  if (written.empty()) return absl::InternalError("no anomaly was recorded");
+  s.step = written.front();
+  s.page.Paragraph(absl::StrFormat(
+      "The `%s` model (%s, accuracy %.1f%%) was broken with the fault `expert-overflow`: %s. RL steps were recorded "
+      "on anomaly to %s.",
+      o.preset, cached ? "warm-up loaded from " + cache : "warmed up", 100 * warm_accuracy, s.run.fault.description,
+      s.bundle));
+  return absl::OkStatus();
+}
 
-  auto reader = formats::BundleReader::Open(bundle);
-  if (!reader.ok()) return ReportError(reader.status());
-  std::printf("A2. $ moerr inspect %s\n", bundle.c_str());
-  auto summary = formats::Summarize(**reader);
-  if (!summary.ok()) return ReportError(summary.status());
-  for (absl::string_view line : absl::StrSplit(formats::RenderText(*summary, bundle), '\n')) {
-    if (absl::StartsWith(line, bundle) || absl::StrContains(line, "tensor bytes") ||
+// A2: the recording's summary, the lines that matter here.
+absl::Status InspectRun(Story& s) {
+  MOERR_ASSIGN_OR_RETURN(s.reader, formats::BundleReader::Open(s.bundle));
+  std::printf("A2. $ moerr inspect %s\n", s.bundle.c_str());
+  MOERR_ASSIGN_OR_RETURN(const formats::BundleSummary summary, formats::Summarize(*s.reader));
+  for (absl::string_view line : absl::StrSplit(formats::RenderText(summary, s.bundle), '\n')) {
+    if (absl::StartsWith(line, s.bundle) || absl::StrContains(line, "tensor bytes") ||
         absl::StrContains(line, "traced ops") || absl::StrContains(line, "complete steps")) {
       std::printf("    %s\n", std::string(absl::StripLeadingAsciiWhitespace(line)).c_str());
     }
   }
   std::printf("\n");
+  return absl::OkStatus();
+}
 
-  const int64_t step = written.front();
-  auto trace = formats::ReadTrace(**reader, step);
-  if (!trace.ok()) return ReportError(trace.status());
+// A3: the first overflow and its cause, from the fingerprints.
+absl::Status BisectStep(Story& s) {
+  MOERR_ASSIGN_OR_RETURN(s.trace, formats::ReadTrace(*s.reader, s.step));
   std::printf("A3. $ moerr bisect %s --step %lld   (the first op whose inputs were finite and whose output was "
               "not, and the op before it whose output exploded; from fingerprints, no re-run)\n",
-              bundle.c_str(), static_cast<long long>(step));
-  const auto cause = analysis::FindOverflowCause(*trace);
-  if (!cause) return ReportError(absl::InternalError("the recorded step has no overflow"));
+              s.bundle.c_str(), static_cast<long long>(s.step));
+  const auto cause = analysis::FindOverflowCause(s.trace);
+  if (!cause) return absl::InternalError("the recorded step has no overflow");
   const analysis::FirstOverflow* first = &cause->first;
   std::printf("    first overflow: op %zu of %zu, %s in %s (%s); output: %llu of %llu values +Inf, %llu -Inf, "
               "%llu NaN\n",
-              first->op_index, trace->ops.size(), first->op->name.c_str(), first->op->module.c_str(),
+              first->op_index, s.trace.ops.size(), first->op->name.c_str(), first->op->module.c_str(),
               std::string(formats::PhaseName(first->op->phase)).c_str(),
               static_cast<unsigned long long>(first->fingerprint.pos_inf),
               static_cast<unsigned long long>(first->fingerprint.numel),
@@ -210,49 +236,57 @@ int RunModelStory(const DemoOptions& o, report::HtmlReport& page) {
               c.op_index, c.op->name.c_str(), c.op->module.c_str(),
               std::string(formats::PhaseName(c.op->phase)).c_str(),
               c.abs_max, c.input_rise_bits, c.peer_rise_bits, c.peers);
-  std::printf("    the fault was injected in %s: %s\n\n", report->fault.module.c_str(),
-              cause->found_explosion && absl::StartsWith(c.op->module, report->fault.module) ? "found" : "NOT found");
+  std::printf("    the fault was injected in %s: %s\n\n", s.run.fault.module.c_str(),
+              cause->found_explosion && absl::StartsWith(c.op->module, s.run.fault.module) ? "found" : "NOT found");
   // The step emulates fp16: the overlay asks which fp32 values would not fit in it.
-  if (absl::Status s = report::AddStepSection(page, **reader, bundle, step, *trace, {formats::DType::kF16}); !s.ok()) {
-    return ReportError(s);
-  }
+  return report::AddStepSection(s.page, *s.reader, s.bundle, s.step, s.trace, {formats::DType::kF16});
+}
 
-  std::printf("A4. $ moerr replay %s --step %lld --check\n", bundle.c_str(), static_cast<long long>(step));
-  auto replay = replayer::ReplayTrace(**reader, step, *trace);
-  auto again = replayer::ReplayTrace(**reader, step, *trace);
-  if (!replay.ok() || !again.ok()) return ReportError(replay.ok() ? again.status() : replay.status());
+// A4: program replay, twice. A finding when it does not match the record
+// bitwise or itself.
+CommandResult ReplayStep(const Story& s) {
+  std::printf("A4. $ moerr replay %s --step %lld --check\n", s.bundle.c_str(), static_cast<long long>(s.step));
+  auto replay = replayer::ReplayTrace(*s.reader, s.step, s.trace);
+  auto again = replayer::ReplayTrace(*s.reader, s.step, s.trace);
+  if (!replay.ok() || !again.ok()) return replay.ok() ? again.status() : replay.status();
   const bool same = replay->outputs == again->outputs;
   std::printf("    %zu ops re-dispatched from the step's leaves, %zu outputs compared with the record: %zu differ;\n"
               "    the same overflow, bitwise; a second replay is %s\n\n",
               replay->dispatched, replay->compared, replay->mismatched, same ? "bitwise identical" : "DIFFERENT");
-  if (replay->mismatched != 0 || !same) return kExitFinding;
+  return replay->mismatched != 0 || !same ? kExitFinding : kExitOk;
+}
 
-  std::printf("A5. $ moerr bisect %s --step %lld --precision\n", bundle.c_str(), static_cast<long long>(step));
-  auto precision = replayer::PrecisionBisect(**reader, step, *trace);
-  if (!precision.ok()) return ReportError(precision.status());
-  if (!precision->removable) return ReportError(absl::InternalError("upcasting did not remove the overflow"));
+// A5: the modules whose upcast removes the overflow.
+absl::Status BisectPrecision(const Story& s) {
+  std::printf("A5. $ moerr bisect %s --step %lld --precision\n", s.bundle.c_str(), static_cast<long long>(s.step));
+  MOERR_ASSIGN_OR_RETURN(const replayer::PrecisionBisectResult precision,
+                         replayer::PrecisionBisect(*s.reader, s.step, s.trace));
+  if (!precision.removable) return absl::InternalError("upcasting did not remove the overflow");
   std::printf("    %zu replays under upcast sets: upcasting these %zu of %zu modules to fp32 removes the overflow, and\n"
               "    dropping any one brings it back; each is the module's own ops, not its submodules'\n",
-              precision->trials, precision->modules.size(), precision->candidates.size());
-  for (const std::string& m : precision->modules) {
-    std::printf("      %s%s\n", m.c_str(), m == report->fault.module ? "   <- the injected expert" : "");
+              precision.trials, precision.modules.size(), precision.candidates.size());
+  for (const std::string& m : precision.modules) {
+    std::printf("      %s%s\n", m.c_str(), m == s.run.fault.module ? "   <- the injected expert" : "");
   }
   std::printf("    (as a policy file for `moerr replay --policy`):\n");
-  for (absl::string_view line : absl::StrSplit(precision->policy.ToText(), '\n', absl::SkipEmpty())) {
+  for (absl::string_view line : absl::StrSplit(precision.policy.ToText(), '\n', absl::SkipEmpty())) {
     std::printf("      %s\n", std::string(line).c_str());
   }
   std::printf("\n");
+  return absl::OkStatus();
+}
 
-  std::printf("A6. $ moerr lint %s --step %lld\n", bundle.c_str(), static_cast<long long>(step));
-  const analysis::LintInput lint{analysis::StepView{reader->get(), bundle, step, &*trace}, std::nullopt};
-  auto findings = analysis::RunChecks(lint);
-  if (!findings.ok()) return ReportError(findings.status());
+// A6: lint, the worst finding of each check.
+absl::Status LintStep(const Story& s) {
+  std::printf("A6. $ moerr lint %s --step %lld\n", s.bundle.c_str(), static_cast<long long>(s.step));
+  const analysis::LintInput lint{analysis::StepView{s.reader.get(), s.bundle, s.step, &s.trace}, std::nullopt};
+  MOERR_ASSIGN_OR_RETURN(const std::vector<analysis::Finding> findings, analysis::RunChecks(lint));
   int counts[3] = {0, 0, 0};
-  for (const analysis::Finding& f : *findings) ++counts[static_cast<int>(f.severity)];
+  for (const analysis::Finding& f : findings) ++counts[static_cast<int>(f.severity)];
   std::printf("    %zu findings (%d error, %d warnings, %d notes) without re-running; the worst of each check:\n",
-              findings->size(), counts[2], counts[1], counts[0]);
+              findings.size(), counts[2], counts[1], counts[0]);
   std::vector<std::string> shown;
-  for (const analysis::Finding& f : *findings) {
+  for (const analysis::Finding& f : findings) {
     if (f.severity < analysis::Severity::kWarning ||
         std::find(shown.begin(), shown.end(), f.check) != shown.end()) {
       continue;
@@ -262,56 +296,67 @@ int RunModelStory(const DemoOptions& o, report::HtmlReport& page) {
                 f.where.c_str(), f.message.c_str());
   }
   std::printf("\n");
+  return absl::OkStatus();
+}
 
-  const std::string proxy_dir = o.dir + "/proxy";
-  std::printf("A7. $ moerr proxy %s --keep 1/4 -o %s && moerr replay %s/proxy.moerr --model\n", bundle.c_str(),
+// What the demo's proxies keep: 1/4 of the experts, step `step`, in `dir`.
+proxy::ProxyOptions QuarterProxy(int64_t step, const std::string& dir) {
+  proxy::ProxyOptions options;
+  options.step = step;
+  options.keep_fraction = 0.25;
+  options.out_dir = dir;
+  options.overwrite = true;
+  return options;
+}
+
+// A7: the step on a 1/4 proxy, replayed. A finding when the fault does not
+// reproduce there.
+CommandResult ReproduceOnProxy(const Story& s) {
+  const std::string proxy_dir = s.o.dir + "/proxy";
+  std::printf("A7. $ moerr proxy %s --keep 1/4 -o %s && moerr replay %s/proxy.moerr --model\n", s.bundle.c_str(),
               proxy_dir.c_str(), proxy_dir.c_str());
-  proxy::ProxyOptions proxy_options;
-  proxy_options.step = step;
-  proxy_options.keep_fraction = 0.25;
-  proxy_options.out_dir = proxy_dir;
-  proxy_options.overwrite = true;
-  auto built = proxy::BuildProxy(**reader, proxy_options);
-  if (!built.ok()) return ReportError(built.status());
+  MOERR_ASSIGN_OR_RETURN(const proxy::ProxyReport built, proxy::BuildProxy(*s.reader, QuarterProxy(s.step, proxy_dir)));
   std::printf("    %lld experts per MoE layer -> %lld, the broken expert forced in; policy parameters %lld -> %lld\n",
-              static_cast<long long>(built->experts), static_cast<long long>(built->kept),
-              static_cast<long long>(built->params_original), static_cast<long long>(built->params_proxy));
-  auto proxy_reader = formats::BundleReader::Open(built->bundle);
-  if (!proxy_reader.ok()) return ReportError(proxy_reader.status());
+              static_cast<long long>(built.experts), static_cast<long long>(built.kept),
+              static_cast<long long>(built.params_original), static_cast<long long>(built.params_proxy));
+  MOERR_ASSIGN_OR_RETURN(const auto proxy_reader, formats::BundleReader::Open(built.bundle));
   replayer::ModelReplayOptions model_replay;
   model_replay.record_path = proxy_dir + "/replay.moerr";
   model_replay.overwrite = true;
-  auto replayed = replayer::ReplayModelStepTrace(**proxy_reader, step, model_replay);
-  if (!replayed.ok()) return ReportError(replayed.status());
-  const auto proxy_first = analysis::FindFirstOverflow(replayed->recording.trace);
+  MOERR_ASSIGN_OR_RETURN(const replayer::ReplayedStep replayed,
+                         replayer::ReplayModelStepTrace(*proxy_reader, s.step, model_replay));
+  const auto proxy_first = analysis::FindFirstOverflow(replayed.recording.trace);
   const std::string reproduced =
       proxy_first ? absl::StrFormat("first overflow at op %zu, %s in %s (%s): the fault reproduces on the proxy",
                                     proxy_first->op_index, proxy_first->op->name, proxy_first->op->module,
                                     formats::PhaseName(proxy_first->op->phase))
                   : "no overflow: the fault did NOT reproduce";
-  std::printf("    the proxy's step, routing replayed: loss %g; %s\n\n", replayed->report.metrics.loss, reproduced.c_str());
-  page.Heading("Proxy at 1/4 of the experts");
-  page.Paragraph(absl::StrFormat("%d experts per MoE layer -> %d (the broken expert forced in); policy parameters %d "
-                                 "-> %d (%.2fx fewer). Model replay of the proxy's step: %s.",
-                                 built->experts, built->kept, built->params_original, built->params_proxy,
-                                 double(built->params_original) / built->params_proxy, reproduced));
+  std::printf("    the proxy's step, routing replayed: loss %g; %s\n\n", replayed.report.metrics.loss, reproduced.c_str());
+  s.page.Heading("Proxy at 1/4 of the experts");
+  s.page.Paragraph(absl::StrFormat("%d experts per MoE layer -> %d (the broken expert forced in); policy parameters %d "
+                                   "-> %d (%.2fx fewer). Model replay of the proxy's step: %s.",
+                                   built.experts, built.kept, built.params_original, built.params_proxy,
+                                   double(built.params_original) / built.params_proxy, reproduced));
   std::vector<report::ClusterLayer> layers;
-  for (const proxy::LayerPlan& plan : built->plans) layers.push_back({plan.layer, plan.medoid_of, plan.forced});
-  page.Figure(report::ClusterMapFigure(layers), "Written as " + built->cluster_map + ".");
-  if (!proxy_first) return kExitFinding;
+  for (const proxy::LayerPlan& plan : built.plans) layers.push_back({plan.layer, plan.medoid_of, plan.forced});
+  s.page.Figure(report::ClusterMapFigure(layers), "Written as " + built.cluster_map + ".");
+  return proxy_first ? kExitOk : kExitFinding;
+}
 
-  const std::string small = o.dir + "/small.moerr";
-  std::printf("A8. $ moerr reduce %s -o %s\n", bundle.c_str(), small.c_str());
+// A8: the smallest step that still fails the same way.
+absl::Status ReduceStep(const Story& s) {
+  const std::string small = s.o.dir + "/small.moerr";
+  std::printf("A8. $ moerr reduce %s -o %s\n", s.bundle.c_str(), small.c_str());
   proxy::ReduceOptions reduce;
-  reduce.step = step;
+  reduce.step = s.step;
   reduce.out_path = small;
-  reduce.work_dir = o.dir + "/reduce";
+  reduce.work_dir = s.o.dir + "/reduce";
   Progress reduce_bar("reduce", 0);
-  auto reduced = proxy::Reduce(**reader, reduce, [&](int64_t tried, const std::string& pass) {
+  auto reduced = proxy::Reduce(*s.reader, reduce, [&](int64_t tried, const std::string& pass) {
     reduce_bar.Update(tried, pass);
   });
   reduce_bar.Finish();
-  if (!reduced.ok()) return ReportError(reduced.status());
+  if (!reduced.ok()) return reduced.status();
   std::vector<std::vector<std::string>> removed;
   for (const proxy::ReduceRow& row : reduced->accepted) {
     std::printf("    %-16s %s\n", row.pass.c_str(), row.removed.c_str());
@@ -324,29 +369,29 @@ int RunModelStory(const DemoOptions& o, report::HtmlReport& page) {
       reduced->before.params, double(reduced->before.params) / reduced->after.params, reduced->after.response_tokens,
       reduced->before.response_tokens, reduced->after.prompts, reduced->before.prompts);
   std::printf("    %s\n\n", reduced_line.c_str());
-  page.Heading("moerr reduce");
-  page.Table({"pass", "removed"}, removed);
-  page.Paragraph(reduced_line + ". Written as " + small + ".");
+  s.page.Heading("moerr reduce");
+  s.page.Table({"pass", "removed"}, removed);
+  s.page.Paragraph(reduced_line + ". Written as " + small + ".");
+  return absl::OkStatus();
+}
 
+// A9: healthy RL steps of the warm model against its 1/4 proxy.
+absl::Status CompareDynamics(const Story& s) {
+  const DemoOptions& o = s.o;
   std::printf("A9. RL dynamics: %lld healthy steps of the warm model against its 1/4 proxy (cluster), the proxy\n"
               "    replaying the original's steps (its sampled responses and its routing)\n",
               static_cast<long long>(o.dynamics_steps));
   const std::string healthy = o.dir + "/healthy.moerr";
-  if (absl::Status s = proxy::RecordHealthyStep(*warm, healthy); !s.ok()) return ReportError(s);
-  auto healthy_reader = formats::BundleReader::Open(healthy);
-  if (!healthy_reader.ok()) return ReportError(healthy_reader.status());
-  proxy::ProxyOptions healthy_options = proxy_options;
-  healthy_options.step = 0;
-  healthy_options.out_dir = o.dir + "/healthy-proxy";
-  auto healthy_proxy = proxy::BuildProxy(**healthy_reader, healthy_options);
-  if (!healthy_proxy.ok()) return ReportError(healthy_proxy.status());
-  auto proxy_model = moe::LoadCheckpoint(healthy_proxy->checkpoint);
-  if (!proxy_model.ok()) return ReportError(proxy_model.status());
-  const proxy::Trajectory base = proxy::Train(*warm, o.dynamics_steps, 5);
-  const proxy::Trajectory mirrored = proxy::Train(*proxy_model, o.dynamics_steps, 5, &base, &healthy_proxy->plans);
+  MOERR_RETURN_IF_ERROR(proxy::RecordHealthyStep(*s.warm, healthy));
+  MOERR_ASSIGN_OR_RETURN(const auto healthy_reader, formats::BundleReader::Open(healthy));
+  MOERR_ASSIGN_OR_RETURN(const proxy::ProxyReport healthy_proxy,
+                         proxy::BuildProxy(*healthy_reader, QuarterProxy(0, o.dir + "/healthy-proxy")));
+  MOERR_ASSIGN_OR_RETURN(const moe::MoeTransformer proxy_model, moe::LoadCheckpoint(healthy_proxy.checkpoint));
+  const proxy::Trajectory base = proxy::Train(*s.warm, o.dynamics_steps, 5);
+  const proxy::Trajectory mirrored = proxy::Train(proxy_model, o.dynamics_steps, 5, &base, &healthy_proxy.plans);
   const int64_t micro_batch = proxy::EvalOptions().memory_micro_batch;
-  const int64_t base_micro = proxy::MicroBatchedPeakMemory(*warm, micro_batch);
-  const int64_t proxy_micro = proxy::MicroBatchedPeakMemory(*proxy_model, micro_batch);
+  const int64_t base_micro = proxy::MicroBatchedPeakMemory(*s.warm, micro_batch);
+  const int64_t proxy_micro = proxy::MicroBatchedPeakMemory(proxy_model, micro_batch);
   const std::string dynamics = absl::StrFormat(
       "Pearson r(loss) %.3f, r(grad norm) %.3f; peak tensor memory %s -> %s (%.2fx less), in micro-batches of %d "
       "sequences %s -> %s (%.2fx less)",
@@ -355,16 +400,35 @@ int RunModelStory(const DemoOptions& o, report::HtmlReport& page) {
       double(base.peak_bytes) / mirrored.peak_bytes, micro_batch, formats::HumanBytes(base_micro),
       formats::HumanBytes(proxy_micro), double(base_micro) / proxy_micro);
   std::printf("    %s\n\n", dynamics.c_str());
-  page.Heading("RL dynamics, original against proxy");
-  page.Paragraph(absl::StrFormat("%d healthy GRPO steps from the warm model and from its 1/4 proxy (cluster), the proxy "
-                                 "replaying the original's steps (its sampled responses and its routing): %s.",
-                                 o.dynamics_steps, dynamics));
-  page.Figure(report::TrajectoryFigure("loss", "original", base.loss, "proxy 1/4", mirrored.loss), "");
-  page.Figure(report::TrajectoryFigure("grad norm", "original", base.grad_norm, "proxy 1/4", mirrored.grad_norm), "");
+  s.page.Heading("RL dynamics, original against proxy");
+  s.page.Paragraph(absl::StrFormat(
+      "%d healthy GRPO steps from the warm model and from its 1/4 proxy (cluster), the proxy replaying the original's "
+      "steps (its sampled responses and its routing): %s.",
+      o.dynamics_steps, dynamics));
+  s.page.Figure(report::TrajectoryFigure("loss", "original", base.loss, "proxy 1/4", mirrored.loss), "");
+  s.page.Figure(report::TrajectoryFigure("grad norm", "original", base.grad_norm, "proxy 1/4", mirrored.grad_norm), "");
+  return absl::OkStatus();
+}
+
+// Part A, step by step; stops at the first step that fails or finds the
+// demo's story untrue (a replay that differs, a fault the proxy loses).
+CommandResult RunModelStory(const DemoOptions& o, report::HtmlReport& page) {
+  Story s{o, page};
+  MOERR_RETURN_IF_ERROR(RecordFailingRun(s));
+  MOERR_RETURN_IF_ERROR(InspectRun(s));
+  MOERR_RETURN_IF_ERROR(BisectStep(s));
+  MOERR_ASSIGN_OR_RETURN(const int replayed, ReplayStep(s));
+  if (replayed != kExitOk) return replayed;
+  MOERR_RETURN_IF_ERROR(BisectPrecision(s));
+  MOERR_RETURN_IF_ERROR(LintStep(s));
+  MOERR_ASSIGN_OR_RETURN(const int proxied, ReproduceOnProxy(s));
+  if (proxied != kExitOk) return proxied;
+  MOERR_RETURN_IF_ERROR(ReduceStep(s));
+  MOERR_RETURN_IF_ERROR(CompareDynamics(s));
   return kExitOk;
 }
 
-int RunCrashStory(const std::string& dir) {
+CommandResult RunCrashStory(const std::string& dir) {
   std::filesystem::create_directories(dir);
   const std::string bundle = dir + "/run.moerr", fixed = dir + "/run.salvaged.moerr";
   std::filesystem::remove(bundle);
@@ -374,47 +438,55 @@ int RunCrashStory(const std::string& dir) {
   std::printf("B1. A training job records steps into %s and is killed (SIGKILL) halfway through step 3.\n",
               bundle.c_str());
   const pid_t child = ::fork();
-  if (child < 0) return ReportError(absl::InternalError("fork failed"));
+  if (child < 0) return absl::InternalError("fork failed");
   if (child == 0) RecordAndCrash(bundle, /*crash_step=*/3);
   int status = 0;
   ::waitpid(child, &status, 0);
   if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL) {
-    return ReportError(absl::InternalError("the recording child did not die as planned"));
+    return absl::InternalError("the recording child did not die as planned");
   }
   std::printf("   the job died by signal %d; it left %s (%s)\n\n", WTERMSIG(status), (bundle + ".partial").c_str(),
               formats::HumanBytes(std::filesystem::file_size(bundle + ".partial")).c_str());
 
   std::printf("B2. $ moerr inspect %s.partial\n", bundle.c_str());
   auto broken = formats::BundleReader::Open(bundle + ".partial");
-  if (broken.ok()) return ReportError(absl::InternalError("a killed writer's bundle opened as finished"));
+  if (broken.ok()) return absl::InternalError("a killed writer's bundle opened as finished");
   std::printf("   moerr: error: %s\n\n", std::string(broken.status().message()).c_str());
 
   std::printf("B3. $ moerr salvage %s.partial -o %s\n", bundle.c_str(), fixed.c_str());
-  auto report = formats::Salvage(bundle + ".partial", fixed, /*overwrite=*/true);
-  if (!report.ok()) return ReportError(report.status());
+  MOERR_ASSIGN_OR_RETURN(const formats::SalvageReport report,
+                         formats::Salvage(bundle + ".partial", fixed, /*overwrite=*/true));
   std::printf("   kept %llu complete frames; recovered %llu tensors; complete steps: %s\n",
-              static_cast<unsigned long long>(report->frames), static_cast<unsigned long long>(report->tensors),
-              absl::StrJoin(report->complete_steps, ", ").c_str());
+              static_cast<unsigned long long>(report.frames), static_cast<unsigned long long>(report.tensors),
+              absl::StrJoin(report.complete_steps, ", ").c_str());
   std::printf("   lost: step(s) %s began but did not finish; %s after the last complete frame\n\n",
-              absl::StrJoin(report->incomplete_steps, ", ").c_str(), formats::HumanBytes(report->bytes_dropped).c_str());
+              absl::StrJoin(report.incomplete_steps, ", ").c_str(), formats::HumanBytes(report.bytes_dropped).c_str());
 
   std::printf("B4. $ moerr verify %s\n", fixed.c_str());
-  auto reader = formats::BundleReader::Open(fixed);
-  if (!reader.ok()) return ReportError(reader.status());
-  auto verified = (*reader)->Verify();
-  if (!verified.ok()) return ReportError(verified.status());
+  MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(fixed));
+  MOERR_ASSIGN_OR_RETURN(const formats::VerifyReport verified, reader->Verify());
   std::printf("   ok: %llu frames checksummed, %llu distinct tensors' contents re-hashed (%s)\n\n",
-              static_cast<unsigned long long>(verified->frames), static_cast<unsigned long long>(verified->blobs),
-              formats::HumanBytes(verified->raw_bytes).c_str());
+              static_cast<unsigned long long>(verified.frames), static_cast<unsigned long long>(verified.blobs),
+              formats::HumanBytes(verified.raw_bytes).c_str());
 
   std::printf("B5. $ moerr inspect %s\n", fixed.c_str());
-  auto summary = formats::Summarize(**reader);
-  if (!summary.ok()) return ReportError(summary.status());
-  std::printf("%s\n", formats::RenderText(*summary, fixed).c_str());
+  MOERR_ASSIGN_OR_RETURN(const formats::BundleSummary summary, formats::Summarize(*reader));
+  std::printf("%s\n", formats::RenderText(summary, fixed).c_str());
   std::printf("The expert weights did not change between steps, so each is stored once (%.2fx of the\n"
               "logical bytes on disk); each is read back on its own without touching the rest.\n",
-              static_cast<double>(summary->stored_bytes) / summary->logical_bytes);
+              static_cast<double>(summary.stored_bytes) / summary.logical_bytes);
   return kExitOk;
+}
+
+// Part A, then its report, then part B.
+CommandResult RunStories(const DemoOptions& o) {
+  report::HtmlReport page("moerr demo: an expert that overflows fp16, found, replayed, proxied and reduced");
+  MOERR_ASSIGN_OR_RETURN(const int code, RunModelStory(o, page));
+  if (code != kExitOk) return code;
+  const std::string report_path = o.dir + "/report.html";
+  MOERR_RETURN_IF_ERROR(page.Write(report_path));
+  std::printf("Report: %s\n\n", report_path.c_str());
+  return RunCrashStory(o.dir);
 }
 
 }  // namespace
@@ -436,25 +508,18 @@ void AddDemoCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--dynamics-steps", opts->dynamics_steps, "Healthy RL steps compared, original against proxy")
       ->capture_default_str()
       ->check(CLI::Range(3, 1000));
-  cmd->callback([opts, &exit_code] {
-    if (absl::Status s = ClaimWorkDir(opts->dir, "demo",
-                                      {"cache", "run", "run.moerr", "run.moerr.partial", "run.salvaged.moerr", "proxy",
-                                       "reduce", "small.moerr", "healthy.moerr", "healthy-proxy", "report.html"});
-        !s.ok()) {
-      exit_code = ReportError(s);
-      return;
-    }
+  OnRun(cmd, exit_code, [opts]() -> CommandResult {
+    MOERR_RETURN_IF_ERROR(ClaimWorkDir(opts->dir, "demo",
+                                       {"cache", "run", "run.moerr", "run.moerr.partial", "run.salvaged.moerr",
+                                        "proxy", "reduce", "small.moerr", "healthy.moerr", "healthy-proxy",
+                                        "report.html"}));
     const auto start = std::chrono::steady_clock::now();
-    report::HtmlReport page("moerr demo: an expert that overflows fp16, found, replayed, proxied and reduced");
-    exit_code = RunModelStory(*opts, page);
-    const std::string report_path = opts->dir + "/report.html";
-    if (exit_code == kExitOk) {
-      if (absl::Status s = page.Write(report_path); !s.ok()) exit_code = ReportError(s);
-    }
-    if (exit_code == kExitOk) std::printf("Report: %s\n\n", report_path.c_str());
-    if (exit_code == kExitOk) exit_code = RunCrashStory(opts->dir);
+    const CommandResult result = RunStories(*opts);
+    // The error first, then the time the demo took.
+    const int code = result.ok() ? *result : ReportError(result.status());
     std::printf("\nThe demo took %.0f s.\n",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    return code;
   });
 }
 

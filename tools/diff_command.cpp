@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -6,6 +7,7 @@
 #include "diff/html_report.h"
 #include "diff/trace_diff.h"
 #include "formats/bundle_reader.h"
+#include "support/status.h"
 #include "tools/command.h"
 
 namespace moerr::tools {
@@ -36,17 +38,115 @@ llvm::json::Object OutputJson(const diff::OutputDiff& o) {
   return out;
 }
 
+struct DiffArgs {
+  std::string a, b, html;
+  int64_t step_a = -1, step_b = -1;
+  std::vector<std::string> thresholds;
+  size_t top = 10;
+  bool json = false, fingerprints_only = false;
+};
+
+llvm::json::Object DiffJson(const DiffArgs& args, const OpenedStep& a, const OpenedStep& b,
+                            const diff::DiffReport& report) {
+  llvm::json::Array diverged, unmatched;
+  for (size_t i = 0; i < report.ops.size(); ++i) {
+    const diff::OpDiff& d = report.ops[i];
+    if (d.a < 0 || d.b < 0) {
+      const formats::OpEvent& op = d.a >= 0 ? a.trace.ops[d.a] : b.trace.ops[d.b];
+      unmatched.push_back(llvm::json::Object{{"in", d.a >= 0 ? "A" : "B"}, {"op_index", d.a >= 0 ? d.a : d.b},
+                                             {"op", op.name}, {"module", op.module}});
+      continue;
+    }
+    if (!d.diverged) continue;
+    const formats::OpEvent& op = a.trace.ops[d.a];
+    llvm::json::Array outputs;
+    for (const auto& o : d.outputs) outputs.push_back(OutputJson(o));
+    diverged.push_back(llvm::json::Object{{"op_a", d.a}, {"op_b", d.b}, {"op", op.name}, {"module", op.module},
+                                          {"phase", std::string(formats::PhaseName(op.phase))},
+                                          {"error", JsonNumber(d.error)}, {"outputs", std::move(outputs)}});
+  }
+  return llvm::json::Object{{"a", args.a}, {"b", args.b}, {"step_a", a.step}, {"step_b", b.step},
+                            {"matched", static_cast<int64_t>(report.matched)},
+                            {"only_a", static_cast<int64_t>(report.only_a)},
+                            {"only_b", static_cast<int64_t>(report.only_b)},
+                            {"outputs_compared", static_cast<int64_t>(report.outputs_compared)},
+                            {"tensors_compared", static_cast<int64_t>(report.tensors_compared)},
+                            {"bytes_compared", report.bytes_compared},
+                            {"diverged_ops", static_cast<int64_t>(report.diverged_ops)},
+                            {"diverged", std::move(diverged)}, {"unmatched", std::move(unmatched)}};
+}
+
+// One line per diverged output of the first diverged op.
+void PrintFirstDivergence(const diff::OpDiff& first, const formats::Trace& a) {
+  std::printf("first divergence: op %lld of A / op %lld of B: %s\n", static_cast<long long>(first.a),
+              static_cast<long long>(first.b), OpLabel(a.ops[first.a]).c_str());
+  for (const auto& o : first.outputs) {
+    if (!o.diverged) continue;
+    std::printf("  output %zu (%s vs %s): rel. error %.3g", o.slot, std::string(formats::DTypeName(o.a_dtype)).c_str(),
+                std::string(formats::DTypeName(o.b_dtype)).c_str(), o.error);
+    if (o.tensors) {
+      std::printf(", cosine %.6f, max abs %.3g, max ULP %llu, within 0.1%%: %.1f%%", o.tensors->cosine,
+                  o.tensors->max_abs, static_cast<unsigned long long>(o.tensors->max_ulp),
+                  100 * o.tensors->within_0p1);
+    } else {
+      std::printf(" (from fingerprints: a lower bound)");
+    }
+    if (o.nan_mismatch + o.inf_mismatch > 0) {
+      std::printf(", %llu NaN and %llu Inf mismatches", static_cast<unsigned long long>(o.nan_mismatch),
+                  static_cast<unsigned long long>(o.inf_mismatch));
+    }
+    if (!o.note.empty()) std::printf(", %s", o.note.c_str());
+    std::printf("\n");
+  }
+}
+
+void PrintDiff(const DiffArgs& args, const formats::Trace& a, const diff::DiffReport& report) {
+  std::printf("%zu ops matched, %zu only in A, %zu only in B; %zu outputs compared (%zu on their bytes)\n",
+              report.matched, report.only_a, report.only_b, report.outputs_compared, report.tensors_compared);
+  if (!report.first_divergence) {
+    std::printf("no divergence beyond the thresholds\n");
+  } else {
+    PrintFirstDivergence(report.ops[*report.first_divergence], a);
+    std::printf("%zu ops diverged; the first %zu:\n", report.diverged_ops, std::min(args.top, report.diverged_ops));
+    std::printf("  %6s %6s  %-24s %-40s %-9s %s\n", "op A", "op B", "name", "module", "phase", "rel. error");
+    size_t shown = 0;
+    for (const diff::OpDiff& d : report.ops) {
+      if (!d.diverged || shown++ >= args.top) continue;
+      const formats::OpEvent& op = a.ops[d.a];
+      std::printf("  %6lld %6lld  %-24s %-40s %-9s %.3g\n", static_cast<long long>(d.a), static_cast<long long>(d.b),
+                  op.name.c_str(), op.module.empty() ? "(none)" : op.module.c_str(),
+                  std::string(formats::PhaseName(op.phase)).c_str(), d.error);
+    }
+  }
+  if (!args.html.empty()) std::printf("HTML report: %s\n", args.html.c_str());
+}
+
+CommandResult RunDiff(const DiffArgs& args) {
+  MOERR_RETURN_IF_ERROR(CheckNotAnInput(args.html, {args.a, args.b}));
+  diff::DiffOptions options;
+  options.compare_bytes = !args.fingerprints_only;
+  for (const std::string& t : args.thresholds) MOERR_RETURN_IF_ERROR(options.thresholds.Set(t));
+  MOERR_ASSIGN_OR_RETURN(const OpenedStep a, OpenStep(args.a, args.step_a));
+  MOERR_ASSIGN_OR_RETURN(const OpenedStep b, OpenStep(args.b, args.step_b));
+  MOERR_ASSIGN_OR_RETURN(const diff::DiffReport report,
+                         diff::DiffTraces(*a.reader, a.trace, a.step, *b.reader, b.trace, b.step, options));
+  if (!args.html.empty()) {
+    std::ofstream out(args.html);
+    out << diff::HtmlReport(report, a.trace, b.trace, absl::StrFormat("moerr diff %s %s", args.a, args.b));
+    if (!out.good()) return absl::UnavailableError("cannot write " + args.html);
+  }
+  if (args.json) {
+    PrintJson(DiffJson(args, a, b, report));
+  } else {
+    PrintDiff(args, a.trace, report);
+  }
+  return report.diverged_ops > 0 ? kExitFinding : kExitOk;
+}
+
 }  // namespace
 
 void AddDiffCommand(CLI::App& app, int& exit_code) {
-  struct Options {
-    std::string a, b, html;
-    int64_t step_a = -1, step_b = -1;
-    std::vector<std::string> thresholds;
-    size_t top = 10;
-    bool json = false, fingerprints_only = false;
-  };
-  auto opts = std::make_shared<Options>();
+  auto opts = std::make_shared<DiffArgs>();
   CLI::App* cmd = app.add_subcommand(
       "diff", "Align two recordings of a step op by op and compare every output; the first divergence comes first");
   cmd->add_option("A", opts->a, "Reference bundle")->required();
@@ -60,134 +160,7 @@ void AddDiffCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--top", opts->top, "Diverged ops to list")->capture_default_str();
   cmd->add_option("--html", opts->html, "Also write a self-contained HTML report here");
   cmd->add_flag("--json", opts->json, "Print JSON");
-  cmd->callback([opts, &exit_code] {
-    if (absl::Status s = CheckNotAnInput(opts->html, {opts->a, opts->b}); !s.ok()) {
-      exit_code = ReportError(s);
-      return;
-    }
-    diff::DiffOptions options;
-    options.compare_bytes = !opts->fingerprints_only;
-    for (const std::string& t : opts->thresholds) {
-      if (absl::Status s = options.thresholds.Set(t); !s.ok()) {
-        exit_code = ReportError(s);
-        return;
-      }
-    }
-    struct Side {
-      std::unique_ptr<formats::BundleReader> reader;
-      int64_t step;
-      formats::Trace trace;
-    } sides[2];
-    const std::string paths[2] = {opts->a, opts->b};
-    const int64_t steps[2] = {opts->step_a, opts->step_b};
-    for (int i = 0; i < 2; ++i) {
-      auto reader = formats::BundleReader::Open(paths[i]);
-      if (!reader.ok()) {
-        exit_code = ReportError(reader.status());
-        return;
-      }
-      sides[i].reader = *std::move(reader);
-      sides[i].step = steps[i];
-      if (sides[i].step < 0) {
-        const std::vector<int64_t> complete = sides[i].reader->CompleteSteps();
-        if (complete.empty()) {
-          exit_code = ReportError(absl::NotFoundError(paths[i] + " has no complete step"));
-          return;
-        }
-        sides[i].step = complete.front();
-      }
-      auto trace = formats::ReadTrace(*sides[i].reader, sides[i].step);
-      if (!trace.ok()) {
-        exit_code = ReportError(trace.status());
-        return;
-      }
-      sides[i].trace = *std::move(trace);
-    }
-    const formats::Trace& a = sides[0].trace;
-    const formats::Trace& b = sides[1].trace;
-    auto report = diff::DiffTraces(*sides[0].reader, a, sides[0].step, *sides[1].reader, b, sides[1].step, options);
-    if (!report.ok()) {
-      exit_code = ReportError(report.status());
-      return;
-    }
-    exit_code = report->diverged_ops > 0 ? kExitFinding : kExitOk;
-    if (!opts->html.empty()) {
-      std::ofstream out(opts->html);
-      out << diff::HtmlReport(*report, a, b, absl::StrFormat("moerr diff %s %s", opts->a, opts->b));
-      if (!out.good()) {
-        exit_code = ReportError(absl::UnavailableError("cannot write " + opts->html));
-        return;
-      }
-    }
-    if (opts->json) {
-      llvm::json::Array diverged, unmatched;
-      for (size_t i = 0; i < report->ops.size(); ++i) {
-        const diff::OpDiff& d = report->ops[i];
-        if (d.a < 0 || d.b < 0) {
-          const formats::OpEvent& op = d.a >= 0 ? a.ops[d.a] : b.ops[d.b];
-          unmatched.push_back(llvm::json::Object{{"in", d.a >= 0 ? "A" : "B"}, {"op_index", d.a >= 0 ? d.a : d.b},
-                                                 {"op", op.name}, {"module", op.module}});
-          continue;
-        }
-        if (!d.diverged) continue;
-        const formats::OpEvent& op = a.ops[d.a];
-        llvm::json::Array outputs;
-        for (const auto& o : d.outputs) outputs.push_back(OutputJson(o));
-        diverged.push_back(llvm::json::Object{{"op_a", d.a}, {"op_b", d.b}, {"op", op.name}, {"module", op.module},
-                                              {"phase", std::string(formats::PhaseName(op.phase))},
-                                              {"error", JsonNumber(d.error)}, {"outputs", std::move(outputs)}});
-      }
-      llvm::json::Object root{{"a", opts->a}, {"b", opts->b}, {"step_a", sides[0].step}, {"step_b", sides[1].step},
-                              {"matched", static_cast<int64_t>(report->matched)},
-                              {"only_a", static_cast<int64_t>(report->only_a)},
-                              {"only_b", static_cast<int64_t>(report->only_b)},
-                              {"outputs_compared", static_cast<int64_t>(report->outputs_compared)},
-                              {"tensors_compared", static_cast<int64_t>(report->tensors_compared)},
-                              {"bytes_compared", report->bytes_compared},
-                              {"diverged_ops", static_cast<int64_t>(report->diverged_ops)},
-                              {"diverged", std::move(diverged)}, {"unmatched", std::move(unmatched)}};
-      PrintJson(std::move(root));
-      return;
-    }
-    std::printf("%zu ops matched, %zu only in A, %zu only in B; %zu outputs compared (%zu on their bytes)\n",
-                report->matched, report->only_a, report->only_b, report->outputs_compared, report->tensors_compared);
-    if (!report->first_divergence) {
-      std::printf("no divergence beyond the thresholds\n");
-    } else {
-      const diff::OpDiff& first = report->ops[*report->first_divergence];
-      std::printf("first divergence: op %lld of A / op %lld of B: %s\n", static_cast<long long>(first.a),
-                  static_cast<long long>(first.b), OpLabel(a.ops[first.a]).c_str());
-      for (const auto& o : first.outputs) {
-        if (!o.diverged) continue;
-        std::printf("  output %zu (%s vs %s): rel. error %.3g", o.slot, std::string(formats::DTypeName(o.a_dtype)).c_str(),
-                    std::string(formats::DTypeName(o.b_dtype)).c_str(), o.error);
-        if (o.tensors) {
-          std::printf(", cosine %.6f, max abs %.3g, max ULP %llu, within 0.1%%: %.1f%%", o.tensors->cosine,
-                      o.tensors->max_abs, static_cast<unsigned long long>(o.tensors->max_ulp),
-                      100 * o.tensors->within_0p1);
-        } else {
-          std::printf(" (from fingerprints: a lower bound)");
-        }
-        if (o.nan_mismatch + o.inf_mismatch > 0) {
-          std::printf(", %llu NaN and %llu Inf mismatches", static_cast<unsigned long long>(o.nan_mismatch),
-                      static_cast<unsigned long long>(o.inf_mismatch));
-        }
-        if (!o.note.empty()) std::printf(", %s", o.note.c_str());
-        std::printf("\n");
-      }
-      std::printf("%zu ops diverged; the first %zu:\n", report->diverged_ops, std::min(opts->top, report->diverged_ops));
-      std::printf("  %6s %6s  %-24s %-40s %-9s %s\n", "op A", "op B", "name", "module", "phase", "rel. error");
-      size_t shown = 0;
-      for (const diff::OpDiff& d : report->ops) {
-        if (!d.diverged || shown++ >= opts->top) continue;
-        const formats::OpEvent& op = a.ops[d.a];
-        std::printf("  %6lld %6lld  %-24s %-40s %-9s %.3g\n", static_cast<long long>(d.a), static_cast<long long>(d.b),
-                    op.name.c_str(), op.module.empty() ? "(none)" : op.module.c_str(),
-                    std::string(formats::PhaseName(op.phase)).c_str(), d.error);
-      }
-    }
-    if (!opts->html.empty()) std::printf("HTML report: %s\n", opts->html.c_str());
-  });
+  OnRun(cmd, exit_code, [opts] { return RunDiff(*opts); });
 }
 
 }  // namespace moerr::tools

@@ -2,6 +2,7 @@
 
 #include "formats/bundle_reader.h"
 #include "formats/bundle_summary.h"
+#include "support/status.h"
 #include "tools/command.h"
 
 namespace moerr::tools {
@@ -15,23 +16,15 @@ void AddInspectCommand(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand("inspect", "What a bundle holds: tensors by role, sizes, records, steps");
   cmd->add_option("BUNDLE", opts->bundle, "Bundle file (.moerr)")->required();
   cmd->add_flag("--json", opts->json, "Print JSON instead of a table");
-  cmd->callback([opts, &exit_code] {
-    auto reader = formats::BundleReader::Open(opts->bundle);
-    if (!reader.ok()) {
-      exit_code = ReportError(reader.status());
-      return;
-    }
-    auto summary = formats::Summarize(**reader);
-    if (!summary.ok()) {
-      exit_code = ReportError(summary.status());
-      return;
-    }
+  OnRun(cmd, exit_code, [opts]() -> CommandResult {
+    MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
+    MOERR_ASSIGN_OR_RETURN(const formats::BundleSummary summary, formats::Summarize(*reader));
     if (opts->json) {
-      PrintJson(formats::ToJson(*summary));
+      PrintJson(formats::ToJson(summary));
     } else {
-      std::printf("%s", formats::RenderText(*summary, opts->bundle).c_str());
+      std::printf("%s", formats::RenderText(summary, opts->bundle).c_str());
     }
-    exit_code = kExitOk;
+    return kExitOk;
   });
 }
 

@@ -1,8 +1,10 @@
 #include <cstdio>
+#include <optional>
 
 #include "absl/strings/str_format.h"
 #include "analysis/check.h"
 #include "formats/bundle_reader.h"
+#include "support/status.h"
 #include "tools/command.h"
 
 namespace moerr::tools {
@@ -32,17 +34,88 @@ void Print(const analysis::Finding& f) {
   if (!f.next.empty()) std::printf("          next: %s\n", f.next.c_str());
 }
 
+struct LintArgs {
+  std::string bundle, against;
+  std::vector<int64_t> steps;
+  int64_t against_step = -1;
+  std::vector<std::string> only;
+  bool json = false, list = false;
+};
+
+// The findings of every step of `steps` that records ops; the steps that
+// record none go to `opless`.
+absl::StatusOr<std::vector<analysis::Finding>> LintSteps(const LintArgs& args, const formats::BundleReader& reader,
+                                                         const std::vector<int64_t>& steps,
+                                                         const std::optional<OpenedStep>& original,
+                                                         std::vector<int64_t>& opless) {
+  std::vector<analysis::Finding> all;
+  for (int64_t step : steps) {
+    MOERR_ASSIGN_OR_RETURN(const formats::Trace trace, formats::ReadTrace(reader, step));
+    if (trace.ops.empty()) {
+      // A step for model replay (moerr proxy, moerr reduce): nothing to lint.
+      opless.push_back(step);
+      continue;
+    }
+    analysis::LintInput input{analysis::StepView{&reader, args.bundle, step, &trace}, std::nullopt};
+    if (original) {
+      input.original = analysis::StepView{original->reader.get(), args.against, original->step, &original->trace};
+    }
+    MOERR_ASSIGN_OR_RETURN(const std::vector<analysis::Finding> findings, analysis::RunChecks(input, args.only));
+    all.insert(all.end(), findings.begin(), findings.end());
+  }
+  return all;
+}
+
+void PrintFindings(const std::vector<analysis::Finding>& all, const int (&counts)[3]) {
+  int64_t step = -2;
+  for (const analysis::Finding& f : all) {
+    if (f.step != step) std::printf("step %lld:\n", static_cast<long long>(step = f.step));
+    Print(f);
+  }
+  std::printf("%zu findings: %d error%s, %d warning%s, %d note%s\n", all.size(), counts[2], counts[2] == 1 ? "" : "s",
+              counts[1], counts[1] == 1 ? "" : "s", counts[0], counts[0] == 1 ? "" : "s");
+}
+
+CommandResult RunLint(const LintArgs& args) {
+  if (args.list) {
+    for (const auto& c : analysis::AllChecks()) {
+      std::printf("%-20s %s\n", std::string(c->name()).c_str(), std::string(c->summary()).c_str());
+    }
+    return kExitOk;
+  }
+  if (args.bundle.empty()) return absl::InvalidArgumentError("lint needs a BUNDLE");
+  MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(args.bundle));
+  std::optional<OpenedStep> original;
+  if (!args.against.empty()) {
+    MOERR_ASSIGN_OR_RETURN(original, OpenStep(args.against, args.against_step));
+  }
+  MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, StepsToRead(*reader, args.bundle, args.steps));
+  std::vector<int64_t> opless;
+  MOERR_ASSIGN_OR_RETURN(const std::vector<analysis::Finding> all, LintSteps(args, *reader, steps, original, opless));
+  if (!opless.empty()) {
+    const std::string hint = absl::StrFormat(
+        "%s: step %d records no ops (a step to replay, as moerr proxy and moerr reduce write); `moerr replay %s "
+        "--step %d --model --out R.moerr` records one to lint",
+        args.bundle, opless.front(), args.bundle, opless.front());
+    if (opless.size() == steps.size()) return absl::FailedPreconditionError(hint);
+    std::fprintf(stderr, "moerr: note: %s\n", hint.c_str());
+  }
+  int counts[3] = {0, 0, 0};
+  for (const analysis::Finding& f : all) ++counts[static_cast<int>(f.severity)];
+  if (args.json) {
+    llvm::json::Array out;
+    for (const analysis::Finding& f : all) out.push_back(FindingJson(f));
+    PrintJson(std::move(out));
+  } else {
+    PrintFindings(all, counts);
+  }
+  return counts[1] + counts[2] > 0 ? kExitFinding : kExitOk;
+}
+
 }  // namespace
 
 void AddLintCommand(CLI::App& app, int& exit_code) {
-  struct Options {
-    std::string bundle, against;
-    std::vector<int64_t> steps;
-    int64_t against_step = -1;
-    std::vector<std::string> only;
-    bool json = false, list = false;
-  };
-  auto opts = std::make_shared<Options>();
+  auto opts = std::make_shared<LintArgs>();
   CLI::App* cmd = app.add_subcommand(
       "lint", "Static checks over recorded steps, no re-run: dtype headroom, hazardous op patterns, routing "
               "fragility, load imbalance, optimizer hazards, proxy preservation. Exits 1 on a warning or worse");
@@ -53,106 +126,7 @@ void AddLintCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--against-step", opts->against_step, "Step of --against (default: its first complete step)");
   cmd->add_flag("--json", opts->json, "Print the findings as JSON");
   cmd->add_flag("--list", opts->list, "List the checks and exit");
-  cmd->callback([opts, &exit_code] {
-    exit_code = kExitOk;
-    if (opts->list) {
-      for (const auto& c : analysis::AllChecks()) {
-        std::printf("%-20s %s\n", std::string(c->name()).c_str(), std::string(c->summary()).c_str());
-      }
-      return;
-    }
-    if (opts->bundle.empty()) {
-      exit_code = ReportError(absl::InvalidArgumentError("lint needs a BUNDLE"));
-      return;
-    }
-    auto reader = formats::BundleReader::Open(opts->bundle);
-    if (!reader.ok()) {
-      exit_code = ReportError(reader.status());
-      return;
-    }
-    std::unique_ptr<formats::BundleReader> original;
-    formats::Trace original_trace;
-    analysis::StepView original_view;
-    if (!opts->against.empty()) {
-      auto opened = formats::BundleReader::Open(opts->against);
-      if (!opened.ok()) {
-        exit_code = ReportError(opened.status());
-        return;
-      }
-      original = *std::move(opened);
-      int64_t step = opts->against_step;
-      if (step < 0) {
-        const std::vector<int64_t> complete = original->CompleteSteps();
-        if (complete.empty()) {
-          exit_code = ReportError(absl::NotFoundError(opts->against + " has no complete step"));
-          return;
-        }
-        step = complete.front();
-      }
-      auto trace = formats::ReadTrace(*original, step);
-      if (!trace.ok()) {
-        exit_code = ReportError(trace.status());
-        return;
-      }
-      original_trace = *std::move(trace);
-      original_view = analysis::StepView{original.get(), opts->against, step, &original_trace};
-    }
-    const absl::StatusOr<std::vector<int64_t>> to_read = StepsToRead(**reader, opts->bundle, opts->steps);
-    if (!to_read.ok()) {
-      exit_code = ReportError(to_read.status());
-      return;
-    }
-    const std::vector<int64_t>& steps = *to_read;
-    std::vector<analysis::Finding> all;
-    std::vector<int64_t> opless;
-    for (int64_t step : steps) {
-      auto trace = formats::ReadTrace(**reader, step);
-      if (!trace.ok()) {
-        exit_code = ReportError(trace.status());
-        return;
-      }
-      if (trace->ops.empty()) {
-        // A step for model replay (moerr proxy, moerr reduce): nothing to lint.
-        opless.push_back(step);
-        continue;
-      }
-      analysis::LintInput input{analysis::StepView{reader->get(), opts->bundle, step, &*trace}, std::nullopt};
-      if (original) input.original = original_view;
-      auto findings = analysis::RunChecks(input, opts->only);
-      if (!findings.ok()) {
-        exit_code = ReportError(findings.status());
-        return;
-      }
-      all.insert(all.end(), findings->begin(), findings->end());
-    }
-    if (!opless.empty()) {
-      const std::string hint = absl::StrFormat(
-          "%s: step %d records no ops (a step to replay, as moerr proxy and moerr reduce write); `moerr replay %s "
-          "--step %d --model --out R.moerr` records one to lint",
-          opts->bundle, opless.front(), opts->bundle, opless.front());
-      if (opless.size() == steps.size()) {
-        exit_code = ReportError(absl::FailedPreconditionError(hint));
-        return;
-      }
-      std::fprintf(stderr, "moerr: note: %s\n", hint.c_str());
-    }
-    int counts[3] = {0, 0, 0};
-    for (const analysis::Finding& f : all) ++counts[static_cast<int>(f.severity)];
-    if (counts[1] + counts[2] > 0) exit_code = kExitFinding;
-    if (opts->json) {
-      llvm::json::Array out;
-      for (const analysis::Finding& f : all) out.push_back(FindingJson(f));
-      PrintJson(std::move(out));
-      return;
-    }
-    int64_t step = -2;
-    for (const analysis::Finding& f : all) {
-      if (f.step != step) std::printf("step %lld:\n", static_cast<long long>(step = f.step));
-      Print(f);
-    }
-    std::printf("%zu findings: %d error%s, %d warning%s, %d note%s\n", all.size(), counts[2], counts[2] == 1 ? "" : "s",
-                counts[1], counts[1] == 1 ? "" : "s", counts[0], counts[0] == 1 ? "" : "s");
-  });
+  OnRun(cmd, exit_code, [opts] { return RunLint(*opts); });
 }
 
 }  // namespace moerr::tools

@@ -6,6 +6,7 @@
 #include "absl/strings/str_split.h"
 #include "formats/bundle_reader.h"
 #include "proxy/proxy_builder.h"
+#include "support/status.h"
 #include "tools/command.h"
 
 namespace moerr::tools {
@@ -51,11 +52,8 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--no-forced-keeps", opts->no_forced,
                 "Do not force in the experts the recorded failure names or super experts");
   cmd->add_flag("--force", opts->force, "Overwrite an earlier proxy in the output directory");
-  cmd->callback([opts, &exit_code] {
-    if (absl::Status s = CheckNotAnInput(opts->out + "/proxy.moerr", {opts->bundle}); !s.ok()) {
-      exit_code = ReportError(s);
-      return;
-    }
+  OnRun(cmd, exit_code, [opts]() -> CommandResult {
+    MOERR_RETURN_IF_ERROR(CheckNotAnInput(opts->out + "/proxy.moerr", {opts->bundle}));
     proxy::ProxyOptions options;
     options.step = opts->step;
     options.out_dir = opts->out;
@@ -67,40 +65,29 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
     absl::Status parsed = ParseKeep(opts->keep, options);
     auto method = proxy::ParseMethod(opts->method);
     if (!method.ok()) parsed = method.status();
-    if (!parsed.ok()) {
-      exit_code = ReportError(parsed);
-      return;
-    }
+    MOERR_RETURN_IF_ERROR(parsed);
     options.cluster.method = *method;
-    auto reader = formats::BundleReader::Open(opts->bundle);
-    if (!reader.ok()) {
-      exit_code = ReportError(reader.status());
-      return;
-    }
-    auto report = proxy::BuildProxy(**reader, options);
-    if (!report.ok()) {
-      exit_code = ReportError(report.status());
-      return;
-    }
-    exit_code = kExitOk;
+    MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
+    MOERR_ASSIGN_OR_RETURN(const proxy::ProxyReport report, proxy::BuildProxy(*reader, options));
     std::printf("step %lld: %lld experts per MoE layer -> %lld (%s); policy parameters %lld -> %lld (%.2fx fewer)\n",
-                static_cast<long long>(report->step), static_cast<long long>(report->experts),
-                static_cast<long long>(report->kept), opts->method.c_str(),
-                static_cast<long long>(report->params_original), static_cast<long long>(report->params_proxy),
-                double(report->params_original) / report->params_proxy);
-    for (const auto& [layer, expert] : report->implicated) {
+                static_cast<long long>(report.step), static_cast<long long>(report.experts),
+                static_cast<long long>(report.kept), opts->method.c_str(),
+                static_cast<long long>(report.params_original), static_cast<long long>(report.params_proxy),
+                double(report.params_original) / report.params_proxy);
+    for (const auto& [layer, expert] : report.implicated) {
       std::printf("  the recorded overflow is in layer %lld, expert %lld\n", static_cast<long long>(layer),
                   static_cast<long long>(expert));
     }
-    for (const proxy::LayerPlan& p : report->plans) {
+    for (const proxy::LayerPlan& p : report.plans) {
       std::vector<std::string> maps;
       for (size_t e = 0; e < p.medoid_of.size(); ++e) maps.push_back(absl::StrFormat("%d->%d", e, p.medoid_of[e]));
       std::printf("  layer %lld keeps %s%s; %s\n", static_cast<long long>(p.layer), absl::StrJoin(p.kept, ", ").c_str(),
                   p.forced.empty() ? "" : absl::StrFormat(" (forced: %s)", absl::StrJoin(p.forced, ", ")).c_str(),
                   absl::StrJoin(maps, " ").c_str());
     }
-    std::printf("wrote %s (moerr replay %s --model), %s, %s\n", report->bundle.c_str(), report->bundle.c_str(),
-                report->checkpoint.c_str(), report->cluster_map.c_str());
+    std::printf("wrote %s (moerr replay %s --model), %s, %s\n", report.bundle.c_str(), report.bundle.c_str(),
+                report.checkpoint.c_str(), report.cluster_map.c_str());
+    return kExitOk;
   });
 }
 

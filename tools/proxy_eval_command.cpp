@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "proxy/proxy_eval.h"
 #include "support/progress.h"
+#include "support/status.h"
 #include "tools/command.h"
 
 namespace moerr::tools {
@@ -47,33 +48,23 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--json", opts->json, "Also write the report as JSON here");
-  cmd->callback([opts, &exit_code] {
+  OnRun(cmd, exit_code, [opts]() -> CommandResult {
     proxy::EvalOptions eval = opts->eval;
-    auto family = moe::ParseFamily(opts->family);
-    if (!family.ok()) {
-      exit_code = ReportError(family.status());
-      return;
-    }
-    eval.family = *family;
+    MOERR_ASSIGN_OR_RETURN(eval.family, moe::ParseFamily(opts->family));
     eval.keeps.clear();
     for (const std::string& k : opts->keeps) {
       std::vector<std::string> parts = absl::StrSplit(k, '/');
       int64_t a = 0, b = 0;
       if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &a) || !absl::SimpleAtoi(parts[1], &b) || a < 1 || b < a) {
-        exit_code = ReportError(absl::InvalidArgumentError("--keep " + k + ": a fraction like 1/4"));
-        return;
+        return absl::InvalidArgumentError("--keep " + k + ": a fraction like 1/4");
       }
       eval.keeps.push_back(double(a) / b);
     }
     if (!opts->faults.empty()) {
       eval.faults.clear();
       for (const std::string& f : opts->faults) {
-        auto kind = moe::ParseFault(f);
-        if (!kind.ok()) {
-          exit_code = ReportError(kind.status());
-          return;
-        }
-        eval.faults.push_back(*kind);
+        MOERR_ASSIGN_OR_RETURN(const moe::FaultKind kind, moe::ParseFault(f));
+        eval.faults.push_back(kind);
       }
     }
     std::vector<std::string> own = {"warmup", "healthy.moerr", "proxy", "fault.moerr", "proxy-replay.moerr"};
@@ -84,20 +75,13 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
       const fs::path json_dir = fs::weakly_canonical(json.parent_path(), c);
       if (!a && !b && !c && json_dir == fs::weakly_canonical(dir, d) && !d) own.push_back(json.filename().string());
     }
-    if (absl::Status s = ClaimWorkDir(eval.out_dir, "proxy-eval", own); !s.ok()) {
-      exit_code = ReportError(s);
-      return;
-    }
+    MOERR_RETURN_IF_ERROR(ClaimWorkDir(eval.out_dir, "proxy-eval", own));
     PhasedProgress bar;
     auto report = proxy::EvaluateProxies(eval, [&](const std::string& phase, int64_t done, int64_t total) {
       bar.Update(phase, done, total);
     });
     bar.Finish();
-    if (!report.ok()) {
-      exit_code = ReportError(report.status());
-      return;
-    }
-    exit_code = kExitOk;
+    if (!report.ok()) return report.status();
     std::printf("preset `%s` (%s), %lld experts per MoE layer; original accuracy %.3f; %lld healthy RL steps; "
                 "faults x %lld seeds; peak memory in micro-batches of %lld sequences\n\n",
                 report->preset.c_str(), report->family.c_str(), static_cast<long long>(report->experts),
@@ -124,8 +108,9 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
     if (!opts->json.empty()) {
       std::ofstream out(opts->json, std::ios::trunc);
       out << llvm::formatv("{0:2}", llvm::json::Value(proxy::ToJson(*report))).str() << "\n";
-      if (!out.good()) exit_code = ReportError(absl::UnavailableError("cannot write " + opts->json));
+      if (!out.good()) return absl::UnavailableError("cannot write " + opts->json);
     }
+    return kExitOk;
   });
 }
 

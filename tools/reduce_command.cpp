@@ -9,6 +9,7 @@
 #include "formats/bundle_reader.h"
 #include "llvm/Support/JSON.h"
 #include "proxy/reduce.h"
+#include "support/status.h"
 #include "support/progress.h"
 #include "tools/command.h"
 
@@ -89,16 +90,9 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--step", opts->step, "Step to reduce (default: the first that overflowed or has a lint warning)");
   cmd->add_flag("--force", opts->force, "Overwrite an existing output bundle");
   cmd->add_flag("--json", opts->json, "Print the report as JSON");
-  cmd->callback([opts, &exit_code] {
-    if (absl::Status s = CheckOverwrite(opts->out, opts->force, {opts->bundle}); !s.ok()) {
-      exit_code = ReportError(s);
-      return;
-    }
-    auto reader = formats::BundleReader::Open(opts->bundle);
-    if (!reader.ok()) {
-      exit_code = ReportError(reader.status());
-      return;
-    }
+  OnRun(cmd, exit_code, [opts]() -> CommandResult {
+    MOERR_RETURN_IF_ERROR(CheckOverwrite(opts->out, opts->force, {opts->bundle}));
+    MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
     proxy::ReduceOptions options;
     options.step = opts->step;
     options.out_path = opts->out;
@@ -107,27 +101,23 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
     // the reduction wrote.
     std::string work = opts->out + ".work-XXXXXX";
     if (::mkdtemp(work.data()) == nullptr) {
-      exit_code = ReportError(absl::UnavailableError(absl::StrFormat("cannot create %s: %s", work, std::strerror(errno))));
-      return;
+      return absl::UnavailableError(absl::StrFormat("cannot create %s: %s", work, std::strerror(errno)));
     }
     options.work_dir = work;
     Progress bar("reduce", 0);
-    auto report = proxy::Reduce(**reader, options, [&](int64_t tried, const std::string& pass) {
+    auto report = proxy::Reduce(*reader, options, [&](int64_t tried, const std::string& pass) {
       bar.Update(tried, pass);
     });
     bar.Finish();
     std::error_code ignored;
     std::filesystem::remove_all(options.work_dir, ignored);
-    if (!report.ok()) {
-      exit_code = ReportError(report.status());
-      return;
-    }
-    exit_code = kExitOk;
+    if (!report.ok()) return report.status();
     if (opts->json) {
       PrintJson(ToJson(*report, opts->out));
     } else {
       PrintReport(*report, opts->out);
     }
+    return kExitOk;
   });
 }
 

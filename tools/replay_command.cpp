@@ -12,6 +12,8 @@
 #include "analysis/first_overflow.h"
 #include "replayer/model_replay.h"
 #include "replayer/program_replay.h"
+#include "replayer/step_failure.h"
+#include "support/status.h"
 #include "tools/command.h"
 
 namespace moerr::tools {
@@ -90,94 +92,104 @@ void PrintModelReplay(int64_t step, const replayer::ModelReplayOptions& options,
   }
 }
 
-// `moerr replay --model`: runs the step again on a rebuilt model, records it
-// to `out` and compares it op by op with the record; prints what it found,
-// or puts it in `json` when given. Returns the exit code.
-int ModelReplay(const formats::BundleReader& reader, int64_t step, replayer::ModelReplayOptions options,
-                llvm::json::Object* json) {
-  auto report = replayer::ReplayModelStep(reader, step, options);
-  if (!report.ok()) return ReportError(report.status());
-  const moe::StepMetrics& m = report->metrics;
-  const llvm::json::Object& r = report->recorded_metrics;
-  const std::pair<const char*, double> metrics[] = {
-      {"loss", m.loss}, {"grad_norm", m.grad_norm}, {"reward", m.reward}, {"kl", m.kl}};
-  if (json != nullptr) {
-    llvm::json::Object values;
-    for (const auto& [name, replayed] : metrics) {
-      // MetricsToJson writes non-finite values as "nan", "inf", "-inf".
-      const llvm::json::Value* recorded = r.get(name);
-      values[name] = llvm::json::Object{{"recorded", recorded ? *recorded : llvm::json::Value(nullptr)},
-                                        {"replayed", JsonNumber(replayed)}};
-    }
-    *json = llvm::json::Object{
-        {"step", step},
-        {"mode", "model"},
-        {"seconds", report->seconds},
-        {"routing", options.routing_replay ? "replayed" : "live"},
-        {"decisions", report->decisions},
-        {"forced", report->forced},
-        {"live_router_agrees", report->slots > 0 ? llvm::json::Value(double(report->live_agree) / report->slots)
-                                                 : llvm::json::Value(nullptr)},
-        {"routing_problem", report->routing_problem.empty() ? llvm::json::Value(nullptr)
-                                                            : llvm::json::Value(report->routing_problem)},
-        {"metrics", std::move(values)}};
-  } else {
-    PrintModelReplay(step, options, *report, metrics);
+llvm::json::Object ModelReplayJson(int64_t step, const replayer::ModelReplayOptions& options,
+                                   const replayer::ModelReplayReport& report,
+                                   const std::pair<const char*, double> (&metrics)[4]) {
+  llvm::json::Object values;
+  for (const auto& [name, replayed] : metrics) {
+    // MetricsToJson writes non-finite values as "nan", "inf", "-inf".
+    const llvm::json::Value* recorded = report.recorded_metrics.get(name);
+    values[name] = llvm::json::Object{{"recorded", recorded ? *recorded : llvm::json::Value(nullptr)},
+                                      {"replayed", JsonNumber(replayed)}};
   }
+  return llvm::json::Object{
+      {"step", step},
+      {"mode", "model"},
+      {"seconds", report.seconds},
+      {"routing", options.routing_replay ? "replayed" : "live"},
+      {"decisions", report.decisions},
+      {"forced", report.forced},
+      {"live_router_agrees", report.slots > 0 ? llvm::json::Value(double(report.live_agree) / report.slots)
+                                              : llvm::json::Value(nullptr)},
+      {"routing_problem", report.routing_problem.empty() ? llvm::json::Value(nullptr)
+                                                         : llvm::json::Value(report.routing_problem)},
+      {"metrics", std::move(values)}};
+}
 
-  auto replay = formats::BundleReader::Open(options.record_path);
-  if (!replay.ok()) return ReportError(replay.status());
-  auto a = formats::ReadTrace(reader, step);
-  if (!a.ok()) return ReportError(a.status());
-  auto b = formats::ReadTrace(**replay, step);
-  if (!b.ok()) return ReportError(b.status());
-  if (a->ops.empty()) {
-    // A bundle without ops (a proxy): where the replayed step first overflows.
-    const auto first = analysis::FindFirstOverflow(*b);
-    if (json != nullptr) {
-      llvm::json::Value where(nullptr);
-      if (first) {
-        llvm::json::Object o = OpJson(first->op_index, *first->op);
-        o["original_expert"] = OriginalExpert(reader, first->op->module);
-        where = std::move(o);
-      }
-      (*json)["first_overflow"] = std::move(where);
-    } else {
-      std::printf("  the bundle records no ops to compare with (a proxy bundle); first overflow of the replay: %s\n",
-                  first ? absl::StrFormat("op %d %s%s", first->op_index, Where(*first->op),
-                                          OriginalExpert(reader, first->op->module))
-                              .c_str()
-                        : "none");
+// A bundle without ops (a proxy): where the replayed step `b` first
+// overflows. A finding when it does.
+int ReportReplayOverflow(const formats::BundleReader& reader, const formats::Trace& b, llvm::json::Object* json) {
+  const auto first = analysis::FindFirstOverflow(b);
+  if (json != nullptr) {
+    llvm::json::Value where(nullptr);
+    if (first) {
+      llvm::json::Object o = OpJson(first->op_index, *first->op);
+      o["original_expert"] = OriginalExpert(reader, first->op->module);
+      where = std::move(o);
     }
-    return first ? kExitFinding : kExitOk;
+    (*json)["first_overflow"] = std::move(where);
+  } else {
+    std::printf("  the bundle records no ops to compare with (a proxy bundle); first overflow of the replay: %s\n",
+                first ? absl::StrFormat("op %d %s%s", first->op_index, Where(*first->op),
+                                        OriginalExpert(reader, first->op->module))
+                            .c_str()
+                      : "none");
   }
+  return first ? kExitFinding : kExitOk;
+}
+
+// The record `a` and the replay `b` of `step`, compared op by op. A finding
+// when they diverge or do not align.
+CommandResult CompareWithRecord(const formats::BundleReader& reader, const formats::Trace& a,
+                                const formats::BundleReader& replay, const formats::Trace& b, int64_t step,
+                                llvm::json::Object* json) {
   diff::DiffOptions diff_options;
   diff_options.compare_bytes = false;  // the replay is recorded with fingerprints only
-  auto d = diff::DiffTraces(reader, *a, step, **replay, *b, step, diff_options);
-  if (!d.ok()) return ReportError(d.status());
+  MOERR_ASSIGN_OR_RETURN(const diff::DiffReport d, diff::DiffTraces(reader, a, step, replay, b, step, diff_options));
   if (json != nullptr) {
-    (*json)["ops_aligned"] = static_cast<int64_t>(d->matched);
-    (*json)["only_in_record"] = static_cast<int64_t>(d->only_a);
-    (*json)["only_in_replay"] = static_cast<int64_t>(d->only_b);
-    (*json)["diverged"] = static_cast<int64_t>(d->diverged_ops);
+    (*json)["ops_aligned"] = static_cast<int64_t>(d.matched);
+    (*json)["only_in_record"] = static_cast<int64_t>(d.only_a);
+    (*json)["only_in_replay"] = static_cast<int64_t>(d.only_b);
+    (*json)["diverged"] = static_cast<int64_t>(d.diverged_ops);
     llvm::json::Value first(nullptr);
-    if (d->first_divergence) {
-      const diff::OpDiff& op = d->ops[*d->first_divergence];
-      llvm::json::Object o = OpJson(op.a, a->ops[op.a]);
+    if (d.first_divergence) {
+      const diff::OpDiff& op = d.ops[*d.first_divergence];
+      llvm::json::Object o = OpJson(op.a, a.ops[op.a]);
       o["error"] = JsonNumber(op.error);
       first = std::move(o);
     }
     (*json)["first_divergence"] = std::move(first);
   } else {
     std::printf("  op by op: %zu ops aligned, %zu only in the record, %zu only in the replay, %zu diverged\n",
-                d->matched, d->only_a, d->only_b, d->diverged_ops);
-    if (d->first_divergence) {
-      const diff::OpDiff& first = d->ops[*d->first_divergence];
+                d.matched, d.only_a, d.only_b, d.diverged_ops);
+    if (d.first_divergence) {
+      const diff::OpDiff& first = d.ops[*d.first_divergence];
       std::printf("  first divergence: op %lld %s, error %.3g\n", static_cast<long long>(first.a),
-                  Where(a->ops[first.a]).c_str(), first.error);
+                  Where(a.ops[first.a]).c_str(), first.error);
     }
   }
-  return d->diverged_ops > 0 || d->only_a + d->only_b > 0 ? kExitFinding : kExitOk;
+  return d.diverged_ops > 0 || d.only_a + d.only_b > 0 ? kExitFinding : kExitOk;
+}
+
+// `moerr replay --model`: runs the step again on a rebuilt model, records it
+// to `options.record_path` and compares it op by op with the record; prints
+// what it found, or puts it in `json` when given.
+CommandResult ModelReplay(const formats::BundleReader& reader, int64_t step, replayer::ModelReplayOptions options,
+                          llvm::json::Object* json) {
+  MOERR_ASSIGN_OR_RETURN(const replayer::ReplayedStep replayed, replayer::ReplayModelStepTrace(reader, step, options));
+  const replayer::ModelReplayReport& report = replayed.report;
+  const moe::StepMetrics& m = report.metrics;
+  const std::pair<const char*, double> metrics[] = {
+      {"loss", m.loss}, {"grad_norm", m.grad_norm}, {"reward", m.reward}, {"kl", m.kl}};
+  if (json != nullptr) {
+    *json = ModelReplayJson(step, options, report, metrics);
+  } else {
+    PrintModelReplay(step, options, report, metrics);
+  }
+  MOERR_ASSIGN_OR_RETURN(const formats::Trace a, formats::ReadTrace(reader, step));
+  const formats::Trace& b = replayed.recording.trace;
+  if (a.ops.empty()) return ReportReplayOverflow(reader, b, json);
+  return CompareWithRecord(reader, a, *replayed.recording.reader, b, step, json);
 }
 
 // What a program replay of one step found.
@@ -281,16 +293,107 @@ absl::Status NoOpsToReplay(const formats::BundleReader& reader, const std::strin
       step, path, path));
 }
 
+struct ReplayArgs {
+  std::string bundle;
+  std::vector<int64_t> steps;
+  bool check = false, isolated = false, model = false, live_routing = false, force = false, json = false;
+  std::string policy, precision, out;
+};
+
+// `moerr replay --model` of each of `steps`: the worst exit code of them.
+CommandResult ModelReplays(const ReplayArgs& args, const formats::BundleReader& reader,
+                           const std::vector<int64_t>& steps) {
+  if (args.isolated || args.check || !args.policy.empty()) {
+    return absl::InvalidArgumentError("--model does not combine with --isolated, --check or --policy");
+  }
+  if (!args.out.empty() && steps.size() != 1) {
+    return absl::InvalidArgumentError("--out keeps one step's replay: pass one --step");
+  }
+  replayer::ModelReplayOptions model;
+  model.routing_replay = !args.live_routing;
+  if (!args.precision.empty()) {
+    MOERR_ASSIGN_OR_RETURN(const moe::Precision precision, moe::ParsePrecision(args.precision));
+    model.numerics = moe::Numerics{precision, false};
+  }
+  int exit_code = kExitOk;
+  llvm::json::Array results;  // --json: one object per step
+  for (int64_t step : steps) {
+    const bool keep = !args.out.empty();
+    model.record_path = keep ? args.out
+                             : (std::filesystem::temp_directory_path() /
+                                absl::StrFormat("moerr-model-replay-%d-%d.moerr", ::getpid(), step))
+                                   .string();
+    model.overwrite = !keep || args.force;
+    llvm::json::Object result;
+    const CommandResult code = ModelReplay(reader, step, model, args.json ? &result : nullptr);
+    if (!keep) std::filesystem::remove(model.record_path);
+    if (!code.ok()) return code.status();
+    exit_code = std::max(exit_code, *code);
+    results.push_back(std::move(result));
+  }
+  if (args.json) PrintJson(std::move(results));
+  return exit_code;
+}
+
+// The program (or --isolated) replay of `step`, printed or added to
+// `results`. A finding when it diverges from the record or, with --check,
+// from itself.
+CommandResult ProgramReplay(const ReplayArgs& args, const formats::BundleReader& reader, int64_t step,
+                            const replayer::ReplayOptions& options, llvm::json::Array& results) {
+  MOERR_ASSIGN_OR_RETURN(const formats::Trace trace, formats::ReadTrace(reader, step));
+  if (trace.ops.empty()) return NoOpsToReplay(reader, args.bundle, step);
+  MOERR_ASSIGN_OR_RETURN(const replayer::ReplayReport report, replayer::ReplayTrace(reader, step, trace, options));
+  int exit_code = report.first_divergence ? kExitFinding : kExitOk;
+  ProgramResult result;
+  result.report = &report;
+  result.trace = &trace;
+  result.isolated = args.isolated;
+  if (!options.policy.empty()) {
+    // Does the policy remove (or cause) an overflow?
+    result.replayed = replayer::ReplayedTrace(trace, report, trace.ops.size());
+    result.recorded_overflow = analysis::FindFirstOverflow(trace);
+    result.policy_overflow = analysis::FindFirstOverflow(*result.replayed);
+  }
+  result.worst.resize(std::min<size_t>(report.errors.size(), 10));
+  std::partial_sort_copy(report.errors.begin(), report.errors.end(), result.worst.begin(), result.worst.end(),
+                         [](const auto& x, const auto& y) { return x.metrics.rel_l2 > y.metrics.rel_l2; });
+  if (args.check) {
+    MOERR_ASSIGN_OR_RETURN(const replayer::ReplayReport again, replayer::ReplayTrace(reader, step, trace, options));
+    result.same = again.outputs == report.outputs;  // bitwise (Fingerprint::operator==)
+    if (!*result.same) exit_code = kExitFinding;
+  }
+  if (args.json) {
+    results.push_back(ProgramReplayJson(result));
+  } else {
+    PrintProgramReplay(result);
+  }
+  return exit_code;
+}
+
+CommandResult RunReplay(const ReplayArgs& args) {
+  MOERR_RETURN_IF_ERROR(CheckNotAnInput(args.out, {args.bundle}));
+  MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(args.bundle));
+  replayer::ReplayOptions options;
+  options.isolated = args.isolated;
+  if (!args.policy.empty()) {
+    MOERR_ASSIGN_OR_RETURN(options.policy, replayer::PrecisionPolicy::Load(args.policy));
+  }
+  MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, StepsToRead(*reader, args.bundle, args.steps));
+  if (args.model) return ModelReplays(args, *reader, steps);
+  int exit_code = kExitOk;
+  llvm::json::Array results;  // --json: one object per step
+  for (int64_t step : steps) {
+    MOERR_ASSIGN_OR_RETURN(const int code, ProgramReplay(args, *reader, step, options, results));
+    exit_code = std::max(exit_code, code);
+  }
+  if (args.json) PrintJson(std::move(results));
+  return exit_code;
+}
+
 }  // namespace
 
 void AddReplayCommand(CLI::App& app, int& exit_code) {
-  struct Options {
-    std::string bundle;
-    std::vector<int64_t> steps;
-    bool check = false, isolated = false, model = false, live_routing = false, force = false, json = false;
-    std::string policy, precision, out;
-  };
-  auto opts = std::make_shared<Options>();
+  auto opts = std::make_shared<ReplayArgs>();
   CLI::App* cmd = app.add_subcommand(
       "replay", "Re-execute recorded steps op by op from their leaves (or, --isolated, each op on its recorded inputs) "
       "and compare every output with the record");
@@ -311,117 +414,7 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--policy", opts->policy,
                   "Precision policy file: lines \"module:PATH|tree:PATH|op:NAME fp32|fp64|round-fp16|"
                   "round-fp16-sat|round-bf16\"");
-  cmd->callback([opts, &exit_code] {
-    if (absl::Status s = CheckNotAnInput(opts->out, {opts->bundle}); !s.ok()) {
-      exit_code = ReportError(s);
-      return;
-    }
-    auto reader = formats::BundleReader::Open(opts->bundle);
-    if (!reader.ok()) {
-      exit_code = ReportError(reader.status());
-      return;
-    }
-    replayer::ReplayOptions options;
-    options.isolated = opts->isolated;
-    if (!opts->policy.empty()) {
-      auto policy = replayer::PrecisionPolicy::Load(opts->policy);
-      if (!policy.ok()) {
-        exit_code = ReportError(policy.status());
-        return;
-      }
-      options.policy = *std::move(policy);
-    }
-    const absl::StatusOr<std::vector<int64_t>> to_read = StepsToRead(**reader, opts->bundle, opts->steps);
-    if (!to_read.ok()) {
-      exit_code = ReportError(to_read.status());
-      return;
-    }
-    const std::vector<int64_t>& steps = *to_read;
-    exit_code = kExitOk;
-    llvm::json::Array results;  // --json: one object per step
-    if (opts->model) {
-      if (opts->isolated || opts->check || !opts->policy.empty()) {
-        exit_code = ReportError(absl::InvalidArgumentError("--model does not combine with --isolated, --check or --policy"));
-        return;
-      }
-      if (!opts->out.empty() && steps.size() != 1) {
-        exit_code = ReportError(absl::InvalidArgumentError("--out keeps one step's replay: pass one --step"));
-        return;
-      }
-      replayer::ModelReplayOptions model;
-      model.routing_replay = !opts->live_routing;
-      if (!opts->precision.empty()) {
-        auto precision = moe::ParsePrecision(opts->precision);
-        if (!precision.ok()) {
-          exit_code = ReportError(precision.status());
-          return;
-        }
-        model.numerics = moe::Numerics{*precision, false};
-      }
-      for (int64_t step : steps) {
-        const bool keep = !opts->out.empty();
-        model.record_path = keep ? opts->out
-                                 : (std::filesystem::temp_directory_path() /
-                                    absl::StrFormat("moerr-model-replay-%d-%d.moerr", ::getpid(), step))
-                                       .string();
-        model.overwrite = !keep || opts->force;
-        llvm::json::Object result;
-        const int code = ModelReplay(**reader, step, model, opts->json ? &result : nullptr);
-        if (!keep) std::filesystem::remove(model.record_path);
-        exit_code = std::max(exit_code, code);
-        if (IsError(code)) return;
-        results.push_back(std::move(result));
-      }
-      if (opts->json) PrintJson(std::move(results));
-      return;
-    }
-    for (int64_t step : steps) {
-      auto read = formats::ReadTrace(**reader, step);
-      if (!read.ok()) {
-        exit_code = ReportError(read.status());
-        return;
-      }
-      const formats::Trace& trace = *read;
-      if (trace.ops.empty()) {
-        exit_code = ReportError(NoOpsToReplay(**reader, opts->bundle, step));
-        return;
-      }
-      auto report = replayer::ReplayTrace(**reader, step, trace, options);
-      if (!report.ok()) {
-        exit_code = ReportError(report.status());
-        return;
-      }
-      if (report->first_divergence) exit_code = kExitFinding;
-      ProgramResult result;
-      result.report = &*report;
-      result.trace = &trace;
-      result.isolated = opts->isolated;
-      if (!options.policy.empty()) {
-        // Does the policy remove (or cause) an overflow?
-        result.replayed = replayer::ReplayedTrace(trace, *report, trace.ops.size());
-        result.recorded_overflow = analysis::FindFirstOverflow(trace);
-        result.policy_overflow = analysis::FindFirstOverflow(*result.replayed);
-      }
-      result.worst.resize(std::min<size_t>(report->errors.size(), 10));
-      std::partial_sort_copy(report->errors.begin(), report->errors.end(), result.worst.begin(), result.worst.end(),
-                             [](const auto& x, const auto& y) { return x.metrics.rel_l2 > y.metrics.rel_l2; });
-      if (opts->check) {
-        auto again = replayer::ReplayTrace(**reader, step, trace, options);
-        if (!again.ok()) {
-          exit_code = ReportError(again.status());
-          return;
-        }
-        result.same = again->outputs == report->outputs;  // bitwise (Fingerprint::operator==)
-        if (!*result.same) exit_code = kExitFinding;
-      }
-      if (opts->json) {
-        results.push_back(ProgramReplayJson(result));
-      } else {
-        PrintProgramReplay(result);
-      }
-    }
-    if (opts->json) PrintJson(std::move(results));
-  });
+  OnRun(cmd, exit_code, [opts] { return RunReplay(*opts); });
 }
 
 }  // namespace moerr::tools

@@ -6,6 +6,7 @@
 #include "report/html_report.h"
 #include "report/step_section.h"
 #include "report/verdict.h"
+#include "support/status.h"
 #include "tools/command.h"
 
 namespace moerr::tools {
@@ -29,22 +30,10 @@ void AddReportCommand(CLI::App& app, int& exit_code) {
                   "held in it? (fp16 or bf16; repeatable)")
       ->check(CLI::IsMember({"fp16", "bf16"}));
   cmd->add_flag("--force", opts->force, "Overwrite an existing report");
-  cmd->callback([opts, &exit_code] {
-    if (absl::Status s = CheckOverwrite(opts->out, opts->force, {opts->bundle}); !s.ok()) {
-      exit_code = ReportError(s);
-      return;
-    }
-    auto reader = formats::BundleReader::Open(opts->bundle);
-    if (!reader.ok()) {
-      exit_code = ReportError(reader.status());
-      return;
-    }
-    const absl::StatusOr<std::vector<int64_t>> to_read = StepsToRead(**reader, opts->bundle, opts->steps);
-    if (!to_read.ok()) {
-      exit_code = ReportError(to_read.status());
-      return;
-    }
-    const std::vector<int64_t>& steps = *to_read;
+  OnRun(cmd, exit_code, [opts]() -> CommandResult {
+    MOERR_RETURN_IF_ERROR(CheckOverwrite(opts->out, opts->force, {opts->bundle}));
+    MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
+    MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, StepsToRead(*reader, opts->bundle, opts->steps));
     std::vector<formats::DType> would_fit;
     for (const std::string& f : opts->would_fit) {
       would_fit.push_back(f == "fp16" ? formats::DType::kF16 : formats::DType::kBF16);
@@ -52,30 +41,20 @@ void AddReportCommand(CLI::App& app, int& exit_code) {
     report::HtmlReport page("moerr report: " + opts->bundle);
     std::vector<int64_t> with_ops;
     for (int64_t step : steps) {
-      auto trace = formats::ReadTrace(**reader, step);
-      if (!trace.ok()) {
-        exit_code = ReportError(trace.status());
-        return;
-      }
-      if (trace->ops.empty()) {
+      MOERR_ASSIGN_OR_RETURN(const formats::Trace trace, formats::ReadTrace(*reader, step));
+      if (trace.ops.empty()) {
         page.Heading(absl::StrFormat("Step %d of %s", step, opts->bundle));
         page.Paragraph("No ops recorded (a step to replay, as moerr proxy and moerr reduce write): `moerr replay " +
                        opts->bundle + " --step " + std::to_string(step) + " --model --out R.moerr` records one.");
         continue;
       }
       with_ops.push_back(step);
-      if (absl::Status s = report::AddStepSection(page, **reader, opts->bundle, step, *trace, would_fit); !s.ok()) {
-        exit_code = ReportError(s);
-        return;
-      }
+      MOERR_RETURN_IF_ERROR(report::AddStepSection(page, *reader, opts->bundle, step, trace, would_fit));
     }
     if (!page.has_verdict() && !with_ops.empty()) report::AddFiniteVerdict(page, opts->bundle, with_ops);
-    if (absl::Status s = page.Write(opts->out); !s.ok()) {
-      exit_code = ReportError(s);
-      return;
-    }
+    MOERR_RETURN_IF_ERROR(page.Write(opts->out));
     std::printf("wrote %s (%zu step%s)\n", opts->out.c_str(), steps.size(), steps.size() == 1 ? "" : "s");
-    exit_code = kExitOk;
+    return kExitOk;
   });
 }
 

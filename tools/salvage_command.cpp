@@ -3,6 +3,7 @@
 #include "absl/strings/str_join.h"
 #include "formats/bundle_summary.h"
 #include "formats/salvage.h"
+#include "support/status.h"
 #include "tools/command.h"
 
 namespace moerr::tools {
@@ -18,17 +19,9 @@ void AddSalvageCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("BUNDLE", opts->in, "Damaged or unfinished bundle")->required();
   cmd->add_option("-o,--output", opts->out, "Where to write the repaired bundle")->required();
   cmd->add_flag("--force", opts->force, "Overwrite the output if it exists");
-  cmd->callback([opts, &exit_code] {
-    if (absl::Status s = CheckNotAnInput(opts->out, {opts->in}); !s.ok()) {
-      exit_code = ReportError(s);
-      return;
-    }
-    auto report = formats::Salvage(opts->in, opts->out, opts->force);
-    if (!report.ok()) {
-      exit_code = ReportError(report.status());
-      return;
-    }
-    const formats::SalvageReport& r = *report;
+  OnRun(cmd, exit_code, [opts]() -> CommandResult {
+    MOERR_RETURN_IF_ERROR(CheckNotAnInput(opts->out, {opts->in}));
+    MOERR_ASSIGN_OR_RETURN(const formats::SalvageReport r, formats::Salvage(opts->in, opts->out, opts->force));
     std::printf("%s -> %s\n", opts->in.c_str(), opts->out.c_str());
     if (r.had_footer) std::printf("  the input was a finished bundle; its index was rebuilt from the frames\n");
     std::printf("  kept %llu complete frames (%s)%s\n", static_cast<unsigned long long>(r.frames),
@@ -47,7 +40,7 @@ void AddSalvageCommand(CLI::App& app, int& exit_code) {
       std::printf("  lost: %s after the last complete frame: %s\n", formats::HumanBytes(r.bytes_dropped).c_str(),
                   r.stop_reason.c_str());
     }
-    exit_code = kExitOk;
+    return kExitOk;
   });
 }
 

@@ -16,18 +16,15 @@ void AddVerifyCommand(CLI::App& app, int& exit_code) {
       "verify", "Check a bundle's integrity: every frame checksum and every tensor's content hash");
   cmd->add_option("BUNDLE", opts->bundle, "Bundle file (.moerr)")->required();
   cmd->add_flag("--json", opts->json, "Print the result as JSON");
-  cmd->callback([opts, &exit_code] {
+  OnRun(cmd, exit_code, [opts]() -> CommandResult {
     auto reader = formats::BundleReader::Open(opts->bundle);
     // A bundle whose bytes are damaged (kDataLoss: a checksum, a cut file, a
     // bad index) is a finding; a missing file or one that is not a bundle
     // (empty, the wrong magic, a newer format) is bad input.
-    if (!reader.ok() && reader.status().code() != absl::StatusCode::kDataLoss) {
-      exit_code = ReportError(reader.status());
-      return;
-    }
+    if (!reader.ok() && reader.status().code() != absl::StatusCode::kDataLoss) return reader.status();
     absl::StatusOr<formats::VerifyReport> report =
         reader.ok() ? (*reader)->Verify() : absl::StatusOr<formats::VerifyReport>(reader.status());
-    exit_code = report.ok() ? kExitOk : kExitFinding;
+    const int code = report.ok() ? kExitOk : kExitFinding;
     if (opts->json) {
       llvm::json::Object out{{"bundle", opts->bundle}, {"ok", report.ok()}};
       if (report.ok()) {
@@ -38,18 +35,19 @@ void AddVerifyCommand(CLI::App& app, int& exit_code) {
         out["damage"] = std::string(report.status().message());
       }
       PrintJson(std::move(out));
-      return;
+      return code;
     }
     if (!report.ok()) {
       std::fprintf(stderr, "moerr: %s is damaged: %s\n", opts->bundle.c_str(),
                    std::string(report.status().message()).c_str());
       std::fprintf(stderr, "  `moerr salvage %s -o FIXED.moerr` keeps every complete frame before the damage.\n",
                    opts->bundle.c_str());
-      return;
+      return code;
     }
     std::printf("%s: ok: %llu frames, %llu tensors' content verified (%s)\n", opts->bundle.c_str(),
                 static_cast<unsigned long long>(report->frames), static_cast<unsigned long long>(report->blobs),
                 formats::HumanBytes(report->raw_bytes).c_str());
+    return code;
   });
 }
 
