@@ -4,114 +4,30 @@
 // missing path, an empty file and a file that is not a bundle, and names
 // the path on stderr; `verify` on a damaged real bundle exits 1; a proxy
 // bundle replayed without --model says to pass --model.
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <atomic>
-#include <cstdio>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "moerr_runner.h"
+
 namespace {
 
-namespace fs = std::filesystem;
-
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string Quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-std::string Slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-void Spit(const fs::path& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
-
-// Runs `moerr ARGS...` in `dir`, its stdout and stderr captured (in files
-// of a name no other call uses, so calls may run at once).
-Result Moerr(const fs::path& dir, const std::vector<std::string>& args) {
-  static std::atomic<int> calls{0};
-  const std::string n = std::to_string(calls++);
-  const fs::path out = dir / ("stdout." + n), err = dir / ("stderr." + n);
-  std::string command = "cd " + Quote(dir.string()) + " && " + Quote(MOERR_BIN);
-  for (const std::string& a : args) command += " " + Quote(a);
-  command += " >" + Quote(out.string()) + " 2>" + Quote(err.string());
-  const int status = std::system(command.c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = Slurp(out);
-  r.err = Slurp(err);
-  fs::remove(out);
-  fs::remove(err);
-  return r;
-}
-
-// Moerr for each of `commands`, four at a time (each loads LibTorch).
-std::vector<Result> MoerrAll(const fs::path& dir, const std::vector<std::vector<std::string>>& commands) {
-  std::vector<Result> results(commands.size());
-  std::atomic<size_t> next{0};
-  std::vector<std::thread> workers;
-  for (int w = 0; w < 4; ++w) {
-    workers.emplace_back([&] {
-      for (size_t i = next++; i < commands.size(); i = next++) results[i] = Moerr(dir, commands[i]);
-    });
-  }
-  for (std::thread& t : workers) t.join();
-  return results;
-}
-
-std::string Describe(const std::vector<std::string>& args, const Result& r) {
-  std::string s = "moerr";
-  for (const std::string& a : args) s += " " + a;
-  return s + "\n  exit " + std::to_string(r.code) + "\n  stdout: " + r.out + "\n  stderr: " + r.err;
-}
+using namespace moerr::tools::testing;
 
 // One tiny recorded step (no warm-up) and its proxy, made once.
-class ExitCodesTest : public ::testing::Test {
+class ExitCodesTest : public TinyRunTest {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new fs::path(fs::temp_directory_path() / ("moerr-exit-codes-" + std::to_string(::getpid())));
-    fs::remove_all(*dir_);
-    fs::create_directories(*dir_);
-    const std::vector<std::string> train = {"train", "--preset", "tiny", "--warmup-steps", "0", "--steps", "1",
-                                            "--record", "replayable", "-o", "run"};
-    const Result trained = Moerr(*dir_, train);
-    ASSERT_EQ(trained.code, 0) << Describe(train, trained);
+    MakeTinyRun("exit-codes");
     const std::vector<std::string> proxy = {"proxy", "run/run.moerr", "--keep", "1/2", "-o", "px"};
-    const Result proxied = Moerr(*dir_, proxy);
+    const Result proxied = Moerr(dir(), proxy);
     ASSERT_EQ(proxied.code, 0) << Describe(proxy, proxied);
-    Spit(*dir_ / "junk.moerr", "this is a text file, not a moerr bundle\n");
-    Spit(*dir_ / "empty.moerr", "");
+    Spit(dir() / "junk.moerr", "this is a text file, not a moerr bundle\n");
+    Spit(dir() / "empty.moerr", "");
   }
-  static void TearDownTestSuite() {
-    fs::remove_all(*dir_);
-    delete dir_;
-  }
-
-  static const fs::path& dir() { return *dir_; }
-
- private:
-  static fs::path* dir_;
 };
-
-fs::path* ExitCodesTest::dir_ = nullptr;
 
 // Each subcommand's command line with BAD in the place of one input path.
 std::vector<std::vector<std::string>> CommandsReading(const std::string& bad) {

@@ -1,0 +1,126 @@
+// How the moerr command reads its arguments: every subcommand's help names
+// its options; an option value a subcommand cannot use exits 2 with a
+// message naming it, before anything is read or written; a step the bundle
+// lacks is named with the steps it has.
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "moerr_runner.h"
+
+namespace {
+
+using namespace moerr::tools::testing;
+
+// An empty directory of its own per suite; one tiny recorded step in it for
+// the options that are checked against a bundle.
+class ArgumentsTest : public TinyRunTest {
+ protected:
+  static void SetUpTestSuite() { MakeTinyRun("arguments"); }
+};
+
+TEST_F(ArgumentsTest, EveryHelpNamesTheSubcommandsOptionsAndExits0) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> options = {
+      {"demo", {"--dir", "--preset", "--dynamics-steps"}},
+      {"inspect", {"BUNDLE", "--json"}},
+      {"verify", {"BUNDLE", "--json"}},
+      {"salvage", {"BUNDLE", "--output", "--force"}},
+      {"train", {"--preset", "--steps", "--record", "--fault"}},
+      {"replay", {"BUNDLE", "--step", "--check", "--isolated", "--model", "--live-routing", "--precision", "--out",
+                  "--force", "--json", "--policy"}},
+      {"bisect", {"BUNDLE", "--step", "--limit", "--fraction", "--precision", "--upcast", "--policy-out", "--json"}},
+      {"diff", {"--step-a", "--step-b", "--threshold", "--fingerprints", "--top", "--html", "--json"}},
+      {"lint", {"BUNDLE", "--step", "--only", "--against", "--against-step", "--json", "--list"}},
+      {"proxy", {"BUNDLE", "--output", "--keep", "--method", "--step", "--ep", "--seed", "--no-forced-keeps", "--force"}},
+      {"proxy-eval", {"--output", "--preset", "--family", "--keep", "--methods", "--faults", "--json"}},
+      {"reduce", {"BUNDLE", "--output", "--step", "--force", "--json"}},
+      {"report", {"BUNDLE", "--output", "--step", "--would-fit", "--force"}},
+  };
+  std::vector<std::vector<std::string>> commands;
+  for (const auto& [command, names] : options) commands.push_back({command, "--help"});
+  const std::vector<Result> results = MoerrAll(dir(), commands);
+  for (size_t i = 0; i < options.size(); ++i) {
+    EXPECT_EQ(results[i].code, 0) << Describe(commands[i], results[i]);
+    for (const std::string& name : options[i].second) {
+      EXPECT_NE(results[i].out.find(name), std::string::npos) << name << "\n" << Describe(commands[i], results[i]);
+    }
+  }
+  const Result version = Moerr(dir(), {"--version"});
+  EXPECT_EQ(version.code, 0) << version.err;
+  EXPECT_NE(version.out.find("bundle format"), std::string::npos) << version.out;
+}
+
+TEST_F(ArgumentsTest, AValueASubcommandCannotUseExits2NamingIt) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;  // a part of what stderr must say
+  };
+  const std::vector<Case> cases = {
+      {{"proxy", "run/run.moerr", "-o", "out/px", "--keep", "0/4"}, "--keep 0/4"},
+      {{"proxy", "run/run.moerr", "-o", "out/px", "--method", "nearest"}, "nearest"},
+      {{"proxy-eval", "-o", "out/eval", "--keep", "3"}, "--keep 3: a fraction like 1/4"},
+      {{"proxy-eval", "-o", "out/eval", "--faults", "no-such-fault"}, "no-such-fault"},
+      {{"proxy-eval", "-o", "out/eval", "--family", "no-such-family"}, "no-such-family"},
+      {{"diff", "run/run.moerr", "run/run.moerr", "--threshold", "f32"}, "f32"},
+      {{"replay", "run/run.moerr", "--model", "--precision", "fp8"}, "fp8"},
+      {{"replay", "run/run.moerr", "--model", "--isolated"}, "does not combine"},
+      {{"replay", "run/run.moerr", "--policy", "no-such-policy.txt"}, "no-such-policy.txt"},
+      {{"report", "run/run.moerr", "-o", "out/r.html", "--would-fit", "fp8"}, "fp8"},
+      {{"bisect", "run/run.moerr", "--fraction", "2"}, "--fraction"},
+      {{"bisect", "run/run.moerr", "--precision", "--upcast", "fp16"}, "fp16"},
+      {{"demo", "--dir", "out/demo", "--preset", "huge"}, "huge"},
+      {{"demo", "--dir", "out/demo", "--dynamics-steps", "1"}, "--dynamics-steps"},
+      {{"lint"}, "lint needs a BUNDLE"},
+      {{"lint", "run/run.moerr", "--only", "no-such-check"}, "no-such-check"},
+      {{"salvage", "run/run.moerr", "-o", "run/run.moerr"}, "is the input"},
+      {{"reduce", "run/run.moerr", "-o", "run/run.moerr", "--force"}, "is the input"},
+  };
+  std::vector<std::vector<std::string>> commands;
+  for (const Case& c : cases) commands.push_back(c.args);
+  const std::vector<Result> results = MoerrAll(dir(), commands);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(results[i].code, 2) << Describe(commands[i], results[i]);
+    EXPECT_NE(results[i].err.find(cases[i].message), std::string::npos)
+        << "stderr does not say " << cases[i].message << "\n"
+        << Describe(commands[i], results[i]);
+  }
+  EXPECT_FALSE(fs::exists(dir() / "out")) << "a command wrote an output from arguments it refused";
+}
+
+TEST_F(ArgumentsTest, AnOutputThatExistsNeedsForce) {
+  Spit(dir() / "report.html", "an earlier report\n");
+  const Result refused = Moerr(dir(), {"report", "run/run.moerr", "-o", "report.html"});
+  EXPECT_EQ(refused.code, 2) << Describe({"report"}, refused);
+  EXPECT_NE(refused.err.find("report.html exists; pass --force"), std::string::npos) << refused.err;
+  EXPECT_EQ(Slurp(dir() / "report.html"), "an earlier report\n");
+  const Result forced = Moerr(dir(), {"report", "run/run.moerr", "-o", "report.html", "--force"});
+  EXPECT_EQ(forced.code, 0) << Describe({"report", "--force"}, forced);
+  EXPECT_NE(Slurp(dir() / "report.html").find("<html"), std::string::npos);
+}
+
+TEST_F(ArgumentsTest, AStepTheBundleLacksIsNamedWithTheStepsItHas) {
+  const std::vector<std::vector<std::string>> commands = {
+      {"bisect", "run/run.moerr", "--step", "7"},
+      {"lint", "run/run.moerr", "--step", "7"},
+      {"replay", "run/run.moerr", "--step", "7"},
+      {"report", "run/run.moerr", "--step", "7", "-o", "out.html"},
+  };
+  const std::vector<Result> results = MoerrAll(dir(), commands);
+  for (size_t i = 0; i < commands.size(); ++i) {
+    EXPECT_EQ(results[i].code, 2) << Describe(commands[i], results[i]);
+    EXPECT_NE(results[i].err.find("step 7 is not in run/run.moerr (its steps: 0)"), std::string::npos)
+        << Describe(commands[i], results[i]);
+  }
+  EXPECT_FALSE(fs::exists(dir() / "out.html"));
+}
+
+TEST_F(ArgumentsTest, LintListNamesEveryCheckWithoutABundle) {
+  const Result r = Moerr(dir(), {"lint", "--list"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  for (const std::string check : {"dtype-headroom", "hazardous-patterns"}) {
+    EXPECT_NE(r.out.find(check), std::string::npos) << r.out;
+  }
+}
+
+}  // namespace
