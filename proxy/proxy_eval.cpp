@@ -357,8 +357,11 @@ absl::Status ReproduceFault(const moe::MoeTransformer& warm, moe::FaultKind faul
       replay.record_path = options.out_dir + "/proxy-replay.moerr";
       replay.overwrite = true;
       MOERR_ASSIGN_OR_RETURN(replayer::ReplayedStep replayed, replayer::ReplayModelStepTrace(*proxy_reader, s, replay));
+      // The replay's worst warning of the fault's check, as in the original.
       const replayer::StepTrace& r = replayed.recording;
-      MOERR_ASSIGN_OR_RETURN(replayer::Reproduction shown, replayer::Reproduces(*r.reader, s, r.trace, *original));
+      MOERR_ASSIGN_OR_RETURN(const std::optional<replayer::Failure> symptom,
+                             replayer::FindFailure(*r.reader, s, r.trace, original->kind));
+      const replayer::Reproduction shown = replayer::Compare(symptom, *original);
       if (shown == replayer::Reproduction::kNo) continue;
       ++row.reproduced;
       row.localised += shown == replayer::Reproduction::kSamePlace;

@@ -87,7 +87,7 @@ moe::TrainerState MapTrainerState(const moe::TrainerState& state, const TensorMa
 }
 
 absl::Status WriteStepBundle(const StepBundle& b, const std::string& path, const llvm::json::Object& annotations) {
-  return CatchTorch("writing " + path, [&]() -> absl::Status {
+  return Annotate(CatchTorch("writing the step", [&]() -> absl::Status {
     MOERR_ASSIGN_OR_RETURN(auto writer,
                            formats::BundleWriter::Create(path, formats::WriterOptions().set_overwrite(true)));
     MOERR_RETURN_IF_ERROR(writer->BeginStep(b.step));
@@ -111,8 +111,9 @@ absl::Status WriteStepBundle(const StepBundle& b, const std::string& path, const
         tensors[1].second = at::softmax(e.logits, -1).gather(1, e.ids).contiguous();
       }
       for (const auto& [name, t] : tensors) {
-        MOERR_ASSIGN_OR_RETURN(formats::TensorView view, recorder::ViewOf(t));
-        MOERR_RETURN_IF_ERROR(writer->PutTensor(name, formats::Role::kOther, b.step, view));
+        absl::StatusOr<formats::TensorView> view = recorder::ViewOf(t);
+        absl::Status put = view.ok() ? writer->PutTensor(name, formats::Role::kOther, b.step, *view) : view.status();
+        MOERR_RETURN_IF_ERROR(Annotate(put, absl::StrFormat("layer %d routing, tensor %s", e.layer, name)));
       }
       formats::Record record;
       record.kind = static_cast<uint16_t>(formats::RecordKind::kRouting);
@@ -124,7 +125,7 @@ absl::Status WriteStepBundle(const StepBundle& b, const std::string& path, const
     for (const auto& [key, value] : annotations) MOERR_RETURN_IF_ERROR(writer->Annotate(key.str(), value));
     MOERR_RETURN_IF_ERROR(writer->EndStep(b.step));
     return writer->Close();
-  });
+  }), path);
 }
 
 int64_t ParameterCount(const StepBundle& b) {

@@ -1,5 +1,7 @@
 #include "replayer/step_failure.h"
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "analysis/check.h"
@@ -30,8 +32,6 @@ Failure FindingFailure(const analysis::Finding& f) {
           absl::StrFormat("%s %s in %s: %s", analysis::SeverityName(f.severity), f.check, f.where, f.message),
           {f.where}};
 }
-
-bool SamePlace(const Failure& a, const Failure& b) { return a.phase == b.phase && a.module_class == b.module_class; }
 
 }  // namespace
 
@@ -80,20 +80,22 @@ absl::StatusOr<std::optional<Failure>> FindFailure(const formats::BundleReader& 
   return FindingFailure(warnings.front());
 }
 
+Reproduction Compare(const std::optional<Failure>& shown, const Failure& failure) {
+  if (!shown || shown->kind != failure.kind) return Reproduction::kNo;
+  const bool same_place = shown->phase == failure.phase && shown->module_class == failure.module_class;
+  return same_place ? Reproduction::kSamePlace : Reproduction::kSameKind;
+}
+
 absl::StatusOr<Reproduction> Reproduces(const formats::BundleReader& reader, int64_t step,
                                         const formats::Trace& trace, const Failure& failure) {
-  std::vector<Failure> shown;
   if (failure.kind == "overflow") {
-    if (const auto first = analysis::FindFirstOverflow(trace)) shown.push_back(OverflowFailure(*first));
-  } else {
-    MOERR_ASSIGN_OR_RETURN(std::vector<analysis::Finding> warnings, Warnings(reader, step, trace, failure.kind));
-    for (const analysis::Finding& f : warnings) shown.push_back(FindingFailure(f));
+    const auto first = analysis::FindFirstOverflow(trace);
+    return Compare(first ? std::optional<Failure>(OverflowFailure(*first)) : std::nullopt, failure);
   }
-  if (shown.empty()) return Reproduction::kNo;
-  for (const Failure& f : shown) {
-    if (SamePlace(f, failure)) return Reproduction::kSamePlace;
-  }
-  return Reproduction::kSameKind;
+  MOERR_ASSIGN_OR_RETURN(std::vector<analysis::Finding> warnings, Warnings(reader, step, trace, failure.kind));
+  Reproduction best = Reproduction::kNo;
+  for (const analysis::Finding& f : warnings) best = std::max(best, Compare(FindingFailure(f), failure));
+  return best;
 }
 
 }  // namespace moerr::replayer

@@ -48,14 +48,18 @@ Failure OverflowFailure(const analysis::FirstOverflow& first);
 absl::StatusOr<std::optional<Failure>> FindFailure(const formats::BundleReader& reader, int64_t step,
                                                    const formats::Trace& trace, const std::string& check = "");
 
+// Ordered: a closer match is greater.
 enum class Reproduction {
   kNo,         // no overflow, or no warning of the same check
   kSameKind,   // an overflow, or a warning of the same check, elsewhere
   kSamePlace,  // and in the same phase and module class
 };
 
-// How a step (a replay, usually) shows `failure`: its first overflow, or any
-// of its warnings of the same check.
+// How one failure a step shows (FindFailure's, say) matches `failure`.
+Reproduction Compare(const std::optional<Failure>& shown, const Failure& failure);
+
+// How a step (a replay, usually) shows `failure`: its first overflow, or the
+// best match among all its warnings of the same check.
 absl::StatusOr<Reproduction> Reproduces(const formats::BundleReader& reader, int64_t step,
                                         const formats::Trace& trace, const Failure& failure);
 
