@@ -37,6 +37,53 @@ absl::StatusOr<std::optional<Located>> FindFailure(const formats::BundleReader& 
   return out;
 }
 
+// Writes `b` as WORK/candidate.moerr, model-replays it into
+// WORK/replay.moerr and reads the replay back.
+absl::StatusOr<replayer::StepTrace> Replay(const StepBundle& b, const ReduceOptions& options) {
+  const std::string candidate_path = options.work_dir + "/candidate.moerr";
+  MOERR_RETURN_IF_ERROR(WriteStepBundle(b, candidate_path));
+  MOERR_ASSIGN_OR_RETURN(auto cand_reader, formats::BundleReader::Open(candidate_path));
+  replayer::ModelReplayOptions replay_options;
+  replay_options.record_path = options.work_dir + "/replay.moerr";
+  replay_options.overwrite = true;
+  absl::StatusOr<replayer::ReplayedStep> replayed = replayer::ReplayModelStepTrace(*cand_reader, b.step, replay_options);
+  if (!replayed.ok()) return Annotate(replayed.status(), "model replay of " + candidate_path);
+  return std::move(replayed->recording);
+}
+
+// The step to reduce: the first that fails (or options.step), read once,
+// with its failure. A step without ops (a proxy's, or an earlier
+// reduction's) fails as its model replay does.
+struct FailingStep {
+  StepBundle bundle;
+  Located found;
+};
+absl::StatusOr<FailingStep> FindFailingStep(const formats::BundleReader& reader, const ReduceOptions& options) {
+  for (int64_t step : options.step >= 0 ? std::vector<int64_t>{options.step} : reader.CompleteSteps()) {
+    absl::StatusOr<formats::Trace> trace = formats::ReadTrace(reader, step);
+    if (!trace.ok()) return Annotate(trace.status(), absl::StrFormat("%s, step %d", options.source, step));
+    std::optional<Located> found;
+    std::optional<StepBundle> bundle;
+    if (trace->ops.empty()) {
+      MOERR_ASSIGN_OR_RETURN(bundle, LoadStepBundle(reader, step, *trace, options.source));
+      absl::StatusOr<replayer::StepTrace> replayed = Replay(*bundle, options);
+      if (!replayed.ok()) return Annotate(replayed.status(), absl::StrFormat("%s, step %d", options.source, step));
+      MOERR_ASSIGN_OR_RETURN(found, FindFailure(*replayed->reader, step, replayed->trace));
+    } else {
+      MOERR_ASSIGN_OR_RETURN(found, FindFailure(reader, step, *trace));
+      if (found) {
+        MOERR_ASSIGN_OR_RETURN(bundle, LoadStepBundle(reader, step, *trace, options.source));
+      }
+    }
+    if (found) return FailingStep{*std::move(bundle), *std::move(found)};
+  }
+  return absl::FailedPreconditionError(
+      options.step >= 0
+          ? absl::StrFormat("%s: step %d does not fail: it has no overflow and no lint warning", options.source,
+                            options.step)
+          : options.source + ": no recorded step fails: none has an overflow or a lint warning");
+}
+
 }  // namespace
 
 absl::StatusOr<ReduceReport> Reduce(const formats::BundleReader& reader, const ReduceOptions& options,
@@ -48,73 +95,32 @@ absl::StatusOr<ReduceReport> Reduce(const formats::BundleReader& reader, const R
     return absl::UnavailableError(absl::StrFormat("cannot create %s: %s", options.work_dir, std::strerror(errno)));
   }
   const auto start = std::chrono::steady_clock::now();
+  MOERR_ASSIGN_OR_RETURN(FailingStep failing, FindFailingStep(reader, options));
   ReduceReport report;
-  // Writes `b` as a bundle, model-replays it, and opens the replay's recording.
-  const std::string candidate_path = options.work_dir + "/candidate.moerr";
-  auto replay = [&](const StepBundle& b) -> absl::StatusOr<replayer::StepTrace> {
-    MOERR_RETURN_IF_ERROR(WriteStepBundle(b, candidate_path));
-    MOERR_ASSIGN_OR_RETURN(auto cand_reader, formats::BundleReader::Open(candidate_path));
-    replayer::ModelReplayOptions replay_options;
-    replay_options.record_path = options.work_dir + "/replay.moerr";
-    replay_options.overwrite = true;
-    MOERR_ASSIGN_OR_RETURN(replayer::ReplayedStep replayed,
-                           replayer::ReplayModelStepTrace(*cand_reader, b.step, replay_options));
-    return std::move(replayed.recording);
-  };
+  report.step = failing.bundle.step;
+  report.failure = failing.found.failure;
+  StepBundle current = std::move(failing.bundle);
+  current.implicated = failing.found.experts;
+  report.before = SizeOf(current);
 
-  // The failure: the first step that fails. A step without ops (a proxy's,
-  // or an earlier reduction's) fails as its model replay does.
-  std::optional<Located> found;
-  std::optional<StepBundle> current;
-  for (int64_t step : options.step >= 0 ? std::vector<int64_t>{options.step} : reader.CompleteSteps()) {
-    absl::StatusOr<formats::Trace> trace = formats::ReadTrace(reader, step);
-    if (!trace.ok()) return Annotate(trace.status(), absl::StrFormat("%s, step %d", options.source, step));
-    if (trace->ops.empty()) {
-      MOERR_ASSIGN_OR_RETURN(current, LoadStepBundle(reader, step, *trace, options.source));
-      absl::StatusOr<replayer::StepTrace> replayed = replay(*current);
-      if (!replayed.ok()) {
-        return Annotate(replayed.status(), absl::StrFormat("model replay of %s, step %d", options.source, step));
-      }
-      MOERR_ASSIGN_OR_RETURN(found, FindFailure(*replayed->reader, step, replayed->trace));
-    } else {
-      MOERR_ASSIGN_OR_RETURN(found, FindFailure(reader, step, *trace));
-      if (found) {
-        MOERR_ASSIGN_OR_RETURN(current, LoadStepBundle(reader, step, *trace, options.source));
-      }
-    }
-    if (found) {
-      report.step = step;
-      break;
-    }
-  }
-  if (!found) {
-    return absl::FailedPreconditionError(
-        options.step >= 0 ? absl::StrFormat("step %d does not fail: it has no overflow and no lint warning",
-                                            options.step)
-                          : "no recorded step fails: none has an overflow or a lint warning");
-  }
-  report.failure = found->failure;
-  current->implicated = found->experts;
-  report.before = SizeOf(*current);
-
+  // Whether `candidate`'s replay fails as the step does.
   auto same_failure = [&](const StepBundle& candidate) -> absl::StatusOr<bool> {
     ++report.tried;
-    MOERR_ASSIGN_OR_RETURN(replayer::StepTrace replayed, replay(candidate));
+    MOERR_ASSIGN_OR_RETURN(replayer::StepTrace replayed, Replay(candidate, options));
     MOERR_ASSIGN_OR_RETURN(replayer::Reproduction shown,
                            replayer::Reproduces(*replayed.reader, replayed.step, replayed.trace, report.failure));
     return shown == replayer::Reproduction::kSamePlace;
   };
-
   const std::vector<std::unique_ptr<ReducePass>> passes = AllReducePasses();
   for (bool progressed = true; progressed;) {
     progressed = false;
     for (const auto& pass : passes) {
-      for (Candidate& candidate : pass->Propose(*current)) {
+      for (Candidate& candidate : pass->Propose(current)) {
         if (progress) progress(report.tried, std::string(pass->name()));
         absl::StatusOr<bool> same = same_failure(candidate.bundle);
         if (!same.ok()) {
-          return Annotate(same.status(), absl::StrFormat("reduce pass %s, candidate with %s (%s)", pass->name(),
-                                                         candidate.removed, candidate_path));
+          return Annotate(same.status(), absl::StrFormat("reduce pass %s, candidate with %s", pass->name(),
+                                                         candidate.removed));
         }
         if (!*same) continue;
         report.accepted.push_back({std::string(pass->name()), candidate.removed});
@@ -124,8 +130,8 @@ absl::StatusOr<ReduceReport> Reduce(const formats::BundleReader& reader, const R
       }
     }
   }
-  MOERR_RETURN_IF_ERROR(WriteStepBundle(*current, options.out_path));
-  report.after = SizeOf(*current);
+  MOERR_RETURN_IF_ERROR(WriteStepBundle(current, options.out_path));
+  report.after = SizeOf(current);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
 }
