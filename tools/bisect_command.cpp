@@ -11,6 +11,7 @@
 #include "analysis/overflow_cause.h"
 #include "replayer/precision_bisect.h"
 #include "support/progress.h"
+#include "support/status.h"
 #include "tools/command.h"
 
 namespace moerr::tools {
@@ -18,9 +19,9 @@ namespace {
 
 // --precision: replays the step under upcast sets until the smallest one
 // that removes the overflow is found; prints it and writes it as a policy.
-int RunPrecisionBisect(const formats::BundleReader& reader, int64_t step, const formats::Trace& trace,
-                       const analysis::OverflowOptions& overflow, const std::string& upcast,
-                       const std::string& policy_out, bool json, llvm::json::Array& results) {
+CommandResult RunPrecisionBisect(const formats::BundleReader& reader, int64_t step, const formats::Trace& trace,
+                                 const analysis::OverflowOptions& overflow, const std::string& upcast,
+                                 const std::string& policy_out, bool json, llvm::json::Array& results) {
   replayer::PrecisionBisectOptions options;
   options.overflow = overflow;
   options.upcast = replayer::ParsePolicyAction(upcast).value();
@@ -31,7 +32,7 @@ int RunPrecisionBisect(const formats::BundleReader& reader, int64_t step, const 
   auto result = replayer::PrecisionBisect(reader, step, trace, options);
   progress.Finish();
   if (!result.ok()) {
-    if (result.status().code() != absl::StatusCode::kNotFound) return ReportError(result.status());
+    if (result.status().code() != absl::StatusCode::kNotFound) return result.status();
     if (json) results.push_back(llvm::json::Object{{"step", step}, {"found", false}});
     else std::printf("step %lld: no overflowing op, nothing to bisect\n", static_cast<long long>(step));
     return kExitOk;
@@ -43,7 +44,7 @@ int RunPrecisionBisect(const formats::BundleReader& reader, int64_t step, const 
                                              "submodules'; dropping any one brings the overflow back\n%s",
                                              result->op_index, result->op, result->module, result->policy.ToText());
     if (f == nullptr || std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0) {
-      return ReportError(absl::UnavailableError("cannot write policy file " + policy_out));
+      return absl::UnavailableError("cannot write policy file " + policy_out);
     }
   }
   if (json) {
@@ -179,14 +180,12 @@ llvm::json::Object CauseJson(const analysis::OverflowCause& found, int64_t step)
 
 // The default bisect of one step: the first overflow and its cause. The
 // step before it, when the bundle holds it, adds peers.
-int RunCauseBisect(const formats::BundleReader& reader, int64_t step, const formats::Trace& trace,
-                   const analysis::OverflowOptions& options, bool json, llvm::json::Array& results) {
+CommandResult RunCauseBisect(const formats::BundleReader& reader, int64_t step, const formats::Trace& trace,
+                             const analysis::OverflowOptions& options, bool json, llvm::json::Array& results) {
   std::optional<formats::Trace> before;
   const std::vector<int64_t> complete = reader.CompleteSteps();
   if (std::find(complete.begin(), complete.end(), step - 1) != complete.end()) {
-    auto read = formats::ReadTrace(reader, step - 1);
-    if (!read.ok()) return ReportError(read.status());
-    before = std::move(*read);
+    MOERR_ASSIGN_OR_RETURN(before, formats::ReadTrace(reader, step - 1));
   }
   const auto found = analysis::FindOverflowCause(trace, options, {before ? &*before : nullptr});
   if (!found) {
@@ -243,46 +242,28 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--policy-out", opts->policy_out, "With --precision: where to write the set as a policy file")
       ->capture_default_str();
   cmd->add_flag("--json", opts->json, "Print JSON");
-  cmd->callback([opts, &exit_code] {
-    if (absl::Status s = CheckNotAnInput(opts->policy_out, {opts->bundle}); opts->precision && !s.ok()) {
-      exit_code = ReportError(s);
-      return;
-    }
-    auto reader = formats::BundleReader::Open(opts->bundle);
-    if (!reader.ok()) {
-      exit_code = ReportError(reader.status());
-      return;
-    }
+  OnRun(cmd, exit_code, [opts]() -> CommandResult {
+    if (opts->precision) MOERR_RETURN_IF_ERROR(CheckNotAnInput(opts->policy_out, {opts->bundle}));
+    MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
     analysis::OverflowOptions options;
     options.fraction = opts->fraction;
     options.limit = opts->limit == "fp16"   ? analysis::DTypeMax(formats::DType::kF16)
                     : opts->limit == "bf16" ? analysis::DTypeMax(formats::DType::kBF16)
                                             : 0;
-    const absl::StatusOr<std::vector<int64_t>> to_read = StepsToRead(**reader, opts->bundle, opts->steps);
-    if (!to_read.ok()) {
-      exit_code = ReportError(to_read.status());
-      return;
-    }
-    const std::vector<int64_t>& steps = *to_read;
+    MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, StepsToRead(*reader, opts->bundle, opts->steps));
     llvm::json::Array results;
-    exit_code = kExitOk;
+    int exit_code = kExitOk;
     for (int64_t step : steps) {
-      auto trace = formats::ReadTrace(**reader, step);
-      if (!trace.ok()) {
-        exit_code = ReportError(trace.status());
-        return;
-      }
-      const int code =
+      MOERR_ASSIGN_OR_RETURN(const formats::Trace trace, formats::ReadTrace(*reader, step));
+      MOERR_ASSIGN_OR_RETURN(
+          const int code,
           opts->precision
-              ? RunPrecisionBisect(**reader, step, *trace, options, opts->upcast, opts->policy_out, opts->json, results)
-              : RunCauseBisect(**reader, step, *trace, options, opts->json, results);
-      if (IsError(code)) {
-        exit_code = code;
-        return;
-      }
+              ? RunPrecisionBisect(*reader, step, trace, options, opts->upcast, opts->policy_out, opts->json, results)
+              : RunCauseBisect(*reader, step, trace, options, opts->json, results));
       exit_code = std::max(exit_code, code);
     }
     if (opts->json) PrintJson(std::move(results));
+    return exit_code;
   });
 }
 
