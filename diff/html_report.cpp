@@ -4,14 +4,10 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_replace.h"
+#include "support/html_escape.h"
 
 namespace moerr::diff {
 namespace {
-
-std::string Escape(absl::string_view text) {
-  return absl::StrReplaceAll(text, {{"&", "&amp;"}, {"<", "&lt;"}, {">", "&gt;"}, {"\"", "&quot;"}});
-}
 
 constexpr double kFloor = -12, kCeiling = 2;  // plotted range of log10(error)
 constexpr int kWidth = 1000, kHeight = 260, kMargin = 40;
@@ -68,7 +64,7 @@ std::string HtmlReport(const DiffReport& report, const formats::Trace& a, const 
       "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
       "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}tr.first{background:#fee}"
       "code{font-size:13px}</style></head><body>\n<h1>%s</h1>\n",
-      Escape(title), Escape(title));
+      HtmlEscape(title), HtmlEscape(title));
   absl::StrAppendFormat(&html,
                         "<p>%d ops matched, %d only in A, %d only in B; %d outputs compared (%d on their bytes, %.1f "
                         "MB); <b>%d ops diverged</b>.</p>\n",
@@ -93,8 +89,8 @@ std::string HtmlReport(const DiffReport& report, const formats::Trace& a, const 
     absl::StrAppendFormat(&html,
                           "<tr%s><td>%d</td><td>%d</td><td>%d</td><td><code>%s</code></td><td><code>%s</code></td>"
                           "<td>%s</td><td>%.3g</td><td>%d</td><td>%s</td></tr>\n",
-                          report.first_divergence == i ? " class='first'" : "", i, d.a, d.b, Escape(op.name),
-                          Escape(op.module), formats::PhaseName(op.phase), d.error, nonfinite,
+                          report.first_divergence == i ? " class='first'" : "", i, d.a, d.b, HtmlEscape(op.name),
+                          HtmlEscape(op.module), formats::PhaseName(op.phase), d.error, nonfinite,
                           bytes ? "bytes" : "fingerprints");
   }
   html += "</table>\n";
@@ -106,7 +102,7 @@ std::string HtmlReport(const DiffReport& report, const formats::Trace& a, const 
       if (d.a >= 0 && d.b >= 0) continue;
       const formats::OpEvent& op = d.a >= 0 ? a.ops[d.a] : b.ops[d.b];
       absl::StrAppendFormat(&html, "<tr><td>%d</td><td>%s</td><td><code>%s</code></td><td><code>%s</code></td></tr>\n",
-                            i, d.a >= 0 ? "A" : "B", Escape(op.name), Escape(op.module));
+                            i, d.a >= 0 ? "A" : "B", HtmlEscape(op.name), HtmlEscape(op.module));
     }
     html += "</table>\n";
   }

@@ -5,6 +5,7 @@
 #include "absl/strings/str_format.h"
 #include "formats/file_sink.h"
 #include "llvm/Support/MemoryBuffer.h"
+#include "support/filesystem.h"
 #include "support/status.h"
 
 namespace moerr::formats {
@@ -90,9 +91,7 @@ absl::StatusOr<HfCheckpoint> LoadHfCheckpoint(const std::string& dir) {
 
 absl::Status SaveHfCheckpoint(const std::string& dir, const llvm::json::Object& config,
                               const std::vector<std::pair<std::string, TensorView>>& tensors, bool overwrite) {
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return absl::UnavailableError(absl::StrFormat("cannot create %s: %s", dir, std::strerror(errno)));
-  }
+  MOERR_RETURN_IF_ERROR(MakeDirectory(dir));
   MOERR_RETURN_IF_ERROR(WriteJsonFile(dir + "/config.json", llvm::json::Object(config), overwrite));
   return WriteSafetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}}, overwrite);
 }

@@ -1,7 +1,6 @@
 #include "proxy/proxy_builder.h"
 
 #include <ATen/record_function.h>
-#include <sys/stat.h>
 
 #include <fstream>
 #include <numeric>
@@ -15,6 +14,7 @@
 #include "proxy/step_bundle.h"
 #include "proxy/surgery.h"
 #include "replayer/step_failure.h"
+#include "support/filesystem.h"
 #include "support/status.h"
 #include "support/torch_boundary.h"
 
@@ -98,9 +98,7 @@ absl::StatusOr<std::vector<LayerPlan>> PlanLayers(const StepBundle& step, const 
 // OUT/checkpoint, OUT/proxy.moerr and OUT/clusters.json of the pruned step.
 absl::Status WriteOutputs(const StepBundle& bundle, const ProxyOptions& options, ProxyReport& report) {
   MOERR_ASSIGN_OR_RETURN(moe::MoeTransformer proxy_policy, LoadPolicy(bundle));
-  if (::mkdir(options.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return absl::UnavailableError(absl::StrFormat("cannot create %s: %s", options.out_dir, std::strerror(errno)));
-  }
+  MOERR_RETURN_IF_ERROR(MakeDirectory(options.out_dir));
   report.bundle = options.out_dir + "/proxy.moerr";
   report.checkpoint = options.out_dir + "/checkpoint";
   report.cluster_map = options.out_dir + "/clusters.json";

@@ -1,15 +1,13 @@
 #include "proxy/reduce.h"
 
-#include <sys/stat.h>
-
 #include <chrono>
-#include <cstring>
 
 #include "absl/strings/str_format.h"
 #include "proxy/passes/reduce_pass.h"
 #include "proxy/step_bundle.h"
 #include "proxy/surgery.h"
 #include "replayer/step_failure.h"
+#include "support/filesystem.h"
 #include "support/status.h"
 
 namespace moerr::proxy {
@@ -91,9 +89,7 @@ absl::StatusOr<ReduceReport> Reduce(const formats::BundleReader& reader, const R
   if (options.out_path.empty() || options.work_dir.empty()) {
     return absl::InvalidArgumentError("reduce: an output bundle and a work directory are required");
   }
-  if (::mkdir(options.work_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return absl::UnavailableError(absl::StrFormat("cannot create %s: %s", options.work_dir, std::strerror(errno)));
-  }
+  MOERR_RETURN_IF_ERROR(MakeDirectory(options.work_dir));
   const auto start = std::chrono::steady_clock::now();
   MOERR_ASSIGN_OR_RETURN(FailingStep failing, FindFailingStep(reader, options));
   ReduceReport report;

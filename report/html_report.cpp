@@ -5,38 +5,39 @@
 
 #include "absl/strings/str_cat.h"
 #include "report/svg_plot.h"
+#include "support/html_escape.h"
 
 namespace moerr::report {
 
-void HtmlReport::Heading(const std::string& text) { absl::StrAppend(&body_, "<h2>", Escape(text), "</h2>\n"); }
+void HtmlReport::Heading(const std::string& text) { absl::StrAppend(&body_, "<h2>", HtmlEscape(text), "</h2>\n"); }
 
-void HtmlReport::Paragraph(const std::string& text) { absl::StrAppend(&body_, "<p>", Escape(text), "</p>\n"); }
+void HtmlReport::Paragraph(const std::string& text) { absl::StrAppend(&body_, "<p>", HtmlEscape(text), "</p>\n"); }
 
 void HtmlReport::Preformatted(const std::string& text) {
-  absl::StrAppend(&body_, "<pre>", Escape(text), "</pre>\n");
+  absl::StrAppend(&body_, "<pre>", HtmlEscape(text), "</pre>\n");
 }
 
 void HtmlReport::Table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows) {
   body_ += "<table>\n<tr>";
-  for (const std::string& h : header) absl::StrAppend(&body_, "<th>", Escape(h), "</th>");
+  for (const std::string& h : header) absl::StrAppend(&body_, "<th>", HtmlEscape(h), "</th>");
   body_ += "</tr>\n";
   for (const auto& row : rows) {
     body_ += "<tr>";
-    for (const std::string& cell : row) absl::StrAppend(&body_, "<td>", Escape(cell), "</td>");
+    for (const std::string& cell : row) absl::StrAppend(&body_, "<td>", HtmlEscape(cell), "</td>");
     body_ += "</tr>\n";
   }
   body_ += "</table>\n";
 }
 
 void HtmlReport::Figure(const std::string& svg, const std::string& caption) {
-  absl::StrAppend(&body_, "<figure>\n", svg, "<figcaption>", Escape(caption), "</figcaption>\n</figure>\n");
+  absl::StrAppend(&body_, "<figure>\n", svg, "<figcaption>", HtmlEscape(caption), "</figcaption>\n</figure>\n");
 }
 
 void HtmlReport::Verdict(const std::string& heading, const std::vector<VerdictLine>& lines, bool failed) {
-  verdict_ = absl::StrCat("<section class=\"verdict ", failed ? "failed" : "passed", "\">\n<h2>", Escape(heading),
+  verdict_ = absl::StrCat("<section class=\"verdict ", failed ? "failed" : "passed", "\">\n<h2>", HtmlEscape(heading),
                           "</h2>\n<dl>\n");
   for (const VerdictLine& line : lines) {
-    absl::StrAppend(&verdict_, "<dt>", Escape(line.label), "</dt><dd>", line.code ? "<code>" : "", Escape(line.text),
+    absl::StrAppend(&verdict_, "<dt>", HtmlEscape(line.label), "</dt><dd>", line.code ? "<code>" : "", HtmlEscape(line.text),
                     line.code ? "</code>" : "", "</dd>\n");
   }
   verdict_ += "</dl>\n</section>\n";
@@ -44,7 +45,7 @@ void HtmlReport::Verdict(const std::string& heading, const std::vector<VerdictLi
 
 std::string HtmlReport::Render() const {
   return absl::StrCat(
-      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>", Escape(title_),
+      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>", HtmlEscape(title_),
       "</title>\n<style>\n"
       "body { font-family: sans-serif; max-width: 980px; margin: 2em auto; color: #222; line-height: 1.4; }\n"
       "pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 12px; }\n"
@@ -57,7 +58,7 @@ std::string HtmlReport::Render() const {
       ".verdict dl { display: grid; grid-template-columns: max-content auto; gap: 0.2em 1em; margin: 0.4em 0; }\n"
       ".verdict dt { font-weight: bold; } .verdict dd { margin: 0; }\n"
       "</style>\n</head>\n<body>\n<h1>",
-      Escape(title_), "</h1>\n", verdict_, body_, "</body>\n</html>\n");
+      HtmlEscape(title_), "</h1>\n", verdict_, body_, "</body>\n</html>\n");
 }
 
 absl::Status HtmlReport::Write(const std::string& path) const {

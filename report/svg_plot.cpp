@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "support/html_escape.h"
 
 namespace moerr::report {
 namespace {
@@ -30,32 +31,17 @@ std::string Number(double v) { return absl::StrFormat("%.4g", std::abs(v) < 1e-1
 
 std::string Text(double x, double y, const std::string& s, const char* anchor = "middle", const char* extra = "") {
   return absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\" %s>%s</text>\n", x, y, anchor, extra,
-                         Escape(s));
+                         HtmlEscape(s));
 }
 
 std::string Open(int width, int height, const std::string& css_class) {
   return absl::StrFormat(
       "<svg xmlns=\"http://www.w3.org/2000/svg\"%s width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
       "font-family=\"sans-serif\" font-size=\"11\">\n",
-      css_class.empty() ? "" : " class=\"" + Escape(css_class) + "\"", width, height, width, height);
+      css_class.empty() ? "" : " class=\"" + HtmlEscape(css_class) + "\"", width, height, width, height);
 }
 
 }  // namespace
-
-std::string Escape(const std::string& text) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 std::string LinePlot::ToSvg(int width, int height) const {
   const double left = 64, right = 150, top = 28, bottom = 40;  // margins; the legend sits right
@@ -93,7 +79,7 @@ std::string LinePlot::ToSvg(int width, int height) const {
   for (double t : Ticks(x0, x1, 8)) svg += Text(px(t), top + ph + 14, Number(t));
   svg += Text(left + pw / 2, height - 6, x_label);
   svg += absl::StrFormat("<text transform=\"translate(14,%.1f) rotate(-90)\" text-anchor=\"middle\">%s</text>\n",
-                         top + ph / 2, Escape(y_label));
+                         top + ph / 2, HtmlEscape(y_label));
   if (y_rule) {
     absl::StrAppendFormat(&svg,
                           "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#000\" "
@@ -113,7 +99,7 @@ std::string LinePlot::ToSvg(int width, int height) const {
         continue;
       }
       if (s.dots) {
-        const std::string tip = i < s.tips.size() ? Escape(s.tips[i]) : Number(s.x[i]) + ": " + Number(y);
+        const std::string tip = i < s.tips.size() ? HtmlEscape(s.tips[i]) : Number(s.x[i]) + ": " + Number(y);
         absl::StrAppendFormat(&svg, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"1.6\" fill=\"%s\"><title>%s</title></circle>\n",
                               px(s.x[i]), py(y), color, tip);
       } else {
@@ -133,7 +119,7 @@ std::string LinePlot::ToSvg(int width, int height) const {
     absl::StrAppendFormat(&svg,
                           "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#d62728\" "
                           "stroke-width=\"1.5\"><title>%s</title></line>\n",
-                          px(m.x), px(m.x), top, top + ph, Escape(m.label));
+                          px(m.x), px(m.x), top, top + ph, HtmlEscape(m.label));
     svg += Text(std::min(px(m.x) + 4, left + pw - 4), top + 12, m.label,
                 px(m.x) + 4 > left + pw * 0.7 ? "end" : "start", "fill=\"#d62728\"");
   }
@@ -171,7 +157,7 @@ std::string Heatmap::ToSvg(int cell) const {
       const double x = left + cell * double(c);
       absl::StrAppendFormat(&svg, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%d\" height=\"%d\" fill=\"%s\" stroke=\"#fff\">",
                             x, y, cell, cell, fill);
-      if (r < tooltip.size() && c < tooltip[r].size()) absl::StrAppend(&svg, "<title>", Escape(tooltip[r][c]), "</title>");
+      if (r < tooltip.size() && c < tooltip[r].size()) absl::StrAppend(&svg, "<title>", HtmlEscape(tooltip[r][c]), "</title>");
       svg += "</rect>\n";
       if (r < text.size() && c < text[r].size() && !text[r][c].empty()) {
         svg += Text(x + cell / 2.0, y + cell / 2.0 + 4, text[r][c], "middle",

@@ -51,7 +51,4 @@ struct Heatmap {
   std::string ToSvg(int cell = 26) const;
 };
 
-// Text for SVG and HTML: & < > " escaped.
-std::string Escape(const std::string& text);
-
 }  // namespace moerr::report

@@ -1,13 +1,13 @@
 // Small queries the checks share.
 #pragma once
 
-#include <cmath>
 #include <map>
 #include <vector>
 #include <string>
 
 #include "absl/strings/str_format.h"
 #include "analysis/check.h"
+#include "formats/json_number.h"
 
 namespace moerr::analysis::checks {
 
@@ -60,8 +60,5 @@ inline Finding At(absl::string_view check, Severity severity, const StepView& st
 inline std::string Count(int64_t n, absl::string_view one, absl::string_view many) {
   return absl::StrFormat("%d %s", n, n == 1 ? one : many);
 }
-
-// JSON has no Inf or NaN.
-inline llvm::json::Value Number(double v) { return std::isfinite(v) ? llvm::json::Value(v) : llvm::json::Value(nullptr); }
 
 }  // namespace moerr::analysis::checks

@@ -64,9 +64,9 @@ std::optional<Finding> FirstOverflowFinding(const StepView& s) {
                                  {"nan", static_cast<int64_t>(fp.nan)},
                                  {"pos_inf", static_cast<int64_t>(fp.pos_inf)},
                                  {"neg_inf", static_cast<int64_t>(fp.neg_inf)},
-                                 {"finite_abs_max", checks::Number(fp.abs_max)},
+                                 {"finite_abs_max", formats::JsonNumber(fp.abs_max)},
                                  {"limit", first->limit}};
-  if (!first->trend.empty()) f.numbers["headroom_bits_before"] = checks::Number(first->trend.back().headroom_bits);
+  if (!first->trend.empty()) f.numbers["headroom_bits_before"] = formats::JsonNumber(first->trend.back().headroom_bits);
   f.numbers["cause_op_index"] = static_cast<int64_t>(cause.op_index);
   f.numbers["cause_op"] = cause.op->name;
   f.numbers["cause_module"] = cause.op->module;
@@ -116,7 +116,7 @@ Finding GroupFinding(const StepView& s, int kind, const Group& g, bool risk) {
     f.next = absl::StrFormat("moerr bisect %s --step %d --limit %s --fraction 1", s.path, s.step, format);
   }
   f.numbers = llvm::json::Object{
-      {"ops", g.ops}, {"values", static_cast<int64_t>(g.values)}, {"abs_max", checks::Number(g.abs_max)}};
+      {"ops", g.ops}, {"values", static_cast<int64_t>(g.values)}, {"abs_max", formats::JsonNumber(g.abs_max)}};
   return f;
 }
 

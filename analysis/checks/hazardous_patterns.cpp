@@ -152,7 +152,7 @@ class HazardousPatterns : public Check {
       const bool note = pattern == kSoftmaxBf16 || pattern == kLongReduction;
       Finding f = checks::AtOp(kName, note ? Severity::kInfo : Severity::kWarning, s, g.first_op);
       f.message = absl::StrFormat("%s (%s here)", g.detail, checks::Count(g.ops, "op", "ops"));
-      f.numbers = llvm::json::Object{{"ops", g.ops}, {"measure", checks::Number(g.worst)}};
+      f.numbers = llvm::json::Object{{"ops", g.ops}, {"measure", formats::JsonNumber(g.worst)}};
       if (pattern == kExp || pattern == kPow) f.next = absl::StrFormat("moerr bisect %s --step %d", s.path, s.step);
       out.push_back(std::move(f));
     }

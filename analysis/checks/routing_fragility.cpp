@@ -68,7 +68,7 @@ class RoutingFragility : public Check {
                                      {"near_ties", layer.fragile},
                                      {"share", share},
                                      {"tie", kTie},
-                                     {"min_gap", checks::Number(layer.min_gap)}};
+                                     {"min_gap", formats::JsonNumber(layer.min_gap)}};
       if (share > kWarnShare) f.next = absl::StrFormat("moerr replay %s --step %d --model --live-routing", s.path, s.step);
       out.push_back(std::move(f));
     }

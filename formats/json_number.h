@@ -1,0 +1,13 @@
+// Numbers in the JSON moerr writes (reports, --json output, cluster maps).
+#pragma once
+
+#include <cmath>
+
+#include "llvm/Support/JSON.h"
+
+namespace moerr::formats {
+
+// JSON has no NaN or infinity: a non-finite `v` is written as null.
+inline llvm::json::Value JsonNumber(double v) { return std::isfinite(v) ? llvm::json::Value(v) : llvm::json::Value(nullptr); }
+
+}  // namespace moerr::formats

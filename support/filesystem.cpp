@@ -1,0 +1,23 @@
+#include "support/filesystem.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace moerr {
+
+absl::Status MakeDirectory(const std::string& path) {
+  if (::mkdir(path.c_str(), 0755) == 0) return absl::OkStatus();
+  const int error = errno;
+  struct stat st;
+  if (error == EEXIST && ::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrCat("cannot create directory ", path, ": a file of that name exists"));
+  }
+  return absl::UnavailableError(absl::StrCat("cannot create directory ", path, ": ", std::strerror(error)));
+}
+
+}  // namespace moerr
