@@ -16,8 +16,9 @@
 // far less). Every rank must report the same metrics bitwise: they take
 // the same clip and skip decisions.
 //
-// Launcher: `moerr train --ranks 2` with a rank killed by SIGKILL or stalled
-// must end (under a 120 s guard) naming that rank.
+// Launcher: `moerr train --ranks 2` over either store; with a rank killed
+// by SIGKILL or stalled it must end (under a 120 s guard) naming that rank;
+// past --deadline it kills the ranks still running and says so.
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/serialize.h>
@@ -218,6 +219,16 @@ TEST(DistributedLauncher, ReportsAStalledRankWithoutHanging) {
   // Rank 0 names the collective it timed out in; the launcher names rank 1.
   EXPECT_NE(r.output.find("rank 0: all_"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("rank 1: still running after another rank failed"), std::string::npos) << r.output;
+}
+
+TEST(DistributedLauncher, KillsRanksStillRunningAtTheDeadline) {
+  // Rank 0 waits in a collective far longer than the deadline: only the deadline ends the run.
+  const CommandResult r = RunMoerr(TrainArgs("deadline") +
+                                   " --preset tiny --ranks 2 --ep 2 --rank-fault stall:1 --collective-timeout 600 "
+                                   "--deadline 6");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("rank 0: still running at the deadline (hung)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rank 1: still running at the deadline (hung)"), std::string::npos) << r.output;
 }
 
 }  // namespace
