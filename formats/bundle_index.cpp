@@ -10,7 +10,7 @@
 #include "formats/bundle.capnp.h"
 #include "formats/chunk_codec.h"
 #include "formats/frame.h"
-#include "support/kj_boundary.h"
+#include "formats/kj_boundary.h"
 #include "support/status.h"
 #define XXH_STATIC_LINKING_ONLY
 #include "xxhash.h"

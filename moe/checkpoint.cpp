@@ -7,7 +7,7 @@
 #include "formats/hf_checkpoint.h"
 #include "recorder/tensor_adapter.h"
 #include "support/status.h"
-#include "support/torch_boundary.h"
+#include "recorder/torch_boundary.h"
 
 namespace moerr::moe {
 

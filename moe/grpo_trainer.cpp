@@ -14,7 +14,7 @@
 #include "moe/warmup.h"
 #include "recorder/tensor_adapter.h"
 #include "support/check.h"
-#include "support/json_fields.h"
+#include "formats/json_fields.h"
 #include "support/status.h"
 
 namespace moerr::moe {

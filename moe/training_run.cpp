@@ -7,7 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "moe/checkpoint.h"
 #include "support/status.h"
-#include "support/torch_boundary.h"
+#include "recorder/torch_boundary.h"
 
 namespace moerr::moe {
 llvm::json::Object MetricsToJson(const StepMetrics& m) {

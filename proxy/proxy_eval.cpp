@@ -23,7 +23,7 @@
 #include "replayer/step_failure.h"
 #include "support/check.h"
 #include "support/status.h"
-#include "support/torch_boundary.h"
+#include "recorder/torch_boundary.h"
 
 namespace moerr::proxy {
 namespace {

@@ -14,7 +14,7 @@
 #include "moe/training_run.h"
 #include "recorder/tensor_adapter.h"
 #include "support/status.h"
-#include "support/torch_boundary.h"
+#include "recorder/torch_boundary.h"
 
 namespace moerr::replayer {
 namespace {

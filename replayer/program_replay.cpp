@@ -17,7 +17,7 @@
 #include "recorder/fingerprint.h"
 #include "recorder/tensor_adapter.h"
 #include "support/status.h"
-#include "support/torch_boundary.h"
+#include "recorder/torch_boundary.h"
 
 namespace moerr::replayer {
 namespace {

@@ -15,7 +15,7 @@
 #include "recorder/tensor_adapter.h"
 #include "replayer/model_replay.h"
 #include "support/status.h"
-#include "support/torch_boundary.h"
+#include "recorder/torch_boundary.h"
 
 namespace moerr {
 namespace {

@@ -1,6 +1,6 @@
 // The LibTorch exception boundary: the only place c10::Error is caught.
-// Header-only so that support/ does not link LibTorch; include it only from
-// libraries that do.
+// In recorder/ beside the LibTorch hooks, the lowest library that links
+// LibTorch; every library that uses it links moerr_recorder_hooks.
 #pragma once
 
 #include "absl/strings/string_view.h"

@@ -1,5 +1,5 @@
 // The Cap'n Proto exception boundary: the only place kj::Exception is caught.
-// Header-only so that support/ links neither Cap'n Proto nor LibTorch.
+// In formats/, the only library that links Cap'n Proto.
 #pragma once
 
 #include "absl/strings/string_view.h"
