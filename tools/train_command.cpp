@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <memory>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -39,16 +40,94 @@ absl::Status ParseTrigger(const std::string& text, recorder::RecordOptions& opti
   return bad();
 }
 
+struct TrainArgs {
+  moe::TrainOptions train;
+  std::string family = "qwen3_moe", fault = "none", precision = "fp32";
+  std::string record, trigger = "always", bundle, fp16_overflow = "inf";
+  RanksOptions ranks;
+};
+
+// --record MODE: the observer that records the RL steps into the bundle.
+absl::StatusOr<std::unique_ptr<RecordingObserver>> MakeRecorder(const TrainArgs& o) {
+  MOERR_ASSIGN_OR_RETURN(const recorder::CaptureMode mode, recorder::ParseCaptureMode(o.record));
+  recorder::RecordOptions record(o.bundle.empty() ? o.train.out_dir + "/run.moerr" : o.bundle);
+  record.set_mode(mode).set_overwrite(o.train.overwrite);
+  MOERR_RETURN_IF_ERROR(ParseTrigger(o.trigger, record));
+  return std::make_unique<RecordingObserver>(std::move(record));
+}
+
+void PrintRun(const TrainArgs& o, const RankSession& rank, const moe::TrainReport& report,
+              const RecordingObserver* observer) {
+  if (rank.parallel) {
+    std::printf("%lld ranks, expert parallelism %lld: metrics and checkpoint from rank 0\n",
+                static_cast<long long>(rank.env.world_size), static_cast<long long>(o.ranks.ep));
+  }
+  if (o.train.init_checkpoint.empty()) {
+    std::printf("warm-up: %lld steps, loss %.3f, accuracy %.1f%% on 256 held-out sums\n",
+                static_cast<long long>(o.train.warmup_steps), report.warmup.final_loss, 100 * report.warmup.accuracy);
+  }
+  if (report.fault.kind != moe::FaultKind::kNone) std::printf("fault: %s\n", report.fault.description.c_str());
+  std::printf("%6s %9s %7s %9s %10s %10s %8s %s\n", "step", "loss", "reward", "kl", "grad_norm", "loss_scale",
+              "load_H", "");
+  for (const moe::StepMetrics& m : report.steps) {
+    std::printf("%6lld %9.4f %7.3f %9.5f %10.4g %10.4g %8.3f %s\n", static_cast<long long>(m.step), m.loss, m.reward,
+                m.kl, m.grad_norm, m.loss_scale, m.load_entropy,
+                m.skipped ? "skipped (non-finite)" : (m.finite ? "" : "non-finite"));
+  }
+  std::printf("accuracy after RL: %.1f%%\nmetrics: %s\ncheckpoint: %s\n", 100 * report.final_accuracy,
+              report.metrics_path.c_str(), report.checkpoint_dir.c_str());
+  if (observer != nullptr && observer->started()) {
+    const recorder::Recorder& rec = observer->recorder();
+    std::string steps;
+    for (int64_t s : rec.written_steps()) steps += (steps.empty() ? "" : ", ") + std::to_string(s);
+    std::printf("bundle: %s (%s mode; %llu ops traced; steps written: %s)\n", rec.path().c_str(), o.record.c_str(),
+                static_cast<unsigned long long>(rec.ops_recorded()), steps.empty() ? "none" : steps.c_str());
+  }
+}
+
+CommandResult RunTrain(TrainArgs& o) {
+  MOERR_ASSIGN_OR_RETURN(o.train.family, moe::ParseFamily(o.family));
+  MOERR_ASSIGN_OR_RETURN(o.train.fault, moe::ParseFault(o.fault));
+  MOERR_ASSIGN_OR_RETURN(o.train.precision, moe::ParsePrecision(o.precision));
+  o.train.fp16_saturate = o.fp16_overflow == "saturate";
+  MOERR_ASSIGN_OR_RETURN(const auto rank_env, distributed::RankFromEnvironment());
+  if ((o.ranks.ranks > 1 || rank_env.has_value()) && !o.record.empty()) {
+    return absl::InvalidArgumentError("--record with more than one rank: not yet (one process only)");
+  }
+  if (!rank_env.has_value() && o.ranks.ranks > 1) return LaunchRanks(o.ranks);
+  RankSession rank;
+  if (rank_env.has_value()) {
+    MOERR_ASSIGN_OR_RETURN(rank, JoinAsRank(*rank_env, o.ranks));
+    o.train.parallel = rank.parallel.get();
+  }
+  const bool quiet = rank.parallel && rank.env.rank != 0;  // rank 0 speaks for the world
+  std::unique_ptr<RecordingObserver> observer;
+  if (!o.record.empty()) {
+    MOERR_ASSIGN_OR_RETURN(observer, MakeRecorder(o));
+  }
+  PhasedProgress progress;
+  auto report = moe::RunTraining(
+      o.train,
+      [&](const std::string& p, int64_t done, int64_t total) {
+        if (!quiet) progress.Update(p, done, total);
+      },
+      rank.fault ? rank.fault.get() : static_cast<moe::TrainObserver*>(observer.get()));
+  if (!quiet) progress.Finish();
+  if (!report.ok()) {
+    const absl::Status& s = report.status();
+    const std::string who = "rank " + std::to_string(rank.env.rank) + ": ";
+    return rank.parallel && s.message().find(who) == absl::string_view::npos
+               ? absl::Status(s.code(), who + std::string(s.message()))
+               : s;
+  }
+  if (!quiet) PrintRun(o, rank, *report, observer.get());
+  return kExitOk;
+}
+
 }  // namespace
 
 void AddTrainCommand(CLI::App& app, int& exit_code) {
-  struct Options {
-    moe::TrainOptions train;
-    std::string family = "qwen3_moe", fault = "none", precision = "fp32";
-    std::string record, trigger = "always", bundle, fp16_overflow = "inf";
-    RanksOptions ranks;
-  };
-  auto opts = std::make_shared<Options>();
+  auto opts = std::make_shared<TrainArgs>();
   CLI::App* cmd = app.add_subcommand(
       "train", "Train the reference MoE model: supervised warm-up, then GRPO steps, optionally with a fault");
   cmd->add_option("--preset", opts->train.preset, "Model size: tiny, small, wide")->capture_default_str();
@@ -102,107 +181,7 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--rank-fault", opts->ranks.rank_fault,
                   "A multi-rank fault: kill:K (rank K is killed by SIGKILL as step 0 starts) or stall:K (rank K "
                   "stops there, the others time out in their collective)");
-  cmd->callback([opts, &exit_code] {
-    Options& o = *opts;
-    auto family = moe::ParseFamily(o.family);
-    auto fault = moe::ParseFault(o.fault);
-    auto precision = moe::ParsePrecision(o.precision);
-    for (const absl::Status& s : {family.status(), fault.status(), precision.status()}) {
-      if (!s.ok()) {
-        exit_code = ReportError(s);
-        return;
-      }
-    }
-    o.train.family = *family;
-    o.train.fault = *fault;
-    o.train.precision = *precision;
-    o.train.fp16_saturate = o.fp16_overflow == "saturate";
-    auto rank_env = distributed::RankFromEnvironment();
-    if (!rank_env.ok()) {
-      exit_code = ReportError(rank_env.status());
-      return;
-    }
-    if ((o.ranks.ranks > 1 || rank_env->has_value()) && !o.record.empty()) {
-      exit_code = ReportError(absl::InvalidArgumentError("--record with more than one rank: not yet (one process only)"));
-      return;
-    }
-    if (!rank_env->has_value() && o.ranks.ranks > 1) {
-      exit_code = LaunchRanks(o.ranks);
-      return;
-    }
-    RankSession rank;
-    if (rank_env->has_value()) {
-      auto session = JoinAsRank(**rank_env, o.ranks);
-      if (!session.ok()) {
-        exit_code = ReportError(session.status());
-        return;
-      }
-      rank = std::move(*session);
-      o.train.parallel = rank.parallel.get();
-    }
-    const bool quiet = rank.parallel && rank.env.rank != 0;  // rank 0 speaks for the world
-    std::unique_ptr<RecordingObserver> observer;
-    if (!o.record.empty()) {
-      auto mode = recorder::ParseCaptureMode(o.record);
-      if (!mode.ok()) {
-        exit_code = ReportError(mode.status());
-        return;
-      }
-      recorder::RecordOptions record(o.bundle.empty() ? o.train.out_dir + "/run.moerr" : o.bundle);
-      record.set_mode(*mode).set_overwrite(o.train.overwrite);
-      if (absl::Status s = ParseTrigger(o.trigger, record); !s.ok()) {
-        exit_code = ReportError(s);
-        return;
-      }
-      observer = std::make_unique<RecordingObserver>(std::move(record));
-    }
-    PhasedProgress progress;
-    auto report = moe::RunTraining(
-        o.train,
-        [&](const std::string& p, int64_t done, int64_t total) {
-          if (!quiet) progress.Update(p, done, total);
-        },
-        rank.fault ? rank.fault.get() : static_cast<moe::TrainObserver*>(observer.get()));
-    if (!quiet) progress.Finish();
-    if (!report.ok()) {
-      const absl::Status& s = report.status();
-      const std::string who = "rank " + std::to_string(rank.env.rank) + ": ";
-      exit_code = ReportError(rank.parallel && s.message().find(who) == absl::string_view::npos
-                                  ? absl::Status(s.code(), who + std::string(s.message()))
-                                  : s);
-      return;
-    }
-    if (quiet) {
-      exit_code = kExitOk;
-      return;
-    }
-    if (rank.parallel) {
-      std::printf("%lld ranks, expert parallelism %lld: metrics and checkpoint from rank 0\n",
-                  static_cast<long long>(rank.env.world_size), static_cast<long long>(o.ranks.ep));
-    }
-    if (o.train.init_checkpoint.empty()) {
-      std::printf("warm-up: %lld steps, loss %.3f, accuracy %.1f%% on 256 held-out sums\n",
-                  static_cast<long long>(o.train.warmup_steps), report->warmup.final_loss, 100 * report->warmup.accuracy);
-    }
-    if (report->fault.kind != moe::FaultKind::kNone) std::printf("fault: %s\n", report->fault.description.c_str());
-    std::printf("%6s %9s %7s %9s %10s %10s %8s %s\n", "step", "loss", "reward", "kl", "grad_norm", "loss_scale",
-                "load_H", "");
-    for (const moe::StepMetrics& m : report->steps) {
-      std::printf("%6lld %9.4f %7.3f %9.5f %10.4g %10.4g %8.3f %s\n", static_cast<long long>(m.step), m.loss, m.reward,
-                  m.kl, m.grad_norm, m.loss_scale, m.load_entropy,
-                  m.skipped ? "skipped (non-finite)" : (m.finite ? "" : "non-finite"));
-    }
-    std::printf("accuracy after RL: %.1f%%\nmetrics: %s\ncheckpoint: %s\n", 100 * report->final_accuracy,
-                report->metrics_path.c_str(), report->checkpoint_dir.c_str());
-    if (observer && observer->started()) {
-      const recorder::Recorder& rec = observer->recorder();
-      std::string steps;
-      for (int64_t s : rec.written_steps()) steps += (steps.empty() ? "" : ", ") + std::to_string(s);
-      std::printf("bundle: %s (%s mode; %llu ops traced; steps written: %s)\n", rec.path().c_str(), o.record.c_str(),
-                  static_cast<unsigned long long>(rec.ops_recorded()), steps.empty() ? "none" : steps.c_str());
-    }
-    exit_code = kExitOk;
-  });
+  OnRun(cmd, exit_code, [opts] { return RunTrain(*opts); });
 }
 
 }  // namespace moerr::tools
