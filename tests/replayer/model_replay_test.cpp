@@ -1,6 +1,7 @@
 // Model replay: the reference model and trainer rebuilt from a bundle run the
 // recorded step again, with the recorded routing forced.
 #include "replayer/model_replay.h"
+#include "replayer/step_failure.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -120,6 +121,42 @@ TEST(ModelReplayTest, RoutingReplayForcesTheRecordedExpertsUnderOtherNumerics) {
   EXPECT_EQ(live->forced, 0);
   EXPECT_GT(live->decisions, 0);
   EXPECT_LE(live->live_agree, live->slots);
+}
+
+// The verdict beside model replay: the replayed faulty step shows the
+// recorded failure in the same phase and module class; a healthy step none.
+TEST(ModelReplayTest, TheReplayShowsTheRecordedFailure) {
+  TempDir dir;
+  moe::InjectedFault injected;
+  bool finite = true;
+  auto reader = testing::RecordFaultyStep(dir.File("f.moerr"), moe::FaultKind::kExpertOverflow,
+                                          recorder::CaptureMode::kReplayable, injected, finite);
+  const formats::Trace recorded = formats::ReadTrace(*reader, 0).value();
+  const std::optional<Failure> failure = FindFailure(*reader, 0, recorded).value();
+  ASSERT_TRUE(failure.has_value());
+  EXPECT_EQ(failure->kind, "overflow");
+  EXPECT_EQ(failure->phase, "forward");
+  EXPECT_EQ(failure->module_class, "model.layers.mlp.experts");
+  EXPECT_EQ(failure->modules.front(), injected.module);
+
+  ModelReplayOptions options;
+  options.record_path = dir.File("replay.moerr");
+  const ReplayedStep replayed = ReplayModelStepTrace(*reader, 0, options).value();
+  EXPECT_FALSE(replayed.report.metrics.finite);
+  EXPECT_EQ(replayed.recording.step, 0);
+  EXPECT_EQ(Reproduces(*replayed.recording.reader, 0, replayed.recording.trace, *failure).value(),
+            Reproduction::kSamePlace);
+  Failure elsewhere = *failure;
+  elsewhere.module_class = "model.layers.self_attn";
+  EXPECT_EQ(Reproduces(*replayed.recording.reader, 0, replayed.recording.trace, elsewhere).value(),
+            Reproduction::kSameKind);
+
+  auto healthy = testing::RecordTinySteps(dir.File("h.moerr"), moe::Precision::kFp32,
+                                          recorder::CaptureMode::kReplayable, 1);
+  const formats::Trace healthy_trace = formats::ReadTrace(*healthy, 0).value();
+  EXPECT_FALSE(FindFailure(*healthy, 0, healthy_trace).value().has_value());
+  EXPECT_EQ(Reproduces(*healthy, 0, healthy_trace, *failure).value(), Reproduction::kNo);
+  EXPECT_EQ(Compare(std::nullopt, *failure), Reproduction::kNo);
 }
 
 TEST(ModelReplayTest, NeedsTheModelState) {
