@@ -6,8 +6,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "support/check.h"
 
 namespace moerr::analysis {
@@ -128,16 +126,6 @@ std::vector<HeadroomPoint> HeadroomProfile(const formats::Trace& trace, double l
     if (least) out.push_back(*least);
   }
   return out;
-}
-
-std::string ModuleClass(const std::string& module) {
-  std::vector<std::string> kept;
-  for (absl::string_view part : absl::StrSplit(module, absl::ByAnyChar(". "))) {
-    if (!part.empty() && !std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      kept.emplace_back(part);
-    }
-  }
-  return absl::StrJoin(kept, ".");
 }
 
 std::vector<PredictedOverflow> PredictOverflows(const formats::Trace& trace, formats::DType format) {

@@ -60,11 +60,6 @@ std::vector<HeadroomPoint> HeadroomProfile(const formats::Trace& trace, double l
 
 std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, const OverflowOptions& options = {});
 
-// A module path without its indices: "model.layers.0.mlp.experts.3" ->
-// "model.layers.mlp.experts" ("layer 1" -> "layer"). Two failures in the
-// same module class are the same kind of failure in a smaller model.
-std::string ModuleClass(const std::string& module);
-
 // An output holding finite values past the range of a narrower format: a
 // device that held it in that format (a round-fp16 policy, an fp16 NPU)
 // would turn them into Inf. Read from the fingerprints' beyond-fp16 and

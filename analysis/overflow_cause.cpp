@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "formats/module_path.h"
 
 namespace moerr::analysis {
 namespace {
@@ -131,7 +132,7 @@ class Peers {
  private:
   std::string Key(const formats::OpEvent& op) {
     auto cls = classes_.find(op.module);
-    if (cls == classes_.end()) cls = classes_.emplace(op.module, ModuleClass(op.module)).first;
+    if (cls == classes_.end()) cls = classes_.emplace(op.module, formats::ModuleClass(op.module)).first;
     return absl::StrCat(op.name, "|", cls->second, "|", static_cast<int>(op.phase));
   }
 

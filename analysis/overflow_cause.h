@@ -19,7 +19,7 @@
 //     inputs count as step inputs, so a linear layer with huge weights is
 //     judged against its activation input), and
 //   * stands at least kPeerRiseBits above the median of its peers: the ops
-//     with the same name, module class (ModuleClass: the same module in the
+//     with the same name, module class (formats::ModuleClass: the same module in the
 //     other experts and layers) and phase, in this step and in the earlier
 //     steps passed in. An op without peers is judged by its inputs alone.
 // An op with no computed input (a view or cast of a weight, an op on the

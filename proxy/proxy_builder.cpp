@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_format.h"
 #include "analysis/first_overflow.h"
+#include "formats/module_path.h"
 #include "moe/addition_task.h"
 #include "moe/checkpoint.h"
 #include "proxy/expert_stats.h"
@@ -128,7 +129,7 @@ absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, cons
   MOERR_ASSIGN_OR_RETURN(formats::Trace trace, ChooseStep(reader, options, report));
   if (const std::optional<analysis::FirstOverflow> first = analysis::FindFirstOverflow(trace)) {
     for (const std::string& module : replayer::OverflowFailure(*first).modules) {
-      if (auto e = ExpertOf(module)) report.implicated.push_back(*e);
+      if (auto e = formats::ExpertOf(module)) report.implicated.push_back(*e);
     }
   }
   // The step, read once: trainer state, routing, metrics.

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_format.h"
+#include "formats/module_path.h"
 #include "proxy/passes/reduce_pass.h"
 #include "proxy/step_bundle.h"
 #include "proxy/surgery.h"
@@ -30,7 +31,7 @@ absl::StatusOr<std::optional<Located>> FindFailure(const formats::BundleReader& 
   if (!failure) return std::nullopt;
   Located out{*std::move(failure), {}};
   for (const std::string& module : out.failure.modules) {
-    if (auto e = ExpertOf(module)) out.experts.push_back(*e);
+    if (auto e = formats::ExpertOf(module)) out.experts.push_back(*e);
   }
   return out;
 }

@@ -17,13 +17,6 @@ const LayerPlan* PlanOf(const std::vector<LayerPlan>& plans, int64_t layer) {
 
 }  // namespace
 
-std::optional<std::pair<int64_t, int64_t>> ExpertOf(const std::string& module) {
-  static const std::regex re(R"(^model\.layers\.(\d+)\.\w+\.experts\.(\d+)(\..*)?$)");
-  std::smatch m;
-  if (!std::regex_match(module, m, re)) return std::nullopt;
-  return std::make_pair(std::stoll(m[1]), std::stoll(m[2]));
-}
-
 absl::StatusOr<moe::MoeConfig> ProxyConfig(const moe::MoeConfig& original, int64_t kept) {
   moe::MoeConfig c = original;
   if (kept < 1 || kept > original.num_experts) {

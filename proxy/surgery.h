@@ -18,9 +18,6 @@
 
 namespace moerr::proxy {
 
-// The (layer, expert) a module path names: "model.layers.L.MLP.experts.E...".
-std::optional<std::pair<int64_t, int64_t>> ExpertOf(const std::string& module);
-
 // The proxy's config: `kept` experts per MoE layer.
 absl::StatusOr<moe::MoeConfig> ProxyConfig(const moe::MoeConfig& original, int64_t kept);
 

@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "analysis/check.h"
+#include "formats/module_path.h"
 #include "support/status.h"
 
 namespace moerr::replayer {
@@ -28,7 +29,7 @@ Failure FindingFailure(const analysis::Finding& f) {
   // "layer 3" -> "layer", a module path -> its class; "(no module)" stays.
   return {f.check,
           f.phase,
-          absl::StartsWith(f.where, "(") ? f.where : analysis::ModuleClass(f.where),
+          absl::StartsWith(f.where, "(") ? f.where : formats::ModuleClass(f.where),
           absl::StrFormat("%s %s in %s: %s", analysis::SeverityName(f.severity), f.check, f.where, f.message),
           {f.where}};
 }
@@ -60,7 +61,7 @@ absl::StatusOr<ReplayedStep> ReplayModelStepTrace(const formats::BundleReader& r
 }
 
 Failure OverflowFailure(const analysis::FirstOverflow& first) {
-  Failure out{"overflow", std::string(formats::PhaseName(first.op->phase)), analysis::ModuleClass(first.op->module),
+  Failure out{"overflow", std::string(formats::PhaseName(first.op->phase)), formats::ModuleClass(first.op->module),
               absl::StrFormat("first overflow at op %zu, %s in %s (%s)", first.op_index, first.op->name,
                               first.op->module, formats::PhaseName(first.op->phase)),
               {}};

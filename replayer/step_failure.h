@@ -33,7 +33,7 @@ absl::StatusOr<ReplayedStep> ReplayModelStepTrace(const formats::BundleReader& r
 struct Failure {
   std::string kind;          // "overflow" or the lint check's name
   std::string phase;         // "" when the finding is not about an op
-  std::string module_class;  // analysis::ModuleClass of the op's module, or the finding's place
+  std::string module_class;  // formats::ModuleClass of the op's module, or the finding's place
   std::string description;   // one line for people
   // Module paths the failure is in: the overflowing op's and the forward op's
   // behind a backward op; a finding's place.

@@ -8,7 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "diff/trace_diff.h"
 #include "formats/bundle_reader.h"
-#include "proxy/surgery.h"
+#include "formats/module_path.h"
 #include "analysis/first_overflow.h"
 #include "replayer/model_replay.h"
 #include "replayer/program_replay.h"
@@ -51,7 +51,7 @@ std::string Where(const formats::OpEvent& op) {
 // For a proxy bundle's expert module: " (the original's expert N)", read
 // from the bundle's "proxy" annotation; otherwise "".
 std::string OriginalExpert(const formats::BundleReader& reader, const std::string& module) {
-  const auto expert = proxy::ExpertOf(module);
+  const auto expert = formats::ExpertOf(module);
   auto info = reader.ReadAnnotation("proxy");
   if (!expert || !info.ok() || !info->getAsObject()) return "";
   const llvm::json::Array* layers = info->getAsObject()->getArray("layers");

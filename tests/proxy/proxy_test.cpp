@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_format.h"
 #include "analysis/first_overflow.h"
+#include "formats/module_path.h"
 #include "moe/checkpoint.h"
 #include "proxy/surgery.h"
 #include "recorder/tensor_adapter.h"
@@ -253,7 +254,7 @@ TEST(ReduceTest, ShrinksAFailingStepAndKeepsItsFailure) {
   const testing::ModelReplayed replayed = testing::ModelReplayToTrace(*small, report.step, dir.File("replay.moerr"));
   const auto first = analysis::FindFirstOverflow(replayed.trace);  // points into `replayed.trace`
   ASSERT_TRUE(first.has_value());
-  EXPECT_EQ(analysis::ModuleClass(first->op->module), "model.layers.mlp.experts");
+  EXPECT_EQ(formats::ModuleClass(first->op->module), "model.layers.mlp.experts");
 
   EXPECT_LT(report.after.response_tokens * report.after.prompts * report.after.group_size,
             report.before.response_tokens * report.before.prompts * report.before.group_size);
