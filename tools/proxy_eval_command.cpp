@@ -19,15 +19,97 @@ std::string Cell(double v, int digits = 3, const char* suffix = "") {
   return std::isfinite(v) ? absl::StrFormat("%.*f%s", digits, v, suffix) : std::string("-");
 }
 
+struct ProxyEvalArgs {
+  proxy::EvalOptions eval;
+  std::vector<std::string> keeps = {"1/2", "1/4", "1/8"}, faults;
+  std::string json, family = "qwen3_moe";
+};
+
+// The options with --family, --keep and --faults parsed into them.
+absl::StatusOr<proxy::EvalOptions> ParseEvalArgs(const ProxyEvalArgs& args) {
+  proxy::EvalOptions eval = args.eval;
+  MOERR_ASSIGN_OR_RETURN(eval.family, moe::ParseFamily(args.family));
+  eval.keeps.clear();
+  for (const std::string& k : args.keeps) {
+    std::vector<std::string> parts = absl::StrSplit(k, '/');
+    int64_t a = 0, b = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &a) || !absl::SimpleAtoi(parts[1], &b) || a < 1 || b < a) {
+      return absl::InvalidArgumentError("--keep " + k + ": a fraction like 1/4");
+    }
+    eval.keeps.push_back(double(a) / b);
+  }
+  if (!args.faults.empty()) {
+    eval.faults.clear();
+    for (const std::string& f : args.faults) {
+      MOERR_ASSIGN_OR_RETURN(const moe::FaultKind kind, moe::ParseFault(f));
+      eval.faults.push_back(kind);
+    }
+  }
+  return eval;
+}
+
+// The names proxy-eval writes in its work directory: the --json report too
+// when it goes there (-o DIR --json DIR/report.json, however spelled).
+std::vector<std::string> OwnFiles(const std::string& json_path, const std::string& out_dir) {
+  std::vector<std::string> own = {"warmup", "healthy.moerr", "proxy", "fault.moerr", "proxy-replay.moerr"};
+  if (!json_path.empty()) {
+    namespace fs = std::filesystem;
+    std::error_code a, b, c, d;
+    const fs::path json = fs::absolute(json_path, a), dir = fs::absolute(out_dir, b);
+    const fs::path json_dir = fs::weakly_canonical(json.parent_path(), c);
+    if (!a && !b && !c && json_dir == fs::weakly_canonical(dir, d) && !d) own.push_back(json.filename().string());
+  }
+  return own;
+}
+
+void PrintTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval) {
+  std::printf("preset `%s` (%s), %lld experts per MoE layer; original accuracy %.3f; %lld healthy RL steps; "
+              "faults x %lld seeds; peak memory in micro-batches of %lld sequences\n\n",
+              report.preset.c_str(), report.family.c_str(), static_cast<long long>(report.experts),
+              report.original_accuracy,
+              static_cast<long long>(eval.steps), static_cast<long long>(eval.seeds),
+              static_cast<long long>(eval.memory_micro_batch));
+  std::printf("| keep | method | hidden cos | logit KL | routing agr. | accuracy | r(loss) | r(reward) | r(KL) | "
+              "r(grad norm) | replayed r(loss) | replayed r(KL) | replayed r(grad norm) | faults reproduced | "
+              "localised | onset diff | params ratio | peak memory ratio | whole-batch peak ratio | step-time ratio |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const proxy::EvalRow& r : report.rows) {
+    std::printf("| %lld/%lld | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %lld/%lld | %lld/%lld | "
+                "%s | %s | %s | %s | %s |\n",
+                static_cast<long long>(r.kept), static_cast<long long>(report.experts), r.method.c_str(),
+                Cell(r.hidden_cosine).c_str(), Cell(r.logit_kl, 4).c_str(), Cell(r.routing_agreement).c_str(),
+                Cell(r.accuracy).c_str(), Cell(r.corr_loss).c_str(), Cell(r.corr_reward).c_str(),
+                Cell(r.corr_kl).c_str(), Cell(r.corr_grad_norm).c_str(), Cell(r.replayed_corr_loss).c_str(),
+                Cell(r.replayed_corr_kl).c_str(), Cell(r.replayed_corr_grad_norm).c_str(),
+                static_cast<long long>(r.reproduced), static_cast<long long>(r.cases),
+                static_cast<long long>(r.localised), static_cast<long long>(r.cases), Cell(r.onset_delta, 2).c_str(),
+                Cell(r.params_ratio, 2, "x").c_str(), Cell(r.peak_memory_ratio, 2, "x").c_str(),
+                Cell(r.whole_batch_peak_memory_ratio, 2, "x").c_str(), Cell(r.step_time_ratio, 2, "x").c_str());
+  }
+}
+
+CommandResult RunProxyEval(const ProxyEvalArgs& args) {
+  MOERR_ASSIGN_OR_RETURN(const proxy::EvalOptions eval, ParseEvalArgs(args));
+  MOERR_RETURN_IF_ERROR(ClaimWorkDir(eval.out_dir, "proxy-eval", OwnFiles(args.json, eval.out_dir)));
+  PhasedProgress bar;
+  auto report = proxy::EvaluateProxies(eval, [&](const std::string& phase, int64_t done, int64_t total) {
+    bar.Update(phase, done, total);
+  });
+  bar.Finish();
+  if (!report.ok()) return report.status();
+  PrintTable(*report, eval);
+  if (!args.json.empty()) {
+    std::ofstream out(args.json, std::ios::trunc);
+    out << llvm::formatv("{0:2}", llvm::json::Value(proxy::ToJson(*report))).str() << "\n";
+    if (!out.good()) return absl::UnavailableError("cannot write " + args.json);
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
-  struct Options {
-    proxy::EvalOptions eval;
-    std::vector<std::string> keeps = {"1/2", "1/4", "1/8"}, faults;
-    std::string json, family = "qwen3_moe";
-  };
-  auto opts = std::make_shared<Options>();
+  auto opts = std::make_shared<ProxyEvalArgs>();
   CLI::App* cmd = app.add_subcommand(
       "proxy-eval", "Measure proxies against the original: static fidelity, RL dynamics, fault reproduction and "
                     "cost, for each kept fraction and method; prints one table");
@@ -48,70 +130,7 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--json", opts->json, "Also write the report as JSON here");
-  OnRun(cmd, exit_code, [opts]() -> CommandResult {
-    proxy::EvalOptions eval = opts->eval;
-    MOERR_ASSIGN_OR_RETURN(eval.family, moe::ParseFamily(opts->family));
-    eval.keeps.clear();
-    for (const std::string& k : opts->keeps) {
-      std::vector<std::string> parts = absl::StrSplit(k, '/');
-      int64_t a = 0, b = 0;
-      if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &a) || !absl::SimpleAtoi(parts[1], &b) || a < 1 || b < a) {
-        return absl::InvalidArgumentError("--keep " + k + ": a fraction like 1/4");
-      }
-      eval.keeps.push_back(double(a) / b);
-    }
-    if (!opts->faults.empty()) {
-      eval.faults.clear();
-      for (const std::string& f : opts->faults) {
-        MOERR_ASSIGN_OR_RETURN(const moe::FaultKind kind, moe::ParseFault(f));
-        eval.faults.push_back(kind);
-      }
-    }
-    std::vector<std::string> own = {"warmup", "healthy.moerr", "proxy", "fault.moerr", "proxy-replay.moerr"};
-    if (!opts->json.empty()) {  // -o DIR --json DIR/report.json, however spelled
-      namespace fs = std::filesystem;
-      std::error_code a, b, c, d;
-      const fs::path json = fs::absolute(opts->json, a), dir = fs::absolute(eval.out_dir, b);
-      const fs::path json_dir = fs::weakly_canonical(json.parent_path(), c);
-      if (!a && !b && !c && json_dir == fs::weakly_canonical(dir, d) && !d) own.push_back(json.filename().string());
-    }
-    MOERR_RETURN_IF_ERROR(ClaimWorkDir(eval.out_dir, "proxy-eval", own));
-    PhasedProgress bar;
-    auto report = proxy::EvaluateProxies(eval, [&](const std::string& phase, int64_t done, int64_t total) {
-      bar.Update(phase, done, total);
-    });
-    bar.Finish();
-    if (!report.ok()) return report.status();
-    std::printf("preset `%s` (%s), %lld experts per MoE layer; original accuracy %.3f; %lld healthy RL steps; "
-                "faults x %lld seeds; peak memory in micro-batches of %lld sequences\n\n",
-                report->preset.c_str(), report->family.c_str(), static_cast<long long>(report->experts),
-                report->original_accuracy,
-                static_cast<long long>(eval.steps), static_cast<long long>(eval.seeds),
-                static_cast<long long>(eval.memory_micro_batch));
-    std::printf("| keep | method | hidden cos | logit KL | routing agr. | accuracy | r(loss) | r(reward) | r(KL) | "
-                "r(grad norm) | replayed r(loss) | replayed r(KL) | replayed r(grad norm) | faults reproduced | "
-                "localised | onset diff | params ratio | peak memory ratio | whole-batch peak ratio | step-time ratio |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for (const proxy::EvalRow& r : report->rows) {
-      std::printf("| %lld/%lld | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %lld/%lld | %lld/%lld | "
-                  "%s | %s | %s | %s | %s |\n",
-                  static_cast<long long>(r.kept), static_cast<long long>(report->experts), r.method.c_str(),
-                  Cell(r.hidden_cosine).c_str(), Cell(r.logit_kl, 4).c_str(), Cell(r.routing_agreement).c_str(),
-                  Cell(r.accuracy).c_str(), Cell(r.corr_loss).c_str(), Cell(r.corr_reward).c_str(),
-                  Cell(r.corr_kl).c_str(), Cell(r.corr_grad_norm).c_str(), Cell(r.replayed_corr_loss).c_str(),
-                  Cell(r.replayed_corr_kl).c_str(), Cell(r.replayed_corr_grad_norm).c_str(),
-                  static_cast<long long>(r.reproduced), static_cast<long long>(r.cases),
-                  static_cast<long long>(r.localised), static_cast<long long>(r.cases), Cell(r.onset_delta, 2).c_str(),
-                  Cell(r.params_ratio, 2, "x").c_str(), Cell(r.peak_memory_ratio, 2, "x").c_str(),
-                  Cell(r.whole_batch_peak_memory_ratio, 2, "x").c_str(), Cell(r.step_time_ratio, 2, "x").c_str());
-    }
-    if (!opts->json.empty()) {
-      std::ofstream out(opts->json, std::ios::trunc);
-      out << llvm::formatv("{0:2}", llvm::json::Value(proxy::ToJson(*report))).str() << "\n";
-      if (!out.good()) return absl::UnavailableError("cannot write " + opts->json);
-    }
-    return kExitOk;
-  });
+  OnRun(cmd, exit_code, [opts] { return RunProxyEval(*opts); });
 }
 
 }  // namespace moerr::tools
