@@ -28,14 +28,28 @@ std::string SignalName(int sig) {
   return abbrev ? absl::StrFormat("signal %d (SIG%s)", sig, abbrev) : absl::StrFormat("signal %d", sig);
 }
 
-// In the child, between fork and exec: only async-signal-safe calls.
-[[noreturn]] void ExecRank(const std::vector<char*>& argv, const std::vector<std::string>& env_lines,
-                           pid_t launcher) {
+// In the child, between fork and exec: only async-signal-safe calls (the
+// launcher may have threads, e.g. a TCPStore server's), so `envp` is built
+// before fork.
+[[noreturn]] void ExecRank(const std::vector<char*>& argv, const std::vector<char*>& envp, pid_t launcher) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != launcher) ::_exit(126);  // the launcher died before prctl
-  for (const std::string& line : env_lines) ::putenv(const_cast<char*>(line.c_str()));
-  ::execv("/proc/self/exe", argv.data());
+  ::execve("/proc/self/exe", argv.data(), envp.data());
   ::_exit(127);
+}
+
+// This process's environment with `lines` ("NAME=value") replacing or adding variables.
+std::vector<std::string> RankEnvironment(const std::vector<std::string>& lines) {
+  std::vector<std::string> out;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    const bool replaced = std::any_of(lines.begin(), lines.end(),
+                                      [&](const std::string& l) { return l.compare(0, name.size() + 1, name + "=") == 0; });
+    if (!replaced) out.push_back(entry);
+  }
+  out.insert(out.end(), lines.begin(), lines.end());
+  return out;
 }
 
 }  // namespace
@@ -105,8 +119,12 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
         absl::StrFormat("RANK=%d", r), absl::StrFormat("WORLD_SIZE=%d", options.ranks),
         absl::StrFormat("LOCAL_RANK=%d", r), absl::StrFormat("LOCAL_WORLD_SIZE=%d", options.ranks)};
     for (const auto& [k, v] : options.env) env.push_back(k + "=" + v);
+    const std::vector<std::string> environment = RankEnvironment(env);
+    std::vector<char*> envp;
+    for (const std::string& line : environment) envp.push_back(const_cast<char*>(line.c_str()));
+    envp.push_back(nullptr);
     const pid_t pid = ::fork();
-    if (pid == 0) ExecRank(argv, env, launcher);
+    if (pid == 0) ExecRank(argv, envp, launcher);
     if (pid < 0) {
       const std::string why = std::strerror(errno);
       for (pid_t p : pids) ::kill(p, SIGKILL);
