@@ -9,13 +9,10 @@
 
 namespace moerr::analysis {
 
-// Defined in checks/, one file each.
-std::unique_ptr<Check> MakeDtypeHeadroomCheck();
-std::unique_ptr<Check> MakeHazardousPatternsCheck();
-std::unique_ptr<Check> MakeRoutingFragilityCheck();
-std::unique_ptr<Check> MakeLoadImbalanceCheck();
-std::unique_ptr<Check> MakeOptimizerHazardsCheck();
-std::unique_ptr<Check> MakeProxyPreservationCheck();
+// Defined in checks/, one file each, listed in checks/checks.def.
+#define MOERR_CHECK_ENTRY(Name) std::unique_ptr<Check> Make##Name##Check();
+#include "analysis/checks/checks.def"
+#undef MOERR_CHECK_ENTRY
 
 constexpr EnumName<Severity> kSeverities[] = {
     {Severity::kInfo, "info"}, {Severity::kWarning, "warning"}, {Severity::kError, "error"}};
@@ -24,12 +21,9 @@ absl::string_view SeverityName(Severity s) { return EnumNameOf(kSeverities, s, "
 
 std::vector<std::unique_ptr<Check>> AllChecks() {
   std::vector<std::unique_ptr<Check>> checks;
-  checks.push_back(MakeDtypeHeadroomCheck());
-  checks.push_back(MakeHazardousPatternsCheck());
-  checks.push_back(MakeRoutingFragilityCheck());
-  checks.push_back(MakeLoadImbalanceCheck());
-  checks.push_back(MakeOptimizerHazardsCheck());
-  checks.push_back(MakeProxyPreservationCheck());
+#define MOERR_CHECK_ENTRY(Name) checks.push_back(Make##Name##Check());
+#include "analysis/checks/checks.def"
+#undef MOERR_CHECK_ENTRY
   return checks;
 }
 
