@@ -10,8 +10,8 @@
 
 #include "analysis/first_overflow.h"
 #include "replayer/program_replay.h"
-#include "tests/formats/test_util.h"
-#include "tests/replayer/recording.h"
+#include "tests/testing/test_util.h"
+#include "tests/testing/recording.h"
 
 namespace moerr::analysis {
 namespace {

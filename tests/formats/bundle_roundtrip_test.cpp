@@ -7,7 +7,7 @@
 #include "formats/bundle_writer.h"
 #include "formats/frame.h"
 #include "support/version.h"
-#include "tests/formats/test_util.h"
+#include "tests/testing/test_util.h"
 
 namespace moerr::formats {
 namespace {

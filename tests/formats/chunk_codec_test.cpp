@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/formats/test_util.h"
+#include "tests/testing/test_util.h"
 
 namespace moerr::formats {
 namespace {

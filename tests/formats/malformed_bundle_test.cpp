@@ -16,7 +16,7 @@
 #include "formats/bundle_writer.h"
 #include "formats/chunk_codec.h"
 #include "llvm/Support/MemoryBuffer.h"
-#include "tests/formats/test_util.h"
+#include "tests/testing/test_util.h"
 #include "zstd.h"
 
 namespace moerr::formats {

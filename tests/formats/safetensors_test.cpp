@@ -6,7 +6,7 @@
 
 #include "formats/hf_checkpoint.h"
 #include "llvm/Support/MemoryBuffer.h"
-#include "tests/formats/test_util.h"
+#include "tests/testing/test_util.h"
 
 namespace moerr::formats {
 namespace {

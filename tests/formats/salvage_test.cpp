@@ -5,7 +5,7 @@
 #include "formats/bundle_reader.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "support/version.h"
-#include "tests/formats/test_util.h"
+#include "tests/testing/test_util.h"
 
 namespace moerr::formats {
 namespace {

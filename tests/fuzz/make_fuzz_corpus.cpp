@@ -4,7 +4,7 @@
 #include <filesystem>
 
 #include "formats/salvage.h"
-#include "tests/formats/test_util.h"
+#include "tests/testing/test_util.h"
 
 int main(int argc, char** argv) {
   using namespace moerr::formats;

@@ -5,7 +5,7 @@
 
 #include "formats/hf_checkpoint.h"
 #include "recorder/tensor_adapter.h"
-#include "tests/formats/test_util.h"
+#include "tests/testing/test_util.h"
 
 namespace moerr::moe {
 namespace {

@@ -5,8 +5,8 @@
 #include "proxy/proxy_builder.h"
 #include "proxy/reduce.h"
 #include "proxy/step_bundle.h"
-#include "tests/formats/test_util.h"
-#include "tests/replayer/recording.h"
+#include "tests/testing/test_util.h"
+#include "tests/testing/recording.h"
 
 namespace moerr::proxy {
 namespace {

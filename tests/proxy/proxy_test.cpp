@@ -19,8 +19,8 @@
 #include "proxy/surgery.h"
 #include "recorder/tensor_adapter.h"
 #include "replayer/model_replay.h"
-#include "tests/formats/test_util.h"
-#include "tests/replayer/recording.h"
+#include "tests/testing/test_util.h"
+#include "tests/testing/recording.h"
 
 namespace moerr::proxy {
 namespace {

@@ -11,8 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "moe/addition_task.h"
 #include "proxy/step_bundle.h"
-#include "tests/formats/test_util.h"
-#include "tests/replayer/recording.h"
+#include "tests/testing/test_util.h"
+#include "tests/testing/recording.h"
 
 namespace moerr::proxy {
 namespace {

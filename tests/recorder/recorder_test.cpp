@@ -22,7 +22,7 @@
 #include "moe/grpo_trainer.h"
 #include "recorder/fingerprint.h"
 #include "recorder/tensor_adapter.h"
-#include "tests/formats/test_util.h"
+#include "tests/testing/test_util.h"
 #include "xxhash.h"
 
 extern char** environ;

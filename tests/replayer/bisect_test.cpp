@@ -14,8 +14,8 @@
 #include "replayer/precision_bisect.h"
 #include "replayer/precision_policy.h"
 #include "replayer/program_replay.h"
-#include "tests/formats/test_util.h"
-#include "tests/replayer/recording.h"
+#include "tests/testing/test_util.h"
+#include "tests/testing/recording.h"
 
 namespace moerr::replayer {
 namespace {

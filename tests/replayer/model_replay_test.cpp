@@ -9,8 +9,8 @@
 #include "diff/trace_diff.h"
 #include "formats/trace.h"
 #include "analysis/first_overflow.h"
-#include "tests/formats/test_util.h"
-#include "tests/replayer/recording.h"
+#include "tests/testing/test_util.h"
+#include "tests/testing/recording.h"
 
 namespace moerr::replayer {
 namespace {

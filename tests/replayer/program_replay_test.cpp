@@ -11,8 +11,8 @@
 #include "moe/fault.h"
 #include "moe/grpo_trainer.h"
 #include "recorder/recorder.h"
-#include "tests/formats/test_util.h"
-#include "tests/replayer/recording.h"
+#include "tests/testing/test_util.h"
+#include "tests/testing/recording.h"
 
 namespace moerr::replayer {
 namespace {

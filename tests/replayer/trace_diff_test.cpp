@@ -3,8 +3,8 @@
 
 #include <gtest/gtest.h>
 
-#include "tests/formats/test_util.h"
-#include "tests/replayer/recording.h"
+#include "tests/testing/test_util.h"
+#include "tests/testing/recording.h"
 
 namespace moerr::diff {
 namespace {

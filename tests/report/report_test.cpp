@@ -9,11 +9,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "analysis/first_overflow.h"
-#include "tests/formats/test_util.h"
+#include "tests/testing/test_util.h"
 #include "report/html_report.h"
 #include "report/step_figures.h"
 #include "report/step_section.h"
-#include "tests/replayer/recording.h"
+#include "tests/testing/recording.h"
 #include "tests/report/occurrences.h"
 
 namespace moerr::report {

@@ -1,4 +1,4 @@
-#include "tests/replayer/recording.h"
+#include "tests/testing/recording.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

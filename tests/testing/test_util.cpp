@@ -1,4 +1,4 @@
-#include "tests/formats/test_util.h"
+#include "tests/testing/test_util.h"
 
 #include <unistd.h>
 
