@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -19,9 +18,6 @@
 #include "support/enum_table.h"
 
 namespace moerr::recorder {
-namespace {
-
-std::atomic<OpTracer*> g_tracer{nullptr};
 
 // Per-thread state: nesting of ATen ops, the user-scope stack and the
 // autograd nodes running.
@@ -47,16 +43,6 @@ struct ThreadState {
   uint32_t thread = 0;
 };
 
-ThreadState& State() {
-  static std::atomic<uint32_t> next_thread{0};
-  thread_local ThreadState state = [] {
-    ThreadState s;
-    s.thread = next_thread++;
-    return s;
-  }();
-  return state;
-}
-
 // What a recorded op needs between its start and end callbacks. Reused:
 // the event's strings and vectors keep their capacity from op to op (the
 // event is swapped with a spent batch's slot when the op ends), so building
@@ -69,6 +55,20 @@ struct OpScratch {
   std::vector<at::Tensor> written;
   int64_t seq_begin = -1;
 };
+
+namespace {
+
+std::atomic<OpTracer*> g_tracer{nullptr};
+
+ThreadState& State() {
+  static std::atomic<uint32_t> next_thread{0};
+  thread_local ThreadState state = [] {
+    ThreadState s;
+    s.thread = next_thread++;
+    return s;
+  }();
+  return state;
+}
 
 // Scratches not in use, per thread (a thread's outermost ops do not nest).
 std::vector<std::unique_ptr<OpScratch>>& ScratchPool() {
@@ -145,6 +145,25 @@ bool IsRandomOp(absl::string_view name) {
   return false;
 }
 
+// An autograd node starts: its ops are outermost ops of their own.
+void EnterNode(const at::RecordFunction& fn, ThreadState& st) {
+  if (!st.evaluating.empty() && st.evaluating.back() < 0) st.evaluating.back() = fn.seqNr();
+  st.backward.emplace_back(fn.seqNr(), st.depth);
+  st.depth = 0;
+}
+
+// aten::_backward, or a named record that is no dispatcher op: not recorded,
+// but what runs inside the engine's records is backward work.
+std::unique_ptr<at::ObserverContext> EnterTransparent(const at::RecordFunction& fn, bool backward_call,
+                                                      ThreadState& st) {
+  auto ctx = std::make_unique<OpContext>();
+  ctx->transparent = true;
+  ctx->backward = backward_call || std::strncmp(fn.name(), kEvaluateFunction, sizeof(kEvaluateFunction) - 1) == 0;
+  st.in_backward_call += ctx->backward;
+  if (ctx->backward && !backward_call) st.evaluating.push_back(-1);  // the node's number comes with it
+  return ctx;
+}
+
 }  // namespace
 
 constexpr EnumName<CaptureMode> kCaptureModes[] = {
@@ -182,47 +201,15 @@ void OpTracer::NewStep() {
   std::lock_guard<std::mutex> lock(mu_);
   FlushLocked();
   worker_.NewStep();
-  step_first_id_ = next_id_;
   node_ranges_.clear();
   // A step is replayed on its own: whatever it reads from an earlier step is
-  // a leaf of this one. The maps keep the size the last step reached:
-  // clear() frees a large table, and growing it back rehashes every entry a
-  // dozen times a step.
-  const size_t known = known_.size(), aliases = aliases_.size(), storages = storages_.size();
-  known_.clear();
-  aliases_.clear();
-  storages_.clear();
-  known_.reserve(known);
-  aliases_.reserve(aliases);
-  storages_.reserve(storages);
-  unfilled_.clear();
-}
-
-OpTracer::AliasKey OpTracer::AliasOf(const at::Tensor& t) {
-  return AliasKey{t.storage().unsafeGetStorageImpl(), t.storage_offset(),
-                  absl::InlinedVector<int64_t, 6>(t.sizes().begin(), t.sizes().end()),
-                  absl::InlinedVector<int64_t, 6>(t.strides().begin(), t.strides().end()),
-                  static_cast<int>(t.scalar_type())};
-}
-
-uint64_t OpTracer::KnownId(const at::Tensor& t) {
-  const uint32_t version = static_cast<uint32_t>(t._version());
-  auto it = known_.find(t.unsafeGetTensorImpl());
-  if (it != known_.end() && !it->second.impl.expired() && it->second.version == version) return it->second.id;
-  if (!t.has_storage()) return 0;
-  auto alias = aliases_.find(AliasOf(t));
-  if (alias == aliases_.end() || alias->second.storage.expired()) return 0;
-  if (alias->second.version == version) return alias->second.id;  // a shared version counter
-  // `.data()`-style aliases have a version counter of their own: the values
-  // are the recorded ones while the recorded tensor is at its version.
-  const c10::intrusive_ptr<c10::TensorImpl> recorded = alias->second.impl.lock();
-  if (recorded && recorded->version_counter().current_version() == alias->second.version) return alias->second.id;
-  return 0;
+  // a leaf of this one.
+  ids_.NewStep();
 }
 
 void OpTracer::NameTensors(const std::vector<std::pair<std::string, at::Tensor>>& named) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [name, t] : named) names_[t.unsafeGetTensorImpl()] = name;
+  for (const auto& [name, t] : named) ids_.SetName(t, name);
 }
 
 void OpTracer::Flush() {
@@ -249,7 +236,7 @@ uint64_t OpTracer::ops_recorded() const {
 
 uint64_t OpTracer::NewTensor(const at::Tensor& t, int64_t producer, std::string leaf_name, formats::Role role,
                              uint64_t view_of, const ViewSource* derive_from) {
-  const uint64_t id = next_id_++;
+  const uint64_t id = ids_.Add(t, view_of != 0);
   // Overwritten in place (a spare batch's slot keeps its capacity); every
   // field is set. The worker fills in the fingerprint.
   formats::TensorMeta& meta =
@@ -276,75 +263,43 @@ uint64_t OpTracer::NewTensor(const at::Tensor& t, int64_t producer, std::string 
   job.capture = std::move(leaf_name);
   job.role = role;
   worker_.Add(std::move(job));
-  known_.insert_or_assign(t.unsafeGetTensorImpl(),
-                          Known{c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()),
-                                static_cast<uint32_t>(t._version()), id});
-  if (t.has_storage()) {
-    auto weak = t.storage().getWeakStorageImpl();
-    aliases_.insert_or_assign(AliasOf(t), KnownAlias{weak, c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()),
-                                                     static_cast<uint32_t>(t._version()), id});
-    if (view_of == 0) {
-      storages_.insert_or_assign(t.storage().unsafeGetStorageImpl(),
-                                 KnownStorage{std::move(weak), static_cast<uint32_t>(t._version()), id});
-    }
-  }
-  if (++inserts_since_prune_ > 100000) {
-    absl::erase_if(known_, [](const auto& kv) { return kv.second.impl.expired(); });
-    absl::erase_if(aliases_, [](const auto& kv) { return kv.second.storage.expired(); });
-    absl::erase_if(storages_, [](const auto& kv) { return kv.second.storage.expired(); });
-    inserts_since_prune_ = 0;
-  }
   return id;
 }
 
 uint64_t OpTracer::InputId(const at::Tensor& t, const ArgUse& use) {
-  // Memory an `empty` op allocated, read before any recorded op wrote it:
-  // something outside the ops filled it (Python's torch.tensor(0.) is an
-  // empty plus a memcpy), so its values are a leaf of the step.
-  const uint64_t known = KnownId(t);
-  const bool filled_outside = known != 0 && !use.written && unfilled_.erase(known) > 0;
-  if (known != 0 && !filled_outside) return known;
-  // Another view of a storage a recorded tensor lives in, unchanged since.
-  if (!filled_outside && t.has_storage()) {
-    auto it = storages_.find(t.storage().unsafeGetStorageImpl());
-    if (it != storages_.end() && !it->second.storage.expired() &&
-        it->second.version == static_cast<uint32_t>(t._version())) {
-      return NewTensor(t, -1, "", formats::Role::kActivation, it->second.id);
-    }
-  }
+  const TensorIdentities::Input found = ids_.ResolveInput(t, use.written);
+  if (found.id != 0) return found.id;
+  if (found.view_of != 0) return NewTensor(t, -1, "", formats::Role::kActivation, found.view_of);
   // First seen in backward: a value autograd made inside a composite op or
   // the engine (saved for backward, gradient buffers). Not a leaf of the
   // step: captured so that the backward ops can be replayed.
   if (use.in_backward && !(t.is_leaf() && t.requires_grad())) {
-    std::string name = mode_ == CaptureMode::kStats ? "" : absl::StrCat("saved/", next_id_);
+    std::string name = mode_ == CaptureMode::kStats ? "" : absl::StrCat("saved/", ids_.next_id());
     return NewTensor(t, -1, std::move(name), formats::Role::kActivation);
   }
   // A leaf: nothing recorded produced this tensor (or this version of it).
   std::string name;
   formats::Role role = formats::Role::kLeaf;
-  auto named = names_.find(t.unsafeGetTensorImpl());
+  const std::string* named = ids_.NameOf(t);
   if (t.is_leaf() && t.requires_grad()) role = formats::Role::kParameter;
   if (use.in_optimizer) role = formats::Role::kOptimizerState;
   if (use.in_batch) role = formats::Role::kBatch;
   if (mode_ != CaptureMode::kStats) {
-    const uint64_t id = next_id_;
-    name = named != names_.end() ? absl::StrCat("param/", named->second, "@", id) : absl::StrCat("leaf/", id);
-    if (named != names_.end()) role = formats::Role::kParameter;
+    const uint64_t id = ids_.next_id();
+    name = named != nullptr ? absl::StrCat("param/", *named, "@", id) : absl::StrCat("leaf/", id);
+    if (named != nullptr) role = formats::Role::kParameter;
   }
   return NewTensor(t, -1, std::move(name), role);
 }
 
 uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const SchemaInfo& op,
                             const std::vector<ViewSource>& inputs) {
-  auto it = known_.find(t.unsafeGetTensorImpl());
-  if (it != known_.end() && !it->second.impl.expired() && it->second.version == static_cast<uint32_t>(t._version())) {
-    return it->second.id;  // the op returned an input unchanged
-  }
+  if (const uint64_t same = ids_.SameTensor(t)) return same;  // the op returned an input unchanged
   // A dense view of exactly an input's elements: the same values, so the
   // same statistics, without a copy or a pass (fingerprint.h).
   if (mode_ != CaptureMode::kFull) {
     const ViewSource* in = ViewedInput(t, inputs);
-    if (in != nullptr && in->id >= step_first_id_) {
+    if (in != nullptr && ids_.InThisStep(in->id)) {
       return NewTensor(t, producer, "", formats::Role::kActivation, in->id, in);
     }
   }
@@ -352,13 +307,13 @@ uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const SchemaI
   formats::Role role = formats::Role::kActivation;
   if (mode_ != CaptureMode::kStats && op.random) {
     // Random outputs are replayed from their recorded values.
-    name = absl::StrCat("rng/", next_id_);
+    name = absl::StrCat("rng/", ids_.next_id());
     role = formats::Role::kRng;
   } else if (mode_ == CaptureMode::kFull) {
-    name = absl::StrCat("act/", next_id_);
+    name = absl::StrCat("act/", ids_.next_id());
   }
   const uint64_t id = NewTensor(t, producer, std::move(name), role);
-  if (op.allocates_uninitialised) unfilled_.insert(id);
+  if (op.allocates_uninitialised) ids_.MarkUnfilled(id);
   return id;
 }
 
@@ -447,24 +402,103 @@ void OpTracer::WaitBeforeWrites(const at::RecordFunction& fn, const SchemaInfo& 
   }
 }
 
+OpTracer::Placement OpTracer::PlaceOp(const ThreadState& st) {
+  Placement where;
+  where.in_optimizer = Contains(st.scopes, "optimizer");
+  where.in_batch = Contains(st.scopes, "batch");
+  if (where.in_optimizer) {
+    where.phase = formats::Phase::kOptimizer;
+  } else if (!st.backward.empty() || st.in_backward_call > 0) {
+    where.phase = formats::Phase::kBackward;
+    where.node = !st.backward.empty()     ? st.backward.back().first
+                 : !st.evaluating.empty() ? st.evaluating.back()
+                                          : -1;
+  } else {
+    where.phase = formats::Phase::kForward;
+    where.module = ModuleOf(st.scopes);
+  }
+  return where;
+}
+
+void OpTracer::SilenceUntracedScope() {
+  // Drained, the worker has nothing left that an op inside could overwrite:
+  // the scope's ops need no callbacks at all.
+  std::lock_guard<std::mutex> lock(mu_);
+  worker_.Drain();
+  at::enableRecordFunction(false);
+}
+
+void OpTracer::AttributeToForward(int64_t node, formats::OpEvent& op) const {
+  auto it = std::upper_bound(node_ranges_.begin(), node_ranges_.end(), node,
+                             [](int64_t n, const NodeRange& r) { return n < r.begin; });
+  if (it != node_ranges_.begin() && node < std::prev(it)->end) {
+    op.forward_seq = static_cast<int64_t>(std::prev(it)->seq);
+    op.module.assign(*std::prev(it)->module);
+  } else if (it != node_ranges_.end() && it->begin == node + 1) {
+    op.module.assign(*it->module);  // a custom Function's node: the module its forward ran in
+  }
+}
+
+void OpTracer::BeginEvent(const at::RecordFunction& fn, const c10::OperatorName& name, uint32_t thread,
+                          const Placement& where, OpScratch& scratch) {
+  scratch.sources.clear();
+  scratch.seq_begin = -1;
+  // A reused event: every field is set here or by RecordInputs and OnEnd.
+  formats::OpEvent& op = scratch.op;
+  op.seq = next_seq_++;
+  op.thread = thread;
+  op.name.assign(name.name);
+  op.overload.assign(name.overload_name);
+  op.module.clear();
+  op.sequence_nr = fn.seqNr();
+  op.forward_seq = -1;
+  op.outputs.clear();
+  op.autocast = -1;
+  if (at::autocast::is_cpu_enabled()) {
+    auto dtype = moerr::recorder::ToDType(at::autocast::get_autocast_cpu_dtype());
+    op.autocast = dtype.ok() ? static_cast<int8_t>(*dtype) : -1;
+  }
+  op.phase = where.phase;
+  if (where.phase == formats::Phase::kOptimizer) {
+    op.module.assign("optimizer");
+  } else if (where.phase == formats::Phase::kBackward) {
+    AttributeToForward(where.node, op);
+  } else {
+    op.module.assign(where.module);
+    scratch.seq_begin = static_cast<int64_t>(at::sequence_number::peek());
+  }
+}
+
+void OpTracer::RecordInputs(const at::RecordFunction& fn, const Placement& where, OpScratch& scratch) {
+  // An argument the schema marks as written (in place, out=) is not read:
+  // an `empty` buffer there is not a leaf (see InputId).
+  const SchemaInfo& info = InfoOf(fn);
+  ArgUse use{where.in_optimizer, where.in_batch, where.phase == formats::Phase::kBackward};
+  const auto inputs = fn.inputs();
+  formats::OpEvent& op = scratch.op;
+  op.args.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    use.written = i < info.written.size() && info.written[i];
+    ToArg(inputs[i], use, scratch.sources, op.args[i]);
+  }
+  // The worker may still have to read what this op overwrites (the leaves
+  // just named included). An op that returns nothing has what it wrote as
+  // its outputs.
+  WaitBeforeWrites(fn, info, info.returns_nothing ? &scratch.written : nullptr);
+}
+
 std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction& fn) {
   ThreadState& st = State();
   switch (fn.scope()) {
     case at::RecordScope::USER_SCOPE:
       st.scopes.emplace_back(fn.name());
       if (std::strcmp(fn.name(), kUntracedScope) == 0 && st.untraced++ == 0 && OnlyObserver()) {
-        // Drained, the worker has nothing left that an op inside could
-        // overwrite: the scope's ops need no callbacks at all.
-        std::lock_guard<std::mutex> lock(mu_);
-        worker_.Drain();
-        at::enableRecordFunction(false);
+        SilenceUntracedScope();
         st.silenced_scope = true;
       }
       return nullptr;
     case at::RecordScope::BACKWARD_FUNCTION:
-      if (!st.evaluating.empty() && st.evaluating.back() < 0) st.evaluating.back() = fn.seqNr();
-      st.backward.emplace_back(fn.seqNr(), st.depth);
-      st.depth = 0;
+      EnterNode(fn, st);
       return nullptr;
     default: break;
   }
@@ -474,14 +508,7 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   }
   const bool backward_call = std::strcmp(fn.name(), "aten::_backward") == 0;
   const c10::optional<c10::OperatorName> name = fn.operator_name();
-  if (backward_call || !name) {
-    auto ctx = std::make_unique<OpContext>();
-    ctx->transparent = true;
-    ctx->backward = backward_call || std::strncmp(fn.name(), kEvaluateFunction, sizeof(kEvaluateFunction) - 1) == 0;
-    st.in_backward_call += ctx->backward;
-    if (ctx->backward && !backward_call) st.evaluating.push_back(-1);  // the node's number comes with it
-    return ctx;
-  }
+  if (backward_call || !name) return EnterTransparent(fn, backward_call, st);
   ++st.depth;
   st.silenced_op = OnlyObserver();
   if (st.silenced_op) at::enableRecordFunction(false);
@@ -493,61 +520,9 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   if (!enabled_) return nullptr;
   auto ctx = std::make_unique<OpContext>();
   ctx->scratch = TakeScratch();
-  OpScratch& scratch = *ctx->scratch;
-  scratch.sources.clear();
-  scratch.seq_begin = -1;
-  // A reused event: every field is set below.
-  formats::OpEvent& op = scratch.op;
-  op.seq = next_seq_++;
-  op.thread = st.thread;
-  const bool in_optimizer = Contains(st.scopes, "optimizer");
-  const bool in_batch = Contains(st.scopes, "batch");
-  op.name.assign(name->name);
-  op.overload.assign(name->overload_name);
-  op.module.clear();
-  op.sequence_nr = fn.seqNr();
-  op.forward_seq = -1;
-  op.outputs.clear();
-  op.autocast = -1;
-  if (at::autocast::is_cpu_enabled()) {
-    auto dtype = moerr::recorder::ToDType(at::autocast::get_autocast_cpu_dtype());
-    op.autocast = dtype.ok() ? static_cast<int8_t>(*dtype) : -1;
-  }
-  if (in_optimizer) {
-    op.phase = formats::Phase::kOptimizer;
-    op.module.assign("optimizer");
-  } else if (!st.backward.empty() || st.in_backward_call > 0) {
-    op.phase = formats::Phase::kBackward;
-    const int64_t node = !st.backward.empty()     ? st.backward.back().first
-                         : !st.evaluating.empty() ? st.evaluating.back()
-                                                  : -1;
-    auto it = std::upper_bound(node_ranges_.begin(), node_ranges_.end(), node,
-                               [](int64_t n, const NodeRange& r) { return n < r.begin; });
-    if (it != node_ranges_.begin() && node < std::prev(it)->end) {
-      op.forward_seq = static_cast<int64_t>(std::prev(it)->seq);
-      op.module.assign(*std::prev(it)->module);
-    } else if (it != node_ranges_.end() && it->begin == node + 1) {
-      op.module.assign(*it->module);  // a custom Function's node: the module its forward ran in
-    }
-  } else {
-    op.phase = formats::Phase::kForward;
-    op.module.assign(ModuleOf(st.scopes));
-    scratch.seq_begin = static_cast<int64_t>(at::sequence_number::peek());
-  }
-  // An argument the schema marks as written (in place, out=) is not read:
-  // an `empty` buffer there is not a leaf (see InputId).
-  const SchemaInfo& info = InfoOf(fn);
-  ArgUse use{in_optimizer, in_batch, op.phase == formats::Phase::kBackward};
-  const auto inputs = fn.inputs();
-  op.args.resize(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    use.written = i < info.written.size() && info.written[i];
-    ToArg(inputs[i], use, scratch.sources, op.args[i]);
-  }
-  // The worker may still have to read what this op overwrites (the leaves
-  // just named included). An op that returns nothing has what it wrote as
-  // its outputs.
-  WaitBeforeWrites(fn, info, info.returns_nothing ? &scratch.written : nullptr);
+  const Placement where = PlaceOp(st);
+  BeginEvent(fn, *name, st.thread, where, *ctx->scratch);
+  RecordInputs(fn, where, *ctx->scratch);
   return ctx;
 }
 
@@ -589,14 +564,13 @@ void OpTracer::OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   const int64_t producer = static_cast<int64_t>(op.seq);
   std::lock_guard<std::mutex> lock(mu_);
   const SchemaInfo& info = InfoOf(fn);
-  for (const at::Tensor& t : scratch.written) op.outputs.push_back(OutputId(t, producer, info, scratch.sources));
+  const auto output = [&](const at::Tensor& t) { op.outputs.push_back(OutputId(t, producer, info, scratch.sources)); };
+  for (const at::Tensor& t : scratch.written) output(t);
   for (const c10::IValue& v : fn.outputs()) {
     if (v.isTensor() && v.toTensor().defined()) {
-      op.outputs.push_back(OutputId(v.toTensor(), producer, info, scratch.sources));
+      output(v.toTensor());
     } else if (v.isTensorList()) {
-      for (const c10::IValue& e : v.toListRef()) {
-        op.outputs.push_back(OutputId(e.toTensor(), producer, info, scratch.sources));
-      }
+      for (const c10::IValue& e : v.toListRef()) output(e.toTensor());
     } else {
       op.outputs.push_back(0);
     }

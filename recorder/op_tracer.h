@@ -5,20 +5,19 @@
 // to the sink run on a TraceWorker thread; an op that writes a tensor first
 // waits until the worker has read it.
 //
-// Tensor ids follow TensorImpl identity and version counter. The tracer holds
-// a weak reference to each TensorImpl it has named, so a freed address that
-// is reused for a new tensor gets a new id. A tensor read before any recorded
-// op produced it is a leaf; in replayable and full modes its bytes are
-// captured at first use. Module paths come from USER_SCOPE records (the model
-// pushes "model.layers.3.mlp.experts.5"); a backward op takes the path of the
+// Tensor ids follow TensorImpl identity and version counter
+// (tensor_identities.h). A tensor read before any recorded op produced it is
+// a leaf; in replayable and full modes its bytes are captured at first use.
+// Module paths come from USER_SCOPE records (the model pushes
+// "model.layers.3.mlp.experts.5"); a backward op takes the path of the
 // forward op whose autograd node it runs. Values first seen in backward
 // (saved inside composite ops, engine buffers) are captured as "saved/<id>",
-// not leaves. Ops inside a scope named
-// "optimizer" are in the optimizer phase; leaves first read inside a scope
-// named "batch" are the batch. Ops inside a scope named "generate" are not
-// recorded: a rollout's sampling loop is the inference engine's work, not
-// the training step's, and what it returns is a leaf of the step (read it
-// first inside "batch" to make it part of the batch).
+// not leaves. Ops inside a scope named "optimizer" are in the optimizer
+// phase; leaves first read inside a scope named "batch" are the batch. Ops
+// inside a scope named "generate" are not recorded: a rollout's sampling
+// loop is the inference engine's work, not the training step's, and what it
+// returns is a leaf of the step (read it first inside "batch" to make it
+// part of the batch).
 //
 // When the tracer is the only RecordFunction observer, it turns
 // RecordFunction off on a thread for what it does not record: inside an
@@ -38,12 +37,11 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/container/node_hash_set.h"
-#include "absl/container/inlined_vector.h"
 #include "formats/bundle_index.h"
 #include "formats/trace.h"
 #include "recorder/fingerprint.h"
+#include "recorder/tensor_identities.h"
 #include "recorder/trace_worker.h"
 
 namespace moerr::recorder {
@@ -66,6 +64,11 @@ class TraceSink {
   // reports it where it reports its own errors.
   virtual void OnError(absl::Status status) = 0;
 };
+
+// Defined in op_tracer.cpp: a thread's op nesting, scopes and autograd
+// nodes; a recorded op's event between its start and end callbacks.
+struct ThreadState;
+struct OpScratch;
 
 class OpTracer {
  public:
@@ -90,42 +93,6 @@ class OpTracer {
   void OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx);
 
  private:
-  struct Known {
-    c10::weak_intrusive_ptr<c10::TensorImpl> impl;
-    uint32_t version = 0;
-    uint64_t id = 0;
-  };
-  // The same values seen through another TensorImpl: autograd unpacks saved
-  // tensors as new variables over the same storage. Keyed by storage, view
-  // geometry and dtype; the weak storage reference guards against reuse.
-  struct AliasKey {
-    const void* storage;
-    int64_t offset;
-    absl::InlinedVector<int64_t, 6> sizes, strides;  // inline: no allocation per lookup
-    int dtype;
-    bool operator==(const AliasKey& o) const {
-      return storage == o.storage && offset == o.offset && sizes == o.sizes && strides == o.strides && dtype == o.dtype;
-    }
-    template <typename H>
-    friend H AbslHashValue(H h, const AliasKey& k) {
-      return H::combine(std::move(h), k.storage, k.offset, k.sizes, k.strides, k.dtype);
-    }
-  };
-  struct KnownAlias {
-    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-    c10::weak_intrusive_ptr<c10::TensorImpl> impl;  // the tensor recorded under `id`
-    uint32_t version = 0;
-    uint64_t id = 0;
-  };
-  // Storage -> a tensor id over it, for views of composite ops' internals.
-  struct KnownStorage {
-    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-    uint32_t version = 0;
-    uint64_t id = 0;
-  };
-  static AliasKey AliasOf(const at::Tensor& t);
-  // The id `t` already has (by TensorImpl or by alias), or 0.
-  uint64_t KnownId(const at::Tensor& t);
   // How an op uses an argument: the phase markers around the op, and whether
   // its schema marks the argument as written (in place, out=), not read.
   struct ArgUse {
@@ -159,24 +126,41 @@ class OpTracer {
   void ToArg(const c10::IValue& v, const ArgUse& use, std::vector<ViewSource>& sources, formats::OpArg& a);
   void FlushLocked();
 
+  // OnStart's steps. Where an outermost op runs, from its thread's scopes
+  // and autograd nodes.
+  struct Placement {
+    formats::Phase phase = formats::Phase::kForward;
+    bool in_optimizer = false, in_batch = false;
+    int64_t node = -1;         // backward: the autograd node it runs for
+    const char* module = "";   // forward: the innermost module scope
+  };
+  static Placement PlaceOp(const ThreadState& st);
+  // Entering an untraced scope as the only observer: drains the worker and
+  // turns RecordFunction off on this thread.
+  void SilenceUntracedScope();
+  // Sets every field of the scratch's reused event but its arguments and
+  // outputs (mu_ held).
+  void BeginEvent(const at::RecordFunction& fn, const c10::OperatorName& name, uint32_t thread,
+                  const Placement& where, OpScratch& scratch);
+  // A backward op's forward op and module, from the autograd node it runs
+  // for (node_ranges_).
+  void AttributeToForward(int64_t node, formats::OpEvent& op) const;
+  // Names the op's arguments, then waits for the worker's reads of what the
+  // op writes (mu_ held).
+  void RecordInputs(const at::RecordFunction& fn, const Placement& where, OpScratch& scratch);
+
   CaptureMode mode_;
   size_t batch_ops_;
   at::CallbackHandle handle_;
   mutable std::mutex mu_;
   bool enabled_ = true;
   uint64_t next_seq_ = 0;
-  uint64_t next_id_ = 1;
   uint64_t recorded_ = 0;
   // The batch being filled; elements from pending_ops_ / pending_tensors_
   // on are a spare batch's slots, overwritten before use.
   formats::OpBatch pending_;
   size_t pending_ops_ = 0, pending_tensors_ = 0;
-  absl::flat_hash_map<const c10::TensorImpl*, Known> known_;
-  absl::flat_hash_map<AliasKey, KnownAlias> aliases_;
-  absl::flat_hash_map<const void*, KnownStorage> storages_;
-  uint64_t step_first_id_ = 1;  // ids below belong to earlier steps
-  absl::flat_hash_set<uint64_t> unfilled_;  // outputs of `empty`-like ops no recorded op has read yet
-  absl::flat_hash_map<const c10::TensorImpl*, std::string> names_;
+  TensorIdentities ids_;
   // Autograd sequence numbers [begin, end) of the nodes a forward op made,
   // with the op's seq and module, for attributing backward ops; sorted by
   // begin. An empty range marks the first op after numbers no recorded op
@@ -188,7 +172,6 @@ class OpTracer {
   };
   std::vector<NodeRange> node_ranges_;
   absl::node_hash_set<std::string> modules_;  // module paths, at stable addresses
-  size_t inserts_since_prune_ = 0;
   // By the name pointer an op's schema owns (stable for the process).
   absl::flat_hash_map<const char*, SchemaInfo> schema_info_;
   TraceWorker worker_;  // last: destroyed first, after the final flush
