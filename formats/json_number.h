@@ -10,4 +10,11 @@ namespace moerr::formats {
 // JSON has no NaN or infinity: a non-finite `v` is written as null.
 inline llvm::json::Value JsonNumber(double v) { return std::isfinite(v) ? llvm::json::Value(v) : llvm::json::Value(nullptr); }
 
+// For values a bundle keeps (metrics, anomalies), where the kind matters: a
+// non-finite `v` is written as the string "nan", "inf" or "-inf".
+inline llvm::json::Value JsonNumberOrName(double v) {
+  if (std::isfinite(v)) return v;
+  return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
+}
+
 }  // namespace moerr::formats

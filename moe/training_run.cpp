@@ -5,17 +5,15 @@
 #include <fstream>
 
 #include "absl/strings/str_format.h"
+#include "formats/json_number.h"
 #include "moe/checkpoint.h"
+#include "support/filesystem.h"
 #include "support/status.h"
 #include "recorder/torch_boundary.h"
 
 namespace moerr::moe {
 llvm::json::Object MetricsToJson(const StepMetrics& m) {
-  // JSON has no NaN or Inf: non-finite values are written as strings.
-  auto num = [](double v) -> llvm::json::Value {
-    if (std::isfinite(v)) return v;
-    return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
-  };
+  const auto& num = formats::JsonNumberOrName;
   return llvm::json::Object{{"step", m.step},
                             {"loss", num(m.loss)},
                             {"reward", num(m.reward)},
@@ -61,9 +59,7 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
                                         TrainObserver* observer) {
   if (options.out_dir.empty()) return absl::InvalidArgumentError("an output directory is required (-o DIR)");
   if (options.steps < 0 || options.warmup_steps < 0) return absl::InvalidArgumentError("step counts must be >= 0");
-  if (::mkdir(options.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return absl::UnavailableError(absl::StrFormat("cannot create %s: %s", options.out_dir, std::strerror(errno)));
-  }
+  MOERR_RETURN_IF_ERROR(MakeDirectory(options.out_dir));
   TrainReport report;
   report.metrics_path = options.out_dir + "/metrics.jsonl";
   report.checkpoint_dir = options.out_dir + "/checkpoint";

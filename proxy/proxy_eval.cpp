@@ -1,18 +1,17 @@
 #include "proxy/proxy_eval.h"
 
 #include <ATen/record_function.h>
-#include <sys/stat.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <map>
 #include <random>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "formats/json_number.h"
 #include "moe/checkpoint.h"
 #include "moe/peak_memory.h"
 #include "moe/warmup.h"
@@ -22,6 +21,7 @@
 #include "replayer/model_replay.h"
 #include "replayer/step_failure.h"
 #include "support/check.h"
+#include "support/filesystem.h"
 #include "support/status.h"
 #include "recorder/torch_boundary.h"
 
@@ -238,9 +238,7 @@ absl::Status Prepare(const EvalOptions& options) {
     }
   }
   for (const std::string& dir : {options.out_dir, options.out_dir + "/warmup"}) {
-    if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-      return absl::UnavailableError(absl::StrFormat("cannot create %s: %s", dir, std::strerror(errno)));
-    }
+    MOERR_RETURN_IF_ERROR(MakeDirectory(dir));
   }
   return absl::OkStatus();
 }
@@ -415,7 +413,7 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
 }
 
 llvm::json::Object ToJson(const EvalReport& report) {
-  auto num = [](double v) { return std::isfinite(v) ? llvm::json::Value(v) : llvm::json::Value(nullptr); };
+  const auto& num = formats::JsonNumber;
   llvm::json::Array rows;
   for (const EvalRow& r : report.rows) {
     rows.push_back(llvm::json::Object{

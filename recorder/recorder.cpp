@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_format.h"
 #include "formats/frame.h"
+#include "formats/json_number.h"
 #include "recorder/tensor_adapter.h"
 #include "support/check.h"
 #include "support/status.h"
@@ -247,8 +248,8 @@ absl::Status Recorder::StepEnd(int64_t step, StepOutcome outcome) {
   if (std::isfinite(outcome.grad_norm)) grad_norms_.push_back(outcome.grad_norm);
   if (!anomaly) return absl::OkStatus();
   if (anomaly_step_ < 0) anomaly_step_ = step;
-  MOERR_RETURN_IF_ERROR(AnnotateStep("anomaly", llvm::json::Object{{"loss", std::isfinite(outcome.loss) ? llvm::json::Value(outcome.loss) : llvm::json::Value("non-finite")},
-                                                                    {"grad_norm", std::isfinite(outcome.grad_norm) ? llvm::json::Value(outcome.grad_norm) : llvm::json::Value("non-finite")}}));
+  MOERR_RETURN_IF_ERROR(AnnotateStep("anomaly", llvm::json::Object{{"loss", formats::JsonNumberOrName(outcome.loss)},
+                                                                    {"grad_norm", formats::JsonNumberOrName(outcome.grad_norm)}}));
   for (StepBuffer& buffer : ring_) MOERR_RETURN_IF_ERROR(WriteBuffer(buffer));
   ring_.clear();
   return absl::OkStatus();

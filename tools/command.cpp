@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -54,8 +53,6 @@ int ReportException() {
   }
   return ReportError(absl::InternalError("uncaught exception: " + what));
 }
-
-llvm::json::Value JsonNumber(double v) { return std::isfinite(v) ? llvm::json::Value(v) : llvm::json::Value(nullptr); }
 
 void PrintJson(llvm::json::Value value) {
   std::printf("%s\n", llvm::formatv("{0:2}", std::move(value)).str().c_str());

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "formats/bundle_reader.h"
+#include "formats/json_number.h"
 #include "formats/trace.h"
 #include "llvm/Support/JSON.h"
 #include "replayer/step_trace.h"
@@ -78,8 +79,7 @@ absl::StatusOr<std::vector<int64_t>> StepsToRead(const formats::BundleReader& re
 using OpenedStep = replayer::StepTrace;
 absl::StatusOr<OpenedStep> OpenStep(const std::string& path, int64_t step);
 
-// JSON has no Inf or NaN: such values print as null.
-llvm::json::Value JsonNumber(double v);
+using formats::JsonNumber;  // non-finite values print as null
 // Prints `value` as indented JSON on stdout.
 void PrintJson(llvm::json::Value value);
 
