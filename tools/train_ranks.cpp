@@ -49,34 +49,29 @@ absl::Status ParseRankFault(const std::string& text, int64_t ranks, bool& kill, 
 
 }  // namespace
 
-int LaunchRanks(const RanksOptions& o) {
+absl::StatusOr<int> LaunchRanks(const RanksOptions& o) {
   bool kill = false;
   int64_t fault_rank = 0;
   if (o.ep < 1 || o.ranks % o.ep != 0) {
-    return ReportError(absl::InvalidArgumentError(
-        absl::StrFormat("--ep %d must divide --ranks %d", o.ep, o.ranks)));
+    return absl::InvalidArgumentError(absl::StrFormat("--ep %d must divide --ranks %d", o.ep, o.ranks));
   }
   if (!o.rank_fault.empty()) {
-    if (absl::Status s = ParseRankFault(o.rank_fault, o.ranks, kill, fault_rank); !s.ok()) return ReportError(s);
+    MOERR_RETURN_IF_ERROR(ParseRankFault(o.rank_fault, o.ranks, kill, fault_rank));
   }
-  auto args = distributed::OwnArguments();
-  if (!args.ok()) return ReportError(args.status());
   distributed::LaunchOptions launch;
   launch.ranks = o.ranks;
-  launch.argv = *args;
+  MOERR_ASSIGN_OR_RETURN(launch.argv, distributed::OwnArguments());
   launch.deadline_s = o.deadline_s;
   std::string store_dir;
   std::unique_ptr<distributed::StoreServer> server;
   if (o.store == "tcp") {
-    auto hosted = distributed::HostTcpStore(o.ranks, o.collective_timeout_s);
-    if (!hosted.ok()) return ReportError(hosted.status());
-    server = std::move(*hosted);
+    MOERR_ASSIGN_OR_RETURN(server, distributed::HostTcpStore(o.ranks, o.collective_timeout_s));
     launch.env = {{"MASTER_ADDR", "127.0.0.1"},
                   {"MASTER_PORT", std::to_string(server->port())},
                   {"MOERR_STORE_SERVER", "launcher"}};
   } else {
     char dir[] = "/tmp/moerr-store-XXXXXX";
-    if (::mkdtemp(dir) == nullptr) return ReportError(absl::UnavailableError("cannot create a FileStore directory"));
+    if (::mkdtemp(dir) == nullptr) return absl::UnavailableError("cannot create a FileStore directory");
     store_dir = dir;
     launch.env = {{"MOERR_STORE", store_dir + "/store"}};
   }
@@ -90,7 +85,7 @@ int LaunchRanks(const RanksOptions& o) {
     ::unlink((store_dir + "/store").c_str());
     ::rmdir(store_dir.c_str());
   }
-  if (!result.ok()) return ReportError(result.status());
+  if (!result.ok()) return result.status();
   if (result->ok()) return kExitOk;
   std::fprintf(stderr, "moerr: error: the run failed:\n%s", result->Describe().c_str());
   int code = -1;  // the status every failed rank exited with, if they agree

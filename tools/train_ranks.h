@@ -28,8 +28,9 @@ struct RanksOptions {
 // exited 0; the status the failed ranks exited with when they all exited
 // with the same one (2 for bad input every rank rejects); otherwise
 // kExitInternal (a rank was killed by a signal, hung, or the ranks disagree).
-// Prints each failed rank's fate.
-int LaunchRanks(const RanksOptions& options);
+// Prints each failed rank's fate. A bad option or a launch that could not
+// start is the status returned instead.
+absl::StatusOr<int> LaunchRanks(const RanksOptions& options);
 
 // A rank's world and the training observer that applies --rank-fault on it.
 struct RankSession {
