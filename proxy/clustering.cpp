@@ -5,6 +5,7 @@
 #include <random>
 
 #include "absl/strings/str_format.h"
+#include "support/enum_table.h"
 
 namespace moerr::proxy {
 
@@ -140,26 +141,15 @@ void PlanGroup(const LayerStats& s, const at::Tensor& d, const std::vector<int64
 
 }  // namespace
 
-absl::StatusOr<Method> ParseMethod(const std::string& name) {
-  if (name == "cluster") return Method::kCluster;
-  if (name == "frequency") return Method::kFrequency;
-  if (name == "random") return Method::kRandom;
-  if (name == "reap") return Method::kReap;
-  if (name == "hc-medoid") return Method::kHcMedoid;
-  return absl::InvalidArgumentError(
-      absl::StrFormat("unknown method \"%s\" (cluster, frequency, random, reap, hc-medoid)", name));
-}
+constexpr EnumName<Method> kMethods[] = {{Method::kCluster, "cluster"},
+                                         {Method::kFrequency, "frequency"},
+                                         {Method::kRandom, "random"},
+                                         {Method::kReap, "reap"},
+                                         {Method::kHcMedoid, "hc-medoid"}};
 
-std::string MethodName(Method m) {
-  switch (m) {
-    case Method::kCluster: return "cluster";
-    case Method::kFrequency: return "frequency";
-    case Method::kRandom: return "random";
-    case Method::kReap: return "reap";
-    case Method::kHcMedoid: return "hc-medoid";
-  }
-  return "?";
-}
+absl::StatusOr<Method> ParseMethod(const std::string& name) { return ParseEnum(kMethods, "method", name); }
+
+std::string MethodName(Method m) { return std::string(EnumNameOf(kMethods, m, "?")); }
 
 at::Tensor FusedDistance(const LayerStats& s, const ClusterOptions& options) {
   const at::Tensor freq = s.frequency.clamp_min(1);

@@ -7,11 +7,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "support/enum_table.h"
 
 namespace moerr::replayer {
 namespace {
 
-constexpr std::pair<PolicyRule::Action, absl::string_view> kActions[] = {
+constexpr EnumName<PolicyRule::Action> kActions[] = {
     {PolicyRule::Action::kFp32, "fp32"},
     {PolicyRule::Action::kFp64, "fp64"},
     {PolicyRule::Action::kRoundFp16, "round-fp16"},
@@ -39,19 +40,10 @@ bool PolicyRule::Matches(const formats::OpEvent& op) const {
 }
 
 absl::StatusOr<PolicyRule::Action> ParsePolicyAction(absl::string_view name) {
-  for (const auto& [action, text] : kActions) {
-    if (name == text) return action;
-  }
-  return absl::InvalidArgumentError(absl::StrFormat(
-      "unknown precision action \"%s\" (fp32, fp64, round-fp16, round-fp16-sat, round-bf16)", name));
+  return ParseEnum(kActions, "precision action", name);
 }
 
-absl::string_view PolicyActionName(PolicyRule::Action action) {
-  for (const auto& [a, text] : kActions) {
-    if (a == action) return text;
-  }
-  return "?";
-}
+absl::string_view PolicyActionName(PolicyRule::Action action) { return EnumNameOf(kActions, action, "?"); }
 
 absl::StatusOr<PrecisionPolicy> PrecisionPolicy::Parse(absl::string_view text) {
   std::vector<PolicyRule> rules;
