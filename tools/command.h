@@ -37,8 +37,6 @@ int ExitCodeOf(const absl::Status& status);
 // Prints "moerr: error: <message>" (or "moerr: internal error: ...") to
 // stderr and returns ExitCodeOf(status).
 int ReportError(const absl::Status& status);
-// Whether `exit_code` ends the command: an error, not a finding.
-inline bool IsError(int exit_code) { return exit_code >= kExitError; }
 
 // What a subcommand's body returns: kExitOk or kExitFinding when it ran, or
 // the status that stopped it.
