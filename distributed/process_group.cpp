@@ -38,15 +38,18 @@ class GlooParallel : public moe::Parallel {
 
   void AllReduceSum(at::Tensor& t, moe::CommGroup group) override {
     MOERR_CHECK(t.is_contiguous()) << "all_reduce of a contiguous tensor";
-    std::vector<at::Tensor> tensors{t.view({-1})};
+    // Gloo has no bf16 arithmetic: summed in fp32, rounded once at the end.
+    const bool bf16 = t.scalar_type() == at::kBFloat16;
+    std::vector<at::Tensor> tensors{bf16 ? t.to(at::kFloat).view({-1}) : t.view({-1})};
     Run("all_reduce", group, [&](c10d::ProcessGroup& pg) { return pg.allreduce(tensors); });
+    if (bf16) t.copy_(tensors[0].view_as(t));
   }
 
   at::Tensor AllToAll(const at::Tensor& input, const std::vector<int64_t>& send_rows,
                       const std::vector<int64_t>& recv_rows) override;
 
   void Broadcast(at::Tensor& t, moe::CommGroup group, int64_t root) override {
-    std::vector<at::Tensor> tensors{t};
+    std::vector<at::Tensor> tensors{Transportable(t)};
     c10d::BroadcastOptions options;
     options.rootRank = root;
     Run("broadcast", group, [&](c10d::ProcessGroup& pg) { return pg.broadcast(tensors, options); });
@@ -56,20 +59,26 @@ class GlooParallel : public moe::Parallel {
   // received by recv_rows.
   at::Tensor RawAllToAll(const at::Tensor& input, const std::vector<int64_t>& send_rows,
                          const std::vector<int64_t>& recv_rows) {
-    at::Tensor in = input.contiguous();
+    at::Tensor in = Transportable(input.contiguous());
     std::vector<int64_t> shape = in.sizes().vec();
     shape[0] = std::accumulate(recv_rows.begin(), recv_rows.end(), int64_t{0});
     at::Tensor out = at::empty(shape, in.options());
     std::vector<int64_t> send = send_rows, recv = recv_rows;
     Run("all_to_all", moe::CommGroup::kExpertParallel,
         [&](c10d::ProcessGroup& pg) { return pg.alltoall_base(out, in, recv, send); });
-    return out;
+    return out.view(input.scalar_type());
   }
 
   void set_group(moe::CommGroup g, c10::intrusive_ptr<c10d::ProcessGroupGloo> pg) { groups_[Index(g)] = std::move(pg); }
 
  private:
   static size_t Index(moe::CommGroup g) { return static_cast<size_t>(g); }
+
+  // Gloo moves no bf16: bf16 travels as the same bytes viewed as fp16 (a
+  // copy or a broadcast does no arithmetic, so it is bitwise).
+  static at::Tensor Transportable(const at::Tensor& t) {
+    return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
+  }
 
   // Starts a collective on `group` and waits for it. Gloo applies the
   // group's timeout; a failure becomes a c10::Error that says which
@@ -80,10 +89,16 @@ class GlooParallel : public moe::Parallel {
     try {
       c10::intrusive_ptr<c10d::Work> work = start(*groups_[Index(group)]);
       work->wait();
+    } catch (const c10::Error& e) {
+      Fail(kind, seq, group, e.what_without_backtrace());
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, "rank ", layout_.rank, ": ", kind, " #", seq, " in the ", GroupName(group),
-                  " group failed (collective timeout ", timeout_s_, " s): ", e.what());
+      Fail(kind, seq, group, e.what());
     }
+  }
+
+  [[noreturn]] void Fail(const char* kind, int64_t seq, moe::CommGroup group, const char* why) const {
+    TORCH_CHECK(false, "rank ", layout_.rank, ": ", kind, " #", seq, " in the ", GroupName(group),
+                " group failed (collective timeout ", timeout_s_, " s): ", why);
   }
 
   moe::ParallelLayout layout_;
