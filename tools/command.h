@@ -1,5 +1,6 @@
 // The `moerr` command: one file per subcommand. Each Add*Command registers
-// its options and a callback that calls one library function and prints.
+// its options and, with OnRun, a body that calls library functions, prints,
+// and returns its exit code or the status that stopped it.
 // Exit codes, the same for every subcommand (README, "Exit codes"):
 //   0 ok; 1 the check ran and found a problem (a finding a script would
 //   branch on); 2 bad input or usage (a missing, empty or non-bundle file, a
