@@ -23,6 +23,14 @@ echo "## Recorder overhead and bundle size per capture mode"
 "$BUILD/bench/recorder_bench" --preset small
 
 echo
+echo "## Recorder cost per op on the wide preset (stats)"
+"$BUILD/bench/recorder_bench" --preset wide --only stats
+
+echo
+echo "## Recorder overhead at hidden size 1024, four wide experts (h1024; prints its median op time)"
+"$BUILD/bench/recorder_bench" --preset h1024 --only stats,replayable --steps 1 --rounds 1
+
+echo
 echo "## Op tracer bookkeeping per op (Google Benchmark; mode -1 untraced, 0 stats, 1 replayable)"
 "$BUILD/bench/tracer_bench" --benchmark_min_time=1
 
