@@ -204,11 +204,25 @@ absl::Status GrpoTrainer::RestoreState(const llvm::json::Object& scalars,
   return absl::OkStatus();
 }
 
+int64_t GrpoTrainer::LocalSequences() const {
+  const int64_t world_n = options_.prompts * options_.group_size;
+  return parallel_ ? world_n / parallel_->layout().world_size : world_n;
+}
+
 StepMetrics GrpoTrainer::Step() {
   StepMetrics m;
   m.step = step_;
+  at::Tensor inputs, rewards;
+  last_batch_ = Rollout(inputs, rewards);
+  Backward(inputs, rewards, m);
+  Update(m);
+  ++step_;
+  return m;
+}
+
+StepBatch GrpoTrainer::Rollout(at::Tensor& inputs, at::Tensor& rewards) {
   const int64_t g = options_.group_size, world_n = options_.prompts * g;
-  const int64_t n = parallel_ ? world_n / parallel_->layout().world_size : world_n;  // this rank's sequences
+  const int64_t n = LocalSequences();
   AdditionTask::Batch batch;
   {
     RECORD_USER_SCOPE("batch");
@@ -224,7 +238,7 @@ StepMetrics GrpoTrainer::Step() {
                                        .repeat_interleave(g, 0));
 
   // Rollout, under the rollout precision.
-  at::Tensor responses, old_logp, inputs;
+  at::Tensor responses, old_logp;
   {
     NumericsScope scope(options_.rollout_numerics);
     torch::NoGradGuard no_grad;
@@ -249,7 +263,7 @@ StepMetrics GrpoTrainer::Step() {
   // Tokens up to and including the first EOS count.
   const at::Tensor eos_seen = responses.eq(AdditionTask::kEos).to(at::kLong).cumsum(1);
   const at::Tensor mask = (eos_seen - responses.eq(AdditionTask::kEos).to(at::kLong)).eq(0).to(at::kFloat);
-  const at::Tensor rewards = task_.Reward(answers, responses);  // [n]
+  rewards = task_.Reward(answers, responses);  // [n]
   const at::Tensor grouped = rewards.view({n / g, g});
   const at::Tensor advantages =
       ((grouped - grouped.mean(1, true)) / (grouped.std(1, /*unbiased=*/true, true) + 1e-6)).view({n, 1});
@@ -261,8 +275,16 @@ StepMetrics GrpoTrainer::Step() {
     ref_logp = NoGradLogProbs(reference_, inputs, prompts, responses, micro);
   }
 
-  last_batch_ = StepBatch{prompts, responses, mask, advantages, old_logp, ref_logp};
+  return StepBatch{prompts, responses, mask, advantages, old_logp, ref_logp};
+}
 
+void GrpoTrainer::Backward(const at::Tensor& inputs, const at::Tensor& rewards, StepMetrics& m) {
+  const int64_t world_n = options_.prompts * options_.group_size;
+  const int64_t n = LocalSequences();
+  const int64_t micro = SequencesPerForward(options_);
+  const StepBatch& b = last_batch_;
+  const at::Tensor &prompts = b.prompts, &responses = b.responses, &mask = b.mask, &advantages = b.advantages,
+                   &old_logp = b.old_logp, &ref_logp = b.ref_logp;
   // Gradients are dropped, not zeroed (PyTorch 2's set_to_none), before the
   // training forward: backward writes fresh ones, the step reads nothing of
   // the last one's, and they need not be alive beside the activations.
@@ -325,6 +347,9 @@ StepMetrics GrpoTrainer::Step() {
     const auto v = sums.accessor<double, 1>();
     m.loss = v[0], m.kl = v[1], m.clip_fraction = v[2], m.ratio_error = v[3], m.reward = v[4] / world_n;
   }
+}
+
+void GrpoTrainer::Update(StepMetrics& m) {
   RECORD_USER_SCOPE("optimizer");
   if (parallel_) SyncGradients();
   std::vector<at::Tensor> grads;
@@ -361,8 +386,6 @@ StepMetrics GrpoTrainer::Step() {
       loss_scale_ *= 2;
     }
   }
-  ++step_;
-  return m;
 }
 
 namespace {

@@ -164,6 +164,13 @@ class GrpoTrainer {
   int64_t good_steps_ = 0;
   int64_t step_ = 0;
 
+  // Step()'s parts, in order: the rollout (this rank's sampled, scored
+  // batch; `inputs` [n, P + A - 1], `rewards` [n]), the loss, its metrics and
+  // gradients, and the optimizer step or the skip.
+  StepBatch Rollout(at::Tensor& inputs, at::Tensor& rewards);
+  void Backward(const at::Tensor& inputs, const at::Tensor& rewards, StepMetrics& m);
+  void Update(StepMetrics& m);
+  int64_t LocalSequences() const;  // this rank's sequences: n = prompts x group_size / world size
   at::Tensor Shard(const at::Tensor& t) const;  // this rank's rows of a global [n, ...] batch tensor
   void SyncGradients();
   double GradNorm(const std::vector<at::Tensor>& grads);  // the world's L2 norm of the gradients

@@ -28,6 +28,95 @@ std::vector<size_t> Without(const std::vector<size_t>& set, const std::vector<si
   return out;
 }
 
+// The modules of the ops before `end`, in order of first appearance: the
+// candidates to upcast.
+std::vector<std::string> ModulesBefore(const formats::Trace& trace, size_t end) {
+  std::vector<std::string> modules;
+  for (size_t i = 0; i < end; ++i) {
+    const std::string& m = trace.ops[i].module;
+    if (!m.empty() && std::find(modules.begin(), modules.end(), m) == modules.end()) modules.push_back(m);
+  }
+  return modules;
+}
+
+// One trial per distinct set of candidate indices: does the step still
+// overflow with that set upcast? Each set is replayed once.
+class Trials {
+ public:
+  Trials(const formats::BundleReader& reader, int64_t step, const formats::Trace& trace,
+         const PrecisionBisectOptions& options, PrecisionBisectResult& result, size_t end)
+      : reader_(reader), step_(step), trace_(trace), options_(options), result_(result), end_(end) {}
+
+  PrecisionPolicy PolicyOf(const std::vector<size_t>& set) const {
+    std::vector<PolicyRule> rules;
+    for (size_t i : set) rules.push_back({PolicyRule::Selector::kModule, result_.candidates[i], options_.upcast});
+    return PrecisionPolicy(std::move(rules));
+  }
+
+  absl::StatusOr<bool> Fails(const std::vector<size_t>& set) {
+    if (auto it = cache_.find(set); it != cache_.end()) return it->second;
+    ReplayOptions replay;
+    replay.device = options_.device;
+    replay.policy = PolicyOf(set);
+    replay.end_op = end_;
+    ++result_.trials;
+    if (options_.on_trial) options_.on_trial(result_.trials, set.size());
+    MOERR_ASSIGN_OR_RETURN(ReplayReport report, ReplayTrace(reader_, step_, trace_, replay));
+    const bool failed =
+        analysis::FindFirstOverflow(ReplayedTrace(trace_, report, end_), options_.overflow).has_value();
+    cache_[set] = failed;
+    return failed;
+  }
+
+ private:
+  const formats::BundleReader& reader_;
+  int64_t step_;
+  const formats::Trace& trace_;
+  const PrecisionBisectOptions& options_;
+  PrecisionBisectResult& result_;
+  size_t end_;
+  std::map<std::vector<size_t>, bool> cache_;
+};
+
+// ddmin over sets that make the failure disappear, from `set` (which does):
+// try each part, then each complement; refine the split when neither helps.
+// It stops at a split into single modules where no complement removes the
+// failure, so the set is 1-minimal: dropping any one module brings the
+// failure back. A set may hold a module and its submodule: a `module:` rule
+// upcasts only that module's own ops, so the two cover disjoint ops.
+absl::StatusOr<std::vector<size_t>> MinimalSet(std::vector<size_t> set, Trials& trials) {
+  size_t n = 2;
+  while (set.size() >= 2) {
+    const std::vector<std::vector<size_t>> parts = Split(set, std::min(n, set.size()));
+    bool reduced = false;
+    for (const auto& part : parts) {
+      MOERR_ASSIGN_OR_RETURN(const bool f, trials.Fails(part));
+      if (!f) {
+        set = part;
+        n = 2;
+        reduced = true;
+        break;
+      }
+    }
+    if (!reduced && parts.size() > 2) {
+      for (const auto& part : parts) {
+        const std::vector<size_t> rest = Without(set, part);
+        MOERR_ASSIGN_OR_RETURN(const bool f, trials.Fails(rest));
+        if (!f) {
+          set = rest;
+          n = std::max<size_t>(n - 1, 2);
+          reduced = true;
+          break;
+        }
+      }
+    }
+    if (reduced) continue;
+    if (n >= set.size()) break;
+    n = std::min(n * 2, set.size());
+  }
+  return set;
+}
+
 }  // namespace
 
 absl::StatusOr<PrecisionBisectResult> PrecisionBisect(const formats::BundleReader& reader, int64_t step,
@@ -45,86 +134,26 @@ absl::StatusOr<PrecisionBisectResult> PrecisionBisect(const formats::BundleReade
   // cannot change whether that phase overflows.
   size_t end = recorded->op_index + 1;
   while (end < trace.ops.size() && trace.ops[end].phase == result.phase) ++end;
-  for (size_t i = 0; i < end; ++i) {
-    const std::string& m = trace.ops[i].module;
-    if (!m.empty() && std::find(result.candidates.begin(), result.candidates.end(), m) == result.candidates.end()) {
-      result.candidates.push_back(m);
-    }
-  }
-
-  // fails(set): does the step still overflow with `set` upcast?
-  std::map<std::vector<size_t>, bool> cache;
-  auto policy_of = [&](const std::vector<size_t>& set) {
-    std::vector<PolicyRule> rules;
-    for (size_t i : set) rules.push_back({PolicyRule::Selector::kModule, result.candidates[i], options.upcast});
-    return PrecisionPolicy(std::move(rules));
-  };
-  auto fails = [&](const std::vector<size_t>& set) -> absl::StatusOr<bool> {
-    if (auto it = cache.find(set); it != cache.end()) return it->second;
-    ReplayOptions replay;
-    replay.device = options.device;
-    replay.policy = policy_of(set);
-    replay.end_op = end;
-    ++result.trials;
-    if (options.on_trial) options.on_trial(result.trials, set.size());
-    MOERR_ASSIGN_OR_RETURN(ReplayReport report, ReplayTrace(reader, step, trace, replay));
-    const bool failed = analysis::FindFirstOverflow(ReplayedTrace(trace, report, end), options.overflow).has_value();
-    cache[set] = failed;
-    return failed;
-  };
+  result.candidates = ModulesBefore(trace, end);
+  Trials trials(reader, step, trace, options, result, end);
 
   // The search needs the failure to reproduce with nothing upcast: else
   // every set would "remove" it and ddmin would name an arbitrary module.
-  MOERR_ASSIGN_OR_RETURN(const bool reproduced, fails({}));
+  MOERR_ASSIGN_OR_RETURN(const bool reproduced, trials.Fails({}));
   if (!reproduced) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "step %d: replayed without a policy, the step does not overflow at op %d as recorded, so no set of modules "
         "can be said to remove it; `moerr replay --step %d --check` shows where the replay departs from the record",
         step, result.op_index, step));
   }
-  std::vector<size_t> set(result.candidates.size());
-  for (size_t i = 0; i < set.size(); ++i) set[i] = i;
-  MOERR_ASSIGN_OR_RETURN(const bool all_fail, fails(set));
+  std::vector<size_t> all(result.candidates.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  MOERR_ASSIGN_OR_RETURN(const bool all_fail, trials.Fails(all));
   if (all_fail) return result;  // removable = false
   result.removable = true;
-
-  // ddmin over sets that make the failure disappear: try each part, then
-  // each complement; refine the split when neither helps. It stops at a
-  // split into single modules where no complement removes the failure, so
-  // the set is 1-minimal: dropping any one module brings the failure back.
-  // A set may hold a module and its submodule: a `module:` rule upcasts
-  // only that module's own ops, so the two cover disjoint ops.
-  size_t n = 2;
-  while (set.size() >= 2) {
-    const std::vector<std::vector<size_t>> parts = Split(set, std::min(n, set.size()));
-    bool reduced = false;
-    for (const auto& part : parts) {
-      MOERR_ASSIGN_OR_RETURN(const bool f, fails(part));
-      if (!f) {
-        set = part;
-        n = 2;
-        reduced = true;
-        break;
-      }
-    }
-    if (!reduced && parts.size() > 2) {
-      for (const auto& part : parts) {
-        const std::vector<size_t> rest = Without(set, part);
-        MOERR_ASSIGN_OR_RETURN(const bool f, fails(rest));
-        if (!f) {
-          set = rest;
-          n = std::max<size_t>(n - 1, 2);
-          reduced = true;
-          break;
-        }
-      }
-    }
-    if (reduced) continue;
-    if (n >= set.size()) break;
-    n = std::min(n * 2, set.size());
-  }
+  MOERR_ASSIGN_OR_RETURN(const std::vector<size_t> set, MinimalSet(std::move(all), trials));
   for (size_t i : set) result.modules.push_back(result.candidates[i]);
-  result.policy = policy_of(set);
+  result.policy = trials.PolicyOf(set);
   return result;
 }
 
