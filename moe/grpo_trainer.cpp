@@ -12,7 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "moe/checkpoint.h"
 #include "moe/warmup.h"
-#include "recorder/tensor_adapter.h"
+#include "recorder/hooks/tensor_adapter.h"
 #include "support/check.h"
 #include "formats/json_fields.h"
 #include "support/status.h"

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "moe/moe_config.h"
-#include "recorder/routing_hook.h"
+#include "recorder/hooks/routing_hook.h"
 
 namespace moerr::moe {
 

@@ -9,7 +9,7 @@
 #include "moe/checkpoint.h"
 #include "support/filesystem.h"
 #include "support/status.h"
-#include "recorder/torch_boundary.h"
+#include "recorder/hooks/torch_boundary.h"
 
 namespace moerr::moe {
 llvm::json::Object MetricsToJson(const StepMetrics& m) {

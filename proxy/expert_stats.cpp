@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "recorder/routing_hook.h"
+#include "recorder/hooks/routing_hook.h"
 #include "support/status.h"
 
 namespace moerr::proxy {

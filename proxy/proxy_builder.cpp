@@ -17,7 +17,7 @@
 #include "replayer/step_failure.h"
 #include "support/filesystem.h"
 #include "support/status.h"
-#include "recorder/torch_boundary.h"
+#include "recorder/hooks/torch_boundary.h"
 
 namespace moerr::proxy {
 namespace {

@@ -23,7 +23,7 @@
 #include "support/check.h"
 #include "support/filesystem.h"
 #include "support/status.h"
-#include "recorder/torch_boundary.h"
+#include "recorder/hooks/torch_boundary.h"
 
 namespace moerr::proxy {
 namespace {

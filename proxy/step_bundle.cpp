@@ -4,10 +4,10 @@
 #include "formats/bundle_writer.h"
 #include "formats/trace.h"
 #include "moe/checkpoint.h"
-#include "recorder/tensor_adapter.h"
+#include "recorder/hooks/tensor_adapter.h"
 #include "replayer/model_replay.h"
 #include "support/status.h"
-#include "recorder/torch_boundary.h"
+#include "recorder/hooks/torch_boundary.h"
 
 namespace moerr::proxy {
 

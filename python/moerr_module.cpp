@@ -13,7 +13,7 @@
 #include "formats/bundle_reader.h"
 #include "formats/trace.h"
 #include "recorder/recorder.h"
-#include "recorder/tensor_adapter.h"
+#include "recorder/hooks/tensor_adapter.h"
 
 namespace py = pybind11;
 

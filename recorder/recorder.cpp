@@ -14,7 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "formats/frame.h"
 #include "formats/json_number.h"
-#include "recorder/tensor_adapter.h"
+#include "recorder/hooks/tensor_adapter.h"
 #include "support/check.h"
 #include "support/status.h"
 

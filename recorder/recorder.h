@@ -25,7 +25,7 @@
 #include "absl/status/statusor.h"
 #include "formats/bundle_writer.h"
 #include "recorder/op_tracer.h"
-#include "recorder/routing_hook.h"
+#include "recorder/hooks/routing_hook.h"
 
 namespace moerr::recorder {
 

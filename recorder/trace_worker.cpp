@@ -8,7 +8,7 @@
 #include "recorder/op_tracer.h"
 #include "absl/strings/str_cat.h"
 #include "support/check.h"
-#include "recorder/torch_boundary.h"
+#include "recorder/hooks/torch_boundary.h"
 
 namespace moerr::recorder {
 namespace {

@@ -12,9 +12,9 @@
 #include "formats/trace.h"
 #include "moe/moe_config.h"
 #include "moe/training_run.h"
-#include "recorder/tensor_adapter.h"
+#include "recorder/hooks/tensor_adapter.h"
 #include "support/status.h"
-#include "recorder/torch_boundary.h"
+#include "recorder/hooks/torch_boundary.h"
 
 namespace moerr::replayer {
 namespace {

@@ -15,9 +15,9 @@
 #include "absl/strings/str_format.h"
 #include "moe/numerics.h"
 #include "recorder/fingerprint.h"
-#include "recorder/tensor_adapter.h"
+#include "recorder/hooks/tensor_adapter.h"
 #include "support/status.h"
-#include "recorder/torch_boundary.h"
+#include "recorder/hooks/torch_boundary.h"
 
 namespace moerr::replayer {
 namespace {

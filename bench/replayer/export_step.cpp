@@ -12,10 +12,10 @@
 #include "formats/bundle_reader.h"
 #include "formats/hf_checkpoint.h"
 #include "moe/moe_config.h"
-#include "recorder/tensor_adapter.h"
+#include "recorder/hooks/tensor_adapter.h"
 #include "replayer/model_replay.h"
 #include "support/status.h"
-#include "recorder/torch_boundary.h"
+#include "recorder/hooks/torch_boundary.h"
 
 namespace moerr {
 namespace {

@@ -4,7 +4,7 @@
 #include <torch/torch.h>
 
 #include "formats/hf_checkpoint.h"
-#include "recorder/tensor_adapter.h"
+#include "recorder/hooks/tensor_adapter.h"
 #include "tests/testing/test_util.h"
 
 namespace moerr::moe {

@@ -17,7 +17,7 @@
 #include "formats/module_path.h"
 #include "moe/checkpoint.h"
 #include "proxy/surgery.h"
-#include "recorder/tensor_adapter.h"
+#include "recorder/hooks/tensor_adapter.h"
 #include "replayer/model_replay.h"
 #include "tests/testing/test_util.h"
 #include "tests/testing/recording.h"

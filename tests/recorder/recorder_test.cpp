@@ -21,7 +21,7 @@
 #include "formats/trace.h"
 #include "moe/grpo_trainer.h"
 #include "recorder/fingerprint.h"
-#include "recorder/tensor_adapter.h"
+#include "recorder/hooks/tensor_adapter.h"
 #include "tests/testing/test_util.h"
 #include "xxhash.h"
 

@@ -1,4 +1,4 @@
-#include "recorder/tensor_adapter.h"
+#include "recorder/hooks/tensor_adapter.h"
 
 #include "absl/strings/str_format.h"
 
