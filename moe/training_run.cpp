@@ -59,12 +59,14 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
                                         TrainObserver* observer) {
   if (options.out_dir.empty()) return absl::InvalidArgumentError("an output directory is required (-o DIR)");
   if (options.steps < 0 || options.warmup_steps < 0) return absl::InvalidArgumentError("step counts must be >= 0");
-  MOERR_RETURN_IF_ERROR(MakeDirectory(options.out_dir));
+  struct stat st;
+  if (::stat(options.out_dir.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrFormat("-o %s: a file of that name exists", options.out_dir));
+  }
   TrainReport report;
   report.metrics_path = options.out_dir + "/metrics.jsonl";
   report.checkpoint_dir = options.out_dir + "/checkpoint";
   const bool writer = options.parallel == nullptr || options.parallel->layout().rank == 0;
-  struct stat st;
   if (writer && !options.overwrite && ::stat(report.metrics_path.c_str(), &st) == 0) {
     return absl::AlreadyExistsError(absl::StrFormat("%s exists; pass --force to overwrite", report.metrics_path));
   }
@@ -83,7 +85,12 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
       report.warmup = Warmup(policy, task, warm, [&](int64_t step, double) {
         if (progress) progress("warm-up", step + 1, warm.steps);
       });
-      if (writer) MOERR_RETURN_IF_ERROR(SaveCheckpoint(policy, options.out_dir + "/warmup", options.overwrite));
+    }
+    // Made once the model is read or built: a checkpoint or preset that
+    // cannot be had leaves no empty output directory behind.
+    MOERR_RETURN_IF_ERROR(MakeDirectory(options.out_dir));
+    if (writer && options.init_checkpoint.empty()) {
+      MOERR_RETURN_IF_ERROR(SaveCheckpoint(policy, options.out_dir + "/warmup", options.overwrite));
     }
     if (options.parallel != nullptr) BroadcastFromRankZero(policy, *options.parallel);
     MoeTransformer reference = CopyOf(policy);

@@ -88,6 +88,22 @@ TEST_F(ArgumentsTest, AValueASubcommandCannotUseExits2NamingIt) {
   EXPECT_FALSE(fs::exists(dir() / "out")) << "a command wrote an output from arguments it refused";
 }
 
+// train reads or builds its model before it makes its output directory, so
+// a checkpoint or preset it cannot have leaves nothing behind.
+TEST_F(ArgumentsTest, TrainOnAnInputItCannotReadMakesNoOutputDirectory) {
+  const std::vector<std::vector<std::string>> commands = {
+      {"train", "--init", "no-such-checkpoint", "-o", "train-init"},
+      {"train", "--preset", "huge", "-o", "train-preset"},
+  };
+  const std::vector<Result> results = MoerrAll(dir(), commands);
+  for (size_t i = 0; i < commands.size(); ++i) {
+    EXPECT_EQ(results[i].code, 2) << Describe(commands[i], results[i]);
+    EXPECT_FALSE(fs::exists(dir() / commands[i].back())) << Describe(commands[i], results[i]);
+  }
+  EXPECT_NE(results[0].err.find("no-such-checkpoint"), std::string::npos) << results[0].err;
+  EXPECT_NE(results[1].err.find("huge"), std::string::npos) << results[1].err;
+}
+
 TEST_F(ArgumentsTest, AnOutputThatExistsNeedsForce) {
   Spit(dir() / "report.html", "an earlier report\n");
   const Result refused = Moerr(dir(), {"report", "run/run.moerr", "-o", "report.html"});
