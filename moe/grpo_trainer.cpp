@@ -14,10 +14,17 @@
 #include "moe/warmup.h"
 #include "recorder/hooks/tensor_adapter.h"
 #include "support/check.h"
-#include "formats/json_fields.h"
 #include "support/status.h"
 
 namespace moerr::moe {
+namespace {
+
+// The first mapping error under `root`, e.g. "trainer state: expected integer at trainer_state.step".
+absl::Status JsonError(const char* what, const llvm::json::Path::Root& root) {
+  return absl::InvalidArgumentError(absl::StrFormat("%s: %s", what, llvm::toString(root.getError())));
+}
+
+}  // namespace
 
 llvm::json::Object ToJson(const GrpoOptions& o) {
   return llvm::json::Object{{"prompts", o.prompts},
@@ -53,27 +60,23 @@ int64_t SequencesPerForward(const GrpoOptions& options) {
 absl::StatusOr<GrpoOptions> GrpoOptionsFromJson(const llvm::json::Object& json) {
   GrpoOptions o;
   std::string precision, rollout_precision;
-  JsonFields f(json, "GRPO options");
-  f.Get("prompts", o.prompts);
-  f.Get("group_size", o.group_size);
-  f.Get("response_tokens", o.response_tokens);
-  if (json.get("micro_batch") != nullptr) f.Get("micro_batch", o.micro_batch);  // absent before it existed
-  f.Get("temperature", o.temperature);
-  f.Get("clip_eps", o.clip_eps);
-  f.Get("kl_coef", o.kl_coef);
-  f.Get("lr", o.lr);
-  f.Get("weight_decay", o.weight_decay);
-  f.Get("max_grad_norm", o.max_grad_norm);
-  f.Get("aux_loss_coef", o.aux_loss_coef);
-  f.Get("precision", precision);
-  f.Get("fp16_saturate", o.numerics.saturate);
-  f.Get("rollout_precision", rollout_precision);
-  f.Get("rollout_fp16_saturate", o.rollout_numerics.saturate);
-  f.Get("initial_loss_scale", o.initial_loss_scale);
-  f.Get("scale_growth_interval", o.scale_growth_interval);
-  f.Get("naive_fp16_softmax", o.naive_fp16_softmax);
-  f.Get("skip_update", o.skip_update);
-  MOERR_RETURN_IF_ERROR(f.status());
+  // `json` as a Value, since the mapper reads Values; the object is a few dozen fields.
+  const llvm::json::Value value = llvm::json::Object(json);
+  llvm::json::Path::Root root("options");
+  llvm::json::ObjectMapper m(value, root);
+  const bool ok = m && m.map("prompts", o.prompts) && m.map("group_size", o.group_size) &&
+                  m.map("response_tokens", o.response_tokens) &&
+                  m.mapOptional("micro_batch", o.micro_batch) &&  // absent before it existed
+                  m.map("temperature", o.temperature) && m.map("clip_eps", o.clip_eps) &&
+                  m.map("kl_coef", o.kl_coef) && m.map("lr", o.lr) && m.map("weight_decay", o.weight_decay) &&
+                  m.map("max_grad_norm", o.max_grad_norm) && m.map("aux_loss_coef", o.aux_loss_coef) &&
+                  m.map("precision", precision) && m.map("fp16_saturate", o.numerics.saturate) &&
+                  m.map("rollout_precision", rollout_precision) &&
+                  m.map("rollout_fp16_saturate", o.rollout_numerics.saturate) &&
+                  m.map("initial_loss_scale", o.initial_loss_scale) &&
+                  m.map("scale_growth_interval", o.scale_growth_interval) &&
+                  m.map("naive_fp16_softmax", o.naive_fp16_softmax) && m.map("skip_update", o.skip_update);
+  if (!ok) return JsonError("GRPO options", root);
   MOERR_ASSIGN_OR_RETURN(o.numerics.precision, ParsePrecision(precision));
   MOERR_ASSIGN_OR_RETURN(o.rollout_numerics.precision, ParsePrecision(rollout_precision));
   if (o.prompts < 1 || o.group_size < 2 || o.response_tokens < 0 || o.micro_batch < 0 || o.scale_growth_interval < 1 ||
@@ -163,14 +166,13 @@ absl::Status GrpoTrainer::RestoreState(const llvm::json::Object& scalars,
   int64_t step = 0, seed = 0, good_steps = 0;
   double loss_scale = 1;
   std::string rng_text;
-  JsonFields f(scalars, "trainer state");
-  f.Get("step", step);
-  f.Get("seed", seed);
-  f.Get("loss_scale", loss_scale);
-  f.Get("good_steps", good_steps);
-  f.Get("rng", rng_text);
-  const llvm::json::Object* adam_steps = f.GetObject("adam_step");
-  MOERR_RETURN_IF_ERROR(f.status());
+  std::map<std::string, int64_t> adam_steps;  // parameter name -> Adam step, for updated parameters only
+  const llvm::json::Value value = llvm::json::Object(scalars);
+  llvm::json::Path::Root root("trainer_state");
+  llvm::json::ObjectMapper m(value, root);
+  const bool ok = m && m.map("step", step) && m.map("seed", seed) && m.map("loss_scale", loss_scale) &&
+                  m.map("good_steps", good_steps) && m.map("rng", rng_text) && m.map("adam_step", adam_steps);
+  if (!ok) return JsonError("trainer state", root);
   std::mt19937_64 rng;
   std::istringstream in(rng_text);
   if (!(in >> rng)) return absl::InvalidArgumentError("trainer state: \"rng\" is not a std::mt19937_64 state");
@@ -183,15 +185,16 @@ absl::Status GrpoTrainer::RestoreState(const llvm::json::Object& scalars,
     const std::string& name = named[i].key();
     const at::Tensor& p = named[i].value();
     auto a = exp_avg.find(name), b = exp_avg_sq.find(name);
-    auto n = adam_steps->getInteger(name);
-    if (a == exp_avg.end() && b == exp_avg_sq.end() && !n) continue;  // no update yet
-    if (a == exp_avg.end() || b == exp_avg_sq.end() || !n || *n < 1) {
+    const auto n = adam_steps.find(name);
+    const bool has_step = n != adam_steps.end();
+    if (a == exp_avg.end() && b == exp_avg_sq.end() && !has_step) continue;  // no update yet
+    if (a == exp_avg.end() || b == exp_avg_sq.end() || !has_step || n->second < 1) {
       return absl::InvalidArgumentError("trainer state: incomplete Adam state for " + name);
     }
     if (a->second.shape != p.sizes().vec() || b->second.shape != p.sizes().vec()) {
       return absl::InvalidArgumentError("trainer state: Adam moments of " + name + " do not fit its shape");
     }
-    moments[i].step = *n;
+    moments[i].step = n->second;
     moments[i].exp_avg = recorder::ToTensor(a->second).to(p.scalar_type());
     moments[i].exp_avg_sq = recorder::ToTensor(b->second).to(p.scalar_type());
   }

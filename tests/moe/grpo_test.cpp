@@ -199,5 +199,34 @@ TEST_F(GrpoTest, MicroBatchesLowerThePeakMemory) {
   EXPECT_FALSE(GrpoOptionsFromJson(ToJson(bad)).ok());
 }
 
+// Option and trainer-state JSON errors name the path of the bad field.
+TEST(GrpoJsonTest, ErrorsNameTheFieldPath) {
+  GrpoOptions options;
+  options.micro_batch = 4;
+  auto back = GrpoOptionsFromJson(ToJson(options));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->micro_batch, 4);
+  llvm::json::Object json = ToJson(options);
+  json.erase("micro_batch");  // written before the field existed
+  back = GrpoOptionsFromJson(json);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->micro_batch, 0);
+  json.erase("lr");
+  EXPECT_EQ(GrpoOptionsFromJson(json).status().message(), "GRPO options: missing value at options.lr");
+  json = ToJson(options);
+  json["prompts"] = "8";
+  EXPECT_EQ(GrpoOptionsFromJson(json).status().message(), "GRPO options: expected integer at options.prompts");
+
+  MoeTransformer model(Preset("tiny").value());
+  GrpoTrainer trainer(model, CopyOf(model), AdditionTask(), options, 7);
+  llvm::json::Object scalars = trainer.SaveState().scalars;
+  scalars["step"] = 1.5;
+  EXPECT_EQ(trainer.RestoreState(scalars, {}).message(), "trainer state: expected integer at trainer_state.step");
+  scalars = trainer.SaveState().scalars;
+  scalars.getObject("adam_step")->try_emplace("w", "one");
+  EXPECT_EQ(trainer.RestoreState(scalars, {}).message(),
+            "trainer state: expected integer at trainer_state.adam_step.w");
+}
+
 }  // namespace
 }  // namespace moerr::moe
