@@ -178,7 +178,9 @@ TEST_F(GrpoTest, MicroBatchesAccumulateTheWholeBatchGradient) {
   ASSERT_EQ(grads[0].size(), grads[1].size());
   for (size_t i = 0; i < grads[0].size(); ++i) {
     ASSERT_EQ(grads[0][i].defined(), grads[1][i].defined()) << i;
-    if (grads[0][i].defined()) EXPECT_TRUE(grads[0][i].allclose(grads[1][i], 1e-3, 1e-7)) << i;
+    if (grads[0][i].defined()) {
+      EXPECT_TRUE(grads[0][i].allclose(grads[1][i], 1e-3, 1e-7)) << i;
+    }
   }
 }
 
