@@ -202,20 +202,20 @@ absl::Status BundleWriter::PutTensor(absl::string_view name, Role role, int64_t 
         const uint32_t flags = static_cast<uint32_t>(job->encoded.codec) | (uint32_t{job->encoded.shuffle} << 8);
         job->hash = FrameHash(static_cast<uint32_t>(FrameKind::kChunk), flags, job->encoded.payload);
       });
-      MOERR_RETURN_IF_ERROR(Enqueue(Pending{std::move(job), std::move(done), std::nullopt}));
+      MOERR_RETURN_IF_ERROR(Enqueue(Pending{std::move(job), std::move(done), std::nullopt, {}}));
     }
     Record blob_record;
     blob_record.kind = static_cast<uint16_t>(RecordKind::kBlob);
     blob_record.step = step;
     blob_record.tensor.blob = blob;  // which blob to describe when written
-    MOERR_RETURN_IF_ERROR(Enqueue(Pending{nullptr, {}, std::move(blob_record)}));
+    MOERR_RETURN_IF_ERROR(Enqueue(Pending{nullptr, {}, std::move(blob_record), {}}));
   }
   Record tensor_record;
   tensor_record.kind = static_cast<uint16_t>(RecordKind::kTensor);
   tensor_record.step = step;
   tensor_record.tensor = TensorInfo{std::string(name), role, step, blob};
   ++stats_.tensors;
-  return Enqueue(Pending{nullptr, {}, std::move(tensor_record)});
+  return Enqueue(Pending{nullptr, {}, std::move(tensor_record), {}});
 }
 
 absl::Status BundleWriter::BeginStep(int64_t step) {

@@ -134,6 +134,7 @@ std::string WarmCache(const DemoOptions& o) { return o.dir + "/cache/" + o.prese
 // What the model story's steps share: the run A1 records and the step of
 // it that failed.
 struct Story {
+  Story(const DemoOptions& options, report::HtmlReport& report_page) : o(options), page(report_page) {}
   const DemoOptions& o;
   report::HtmlReport& page;
   std::string bundle;    // the recording
