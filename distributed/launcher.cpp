@@ -40,13 +40,18 @@ std::string SignalName(int sig) {
 
 // This process's environment with `lines` ("NAME=value") replacing or adding variables.
 std::vector<std::string> RankEnvironment(const std::vector<std::string>& lines) {
+  // The rendezvous is the launcher's alone: an inherited MOERR_STORE would
+  // send the ranks of a --store tcp run to a FileStore.
+  static const char* const kRendezvous[] = {"MOERR_STORE", "MOERR_STORE_SERVER", "MASTER_ADDR", "MASTER_PORT"};
   std::vector<std::string> out;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
     const std::string name = entry.substr(0, entry.find('='));
     const bool replaced = std::any_of(lines.begin(), lines.end(),
                                       [&](const std::string& l) { return l.compare(0, name.size() + 1, name + "=") == 0; });
-    if (!replaced) out.push_back(entry);
+    const bool rendezvous = std::any_of(std::begin(kRendezvous), std::end(kRendezvous),
+                                        [&](const char* r) { return name == r; });
+    if (!replaced && !rendezvous) out.push_back(entry);
   }
   out.insert(out.end(), lines.begin(), lines.end());
   return out;
@@ -106,6 +111,9 @@ absl::StatusOr<std::vector<std::string>> OwnArguments() {
 
 absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
   if (options.ranks < 1) return absl::InvalidArgumentError("--ranks must be >= 1");
+  // An inherited SIG_IGN for SIGCHLD would reap the ranks before waitpid
+  // sees them, and the wait below would never end.
+  ::signal(SIGCHLD, SIG_DFL);
   const Clock::time_point start = Clock::now();
   std::vector<char*> argv;
   for (const std::string& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
@@ -167,7 +175,7 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
         result.ranks[r].kind = deadline ? RankOutcome::Kind::kHung : RankOutcome::Kind::kStopped;
         ::kill(pids[r], deadline ? SIGKILL : SIGTERM);
       }
-      term_sent = now;
+      if (term_sent < 0) term_sent = now;  // a deadline after SIGTERM keeps the SIGKILL backstop's clock
     }
     if (term_sent >= 0 && now - term_sent >= 2) {  // SIGTERM ignored: no waiting on it
       for (size_t r = 0; r < pids.size(); ++r) {

@@ -183,6 +183,9 @@ absl::StatusOr<std::optional<RankEnv>> RankFromEnvironment() {
     if (addr == nullptr) return absl::InvalidArgumentError("RANK is set but neither MASTER_ADDR nor MOERR_STORE is");
     env.master_addr = addr;
     MOERR_RETURN_IF_ERROR(ParseEnvInt("MASTER_PORT", env.master_port, true));
+    if (env.master_port < 1 || env.master_port > 65535) {
+      return absl::InvalidArgumentError(absl::StrFormat("MASTER_PORT=%d is not a port (1 to 65535)", env.master_port));
+    }
     const char* server = std::getenv("MOERR_STORE_SERVER");
     env.launcher_hosts_store = server != nullptr && std::string(server) == "launcher";
   }

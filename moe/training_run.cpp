@@ -67,7 +67,9 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
   report.metrics_path = options.out_dir + "/metrics.jsonl";
   report.checkpoint_dir = options.out_dir + "/checkpoint";
   const bool writer = options.parallel == nullptr || options.parallel->layout().rank == 0;
-  if (writer && !options.overwrite && ::stat(report.metrics_path.c_str(), &st) == 0) {
+  // Every rank checks (they share the host), so none warms up for a run
+  // that rank 0 refuses.
+  if (!options.overwrite && ::stat(report.metrics_path.c_str(), &st) == 0) {
     return absl::AlreadyExistsError(absl::StrFormat("%s exists; pass --force to overwrite", report.metrics_path));
   }
   const AdditionTask task;

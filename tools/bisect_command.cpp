@@ -17,8 +17,9 @@
 namespace moerr::tools {
 namespace {
 
-// --precision: replays the step under upcast sets until the smallest one
-// that removes the overflow is found; prints it and writes it as a policy.
+// --precision: replays the step under upcast sets until a 1-minimal one that
+// removes the overflow is found (dropping any module brings it back);
+// prints it and writes it as a policy.
 CommandResult RunPrecisionBisect(const formats::BundleReader& reader, int64_t step, const formats::Trace& trace,
                                  const analysis::OverflowOptions& overflow, const std::string& upcast,
                                  const std::string& policy_out, bool json, llvm::json::Array& results) {
@@ -43,9 +44,9 @@ CommandResult RunPrecisionBisect(const formats::BundleReader& reader, int64_t st
                                              "op %d (%s, %s)\n# each line is a module's own ops, not its "
                                              "submodules'; dropping any one brings the overflow back\n%s",
                                              result->op_index, result->op, result->module, result->policy.ToText());
-    if (f == nullptr || std::fwrite(text.data(), 1, text.size(), f) != text.size() || std::fclose(f) != 0) {
-      return absl::UnavailableError("cannot write policy file " + policy_out);
-    }
+    const bool written = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    const bool closed = f != nullptr && std::fclose(f) == 0;
+    if (!written || !closed) return absl::UnavailableError("cannot write policy file " + policy_out);
   }
   if (json) {
     llvm::json::Array modules;
@@ -154,8 +155,8 @@ void PrintFirstOverflow(const analysis::FirstOverflow& found, size_t ops, int64_
   }
 }
 
-// The JSON of one step's result: the first overflow's keys (as before the
-// cause was added), "cause" and "chain".
+// The JSON of one step's result: the first overflow's keys (those of
+// FindFirstOverflow), then "cause" and "chain".
 llvm::json::Object CauseJson(const analysis::OverflowCause& found, int64_t step) {
   const formats::OpEvent& op = *found.first.op;
   const formats::Fingerprint& f = found.first.fingerprint;

@@ -439,7 +439,7 @@ CommandResult RunCrashStory(const std::string& dir) {
   std::printf("B1. A training job records steps into %s and is killed (SIGKILL) halfway through step 3.\n",
               bundle.c_str());
   const pid_t child = ::fork();
-  if (child < 0) return absl::InternalError("fork failed");
+  if (child < 0) return absl::UnavailableError("fork failed");
   if (child == 0) RecordAndCrash(bundle, /*crash_step=*/3);
   int status = 0;
   ::waitpid(child, &status, 0);

@@ -95,6 +95,7 @@ CommandResult RunTrain(TrainArgs& o) {
     return absl::InvalidArgumentError("--record with more than one rank: not yet (one process only)");
   }
   if (!rank_env.has_value() && o.ranks.ranks > 1) return LaunchRanks(o.ranks);
+  if (!rank_env.has_value()) MOERR_RETURN_IF_ERROR(CheckOneProcess(o.ranks));
   RankSession rank;
   if (rank_env.has_value()) {
     MOERR_ASSIGN_OR_RETURN(rank, JoinAsRank(*rank_env, o.ranks));

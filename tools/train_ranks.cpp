@@ -97,6 +97,18 @@ absl::StatusOr<int> LaunchRanks(const RanksOptions& o) {
   return code;
 }
 
+absl::Status CheckOneProcess(const RanksOptions& o) {
+  const RanksOptions defaults;
+  const char* set = o.ep != defaults.ep                                       ? "--ep"
+                    : o.store != defaults.store                               ? "--store"
+                    : o.deadline_s != defaults.deadline_s                     ? "--deadline"
+                    : o.collective_timeout_s != defaults.collective_timeout_s ? "--collective-timeout"
+                    : !o.rank_fault.empty()                                   ? "--rank-fault"
+                                                                              : nullptr;
+  if (set == nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat("%s applies to several ranks: pass --ranks N (N > 1)", set));
+}
+
 absl::StatusOr<RankSession> JoinAsRank(const distributed::RankEnv& env, const RanksOptions& o) {
   if (o.ranks > 1 && o.ranks != env.world_size) {
     return absl::InvalidArgumentError(

@@ -32,6 +32,11 @@ struct RanksOptions {
 // start is the status returned instead.
 absl::StatusOr<int> LaunchRanks(const RanksOptions& options);
 
+// InvalidArgument naming the first multi-rank option (--ep, --store,
+// --deadline, --collective-timeout, --rank-fault) set away from its default:
+// a one-process run, neither launching nor joining ranks, would ignore it.
+absl::Status CheckOneProcess(const RanksOptions& options);
+
 // A rank's world and the training observer that applies --rank-fault on it.
 struct RankSession {
   distributed::RankEnv env;

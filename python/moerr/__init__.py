@@ -25,7 +25,6 @@ with no complete step) warns with RecordingWarning.
 """
 import contextlib
 import json
-import math
 import os
 import re
 import warnings

@@ -1,4 +1,5 @@
-// The LibTorch exception boundary: the only place c10::Error is caught.
+// The LibTorch exception boundary of library code: where a c10::Error from
+// LibTorch becomes an absl::Status (tools/ main reports one that escapes).
 // In recorder/ beside the LibTorch hooks, the lowest library that links
 // LibTorch; every library that uses it links moerr_recorder_hooks.
 #pragma once

@@ -192,6 +192,7 @@ CommandResult RunMoerr(const std::string& args) {
   const std::string cmd = "timeout -s KILL 120 " MOERR_BIN " " + args + " 2>&1";
   CommandResult r;
   FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return r;  // exit_code stays as initialised: the test fails on it
   char buf[4096];
   for (size_t n; (n = std::fread(buf, 1, sizeof buf, pipe)) > 0;) r.output.append(buf, n);
   const int status = ::pclose(pipe);
@@ -223,6 +224,18 @@ TEST(DistributedLauncher, BadInputEveryRankRejectsIsExitTwo) {
   const CommandResult r = RunMoerr(TrainArgs("bad") + " --ranks 2 --ep 2 --preset nonesuch");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("unknown preset"), std::string::npos) << r.output;
+}
+
+// An output rank 0 would refuse is refused by every rank before its
+// warm-up, so the run exits 2 (bad input), not 3 with ranks stopped.
+TEST(DistributedLauncher, AnExistingOutputWithoutForceIsExitTwo) {
+  const std::string out = testing::TempDir() + "/moerr_dist_exists";
+  std::filesystem::remove_all(out);
+  std::filesystem::create_directories(out);
+  std::ofstream(out + "/metrics.jsonl") << "{}\n";
+  const CommandResult r = RunMoerr("train --preset tiny --ranks 2 --ep 2 -o " + out);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("pass --force"), std::string::npos) << r.output;
 }
 
 TEST(DistributedLauncher, ReportsAKilledRank) {

@@ -72,6 +72,8 @@ TEST_F(ArgumentsTest, AValueASubcommandCannotUseExits2NamingIt) {
       {{"demo", "--dir", "out/demo", "--preset", "huge"}, "huge"},
       {{"demo", "--dir", "out/demo", "--dynamics-steps", "1"}, "--dynamics-steps"},
       {{"lint"}, "lint needs a BUNDLE"},
+      {{"train", "--ep", "2", "-o", "out/train"}, "--ep applies to several ranks"},
+      {{"train", "--rank-fault", "kill:0", "-o", "out/train"}, "--rank-fault applies to several ranks"},
       {{"lint", "run/run.moerr", "--only", "no-such-check"}, "no-such-check"},
       {{"salvage", "run/run.moerr", "-o", "run/run.moerr"}, "is the input"},
       {{"reduce", "run/run.moerr", "-o", "run/run.moerr", "--force"}, "is the input"},
