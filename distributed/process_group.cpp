@@ -41,7 +41,8 @@ class GlooParallel : public moe::Parallel {
     // Gloo has no bf16 arithmetic: summed in fp32, rounded once at the end.
     const bool bf16 = t.scalar_type() == at::kBFloat16;
     std::vector<at::Tensor> tensors{bf16 ? t.to(at::kFloat).view({-1}) : t.view({-1})};
-    Run("all_reduce", group, [&](c10d::ProcessGroup& pg) { return pg.allreduce(tensors); });
+    Run(Call("all_reduce"), group, tensors, tensors, true,
+        [&](c10d::ProcessGroup& pg) { return pg.allreduce(tensors); });
     if (bf16) t.copy_(tensors[0].view_as(t));
   }
 
@@ -52,7 +53,10 @@ class GlooParallel : public moe::Parallel {
     std::vector<at::Tensor> tensors{Transportable(t)};
     c10d::BroadcastOptions options;
     options.rootRank = root;
-    Run("broadcast", group, [&](c10d::ProcessGroup& pg) { return pg.broadcast(tensors, options); });
+    recorder::CollectiveCall call = Call("broadcast");
+    call.root = root;
+    Run(std::move(call), group, tensors, tensors, true,
+        [&](c10d::ProcessGroup& pg) { return pg.broadcast(tensors, options); });
   }
 
   // The all_to_all itself, without autograd: rows of `input` by send_rows,
@@ -64,7 +68,10 @@ class GlooParallel : public moe::Parallel {
     shape[0] = std::accumulate(recv_rows.begin(), recv_rows.end(), int64_t{0});
     at::Tensor out = at::empty(shape, in.options());
     std::vector<int64_t> send = send_rows, recv = recv_rows;
-    Run("all_to_all", moe::CommGroup::kExpertParallel,
+    recorder::CollectiveCall call = Call("all_to_all");
+    call.send_rows = send_rows;
+    call.recv_rows = recv_rows;
+    Run(std::move(call), moe::CommGroup::kExpertParallel, {in}, {out}, false,
         [&](c10d::ProcessGroup& pg) { return pg.alltoall_base(out, in, recv, send); });
     return out.view(input.scalar_type());
   }
@@ -80,25 +87,42 @@ class GlooParallel : public moe::Parallel {
     return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
   }
 
-  // Starts a collective on `group` and waits for it. Gloo applies the
-  // group's timeout; a failure becomes a c10::Error that says which
-  // collective of which group it was.
-  template <typename Start>
-  void Run(const char* kind, moe::CommGroup group, Start&& start) {
-    const int64_t seq = seq_[Index(group)]++;
-    try {
-      c10::intrusive_ptr<c10d::Work> work = start(*groups_[Index(group)]);
-      work->wait();
-    } catch (const c10::Error& e) {
-      Fail(kind, seq, group, e.what_without_backtrace());
-    } catch (const std::exception& e) {
-      Fail(kind, seq, group, e.what());
-    }
+  static recorder::CollectiveCall Call(const char* kind) {
+    recorder::CollectiveCall call;
+    call.kind = kind;
+    return call;
   }
 
-  [[noreturn]] void Fail(const char* kind, int64_t seq, moe::CommGroup group, const char* why) const {
-    TORCH_CHECK(false, "rank ", layout_.rank, ": ", kind, " #", seq, " in the ", GroupName(group),
-                " group failed (collective timeout ", timeout_s_, " s): ", why);
+  // Starts a collective on `group` and waits for it, between the observers'
+  // calls (`inputs` what this rank sends, `outputs` what it receives;
+  // `in_place`: the same tensors). Gloo applies the group's timeout; a
+  // failure becomes a c10::Error that says which collective of which group
+  // it was.
+  template <typename Start>
+  void Run(recorder::CollectiveCall call, moe::CommGroup group, const std::vector<at::Tensor>& inputs,
+           const std::vector<at::Tensor>& outputs, bool in_place, Start&& start) {
+    c10d::ProcessGroupGloo& pg = *groups_[Index(group)];
+    call.group = GroupName(group);
+    call.seq = seq_[Index(group)]++;
+    call.group_rank = pg.getRank();
+    call.group_size = pg.getSize();
+    for (recorder::CollectiveObserver* o : observers()) o->OnCollectiveStart(call, inputs, in_place);
+    std::string failure;
+    bool failed = false;
+    try {
+      c10::intrusive_ptr<c10d::Work> work = start(pg);
+      work->wait();
+    } catch (const c10::Error& e) {
+      failed = true, failure = e.what_without_backtrace();
+    } catch (const std::exception& e) {
+      failed = true, failure = e.what();
+    }
+    if (failed) {
+      for (recorder::CollectiveObserver* o : observers()) o->OnCollectiveFailed(call, failure);
+      TORCH_CHECK(false, "rank ", layout_.rank, ": ", call.kind, " #", call.seq, " in the ", call.group,
+                  " group failed (collective timeout ", timeout_s_, " s): ", failure);
+    }
+    for (recorder::CollectiveObserver* o : observers()) o->OnCollectiveEnd(call, outputs);
   }
 
   moe::ParallelLayout layout_;

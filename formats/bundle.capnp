@@ -23,6 +23,7 @@ enum Role {
   activation @5;  # an op output (full capture mode)
   gradient @6;
   rng @7;
+  received @8;    # what a collective delivered to this rank (replayable and full modes)
 }
 
 struct Chunk {
@@ -85,6 +86,8 @@ struct Fingerprint {
   beyondF16 @9 :UInt64;   # finite values with |x| > 65504
   beyondBf16 @10 :UInt64; # finite values with |x| > 3.3895e38
   hash @11 :UInt64;       # XXH3-64 of the contiguous bytes
+  unknown @12 :UInt32;    # fields not known exactly (formats/trace.h, Fingerprint::Field);
+                          # 0 in recordings, set by imports of dumps that lack them
 }
 
 enum Phase { forward @0; backward @1; optimizer @2; other @3; }

@@ -98,6 +98,7 @@ void SetFingerprint(const Fingerprint& in, schema::Fingerprint::Builder out) {
   out.setBeyondF16(in.beyond_f16);
   out.setBeyondBf16(in.beyond_bf16);
   out.setHash(in.hash);
+  out.setUnknown(in.unknown);
 }
 
 capnp::Text::Reader TextOf(const std::string& s) { return capnp::Text::Reader(s.data(), s.size()); }
@@ -245,6 +246,7 @@ Fingerprint GetFingerprint(schema::Fingerprint::Reader in) {
   f.beyond_f16 = in.getBeyondF16();
   f.beyond_bf16 = in.getBeyondBf16();
   f.hash = in.getHash();
+  f.unknown = in.getUnknown();
   return f;
 }
 
@@ -394,8 +396,9 @@ void AddOrDie(absl::StatusOr<T> value, std::vector<T>& to, absl::Status& status)
 }  // namespace
 
 absl::string_view RoleName(Role role) {
-  static constexpr absl::string_view kNames[kNumRoles] = {"other",    "parameter",  "optimizer-state", "batch",
-                                                         "leaf",     "activation", "gradient",        "rng"};
+  static constexpr absl::string_view kNames[kNumRoles] = {"other",    "parameter",  "optimizer-state",
+                                                         "batch",    "leaf",       "activation",
+                                                         "gradient", "rng",        "received"};
   const int i = static_cast<int>(role);
   return i < kNumRoles ? kNames[i] : "unknown";
 }

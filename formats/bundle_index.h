@@ -28,8 +28,9 @@ enum class Role : uint8_t {
   kActivation = 5,
   kGradient = 6,
   kRng = 7,
+  kReceived = 8,
 };
-inline constexpr int kNumRoles = 8;
+inline constexpr int kNumRoles = 9;
 absl::string_view RoleName(Role role);
 
 // Values are Record's union discriminants in bundle.capnp.

@@ -25,6 +25,17 @@ struct Fingerprint {
   double mean = 0, abs_max = 0, l2 = 0;
   uint64_t nan = 0, pos_inf = 0, neg_inf = 0, beyond_f16 = 0, beyond_bf16 = 0;
   uint64_t hash = 0;
+  // The fields not known exactly, as Field bits. Everything moerr records
+  // sets none; a bundle imported from a dump that lacks a statistic sets its
+  // bit (docs/IMPORT.md). An unknown min, max, mean, abs_max or l2 holds NaN;
+  // an unknown count holds a lower bound (1 where the dump shows such a value
+  // exists); an unknown hash holds 0 and matches no other hash.
+  uint32_t unknown = 0;
+  enum Field : uint32_t {
+    kMin = 1u << 0, kMax = 1u << 1, kMean = 1u << 2, kAbsMax = 1u << 3, kL2 = 1u << 4, kNan = 1u << 5,
+    kPosInf = 1u << 6, kNegInf = 1u << 7, kBeyondF16 = 1u << 8, kBeyondBf16 = 1u << 9, kHash = 1u << 10,
+  };
+  bool Known(uint32_t fields) const { return (unknown & fields) == 0; }
 
   bool Finite() const { return nan == 0 && pos_inf == 0 && neg_inf == 0; }
   bool operator==(const Fingerprint& o) const;

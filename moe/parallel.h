@@ -15,8 +15,11 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
+
+#include "recorder/hooks/collective_hook.h"
 
 namespace moerr::moe {
 
@@ -61,6 +64,20 @@ class Parallel {
 
   // Copies every tensor from `root`'s copy over `group` (a group rank).
   virtual void Broadcast(at::Tensor& t, CommGroup group, int64_t root) = 0;
+
+  // Observers of every collective (a recorder, a fault), called in the order
+  // added, on the thread that runs the collective. Not owned; an observer
+  // is removed before it is destroyed.
+  void AddObserver(recorder::CollectiveObserver* o) { observers_.push_back(o); }
+  void RemoveObserver(recorder::CollectiveObserver* o) {
+    observers_.erase(std::remove(observers_.begin(), observers_.end(), o), observers_.end());
+  }
+
+ protected:
+  const std::vector<recorder::CollectiveObserver*>& observers() const { return observers_; }
+
+ private:
+  std::vector<recorder::CollectiveObserver*> observers_;
 };
 
 }  // namespace moerr::moe

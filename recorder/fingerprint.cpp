@@ -21,6 +21,7 @@
 #endif
 
 #include "recorder/fingerprint_simd.h"
+#include "support/check.h"
 
 namespace moerr::recorder {
 namespace {
@@ -271,6 +272,22 @@ formats::Fingerprint ComputeFingerprint(const at::Tensor& t) {
     f.numel = n;  // other dtypes: hash and size only
   }
   return f;
+}
+
+std::vector<uint64_t> SliceHashes(const at::Tensor& t, const std::vector<int64_t>& rows) {
+  if (rows.empty()) return {t.defined() ? ComputeFingerprint(t).hash : 0};
+  if (!t.is_contiguous() || t.dim() == 0) return {};
+  const int64_t row_bytes = t.size(0) == 0 ? 0 : t.numel() / t.size(0) * static_cast<int64_t>(t.element_size());
+  const char* data = static_cast<const char*>(t.data_ptr());
+  std::vector<uint64_t> hashes;
+  hashes.reserve(rows.size());
+  int64_t row = 0;
+  for (int64_t n : rows) {
+    MOERR_CHECK(n >= 0 && row + n <= t.size(0)) << "slices beyond the tensor's rows";
+    hashes.push_back(XXH3_64bits(data + row * row_bytes, static_cast<size_t>(n * row_bytes)));
+    row += n;
+  }
+  return hashes;
 }
 
 }  // namespace moerr::recorder

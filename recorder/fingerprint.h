@@ -7,11 +7,20 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "formats/trace.h"
 
 namespace moerr::recorder {
 
 formats::Fingerprint ComputeFingerprint(const at::Tensor& t);
+// XXH3-64 of each slice of `t` along dim 0 by `rows` (they sum to t's first
+// dimension), or of the whole tensor when `rows` is empty: a slice's hash is
+// the fingerprint hash of that slice alone. Empty when `t` is not contiguous
+// and `rows` is not empty (the collectives that send slices send contiguous
+// tensors). Reads the bytes; dispatches no ATen op.
+std::vector<uint64_t> SliceHashes(const at::Tensor& t, const std::vector<int64_t>& rows);
 // Whether ComputeFingerprint may use its AVX2 kernels (the default where the
 // CPU has AVX2 and F16C; they give the same bits as the portable loops);
 // returns the previous setting. For tests and benchmarks.

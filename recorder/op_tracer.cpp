@@ -14,67 +14,16 @@
 #include "absl/strings/str_format.h"
 #include "recorder/fingerprint.h"
 #include "recorder/hooks/tensor_adapter.h"
+#include "recorder/thread_state.h"
 #include "support/check.h"
 #include "support/enum_table.h"
 
 namespace moerr::recorder {
 
-// Per-thread state: nesting of ATen ops, the user-scope stack and the
-// autograd nodes running.
-struct ThreadState {
-  int depth = 0;
-  // Names of the open user scopes, owned by their RecordFunctions (which
-  // outlive their place on this stack).
-  std::vector<const char*> scopes;
-  // Running autograd nodes: sequence number, and the op depth outside the
-  // node. A node's ops are outermost ops of their own: backward() is itself
-  // an op (aten::_backward) that the whole backward pass runs inside.
-  std::vector<std::pair<int64_t, int>> backward;
-  // Inside aten::_backward: the engine's own ops (gradient accumulation
-  // between nodes, the root gradient) are backward ops too.
-  int in_backward_call = 0;
-  // Sequence numbers of the nodes the engine is evaluating: its ops outside
-  // the node (accumulating that node's gradients) are attributed to it.
-  std::vector<int64_t> evaluating;
-  int untraced = 0;  // open kUntracedScope scopes
-  // RecordFunction is off on this thread, turned off by the tracer (see
-  // OnlyObserver) for the outermost op running, or for the untraced scope open.
-  bool silenced_op = false, silenced_scope = false;
-  uint32_t thread = 0;
-};
-
-// What a recorded op needs between its start and end callbacks. Reused:
-// the event's strings and vectors keep their capacity from op to op (the
-// event is swapped with a spent batch's slot when the op ends), so building
-// an event allocates nothing once the batches are warm.
-struct OpScratch {
-  formats::OpEvent op;
-  std::vector<ViewSource> sources;
-  // An op that returns nothing (in-place `_foreach_*_`): the tensors it
-  // writes, in argument order, recorded as its outputs.
-  std::vector<at::Tensor> written;
-  int64_t seq_begin = -1;
-};
-
 namespace {
 
 std::atomic<OpTracer*> g_tracer{nullptr};
 
-ThreadState& State() {
-  static std::atomic<uint32_t> next_thread{0};
-  thread_local ThreadState state = [] {
-    ThreadState s;
-    s.thread = next_thread++;
-    return s;
-  }();
-  return state;
-}
-
-// Scratches not in use, per thread (a thread's outermost ops do not nest).
-std::vector<std::unique_ptr<OpScratch>>& ScratchPool() {
-  thread_local std::vector<std::unique_ptr<OpScratch>> pool;
-  return pool;
-}
 
 struct OpContext : at::ObserverContext {
   std::unique_ptr<OpScratch> scratch;  // null when transparent
@@ -89,14 +38,6 @@ struct OpContext : at::ObserverContext {
     if (ScratchPool().size() < 8) ScratchPool().push_back(std::move(scratch));
   }
 };
-
-std::unique_ptr<OpScratch> TakeScratch() {
-  std::vector<std::unique_ptr<OpScratch>>& pool = ScratchPool();
-  if (pool.empty()) return std::make_unique<OpScratch>();
-  std::unique_ptr<OpScratch> s = std::move(pool.back());
-  pool.pop_back();
-  return s;
-}
 
 constexpr const char kEvaluateFunction[] = "autograd::engine::evaluate_function";
 // Ops inside a user scope of this name are not recorded (op_tracer.h).
@@ -165,6 +106,29 @@ std::unique_ptr<at::ObserverContext> EnterTransparent(const at::RecordFunction& 
 }
 
 }  // namespace
+
+ThreadState& State() {
+  static std::atomic<uint32_t> next_thread{0};
+  thread_local ThreadState state = [] {
+    ThreadState s;
+    s.thread = next_thread++;
+    return s;
+  }();
+  return state;
+}
+
+std::vector<std::unique_ptr<OpScratch>>& ScratchPool() {
+  thread_local std::vector<std::unique_ptr<OpScratch>> pool;
+  return pool;
+}
+
+std::unique_ptr<OpScratch> TakeScratch() {
+  std::vector<std::unique_ptr<OpScratch>>& pool = ScratchPool();
+  if (pool.empty()) return std::make_unique<OpScratch>();
+  std::unique_ptr<OpScratch> s = std::move(pool.back());
+  pool.pop_back();
+  return s;
+}
 
 constexpr EnumName<CaptureMode> kCaptureModes[] = {
     {CaptureMode::kStats, "stats"}, {CaptureMode::kReplayable, "replayable"}, {CaptureMode::kFull, "full"}};
@@ -309,6 +273,10 @@ uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const SchemaI
     // Random outputs are replayed from their recorded values.
     name = absl::StrCat("rng/", ids_.next_id());
     role = formats::Role::kRng;
+  } else if (mode_ != CaptureMode::kStats && op.external) {
+    // So are the outputs of ops outside ATen: the replaying LibTorch may
+    // not have them (docs/REPLAY.md, "Ops this LibTorch does not have").
+    name = absl::StrCat("ext/", ids_.next_id());
   } else if (mode_ == CaptureMode::kFull) {
     name = absl::StrCat("act/", ids_.next_id());
   }
@@ -372,6 +340,7 @@ const OpTracer::SchemaInfo& OpTracer::InfoOf(const at::RecordFunction& fn) {
   auto [it, inserted] = schema_info_.try_emplace(fn.name());
   if (inserted) {
     it->second.random = IsRandomOp(fn.name());
+    it->second.external = !absl::StartsWith(fn.name(), "aten::");
     it->second.allocates_uninitialised = formats::AllocatesUninitialised(fn.name());
     if (const c10::optional<c10::FunctionSchema> schema = fn.operator_schema()) {
       for (const c10::Argument& arg : schema->arguments()) {
@@ -585,6 +554,10 @@ void OpTracer::OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
       node_ranges_.push_back(NodeRange{scratch.seq_begin, end, op.seq, &*modules_.insert(op.module).first});
     }
   }
+  AppendOp(op);
+}
+
+void OpTracer::AppendOp(formats::OpEvent& op) {
   // Into the batch by swapping with the slot's old event, whose capacity the
   // scratch keeps for the next op.
   if (pending_ops_ < pending_.ops.size()) {

@@ -41,6 +41,7 @@
 #include "formats/bundle_index.h"
 #include "formats/trace.h"
 #include "recorder/fingerprint.h"
+#include "recorder/hooks/collective_hook.h"
 #include "recorder/tensor_identities.h"
 #include "recorder/trace_worker.h"
 
@@ -88,6 +89,21 @@ class OpTracer {
   void Flush();
   uint64_t ops_recorded() const;
 
+  // A collective (hooks/collective_hook.h) as an op of the trace
+  // (formats/collective_op.h), in two halves around its transfer, on the
+  // thread that runs it. Start names what the rank sends (leaves when new)
+  // and hashes its slices; before an in-place collective it waits for the
+  // worker's reads of its inputs. End gives what arrived new ids (the bytes
+  // changed outside any ATen op, so their version is bumped), hashes its
+  // slices and, in replayable and full modes, captures it as "recv/<id>" so
+  // that the rank replays alone. A collective inside a recorded op or an
+  // untraced scope, or while the tracer is off, is not recorded.
+  void CollectiveStart(const CollectiveCall& call, const std::vector<at::Tensor>& inputs, bool in_place);
+  void CollectiveEnd(const CollectiveCall& call, const std::vector<at::Tensor>& outputs);
+  // The collective started on this thread failed: it is dropped, and the ops
+  // before it go to the sink. Returns its module ("" when not recorded).
+  std::string CollectiveFailed();
+
   // The RecordFunction callbacks (public for the C callback trampolines).
   std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn);
   void OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx);
@@ -106,11 +122,14 @@ class OpTracer {
   // its schema, which arguments it may write (alias annotations) and whether
   // it returns nothing (an in-place `_foreach_*_` op, whose results are the
   // tensors it wrote); from its name, whether it draws random numbers and
-  // whether it allocates without filling (`empty`...).
+  // whether it allocates without filling (`empty`...), and whether it is
+  // an op outside ATen (a vendor's or a program's own, which another
+  // LibTorch may not have).
   struct SchemaInfo {
     std::vector<bool> written;
     bool returns_nothing = false;
     bool random = false;
+    bool external = false;
     bool allocates_uninitialised = false;
   };
   uint64_t OutputId(const at::Tensor& t, int64_t producer, const SchemaInfo& op, const std::vector<ViewSource>& inputs);
@@ -125,6 +144,9 @@ class OpTracer {
   // Fills `a` (a reused slot) with the recorded form of `v`.
   void ToArg(const c10::IValue& v, const ArgUse& use, std::vector<ViewSource>& sources, formats::OpArg& a);
   void FlushLocked();
+  // Moves a finished op into the pending batch, handing the batch on when
+  // full (mu_ held). `op` keeps the capacity of the slot it is swapped with.
+  void AppendOp(formats::OpEvent& op);
 
   // OnStart's steps. Where an outermost op runs, from its thread's scopes
   // and autograd nodes.

@@ -139,6 +139,27 @@ void Recorder::OnError(absl::Status status) {
   if (failed_.ok()) failed_ = std::move(status);
 }
 
+void Recorder::OnCollectiveStart(const CollectiveCall& call, const std::vector<at::Tensor>& inputs, bool in_place) {
+  if (in_step_) tracer_->CollectiveStart(call, inputs, in_place);
+}
+
+void Recorder::OnCollectiveEnd(const CollectiveCall& call, const std::vector<at::Tensor>& outputs) {
+  if (in_step_) tracer_->CollectiveEnd(call, outputs);
+}
+
+void Recorder::OnCollectiveFailed(const CollectiveCall& call, const std::string& why) {
+  if (stopped_) return;
+  const std::string module = tracer_->CollectiveFailed();
+  llvm::json::Object failed{{"kind", call.kind},   {"group", call.group}, {"seq", call.seq},
+                            {"step", step_},       {"module", module},    {"error", why},
+                            {"group_rank", call.group_rank}};
+  absl::Status s = Annotate("collective_failed", std::move(failed));
+  if (!s.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.ok()) failed_ = s;
+  }
+}
+
 void Recorder::OnRouting(const RoutingEvent& e) {
   if (!in_step_) return;
   at::DisableRecordFunctionGuard no_record;  // our own ops are not the model's

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "formats/bundle_writer.h"
 #include "recorder/op_tracer.h"
+#include "recorder/hooks/collective_hook.h"
 #include "recorder/hooks/routing_hook.h"
 
 namespace moerr::recorder {
@@ -60,7 +61,7 @@ struct StepOutcome {
   double grad_norm = 0;
 };
 
-class Recorder : public TraceSink, public RoutingObserver {
+class Recorder : public TraceSink, public RoutingObserver, public CollectiveObserver {
  public:
   static absl::StatusOr<std::unique_ptr<Recorder>> Start(RecordOptions options);
   ~Recorder() override;  // Stops if still running (errors are logged)
@@ -88,6 +89,13 @@ class Recorder : public TraceSink, public RoutingObserver {
   void OnTensorBytes(std::string name, formats::Role role, at::Tensor snapshot) override;
   void OnError(absl::Status status) override;
   void OnRouting(const RoutingEvent& event) override;
+  // CollectiveObserver: each collective becomes an op of the step
+  // (OpTracer::CollectiveStart). A failed one is also written at once as the
+  // step-less annotation "collective_failed" (kind, group, seq, module,
+  // error, the last op recorded): the collective this rank waited in.
+  void OnCollectiveStart(const CollectiveCall& call, const std::vector<at::Tensor>& inputs, bool in_place) override;
+  void OnCollectiveEnd(const CollectiveCall& call, const std::vector<at::Tensor>& outputs) override;
+  void OnCollectiveFailed(const CollectiveCall& call, const std::string& why) override;
 
  private:
   // One step's content while it is held in memory (anomaly trigger).

@@ -1,0 +1,61 @@
+// The op tracer's per-thread state, shared by its files (op_tracer.cpp,
+// op_tracer_collectives.cpp). Internal to the recorder.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "formats/trace.h"
+#include "recorder/fingerprint.h"
+
+namespace moerr::recorder {
+
+// What a recorded op needs between its start and end callbacks. Reused:
+// the event's strings and vectors keep their capacity from op to op (the
+// event is swapped with a spent batch's slot when the op ends), so building
+// an event allocates nothing once the batches are warm.
+struct OpScratch {
+  formats::OpEvent op;
+  std::vector<ViewSource> sources;
+  // An op that returns nothing (in-place `_foreach_*_`): the tensors it
+  // writes, in argument order, recorded as its outputs.
+  std::vector<at::Tensor> written;
+  int64_t seq_begin = -1;
+};
+
+// Per-thread state: nesting of ATen ops, the user-scope stack and the
+// autograd nodes running.
+struct ThreadState {
+  int depth = 0;
+  // Names of the open user scopes, owned by their RecordFunctions (which
+  // outlive their place on this stack).
+  std::vector<const char*> scopes;
+  // Running autograd nodes: sequence number, and the op depth outside the
+  // node. A node's ops are outermost ops of their own: backward() is itself
+  // an op (aten::_backward) that the whole backward pass runs inside.
+  std::vector<std::pair<int64_t, int>> backward;
+  // Inside aten::_backward: the engine's own ops (gradient accumulation
+  // between nodes, the root gradient) are backward ops too.
+  int in_backward_call = 0;
+  // Sequence numbers of the nodes the engine is evaluating: its ops outside
+  // the node (accumulating that node's gradients) are attributed to it.
+  std::vector<int64_t> evaluating;
+  int untraced = 0;  // open kUntracedScope scopes
+  // RecordFunction is off on this thread, turned off by the tracer (see
+  // OnlyObserver) for the outermost op running, or for the untraced scope open.
+  bool silenced_op = false, silenced_scope = false;
+  uint32_t thread = 0;
+  // A collective that started on this thread and has not ended (op_tracer_collectives.cpp).
+  std::unique_ptr<OpScratch> collective;
+};
+
+// This thread's state.
+ThreadState& State();
+// Scratches not in use, per thread (a thread's outermost ops do not nest).
+std::vector<std::unique_ptr<OpScratch>>& ScratchPool();
+// A scratch from the pool, or a new one.
+std::unique_ptr<OpScratch> TakeScratch();
+
+}  // namespace moerr::recorder
