@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "analysis/first_overflow.h"
+#include "analysis/held_dtypes.h"
 #include "report/svg_plot.h"
 #include "support/check.h"
 
@@ -16,7 +17,7 @@ namespace {
 
 // "fp16", "bf16": a would-fit overlay's format.
 std::string OverlayName(formats::DType format) {
-  MOERR_CHECK(format == formats::DType::kF16 || format == formats::DType::kBF16) << "a 16-bit format";
+  MOERR_CHECK(analysis::Is16Bit(format)) << "a 16-bit format";
   return format == formats::DType::kF16 ? "fp16" : "bf16";
 }
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "analysis/held_dtypes.h"
 #include "analysis/overflow_cause.h"
 
 namespace moerr::report {
@@ -16,15 +17,6 @@ constexpr size_t kChainShown = 8;
 // "op 378 aten::to in model.layers.0.mlp.experts.10".
 std::string Place(size_t index, const formats::OpEvent& op) {
   return absl::StrFormat("op %zu %s in %s", index, op.name, op.module.empty() ? "(no module)" : op.module);
-}
-
-// Whether any value of the step is held in fp16 or bf16: then upcasting
-// modules may remove an overflow, and precision bisect says which.
-bool Holds16Bit(const formats::Trace& trace) {
-  for (const formats::TensorMeta& m : trace.tensors) {
-    if (m.dtype == formats::DType::kF16 || m.dtype == formats::DType::kBF16) return true;
-  }
-  return false;
 }
 
 // The cause line: where the magnitude exploded, by how much.
@@ -82,7 +74,7 @@ bool AddOverflowVerdict(HtmlReport& page, const std::string& path, int64_t step,
                                                                             first.forward_op->name,
                                                                             first.forward_op->module)
                                                           : std::string())});
-  const bool precision = replayable && Holds16Bit(trace);
+  const bool precision = replayable && analysis::Holds16Bit(trace);
   lines.push_back({"Run next",
                    precision ? absl::StrFormat("moerr bisect %s --step %d --precision", path, step)
                              : absl::StrFormat("moerr bisect %s --step %d", path, step),

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "analysis/check.h"
+#include "analysis/held_dtypes.h"
 #include "formats/json_number.h"
 
 namespace moerr::analysis::checks {
@@ -29,8 +30,6 @@ inline const formats::TensorMeta* ProducedOutput(const formats::Trace& trace, co
   }
   return nullptr;
 }
-
-inline bool Is16Bit(formats::DType d) { return d == formats::DType::kF16 || d == formats::DType::kBF16; }
 
 // A finding about the op at `index` of `step`'s trace.
 inline Finding AtOp(absl::string_view check, Severity severity, const StepView& step, size_t index) {

@@ -84,7 +84,7 @@ Groups CollectGroups(const formats::Trace& trace) {
     for (uint64_t id : op.outputs) {
       const formats::TensorMeta* m = id ? trace.Find(id) : nullptr;
       if (m == nullptr || m->producer != static_cast<int64_t>(op.seq) || uninitialised.contains(id)) continue;
-      if (checks::Is16Bit(m->dtype) && m->fingerprint.Finite() && m->fingerprint.abs_max > 0.5 * DTypeMax(m->dtype)) {
+      if (Is16Bit(m->dtype) && m->fingerprint.Finite() && m->fingerprint.abs_max > 0.5 * DTypeMax(m->dtype)) {
         Add(groups, op, kNearLimit, i, m->fingerprint.numel, m->fingerprint.abs_max);
       }
     }
@@ -133,11 +133,8 @@ class DtypeHeadroom : public Check {
     if (std::optional<Finding> first = FirstOverflowFinding(s)) out.push_back(*std::move(first));
     // Values past a 16-bit range are a risk where the step holds values in
     // that format, and a note on portability where it does not.
-    bool holds[2] = {false, false};  // f16, bf16
-    for (const formats::TensorMeta& m : s.trace->tensors) {
-      holds[0] = holds[0] || m.dtype == formats::DType::kF16;
-      holds[1] = holds[1] || m.dtype == formats::DType::kBF16;
-    }
+    const bool holds_f16 = HoldsDType(*s.trace, formats::DType::kF16);
+    const bool holds_bf16 = HoldsDType(*s.trace, formats::DType::kBF16);
     const Groups groups = CollectGroups(*s.trace);
     std::vector<std::pair<int, const Group*>> ordered;  // kind, group
     for (const auto& [key, g] : groups) ordered.emplace_back(std::get<2>(key), &g);
@@ -145,7 +142,7 @@ class DtypeHeadroom : public Check {
       return std::tie(a.second->first_op, a.first) < std::tie(b.second->first_op, b.first);
     });
     for (const auto& [kind, g] : ordered) {
-      const bool risk = kind == kNearLimit || (kind == kPastF16 && holds[0]) || (kind == kPastBf16 && holds[1]);
+      const bool risk = kind == kNearLimit || (kind == kPastF16 && holds_f16) || (kind == kPastBf16 && holds_bf16);
       out.push_back(GroupFinding(s, kind, *g, risk));
     }
     return absl::OkStatus();

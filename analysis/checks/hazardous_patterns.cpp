@@ -106,7 +106,7 @@ class PatternScan {
     const formats::OpEvent& op = trace_.ops[i];
     const bool reduction = op.name == "aten::sum" || op.name == "aten::mean" || op.name == "aten::cumsum" ||
                            op.name == "aten::prod" || op.name == "aten::norm";
-    if (!reduction || !checks::Is16Bit(in.dtype) || result.fingerprint.numel == 0) return;
+    if (!reduction || !Is16Bit(in.dtype) || result.fingerprint.numel == 0) return;
     const int64_t length = static_cast<int64_t>(in.fingerprint.numel / std::max<uint64_t>(1, result.fingerprint.numel));
     if (length >= (in.dtype == formats::DType::kF16 ? kLongF16 : kLongBf16)) {
       Add(kLongReduction, i, double(length),
@@ -131,7 +131,7 @@ class PatternScan {
     const formats::OpEvent& op = trace_.ops[i];
     const bool softmax = op.name == "aten::softmax" || op.name == "aten::_softmax" ||
                          op.name == "aten::log_softmax" || op.name == "aten::_log_softmax";
-    if (softmax && checks::Is16Bit(in.dtype) && op.autocast < 0) {
+    if (softmax && Is16Bit(in.dtype) && op.autocast < 0) {
       Add(in.dtype == formats::DType::kF16 ? kSoftmaxF16 : kSoftmaxBf16, i, 0,
           absl::StrFormat("%s on %s inputs", op.name, formats::DTypeName(in.dtype)));
     }
@@ -155,7 +155,7 @@ class PatternScan {
     for (size_t c : it->second) {
       const formats::OpEvent& op = trace_.ops[c];
       const formats::TensorMeta* cast = IsCast(op.name) ? checks::ProducedOutput(trace_, op) : nullptr;
-      if (cast != nullptr && checks::Is16Bit(cast->dtype) && DTypeMax(cast->dtype) < DTypeMax(held)) {
+      if (cast != nullptr && Is16Bit(cast->dtype) && DTypeMax(cast->dtype) < DTypeMax(held)) {
         held = cast->dtype;
       }
     }
