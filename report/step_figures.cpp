@@ -42,7 +42,8 @@ void AddPoint(Series& s, const analysis::HeadroomPoint& p, const std::string& he
 
 }  // namespace
 
-std::string HeadroomFigure(const formats::Trace& trace, const std::vector<formats::DType>& would_fit) {
+std::string HeadroomFigure(const formats::Trace& trace, const analysis::FirstOverflow* first,
+                           const std::vector<formats::DType>& would_fit) {
   LinePlot plot;
   plot.css_class = "plot headroom";
   plot.title = "Headroom per op against its output's own dtype (bits; at the bottom: not finite)";
@@ -85,7 +86,7 @@ std::string HeadroomFigure(const formats::Trace& trace, const std::vector<format
     }
   }
   plot.y_min = std::floor(lowest_finite) - 2;  // non-finite outputs sit at the bottom
-  if (const auto first = analysis::FindFirstOverflow(trace)) {
+  if (first != nullptr) {
     plot.marks.push_back(Mark{static_cast<double>(first->op_index),
                               absl::StrFormat("first overflow: op %zu %s in %s", first->op_index, first->op->name,
                                               first->op->module)});

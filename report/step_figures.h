@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/first_overflow.h"
 #include "formats/trace.h"
 
 namespace moerr::report {
@@ -14,10 +15,12 @@ namespace moerr::report {
 // Per op (x: execution order) the least headroom of its floating outputs in
 // bits, log2(max / |max|), each against its own dtype's largest value (an
 // fp32 output against fp32's); integer and bool outputs have none. Forward
-// and backward ops apart, the first overflow marked, each dot's details on
-// hover. Each of `would_fit` (kF16, kBF16) overlays the same ops against that
-// format's range: would they fit if held in it?
-std::string HeadroomFigure(const formats::Trace& trace, const std::vector<formats::DType>& would_fit = {});
+// and backward ops apart, each dot's details on hover. `first`, the step's
+// first overflow (analysis::FindFirstOverflow; nullptr when it has none), is
+// marked. Each of `would_fit` (kF16, kBF16) overlays the same ops against
+// that format's range: would they fit if held in it?
+std::string HeadroomFigure(const formats::Trace& trace, const analysis::FirstOverflow* first,
+                           const std::vector<formats::DType>& would_fit = {});
 
 // Layers x experts: each expert's share of the layer's routed slots, as a
 // multiple of the fair share 1/E. Empty when the step has no routing.

@@ -1,8 +1,10 @@
 #include "report/step_section.h"
 
+#include <optional>
+
 #include "absl/strings/str_format.h"
 #include "analysis/check.h"
-#include "analysis/first_overflow.h"
+#include "analysis/overflow_cause.h"
 #include "report/step_figures.h"
 #include "report/verdict.h"
 #include "support/status.h"
@@ -26,9 +28,11 @@ bool Replayable(const formats::BundleReader& reader) {
 absl::Status AddStepSection(HtmlReport& page, const formats::BundleReader& reader, const std::string& path,
                             int64_t step, const formats::Trace& trace,
                             const std::vector<formats::DType>& would_fit) {
-  AddOverflowVerdict(page, path, step, trace, Replayable(reader));
+  // The step's overflow, found once for the verdict, the text and the figure.
+  const std::optional<analysis::OverflowCause> found = analysis::FindOverflowCause(trace);
+  const analysis::FirstOverflow* first = found ? &found->first : nullptr;
+  if (found) AddOverflowVerdict(page, path, step, trace, *found, Replayable(reader));
   page.Heading(absl::StrFormat("Step %d of %s", step, path));
-  const auto first = analysis::FindFirstOverflow(trace);
   page.Paragraph(first ? absl::StrFormat("%zu ops recorded. The first op whose inputs were finite and whose output "
                                          "was not: op %zu, %s in %s (%s); %llu of %llu values +Inf, %llu -Inf, %llu "
                                          "NaN.",
@@ -44,7 +48,7 @@ absl::Status AddStepSection(HtmlReport& page, const formats::BundleReader& reade
   if (!would_fit.empty()) {
     caption += " The pale overlays ask: would the same outputs fit if they were held in a 16-bit format?";
   }
-  page.Figure(HeadroomFigure(trace, would_fit), caption);
+  page.Figure(HeadroomFigure(trace, first, would_fit), caption);
   if (const std::string load = ExpertLoadFigure(trace); !load.empty()) {
     page.Figure(load, "Darker: busier. A number is a load of at least twice the fair share.");
   }

@@ -55,20 +55,18 @@ std::string ChainText(const std::vector<analysis::CauseLink>& chain) {
 
 }  // namespace
 
-bool AddOverflowVerdict(HtmlReport& page, const std::string& path, int64_t step, const formats::Trace& trace,
-                        bool replayable) {
-  const auto found = analysis::FindOverflowCause(trace);
-  if (!found) return false;
-  if (page.has_verdict()) return true;
-  const analysis::FirstOverflow& first = found->first;
+void AddOverflowVerdict(HtmlReport& page, const std::string& path, int64_t step, const formats::Trace& trace,
+                        const analysis::OverflowCause& found, bool replayable) {
+  if (page.has_verdict()) return;
+  const analysis::FirstOverflow& first = found.first;
   const formats::OpEvent& op = *first.op;
   const formats::Fingerprint& f = first.fingerprint;
   std::vector<HtmlReport::VerdictLine> lines;
-  lines.push_back({"Cause", CauseText(*found)});
+  lines.push_back({"Cause", CauseText(found)});
   lines.push_back({"First non-finite op",
                    absl::StrFormat("%s: %d of %d values +Inf, %d -Inf, %d NaN", Place(first.op_index, op), f.pos_inf,
                                    f.numel, f.neg_inf, f.nan)});
-  if (found->chain.size() > 1) lines.push_back({"Chain", ChainText(found->chain)});
+  if (found.chain.size() > 1) lines.push_back({"Chain", ChainText(found.chain)});
   lines.push_back({"Phase", absl::StrCat(formats::PhaseName(op.phase),
                                          first.forward_op ? absl::StrFormat(" (the backward of %s in %s)",
                                                                             first.forward_op->name,
@@ -84,11 +82,10 @@ bool AddOverflowVerdict(HtmlReport& page, const std::string& path, int64_t step,
                      : replayable ? "prints the cause, the chain and the headroom of each op on it"
                                   : "prints the cause, the chain and the headroom of each op on it (a stats bundle: "
                                     "precision bisect needs a replayable recording)"});
-  const formats::OpEvent& cause = *found->cause.op;
+  const formats::OpEvent& cause = *found.cause.op;
   page.Verdict(absl::StrFormat("Verdict: step %d overflows; the cause is in %s (%s)", step,
                                cause.module.empty() ? cause.name : cause.module, formats::PhaseName(cause.phase)),
                lines, true);
-  return true;
 }
 
 void AddFiniteVerdict(HtmlReport& page, const std::string& path, const std::vector<int64_t>& steps) {

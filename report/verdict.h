@@ -7,18 +7,19 @@
 #include <string>
 #include <vector>
 
+#include "analysis/overflow_cause.h"
 #include "formats/trace.h"
 #include "report/html_report.h"
 
 namespace moerr::report {
 
-// Sets the page's verdict from step `step` of the bundle at `path` when the
-// step has a non-finite output and the page has no verdict yet (an earlier
-// step's comes first). Returns whether the step has a non-finite output.
+// Sets the page's verdict from `found`, the overflow of step `step` (its
+// trace `trace`, which `found` points into) of the bundle at `path`, unless
+// the page has a verdict already (an earlier step's comes first).
 // `replayable`: the bundle holds what a replay needs (not a stats one), so
 // precision bisect can run on it.
-bool AddOverflowVerdict(HtmlReport& page, const std::string& path, int64_t step, const formats::Trace& trace,
-                        bool replayable);
+void AddOverflowVerdict(HtmlReport& page, const std::string& path, int64_t step, const formats::Trace& trace,
+                        const analysis::OverflowCause& found, bool replayable);
 
 // The verdict of a page whose `steps` kept every output finite.
 void AddFiniteVerdict(HtmlReport& page, const std::string& path, const std::vector<int64_t>& steps);

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "analysis/check.h"
 #include "analysis/first_overflow.h"
+#include "analysis/overflow_cause.h"
 #include "report/html_report.h"
 #include "report/step_figures.h"
 #include "report/verdict.h"
@@ -92,7 +93,7 @@ TEST(HeadroomTest, EachFloatingOutputAgainstItsOwnDtype) {
 
 TEST(HeadroomTest, EveryDotCarriesItsOpOnHoverAndOverlaysAreOptional) {
   const formats::Trace trace = MixedTrace();
-  const std::string plain = HeadroomFigure(trace);
+  const std::string plain = HeadroomFigure(trace, nullptr);
   EXPECT_EQ(Occurrences(plain, "<circle"), 4u);
   EXPECT_EQ(Occurrences(plain, "<circle"), Occurrences(plain, "><title>op "));
   EXPECT_TRUE(absl::StrContains(plain, "<title>op 0 aten::mm in model.z_late (forward): f32 output, headroom 28.3 bits"));
@@ -100,8 +101,14 @@ TEST(HeadroomTest, EveryDotCarriesItsOpOnHoverAndOverlaysAreOptional) {
   EXPECT_FALSE(absl::StrContains(plain, "aten::argmax"));
   EXPECT_FALSE(absl::StrContains(plain, "overlay"));
   EXPECT_TRUE(absl::StrContains(plain, "class=\"plot headroom\""));
+  EXPECT_FALSE(absl::StrContains(plain, "first overflow"));
 
-  const std::string overlaid = HeadroomFigure(trace, {DType::kF16, DType::kBF16});
+  // The first overflow passed in is marked.
+  const auto first = analysis::FindFirstOverflow(trace);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_TRUE(absl::StrContains(HeadroomFigure(trace, &*first), "first overflow: op 5 aten::to in model.d"));
+
+  const std::string overlaid = HeadroomFigure(trace, nullptr, {DType::kF16, DType::kBF16});
   EXPECT_EQ(Occurrences(overlaid, "<circle"), 12u);
   EXPECT_TRUE(absl::StrContains(overlaid, "would fit fp16? (overlay)"));
   EXPECT_TRUE(absl::StrContains(overlaid, "would fit bf16? (overlay)"));
@@ -109,8 +116,11 @@ TEST(HeadroomTest, EveryDotCarriesItsOpOnHoverAndOverlaysAreOptional) {
 }
 
 TEST(HeadroomTest, TheVerdictNamesTheFirstNonFiniteOpAndWhatToRunNext) {
+  const formats::Trace trace = MixedTrace();
+  const auto found = analysis::FindOverflowCause(trace);
+  ASSERT_TRUE(found.has_value());
   HtmlReport page("t");
-  ASSERT_TRUE(AddOverflowVerdict(page, "x.moerr", 3, MixedTrace(), true));
+  AddOverflowVerdict(page, "x.moerr", 3, trace, *found, true);
   const std::string html = page.Render();
   EXPECT_TRUE(absl::StrContains(html, "<section class=\"verdict failed\">"));
   EXPECT_TRUE(absl::StrContains(html, "<dt>First non-finite op</dt><dd>op 5 aten::to in model.d: 4 of 4 values +Inf"));
@@ -121,17 +131,19 @@ TEST(HeadroomTest, TheVerdictNamesTheFirstNonFiniteOpAndWhatToRunNext) {
   EXPECT_TRUE(absl::StrContains(html, "<dt>Cause</dt><dd>op 5 aten::to in model.d itself (forward)"));
   // A stats bundle cannot be replayed: bisect from the fingerprints instead.
   HtmlReport stats("t");
-  AddOverflowVerdict(stats, "x.moerr", 3, MixedTrace(), false);
+  AddOverflowVerdict(stats, "x.moerr", 3, trace, *found, false);
   EXPECT_TRUE(absl::StrContains(stats.Render(), "<code>moerr bisect x.moerr --step 3</code>"));
   // The verdict comes before the sections.
   page.Heading("Step 3");
   EXPECT_LT(page.Render().find("class=\"verdict"), page.Render().find("<h2>Step 3"));
+  // A later step's overflow leaves the first step's verdict.
+  formats::Trace later = MixedTrace();
+  later.ops.back().module = "model.e";
+  AddOverflowVerdict(page, "x.moerr", 4, later, *analysis::FindOverflowCause(later), true);
+  EXPECT_TRUE(absl::StrContains(page.Render(), "Verdict: step 3 overflows"));
+  EXPECT_FALSE(absl::StrContains(page.Render(), "model.e"));
 
-  formats::Trace finite = MixedTrace();
-  finite.ops.pop_back();
   HtmlReport clean("t");
-  EXPECT_FALSE(AddOverflowVerdict(clean, "x.moerr", 0, finite, true));
-  EXPECT_FALSE(clean.has_verdict());
   AddFiniteVerdict(clean, "x.moerr", {0, 1});
   EXPECT_TRUE(absl::StrContains(clean.Render(), "every output is finite (steps 0, 1)"));
 }
@@ -145,8 +157,10 @@ TEST(HeadroomTest, TheVerdictNamesTheCauseBeforeTheFirstNonFiniteOp) {
   AddOp(trace, "aten::embedding", "model.embed", DType::kF32, 1.5);
   AddOp(trace, "aten::mm", "model.layers.0.mlp.experts.3", DType::kF32, 1e36);
   AddOp(trace, "aten::layer_norm", "model.layers.1.norm", DType::kF32, std::numeric_limits<double>::infinity());
+  const auto found = analysis::FindOverflowCause(trace);
+  ASSERT_TRUE(found.has_value());
   HtmlReport page("t");
-  ASSERT_TRUE(AddOverflowVerdict(page, "x.moerr", 0, trace, true));
+  AddOverflowVerdict(page, "x.moerr", 0, trace, *found, true);
   const std::string html = page.Render();
   EXPECT_TRUE(absl::StrContains(html, "the cause is in model.layers.0.mlp.experts.3 (forward)"));
   EXPECT_TRUE(absl::StrContains(html, "<dt>Cause</dt><dd>op 1 aten::mm in model.layers.0.mlp.experts.3 (forward): "

@@ -36,7 +36,7 @@ TEST(StepSectionTest, MarksTheFirstOverflowAndDrawsEveryOp) {
   const std::string html = page.Render();
   EXPECT_TRUE(absl::StrContains(html, absl::StrFormat("first overflow: op %zu %s in %s", first->op_index,
                                                       first->op->name, first->op->module)));
-  const std::string headroom = HeadroomFigure(trace);
+  const std::string headroom = HeadroomFigure(trace, &*first);
   EXPECT_EQ(Occurrences(headroom, "<circle"), analysis::HeadroomProfile(trace, 0).size());
   EXPECT_EQ(Occurrences(html, "<circle"), Occurrences(html, "><title>op "));  // every dot's details on hover
   EXPECT_TRUE(absl::StrContains(html, "dtype-headroom"));  // the lint table
