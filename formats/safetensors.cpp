@@ -19,11 +19,19 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
   return file;
 }
 
-absl::StatusOr<SafetensorsFile> ParseSafetensors(std::shared_ptr<llvm::MemoryBuffer> buffer) {
-  const auto* bytes = reinterpret_cast<const std::byte*>(buffer->getBufferStart());
-  const uint64_t size = buffer->getBufferSize();
+namespace {
+
+// A tensor of the file and the bytes [begin, end) of the data area it spans.
+struct TensorSpan {
+  uint64_t begin, end;
+  std::string name;
+  TensorView view;
+};
+
+// The JSON header: an 8-byte little-endian size, then that many bytes of a
+// JSON object. `header_size` is set to that size.
+absl::StatusOr<llvm::json::Value> ParseHeader(const std::byte* bytes, uint64_t size, uint64_t& header_size) {
   if (size < 8) return absl::InvalidArgumentError("safetensors: file shorter than its 8-byte header size");
-  uint64_t header_size;
   std::memcpy(&header_size, bytes, 8);
   if (header_size > kMaxSafetensorsHeader) {
     return absl::InvalidArgumentError(
@@ -35,66 +43,68 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(std::shared_ptr<llvm::MemoryBuf
   }
   auto json = llvm::json::parse(llvm::StringRef(reinterpret_cast<const char*>(bytes + 8), header_size));
   if (!json) return absl::InvalidArgumentError("safetensors: header: " + llvm::toString(json.takeError()));
-  const llvm::json::Object* header = json->getAsObject();
-  if (header == nullptr) return absl::InvalidArgumentError("safetensors: header is not a JSON object");
+  if (json->getAsObject() == nullptr) return absl::InvalidArgumentError("safetensors: header is not a JSON object");
+  return std::move(*json);
+}
 
-  SafetensorsFile out;
-  const std::byte* data = bytes + 8 + header_size;
-  const uint64_t data_size = size - 8 - header_size;
-  struct Span {
-    uint64_t begin, end;
-    std::string name;
-    TensorView view;
-  };
-  std::vector<Span> spans;
-  for (const auto& [key, value] : *header) {
-    const std::string name = key.str();
-    if (name == "__metadata__") {
-      const auto* meta = value.getAsObject();
-      if (meta == nullptr) return absl::InvalidArgumentError("safetensors: __metadata__ is not an object");
-      for (const auto& [k, v] : *meta) {
-        auto str = v.getAsString();
-        if (!str) return absl::InvalidArgumentError(absl::StrFormat("safetensors: __metadata__.%s is not a string", k.str()));
-        out.metadata[k.str()] = str->str();
-      }
-      continue;
-    }
-    auto bad = [&](absl::string_view why) {
-      return absl::InvalidArgumentError(absl::StrFormat("safetensors: tensor \"%s\": %s", name, why));
-    };
-    const auto* entry = value.getAsObject();
-    if (entry == nullptr) return bad("entry is not an object");
-    auto dtype_name = entry->getString("dtype");
-    if (!dtype_name) return bad("no dtype");
-    auto dtype = DTypeFromSafetensorsName(dtype_name->str());
-    if (!dtype) return bad(absl::StrFormat("dtype %s is not supported", dtype_name->str()));
-    const auto* shape_json = entry->getArray("shape");
-    const auto* offsets = entry->getArray("data_offsets");
-    if (shape_json == nullptr || offsets == nullptr || offsets->size() != 2) return bad("needs shape and data_offsets [begin, end]");
-    TensorView view;
-    view.dtype = *dtype;
-    if (shape_json->size() > 64) return bad("rank above 64");
-    for (const auto& d : *shape_json) {
-      auto dim = d.getAsInteger();
-      if (!dim || *dim < 0) return bad("shape has a dimension that is not a non-negative integer");
-      view.shape.push_back(*dim);
-    }
-    auto begin = (*offsets)[0].getAsUINT64();
-    auto end = (*offsets)[1].getAsUINT64();
-    if (!begin || !end || *begin > *end) return bad("data_offsets are not 0 <= begin <= end");
-    auto nbytes = CheckedNumel(view.shape, ItemSize(view.dtype));
-    if (!nbytes.ok()) return bad(nbytes.status().message());
-    if (*end - *begin != static_cast<uint64_t>(*nbytes)) {
-      return bad(absl::StrFormat("data_offsets span %d bytes, shape x itemsize is %d", *end - *begin, *nbytes));
-    }
-    if (*end > data_size) return bad(absl::StrFormat("data_offsets end %d is past the buffer (%d bytes)", *end, data_size));
-    view.data = data + *begin;
-    view.owner = buffer;
-    spans.push_back(Span{*begin, *end, name, std::move(view)});
+// "__metadata__": an object of strings.
+absl::Status ReadMetadata(const llvm::json::Value& value, std::map<std::string, std::string>& metadata) {
+  const auto* meta = value.getAsObject();
+  if (meta == nullptr) return absl::InvalidArgumentError("safetensors: __metadata__ is not an object");
+  for (const auto& [k, v] : *meta) {
+    auto str = v.getAsString();
+    if (!str) return absl::InvalidArgumentError(absl::StrFormat("safetensors: __metadata__.%s is not a string", k.str()));
+    metadata[k.str()] = str->str();
   }
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  return absl::OkStatus();
+}
+
+// The header entry of tensor `name`: its dtype, shape and data offsets,
+// which must span shape x itemsize bytes inside the data area `data` of
+// `data_size` bytes (owned by `buffer`).
+absl::StatusOr<TensorSpan> ReadTensorEntry(const std::string& name, const llvm::json::Value& value,
+                                           const std::byte* data, uint64_t data_size,
+                                           const std::shared_ptr<llvm::MemoryBuffer>& buffer) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrFormat("safetensors: tensor \"%s\": %s", name, why));
+  };
+  const auto* entry = value.getAsObject();
+  if (entry == nullptr) return bad("entry is not an object");
+  auto dtype_name = entry->getString("dtype");
+  if (!dtype_name) return bad("no dtype");
+  auto dtype = DTypeFromSafetensorsName(dtype_name->str());
+  if (!dtype) return bad(absl::StrFormat("dtype %s is not supported", dtype_name->str()));
+  const auto* shape_json = entry->getArray("shape");
+  const auto* offsets = entry->getArray("data_offsets");
+  if (shape_json == nullptr || offsets == nullptr || offsets->size() != 2) return bad("needs shape and data_offsets [begin, end]");
+  TensorView view;
+  view.dtype = *dtype;
+  if (shape_json->size() > 64) return bad("rank above 64");
+  for (const auto& d : *shape_json) {
+    auto dim = d.getAsInteger();
+    if (!dim || *dim < 0) return bad("shape has a dimension that is not a non-negative integer");
+    view.shape.push_back(*dim);
+  }
+  auto begin = (*offsets)[0].getAsUINT64();
+  auto end = (*offsets)[1].getAsUINT64();
+  if (!begin || !end || *begin > *end) return bad("data_offsets are not 0 <= begin <= end");
+  auto nbytes = CheckedNumel(view.shape, ItemSize(view.dtype));
+  if (!nbytes.ok()) return bad(nbytes.status().message());
+  if (*end - *begin != static_cast<uint64_t>(*nbytes)) {
+    return bad(absl::StrFormat("data_offsets span %d bytes, shape x itemsize is %d", *end - *begin, *nbytes));
+  }
+  if (*end > data_size) return bad(absl::StrFormat("data_offsets end %d is past the buffer (%d bytes)", *end, data_size));
+  view.data = data + *begin;
+  view.owner = buffer;
+  return TensorSpan{*begin, *end, name, std::move(view)};
+}
+
+// The tensors, sorted by offset, tile the data area of `data_size` bytes:
+// no gap, no overlap.
+absl::Status CheckContiguous(std::vector<TensorSpan>& spans, uint64_t data_size) {
+  std::sort(spans.begin(), spans.end(), [](const TensorSpan& a, const TensorSpan& b) { return a.begin < b.begin; });
   uint64_t expected = 0;
-  for (const Span& s : spans) {
+  for (const TensorSpan& s : spans) {
     if (s.begin != expected) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "safetensors: tensor \"%s\" starts at %d, expected %d: offsets must be contiguous and not overlap", s.name,
@@ -102,11 +112,35 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(std::shared_ptr<llvm::MemoryBuf
     }
     expected = s.end;
   }
-  for (Span& s : spans) out.tensors.emplace_back(std::move(s.name), std::move(s.view));
   if (expected != data_size) {
     return absl::InvalidArgumentError(
         absl::StrFormat("safetensors: tensors cover %d bytes of a %d-byte buffer", expected, data_size));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SafetensorsFile> ParseSafetensors(std::shared_ptr<llvm::MemoryBuffer> buffer) {
+  const auto* bytes = reinterpret_cast<const std::byte*>(buffer->getBufferStart());
+  const uint64_t size = buffer->getBufferSize();
+  uint64_t header_size = 0;
+  MOERR_ASSIGN_OR_RETURN(const llvm::json::Value json, ParseHeader(bytes, size, header_size));
+  SafetensorsFile out;
+  const std::byte* data = bytes + 8 + header_size;
+  const uint64_t data_size = size - 8 - header_size;
+  std::vector<TensorSpan> spans;
+  for (const auto& [key, value] : *json.getAsObject()) {
+    const std::string name = key.str();
+    if (name == "__metadata__") {
+      MOERR_RETURN_IF_ERROR(ReadMetadata(value, out.metadata));
+      continue;
+    }
+    MOERR_ASSIGN_OR_RETURN(TensorSpan span, ReadTensorEntry(name, value, data, data_size, buffer));
+    spans.push_back(std::move(span));
+  }
+  MOERR_RETURN_IF_ERROR(CheckContiguous(spans, data_size));
+  for (TensorSpan& s : spans) out.tensors.emplace_back(std::move(s.name), std::move(s.view));
   out.buffer = std::move(buffer);
   return out;
 }

@@ -44,33 +44,38 @@ ScanResult ScanFrames(absl::Span<const std::byte> data) {
   return scan;
 }
 
-absl::StatusOr<SalvageResult> AnalyzeForSalvage(absl::Span<const std::byte> file, const Limits& limits) {
-  MOERR_ASSIGN_OR_RETURN(const Superblock super, DecodeSuperblock(file));
-  if (super.major > kMajorVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("superblock: format version %d is newer than this salvager's %d", super.major, kMajorVersion));
-  }
-  SalvageResult result;
-  SalvageReport& report = result.report;
+namespace {
+
+// Keeps the bytes before `end`; the rest of `file` is dropped.
+void KeepUpTo(uint64_t end, uint64_t file_size, ScanResult& scan, SalvageReport& report) {
+  scan.end = end;
+  report.bytes_kept = end;
+  report.bytes_dropped = file_size - end;
+}
+
+// The intact frames of `file` (its footer, when it has one that decodes,
+// left out), without a final index frame: the rebuilt index replaces it.
+ScanResult ScanIntactFrames(absl::Span<const std::byte> file, SalvageReport& report) {
   absl::Span<const std::byte> data = file;
   if (file.size() >= kSuperblockSize + kFooterSize && DecodeFooter(file.subspan(file.size() - kFooterSize)).ok()) {
     report.had_footer = true;
     data = file.subspan(0, file.size() - kFooterSize);
   }
   ScanResult scan = ScanFrames(data);
-  // The final index frame is not data: the rebuilt index replaces it.
   if (!scan.frames.empty() && scan.frames.back().header.kind == static_cast<uint32_t>(FrameKind::kIndex)) {
     scan.end = scan.frames.back().offset;
     scan.frames.pop_back();
   }
   report.frames = scan.frames.size();
-  report.bytes_kept = scan.end;
-  report.bytes_dropped = file.size() - scan.end;
+  KeepUpTo(scan.end, file.size(), scan, report);
   if (!scan.stop.ok()) report.stop_reason = std::string(scan.stop.message());
+  return scan;
+}
 
-  // Start from the last checkpoint that decodes and validates.
-  IndexData& index = result.index;
-  size_t first = 0;
+// Loads into `index` the last checkpoint that decodes and validates, and
+// returns the number of the frame after it (0 without one).
+size_t FromLastCheckpoint(absl::Span<const std::byte> file, const ScanResult& scan, const Limits& limits,
+                          IndexData& index, SalvageReport& report) {
   for (size_t i = scan.frames.size(); i-- > 0;) {
     const ScannedFrame& f = scan.frames[i];
     if (f.header.kind != static_cast<uint32_t>(FrameKind::kCheckpoint)) continue;
@@ -78,24 +83,27 @@ absl::StatusOr<SalvageResult> AnalyzeForSalvage(absl::Span<const std::byte> file
                                f.offset + kFrameHeaderSize, limits);
     if (decoded.ok() && ValidateIndex(*decoded, f.offset, limits).ok()) {
       index = *std::move(decoded);
-      first = i + 1;
       report.from_checkpoint = true;
-      break;
+      return i + 1;
     }
   }
+  return 0;
+}
+
+// Adds to `index` the record frames from frame `first` on. A record that
+// checksums but does not decode was written by a broken or newer writer:
+// everything before it is kept, it and what follows dropped.
+void AddRecords(absl::Span<const std::byte> file, size_t first, const Limits& limits, ScanResult& scan,
+                IndexData& index, SalvageReport& report) {
   for (size_t i = first; i < scan.frames.size(); ++i) {
     const ScannedFrame& f = scan.frames[i];
     if (f.header.kind != static_cast<uint32_t>(FrameKind::kRecord)) continue;
     const uint64_t at = f.offset + kFrameHeaderSize;
     auto record = DecodeRecordFrame(file.subspan(at, f.header.length), f.header.flags, at, limits);
     if (!record.ok()) {
-      // A record that checksums but does not decode was written by a broken or
-      // newer writer; keep everything before it.
       report.stop_reason = std::string(record.status().message());
-      scan.end = f.offset;
-      report.bytes_kept = scan.end;
-      report.bytes_dropped = file.size() - scan.end;
-      break;
+      KeepUpTo(f.offset, file.size(), scan, report);
+      return;
     }
     if (f.header.flags & kRecordZstd) index.required_features |= kFeatureZstdRecords;
     switch (static_cast<RecordKind>(record->kind)) {
@@ -106,9 +114,12 @@ absl::StatusOr<SalvageResult> AnalyzeForSalvage(absl::Span<const std::byte> file
       default: index.records.push_back(RecordRef{record->kind, record->step, at, f.header.length});
     }
   }
-  result.data_end = scan.end;
-  MOERR_RETURN_IF_ERROR(Annotate(ValidateIndex(index, scan.end, limits), "rebuilt index"));
+}
 
+// The report's counts: chunk frames kept that no blob of `index` refers to,
+// the index's tensors, blobs and records, and its complete and incomplete
+// steps (a step-begin record without a step-end), each sorted.
+void CountSalvaged(const IndexData& index, const ScanResult& scan, SalvageReport& report) {
   absl::flat_hash_set<uint64_t> referenced;
   for (const BlobInfo& b : index.blobs) {
     for (const ChunkInfo& c : b.chunks) referenced.insert(c.offset);
@@ -132,6 +143,23 @@ absl::StatusOr<SalvageResult> AnalyzeForSalvage(absl::Span<const std::byte> file
   report.incomplete_steps.assign(begun.begin(), begun.end());
   std::sort(report.complete_steps.begin(), report.complete_steps.end());
   std::sort(report.incomplete_steps.begin(), report.incomplete_steps.end());
+}
+
+}  // namespace
+
+absl::StatusOr<SalvageResult> AnalyzeForSalvage(absl::Span<const std::byte> file, const Limits& limits) {
+  MOERR_ASSIGN_OR_RETURN(const Superblock super, DecodeSuperblock(file));
+  if (super.major > kMajorVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("superblock: format version %d is newer than this salvager's %d", super.major, kMajorVersion));
+  }
+  SalvageResult result;
+  ScanResult scan = ScanIntactFrames(file, result.report);
+  const size_t first = FromLastCheckpoint(file, scan, limits, result.index, result.report);
+  AddRecords(file, first, limits, scan, result.index, result.report);
+  result.data_end = scan.end;
+  MOERR_RETURN_IF_ERROR(Annotate(ValidateIndex(result.index, scan.end, limits), "rebuilt index"));
+  CountSalvaged(result.index, scan, result.report);
   return result;
 }
 
