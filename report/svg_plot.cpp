@@ -41,88 +41,120 @@ std::string Open(int width, int height, const std::string& css_class) {
       css_class.empty() ? "" : " class=\"" + HtmlEscape(css_class) + "\"", width, height, width, height);
 }
 
-}  // namespace
+// A line plot's frame: its margins, the plot area's size in pixels, the
+// data ranges it shows, and the mapping of data to pixels.
+struct PlotArea {
+  static constexpr double left = 64, right = 150, top = 28, bottom = 40;  // margins; the legend sits right
+  double pw = 0, ph = 0;                                                  // the plot area, in pixels
+  double x0 = 0, x1 = 1, y0 = 0, y1 = 1;                                  // the data ranges shown
+  double px(double x) const { return left + (x - x0) / (x1 - x0) * pw; }
+  // Values outside [y0, y1] (and +-Inf) are drawn at the edge.
+  double py(double y) const { return top + (1 - (std::clamp(y, y0, y1) - y0) / (y1 - y0)) * ph; }
+};
 
-std::string LinePlot::ToSvg(int width, int height) const {
-  const double left = 64, right = 150, top = 28, bottom = 40;  // margins; the legend sits right
-  const double pw = width - left - right, ph = height - top - bottom;
+// The ranges of the plot's points, marks and rule, or those it sets, padded
+// by 4% where it does not set them.
+PlotArea FitArea(const LinePlot& plot, int width, int height) {
+  PlotArea a;
+  a.pw = width - a.left - a.right, a.ph = height - a.top - a.bottom;
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
-  for (const Series& s : series) {
+  for (const Series& s : plot.series) {
     for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
       x0 = std::min(x0, s.x[i]), x1 = std::max(x1, s.x[i]);
       if (std::isfinite(s.y[i])) y0 = std::min(y0, s.y[i]), y1 = std::max(y1, s.y[i]);
     }
   }
-  for (const Mark& m : marks) x0 = std::min(x0, m.x), x1 = std::max(x1, m.x);
-  if (y_rule) y0 = std::min(y0, *y_rule), y1 = std::max(y1, *y_rule);
-  if (y_min) y0 = *y_min;
-  if (y_max) y1 = *y_max;
+  for (const Mark& m : plot.marks) x0 = std::min(x0, m.x), x1 = std::max(x1, m.x);
+  if (plot.y_rule) y0 = std::min(y0, *plot.y_rule), y1 = std::max(y1, *plot.y_rule);
+  if (plot.y_min) y0 = *plot.y_min;
+  if (plot.y_max) y1 = *plot.y_max;
   if (!std::isfinite(x0)) x0 = 0, x1 = 1;
   if (!std::isfinite(y0) || !std::isfinite(y1)) y0 = 0, y1 = 1;
   if (x1 <= x0) x1 = x0 + 1;
   if (y1 <= y0) y0 -= 0.5, y1 += 0.5;
   const double pad = 0.04 * (y1 - y0);
-  if (!y_min) y0 -= pad;
-  if (!y_max) y1 += pad;
-  auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * pw; };
-  auto py = [&](double y) { return top + (1 - (std::clamp(y, y0, y1) - y0) / (y1 - y0)) * ph; };
+  if (!plot.y_min) y0 -= pad;
+  if (!plot.y_max) y1 += pad;
+  a.x0 = x0, a.x1 = x1, a.y0 = y0, a.y1 = y1;
+  return a;
+}
 
-  std::string svg = Open(width, height, css_class);
-  svg += Text(left + pw / 2, 16, title, "middle", "font-size=\"13\" font-weight=\"bold\"");
+// The title, the frame, the ticks and grid lines, the axis labels and the
+// horizontal rule.
+std::string Axes(const LinePlot& plot, const PlotArea& a, int height) {
+  const double left = a.left, top = a.top, pw = a.pw, ph = a.ph;
+  std::string svg = Text(left + pw / 2, 16, plot.title, "middle", "font-size=\"13\" font-weight=\"bold\"");
   absl::StrAppendFormat(&svg, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#999\"/>\n",
                         left, top, pw, ph);
-  for (double t : Ticks(y0, y1, 5)) {
+  for (double t : Ticks(a.y0, a.y1, 5)) {
     absl::StrAppendFormat(&svg, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>\n", left,
-                          left + pw, py(t), py(t));
-    svg += Text(left - 4, py(t) + 4, Number(t), "end");
+                          left + pw, a.py(t), a.py(t));
+    svg += Text(left - 4, a.py(t) + 4, Number(t), "end");
   }
-  for (double t : Ticks(x0, x1, 8)) svg += Text(px(t), top + ph + 14, Number(t));
-  svg += Text(left + pw / 2, height - 6, x_label);
+  for (double t : Ticks(a.x0, a.x1, 8)) svg += Text(a.px(t), top + ph + 14, Number(t));
+  svg += Text(left + pw / 2, height - 6, plot.x_label);
   svg += absl::StrFormat("<text transform=\"translate(14,%.1f) rotate(-90)\" text-anchor=\"middle\">%s</text>\n",
-                         top + ph / 2, HtmlEscape(y_label));
-  if (y_rule) {
+                         top + ph / 2, HtmlEscape(plot.y_label));
+  if (plot.y_rule) {
     absl::StrAppendFormat(&svg,
                           "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#000\" "
                           "stroke-dasharray=\"4 3\"/>\n",
-                          left, left + pw, py(*y_rule), py(*y_rule));
+                          left, left + pw, a.py(*plot.y_rule), a.py(*plot.y_rule));
   }
-  for (size_t k = 0; k < series.size(); ++k) {
-    const Series& s = series[k];
-    const std::string color = s.color.empty() ? kPalette[k % kPaletteSize] : s.color;
-    std::string d;  // the line's path; a point that cannot be drawn lifts the pen
-    bool down = false;
-    for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
-      const double y = s.y[i];
-      // -Inf / +Inf are drawn at a fixed bottom / top; NaN cannot be drawn.
-      if (!std::isfinite(y) && !(y_min && y < 0) && !(y_max && y > 0)) {
-        down = false;
-        continue;
-      }
-      if (s.dots) {
-        const std::string tip = i < s.tips.size() ? HtmlEscape(s.tips[i]) : Number(s.x[i]) + ": " + Number(y);
-        absl::StrAppendFormat(&svg, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"1.6\" fill=\"%s\"><title>%s</title></circle>\n",
-                              px(s.x[i]), py(y), color, tip);
-      } else {
-        absl::StrAppendFormat(&d, "%s%.1f,%.1f ", down ? "L" : "M", px(s.x[i]), py(y));
-        down = true;
-      }
+  return svg;
+}
+
+// Series `k` of the plot: its dots (each with its tip) or its line, and its
+// legend entry.
+std::string SeriesSvg(const LinePlot& plot, size_t k, const PlotArea& a) {
+  const Series& s = plot.series[k];
+  const std::string color = s.color.empty() ? kPalette[k % kPaletteSize] : s.color;
+  std::string svg;
+  std::string d;  // the line's path; a point that cannot be drawn lifts the pen
+  bool down = false;
+  for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
+    const double y = s.y[i];
+    // -Inf / +Inf are drawn at a fixed bottom / top; NaN cannot be drawn.
+    if (!std::isfinite(y) && !(plot.y_min && y < 0) && !(plot.y_max && y > 0)) {
+      down = false;
+      continue;
     }
-    if (!d.empty()) {
-      absl::StrAppendFormat(&svg, "<path d=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.6\"/>\n", d, color);
+    if (s.dots) {
+      const std::string tip = i < s.tips.size() ? HtmlEscape(s.tips[i]) : Number(s.x[i]) + ": " + Number(y);
+      absl::StrAppendFormat(&svg, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"1.6\" fill=\"%s\"><title>%s</title></circle>\n",
+                            a.px(s.x[i]), a.py(y), color, tip);
+    } else {
+      absl::StrAppendFormat(&d, "%s%.1f,%.1f ", down ? "L" : "M", a.px(s.x[i]), a.py(y));
+      down = true;
     }
-    const double ly = top + 10 + 16 * k;
-    absl::StrAppendFormat(&svg, "<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"4\" fill=\"%s\"/>\n",
-                          left + pw + 10, ly - 4, color);
-    svg += Text(left + pw + 26, ly, s.name, "start");
   }
-  for (const Mark& m : marks) {
-    absl::StrAppendFormat(&svg,
-                          "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#d62728\" "
-                          "stroke-width=\"1.5\"><title>%s</title></line>\n",
-                          px(m.x), px(m.x), top, top + ph, HtmlEscape(m.label));
-    svg += Text(std::min(px(m.x) + 4, left + pw - 4), top + 12, m.label,
-                px(m.x) + 4 > left + pw * 0.7 ? "end" : "start", "fill=\"#d62728\"");
+  if (!d.empty()) {
+    absl::StrAppendFormat(&svg, "<path d=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.6\"/>\n", d, color);
   }
+  const double ly = a.top + 10 + 16 * k;
+  absl::StrAppendFormat(&svg, "<rect x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"4\" fill=\"%s\"/>\n",
+                        a.left + a.pw + 10, ly - 4, color);
+  return svg + Text(a.left + a.pw + 26, ly, s.name, "start");
+}
+
+// A vertical rule with its label, on the side with room for it.
+std::string MarkSvg(const Mark& m, const PlotArea& a) {
+  const double x = a.px(m.x), right = a.left + a.pw;
+  std::string svg = absl::StrFormat(
+      "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#d62728\" "
+      "stroke-width=\"1.5\"><title>%s</title></line>\n",
+      x, x, a.top, a.top + a.ph, HtmlEscape(m.label));
+  return svg + Text(std::min(x + 4, right - 4), a.top + 12, m.label, x + 4 > a.left + a.pw * 0.7 ? "end" : "start",
+                    "fill=\"#d62728\"");
+}
+
+}  // namespace
+
+std::string LinePlot::ToSvg(int width, int height) const {
+  const PlotArea area = FitArea(*this, width, height);
+  std::string svg = Open(width, height, css_class) + Axes(*this, area, height);
+  for (size_t k = 0; k < series.size(); ++k) svg += SeriesSvg(*this, k, area);
+  for (const Mark& m : marks) svg += MarkSvg(m, area);
   return svg + "</svg>\n";
 }
 
