@@ -170,11 +170,17 @@ absl::StatusOr<TensorMetrics> CompareTensors(const formats::TensorView& a, const
 double FingerprintDelta::Score() const { return std::max({rel_l2, rel_abs_max, rel_mean}); }
 
 FingerprintDelta CompareFingerprints(const formats::Fingerprint& a, const formats::Fingerprint& b) {
+  using F = formats::Fingerprint;
   FingerprintDelta d;
-  d.bitwise_equal = a.numel == b.numel && a.hash == b.hash;
-  auto distance = [](uint64_t x, uint64_t y) { return x > y ? x - y : y - x; };
-  d.nan_mismatch = distance(a.nan, b.nan);
-  d.inf_mismatch = distance(a.pos_inf, b.pos_inf) + distance(a.neg_inf, b.neg_inf);
+  d.bitwise_equal = a.numel == b.numel && a.hash == b.hash && a.Known(F::kHash) && b.Known(F::kHash);
+  // A count one side knows only as a lower bound (an imported dump) tells
+  // whether such values are present, not how many.
+  auto distance = [&](uint64_t x, uint64_t y, F::Field field) -> uint64_t {
+    if (!a.Known(field) || !b.Known(field)) return (x > 0) != (y > 0);
+    return x > y ? x - y : y - x;
+  };
+  d.nan_mismatch = distance(a.nan, b.nan, F::kNan);
+  d.inf_mismatch = distance(a.pos_inf, b.pos_inf, F::kPosInf) + distance(a.neg_inf, b.neg_inf, F::kNegInf);
   if (d.bitwise_equal) return d;
   // Each is at most ||a - b|| / ||a||: the triangle inequality for the norms,
   // and |sum(a - b)| <= sqrt(n) ||a - b|| for the means.
@@ -182,9 +188,12 @@ FingerprintDelta CompareFingerprints(const formats::Fingerprint& a, const format
     if (delta == 0) return 0.0;
     return a.l2 > 0 ? delta / a.l2 : std::numeric_limits<double>::infinity();
   };
-  d.rel_l2 = relative(std::fabs(a.l2 - b.l2));
-  d.rel_abs_max = relative(std::fabs(a.abs_max - b.abs_max));
-  d.rel_mean = relative(std::fabs(a.mean - b.mean) * std::sqrt(static_cast<double>(a.numel)));
+  // A statistic either side lacks measures nothing: its delta stays 0, and
+  // with A's L2 unknown none is relative to anything.
+  auto known = [&](F::Field field) { return a.Known(field | F::kL2) && b.Known(field); };
+  if (known(F::kL2)) d.rel_l2 = relative(std::fabs(a.l2 - b.l2));
+  if (known(F::kAbsMax)) d.rel_abs_max = relative(std::fabs(a.abs_max - b.abs_max));
+  if (known(F::kMean)) d.rel_mean = relative(std::fabs(a.mean - b.mean) * std::sqrt(static_cast<double>(a.numel)));
   return d;
 }
 

@@ -96,5 +96,6 @@ void AddProxyCommand(CLI::App& app, int& exit_code);
 void AddProxyEvalCommand(CLI::App& app, int& exit_code);
 void AddReduceCommand(CLI::App& app, int& exit_code);
 void AddReportCommand(CLI::App& app, int& exit_code);
+void AddImportCommand(CLI::App& app, int& exit_code);
 
 }  // namespace moerr::tools

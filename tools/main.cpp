@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   AddProxyEvalCommand(app, exit_code);
   AddReduceCommand(app, exit_code);
   AddReportCommand(app, exit_code);
+  AddImportCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,112 @@
+#include "importers/import_writer.h"
+
+#include "absl/strings/str_cat.h"
+#include "formats/bundle_index.h"
+#include "recorder/hooks/tensor_adapter.h"
+#include "support/check.h"
+#include "support/status.h"
+#include "support/version.h"
+
+namespace moerr::importers {
+namespace {
+
+// Ops per `ops` record, as the recorder batches them.
+constexpr size_t kBatchOps = 1024;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ImportWriter>> ImportWriter::Create(const std::string& path, bool overwrite, bool full,
+                                                                   llvm::json::Object source) {
+  MOERR_ASSIGN_OR_RETURN(std::unique_ptr<formats::BundleWriter> writer,
+                         formats::BundleWriter::Create(path, formats::WriterOptions().set_overwrite(overwrite)));
+  // Not replayable: the ops are a dump's API calls, not dispatcher ops.
+  MOERR_RETURN_IF_ERROR(writer->Annotate(
+      "recording", llvm::json::Object{{"mode", full ? "full" : "stats"}, {"trigger", "always"},
+                                      {"imported", std::move(source)}}));
+  return std::unique_ptr<ImportWriter>(new ImportWriter(std::move(writer), full));
+}
+
+absl::Status ImportWriter::BeginStep(int64_t step) {
+  MOERR_CHECK(step_ < 0) << "BeginStep inside step " << step_;
+  step_ = step;
+  by_content_.clear();
+  ++stats_.steps;
+  return writer_->BeginStep(step);
+}
+
+absl::StatusOr<uint64_t> ImportWriter::Add(formats::DType dtype, std::vector<int64_t> shape,
+                                           const formats::Fingerprint& fp, const at::Tensor& bytes, bool output) {
+  MOERR_CHECK(step_ >= 0) << "a tensor outside a step";
+  const bool stored = full_ && bytes.defined();
+  const auto key = std::make_tuple(fp.hash, static_cast<uint8_t>(dtype), fp.numel);
+  if (!output && stored && fp.Known(formats::Fingerprint::kHash)) {
+    if (auto it = by_content_.find(key); it != by_content_.end()) return it->second;
+  }
+  formats::TensorMeta meta;
+  meta.id = next_id_++;
+  meta.dtype = dtype;
+  meta.shape = std::move(shape);
+  meta.fingerprint = fp;
+  // Contiguous row-major strides: what a dump's tensors are saved as.
+  meta.strides.assign(meta.shape.size(), 1);
+  for (size_t d = meta.shape.size(); d-- > 1;) meta.strides[d - 1] = meta.strides[d] * std::max<int64_t>(meta.shape[d], 1);
+  if (stored) {
+    meta.leaf = absl::StrCat(output ? "act/" : "in/", meta.id);
+    MOERR_ASSIGN_OR_RETURN(formats::TensorView view, recorder::ViewOf(bytes));
+    MOERR_RETURN_IF_ERROR(writer_->PutTensor(meta.leaf, output ? formats::Role::kActivation : formats::Role::kLeaf,
+                                             step_, view));
+    stats_.tensor_bytes += bytes.nbytes();
+    if (fp.Known(formats::Fingerprint::kHash)) by_content_[key] = meta.id;
+  }
+  if (output) pending_outputs_.push_back(batch_.tensors.size());
+  batch_.tensors.push_back(std::move(meta));
+  ++stats_.tensors;
+  return batch_.tensors.back().id;
+}
+
+absl::StatusOr<uint64_t> ImportWriter::Input(formats::DType dtype, std::vector<int64_t> shape,
+                                             const formats::Fingerprint& fp, const at::Tensor& bytes) {
+  return Add(dtype, std::move(shape), fp, bytes, false);
+}
+
+absl::StatusOr<uint64_t> ImportWriter::Output(formats::DType dtype, std::vector<int64_t> shape,
+                                              const formats::Fingerprint& fp, const at::Tensor& bytes) {
+  return Add(dtype, std::move(shape), fp, bytes, true);
+}
+
+absl::Status ImportWriter::AddOp(formats::OpEvent op) {
+  op.seq = next_seq_++;
+  op.thread = 0;
+  for (size_t i : pending_outputs_) batch_.tensors[i].producer = static_cast<int64_t>(op.seq);
+  pending_outputs_.clear();
+  batch_.ops.push_back(std::move(op));
+  ++stats_.ops;
+  return batch_.ops.size() >= kBatchOps ? Flush() : absl::OkStatus();
+}
+
+absl::Status ImportWriter::Flush() {
+  if (batch_.ops.empty() && batch_.tensors.empty()) return absl::OkStatus();
+  formats::Record record;
+  record.kind = static_cast<uint16_t>(formats::RecordKind::kOps);
+  record.step = step_;
+  record.ops = std::move(batch_);
+  batch_ = {};
+  return writer_->AppendRecord(record);
+}
+
+absl::Status ImportWriter::Annotate(const std::string& key, llvm::json::Value value) {
+  return writer_->Annotate(key, std::move(value), step_);
+}
+
+absl::Status ImportWriter::EndStep(llvm::json::Object step_note) {
+  MOERR_CHECK(pending_outputs_.empty()) << "outputs without their op";
+  MOERR_RETURN_IF_ERROR(Flush());
+  MOERR_RETURN_IF_ERROR(Annotate("imported_step", std::move(step_note)));
+  const int64_t step = step_;
+  step_ = -1;
+  return writer_->EndStep(step);
+}
+
+absl::Status ImportWriter::Close() { return writer_->Close(); }
+
+}  // namespace moerr::importers

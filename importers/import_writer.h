@@ -1,0 +1,73 @@
+// Writes an imported step as a bundle the way the recorder does
+// (recorder/recorder.cpp): a "recording" annotation, then per step its ops
+// as `ops` records (OpBatch: events and the metadata of the tensors they
+// first name), and in full bundles each tensor's bytes, op outputs as
+// "act/<id>" (role activation) and other inputs as "in/<id>" (role leaf), so
+// diff compares bytes and bisect reads fingerprints exactly as for a
+// recording.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "formats/bundle_writer.h"
+#include "formats/trace.h"
+#include "llvm/Support/JSON.h"
+
+namespace moerr::importers {
+
+struct ImportStats {
+  uint64_t steps = 0, ops = 0, tensors = 0;  // tensors: metadata written (values, not files)
+  uint64_t tensor_bytes = 0;                 // bytes of the tensors stored (full bundles)
+};
+
+class ImportWriter {
+ public:
+  // `mode`: "stats" (fingerprints only) or "full" (every tensor's bytes).
+  // `source` describes what was imported (the "recording" annotation's
+  // "imported" member).
+  static absl::StatusOr<std::unique_ptr<ImportWriter>> Create(const std::string& path, bool overwrite, bool full,
+                                                              llvm::json::Object source);
+
+  absl::Status BeginStep(int64_t step);
+  // A tensor an op reads. In a full bundle with `bytes`, a value equal to an
+  // earlier one (same XXH3, dtype and shape) is that value: the op reads what
+  // the earlier op produced, and the step keeps its dataflow.
+  absl::StatusOr<uint64_t> Input(formats::DType dtype, std::vector<int64_t> shape, const formats::Fingerprint& fp,
+                                 const at::Tensor& bytes);
+  // A tensor the next op added produces.
+  absl::StatusOr<uint64_t> Output(formats::DType dtype, std::vector<int64_t> shape, const formats::Fingerprint& fp,
+                                  const at::Tensor& bytes);
+  // Appends `op` (its seq and thread are set here); its outputs must come
+  // from Output since the last AddOp.
+  absl::Status AddOp(formats::OpEvent op);
+  absl::Status Annotate(const std::string& key, llvm::json::Value value);
+  absl::Status EndStep(llvm::json::Object step_note);
+  absl::Status Close();
+
+  bool full() const { return full_; }
+  const ImportStats& stats() const { return stats_; }
+
+ private:
+  ImportWriter(std::unique_ptr<formats::BundleWriter> writer, bool full) : writer_(std::move(writer)), full_(full) {}
+  absl::StatusOr<uint64_t> Add(formats::DType dtype, std::vector<int64_t> shape, const formats::Fingerprint& fp,
+                               const at::Tensor& bytes, bool output);
+  absl::Status Flush();
+
+  std::unique_ptr<formats::BundleWriter> writer_;
+  bool full_;
+  int64_t step_ = -1;
+  uint64_t next_id_ = 1, next_seq_ = 0;
+  formats::OpBatch batch_;
+  std::vector<size_t> pending_outputs_;  // indices into batch_.tensors of the next op's outputs
+  // (hash, dtype, numel) of full values -> id, for the dataflow of a step.
+  absl::flat_hash_map<std::tuple<uint64_t, uint8_t, uint64_t>, uint64_t> by_content_;
+  ImportStats stats_;
+};
+
+}  // namespace moerr::importers

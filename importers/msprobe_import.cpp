@@ -1,0 +1,272 @@
+#include "importers/msprobe_import.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "formats/world_manifest.h"
+#include "importers/dump_stats.h"
+#include "importers/msprobe_dump.h"
+#include "importers/tensor_files.h"
+#include "recorder/fingerprint.h"
+#include "recorder/hooks/tensor_adapter.h"
+#include "support/filesystem.h"
+#include "support/status.h"
+
+namespace moerr::importers {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The number after `prefix` in a folder name ("step3" -> 3); "rank" alone
+// is rank 0 (a single-rank dump); -1 when the name is not of that form.
+int64_t Numbered(const std::string& name, absl::string_view prefix) {
+  if (!absl::StartsWith(name, prefix)) return -1;
+  if (name.size() == prefix.size()) return prefix == "rank" ? 0 : -1;
+  int64_t n = -1;
+  return absl::SimpleAtoi(absl::string_view(name).substr(prefix.size()), &n) && n >= 0 ? n : -1;
+}
+
+std::vector<std::pair<int64_t, fs::path>> Children(const fs::path& dir, absl::string_view prefix) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (!e.is_directory(ec)) continue;
+    if (const int64_t n = Numbered(e.path().filename().string(), prefix); n >= 0) out.emplace_back(n, e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The rank folders of one step: rank<K>, or proc<pid> as rank 0 when alone.
+std::vector<std::pair<int64_t, fs::path>> RankDirs(const fs::path& step_dir) {
+  std::vector<std::pair<int64_t, fs::path>> ranks = Children(step_dir, "rank");
+  if (ranks.empty()) {
+    std::vector<std::pair<int64_t, fs::path>> procs = Children(step_dir, "proc");
+    if (procs.size() == 1) ranks.emplace_back(0, procs[0].second);
+  }
+  return ranks;
+}
+
+std::string Read(const fs::path& p, bool* present) {
+  auto bytes = ReadFileBytes(p.string());
+  *present = bytes.ok();
+  return bytes.ok() ? std::move(*bytes) : std::string();
+}
+
+// A non-tensor value as an op argument.
+formats::OpArg ScalarArg(const DumpValue& v) {
+  formats::OpArg a;
+  if (v.none) return a;
+  if (v.number && (v.type == "int" || v.type == "bool")) {
+    a.kind = v.type == "int" ? formats::OpArg::Kind::kInt : formats::OpArg::Kind::kBool;
+    a.i = static_cast<int64_t>(*v.number);
+  } else if (v.number) {
+    a.kind = formats::OpArg::Kind::kFloat;
+    a.f = *v.number;
+  } else if (v.text) {
+    a.kind = formats::OpArg::Kind::kText;
+    a.text = *v.text;
+  } else {
+    a.kind = formats::OpArg::Kind::kUnsupported;
+    a.text = v.type.empty() ? "unknown" : v.type;
+  }
+  return a;
+}
+
+struct StepImport {
+  ImportWriter& writer;
+  const fs::path& dir;
+  ImportResult& result;
+  bool tensors;  // the tensor task: values have files under dump_tensor_data/
+};
+
+// The tensor of `v`: its fingerprint (from its file's bytes, else from the
+// dump's statistics) and, in a tensor import, its bytes.
+absl::StatusOr<uint64_t> AddTensor(StepImport& s, const DumpEntry& e, const DumpValue& v, formats::DType dtype,
+                                   bool output) {
+  auto numel = formats::CheckedNumel(v.shape);
+  if (!numel.ok()) return Annotate(numel.status(), absl::StrCat("entry ", e.name, ": ", v.where));
+  at::Tensor bytes;
+  formats::Fingerprint fp;
+  const fs::path file = s.dir / "dump_tensor_data" / v.data_name;
+  if (s.tensors && !v.data_name.empty() && fs::exists(file)) {
+    const std::string where = absl::StrCat("entry ", e.name, ": ", v.where);
+    absl::StatusOr<at::Tensor> loaded = LoadTensorFile(file.string());
+    if (!loaded.ok()) return Annotate(loaded.status(), where);
+    bytes = std::move(*loaded);
+    const absl::StatusOr<formats::DType> file_dtype = recorder::ToDType(bytes.scalar_type());
+    if (!file_dtype.ok()) return Annotate(file_dtype.status(), absl::StrCat(file.string(), ": ", where));
+    if (*file_dtype != dtype || std::vector<int64_t>(bytes.sizes().begin(), bytes.sizes().end()) != v.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(file.string(), ": ", where, ": the file's ",
+                                                     formats::DTypeName(*file_dtype), " ", bytes.sizes().vec().size(),
+                                                     "-d tensor is not the dump's ", v.dtype, " of ", v.shape.size(),
+                                                     " dimensions"));
+    }
+    fp = recorder::ComputeFingerprint(bytes);
+  } else {
+    if (s.tensors && !v.data_name.empty()) ++s.result.missing_files;
+    fp = FingerprintFromStats(v, dtype, static_cast<uint64_t>(*numel));
+  }
+  return output ? s.writer.Output(dtype, v.shape, fp, bytes) : s.writer.Input(dtype, v.shape, fp, bytes);
+}
+
+absl::Status AddEntry(StepImport& s, const DumpEntry& e, const std::map<std::string, std::string>& parents) {
+  formats::OpEvent op;
+  op.name = e.op;
+  op.phase = e.phase;
+  op.module = e.module;
+  if (e.kind == EntryKind::kApi) {
+    // A backward entry's scope is its forward entry's.
+    std::string forward = e.name;
+    if (absl::EndsWith(forward, ".backward")) forward = absl::StrCat(forward.substr(0, forward.size() - 9), ".forward");
+    if (auto it = parents.find(e.name); it != parents.end()) op.module = it->second;
+    else if (auto fit = parents.find(forward); fit != parents.end()) op.module = fit->second;
+  }
+  for (const DumpValue& v : e.inputs) {
+    const std::optional<formats::DType> dtype = v.tensor ? DTypeFromDumpName(v.dtype) : std::nullopt;
+    if (v.tensor && !dtype) ++s.result.unsupported;
+    if (!dtype) {
+      formats::OpArg arg = ScalarArg(v);
+      if (v.tensor) arg = formats::OpArg{formats::OpArg::Kind::kUnsupported, 0, 0, v.dtype, {}, {}};
+      op.args.push_back(std::move(arg));
+      continue;
+    }
+    MOERR_ASSIGN_OR_RETURN(const uint64_t id, AddTensor(s, e, v, *dtype, false));
+    op.args.push_back(formats::OpArg{formats::OpArg::Kind::kTensor, static_cast<int64_t>(id), 0, {}, {}, {}});
+  }
+  for (const DumpValue& v : e.outputs) {
+    const std::optional<formats::DType> dtype = v.tensor ? DTypeFromDumpName(v.dtype) : std::nullopt;
+    if (v.tensor && !dtype) ++s.result.unsupported;
+    if (!dtype) {
+      op.outputs.push_back(0);
+      continue;
+    }
+    MOERR_ASSIGN_OR_RETURN(const uint64_t id, AddTensor(s, e, v, *dtype, true));
+    op.outputs.push_back(id);
+  }
+  return s.writer.AddOp(std::move(op));
+}
+
+// Imports one dump.json as a step of `writer`, which the first step of a
+// rank creates at `path`: a full bundle when its task is "tensor".
+absl::Status ImportStep(std::unique_ptr<ImportWriter>& out, const std::string& path, const DumpLocation& at,
+                        ImportResult& result, const ImportOptions& options) {
+  const fs::path dir(at.dir);
+  const std::string dump_path = (dir / "dump.json").string();
+  MOERR_ASSIGN_OR_RETURN(const std::string text, ReadFileBytes(dump_path));
+  MOERR_ASSIGN_OR_RETURN(const DumpFile dump, ParseDumpJson(text, dump_path));
+  bool present = false;
+  const std::string construct_path = (dir / "construct.json").string();
+  const std::string construct = Read(construct_path, &present);
+  std::map<std::string, std::string> parents;
+  if (present && !construct.empty()) {
+    MOERR_ASSIGN_OR_RETURN(parents, ParseConstructJson(construct, construct_path));
+  }
+  if (result.task.empty()) result.task = dump.task, result.level = dump.level;
+  if (out == nullptr) {
+    MOERR_ASSIGN_OR_RETURN(out, ImportWriter::Create(path, options.overwrite, dump.task == "tensor",
+                                                     llvm::json::Object{{"from", "msprobe"},
+                                                                        {"task", dump.task},
+                                                                        {"level", dump.level},
+                                                                        {"rank", at.rank}}));
+  }
+  ImportWriter& writer = *out;
+  MOERR_RETURN_IF_ERROR(writer.BeginStep(at.step));
+  StepImport s{writer, dir, result, dump.task == "tensor"};
+  const std::string label = absl::StrCat("rank ", at.rank, " step ", at.step);
+  for (size_t i = 0; i < dump.entries.size(); ++i) {
+    MOERR_RETURN_IF_ERROR(Annotate(AddEntry(s, dump.entries[i], parents), dump_path));
+    if (options.progress) options.progress(label, static_cast<int64_t>(i + 1), static_cast<int64_t>(dump.entries.size()));
+  }
+  // The entry behind each op, by seq order: the op names drop msprobe's call counts.
+  llvm::json::Array entries;
+  for (const DumpEntry& e : dump.entries) entries.push_back(e.name);
+  const std::string stack_path = (dir / "stack.json").string();
+  const std::string stack = Read(stack_path, &present);
+  if (present && !stack.empty()) {
+    llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(QuoteNonFiniteWords(stack));
+    if (!parsed) return absl::InvalidArgumentError(absl::StrCat(stack_path, ": not valid JSON: ", llvm::toString(parsed.takeError())));
+    MOERR_RETURN_IF_ERROR(writer.Annotate("msprobe_stack", std::move(*parsed)));
+  }
+  return writer.EndStep(llvm::json::Object{{"source", dump_path},
+                                           {"task", dump.task},
+                                           {"level", dump.level},
+                                           {"framework", dump.framework},
+                                           {"rank", at.rank},
+                                           {"entries", std::move(entries)}});
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<DumpLocation>> FindDumps(const std::string& dir) {
+  const fs::path root(dir);
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
+  std::vector<DumpLocation> out;
+  auto add_rank_dirs = [&](int64_t step, const fs::path& step_dir) {
+    for (const auto& [rank, rank_dir] : RankDirs(step_dir)) {
+      if (fs::exists(rank_dir / "dump.json", ec)) out.push_back(DumpLocation{step, rank, rank_dir.string()});
+    }
+  };
+  if (fs::exists(root / "dump.json", ec)) {
+    const int64_t rank = Numbered(root.filename().string(), "rank");
+    out.push_back(DumpLocation{Numbered(root.parent_path().filename().string(), "step") < 0
+                                   ? 0
+                                   : Numbered(root.parent_path().filename().string(), "step"),
+                               rank < 0 ? 0 : rank, root.string()});
+  } else if (const auto steps = Children(root, "step"); !steps.empty()) {
+    for (const auto& [step, step_dir] : steps) add_rank_dirs(step, step_dir);
+  } else {
+    add_rank_dirs(std::max<int64_t>(Numbered(root.filename().string(), "step"), 0), root);
+  }
+  if (out.empty()) {
+    return absl::NotFoundError(absl::StrCat(dir, ": no msprobe dump here (expected step*/rank*/dump.json, "
+                                                 "rank*/dump.json or dump.json)"));
+  }
+  std::sort(out.begin(), out.end(), [](const DumpLocation& a, const DumpLocation& b) {
+    return std::tie(a.rank, a.step) < std::tie(b.rank, b.step);
+  });
+  return out;
+}
+
+absl::StatusOr<ImportResult> ImportMsprobe(const std::string& dir, const std::string& run_dir,
+                                           const ImportOptions& options) {
+  MOERR_ASSIGN_OR_RETURN(const std::vector<DumpLocation> dumps, FindDumps(dir));
+  MOERR_RETURN_IF_ERROR(MakeDirectory(run_dir));
+  ImportResult result;
+  formats::WorldManifest world;
+  for (size_t i = 0; i < dumps.size();) {
+    const int64_t rank = dumps[i].rank;
+    const std::string name = absl::StrCat("rank", rank, ".moerr");
+    const std::string path = (fs::path(run_dir) / name).string();
+    std::unique_ptr<ImportWriter> writer;
+    for (; i < dumps.size() && dumps[i].rank == rank; ++i) {
+      MOERR_RETURN_IF_ERROR(ImportStep(writer, path, dumps[i], result, options));
+    }
+    MOERR_RETURN_IF_ERROR(writer->Close());
+    result.stats.steps += writer->stats().steps;
+    result.stats.ops += writer->stats().ops;
+    result.stats.tensors += writer->stats().tensors;
+    result.stats.tensor_bytes += writer->stats().tensor_bytes;
+    result.bundles.push_back(path);
+    world.ranks.push_back(formats::WorldRank{rank, name, {}});
+  }
+  // The manifest needs ranks 0..N-1; a dump of chosen ranks gets none.
+  bool dense = true;
+  for (size_t r = 0; r < world.ranks.size(); ++r) dense = dense && world.ranks[r].rank == static_cast<int64_t>(r);
+  if (dense && world.ranks.size() > 1) {
+    world.world_size = static_cast<int64_t>(world.ranks.size());
+    std::vector<int64_t> all;
+    for (const auto& r : world.ranks) all.push_back(r.rank);
+    world.groups["world"] = {all};
+    MOERR_RETURN_IF_ERROR(formats::WriteWorldManifest(run_dir, world));
+    result.manifest = (fs::path(run_dir) / formats::kWorldManifestName).string();
+  }
+  return result;
+}
+
+}  // namespace moerr::importers

@@ -1,0 +1,100 @@
+#include <cstdio>
+
+#include "absl/strings/str_format.h"
+#include "formats/bundle_summary.h"
+#include "importers/msprobe_import.h"
+#include "importers/torch_import.h"
+#include "support/progress.h"
+#include "support/status.h"
+#include "tools/command.h"
+
+namespace moerr::tools {
+namespace {
+
+struct ImportArgs {
+  std::string in, out;
+  bool force = false, json = false;
+};
+
+void Print(const ImportArgs& args, const std::string& from, const importers::ImportResult& r) {
+  if (args.json) {
+    llvm::json::Array bundles;
+    for (const std::string& b : r.bundles) bundles.push_back(b);
+    llvm::json::Object out{{"from", from},
+                           {"input", args.in},
+                           {"task", r.task},
+                           {"level", r.level},
+                           {"bundles", std::move(bundles)},
+                           {"manifest", r.manifest.empty() ? llvm::json::Value(nullptr) : llvm::json::Value(r.manifest)},
+                           {"steps", r.stats.steps},
+                           {"ops", r.stats.ops},
+                           {"tensors", r.stats.tensors},
+                           {"tensor_bytes", r.stats.tensor_bytes},
+                           {"missing_files", r.missing_files},
+                           {"unsupported_tensors", r.unsupported}};
+    std::printf("%s\n", llvm::formatv("{0:2}", llvm::json::Value(std::move(out))).str().c_str());
+    return;
+  }
+  std::printf("imported %s %s%s: %zu bundle%s, %llu step%s, %llu ops, %llu tensors%s\n", from.c_str(), args.in.c_str(),
+              r.level.empty() ? "" : absl::StrFormat(" (task %s, level %s)", r.task, r.level).c_str(),
+              r.bundles.size(), r.bundles.size() == 1 ? "" : "s", static_cast<unsigned long long>(r.stats.steps),
+              r.stats.steps == 1 ? "" : "s", static_cast<unsigned long long>(r.stats.ops),
+              static_cast<unsigned long long>(r.stats.tensors),
+              r.stats.tensor_bytes ? absl::StrFormat(" (%s of tensor bytes)", formats::HumanBytes(r.stats.tensor_bytes)).c_str()
+                                   : "");
+  for (const std::string& b : r.bundles) std::printf("  %s\n", b.c_str());
+  if (!r.manifest.empty()) std::printf("  %s\n", r.manifest.c_str());
+  if (r.stats.tensor_bytes == 0) {
+    std::printf("  statistics only: fingerprints hold the dump's Max, Min, Mean and Norm; what it lacks is unknown\n");
+  }
+  if (r.missing_files) {
+    std::printf("  %llu values had no tensor file; imported from their statistics\n",
+                static_cast<unsigned long long>(r.missing_files));
+  }
+  if (r.unsupported) {
+    std::printf("  %llu tensors of dtypes moerr does not store (complex, ...) kept as arguments only\n",
+                static_cast<unsigned long long>(r.unsupported));
+  }
+  std::printf("next: moerr bisect %s; moerr diff %s OTHER\n", r.bundles[0].c_str(), r.bundles[0].c_str());
+}
+
+CLI::App* AddSource(CLI::App* parent, int& exit_code, const char* name, const char* help, const char* input_help) {
+  auto args = std::make_shared<ImportArgs>();
+  CLI::App* cmd = parent->add_subcommand(name, help);
+  cmd->add_option("INPUT", args->in, input_help)->required();
+  cmd->add_option("-o,--output", args->out, "Run directory to write: RUN/rank<K>.moerr per rank")->required();
+  cmd->add_flag("--force", args->force, "Overwrite bundles that exist");
+  cmd->add_flag("--json", args->json, "Print what was written as JSON");
+  const std::string from = name;
+  OnRun(cmd, exit_code, [args, from]() -> CommandResult {
+    MOERR_RETURN_IF_ERROR(CheckNotAnInput(args->out, {args->in}));
+    PhasedProgress progress;
+    importers::ImportOptions options;
+    options.overwrite = args->force;
+    options.progress = [&progress](const std::string& label, int64_t done, int64_t total) {
+      progress.Update(label, done, total);
+    };
+    absl::StatusOr<importers::ImportResult> result = from == "msprobe"
+                                                          ? importers::ImportMsprobe(args->in, args->out, options)
+                                                          : importers::ImportTorch(args->in, args->out, options);
+    progress.Finish();
+    if (!result.ok()) return result.status();
+    Print(*args, from, *result);
+    return kExitOk;
+  });
+  return cmd;
+}
+
+}  // namespace
+
+void AddImportCommand(CLI::App& app, int& exit_code) {
+  CLI::App* cmd = app.add_subcommand("import", "Import a dump another tool wrote as moerr bundles (docs/IMPORT.md)");
+  cmd->require_subcommand(1);
+  AddSource(cmd, exit_code, "msprobe",
+            "An msprobe (MindStudio Probe) PyTorch dump: statistics become stats bundles, tensors full bundles",
+            "dump_path (step*/rank*/dump.json), a step folder, or a rank folder");
+  AddSource(cmd, exit_code, "torch", "Tensors saved with torch.save: one op per tensor, in order",
+            "A .pt file (a dict of names to tensors, or a tensor) or a directory of them");
+}
+
+}  // namespace moerr::tools
