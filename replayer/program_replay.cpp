@@ -7,12 +7,15 @@
 #include <c10/core/GradMode.h>
 
 #include <chrono>
+#include <map>
 #include <optional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "formats/collective_op.h"
 #include "moe/numerics.h"
 #include "recorder/fingerprint.h"
 #include "recorder/hooks/tensor_adapter.h"
@@ -62,6 +65,27 @@ at::Tensor Round(const at::Tensor& t, PolicyRule::Action action) {
   }
 }
 
+// Whether `op` is not re-executed but served from the record (its outputs
+// are leaves of the bundle): an op this LibTorch does not have (`known`
+// false; "ext/<id>"), or a collective, whose other ranks are not here
+// ("recv/<id>"). One predicate decides, for every kind of op that cannot run
+// here.
+bool ServedFromRecord(const formats::OpEvent& op, bool known) { return !known || formats::IsCollective(op); }
+
+// `v` with its floating tensors in fp64: a reference's exact run.
+c10::IValue Widen(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    return t.defined() && t.is_floating_point() ? c10::IValue(t.to(at::kDouble)) : v;
+  }
+  if (v.isTensorList()) {
+    std::vector<at::Tensor> list;
+    for (const at::Tensor& t : v.toTensorVector()) list.push_back(t.is_floating_point() ? t.to(at::kDouble) : t);
+    return c10::IValue(list);
+  }
+  return v;
+}
+
 bool IsScalarTypeArgument(const c10::Argument& arg) {
   c10::TypePtr type = arg.real_type();  // type() says int: ScalarType travels as one
   if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
@@ -101,7 +125,9 @@ class Replay {
 
   // The replayed value of tensor `id`: a replayed output, a leaf from the
   // bundle, or a view into another value's storage.
-  absl::StatusOr<at::Tensor> Value(uint64_t id) {
+  // `produced_view`: a view an op produced may be rebuilt from its base too
+  // (the outputs of an op served from the record).
+  absl::StatusOr<at::Tensor> Value(uint64_t id, bool produced_view = false) {
     if (auto it = values_.find(id); it != values_.end()) return it->second;
     const formats::TensorMeta* meta = trace_.Find(id);
     if (meta == nullptr) return absl::DataLossError(absl::StrFormat("tensor %d has no metadata", id));
@@ -118,7 +144,7 @@ class Replay {
         t = values.to(options_.device);
       }
       fingerprints_[id] = recorder::KnownFingerprint{meta->fingerprint, true};
-    } else if (meta->view_of != 0 && meta->producer < 0) {
+    } else if (meta->view_of != 0 && (meta->producer < 0 || produced_view)) {
       MOERR_ASSIGN_OR_RETURN(at::Tensor base, Value(meta->view_of));
       t = base.as_strided(meta->shape, meta->strides, meta->storage_offset);
       fingerprints_[id] = recorder::KnownFingerprint{recorder::ComputeFingerprint(t), true};
@@ -195,13 +221,15 @@ class Replay {
   }
 
   // Records the replayed `output` for `id`, and compares its fingerprint
-  // with the record when this op produced it.
+  // with the record when this op produced it. `tolerant` (a reference's
+  // output): within the dtype's tolerance counts as reproduced, and the ops
+  // after it read the recorded value when the bundle holds it.
   absl::Status Output(size_t index, const formats::OpEvent& op, uint64_t id, const at::Tensor& output,
-                      const std::vector<recorder::ViewSource>& sources, ReplayReport& report) {
+                      const std::vector<recorder::ViewSource>& sources, ReplayReport& report, bool tolerant = false) {
     if (id == 0 || !output.defined()) return absl::OkStatus();
     const formats::TensorMeta* meta = trace_.Find(id);
     // Isolated: the next op reads the recorded value, not this one.
-    const bool recorded_value = options_.isolated && meta != nullptr && !meta->leaf.empty();
+    const bool recorded_value = (options_.isolated || tolerant) && meta != nullptr && !meta->leaf.empty();
     if (!recorded_value) values_[id] = output;
     if (meta == nullptr || meta->producer != static_cast<int64_t>(op.seq)) return absl::OkStatus();
     // A dense view of exactly an input's elements takes its fingerprint from
@@ -221,6 +249,14 @@ class Replay {
     report.outputs.push_back(ReplayedOutput{id, dtype, fp.fingerprint});
     ++report.compared;
     if (fp.fingerprint == meta->fingerprint) return absl::OkStatus();
+    if (tolerant) {
+      const diff::FingerprintDelta delta = diff::CompareFingerprints(meta->fingerprint, fp.fingerprint);
+      if (delta.nan_mismatch == 0 && delta.inf_mismatch == 0 &&
+          delta.Score() <= options_.tolerances.For(meta->dtype)) {
+        ++report.within_tolerance;
+        return absl::OkStatus();
+      }
+    }
     ++report.mismatched;
     if (!report.first_divergence) {
       report.first_divergence = Divergence{index, op, id, meta->fingerprint, fp.fingerprint};
@@ -272,7 +308,21 @@ class Replay {
         continue;
       }
       const c10::optional<c10::OperatorHandle>& handle = Operator(op);
-      if (!handle) return absl::UnimplementedError(where() + ": no such operator in this LibTorch");
+      if (Reference(op) != nullptr) {
+        MOERR_RETURN_IF_ERROR(Annotate(RunReference(index, op, handle, report), where()));
+        if (options_.stop_at_first_divergence && report.first_divergence) break;
+        continue;
+      }
+      if (ServedFromRecord(op, handle.has_value())) {
+        for (uint64_t id : op.outputs) {
+          if (id == 0) continue;
+          auto t = Value(id, /*produced_view=*/true);
+          if (!t.ok()) return Annotate(t.status(), where() + ", not re-executed");
+        }
+        ++report.not_reexecuted;
+        ++report.not_reexecuted_ops[op.name];
+        continue;
+      }
       const PolicyRule* rule = options_.policy.Match(op);
       if (rule != nullptr) ++report.policy_ops;
       const std::vector<c10::Argument>& schema_args = handle->schema().arguments();
@@ -342,6 +392,110 @@ class Replay {
   // distinct operators tens of thousands of times.
   absl::flat_hash_map<std::string, c10::optional<c10::OperatorHandle>> operators_;
 
+  const OpReferences::Info* Reference(const formats::OpEvent& op) const {
+    return options_.references == nullptr ? nullptr : options_.references->Find(op.name);
+  }
+
+  // Runs `op` through its reference, without autocast; its outputs are cast
+  // to their recorded dtypes and compared within tolerance.
+  absl::Status RunReference(size_t index, const formats::OpEvent& op,
+                            const c10::optional<c10::OperatorHandle>& handle, ReplayReport& report) {
+    const PolicyRule* rule = options_.policy.Match(op);
+    if (rule != nullptr) ++report.policy_ops;
+    const std::vector<c10::Argument>* schema_args = handle ? &handle->schema().arguments() : nullptr;
+    std::vector<c10::IValue> args;
+    std::vector<recorder::ViewSource> sources;
+    for (size_t i = 0; i < op.args.size(); ++i) {
+      const c10::Argument* schema_arg = schema_args != nullptr && i < schema_args->size() ? &(*schema_args)[i] : nullptr;
+      MOERR_ASSIGN_OR_RETURN(c10::IValue v, ToIValue(op.args[i], schema_arg, rule, sources));
+      args.push_back(std::move(v));
+    }
+    at::autocast::set_cpu_enabled(false);
+    const auto start = std::chrono::steady_clock::now();
+    MOERR_ASSIGN_OR_RETURN(std::vector<at::Tensor> outputs, options_.references->Run(op.name, args));
+    report.dispatch_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (outputs.size() != op.outputs.size()) {
+      return absl::InvalidArgumentError(absl::StrFormat("its reference returned %d tensors; the op recorded %d",
+                                                        outputs.size(), op.outputs.size()));
+    }
+    ++report.by_reference;
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      const formats::TensorMeta* meta = trace_.Find(op.outputs[o]);
+      at::Tensor& t = outputs[o];
+      if (meta != nullptr && t.is_floating_point()) t = t.to(recorder::ToScalarType(meta->dtype));
+      MOERR_RETURN_IF_ERROR(Output(index, op, op.outputs[o], t, sources, report, /*tolerant=*/true));
+    }
+    if (!options_.isolated) return absl::OkStatus();
+    return CheckAgainstReference(index, op, args, outputs, report);
+  }
+
+  // Isolated replay: each recorded floating output of `op` against the
+  // reference's fp64 run on the same inputs, beside the reference's own
+  // distance from it (`outputs`, its run in the recorded dtypes).
+  absl::Status CheckAgainstReference(size_t index, const formats::OpEvent& op, const std::vector<c10::IValue>& args,
+                                     const std::vector<at::Tensor>& outputs, ReplayReport& report) {
+    std::vector<c10::IValue> wide;
+    for (const c10::IValue& v : args) wide.push_back(Widen(v));
+    MOERR_ASSIGN_OR_RETURN(const std::vector<at::Tensor> exact, options_.references->Run(op.name, wide));
+    const uint64_t allowance = Reference(op)->ulps;
+    for (size_t o = 0; o < outputs.size() && o < exact.size(); ++o) {
+      const formats::TensorMeta* meta = trace_.Find(op.outputs[o]);
+      if (meta == nullptr || meta->leaf.empty() || !outputs[o].is_floating_point()) continue;
+      MOERR_ASSIGN_OR_RETURN(const formats::OwnedTensor recorded, reader_.ReadTensor(meta->leaf, step_));
+      const at::Tensor exact64 = exact[o].to(at::kDouble).contiguous(), mine = outputs[o].cpu().contiguous();
+      MOERR_ASSIGN_OR_RETURN(const formats::TensorView exact_view, recorder::ViewOf(exact64));
+      MOERR_ASSIGN_OR_RETURN(const formats::TensorView mine_view, recorder::ViewOf(mine));
+      MOERR_ASSIGN_OR_RETURN(const diff::TensorMetrics vendor, diff::CompareTensors(exact_view, recorded.view()));
+      MOERR_ASSIGN_OR_RETURN(const diff::TensorMetrics own, diff::CompareTensors(exact_view, mine_view));
+      ReferenceCheck c;
+      c.op_index = index;
+      c.slot = o;
+      c.output = op.outputs[o];
+      c.dtype = meta->dtype;
+      c.recorded_ulps = vendor.max_ulp;
+      c.reference_ulps = own.max_ulp;
+      c.recorded_rel_l2 = vendor.rel_l2;
+      c.reference_rel_l2 = own.rel_l2;
+      c.allowed_ulps = 2 * std::max(own.max_ulp, allowance);
+      c.suspect = vendor.max_ulp > c.allowed_ulps ||
+                  vendor.nan_mismatch + vendor.inf_mismatch > own.nan_mismatch + own.inf_mismatch;
+      report.reference_checks.push_back(c);
+    }
+    return absl::OkStatus();
+  }
+
+ public:
+  // The ops of [0, end) that would be served from the record but whose
+  // outputs the bundle does not hold (a stats bundle), all of them in one
+  // error, by name and phase; OK when there are none.
+  absl::Status CheckServable() {
+    std::map<std::string, std::vector<size_t>> blocking;  // "name in phase" -> op indices
+    size_t count = 0;
+    const size_t end = std::min(trace_.ops.size(), options_.end_op);
+    for (size_t index = 0; index < end; ++index) {
+      const formats::OpEvent& op = trace_.ops[index];
+      if (Reference(op) != nullptr || !ServedFromRecord(op, Operator(op).has_value())) continue;
+      const bool held = std::all_of(op.outputs.begin(), op.outputs.end(), [&](uint64_t id) {
+        const formats::TensorMeta* meta = trace_.Find(id);
+        return id == 0 || (meta != nullptr && (!meta->leaf.empty() || meta->view_of != 0));
+      });
+      if (held) continue;
+      blocking[absl::StrFormat("%s in %s", op.name, formats::PhaseName(op.phase))].push_back(index);
+      ++count;
+    }
+    if (count == 0) return absl::OkStatus();
+    std::vector<std::string> parts;
+    for (const auto& [what, ops] : blocking) {
+      parts.push_back(absl::StrFormat("%s (op%s %s)", what, ops.size() > 1 ? "s" : "", absl::StrJoin(ops, ", ")));
+    }
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%d op%s of step %d cannot be replayed: this LibTorch does not have them and the bundle holds none of "
+        "their outputs (record with --record replayable or full, or give each a reference with --reference "
+        "OP=FILE): %s",
+        count, count > 1 ? "s" : "", step_, absl::StrJoin(parts, "; ")));
+  }
+
+ private:
   const c10::optional<c10::OperatorHandle>& Operator(const formats::OpEvent& op) {
     auto [it, inserted] = operators_.try_emplace(absl::StrCat(op.name, ".", op.overload));
     if (inserted) it->second = c10::Dispatcher::singleton().findSchema(c10::OperatorName(op.name, op.overload));
@@ -371,6 +525,7 @@ absl::StatusOr<ReplayReport> ReplayTrace(const formats::BundleReader& reader, in
   report.step = step;
   report.ops = trace.ops.size();
   Replay replay(reader, step, trace, options);
+  MOERR_RETURN_IF_ERROR(replay.CheckServable());
   MOERR_RETURN_IF_ERROR(CatchTorch(absl::StrFormat("replay of step %d", step), [&] { return replay.Run(report); }));
   return report;
 }

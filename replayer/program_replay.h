@@ -10,6 +10,12 @@
 // Isolated replay (full bundles): every op runs on its *recorded* inputs, so
 // each op's error is its own, not accumulated from the ops before it.
 //
+// Ops this LibTorch does not have (a vendor's fused kernels) are not
+// re-executed: their recorded outputs ("ext/" leaves) are fed to the ops
+// after them. With a reference (op_references.h) such an op runs through it
+// instead, its outputs compared within the dtype's tolerance; isolated replay
+// checks the recorded op against the reference and its fp64 run.
+//
 // Under a precision policy, matched ops run upcast (their floating inputs
 // cast to fp32/fp64, lower-precision dtype arguments such as .to(half)
 // raised, autocast off) or have their outputs rounded to fp16/bf16. Every
@@ -22,14 +28,17 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "diff/tensor_metrics.h"
+#include "diff/trace_diff.h"
 #include "formats/bundle_reader.h"
 #include "formats/trace.h"
+#include "replayer/op_references.h"
 #include "replayer/precision_policy.h"
 
 namespace moerr::replayer {
@@ -44,6 +53,12 @@ struct ReplayOptions {
   PrecisionPolicy policy;
   // Replay ops [0, end_op) only.
   size_t end_op = std::numeric_limits<size_t>::max();
+  // References of ops (not owned; may be null): an op with one runs through
+  // it, wherever it appears.
+  const OpReferences* references = nullptr;
+  // The relative L2 error (judged on fingerprints) an output of a reference
+  // may have against the record and still count as reproduced.
+  diff::Thresholds tolerances;
 };
 
 struct Divergence {
@@ -71,11 +86,29 @@ struct OutputError {
   diff::TensorMetrics metrics;
 };
 
+// Isolated replay: a recorded output of an op with a reference, against that
+// reference run on the recorded inputs in fp64 (floating inputs upcast).
+struct ReferenceCheck {
+  size_t op_index = 0;
+  size_t slot = 0;                 // position among the op's outputs
+  uint64_t output = 0;             // tensor id
+  formats::DType dtype = formats::DType::kF32;
+  uint64_t recorded_ulps = 0;      // the recorded output's max distance from fp64, in ULPs of `dtype`
+  uint64_t reference_ulps = 0;     // the reference run in the recorded dtypes, from its fp64 run
+  double recorded_rel_l2 = 0, reference_rel_l2 = 0;
+  uint64_t allowed_ulps = 0;       // 2 x max(reference_ulps, the reference's allowance)
+  bool suspect = false;            // recorded_ulps > allowed_ulps, or NaN/Inf where fp64 has none
+};
+
 struct ReplayReport {
   int64_t step = 0;
   size_t ops = 0;                  // ops in the step
   size_t dispatched = 0;           // re-executed through the dispatcher
   size_t from_record = 0;          // random ops whose outputs came from the bundle
+  size_t not_reexecuted = 0;       // ops served from the record (ServedFromRecord)
+  std::map<std::string, size_t> not_reexecuted_ops;  // their count by op name
+  size_t by_reference = 0;         // ops run through their reference
+  size_t within_tolerance = 0;     // compared outputs of references: not bitwise, within tolerance
   size_t compared = 0;             // outputs whose fingerprints were compared
   size_t mismatched = 0;
   size_t policy_ops = 0;           // ops a precision policy changed
@@ -86,6 +119,8 @@ struct ReplayReport {
   std::vector<ReplayedOutput> outputs;
   // Isolated replay: the outputs that differ from their recorded bytes.
   std::vector<OutputError> errors;
+  // Isolated replay: every output of an op with a reference, checked.
+  std::vector<ReferenceCheck> reference_checks;
 };
 
 absl::StatusOr<ReplayReport> ReplayStep(const formats::BundleReader& reader, int64_t step,

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "diff/trace_diff.h"
 #include "formats/bundle_reader.h"
 #include "formats/module_path.h"
@@ -205,13 +206,45 @@ struct ProgramResult {
   std::optional<bool> same;                  // --check: whether a second replay was bitwise identical
 };
 
+// ", 2 by reference, 3 not re-executed (npu::npu_swiglu x2, ...)": the ops
+// of a step that did not run through this LibTorch; "" when none.
+std::string ForeignOps(const replayer::ReplayReport& report) {
+  std::string text;
+  if (report.by_reference > 0) text += absl::StrFormat(", %d by reference", report.by_reference);
+  if (report.not_reexecuted > 0) {
+    std::vector<std::string> names;
+    for (const auto& [name, count] : report.not_reexecuted_ops) names.push_back(absl::StrFormat("%s x%d", name, count));
+    text += absl::StrFormat(", %d not re-executed (outputs from the record: %s)", report.not_reexecuted,
+                            absl::StrJoin(names, ", "));
+  }
+  return text;
+}
+
+// Isolated replay: each output of an op with a reference, and the verdict.
+void PrintReferenceChecks(const ProgramResult& r) {
+  if (r.report->reference_checks.empty()) return;
+  std::printf("  ops checked against their references (max error in ULPs of the output's dtype, from the "
+              "reference's fp64 run):\n");
+  for (const replayer::ReferenceCheck& c : r.report->reference_checks) {
+    const formats::OpEvent& op = r.trace->ops[c.op_index];
+    std::printf("    op %6zu %-28s %-9s output %zu %-4s recorded %llu ULPs, reference %llu (allowed %llu): %s\n",
+                c.op_index, op.name.c_str(), std::string(formats::PhaseName(op.phase)).c_str(), c.slot,
+                std::string(formats::DTypeName(c.dtype)).c_str(), static_cast<unsigned long long>(c.recorded_ulps),
+                static_cast<unsigned long long>(c.reference_ulps), static_cast<unsigned long long>(c.allowed_ulps),
+                c.suspect ? "SUSPECT: further from fp64 than its dtype explains" : "consistent");
+  }
+}
+
 void PrintProgramReplay(const ProgramResult& r) {
   const replayer::ReplayReport& report = *r.report;
-  std::printf("step %lld: %zu ops: %zu re-dispatched%s, %zu random ops from the record; %zu outputs compared, "
-              "%zu differ\n",
+  std::printf("step %lld: %zu ops: %zu re-dispatched%s, %zu random ops from the record%s; %zu outputs compared, "
+              "%zu differ%s\n",
               static_cast<long long>(report.step), report.ops, report.dispatched,
               r.replayed ? absl::StrFormat(" (%d under the policy)", report.policy_ops).c_str() : "",
-              report.from_record, report.compared, report.mismatched);
+              report.from_record, ForeignOps(report).c_str(), report.compared, report.mismatched,
+              report.within_tolerance > 0
+                  ? absl::StrFormat(" (%d more within tolerance)", report.within_tolerance).c_str()
+                  : "");
   if (const auto& d = report.first_divergence) {
     std::printf("  first divergence: op %zu %s, output %llu\n    recorded %s\n    replayed %s\n", d->op_index,
                 Where(d->op).c_str(), static_cast<unsigned long long>(d->output), Describe(d->recorded).c_str(),
@@ -233,6 +266,7 @@ void PrintProgramReplay(const ProgramResult& r) {
                   static_cast<unsigned long long>(e.metrics.max_ulp));
     }
   }
+  PrintReferenceChecks(r);
   if (r.same) std::printf("  --check: a second replay is %s\n", *r.same ? "bitwise identical" : "DIFFERENT");
 }
 
@@ -244,7 +278,29 @@ llvm::json::Object ProgramReplayJson(const ProgramResult& r) {
                          {"dispatched", static_cast<int64_t>(report.dispatched)},
                          {"from_record", static_cast<int64_t>(report.from_record)},
                          {"compared", static_cast<int64_t>(report.compared)},
-                         {"differ", static_cast<int64_t>(report.mismatched)}};
+                         {"differ", static_cast<int64_t>(report.mismatched)},
+                         {"within_tolerance", static_cast<int64_t>(report.within_tolerance)},
+                         {"by_reference", static_cast<int64_t>(report.by_reference)},
+                         {"not_reexecuted", static_cast<int64_t>(report.not_reexecuted)}};
+  llvm::json::Object not_reexecuted;
+  for (const auto& [name, count] : report.not_reexecuted_ops) not_reexecuted[name] = static_cast<int64_t>(count);
+  out["not_reexecuted_ops"] = std::move(not_reexecuted);
+  if (r.isolated) {
+    llvm::json::Array checks;
+    for (const replayer::ReferenceCheck& c : report.reference_checks) {
+      llvm::json::Object o = OpJson(c.op_index, r.trace->ops[c.op_index]);
+      o["output_slot"] = static_cast<int64_t>(c.slot);
+      o["dtype"] = std::string(formats::DTypeName(c.dtype));
+      o["recorded_ulps"] = static_cast<int64_t>(c.recorded_ulps);
+      o["reference_ulps"] = static_cast<int64_t>(c.reference_ulps);
+      o["allowed_ulps"] = static_cast<int64_t>(c.allowed_ulps);
+      o["recorded_rel_l2"] = JsonNumber(c.recorded_rel_l2);
+      o["reference_rel_l2"] = JsonNumber(c.reference_rel_l2);
+      o["verdict"] = c.suspect ? "suspect" : "consistent";
+      checks.push_back(std::move(o));
+    }
+    out["reference_checks"] = std::move(checks);
+  }
   llvm::json::Value first(nullptr);
   if (const auto& d = report.first_divergence) {
     llvm::json::Object o = OpJson(d->op_index, d->op);
@@ -298,6 +354,7 @@ struct ReplayArgs {
   std::vector<int64_t> steps;
   bool check = false, isolated = false, model = false, live_routing = false, force = false, json = false;
   std::string policy, precision, out;
+  std::vector<std::string> references;  // --reference OP=FILE
 };
 
 // `moerr replay --model` of each of `steps`: the worst exit code of them.
@@ -344,6 +401,9 @@ CommandResult ProgramReplay(const ReplayArgs& args, const formats::BundleReader&
   if (trace.ops.empty()) return NoOpsToReplay(reader, args.bundle, step);
   MOERR_ASSIGN_OR_RETURN(const replayer::ReplayReport report, replayer::ReplayTrace(reader, step, trace, options));
   int exit_code = report.first_divergence ? kExitFinding : kExitOk;
+  for (const replayer::ReferenceCheck& c : report.reference_checks) {
+    if (c.suspect) exit_code = kExitFinding;
+  }
   ProgramResult result;
   result.report = &report;
   result.trace = &trace;
@@ -375,6 +435,8 @@ CommandResult RunReplay(const ReplayArgs& args) {
   MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(args.bundle));
   replayer::ReplayOptions options;
   options.isolated = args.isolated;
+  MOERR_ASSIGN_OR_RETURN(const replayer::OpReferences references, replayer::OpReferences::Load(args.references));
+  options.references = &references;
   if (!args.policy.empty()) {
     MOERR_ASSIGN_OR_RETURN(options.policy, replayer::PrecisionPolicy::Load(args.policy));
   }
@@ -411,6 +473,11 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--out", opts->out, "With --model: keep the replayed step's recording here");
   cmd->add_flag("--force", opts->force, "With --out: overwrite an existing recording");
   cmd->add_flag("--json", opts->json, "Print the results as JSON, one object per step");
+  cmd->add_option("--reference", opts->references,
+                  "OP=FILE: run op OP (\"npu::npu_swiglu\") through the TorchScript reference FILE wherever it "
+                  "appears; its forward takes the op's arguments (or its tensor arguments) in schema order. "
+                  "moerr's shipped references load without it; with --isolated each recorded output is checked "
+                  "against the reference's fp64 run");
   cmd->add_option("--policy", opts->policy,
                   "Precision policy file: lines \"module:PATH|tree:PATH|op:NAME fp32|fp64|round-fp16|"
                   "round-fp16-sat|round-bf16\"");

@@ -1,0 +1,188 @@
+// Replaying a step that used ops this LibTorch does not have (docs/REPLAY.md,
+// "Ops this LibTorch does not have"). record_fake_npu records a step with
+// fakenpu::npu_swiglu (correct) and fakenpu::npu_swiglu_backward (its gate
+// gradient doubled) from a library this process never loads; the shipped
+// torch_npu references of npu_swiglu serve as their references.
+#include <gtest/gtest.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <array>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "formats/bundle_reader.h"
+#include "llvm/Support/JSON.h"
+#include "replayer/op_references.h"
+#include "replayer/program_replay.h"
+#include "tests/testing/test_util.h"
+
+namespace moerr::replayer {
+namespace {
+
+constexpr char kForward[] = "fakenpu::npu_swiglu";
+constexpr char kBackward[] = "fakenpu::npu_swiglu_backward";
+
+class ForeignOpsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new formats::testing::TempDir();
+    for (const char* mode : {"stats", "replayable", "full"}) {
+      const std::string cmd = absl::StrCat(RECORD_FAKE_NPU, " ", Bundle(mode), " ", mode);
+      ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    }
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static std::string Bundle(const std::string& mode) { return dir_->File(mode + ".moerr"); }
+
+  // The shipped npu_swiglu references, standing for the fakenpu ops.
+  static std::vector<std::string> ReferenceSpecs() {
+    const std::string dir = OpReferences::ShippedDir();
+    EXPECT_FALSE(dir.empty()) << "the shipped references were not built";
+    return {absl::StrCat(kForward, "=", dir, "/npu_swiglu.pt"),
+            absl::StrCat(kBackward, "=", dir, "/npu_swiglu_backward.pt")};
+  }
+
+  static size_t IndexOf(const formats::Trace& trace, const std::string& name) {
+    for (size_t i = 0; i < trace.ops.size(); ++i) {
+      if (trace.ops[i].name == name) return i;
+    }
+    ADD_FAILURE() << name << " is not in the trace";
+    return 0;
+  }
+
+  // Runs the moerr command; its exit code and stdout.
+  static std::pair<int, std::string> Moerr(const std::string& args) {
+    const std::string cmd = absl::StrCat(MOERR_BIN, " ", args, " 2>&1");
+    std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(cmd.c_str(), "r"), ::pclose);
+    std::string out;
+    std::array<char, 4096> buf;
+    size_t n;
+    while ((n = std::fread(buf.data(), 1, buf.size(), pipe.get())) > 0) out.append(buf.data(), n);
+    const int status = ::pclose(pipe.release());
+    return {WEXITSTATUS(status), out};
+  }
+
+  static formats::testing::TempDir* dir_;
+};
+
+formats::testing::TempDir* ForeignOpsTest::dir_ = nullptr;
+
+TEST_F(ForeignOpsTest, TheOpsAreNotInThisProcess) {
+  EXPECT_FALSE(c10::Dispatcher::singleton().findSchema({kForward, ""}).has_value());
+  EXPECT_FALSE(c10::Dispatcher::singleton().findSchema({kBackward, ""}).has_value());
+}
+
+TEST_F(ForeignOpsTest, ReplayCompletesWithTheOpsServedFromTheRecord) {
+  auto reader = formats::BundleReader::Open(Bundle("replayable"));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto report = ReplayStep(**reader, 0);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->not_reexecuted, 2u);
+  EXPECT_EQ(report->not_reexecuted_ops.at(kForward), 1u);
+  EXPECT_EQ(report->not_reexecuted_ops.at(kBackward), 1u);
+  EXPECT_EQ(report->dispatched + report->not_reexecuted + report->from_record, report->ops);
+  EXPECT_GT(report->compared, 5u);
+  EXPECT_EQ(report->mismatched, 0u);  // the ops after them read their recorded outputs
+}
+
+TEST_F(ForeignOpsTest, AStatsBundleListsEveryOpThatBlocksTheReplay) {
+  auto reader = formats::BundleReader::Open(Bundle("stats"));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto report = ReplayStep(**reader, 0);
+  ASSERT_FALSE(report.ok());
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string message(report.status().message());
+  EXPECT_NE(message.find("2 ops of step 0 cannot be replayed"), std::string::npos) << message;
+  EXPECT_NE(message.find(absl::StrCat(kForward, " in forward")), std::string::npos) << message;
+  EXPECT_NE(message.find(absl::StrCat(kBackward, " in backward")), std::string::npos) << message;
+}
+
+TEST_F(ForeignOpsTest, WithReferencesAChainedReplayFirstDivergesAtTheWrongBackward) {
+  auto reader = formats::BundleReader::Open(Bundle("replayable"));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto refs = OpReferences::Load(ReferenceSpecs(), /*shipped=*/false);
+  ASSERT_TRUE(refs.ok()) << refs.status();
+  ReplayOptions options;
+  options.references = &*refs;
+  auto report = ReplayStep(**reader, 0, options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->by_reference, 2u);
+  EXPECT_EQ(report->not_reexecuted, 0u);
+  ASSERT_TRUE(report->first_divergence.has_value());
+  EXPECT_EQ(report->first_divergence->op.name, kBackward);
+  EXPECT_EQ(report->mismatched, 1u);  // the ops after it read the recorded gradient
+}
+
+TEST_F(ForeignOpsTest, IsolatedReplayNamesTheBackwardAndNotTheForward) {
+  auto reader = formats::BundleReader::Open(Bundle("full"));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto trace = formats::ReadTrace(**reader, 0);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  auto refs = OpReferences::Load(ReferenceSpecs(), /*shipped=*/false);
+  ASSERT_TRUE(refs.ok()) << refs.status();
+  ReplayOptions options;
+  options.isolated = true;
+  options.references = &*refs;
+  auto report = ReplayTrace(**reader, 0, *trace, options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->reference_checks.size(), 2u);
+  for (const ReferenceCheck& c : report->reference_checks) {
+    const formats::OpEvent& op = trace->ops[c.op_index];
+    if (op.name == kForward) {
+      EXPECT_EQ(op.phase, formats::Phase::kForward);
+      EXPECT_FALSE(c.suspect) << c.recorded_ulps << " ULPs, allowed " << c.allowed_ulps;
+      EXPECT_LE(c.recorded_ulps, c.allowed_ulps);
+    } else {
+      EXPECT_EQ(op.name, kBackward);
+      EXPECT_EQ(op.phase, formats::Phase::kBackward);
+      EXPECT_TRUE(c.suspect);
+      EXPECT_GT(c.recorded_ulps, 1000 * c.allowed_ulps);  // a factor of 2 is ~2^23 ULPs in f32
+      EXPECT_GT(c.recorded_rel_l2, 0.1);
+      EXPECT_LT(c.reference_rel_l2, 1e-6);
+    }
+  }
+  EXPECT_EQ(IndexOf(*trace, kForward) < IndexOf(*trace, kBackward), true);
+}
+
+TEST_F(ForeignOpsTest, TheCommandReportsNotReExecutedOpsAndTheVerdict) {
+  auto [code, out] = Moerr(absl::StrCat("replay ", Bundle("replayable")));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find(absl::StrCat("2 not re-executed (outputs from the record: ", kForward, " x1, ", kBackward,
+                                  " x1)")),
+            std::string::npos)
+      << out;
+
+  const std::vector<std::string> specs = ReferenceSpecs();
+  std::tie(code, out) = Moerr(absl::StrCat("replay ", Bundle("full"), " --isolated --json --reference ", specs[0],
+                                           " --reference ", specs[1]));
+  EXPECT_EQ(code, 1) << out;  // a finding: a suspect op
+  auto json = llvm::json::parse(out);
+  ASSERT_TRUE(static_cast<bool>(json)) << llvm::toString(json.takeError()) << "\n" << out;
+  const llvm::json::Object* step = (*json->getAsArray())[0].getAsObject();
+  ASSERT_NE(step, nullptr);
+  EXPECT_EQ(step->getInteger("by_reference").getValueOr(-1), 2);
+  const llvm::json::Array* checks = step->getArray("reference_checks");
+  ASSERT_NE(checks, nullptr);
+  ASSERT_EQ(checks->size(), 2u);
+  for (const llvm::json::Value& v : *checks) {
+    const llvm::json::Object& c = *v.getAsObject();
+    const bool backward = c.getString("op").getValueOr("") == kBackward;
+    EXPECT_EQ(c.getString("phase").getValueOr("").str(), backward ? "backward" : "forward");
+    EXPECT_EQ(c.getString("verdict").getValueOr("").str(), backward ? "suspect" : "consistent");
+    EXPECT_TRUE(c.getInteger("recorded_ulps").hasValue());
+    EXPECT_TRUE(c.getInteger("reference_ulps").hasValue());
+  }
+
+  std::tie(code, out) = Moerr(absl::StrCat("replay ", Bundle("stats")));
+  EXPECT_NE(out.find("cannot be replayed"), std::string::npos) << out;
+  EXPECT_NE(code, 0);
+}
+
+}  // namespace
+}  // namespace moerr::replayer
