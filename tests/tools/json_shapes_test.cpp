@@ -165,8 +165,10 @@ TEST_F(JsonShapesTest, ReplayProgramAndModel) {
   const std::vector<llvm::json::Object> program = Steps({"replay", "run/run.moerr", "--json"}, 0);
   ASSERT_EQ(program.size(), 1u);
   EXPECT_EQ(KeysOf(program[0]),
-            (Keys{"compared", "differ", "dispatched", "first_divergence", "from_record", "mode", "ops", "step"}));
+            (Keys{"by_reference", "compared", "differ", "dispatched", "first_divergence", "from_record", "mode",
+                  "not_reexecuted", "not_reexecuted_ops", "ops", "step", "within_tolerance"}));
   EXPECT_EQ(program[0].getString("mode").getValueOr("").str(), "program");
+  EXPECT_EQ(program[0].getInteger("not_reexecuted").getValueOr(-1), 0);
   EXPECT_EQ(program[0].getInteger("differ").getValueOr(-1), 0);
 
   const std::vector<llvm::json::Object> model = Steps({"replay", "run/run.moerr", "--model", "--json"}, 0);
