@@ -53,3 +53,7 @@ PYTHONPATH="$BUILD/python" "$PYTHON" bench/python/bench_python_recorder.py "$WOR
 echo
 echo "## Diff throughput against numpy"
 "$PYTHON" bench/diff/bench_diff.py "$BUILD" "$WORK/diff"
+
+echo
+echo "## moerr diff of two imported msprobe tensor dumps against numpy (MOERR_IMPORT_BENCH_MIB per side, default 256)"
+"$PYTHON" bench/importers/bench_import_diff.py "$BUILD" "$WORK/import" --mib "${MOERR_IMPORT_BENCH_MIB:-256}"

@@ -28,6 +28,13 @@ llvm::json::Object OutputJson(const diff::OutputDiff& o) {
                          {"diverged", o.diverged},
                          {"compared_on", o.tensors ? "bytes" : "fingerprints"}};
   if (!o.note.empty()) out["note"] = o.note;
+  // The statistic deltas (relative to A's L2); a statistic either side lacks
+  // (an imported dump's unknown fields) counts 0.
+  const diff::FingerprintDelta& f = o.fingerprints;
+  out["statistics"] = llvm::json::Object{{"bitwise_equal", f.bitwise_equal},
+                                         {"rel_l2", JsonNumber(f.rel_l2)},
+                                         {"rel_abs_max", JsonNumber(f.rel_abs_max)},
+                                         {"rel_mean", JsonNumber(f.rel_mean)}};
   if (const auto& m = o.tensors) {
     out["metrics"] = llvm::json::Object{{"cosine", JsonNumber(m->cosine)},     {"max_abs", JsonNumber(m->max_abs)},
                                         {"max_rel", JsonNumber(m->max_rel)},   {"mean_abs", JsonNumber(m->mean_abs)},
@@ -85,11 +92,12 @@ void PrintFirstDivergence(const diff::OpDiff& first, const formats::Trace& a) {
     std::printf("  output %zu (%s vs %s): rel. error %.3g", o.slot, std::string(formats::DTypeName(o.a_dtype)).c_str(),
                 std::string(formats::DTypeName(o.b_dtype)).c_str(), o.error);
     if (o.tensors) {
-      std::printf(", cosine %.6f, max abs %.3g, max ULP %llu, within 0.1%%: %.1f%%", o.tensors->cosine,
-                  o.tensors->max_abs, static_cast<unsigned long long>(o.tensors->max_ulp),
+      std::printf(", cosine %.6f, max abs %.3g, max rel %.3g, max ULP %llu, within 0.1%%: %.1f%%", o.tensors->cosine,
+                  o.tensors->max_abs, o.tensors->max_rel, static_cast<unsigned long long>(o.tensors->max_ulp),
                   100 * o.tensors->within_0p1);
     } else {
-      std::printf(" (from fingerprints: a lower bound)");
+      std::printf(" (from fingerprints, a lower bound: L2 %.3g, abs-max %.3g, mean %.3g)", o.fingerprints.rel_l2,
+                  o.fingerprints.rel_abs_max, o.fingerprints.rel_mean);
     }
     if (o.nan_mismatch + o.inf_mismatch > 0) {
       std::printf(", %llu NaN and %llu Inf mismatches", static_cast<unsigned long long>(o.nan_mismatch),
