@@ -72,6 +72,12 @@ class BundleWriter {
   absl::Status AppendRecord(const Record& record);
   // Writes everything pending, then a checkpoint frame (a partial index).
   absl::Status Checkpoint();
+  // Writes everything pending to the file (no checkpoint frame): a process
+  // killed after it loses nothing written before, salvage finds it all.
+  absl::Status Flush() {
+    if (!failed_.ok()) return failed_;
+    return Drain();
+  }
   // Writes the index and footer, syncs, and renames PATH.partial to PATH.
   absl::Status Close();
 

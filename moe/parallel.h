@@ -37,6 +37,24 @@ struct ParallelLayout {
   int64_t host_of(int64_t expert, int64_t experts) const { return expert / (experts / ep_size); }  // EP rank
 };
 
+// Marks the collectives a thread issues while it generates (the rollout,
+// which the recorder leaves out of the step): observers that count a step's
+// collectives (the multi-rank faults) count the training ones.
+class RolloutScope {
+ public:
+  RolloutScope() { ++Depth(); }
+  ~RolloutScope() { --Depth(); }
+  RolloutScope(const RolloutScope&) = delete;
+  RolloutScope& operator=(const RolloutScope&) = delete;
+  static bool Active() { return Depth() > 0; }
+
+ private:
+  static int& Depth() {
+    thread_local int depth = 0;
+    return depth;
+  }
+};
+
 enum class CommGroup {
   kWorld,           // every rank
   kExpertParallel,  // this rank's EP group (E ranks)

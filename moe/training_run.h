@@ -59,6 +59,37 @@ class TrainObserver {
   virtual absl::Status OnFinish() = 0;
 };
 
+// Several observers as one, called in the order added; a call stops at the
+// first error.
+class TrainObservers : public TrainObserver {
+ public:
+  void Add(TrainObserver* o) {
+    if (o != nullptr) list_.push_back(o);
+  }
+  absl::Status OnStart(GrpoTrainer& trainer) override {
+    return Each([&](TrainObserver& o) { return o.OnStart(trainer); });
+  }
+  absl::Status BeforeStep(int64_t step) override {
+    return Each([&](TrainObserver& o) { return o.BeforeStep(step); });
+  }
+  absl::Status AfterStep(const StepMetrics& metrics, double loss_scale) override {
+    return Each([&](TrainObserver& o) { return o.AfterStep(metrics, loss_scale); });
+  }
+  absl::Status OnFinish() override {
+    return Each([&](TrainObserver& o) { return o.OnFinish(); });
+  }
+
+ private:
+  template <typename F>
+  absl::Status Each(F&& f) {
+    for (TrainObserver* o : list_) {
+      if (absl::Status s = f(*o); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  std::vector<TrainObserver*> list_;
+};
+
 absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const ProgressFn& progress = nullptr,
                                         TrainObserver* observer = nullptr);
 

@@ -5,6 +5,7 @@
 #include <torch/optim/adamw.h>
 
 #include "moe/numerics.h"
+#include "moe/parallel.h"
 
 namespace moerr::moe {
 
@@ -13,6 +14,7 @@ at::Tensor Generate(MoeTransformer& model, const at::Tensor& prompts, int64_t st
   // The sampling loop is the rollout engine's work: a recorder does not
   // trace it, and the responses are a leaf of the step (op_tracer.h).
   RECORD_USER_SCOPE("generate");
+  RolloutScope rollout;
   torch::NoGradGuard no_grad;
   at::Tensor seq = prompts;
   for (int64_t i = 0; i < steps; ++i) {

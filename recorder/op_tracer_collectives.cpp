@@ -84,7 +84,8 @@ void OpTracer::CollectiveEnd(const CollectiveCall& call, const std::vector<at::T
 std::string OpTracer::CollectiveFailed() {
   std::unique_ptr<OpScratch> pending = std::move(State().collective);
   Flush();
-  return pending ? pending->op.module : "";
+  // Not recorded (in the rollout, say): the module it ran in, from the scopes.
+  return pending ? pending->op.module : PlaceOp(State()).module;
 }
 
 }  // namespace moerr::recorder

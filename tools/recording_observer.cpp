@@ -1,11 +1,14 @@
 #include "tools/recording_observer.h"
 
+#include "formats/world_manifest.h"
 #include "replayer/model_replay.h"
+#include "support/filesystem.h"
 #include "support/status.h"
 
 namespace moerr::tools {
 
 absl::Status RecordingObserver::OnStart(moe::GrpoTrainer& trainer) {
+  if (parallel_ != nullptr) MOERR_RETURN_IF_ERROR(MakeDirectory(run_dir_));
   auto rec = recorder::Recorder::Start(options_);
   if (!rec.ok()) return rec.status();
   rec_ = std::move(*rec);
@@ -14,7 +17,20 @@ absl::Status RecordingObserver::OnStart(moe::GrpoTrainer& trainer) {
   for (auto& [name, t] : trainer.reference()->NamedTensors()) named.emplace_back("reference." + name, t);
   rec_->NameTensors(named);
   trainer.policy()->SetRoutingObserver(rec_.get());
+  if (parallel_ != nullptr) {
+    parallel_->AddObserver(rec_.get());
+    const moe::ParallelLayout& layout = parallel_->layout();
+    if (layout.rank == 0) {
+      MOERR_RETURN_IF_ERROR(formats::WriteWorldManifest(
+          run_dir_, formats::ExpertParallelWorld(layout.world_size, layout.ep_size,
+                                                 trainer.policy()->config().num_experts)));
+    }
+  }
   return replayer::RecordTrainerStart(*rec_, trainer);
+}
+
+RecordingObserver::~RecordingObserver() {
+  if (parallel_ != nullptr && rec_ != nullptr) parallel_->RemoveObserver(rec_.get());
 }
 
 absl::Status RecordingObserver::BeforeStep(int64_t step) {
@@ -30,6 +46,8 @@ absl::Status RecordingObserver::AfterStep(const moe::StepMetrics& m, double loss
 
 absl::Status RecordingObserver::OnFinish() {
   trainer_->policy()->SetRoutingObserver(nullptr);
+  if (parallel_ != nullptr) parallel_->RemoveObserver(rec_.get());
+  parallel_ = nullptr;
   return rec_->Stop();
 }
 

@@ -14,6 +14,13 @@ namespace moerr::tools {
 class RecordingObserver : public moe::TrainObserver {
  public:
   explicit RecordingObserver(recorder::RecordOptions options) : options_(std::move(options)) {}
+  ~RecordingObserver() override;
+  // A rank of a multi-rank run: its collectives are recorded too, and rank 0
+  // writes the world manifest into `run_dir` as the recording starts.
+  void set_rank(moe::Parallel* parallel, std::string run_dir) {
+    parallel_ = parallel;
+    run_dir_ = std::move(run_dir);
+  }
 
   absl::Status OnStart(moe::GrpoTrainer& trainer) override;
   absl::Status BeforeStep(int64_t step) override;
@@ -26,6 +33,8 @@ class RecordingObserver : public moe::TrainObserver {
   recorder::RecordOptions options_;
   std::unique_ptr<recorder::Recorder> rec_;
   moe::GrpoTrainer* trainer_ = nullptr;
+  moe::Parallel* parallel_ = nullptr;
+  std::string run_dir_;
 };
 
 }  // namespace moerr::tools

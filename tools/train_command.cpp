@@ -47,13 +47,19 @@ struct TrainArgs {
   RanksOptions ranks;
 };
 
-// --record MODE: the observer that records the RL steps into the bundle.
-absl::StatusOr<std::unique_ptr<RecordingObserver>> MakeRecorder(const TrainArgs& o) {
+// --record MODE: the observer that records the RL steps into the bundle; a
+// rank records into RUN/rank<K>.moerr of the run directory (--bundle, by
+// default OUTPUT/run), and rank 0 writes the manifest there.
+absl::StatusOr<std::unique_ptr<RecordingObserver>> MakeRecorder(const TrainArgs& o, const RankSession& rank) {
   MOERR_ASSIGN_OR_RETURN(const recorder::CaptureMode mode, recorder::ParseCaptureMode(o.record));
-  recorder::RecordOptions record(o.bundle.empty() ? o.train.out_dir + "/run.moerr" : o.bundle);
+  const std::string run_dir = o.bundle.empty() ? o.train.out_dir + "/run" : o.bundle;
+  recorder::RecordOptions record(!rank.parallel   ? (o.bundle.empty() ? o.train.out_dir + "/run.moerr" : o.bundle)
+                                 : run_dir + "/rank" + std::to_string(rank.env.rank) + ".moerr");
   record.set_mode(mode).set_overwrite(o.train.overwrite);
   MOERR_RETURN_IF_ERROR(ParseTrigger(o.trigger, record));
-  return std::make_unique<RecordingObserver>(std::move(record));
+  auto observer = std::make_unique<RecordingObserver>(std::move(record));
+  if (rank.parallel) observer->set_rank(rank.parallel.get(), run_dir);
+  return observer;
 }
 
 void PrintRun(const TrainArgs& o, const RankSession& rank, const moe::TrainReport& report,
@@ -91,9 +97,6 @@ CommandResult RunTrain(TrainArgs& o) {
   MOERR_ASSIGN_OR_RETURN(o.train.precision, moe::ParsePrecision(o.precision));
   o.train.fp16_saturate = o.fp16_overflow == "saturate";
   MOERR_ASSIGN_OR_RETURN(const auto rank_env, distributed::RankFromEnvironment());
-  if ((o.ranks.ranks > 1 || rank_env.has_value()) && !o.record.empty()) {
-    return absl::InvalidArgumentError("--record with more than one rank: not yet (one process only)");
-  }
   if (!rank_env.has_value() && o.ranks.ranks > 1) return LaunchRanks(o.ranks);
   if (!rank_env.has_value()) MOERR_RETURN_IF_ERROR(CheckOneProcess(o.ranks));
   RankSession rank;
@@ -104,15 +107,18 @@ CommandResult RunTrain(TrainArgs& o) {
   const bool quiet = rank.parallel && rank.env.rank != 0;  // rank 0 speaks for the world
   std::unique_ptr<RecordingObserver> observer;
   if (!o.record.empty()) {
-    MOERR_ASSIGN_OR_RETURN(observer, MakeRecorder(o));
+    MOERR_ASSIGN_OR_RETURN(observer, MakeRecorder(o, rank));
   }
+  moe::TrainObservers observers;
+  observers.Add(rank.fault.get());  // first: a fault acts before the recorder sees the step
+  observers.Add(observer.get());
   PhasedProgress progress;
   auto report = moe::RunTraining(
       o.train,
       [&](const std::string& p, int64_t done, int64_t total) {
         if (!quiet) progress.Update(p, done, total);
       },
-      rank.fault ? rank.fault.get() : static_cast<moe::TrainObserver*>(observer.get()));
+      &observers);
   if (!quiet) progress.Finish();
   if (!report.ok()) {
     const absl::Status& s = report.status();
@@ -159,7 +165,7 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
                   "When to write steps: always, window:A-B, or anomaly[:STEPS[:SPIKE]] (keep STEPS steps in memory; "
                   "write them when the loss or grad norm is non-finite or the grad norm exceeds SPIKE x its median)")
       ->capture_default_str();
-  cmd->add_option("--bundle", opts->bundle, "Bundle path for --record (default: OUTPUT/run.moerr)");
+  cmd->add_option("--bundle", opts->bundle, "Bundle path for --record (default: OUTPUT/run.moerr); with several ranks, the run directory of their bundles and world.json (default: OUTPUT/run)");
   cmd->add_option("--ranks", opts->ranks.ranks,
                   "Rank processes to launch (expert and data parallel, c10d Gloo); a rank started by another launcher "
                   "takes RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT from the environment")
@@ -180,8 +186,10 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::IsMember({"file", "tcp"}));
   cmd->add_option("--rank-fault", opts->ranks.rank_fault,
-                  "A multi-rank fault: kill:K (rank K is killed by SIGKILL as step 0 starts) or stall:K (rank K "
-                  "stops there, the others time out in their collective)");
+                  "A multi-rank fault in step 0: kill:K (rank K is killed by SIGKILL as the step starts), stall:K "
+                  "(rank K stops there, the others time out in their collective), corrupt:K (rank K's first "
+                  "all_to_all of rows delivers another rank's rows scaled by 2^16, as a bad link would); @N: at "
+                  "rank K's N-th collective after the rollout (N-th all_to_all of rows for corrupt), from 0");
   OnRun(cmd, exit_code, [opts] { return RunTrain(*opts); });
 }
 

@@ -1,10 +1,13 @@
 #include "tools/train_ranks.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/numbers.h"
@@ -16,47 +19,100 @@
 namespace moerr::tools {
 namespace {
 
-// --rank-fault: the multi-rank faults. kill: the rank SIGKILLs itself as
-// step 0 starts, before its first collective of the step; stall: it stops
-// there for good, so the others wait in that collective until it times out.
-class RankFault : public moe::TrainObserver {
- public:
-  explicit RankFault(bool kill) : kill_(kill) {}
-  absl::Status OnStart(moe::GrpoTrainer&) override { return absl::OkStatus(); }
-  absl::Status BeforeStep(int64_t step) override {
-    if (step != 0) return absl::OkStatus();
-    if (kill_) ::raise(SIGKILL);
-    for (;;) ::pause();
-  }
-  absl::Status AfterStep(const moe::StepMetrics&, double) override { return absl::OkStatus(); }
-  absl::Status OnFinish() override { return absl::OkStatus(); }
-
- private:
-  bool kill_;
+// --rank-fault KIND:K[@N], the multi-rank faults on rank K, all in step 0:
+//   kill     the rank SIGKILLs itself: as the step starts, or with @N before
+//            its N-th collective of the step after the rollout (from 0);
+//   stall    it stops there for good, so the others wait in the collective
+//            they share next until it times out;
+//   corrupt  its N-th all_to_all of rows after the rollout (default 0; or the
+//            next one that receives rows from another rank) delivers their rows
+//            scaled by 2^16, as a bad link or device would: what it received
+//            is not what was sent.
+struct RankFaultSpec {
+  enum class Kind { kKill, kStall, kCorrupt } kind = Kind::kKill;
+  int64_t rank = 0;
+  int64_t at = -1;  // @N; -1: as the step starts (kill, stall), 0 (corrupt)
 };
 
-absl::Status ParseRankFault(const std::string& text, int64_t ranks, bool& kill, int64_t& rank) {
-  const size_t colon = text.find(':');
-  const std::string kind = text.substr(0, colon);
-  if (colon == std::string::npos || (kind != "kill" && kind != "stall") ||
-      !absl::SimpleAtoi(text.substr(colon + 1), &rank) || rank < 0 || rank >= ranks) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--rank-fault must be kill:K or stall:K with K a rank below %d, not \"%s\"", ranks, text));
+class RankFault : public moe::TrainObserver, public recorder::CollectiveObserver {
+ public:
+  explicit RankFault(RankFaultSpec spec) : spec_(spec) {}
+  absl::Status OnStart(moe::GrpoTrainer&) override { return absl::OkStatus(); }
+  absl::Status BeforeStep(int64_t step) override {
+    in_step0_ = step == 0;
+    if (in_step0_ && spec_.kind != RankFaultSpec::Kind::kCorrupt && spec_.at < 0) Strike();
+    return absl::OkStatus();
   }
-  kill = kind == "kill";
-  return absl::OkStatus();
+  absl::Status AfterStep(const moe::StepMetrics&, double) override {
+    in_step0_ = false;
+    return absl::OkStatus();
+  }
+  absl::Status OnFinish() override { return absl::OkStatus(); }
+
+  void OnCollectiveStart(const recorder::CollectiveCall&, const std::vector<at::Tensor>&, bool) override {
+    if (!in_step0_ || moe::RolloutScope::Active() || spec_.kind == RankFaultSpec::Kind::kCorrupt) return;
+    if (collectives_++ == spec_.at) Strike();
+  }
+  // Rows only: a corrupted count would make the ranks disagree on sizes and
+  // hang, which is the stall fault's business.
+  void OnCollectiveEnd(const recorder::CollectiveCall& call, const std::vector<at::Tensor>& outputs) override {
+    if (!in_step0_ || moe::RolloutScope::Active() || spec_.kind != RankFaultSpec::Kind::kCorrupt || done_ ||
+        call.kind != "all_to_all" || !outputs[0].is_floating_point()) {
+      return;
+    }
+    if (all_to_alls_++ < std::max<int64_t>(spec_.at, 0)) return;
+    int64_t row = 0;
+    for (int64_t from = 0; from < static_cast<int64_t>(call.recv_rows.size()); ++from) {
+      const int64_t rows = call.recv_rows[static_cast<size_t>(from)];
+      if (from != call.group_rank && rows > 0) {
+        at::DisableRecordFunctionGuard untraced;  // the link's doing, not an op of the step
+        outputs[0].narrow(0, row, rows).mul_(65536);
+        done_ = true;
+        return;
+      }
+      row += rows;
+    }
+  }
+  void OnCollectiveFailed(const recorder::CollectiveCall&, const std::string&) override {}
+
+ private:
+  [[noreturn]] void Strike() {
+    if (spec_.kind == RankFaultSpec::Kind::kKill) ::raise(SIGKILL);
+    for (;;) ::pause();
+  }
+
+  RankFaultSpec spec_;
+  bool in_step0_ = false, done_ = false;
+  int64_t collectives_ = 0, all_to_alls_ = 0;
+};
+
+absl::StatusOr<RankFaultSpec> ParseRankFault(const std::string& text, int64_t ranks) {
+  RankFaultSpec spec;
+  const size_t colon = text.find(':'), at = text.find('@');
+  const std::string kind = text.substr(0, colon);
+  const std::string rank = colon == std::string::npos ? "" : text.substr(colon + 1, at == std::string::npos ? at : at - colon - 1);
+  const bool ok = (kind == "kill" || kind == "stall" || kind == "corrupt") && absl::SimpleAtoi(rank, &spec.rank) &&
+                  spec.rank >= 0 && spec.rank < ranks &&
+                  (at == std::string::npos || (absl::SimpleAtoi(text.substr(at + 1), &spec.at) && spec.at >= 0));
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--rank-fault must be kill:K, stall:K or corrupt:K, optionally @N, with K a rank below %d, not \"%s\"",
+        ranks, text));
+  }
+  spec.kind = kind == "kill" ? RankFaultSpec::Kind::kKill
+              : kind == "stall" ? RankFaultSpec::Kind::kStall
+                                : RankFaultSpec::Kind::kCorrupt;
+  return spec;
 }
 
 }  // namespace
 
 absl::StatusOr<int> LaunchRanks(const RanksOptions& o) {
-  bool kill = false;
-  int64_t fault_rank = 0;
   if (o.ep < 1 || o.ranks % o.ep != 0) {
     return absl::InvalidArgumentError(absl::StrFormat("--ep %d must divide --ranks %d", o.ep, o.ranks));
   }
   if (!o.rank_fault.empty()) {
-    MOERR_RETURN_IF_ERROR(ParseRankFault(o.rank_fault, o.ranks, kill, fault_rank));
+    MOERR_RETURN_IF_ERROR(ParseRankFault(o.rank_fault, o.ranks).status());
   }
   distributed::LaunchOptions launch;
   launch.ranks = o.ranks;
@@ -116,11 +172,10 @@ absl::StatusOr<RankSession> JoinAsRank(const distributed::RankEnv& env, const Ra
   }
   RankSession session;
   session.env = env;
+  std::unique_ptr<RankFault> fault;
   if (!o.rank_fault.empty()) {
-    bool kill = false;
-    int64_t rank = 0;
-    MOERR_RETURN_IF_ERROR(ParseRankFault(o.rank_fault, env.world_size, kill, rank));
-    if (rank == env.rank) session.fault = std::make_unique<RankFault>(kill);
+    MOERR_ASSIGN_OR_RETURN(const RankFaultSpec spec, ParseRankFault(o.rank_fault, env.world_size));
+    if (spec.rank == env.rank) fault = std::make_unique<RankFault>(spec);
   }
   // Ranks share the machine's cores: one intra-op thread each.
   at::set_num_threads(1);
@@ -128,6 +183,10 @@ absl::StatusOr<RankSession> JoinAsRank(const distributed::RankEnv& env, const Ra
   world.ep_size = o.ep;
   world.collective_timeout_s = o.collective_timeout_s;
   MOERR_ASSIGN_OR_RETURN(session.parallel, distributed::JoinWorld(env, world));
+  if (fault) {
+    session.parallel->AddObserver(fault.get());  // before any recorder: it sees what the fault did
+    session.fault = std::move(fault);
+  }
   return session;
 }
 

@@ -21,7 +21,7 @@ struct RanksOptions {
   double collective_timeout_s = 60;
   double deadline_s = 0;
   std::string store = "file";  // file or tcp
-  std::string rank_fault;      // "", kill:K or stall:K
+  std::string rank_fault;      // "", or kill|stall|corrupt:K[@N] (train_ranks.cpp)
 };
 
 // Runs the ranks and returns the command's exit code: 0 when every rank

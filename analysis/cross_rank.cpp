@@ -1,0 +1,158 @@
+#include "analysis/cross_rank.h"
+
+#include <map>
+#include <numeric>
+#include <tuple>
+
+#include "absl/strings/str_format.h"
+
+namespace moerr::analysis {
+namespace {
+
+struct Recorded {
+  formats::CollectiveOp c;
+  const formats::OpEvent* op = nullptr;
+};
+// A rank's collectives of the step by (group, seq).
+using Collectives = std::map<std::pair<std::string, int64_t>, Recorded>;
+
+Collectives CollectivesOf(const formats::Trace& trace) {
+  Collectives out;
+  for (const formats::OpEvent& op : trace.ops) {
+    if (!formats::IsCollective(op)) continue;
+    absl::StatusOr<formats::CollectiveOp> c = formats::CollectiveOf(op);
+    if (c.ok()) out[{c->group, c->seq}] = Recorded{*std::move(c), &op};
+  }
+  return out;
+}
+
+int64_t RowsBefore(const std::vector<int64_t>& rows, int64_t slice) {
+  return std::accumulate(rows.begin(), rows.begin() + slice, int64_t{0});
+}
+
+// Sender `from` (its record `sent`) against receiver `to` (`got`).
+void CheckAllToAll(int64_t from, const Recorded& sent, int64_t to, const Recorded& got,
+                   std::vector<CollectiveMismatch>& out) {
+  const int64_t j = got.c.group_rank, i = sent.c.group_rank;
+  auto mismatch = [&](std::string what) {
+    CollectiveMismatch m{got.c, got.op->module, from, to, 0, 0, std::move(what)};
+    if (i < static_cast<int64_t>(got.c.recv_rows.size())) {
+      m.first_row = RowsBefore(got.c.recv_rows, i);
+      m.rows = got.c.recv_rows[i];
+    }
+    out.push_back(std::move(m));
+  };
+  if (sent.c.kind != got.c.kind) {
+    return mismatch(absl::StrFormat("rank %d ran %s there, rank %d %s", from, sent.c.kind, to, got.c.kind));
+  }
+  const size_t si = static_cast<size_t>(j), ri = static_cast<size_t>(i);
+  if (si >= sent.c.send_rows.size() || ri >= got.c.recv_rows.size()) {
+    return mismatch("the group sizes disagree");
+  }
+  if (sent.c.send_rows[si] != got.c.recv_rows[ri]) {
+    return mismatch(absl::StrFormat("rank %d sent %d rows, rank %d expected %d", from, sent.c.send_rows[si], to,
+                                    got.c.recv_rows[ri]));
+  }
+  if (si < sent.c.send_hashes.size() && ri < got.c.recv_hashes.size() &&
+      sent.c.send_hashes[si] != got.c.recv_hashes[ri]) {
+    mismatch(absl::StrFormat("the bytes differ: rank %d sent hash %016x, rank %d received %016x", from,
+                             sent.c.send_hashes[si], to, got.c.recv_hashes[ri]));
+  }
+}
+
+// Every rank of an all_reduce holds the same sum; of a broadcast, the root's tensor.
+void CheckSameResult(int64_t rank, const Recorded& mine, int64_t peer, const Recorded& theirs,
+                     std::vector<CollectiveMismatch>& out) {
+  const bool broadcast = mine.c.kind == "broadcast";
+  // broadcast: `peer` is the root; what it sent is what every rank holds.
+  const std::vector<uint64_t>& expected = broadcast ? theirs.c.send_hashes : theirs.c.recv_hashes;
+  if (expected.empty() || mine.c.recv_hashes.empty() || expected[0] == mine.c.recv_hashes[0]) return;
+  out.push_back(CollectiveMismatch{
+      mine.c, mine.op->module, peer, rank, 0, 0,
+      broadcast ? absl::StrFormat("rank %d holds other bytes than root rank %d sent", rank, peer)
+                : absl::StrFormat("ranks %d and %d hold different sums", peer, rank)});
+}
+
+std::string DescribeOp(size_t index, const formats::OpEvent& op) {
+  return absl::StrFormat("op %d: %s in %s (%s)", index, op.name, op.module.empty() ? "-" : op.module,
+                         formats::PhaseName(op.phase));
+}
+
+}  // namespace
+
+std::vector<CollectiveMismatch> CheckCollectives(const formats::WorldStep& world) {
+  std::vector<Collectives> by_rank(world.ranks.size());
+  for (size_t r = 0; r < world.ranks.size(); ++r) {
+    if (world.ranks[r].trace) by_rank[r] = CollectivesOf(*world.ranks[r].trace);
+  }
+  std::vector<CollectiveMismatch> out;
+  for (size_t to = 0; to < world.ranks.size(); ++to) {
+    for (const auto& [key, got] : by_rank[to]) {
+      const int64_t receiver = static_cast<int64_t>(to);
+      const bool sums = got.c.kind == "all_reduce" || got.c.kind == "all_gather";
+      for (int64_t g = 0; g < got.c.group_size; ++g) {
+        const int64_t from = world.manifest.WorldRankOf(key.first, receiver, g);
+        if (from < 0 || from == receiver) continue;
+        if (got.c.kind == "broadcast" && g != got.c.root) continue;
+        if (sums && from < receiver) continue;  // each pair once
+        auto it = by_rank[static_cast<size_t>(from)].find(key);
+        if (it == by_rank[static_cast<size_t>(from)].end()) continue;  // a rank that never got there
+        if (got.c.kind == "all_to_all") {
+          CheckAllToAll(from, it->second, receiver, got, out);
+        } else if (got.c.kind == "all_reduce" || got.c.kind == "broadcast" || got.c.kind == "all_gather") {
+          CheckSameResult(receiver, got, from, it->second, out);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+const char* FateName(RankFate::Kind kind) {
+  switch (kind) {
+    case RankFate::Kind::kFinished: return "finished";
+    case RankFate::Kind::kDied: return "died";
+    case RankFate::Kind::kWaited: return "waited";
+    case RankFate::Kind::kUnreadable: return "unreadable";
+  }
+  return "?";
+}
+
+std::vector<RankFate> RankFates(const formats::WorldStep& world) {
+  std::vector<RankFate> out;
+  for (const formats::RankStep& r : world.ranks) {
+    RankFate f;
+    f.rank = r.rank;
+    if (r.trace && !r.trace->ops.empty()) {
+      f.ops = r.trace->ops.size();
+      f.last_op = DescribeOp(f.ops - 1, r.trace->ops.back());
+    }
+    absl::StatusOr<llvm::json::Value> failed =
+        r.reader ? r.reader->ReadAnnotation("collective_failed") : absl::NotFoundError("");
+    const llvm::json::Object* o = failed.ok() ? failed->getAsObject() : nullptr;
+    if (!r.reader) {
+      f.kind = RankFate::Kind::kUnreadable;
+      f.detail = std::string(r.error.message());
+    } else if (o != nullptr) {
+      f.kind = RankFate::Kind::kWaited;
+      formats::CollectiveOp c;
+      c.kind = o->getString("kind").getValueOr("?").str();
+      c.group = o->getString("group").getValueOr("?").str();
+      c.seq = o->getInteger("seq").getValueOr(-1);
+      f.waited_in = formats::DescribeCollective(c, o->getString("module").getValueOr("").str());
+      f.detail = o->getString("error").getValueOr("").str();
+    } else if (r.step_complete) {
+      f.kind = RankFate::Kind::kFinished;
+    } else {
+      f.kind = RankFate::Kind::kDied;
+      if (r.partial) {
+        f.detail = "its bundle was never finished";
+        if (!r.salvage.stop_reason.empty()) f.detail += " (salvaged up to: " + r.salvage.stop_reason + ")";
+      }
+    }
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+}  // namespace moerr::analysis

@@ -1,0 +1,74 @@
+#include "analysis/world_overflow.h"
+
+#include <algorithm>
+#include <tuple>
+
+namespace moerr::analysis {
+namespace {
+
+bool AnyNotFinite(const formats::Trace& trace, const std::vector<uint64_t>& ids) {
+  return std::any_of(ids.begin(), ids.end(), [&](uint64_t id) {
+    const formats::TensorMeta* meta = trace.Find(id);
+    return meta != nullptr && !meta->fingerprint.Finite();
+  });
+}
+
+// Of `trace`, the collective at (group, seq), or null.
+const formats::OpEvent* FindCollective(const formats::Trace& trace, const formats::CollectiveOp& c) {
+  for (const formats::OpEvent& op : trace.ops) {
+    if (!formats::IsCollective(op)) continue;
+    absl::StatusOr<formats::CollectiveOp> other = formats::CollectiveOf(op);
+    if (other.ok() && other->group == c.group && other->seq == c.seq) return &op;
+  }
+  return nullptr;
+}
+
+// The first collective from `from` on in which the origin sends values
+// that are not finite; the ranks of its group whose output is not finite.
+void FindSpread(const formats::WorldStep& world, const formats::Trace& origin, size_t from, WorldOverflow& out) {
+  for (size_t i = from; i < origin.ops.size(); ++i) {
+    const formats::OpEvent& op = origin.ops[i];
+    if (!formats::IsCollective(op)) continue;
+    absl::StatusOr<formats::CollectiveOp> c = formats::CollectiveOf(op);
+    if (!c.ok() || !AnyNotFinite(origin, c->inputs)) continue;
+    out.spread = *c;
+    out.spread_module = op.module;
+    for (int64_t g = 0; g < c->group_size; ++g) {
+      const int64_t peer = world.manifest.WorldRankOf(c->group, out.rank, g);
+      if (peer < 0 || peer == out.rank || !world.ranks[static_cast<size_t>(peer)].trace) continue;
+      const formats::Trace& theirs = *world.ranks[static_cast<size_t>(peer)].trace;
+      const formats::OpEvent* got = FindCollective(theirs, *c);
+      if (got != nullptr && AnyNotFinite(theirs, got->outputs)) out.reached.push_back(peer);
+    }
+    return;
+  }
+}
+
+}  // namespace
+
+std::optional<WorldOverflow> FindWorldOverflow(const formats::WorldStep& world, const OverflowOptions& options) {
+  WorldOverflow out;
+  for (const formats::RankStep& r : world.ranks) {
+    if (!r.trace) continue;
+    const std::optional<FirstOverflow> first = FindFirstOverflow(*r.trace, options);
+    if (!first) continue;
+    RankOverflow o{r.rank, first->op_index, first->op, formats::IsCollective(*first->op), 0};
+    for (size_t i = 0; i < first->op_index; ++i) o.collectives_before += formats::IsCollective(r.trace->ops[i]);
+    out.ranks.push_back(o);
+  }
+  if (out.ranks.empty()) return std::nullopt;
+  // Not arrived before arrived; then fewer collectives before; then the lower rank.
+  const RankOverflow& origin = *std::min_element(out.ranks.begin(), out.ranks.end(), [](const auto& a, const auto& b) {
+    return std::make_tuple(a.arrived, a.collectives_before, a.rank) <
+           std::make_tuple(b.arrived, b.collectives_before, b.rank);
+  });
+  out.rank = origin.rank;
+  const formats::Trace& trace = *world.ranks[static_cast<size_t>(origin.rank)].trace;
+  std::optional<OverflowCause> cause = FindOverflowCause(trace, options);
+  if (!cause) return std::nullopt;  // FindFirstOverflow found one above: cannot happen
+  out.cause = *std::move(cause);
+  FindSpread(world, trace, origin.op_index, out);
+  return out;
+}
+
+}  // namespace moerr::analysis

@@ -1,0 +1,47 @@
+// The first overflow of a multi-rank step, in causal order (docs/
+// DISTRIBUTED.md, "Bisect across ranks"). Each rank's ops are in execution
+// order; a collective is an edge from every sender's earlier ops to the
+// receivers' later ones. Values that overflow on one rank reach the others
+// only through collectives, and a collective whose received output is not
+// finite while what this rank sent is, is where they arrive: on such a rank,
+// FindFirstOverflow names the collective itself. So the origin is the rank
+// whose first overflowing op is not a collective; among several (ranks that
+// overflowed independently), the one whose overflow comes after the fewest
+// collectives of its step, then the lowest rank.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "analysis/overflow_cause.h"
+#include "formats/collective_op.h"
+#include "formats/world_run.h"
+
+namespace moerr::analysis {
+
+struct RankOverflow {
+  int64_t rank = 0;
+  size_t op_index = 0;
+  const formats::OpEvent* op = nullptr;  // into the rank's trace
+  bool arrived = false;                  // op is a collective: the values came from another rank
+  size_t collectives_before = 0;         // collectives the rank ran before op
+};
+
+struct WorldOverflow {
+  int64_t rank = 0;        // where it began
+  OverflowCause cause;     // on that rank (first overflow, cause, chain)
+  // How it spread: the first collective after the first overflow in which
+  // the origin sent values that are not finite, and the ranks whose output
+  // of it is not finite. Absent when it did not leave the origin.
+  std::optional<formats::CollectiveOp> spread;
+  std::string spread_module;
+  std::vector<int64_t> reached;
+  std::vector<RankOverflow> ranks;  // every rank's first overflow, by rank
+};
+
+// Nullopt when no rank's step overflows. Points into `world`'s traces.
+std::optional<WorldOverflow> FindWorldOverflow(const formats::WorldStep& world, const OverflowOptions& options = {});
+
+}  // namespace moerr::analysis

@@ -1,0 +1,81 @@
+#include "formats/world_run.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "support/status.h"
+
+namespace moerr::formats {
+namespace {
+
+// A .partial bundle salvaged into a temporary file, opened (the mapping
+// outlives the file's name) and the file removed.
+absl::StatusOr<std::unique_ptr<BundleReader>> OpenSalvaged(const std::string& path, SalvageReport& report) {
+  const char* tmpdir = std::getenv("TMPDIR");
+  std::string name = std::string(tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp") + "/moerr-salvage-XXXXXX";
+  const int fd = ::mkstemp(name.data());
+  if (fd < 0) return absl::UnavailableError(absl::StrFormat("%s: cannot create a temporary file to salvage it", path));
+  ::close(fd);
+  absl::StatusOr<SalvageReport> salvaged = Salvage(path, name, /*overwrite=*/true);
+  absl::StatusOr<std::unique_ptr<BundleReader>> reader =
+      salvaged.ok() ? BundleReader::Open(name) : absl::StatusOr<std::unique_ptr<BundleReader>>(salvaged.status());
+  ::unlink(name.c_str());
+  if (salvaged.ok()) report = *salvaged;
+  return reader;
+}
+
+}  // namespace
+
+void OpenRankBundle(const std::string& run_dir, const WorldRank& rank, RankStep& out) {
+  out.rank = rank.rank;
+  out.path = RankBundlePath(run_dir, rank);
+  out.partial = absl::EndsWith(out.path, ".partial");
+  auto reader = out.partial ? OpenSalvaged(out.path, out.salvage) : BundleReader::Open(out.path);
+  if (reader.ok()) {
+    out.reader = *std::move(reader);
+  } else {
+    out.error = reader.status();
+  }
+}
+
+absl::StatusOr<WorldStep> OpenWorldStep(const std::string& run_dir, int64_t step) {
+  WorldStep world;
+  world.dir = run_dir;
+  MOERR_ASSIGN_OR_RETURN(world.manifest, ReadWorldManifest(run_dir));
+  world.ranks.resize(world.manifest.ranks.size());
+  std::vector<int64_t> steps;
+  for (size_t r = 0; r < world.ranks.size(); ++r) {
+    OpenRankBundle(run_dir, world.manifest.ranks[r], world.ranks[r]);
+    if (world.ranks[r].reader) {
+      const std::vector<int64_t> s = world.ranks[r].reader->Steps();
+      steps.insert(steps.end(), s.begin(), s.end());
+    }
+  }
+  if (step < 0) {
+    if (steps.empty()) return absl::NotFoundError(absl::StrFormat("%s: no rank's bundle has a step", run_dir));
+    step = *std::min_element(steps.begin(), steps.end());
+  }
+  world.step = step;
+  for (RankStep& r : world.ranks) {
+    if (!r.reader) continue;
+    const std::vector<int64_t> s = r.reader->Steps(), complete = r.reader->CompleteSteps();
+    if (std::find(s.begin(), s.end(), step) == s.end()) {
+      r.error = absl::NotFoundError(absl::StrFormat("%s has no step %d", r.path, step));
+      continue;
+    }
+    r.step_complete = std::find(complete.begin(), complete.end(), step) != complete.end();
+    absl::StatusOr<Trace> trace = ReadTrace(*r.reader, step);
+    if (trace.ok()) {
+      r.trace = *std::move(trace);
+    } else {
+      r.error = trace.status();
+    }
+  }
+  return world;
+}
+
+}  // namespace moerr::formats
