@@ -138,6 +138,8 @@ struct OpEvent {
   args @8 :List(Arg);
   outputs @9 :List(UInt64);  # TensorMeta ids; 0 for a non-tensor output
   autocast @10 :Int8 = -1;   # CPU autocast dtype in force (a DType), or -1 when off
+  device @11 :Text;          # device type of its first tensor argument ("cpu", "cuda", ...);
+                             # empty when it has none, and in files before this field
 }
 
 struct OpBatch {

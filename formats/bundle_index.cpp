@@ -148,6 +148,7 @@ void SetOpBatch(const OpBatch& in, schema::OpBatch::Builder out) {
     for (size_t a = 0; a < op.args.size(); ++a) SetArg(op.args[a], args[a]);
     SetList(b.initOutputs(op.outputs.size()), op.outputs);
     b.setAutocast(op.autocast);
+    b.setDevice(TextOf(op.device));
   }
   auto tensors = out.initTensors(in.tensors.size());
   for (size_t i = 0; i < in.tensors.size(); ++i) {
@@ -298,6 +299,7 @@ absl::StatusOr<OpBatch> GetOpBatch(schema::OpBatch::Reader in) {
     for (auto a : b.getArgs()) op.args.push_back(GetArg(a));
     op.outputs = GetList<uint64_t>(b.getOutputs());
     op.autocast = b.getAutocast();
+    op.device = std::string(View(b.getDevice()));
     out.ops.push_back(std::move(op));
   }
   auto tensors = in.getTensors();

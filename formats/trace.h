@@ -74,6 +74,7 @@ struct OpEvent {
   std::vector<OpArg> args;
   std::vector<uint64_t> outputs;  // 0: not a tensor
   int8_t autocast = -1;           // CPU autocast dtype in force (a DType), or -1
+  std::string device;             // device type of its first tensor argument ("cpu", "cuda"), or ""
 };
 
 struct OpBatch {

@@ -78,6 +78,29 @@ const char* ModuleOf(const std::vector<const char*>& scopes) {
   return "";
 }
 
+// The device type of an op's first tensor argument ("cpu", "cuda", ...), or
+// "" when it has none; from a table, so naming it allocates nothing.
+const std::string& DeviceOf(const at::RecordFunction& fn) {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (int i = 0; i < static_cast<int>(c10::DeviceType::COMPILE_TIME_MAX_DEVICE_TYPES); ++i) {
+      n.push_back(c10::DeviceTypeName(static_cast<c10::DeviceType>(i), /*lower_case=*/true));
+    }
+    return n;
+  }();
+  static const std::string none;
+  for (const c10::IValue& v : fn.inputs()) {
+    const at::Tensor* t = nullptr;
+    if (v.isTensor()) {
+      t = &v.toTensor();
+    } else if (v.isTensorList() && !v.toListRef().empty()) {
+      t = &v.toListRef()[0].toTensor();
+    }
+    if (t != nullptr && t->defined()) return names[static_cast<size_t>(t->device().type())];
+  }
+  return none;
+}
+
 bool IsRandomOp(absl::string_view name) {
   for (const char* r : {"rand", "normal", "bernoulli", "multinomial", "dropout", "uniform", "exponential", "poisson",
                         "cauchy", "geometric", "log_normal"}) {
@@ -423,6 +446,7 @@ void OpTracer::BeginEvent(const at::RecordFunction& fn, const c10::OperatorName&
   op.forward_seq = -1;
   op.outputs.clear();
   op.autocast = -1;
+  op.device.assign(DeviceOf(fn));
   if (at::autocast::is_cpu_enabled()) {
     auto dtype = moerr::recorder::ToDType(at::autocast::get_autocast_cpu_dtype());
     op.autocast = dtype.ok() ? static_cast<int8_t>(*dtype) : -1;

@@ -65,6 +65,12 @@ at::Tensor Round(const at::Tensor& t, PolicyRule::Action action) {
   }
 }
 
+// How an output is judged against the record: bitwise; within the dtype's
+// tolerance (an op recorded on another device type); or within tolerance,
+// the ops after it reading the recorded value when the bundle holds it (a
+// reference's output, so one reference's rounding does not spread).
+enum class Judge { kBitwise, kTolerance, kReference };
+
 // Whether `op` is not re-executed but served from the record (its outputs
 // are leaves of the bundle): an op this LibTorch does not have (`known`
 // false; "ext/<id>"), or a collective, whose other ranks are not here
@@ -221,15 +227,15 @@ class Replay {
   }
 
   // Records the replayed `output` for `id`, and compares its fingerprint
-  // with the record when this op produced it. `tolerant` (a reference's
-  // output): within the dtype's tolerance counts as reproduced, and the ops
-  // after it read the recorded value when the bundle holds it.
+  // with the record when this op produced it, as `judge` says.
   absl::Status Output(size_t index, const formats::OpEvent& op, uint64_t id, const at::Tensor& output,
-                      const std::vector<recorder::ViewSource>& sources, ReplayReport& report, bool tolerant = false) {
+                      const std::vector<recorder::ViewSource>& sources, ReplayReport& report,
+                      Judge judge = Judge::kBitwise) {
     if (id == 0 || !output.defined()) return absl::OkStatus();
     const formats::TensorMeta* meta = trace_.Find(id);
     // Isolated: the next op reads the recorded value, not this one.
-    const bool recorded_value = (options_.isolated || tolerant) && meta != nullptr && !meta->leaf.empty();
+    const bool recorded_value =
+        (options_.isolated || judge == Judge::kReference) && meta != nullptr && !meta->leaf.empty();
     if (!recorded_value) values_[id] = output;
     if (meta == nullptr || meta->producer != static_cast<int64_t>(op.seq)) return absl::OkStatus();
     // A dense view of exactly an input's elements takes its fingerprint from
@@ -249,7 +255,7 @@ class Replay {
     report.outputs.push_back(ReplayedOutput{id, dtype, fp.fingerprint});
     ++report.compared;
     if (fp.fingerprint == meta->fingerprint) return absl::OkStatus();
-    if (tolerant) {
+    if (judge != Judge::kBitwise) {
       const diff::FingerprintDelta delta = diff::CompareFingerprints(meta->fingerprint, fp.fingerprint);
       if (delta.nan_mismatch == 0 && delta.inf_mismatch == 0 &&
           delta.Score() <= options_.tolerances.For(meta->dtype)) {
@@ -325,6 +331,11 @@ class Replay {
       }
       const PolicyRule* rule = options_.policy.Match(op);
       if (rule != nullptr) ++report.policy_ops;
+      const Judge judge = OtherDevice(op) ? Judge::kTolerance : Judge::kBitwise;
+      if (judge == Judge::kTolerance) {
+        ++report.other_device;
+        report.recorded_devices.insert(op.device);
+      }
       const std::vector<c10::Argument>& schema_args = handle->schema().arguments();
       std::vector<c10::IValue> stack;
       std::vector<recorder::ViewSource> sources;
@@ -364,11 +375,15 @@ class Replay {
       for (const c10::IValue& v : stack) {
         if (v.isTensor()) {
           const at::Tensor t = round ? Round(v.toTensor(), rule->action) : v.toTensor();
-          if (o < op.outputs.size()) MOERR_RETURN_IF_ERROR(Output(index, op, op.outputs[o++], t, sources, report));
+          if (o < op.outputs.size()) {
+            MOERR_RETURN_IF_ERROR(Output(index, op, op.outputs[o++], t, sources, report, judge));
+          }
         } else if (v.isTensorList()) {
           for (const at::Tensor& element : v.toTensorVector()) {
             const at::Tensor t = round ? Round(element, rule->action) : element;
-            if (o < op.outputs.size()) MOERR_RETURN_IF_ERROR(Output(index, op, op.outputs[o++], t, sources, report));
+            if (o < op.outputs.size()) {
+              MOERR_RETURN_IF_ERROR(Output(index, op, op.outputs[o++], t, sources, report, judge));
+            }
           }
         } else {
           ++o;
@@ -388,9 +403,16 @@ class Replay {
   std::vector<std::vector<uint64_t>> dead_after_;  // per op index: values no later op reads
   absl::flat_hash_map<uint64_t, recorder::KnownFingerprint> fingerprints_;
   const absl::flat_hash_set<uint64_t> uninitialised_ = formats::UninitialisedValues(trace_);
+  const std::string replay_device_ = c10::DeviceTypeName(options_.device.type(), /*lower_case=*/true);
   // Dispatcher lookups by "name.overload": a step calls a few hundred
   // distinct operators tens of thousands of times.
   absl::flat_hash_map<std::string, c10::optional<c10::OperatorHandle>> operators_;
+
+  // Whether `op` ran on another device type than this replay (a bundle
+  // from before device types were recorded says none: as here).
+  bool OtherDevice(const formats::OpEvent& op) const {
+    return !op.device.empty() && op.device != replay_device_;
+  }
 
   const OpReferences::Info* Reference(const formats::OpEvent& op) const {
     return options_.references == nullptr ? nullptr : options_.references->Find(op.name);
@@ -423,7 +445,7 @@ class Replay {
       const formats::TensorMeta* meta = trace_.Find(op.outputs[o]);
       at::Tensor& t = outputs[o];
       if (meta != nullptr && t.is_floating_point()) t = t.to(recorder::ToScalarType(meta->dtype));
-      MOERR_RETURN_IF_ERROR(Output(index, op, op.outputs[o], t, sources, report, /*tolerant=*/true));
+      MOERR_RETURN_IF_ERROR(Output(index, op, op.outputs[o], t, sources, report, Judge::kReference));
     }
     if (!options_.isolated) return absl::OkStatus();
     return CheckAgainstReference(index, op, args, outputs, report);

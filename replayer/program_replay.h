@@ -13,7 +13,8 @@
 // Ops this LibTorch does not have (a vendor's fused kernels) are not
 // re-executed: their recorded outputs ("ext/" leaves) are fed to the ops
 // after them. With a reference (op_references.h) such an op runs through it
-// instead, its outputs compared within the dtype's tolerance; isolated replay
+// instead, its outputs compared within the dtype's tolerance (as are the
+// outputs of ops recorded on another device type); isolated replay
 // checks the recorded op against the reference and its fp64 run.
 //
 // Under a precision policy, matched ops run upcast (their floating inputs
@@ -30,6 +31,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -56,8 +58,9 @@ struct ReplayOptions {
   // References of ops (not owned; may be null): an op with one runs through
   // it, wherever it appears.
   const OpReferences* references = nullptr;
-  // The relative L2 error (judged on fingerprints) an output of a reference
-  // may have against the record and still count as reproduced.
+  // The relative L2 error (judged on fingerprints) an output of a reference,
+  // or of an op recorded on another device type, may have against the
+  // record and still count as reproduced.
   diff::Thresholds tolerances;
 };
 
@@ -108,7 +111,12 @@ struct ReplayReport {
   size_t not_reexecuted = 0;       // ops served from the record (ServedFromRecord)
   std::map<std::string, size_t> not_reexecuted_ops;  // their count by op name
   size_t by_reference = 0;         // ops run through their reference
-  size_t within_tolerance = 0;     // compared outputs of references: not bitwise, within tolerance
+  size_t within_tolerance = 0;     // compared outputs not bitwise equal but within tolerance
+  // Ops recorded on another device type than the replay's (a CUDA or NPU
+  // step replayed on the CPU): their outputs are compared within the
+  // per-dtype tolerance, not bitwise.
+  size_t other_device = 0;
+  std::set<std::string> recorded_devices;  // those ops' device types
   size_t compared = 0;             // outputs whose fingerprints were compared
   size_t mismatched = 0;
   size_t policy_ops = 0;           // ops a precision policy changed

@@ -10,12 +10,14 @@
 #include "diff/trace_diff.h"
 #include "formats/bundle_reader.h"
 #include "formats/module_path.h"
+#include "formats/world_manifest.h"
 #include "analysis/first_overflow.h"
 #include "replayer/model_replay.h"
 #include "replayer/program_replay.h"
 #include "replayer/step_failure.h"
 #include "support/status.h"
 #include "tools/command.h"
+#include "tools/run_directory.h"
 
 namespace moerr::tools {
 namespace {
@@ -245,6 +247,11 @@ void PrintProgramReplay(const ProgramResult& r) {
               report.within_tolerance > 0
                   ? absl::StrFormat(" (%d more within tolerance)", report.within_tolerance).c_str()
                   : "");
+  if (report.other_device > 0) {
+    std::printf("  %zu ops ran on %s when recorded and on the CPU now: their outputs are compared within the "
+                "per-dtype tolerance (relative L2 from fingerprints), not bitwise\n",
+                report.other_device, absl::StrJoin(report.recorded_devices, ", ").c_str());
+  }
   if (const auto& d = report.first_divergence) {
     std::printf("  first divergence: op %zu %s, output %llu\n    recorded %s\n    replayed %s\n", d->op_index,
                 Where(d->op).c_str(), static_cast<unsigned long long>(d->output), Describe(d->recorded).c_str(),
@@ -281,7 +288,11 @@ llvm::json::Object ProgramReplayJson(const ProgramResult& r) {
                          {"differ", static_cast<int64_t>(report.mismatched)},
                          {"within_tolerance", static_cast<int64_t>(report.within_tolerance)},
                          {"by_reference", static_cast<int64_t>(report.by_reference)},
-                         {"not_reexecuted", static_cast<int64_t>(report.not_reexecuted)}};
+                         {"not_reexecuted", static_cast<int64_t>(report.not_reexecuted)},
+                         {"other_device_ops", static_cast<int64_t>(report.other_device)}};
+  llvm::json::Array devices;
+  for (const std::string& device : report.recorded_devices) devices.push_back(device);
+  out["recorded_devices"] = std::move(devices);
   llvm::json::Object not_reexecuted;
   for (const auto& [name, count] : report.not_reexecuted_ops) not_reexecuted[name] = static_cast<int64_t>(count);
   out["not_reexecuted_ops"] = std::move(not_reexecuted);
@@ -355,6 +366,7 @@ struct ReplayArgs {
   bool check = false, isolated = false, model = false, live_routing = false, force = false, json = false;
   std::string policy, precision, out;
   std::vector<std::string> references;  // --reference OP=FILE
+  int64_t rank = -1;                      // --rank K of a run directory
 };
 
 // `moerr replay --model` of each of `steps`: the worst exit code of them.
@@ -430,7 +442,33 @@ CommandResult ProgramReplay(const ReplayArgs& args, const formats::BundleReader&
   return exit_code;
 }
 
+CommandResult RunReplay(const ReplayArgs& args);
+
+// A run directory: rank --rank alone, or every rank and then the cross-rank
+// check of what they exchanged. Each rank's collectives come from its record.
+CommandResult ReplayRun(const ReplayArgs& args) {
+  MOERR_ASSIGN_OR_RETURN(const std::vector<RankBundle> bundles, BundlesOf(args.bundle, args.rank));
+  if (args.model || !args.out.empty()) {
+    return absl::InvalidArgumentError("--model and --out replay one bundle: not a run directory");
+  }
+  int exit_code = kExitOk;
+  for (const RankBundle& b : bundles) {
+    ReplayArgs one = args;
+    one.bundle = b.path;
+    one.rank = -1;
+    if (!args.json) std::printf("rank %lld (%s)\n", static_cast<long long>(b.rank), b.path.c_str());
+    MOERR_ASSIGN_OR_RETURN(const int code, RunReplay(one));
+    exit_code = std::max(exit_code, code);
+  }
+  if (args.rank >= 0) return exit_code;
+  llvm::json::Array checks;
+  MOERR_ASSIGN_OR_RETURN(const int code, CheckRunCollectives(args.bundle, args.steps, args.json ? &checks : nullptr));
+  if (args.json) PrintJson(llvm::json::Object{{"cross_rank", std::move(checks)}});
+  return std::max(exit_code, code);
+}
+
 CommandResult RunReplay(const ReplayArgs& args) {
+  if (formats::IsRunDirectory(args.bundle) || args.rank >= 0) return ReplayRun(args);
   MOERR_RETURN_IF_ERROR(CheckNotAnInput(args.out, {args.bundle}));
   MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(args.bundle));
   replayer::ReplayOptions options;
@@ -459,7 +497,11 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "replay", "Re-execute recorded steps op by op from their leaves (or, --isolated, each op on its recorded inputs) "
       "and compare every output with the record");
-  cmd->add_option("BUNDLE", opts->bundle, "A replayable or full bundle")->required();
+  cmd->add_option("BUNDLE", opts->bundle, "A replayable or full bundle, or a multi-rank run directory (world.json)")
+      ->required();
+  cmd->add_option("--rank", opts->rank,
+                  "Run directory: replay rank K alone (its collectives from the record); default every rank, then "
+                  "check that what each rank received is what the others sent");
   cmd->add_option("--step", opts->steps, "Steps to replay (default: every complete step)");
   cmd->add_flag("--check", opts->check, "Replay twice and demand bitwise equal results (determinism)");
   cmd->add_flag("--isolated", opts->isolated,

@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdio>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -148,6 +149,57 @@ TEST_F(ForeignOpsTest, IsolatedReplayNamesTheBackwardAndNotTheForward) {
     }
   }
   EXPECT_EQ(IndexOf(*trace, kForward) < IndexOf(*trace, kBackward), true);
+}
+
+TEST_F(ForeignOpsTest, EachOpsDeviceTypeIsRecorded) {
+  auto reader = formats::BundleReader::Open(Bundle("replayable"));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto trace = formats::ReadTrace(**reader, 0);
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  for (const formats::OpEvent& op : trace->ops) EXPECT_EQ(op.device, "cpu") << op.name;
+}
+
+// The step as if recorded on a GPU: every op's device type "cuda", and the
+// first matmul's recorded output off by `relative` in its norm (and hash).
+formats::Trace AsIfFromAGpu(formats::Trace trace, double relative) {
+  for (formats::OpEvent& op : trace.ops) op.device = "cuda";
+  const uint64_t mm = trace.ops[0].outputs.at(0);
+  EXPECT_EQ(trace.ops[0].name, "aten::mm");
+  for (formats::TensorMeta& meta : trace.tensors) {
+    if (meta.id != mm) continue;
+    meta.fingerprint.l2 *= 1 + relative;
+    meta.fingerprint.hash ^= 1;
+  }
+  return trace;
+}
+
+TEST_F(ForeignOpsTest, OpsRecordedOnAnotherDeviceAreComparedWithinTolerance) {
+  auto reader = formats::BundleReader::Open(Bundle("replayable"));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto recorded = formats::ReadTrace(**reader, 0);
+  ASSERT_TRUE(recorded.ok()) << recorded.status();
+
+  formats::Trace gpu = AsIfFromAGpu(*recorded, 1e-7);  // an fp32 rounding difference
+  auto report = ReplayTrace(**reader, 0, gpu);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->other_device, report->dispatched);
+  EXPECT_EQ(report->recorded_devices, std::set<std::string>{"cuda"});
+  EXPECT_EQ(report->within_tolerance, 1u);
+  EXPECT_EQ(report->mismatched, 0u);
+
+  formats::Trace cpu = gpu;  // the same difference, recorded on this device type: bitwise is the rule
+  for (formats::OpEvent& op : cpu.ops) op.device = "cpu";
+  report = ReplayTrace(**reader, 0, cpu);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->other_device, 0u);
+  EXPECT_EQ(report->mismatched, 1u);
+
+  formats::Trace far = AsIfFromAGpu(*recorded, 1e-2);  // beyond fp32's 1e-5
+  report = ReplayTrace(**reader, 0, far);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->mismatched, 1u);
+  ASSERT_TRUE(report->first_divergence.has_value());
+  EXPECT_EQ(report->first_divergence->op_index, 0u);
 }
 
 TEST_F(ForeignOpsTest, TheCommandReportsNotReExecutedOpsAndTheVerdict) {
