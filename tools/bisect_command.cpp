@@ -144,10 +144,12 @@ void PrintFirstOverflow(const analysis::FirstOverflow& found, size_t ops, int64_
   std::printf("  module %s, %s phase%s\n", op.module.empty() ? "(none)" : op.module.c_str(),
               std::string(formats::PhaseName(op.phase)).c_str(),
               found.forward_op ? absl::StrFormat(", backward of %s", found.forward_op->name).c_str() : "");
-  std::printf("  output: %llu values, %llu +Inf, %llu -Inf, %llu NaN, finite abs-max %.6g (limit %.6g)\n",
-              static_cast<unsigned long long>(f.numel), static_cast<unsigned long long>(f.pos_inf),
-              static_cast<unsigned long long>(f.neg_inf), static_cast<unsigned long long>(f.nan), f.abs_max,
-              found.limit);
+  // An imported dump's count may be a lower bound only (Fingerprint::unknown).
+  auto count = [&f](uint64_t n, uint32_t field) { return absl::StrFormat("%s%d", f.Known(field) ? "" : ">=", n); };
+  std::printf("  output: %llu values, %s +Inf, %s -Inf, %s NaN, finite abs-max %.6g (limit %.6g)\n",
+              static_cast<unsigned long long>(f.numel), count(f.pos_inf, formats::Fingerprint::kPosInf).c_str(),
+              count(f.neg_inf, formats::Fingerprint::kNegInf).c_str(), count(f.nan, formats::Fingerprint::kNan).c_str(),
+              f.abs_max, found.limit);
   if (!found.trend.empty()) std::printf("  headroom before it (log2 of limit / abs-max):\n");
   for (const auto& p : found.trend) {
     std::printf("    op %6zu %-24s abs-max %-12.6g %6.1f bits%s\n", p.op_index, p.op->name.c_str(), p.abs_max,
