@@ -25,6 +25,7 @@ mkdir "$work/cwd"
 test -x "$prefix/bin/moerr" || fail "no bin/moerr under the prefix"
 test -f "$prefix/share/doc/moerr/README.md" || fail "no share/doc/moerr/README.md"
 test -f "$prefix/share/doc/moerr/docs/FORMAT.md" || fail "no share/doc/moerr/docs/FORMAT.md"
+test -f "$prefix/share/moerr/references/references.list" || fail "no share/moerr/references/references.list"
 
 # Nothing refers back to the build tree (the docs are prose copied from the
 # source tree: their pasted outputs may name any path).

@@ -28,17 +28,17 @@ test -n "$(field Description)" || fail "no Description"
 depends=$(field Depends | tr ',|' '\n\n' | sed 's/(.*)//; s/ //g' | sort -u)
 for p in python3 python3-torch; do grep -qx "$p" <<<"$depends" || fail "Depends lacks $p"; done
 
-# The files: the command, the Python package, the docs; no library but the
-# binding's extension.
+# The files: the command, the Python package, the docs, the op references;
+# no library but the binding's extension.
 files=$(dpkg-deb --contents "$deb" | awk '{print $6}')
 for f in ./usr/bin/moerr ./usr/lib/python3/dist-packages/moerr/__init__.py \
          ./usr/lib/python3/dist-packages/moerr/_version.py ./usr/share/doc/moerr/README.md \
-         ./usr/share/doc/moerr/docs/FORMAT.md; do
+         ./usr/share/doc/moerr/docs/FORMAT.md ./usr/share/moerr/references/references.list; do
   grep -qx "$f" <<<"$files" || fail "the package lacks $f"
 done
 grep -qx './usr/lib/python3/dist-packages/moerr/_moerr\..*\.so' <<<"$files" || fail "the package lacks the extension"
 if stray=$(grep -v -e '/$' -e '^\./usr/bin/moerr$' -e '^\./usr/lib/python3/dist-packages/moerr/' \
-                  -e '^\./usr/share/doc/moerr/' <<<"$files"); then
+                  -e '^\./usr/share/doc/moerr/' -e '^\./usr/share/moerr/references/' <<<"$files"); then
   fail "files outside moerr's own: $stray"
 fi
 if libs=$(grep -E '\.so(\.|$)' <<<"$files" | grep -v '/moerr/_moerr\.'); then fail "the package copies libraries: $libs"; fi

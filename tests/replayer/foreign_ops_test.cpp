@@ -79,6 +79,25 @@ TEST_F(ForeignOpsTest, TheOpsAreNotInThisProcess) {
   EXPECT_FALSE(c10::Dispatcher::singleton().findSchema({kBackward, ""}).has_value());
 }
 
+TEST_F(ForeignOpsTest, TheShippedReferencesLoadByName) {
+  auto refs = OpReferences::Load({});
+  ASSERT_TRUE(refs.ok()) << refs.status();
+  for (const char* op : {"npu::npu_rms_norm", "npu::npu_rms_norm_backward", "npu::npu_rotary_mul",
+                         "npu::npu_rotary_mul_backward", "npu::npu_swiglu", "npu::npu_swiglu_backward"}) {
+    EXPECT_NE(refs->Find(op), nullptr) << op;
+  }
+  const at::Tensor x = at::randn({3, 8});
+  auto out = refs->Run("npu::npu_swiglu", {c10::IValue(x), c10::IValue(int64_t{-1})});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->size(), 1u);
+  EXPECT_TRUE((*out)[0].allclose(at::silu(x.narrow(1, 0, 4)) * x.narrow(1, 4, 4)));
+  // A reference given for an op with other arguments says so.
+  auto wrong = refs->Run("npu::npu_swiglu", {c10::IValue(x), c10::IValue(x), c10::IValue(x)});
+  EXPECT_FALSE(wrong.ok());
+  EXPECT_FALSE(OpReferences::Load({"npu::npu_swiglu"}).ok());              // no FILE
+  EXPECT_FALSE(OpReferences::Load({"npu::npu_swiglu=/nonexistent.pt"}).ok());
+}
+
 TEST_F(ForeignOpsTest, ReplayCompletesWithTheOpsServedFromTheRecord) {
   auto reader = formats::BundleReader::Open(Bundle("replayable"));
   ASSERT_TRUE(reader.ok()) << reader.status();
