@@ -16,6 +16,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REFERENCES = [
+    "npu_moe_token_permute",
+    "npu_moe_token_unpermute",
     "npu_rms_norm",
     "npu_rms_norm_backward",
     "npu_rotary_mul",

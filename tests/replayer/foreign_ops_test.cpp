@@ -82,7 +82,7 @@ TEST_F(ForeignOpsTest, TheOpsAreNotInThisProcess) {
 TEST_F(ForeignOpsTest, TheShippedReferencesLoadByName) {
   auto refs = OpReferences::Load({});
   ASSERT_TRUE(refs.ok()) << refs.status();
-  for (const char* op : {"npu::npu_rms_norm", "npu::npu_rms_norm_backward", "npu::npu_rotary_mul",
+  for (const char* op : {"npu::npu_moe_token_permute", "npu::npu_moe_token_unpermute", "npu::npu_rms_norm", "npu::npu_rms_norm_backward", "npu::npu_rotary_mul",
                          "npu::npu_rotary_mul_backward", "npu::npu_swiglu", "npu::npu_swiglu_backward"}) {
     EXPECT_NE(refs->Find(op), nullptr) << op;
   }
@@ -91,6 +91,14 @@ TEST_F(ForeignOpsTest, TheShippedReferencesLoadByName) {
   ASSERT_TRUE(out.ok()) << out.status();
   ASSERT_EQ(out->size(), 1u);
   EXPECT_TRUE((*out)[0].allclose(at::silu(x.narrow(1, 0, 4)) * x.narrow(1, 4, 4)));
+  // Optional arguments pass as None: the fused MoE permute of 3 tokens, top-2.
+  const at::Tensor tokens = at::randn({3, 4});
+  const at::Tensor experts = at::tensor({1, 0, 0, 1, 1, 0});
+  auto permuted = refs->Run("npu::npu_moe_token_permute", {c10::IValue(tokens), c10::IValue(experts.reshape({3, 2})),
+                                                           c10::IValue(), c10::IValue(false)});
+  ASSERT_TRUE(permuted.ok()) << permuted.status();
+  ASSERT_EQ(permuted->size(), 2u);
+  EXPECT_TRUE((*permuted)[0].equal(tokens.index_select(0, at::tensor({0, 1, 2, 0, 1, 2}))));
   // A reference given for an op with other arguments says so.
   auto wrong = refs->Run("npu::npu_swiglu", {c10::IValue(x), c10::IValue(x), c10::IValue(x)});
   EXPECT_FALSE(wrong.ok());

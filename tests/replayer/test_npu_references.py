@@ -47,7 +47,7 @@ def rand(*shape, dtype, gen):
 def test_the_list_names_every_file():
     entries = listed()
     assert set(entries) == {
-        "npu::npu_rms_norm", "npu::npu_rms_norm_backward", "npu::npu_rotary_mul",
+        "npu::npu_moe_token_permute", "npu::npu_moe_token_unpermute", "npu::npu_rms_norm", "npu::npu_rms_norm_backward", "npu::npu_rotary_mul",
         "npu::npu_rotary_mul_backward", "npu::npu_swiglu", "npu::npu_swiglu_backward"}
     for file in entries.values():
         assert os.path.isfile(os.path.join(DIR, file))
@@ -120,3 +120,40 @@ def test_rotary_mul_and_its_backward(dtype):
     got = reference("npu_rotary_mul_backward")(grad, x, r1, r2)
     for g, e in zip(got, exact_grads):
         check(g, e, dtype)
+
+
+def permute_exact(tokens, indices, num_out_tokens):
+    """By loops: token slots grouped by expert, in slot order within one."""
+    topk = 1 if indices.dim() == 1 else indices.size(1)
+    flat = indices.reshape(-1).tolist()
+    order = sorted(range(len(flat)), key=lambda i: (flat[i], i))
+    sorted_indices = [0] * len(flat)
+    for j, i in enumerate(order):
+        sorted_indices[i] = j
+    rows = len(flat) if not num_out_tokens else min(len(flat), num_out_tokens)
+    permuted = torch.stack([tokens[order[j] // topk] for j in range(rows)])
+    return permuted, torch.tensor(sorted_indices, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("topk,num_out_tokens", [(1, None), (2, None), (3, 0), (2, 9)])
+def test_moe_token_permute_and_unpermute(dtype, topk, num_out_tokens):
+    gen = torch.Generator().manual_seed(4)
+    tokens = rand(7, 6, dtype=dtype, gen=gen)
+    experts = torch.randint(0, 4, (7, topk), generator=gen)  # ties: several slots per expert
+    indices = experts.reshape(-1) if topk == 1 else experts
+    permuted, sorted_indices = reference("npu_moe_token_permute")(tokens, indices, num_out_tokens, False)
+    exact_permuted, exact_sorted = permute_exact(tokens, indices, num_out_tokens)
+    assert permuted.dtype == dtype and torch.equal(permuted, exact_permuted)  # a gather: exact
+    assert sorted_indices.dtype == torch.int32 and torch.equal(sorted_indices, exact_sorted)
+
+    probs = torch.softmax(rand(7, topk, dtype=torch.float64, gen=gen), -1).to(dtype) if topk > 1 else None
+    out = reference("npu_moe_token_unpermute")(permuted, sorted_indices, probs, False, None)
+    exact = torch.zeros(7, 6, dtype=torch.float64)
+    for i in range(7):
+        for j in range(topk):
+            row = exact_sorted[i * topk + j].item()
+            weight = 1.0 if probs is None else probs[i, j].double()
+            if row < permuted.size(0):  # rows past num_out_tokens were dropped
+                exact[i] += weight * permuted[row].double()
+    check(out, exact, dtype)
