@@ -75,16 +75,18 @@ void FloatingStats(const DumpValue& v, Fingerprint& f) {
     if (std::isnan(f.l2)) SetUnknown(f, Fingerprint::kL2);
     return;
   }
-  // Not finite: mean and L2 over the finite values are not in the dump.
-  SetUnknown(f, Fingerprint::kMean | Fingerprint::kL2);
+  // Not finite. The *_except_inf_nan extremes are finite when any value is
+  // and otherwise NaN or infinite (msprobe falls back to the non-NaN values).
   const std::optional<double> hi = std::isfinite(max) ? std::optional<double>(max) : v.max_finite;
   const std::optional<double> lo = std::isfinite(min) ? std::optional<double>(min) : v.min_finite;
-  if (hi && lo && std::isnan(*hi) && std::isnan(*lo)) {
-    f.abs_max = 0;  // no finite value
-  } else if (hi && lo && std::isfinite(*hi) && std::isfinite(*lo)) {
+  if (hi && lo && std::isfinite(*hi) && std::isfinite(*lo)) {
+    // Mean and L2 over the finite values are not in the dump.
     f.abs_max = std::max(std::fabs(*hi), std::fabs(*lo));
+    SetUnknown(f, Fingerprint::kMean | Fingerprint::kL2);
+  } else if (hi && lo) {
+    f.abs_max = f.mean = f.l2 = 0;  // no finite value: the recorder's statistics of none
   } else {
-    SetUnknown(f, Fingerprint::kAbsMax);
+    SetUnknown(f, Fingerprint::kAbsMax | Fingerprint::kMean | Fingerprint::kL2);
   }
 }
 

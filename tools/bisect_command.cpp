@@ -9,6 +9,8 @@
 #include "formats/trace.h"
 #include "analysis/first_overflow.h"
 #include "analysis/overflow_cause.h"
+#include "analysis/world_overflow.h"
+#include "formats/world_run.h"
 #include "replayer/precision_bisect.h"
 #include "support/progress.h"
 #include "support/status.h"
@@ -165,8 +167,8 @@ llvm::json::Object CauseJson(const analysis::OverflowCause& found, int64_t step)
   llvm::json::Array trend, chain;
   for (const auto& p : found.first.trend) {
     trend.push_back(llvm::json::Object{{"op_index", static_cast<int64_t>(p.op_index)}, {"op", p.op->name},
-                                       {"module", p.op->module}, {"abs_max", p.abs_max},
-                                       {"headroom_bits", p.headroom_bits}});
+                                       {"module", p.op->module}, {"abs_max", JsonNumber(p.abs_max)},
+                                       {"headroom_bits", JsonNumber(p.headroom_bits)}});
   }
   for (const auto& link : found.chain) chain.push_back(LinkJson(link));
   llvm::json::Object cause = LinkJson(found.cause);
@@ -177,7 +179,7 @@ llvm::json::Object CauseJson(const analysis::OverflowCause& found, int64_t step)
       {"forward_op",
        found.first.forward_op ? llvm::json::Value(found.first.forward_op->name) : llvm::json::Value(nullptr)},
       {"pos_inf", f.pos_inf}, {"neg_inf", f.neg_inf}, {"nan", f.nan}, {"numel", f.numel},
-      {"abs_max", f.abs_max}, {"limit", found.first.limit}, {"trend", std::move(trend)},
+      {"abs_max", JsonNumber(f.abs_max)}, {"limit", found.first.limit}, {"trend", std::move(trend)},
       {"cause", std::move(cause)}, {"chain", std::move(chain)}};
 }
 
@@ -212,6 +214,73 @@ CommandResult RunCauseBisect(const formats::BundleReader& reader, int64_t step, 
   return kExitFinding;
 }
 
+// Where the overflow went from its origin, and each rank's own first overflow.
+void PrintWorldOverflow(const analysis::WorldOverflow& found) {
+  if (found.spread) {
+    std::vector<std::string> reached;
+    for (int64_t r : found.reached) reached.push_back(absl::StrFormat("%d", r));
+    std::printf("  spread: rank %lld sent non-finite values in %s%s%s\n", static_cast<long long>(found.rank),
+                formats::DescribeCollective(*found.spread, found.spread_module).c_str(),
+                reached.empty() ? "" : " -> ranks ", absl::StrJoin(reached, ", ").c_str());
+  }
+  for (const analysis::RankOverflow& r : found.ranks) {
+    std::printf("  rank %lld: first overflow at op %zu, %s in %s%s\n", static_cast<long long>(r.rank), r.op_index,
+                r.op->name.c_str(), r.op->module.empty() ? "(no module)" : r.op->module.c_str(),
+                r.arrived ? " (arrived from another rank)" : "");
+  }
+}
+
+llvm::json::Object WorldOverflowJson(const analysis::WorldOverflow& found, int64_t step) {
+  llvm::json::Object out = CauseJson(found.cause, step);
+  out["rank"] = found.rank;
+  llvm::json::Array ranks;
+  for (const analysis::RankOverflow& r : found.ranks) {
+    ranks.push_back(llvm::json::Object{{"rank", r.rank}, {"op_index", static_cast<int64_t>(r.op_index)},
+                                       {"op", r.op->name}, {"module", r.op->module}, {"arrived", r.arrived}});
+  }
+  out["ranks"] = std::move(ranks);
+  if (found.spread) {
+    out["spread"] = llvm::json::Object{{"kind", found.spread->kind},   {"group", found.spread->group},
+                                       {"seq", found.spread->seq},     {"module", found.spread_module},
+                                       {"from", found.rank},           {"to", llvm::json::Array(found.reached)}};
+  }
+  return out;
+}
+
+// A run directory: each step's first overflow in causal order across the
+// ranks (analysis/world_overflow.h), with its rank, cause and spread.
+CommandResult RunWorldBisect(const std::string& dir, std::vector<int64_t> steps,
+                             const analysis::OverflowOptions& options, bool json) {
+  if (steps.empty()) {
+    MOERR_ASSIGN_OR_RETURN(const formats::WorldStep first, formats::OpenWorldStep(dir));
+    steps = {first.step};
+  }
+  llvm::json::Array results;
+  int exit_code = kExitOk;
+  for (int64_t step : steps) {
+    MOERR_ASSIGN_OR_RETURN(const formats::WorldStep world, formats::OpenWorldStep(dir, step));
+    const std::optional<analysis::WorldOverflow> found = analysis::FindWorldOverflow(world, options);
+    if (!found) {
+      if (json) results.push_back(llvm::json::Object{{"step", step}, {"found", false}});
+      else std::printf("step %lld: no overflowing op on any of %zu ranks\n", static_cast<long long>(step),
+                       world.ranks.size());
+      continue;
+    }
+    exit_code = kExitFinding;
+    if (json) {
+      results.push_back(WorldOverflowJson(*found, step));
+      continue;
+    }
+    const formats::Trace& trace = *world.ranks[static_cast<size_t>(found->rank)].trace;
+    std::printf("step %lld: the overflow began on rank %lld of %zu\n", static_cast<long long>(step),
+                static_cast<long long>(found->rank), world.ranks.size());
+    PrintCause(found->cause, trace.ops.size(), step);
+    PrintWorldOverflow(*found);
+  }
+  if (json) PrintJson(std::move(results));
+  return exit_code;
+}
+
 }  // namespace
 
 void AddBisectCommand(CLI::App& app, int& exit_code) {
@@ -227,7 +296,7 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
       "bisect", "Find the first overflowing op and its cause, the op before it whose output exploded, from the "
       "recorded fingerprints alone (any bundle, stats too); with --precision, a set of modules whose upcast "
       "removes the overflow, none of which can be dropped (1-minimal)");
-  cmd->add_option("BUNDLE", opts->bundle, "Bundle file")->required();
+  cmd->add_option("BUNDLE", opts->bundle, "Bundle file, or a multi-rank run directory (world.json)")->required();
   cmd->add_option("--step", opts->steps, "Steps to search (default: every complete step)");
   cmd->add_option("--limit", opts->limit, "Range to judge outputs against: dtype, fp16 or bf16")
       ->check(CLI::IsMember({"dtype", "fp16", "bf16"}))
@@ -246,13 +315,20 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_flag("--json", opts->json, "Print JSON");
   OnRun(cmd, exit_code, [opts]() -> CommandResult {
-    if (opts->precision) MOERR_RETURN_IF_ERROR(CheckNotAnInput(opts->policy_out, {opts->bundle}));
-    MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
     analysis::OverflowOptions options;
     options.fraction = opts->fraction;
     options.limit = opts->limit == "fp16"   ? analysis::DTypeMax(formats::DType::kF16)
                     : opts->limit == "bf16" ? analysis::DTypeMax(formats::DType::kBF16)
                                             : 0;
+    if (formats::IsRunDirectory(opts->bundle)) {
+      if (opts->precision) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "--precision replays one rank's bundle: pass %s/rank<K>.moerr of the rank bisect names", opts->bundle));
+      }
+      return RunWorldBisect(opts->bundle, opts->steps, options, opts->json);
+    }
+    if (opts->precision) MOERR_RETURN_IF_ERROR(CheckNotAnInput(opts->policy_out, {opts->bundle}));
+    MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
     MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, StepsToRead(*reader, opts->bundle, opts->steps));
     llvm::json::Array results;
     int exit_code = kExitOk;

@@ -11,6 +11,7 @@
 #include "diff/trace_diff.h"
 #include "formats/bundle_reader.h"
 #include "formats/world_manifest.h"
+#include "importers/dump_stats.h"
 #include "importers/msprobe_dump.h"
 #include "importers/msprobe_import.h"
 #include "importers/torch_import.h"
@@ -109,6 +110,28 @@ TEST(MsprobeImportTest, NonFiniteStatisticsMarkWhatTheyCannotTell) {
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(first->op_index, 1u);
   EXPECT_EQ(first->op->name, "Functional.gelu");
+}
+
+TEST(MsprobeImportTest, StatisticsOfTensorsWithoutFiniteValues) {
+  DumpValue all_inf;
+  all_inf.max = all_inf.min = all_inf.mean = all_inf.max_finite = all_inf.min_finite = -INFINITY;
+  all_inf.norm = INFINITY;
+  const Fingerprint f = FingerprintFromStats(all_inf, formats::DType::kF32, 6);
+  EXPECT_EQ(f.abs_max, 0);  // over finite values: there are none
+  EXPECT_EQ(f.l2, 0);
+  EXPECT_EQ(f.nan, 0u);
+  EXPECT_EQ(f.pos_inf, 0u);
+  EXPECT_EQ(f.neg_inf, 1u);
+  EXPECT_EQ(f.unknown, Fingerprint::kHash | Fingerprint::kNegInf);
+  // A dump from before Max_except_inf_nan: the finite abs-max is unknown.
+  DumpValue old = all_inf;
+  old.max = 2.0;
+  old.max_finite.reset();
+  old.min_finite.reset();
+  const Fingerprint g = FingerprintFromStats(old, formats::DType::kBF16, 6);
+  EXPECT_TRUE(std::isnan(g.abs_max));
+  EXPECT_FALSE(g.Known(Fingerprint::kAbsMax | Fingerprint::kBeyondF16));
+  EXPECT_EQ(g.max, 2.0);
 }
 
 TEST(MsprobeImportTest, TensorDumpBecomesAFullBundleWithItsDataflow) {
@@ -259,3 +282,53 @@ TEST(TorchImportTest, ATensorDictBecomesOneOpPerName) {
 
 }  // namespace
 }  // namespace moerr::importers
+
+#ifdef MOERR_BIN
+namespace moerr::importers {
+namespace {
+
+// `moerr CMD...`: its exit code and what it printed (stdout and stderr).
+std::pair<int, std::string> Moerr(const std::string& args) {
+  std::FILE* p = popen(("'" MOERR_BIN "' " + args + " 2>&1").c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  return {WEXITSTATUS(pclose(p)), out};
+}
+
+// The command end to end: import, then `moerr bisect --json` names the API;
+// bad input exits 2 naming the file.
+TEST(ImportCommandTest, ImportThenBisectAndExitCodes) {
+  TempDir dir;
+  std::vector<FixtureEntry> step = Step(at::randn({4, 8}), 1.0, 6);
+  step[2].outputs[0] = step[2].outputs[0].clone().fill_(-INFINITY);
+  WriteMsprobeDump(dir.File("dump"), 0, 0, "statistics", step);
+  WriteMsprobeDump(dir.File("dump"), 0, 1, "statistics", step);
+  const auto [code, out] = Moerr("import msprobe --json '" + dir.File("dump") + "' -o '" + dir.File("run") + "'");
+  ASSERT_EQ(code, 0) << out;
+  auto json = llvm::json::parse(out);
+  ASSERT_TRUE(static_cast<bool>(json)) << llvm::toString(json.takeError()) << out;
+  EXPECT_EQ(json->getAsObject()->getArray("bundles")->size(), 2u);
+  EXPECT_EQ(json->getAsObject()->getInteger("ops").getValueOr(0), 10);
+
+  const auto [bisect_code, bisect] = Moerr("bisect --json '" + dir.File("run/rank1.moerr") + "'");
+  EXPECT_EQ(bisect_code, 1) << bisect;  // a finding
+  auto found = llvm::json::parse(bisect);
+  ASSERT_TRUE(static_cast<bool>(found)) << llvm::toString(found.takeError()) << bisect;
+  const llvm::json::Object* cause = found->getAsArray()->front().getAsObject()->getObject("cause");
+  ASSERT_NE(cause, nullptr) << bisect;
+  EXPECT_EQ(cause->getString("op").getValueOr("").str(), "Functional.linear");
+  EXPECT_EQ(cause->getString("module").getValueOr("").str(), "layers.1");
+
+  EXPECT_EQ(Moerr("import msprobe '" + dir.File("dump") + "' -o '" + dir.File("run") + "'").first, 2);  // exists
+  std::ofstream(dir.File("dump/step0/rank0/dump.json"), std::ios::trunc) << "{\"task\": \"statistics\", \"data\": {";
+  const auto [cut_code, cut] = Moerr("import msprobe '" + dir.File("dump") + "' -o '" + dir.File("run2") + "'");
+  EXPECT_EQ(cut_code, 2) << cut;
+  EXPECT_NE(cut.find("rank0/dump.json"), std::string::npos) << cut;
+  EXPECT_EQ(Moerr("import torch '" + dir.File("none.pt") + "' -o '" + dir.File("run3") + "'").first, 2);
+}
+
+}  // namespace
+}  // namespace moerr::importers
+#endif
