@@ -21,7 +21,9 @@ Collectives CollectivesOf(const formats::Trace& trace) {
   for (const formats::OpEvent& op : trace.ops) {
     if (!formats::IsCollective(op)) continue;
     absl::StatusOr<formats::CollectiveOp> c = formats::CollectiveOf(op);
-    if (c.ok()) out[{c->group, c->seq}] = Recorded{*std::move(c), &op};
+    if (!c.ok()) continue;
+    auto key = std::make_pair(c->group, c->seq);
+    out[std::move(key)] = Recorded{*std::move(c), &op};
   }
   return out;
 }

@@ -28,7 +28,7 @@ struct BusiestExpert {
   at::Tensor rows;
 };
 
-BusiestExpert FindBusiestExpert(MoeTransformer& policy, const at::Tensor& calibration) {
+BusiestExpert FindBusiestExpert(MoeTransformer& policy, const at::Tensor& calibration, const FaultPlace& place) {
   torch::NoGradGuard no_grad;
   struct Capture : recorder::RoutingObserver {
     int64_t layer = 0;
@@ -43,7 +43,10 @@ BusiestExpert FindBusiestExpert(MoeTransformer& policy, const at::Tensor& calibr
   policy->SetRoutingObserver(nullptr);
   BusiestExpert out;
   out.layer = capture.layer;
-  out.expert = policy->MoeLayers().front()->expert_counts().argmax().item<int64_t>();
+  const at::Tensor counts = policy->MoeLayers().front()->expert_counts();
+  const int64_t first = place.experts < 0 ? 0 : place.first_expert;
+  const int64_t n = place.experts < 0 ? counts.size(0) : place.experts;
+  out.expert = first + counts.narrow(0, first, n).argmax().item<int64_t>();
   out.rows = capture.hidden.index_select(0, at::where(capture.topk_ids.eq(out.expert).any(1))[0]);
   return out;
 }
@@ -63,7 +66,7 @@ std::vector<FaultKind> AllFaults() {
 }
 
 absl::StatusOr<InjectedFault> InjectFault(FaultKind kind, MoeTransformer& policy, GrpoOptions& options,
-                                          const at::Tensor& calibration) {
+                                          const at::Tensor& calibration, const FaultPlace& place) {
   InjectedFault out;
   out.kind = kind;
   torch::NoGradGuard no_grad;
@@ -71,7 +74,7 @@ absl::StatusOr<InjectedFault> InjectFault(FaultKind kind, MoeTransformer& policy
   switch (kind) {
     case FaultKind::kNone: break;
     case FaultKind::kExpertOverflow: {
-      const BusiestExpert busiest = FindBusiestExpert(policy, calibration);
+      const BusiestExpert busiest = FindBusiestExpert(policy, calibration, place);
       const int64_t layer = busiest.layer, expert = busiest.expert;
       Expert e = policy->MoeLayers().front()->expert(expert);
       // The expert's largest output on the tokens the router sends it on the
@@ -79,6 +82,7 @@ absl::StatusOr<InjectedFault> InjectFault(FaultKind kind, MoeTransformer& policy
       // fp16's range, in the forward pass.
       const double peak = e->forward(busiest.rows).abs().max().item<double>();
       for (auto& p : e->named_parameters()) {
+        if (!place.weights) break;
         if (p.key().find(config.family == Family::kMixtral ? "w2" : "down_proj") != std::string::npos) {
           p.value().mul_(8 * kFp16Max / std::max(peak, 1e-6));
         }
@@ -124,6 +128,7 @@ absl::StatusOr<InjectedFault> InjectFault(FaultKind kind, MoeTransformer& policy
       policy->forward(calibration);
       policy->SetRoutingObserver(nullptr);
       for (MoeLayer& moe : policy->MoeLayers()) {
+        if (!place.weights) break;
         const at::Tensor& mean = capture.by_layer.at(moe->gate()->layer());
         const at::Tensor direction = mean / mean.norm().clamp_min(1e-12);
         moe->gate()->weight.narrow(0, 0, 2).add_(direction.unsqueeze(0) * 8.0);

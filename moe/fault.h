@@ -34,10 +34,20 @@ struct InjectedFault {
   std::string description;  // one line for people
 };
 
+// Where a fault goes when only one rank of a world has it (`moerr train
+// --fault-rank K`): every rank applies what the ranks share (numerics,
+// options), only rank K changes its weights, and expert-overflow breaks one
+// of the experts rank K hosts.
+struct FaultPlace {
+  int64_t first_expert = 0, experts = -1;  // the experts expert-overflow chooses from; -1: all
+  bool weights = true;                     // change this process's weights
+};
+
 // Applies `kind` to the policy's weights and the step options. `calibration`
 // [n, S] tokens (whole sequences, as training sees them) pick the expert to
-// break: the most used one in the first MoE layer, so the fault is reached.
+// break: the most used one in the first MoE layer (of those `place` allows),
+// so the fault is reached.
 absl::StatusOr<InjectedFault> InjectFault(FaultKind kind, MoeTransformer& policy, GrpoOptions& options,
-                                          const at::Tensor& calibration);
+                                          const at::Tensor& calibration, const FaultPlace& place = {});
 
 }  // namespace moerr::moe

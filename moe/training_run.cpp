@@ -103,7 +103,17 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
     std::mt19937_64 rng(options.seed + 17);
     const AdditionTask::Batch calib = task.Sample(64, rng);
     const at::Tensor calibration = at::cat({calib.prompts, calib.answers}, 1);
-    MOERR_ASSIGN_OR_RETURN(report.fault, InjectFault(options.fault, policy, grpo, calibration));
+    FaultPlace place;
+    if (options.parallel != nullptr && options.fault_rank >= 0) {
+      const ParallelLayout& layout = options.parallel->layout();
+      const ParallelLayout target{options.fault_rank, layout.world_size, layout.ep_size};
+      const int64_t experts = policy->config().num_experts;
+      place = FaultPlace{target.first_local_expert(experts), target.local_experts(experts), layout.rank == options.fault_rank};
+    }
+    MOERR_ASSIGN_OR_RETURN(report.fault, InjectFault(options.fault, policy, grpo, calibration, place));
+    if (options.parallel != nullptr && options.fault_rank >= 0) {
+      report.fault.description += absl::StrFormat(" (on rank %d only)", options.fault_rank);
+    }
     GrpoTrainer trainer(policy, reference, task, grpo, options.seed);
     MOERR_RETURN_IF_ERROR(trainer.set_parallel(options.parallel));
     std::ofstream metrics;

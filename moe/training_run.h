@@ -33,6 +33,7 @@ struct TrainOptions {
   // (broadcast from their hosts) and rank 0 alone writes the metrics and
   // checkpoints and measures the accuracy.
   Parallel* parallel = nullptr;
+  int64_t fault_rank = -1;         // with `parallel`: only this rank has the fault (FaultPlace); -1: every rank
 };
 
 struct TrainReport {

@@ -442,33 +442,9 @@ CommandResult ProgramReplay(const ReplayArgs& args, const formats::BundleReader&
   return exit_code;
 }
 
-CommandResult RunReplay(const ReplayArgs& args);
-
-// A run directory: rank --rank alone, or every rank and then the cross-rank
-// check of what they exchanged. Each rank's collectives come from its record.
-CommandResult ReplayRun(const ReplayArgs& args) {
-  MOERR_ASSIGN_OR_RETURN(const std::vector<RankBundle> bundles, BundlesOf(args.bundle, args.rank));
-  if (args.model || !args.out.empty()) {
-    return absl::InvalidArgumentError("--model and --out replay one bundle: not a run directory");
-  }
-  int exit_code = kExitOk;
-  for (const RankBundle& b : bundles) {
-    ReplayArgs one = args;
-    one.bundle = b.path;
-    one.rank = -1;
-    if (!args.json) std::printf("rank %lld (%s)\n", static_cast<long long>(b.rank), b.path.c_str());
-    MOERR_ASSIGN_OR_RETURN(const int code, RunReplay(one));
-    exit_code = std::max(exit_code, code);
-  }
-  if (args.rank >= 0) return exit_code;
-  llvm::json::Array checks;
-  MOERR_ASSIGN_OR_RETURN(const int code, CheckRunCollectives(args.bundle, args.steps, args.json ? &checks : nullptr));
-  if (args.json) PrintJson(llvm::json::Object{{"cross_rank", std::move(checks)}});
-  return std::max(exit_code, code);
-}
-
-CommandResult RunReplay(const ReplayArgs& args) {
-  if (formats::IsRunDirectory(args.bundle) || args.rank >= 0) return ReplayRun(args);
+// Replays every step asked of the bundle `args.bundle`: --model prints its
+// own results; program replays add theirs to `results` (JSON) or print them.
+CommandResult ReplayBundle(const ReplayArgs& args, llvm::json::Array& results) {
   MOERR_RETURN_IF_ERROR(CheckNotAnInput(args.out, {args.bundle}));
   MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(args.bundle));
   replayer::ReplayOptions options;
@@ -481,12 +457,46 @@ CommandResult RunReplay(const ReplayArgs& args) {
   MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, StepsToRead(*reader, args.bundle, args.steps));
   if (args.model) return ModelReplays(args, *reader, steps);
   int exit_code = kExitOk;
-  llvm::json::Array results;  // --json: one object per step
   for (int64_t step : steps) {
     MOERR_ASSIGN_OR_RETURN(const int code, ProgramReplay(args, *reader, step, options, results));
     exit_code = std::max(exit_code, code);
   }
-  if (args.json) PrintJson(std::move(results));
+  return exit_code;
+}
+
+// A run directory: rank --rank alone, or every rank and then the cross-rank
+// check of what they exchanged. Each rank's collectives come from its record.
+// --json: {"ranks": [{"rank": K, "steps": [...]}], "cross_rank": [...]}.
+CommandResult ReplayRun(const ReplayArgs& args) {
+  MOERR_ASSIGN_OR_RETURN(const std::vector<RankBundle> bundles, BundlesOf(args.bundle, args.rank));
+  if (args.model || !args.out.empty()) {
+    return absl::InvalidArgumentError("--model and --out replay one bundle: not a run directory");
+  }
+  int exit_code = kExitOk;
+  llvm::json::Array ranks, checks;
+  for (const RankBundle& b : bundles) {
+    ReplayArgs one = args;
+    one.bundle = b.path;
+    if (!args.json) std::printf("rank %lld (%s)\n", static_cast<long long>(b.rank), b.path.c_str());
+    llvm::json::Array steps;
+    MOERR_ASSIGN_OR_RETURN(const int code, ReplayBundle(one, steps));
+    exit_code = std::max(exit_code, code);
+    ranks.push_back(llvm::json::Object{{"rank", b.rank}, {"bundle", b.path}, {"steps", std::move(steps)}});
+  }
+  if (args.rank < 0) {
+    MOERR_ASSIGN_OR_RETURN(const int code,
+                           CheckRunCollectives(args.bundle, args.steps, args.json ? &checks : nullptr));
+    exit_code = std::max(exit_code, code);
+  }
+  if (args.json) PrintJson(llvm::json::Object{{"ranks", std::move(ranks)}, {"cross_rank", std::move(checks)}});
+  return exit_code;
+}
+
+CommandResult RunReplay(const ReplayArgs& args) {
+  if (formats::IsRunDirectory(args.bundle) || args.rank >= 0) return ReplayRun(args);
+  llvm::json::Array results;  // --json: one object per step
+  MOERR_ASSIGN_OR_RETURN(const int exit_code, ReplayBundle(args, results));
+  if (args.json && !args.model) PrintJson(std::move(results));
   return exit_code;
 }
 

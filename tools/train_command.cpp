@@ -2,6 +2,7 @@
 #include <memory>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "moe/training_run.h"
 #include "recorder/recorder.h"
@@ -97,6 +98,15 @@ CommandResult RunTrain(TrainArgs& o) {
   MOERR_ASSIGN_OR_RETURN(o.train.precision, moe::ParsePrecision(o.precision));
   o.train.fp16_saturate = o.fp16_overflow == "saturate";
   MOERR_ASSIGN_OR_RETURN(const auto rank_env, distributed::RankFromEnvironment());
+  if (o.train.fault_rank >= 0) {
+    const int64_t world = rank_env.has_value() ? rank_env->world_size : o.ranks.ranks;
+    if (o.train.fault == moe::FaultKind::kNone) return absl::InvalidArgumentError("--fault-rank needs a --fault");
+    if (world <= 1) return absl::InvalidArgumentError("--fault-rank applies to several ranks: pass --ranks N (N > 1)");
+    if (o.train.fault_rank >= world) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--fault-rank %d: the ranks are 0 to %d", o.train.fault_rank, world - 1));
+    }
+  }
   if (!rank_env.has_value() && o.ranks.ranks > 1) return LaunchRanks(o.ranks);
   if (!rank_env.has_value()) MOERR_RETURN_IF_ERROR(CheckOneProcess(o.ranks));
   RankSession rank;
@@ -185,6 +195,9 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--store", opts->ranks.store, "Rendezvous store: file (a c10d FileStore) or tcp (TCPStore, 127.0.0.1)")
       ->capture_default_str()
       ->check(CLI::IsMember({"file", "tcp"}));
+  cmd->add_option("--fault-rank", opts->train.fault_rank,
+                  "With --ranks and --fault: only rank K has the fault (its weights; expert-overflow breaks an expert "
+                  "rank K hosts); what the ranks share (numerics, options) changes on every rank");
   cmd->add_option("--rank-fault", opts->ranks.rank_fault,
                   "A multi-rank fault in step 0: kill:K (rank K is killed by SIGKILL as the step starts), stall:K "
                   "(rank K stops there, the others time out in their collective), corrupt:K (rank K's first "

@@ -1,0 +1,34 @@
+// What the subcommands share for a multi-rank run directory (world.json and
+// one bundle per rank, formats/world_manifest.h): picking ranks, and the
+// cross-rank check of what the ranks exchanged.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "formats/world_manifest.h"
+#include "llvm/Support/JSON.h"
+
+namespace moerr::tools {
+
+// The bundles a command reads from `path`: the file itself when it is a
+// bundle; every rank's, or rank `rank`'s (>= 0), when it is a run directory.
+struct RankBundle {
+  int64_t rank = -1;  // -1: not part of a run
+  std::string path;
+};
+absl::StatusOr<std::vector<RankBundle>> BundlesOf(const std::string& path, int64_t rank = -1);
+
+// "rank 3: " for a rank of a run, "" for a lone bundle.
+std::string RankPrefix(const RankBundle& b);
+
+// The cross-rank check (analysis/cross_rank.h) of `steps` of the run at
+// `dir` (every step rank 0 completed when empty): prints each mismatch
+// (the collective, the sender, the receiver, the slice) or adds them to
+// `json`. Returns kExitFinding when any, else kExitOk.
+absl::StatusOr<int> CheckRunCollectives(const std::string& dir, const std::vector<int64_t>& steps,
+                                        llvm::json::Array* json);
+
+}  // namespace moerr::tools
