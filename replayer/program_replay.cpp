@@ -394,6 +394,36 @@ class Replay {
     return absl::OkStatus();
   }
 
+  // The ops of [0, end) that would be served from the record but whose
+  // outputs the bundle does not hold (a stats bundle), all of them in one
+  // error, by name and phase; OK when there are none.
+  absl::Status CheckServable() {
+    std::map<std::string, std::vector<size_t>> blocking;  // "name in phase" -> op indices
+    size_t count = 0;
+    const size_t end = std::min(trace_.ops.size(), options_.end_op);
+    for (size_t index = 0; index < end; ++index) {
+      const formats::OpEvent& op = trace_.ops[index];
+      if (Reference(op) != nullptr || !ServedFromRecord(op, Operator(op).has_value())) continue;
+      const bool held = std::all_of(op.outputs.begin(), op.outputs.end(), [&](uint64_t id) {
+        const formats::TensorMeta* meta = trace_.Find(id);
+        return id == 0 || (meta != nullptr && (!meta->leaf.empty() || meta->view_of != 0));
+      });
+      if (held) continue;
+      blocking[absl::StrFormat("%s in %s", op.name, formats::PhaseName(op.phase))].push_back(index);
+      ++count;
+    }
+    if (count == 0) return absl::OkStatus();
+    std::vector<std::string> parts;
+    for (const auto& [what, ops] : blocking) {
+      parts.push_back(absl::StrFormat("%s (op%s %s)", what, ops.size() > 1 ? "s" : "", absl::StrJoin(ops, ", ")));
+    }
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%d op%s of step %d cannot be replayed: they cannot run here (ops this LibTorch does not have, or "
+        "collectives) and the bundle holds none of their outputs (record with --record replayable or full, or "
+        "give each a reference with --reference OP=FILE): %s",
+        count, count > 1 ? "s" : "", step_, absl::StrJoin(parts, "; ")));
+  }
+
  private:
   const formats::BundleReader& reader_;
   int64_t step_;
@@ -428,7 +458,8 @@ class Replay {
     std::vector<c10::IValue> args;
     std::vector<recorder::ViewSource> sources;
     for (size_t i = 0; i < op.args.size(); ++i) {
-      const c10::Argument* schema_arg = schema_args != nullptr && i < schema_args->size() ? &(*schema_args)[i] : nullptr;
+      const c10::Argument* schema_arg =
+          schema_args != nullptr && i < schema_args->size() ? &(*schema_args)[i] : nullptr;
       MOERR_ASSIGN_OR_RETURN(c10::IValue v, ToIValue(op.args[i], schema_arg, rule, sources));
       args.push_back(std::move(v));
     }
@@ -486,38 +517,6 @@ class Replay {
     return absl::OkStatus();
   }
 
- public:
-  // The ops of [0, end) that would be served from the record but whose
-  // outputs the bundle does not hold (a stats bundle), all of them in one
-  // error, by name and phase; OK when there are none.
-  absl::Status CheckServable() {
-    std::map<std::string, std::vector<size_t>> blocking;  // "name in phase" -> op indices
-    size_t count = 0;
-    const size_t end = std::min(trace_.ops.size(), options_.end_op);
-    for (size_t index = 0; index < end; ++index) {
-      const formats::OpEvent& op = trace_.ops[index];
-      if (Reference(op) != nullptr || !ServedFromRecord(op, Operator(op).has_value())) continue;
-      const bool held = std::all_of(op.outputs.begin(), op.outputs.end(), [&](uint64_t id) {
-        const formats::TensorMeta* meta = trace_.Find(id);
-        return id == 0 || (meta != nullptr && (!meta->leaf.empty() || meta->view_of != 0));
-      });
-      if (held) continue;
-      blocking[absl::StrFormat("%s in %s", op.name, formats::PhaseName(op.phase))].push_back(index);
-      ++count;
-    }
-    if (count == 0) return absl::OkStatus();
-    std::vector<std::string> parts;
-    for (const auto& [what, ops] : blocking) {
-      parts.push_back(absl::StrFormat("%s (op%s %s)", what, ops.size() > 1 ? "s" : "", absl::StrJoin(ops, ", ")));
-    }
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%d op%s of step %d cannot be replayed: this LibTorch does not have them and the bundle holds none of "
-        "their outputs (record with --record replayable or full, or give each a reference with --reference "
-        "OP=FILE): %s",
-        count, count > 1 ? "s" : "", step_, absl::StrJoin(parts, "; ")));
-  }
-
- private:
   const c10::optional<c10::OperatorHandle>& Operator(const formats::OpEvent& op) {
     auto [it, inserted] = operators_.try_emplace(absl::StrCat(op.name, ".", op.overload));
     if (inserted) it->second = c10::Dispatcher::singleton().findSchema(c10::OperatorName(op.name, op.overload));

@@ -82,8 +82,9 @@ TEST_F(ForeignOpsTest, TheOpsAreNotInThisProcess) {
 TEST_F(ForeignOpsTest, TheShippedReferencesLoadByName) {
   auto refs = OpReferences::Load({});
   ASSERT_TRUE(refs.ok()) << refs.status();
-  for (const char* op : {"npu::npu_moe_token_permute", "npu::npu_moe_token_unpermute", "npu::npu_rms_norm", "npu::npu_rms_norm_backward", "npu::npu_rotary_mul",
-                         "npu::npu_rotary_mul_backward", "npu::npu_swiglu", "npu::npu_swiglu_backward"}) {
+  for (const char* op : {"npu::npu_moe_token_permute", "npu::npu_moe_token_unpermute", "npu::npu_rms_norm",
+                         "npu::npu_rms_norm_backward", "npu::npu_rotary_mul", "npu::npu_rotary_mul_backward",
+                         "npu::npu_swiglu", "npu::npu_swiglu_backward"}) {
     EXPECT_NE(refs->Find(op), nullptr) << op;
   }
   const at::Tensor x = at::randn({3, 8});
