@@ -36,7 +36,7 @@ class ImportWriter {
 
   absl::Status BeginStep(int64_t step);
   // A tensor an op reads. In a full bundle with `bytes`, a value equal to an
-  // earlier one (same XXH3, dtype and shape) is that value: the op reads what
+  // earlier one of the step (same XXH3, dtype and shape) is that value: the op reads what
   // the earlier op produced, and the step keeps its dataflow.
   absl::StatusOr<uint64_t> Input(formats::DType dtype, std::vector<int64_t> shape, const formats::Fingerprint& fp,
                                  const at::Tensor& bytes);
@@ -65,8 +65,8 @@ class ImportWriter {
   uint64_t next_id_ = 1, next_seq_ = 0;
   formats::OpBatch batch_;
   std::vector<size_t> pending_outputs_;  // indices into batch_.tensors of the next op's outputs
-  // (hash, dtype, numel) of full values -> id, for the dataflow of a step.
-  absl::flat_hash_map<std::tuple<uint64_t, uint8_t, uint64_t>, uint64_t> by_content_;
+  // (hash, dtype, shape) of full values -> id, for the dataflow of a step.
+  absl::flat_hash_map<std::tuple<uint64_t, uint8_t, std::vector<int64_t>>, uint64_t> by_content_;
   ImportStats stats_;
 };
 

@@ -25,14 +25,15 @@ struct Named {
   at::Tensor tensor;
 };
 
-// Appends the tensors of `v` under `name`; false when `v` holds something
-// other than tensors, dicts and lists of them.
+// Appends the tensors of `v` under `name` ("" at the top): dicts' keys and
+// lists' indices joined with "."; values that are not tensors are counted
+// in `skipped`.
 absl::Status Flatten(const c10::IValue& v, const std::string& name, int depth, std::vector<Named>& out,
                      uint64_t& skipped) {
   if (depth > kMaxDepth) return absl::InvalidArgumentError(absl::StrCat(name, ": nested too deeply"));
   auto child = [&](const std::string& key) { return name.empty() ? key : absl::StrCat(name, ".", key); };
   if (v.isTensor()) {
-    out.push_back(Named{name.empty() ? "tensor" : name, v.toTensor().detach().cpu().contiguous()});
+    out.push_back(Named{name, v.toTensor().detach().cpu().contiguous()});
   } else if (v.isGenericDict()) {
     for (const auto& item : v.toGenericDict()) {
       const c10::IValue& key = item.key();
@@ -114,15 +115,17 @@ absl::StatusOr<ImportResult> ImportTorch(const std::string& path, const std::str
                                                      ", not a tensor or a dict of names to tensors"));
     }
     std::vector<Named> tensors;
-    const std::string stem = directory ? fs::path(files[f]).stem().string() : "";
-    MOERR_RETURN_IF_ERROR(Annotate(Flatten(value, stem, 0, tensors, skipped), files[f]));
+    MOERR_RETURN_IF_ERROR(Annotate(Flatten(value, "", 0, tensors, skipped), files[f]));
+    // A directory's names are "stem/key" ("stem" for a file of one tensor).
+    const std::string stem = fs::path(files[f]).stem().string();
     for (Named& t : tensors) {
       const absl::StatusOr<formats::DType> dtype = recorder::ToDType(t.tensor.scalar_type());
       if (!dtype.ok()) {
         ++result.unsupported;
         continue;
       }
-      if (directory) t.name = absl::StrCat(stem, "/", t.name.substr(std::min(t.name.size(), stem.size() + 1)));
+      if (directory) t.name = t.name.empty() ? stem : absl::StrCat(stem, "/", t.name);
+      if (t.name.empty()) t.name = "tensor";
       MOERR_ASSIGN_OR_RETURN(const uint64_t id, writer->Output(*dtype, t.tensor.sizes().vec(),
                                                                recorder::ComputeFingerprint(t.tensor), t.tensor));
       formats::OpEvent op;

@@ -276,6 +276,18 @@ TEST(TorchImportTest, ATensorDictBecomesOneOpPerName) {
   auto not_dict = ImportTorch(dir.File("int.pt"), dir.File("run2"));
   ASSERT_EQ(not_dict.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(not_dict.status().message().find("not a tensor or a dict"), std::string::npos) << not_dict.status();
+  // A directory: its files in natural order, names "stem/key".
+  std::filesystem::create_directory(dir.File("dumps"));
+  std::filesystem::copy_file(dir.File("step.pt"), dir.File("dumps/x2.pt"));
+  const std::vector<char> one = torch::jit::pickle_save(c10::IValue(at::ones({3})));
+  std::ofstream(dir.File("dumps/x10.pt"), std::ios::binary).write(one.data(), static_cast<std::streamsize>(one.size()));
+  auto from_dir = ImportTorch(dir.File("dumps"), dir.File("run-dir"));
+  ASSERT_TRUE(from_dir.ok()) << from_dir.status();
+  const formats::Trace td = ReadStep(from_dir->bundles[0], 0);
+  ASSERT_EQ(td.ops.size(), 4u);
+  EXPECT_EQ(td.ops[0].name, "x2/layers.0.out");
+  EXPECT_EQ(td.ops[3].name, "x10");
+
   std::ofstream(dir.File("junk.pt")) << "not a pickle";
   EXPECT_EQ(ImportTorch(dir.File("junk.pt"), dir.File("run3")).status().code(), absl::StatusCode::kInvalidArgument);
 }
