@@ -203,7 +203,8 @@ absl::Status ImportStep(std::unique_ptr<ImportWriter>& out, const std::string& p
 }  // namespace
 
 absl::StatusOr<std::vector<DumpLocation>> FindDumps(const std::string& dir) {
-  const fs::path root(dir);
+  fs::path root(dir);
+  if (!root.has_filename()) root = root.parent_path();  // "DIR/" names DIR
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return absl::NotFoundError(absl::StrCat(dir, ": not a directory"));
   std::vector<DumpLocation> out;
@@ -213,11 +214,10 @@ absl::StatusOr<std::vector<DumpLocation>> FindDumps(const std::string& dir) {
     }
   };
   if (fs::exists(root / "dump.json", ec)) {
+    // One rank folder: its step and rank from the names around it, else 0.
+    const int64_t step = Numbered(fs::absolute(root, ec).parent_path().filename().string(), "step");
     const int64_t rank = Numbered(root.filename().string(), "rank");
-    out.push_back(DumpLocation{Numbered(root.parent_path().filename().string(), "step") < 0
-                                   ? 0
-                                   : Numbered(root.parent_path().filename().string(), "step"),
-                               rank < 0 ? 0 : rank, root.string()});
+    out.push_back(DumpLocation{std::max<int64_t>(step, 0), std::max<int64_t>(rank, 0), root.string()});
   } else if (const auto steps = Children(root, "step"); !steps.empty()) {
     for (const auto& [step, step_dir] : steps) add_rank_dirs(step, step_dir);
   } else {
