@@ -142,16 +142,22 @@ void Recorder::OnError(absl::Status status) {
 void Recorder::OnCollectiveStart(const CollectiveCall& call, const std::vector<at::Tensor>& inputs, bool in_place) {
   if (!in_step_) return;
   tracer_->CollectiveStart(call, inputs, in_place);
-  if (!Streaming()) return;
-  // A rank may die or stall while it waits here (it, or another): the ops
-  // before the collective reach the file first, so salvage finds them.
-  tracer_->Flush();
-  std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = writer_->Flush(); !s.ok() && failed_.ok()) failed_ = s;
+  FlushToFile();
 }
 
 void Recorder::OnCollectiveEnd(const CollectiveCall& call, const std::vector<at::Tensor>& outputs) {
-  if (in_step_) tracer_->CollectiveEnd(call, outputs);
+  if (!in_step_) return;
+  tracer_->CollectiveEnd(call, outputs);
+  FlushToFile();
+}
+
+void Recorder::FlushToFile() {
+  if (!Streaming()) return;
+  // A rank may die or stall while it waits in a collective (it, or another):
+  // the ops up to each collective reach the file, so salvage finds them.
+  tracer_->Flush();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status s = writer_->Flush(); !s.ok() && failed_.ok()) failed_ = s;
 }
 
 void Recorder::OnCollectiveFailed(const CollectiveCall& call, const std::string& why) {

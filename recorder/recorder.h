@@ -90,7 +90,9 @@ class Recorder : public TraceSink, public RoutingObserver, public CollectiveObse
   void OnError(absl::Status status) override;
   void OnRouting(const RoutingEvent& event) override;
   // CollectiveObserver: each collective becomes an op of the step
-  // (OpTracer::CollectiveStart). A failed one is also written at once as the
+  // (OpTracer::CollectiveStart). Streaming, the ops up to each collective's
+  // start and end go to the file at once, so a rank killed while it waits
+  // salvages to there. A failed one is also written at once as the
   // step-less annotation "collective_failed" (kind, group, seq, module,
   // error, the last op recorded): the collective this rank waited in.
   void OnCollectiveStart(const CollectiveCall& call, const std::vector<at::Tensor>& inputs, bool in_place) override;
@@ -111,6 +113,8 @@ class Recorder : public TraceSink, public RoutingObserver, public CollectiveObse
   absl::Status EmitTensor(const std::string& name, formats::Role role, const at::Tensor& t);
   absl::Status WriteBuffer(StepBuffer& buffer);
   bool IsAnomaly(const StepOutcome& outcome) const;
+  // Streaming: the ops traced so far, and everything the writer holds, to the file.
+  void FlushToFile();
 
   RecordOptions options_;
   std::unique_ptr<formats::BundleWriter> writer_;

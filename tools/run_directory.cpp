@@ -37,7 +37,8 @@ absl::StatusOr<int> CheckRunCollectives(const std::string& dir, const std::vecto
   std::vector<int64_t> todo = steps;
   if (todo.empty()) {
     MOERR_ASSIGN_OR_RETURN(const formats::WorldStep first, formats::OpenWorldStep(dir));
-    todo = first.ranks[0].reader ? first.ranks[0].reader->CompleteSteps() : std::vector<int64_t>{first.step};
+    if (first.ranks[0].reader) todo = first.ranks[0].reader->CompleteSteps();
+    if (todo.empty()) todo = {first.step};  // a step no rank finished: check what was exchanged before it stopped
   }
   int exit_code = kExitOk;
   for (int64_t step : todo) {

@@ -25,7 +25,8 @@ absl::StatusOr<std::vector<RankBundle>> BundlesOf(const std::string& path, int64
 std::string RankPrefix(const RankBundle& b);
 
 // The cross-rank check (analysis/cross_rank.h) of `steps` of the run at
-// `dir` (every step rank 0 completed when empty): prints each mismatch
+// `dir` (when empty: every step rank 0 completed, else the first step):
+// prints each mismatch
 // (the collective, the sender, the receiver, the slice) or adds them to
 // `json`. Returns kExitFinding when any, else kExitOk.
 absl::StatusOr<int> CheckRunCollectives(const std::string& dir, const std::vector<int64_t>& steps,

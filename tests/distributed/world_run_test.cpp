@@ -1,0 +1,148 @@
+// Recording, inspecting, replaying and bisecting a multi-rank step through
+// the `moerr` command, as a user does: `moerr train --ranks N --record`
+// starts N real rank processes with real c10d Gloo collectives (tiny model,
+// three warm-up steps), then the run directory is read back.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "llvm/Support/JSON.h"
+#include "tests/tools/moerr_runner.h"
+
+#include <chrono>
+
+namespace moerr::tools::testing {
+namespace {
+
+// A fresh run: `moerr train -o DIR/NAME --record MODE ...`; the run directory is DIR/NAME/run.
+struct TrainedRun {
+  fs::path dir;
+  Result train;
+  std::string run() const { return (dir / "run").string(); }
+};
+
+TrainedRun Train(const std::string& name, const std::string& mode, const std::vector<std::string>& extra) {
+  TrainedRun r;
+  r.dir = fs::path(::testing::TempDir()) / ("moerr_world_" + name);
+  fs::remove_all(r.dir);
+  std::vector<std::string> args = {"train", "--preset", "tiny", "--warmup-steps", "3", "--steps", "1",
+                                   "--record", mode, "-o", r.dir.string()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  r.train = Moerr(fs::path(::testing::TempDir()), args);
+  return r;
+}
+
+llvm::json::Value Json(const Result& r) {
+  llvm::Expected<llvm::json::Value> v = llvm::json::parse(r.out);
+  if (!v) {
+    ADD_FAILURE() << llvm::toString(v.takeError()) << "\n" << r.out << r.err;
+    return nullptr;
+  }
+  return *v;
+}
+
+const llvm::json::Object& RankEntry(const llvm::json::Value& inspect, int64_t rank) {
+  static const llvm::json::Object kNone;
+  const llvm::json::Array* ranks = inspect.getAsObject() ? inspect.getAsObject()->getArray("ranks") : nullptr;
+  if (ranks == nullptr || rank >= static_cast<int64_t>(ranks->size())) return kNone;
+  return *(*ranks)[static_cast<size_t>(rank)].getAsObject();
+}
+
+// Every rank recorded, replays alone bitwise, and received what the others sent.
+void ExpectRecordsAndReplays(int64_t ranks, int64_t ep) {
+  const TrainedRun r = Train("ok" + std::to_string(ranks) + std::to_string(ep), "replayable",
+                      {"--ranks", std::to_string(ranks), "--ep", std::to_string(ep)});
+  ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
+  ASSERT_TRUE(fs::exists(r.run() + "/world.json"));
+  const Result inspect = Moerr(r.dir, {"inspect", r.run(), "--json"});
+  EXPECT_EQ(inspect.code, 0) << inspect.out << inspect.err;
+  const llvm::json::Value world = Json(inspect);
+  for (int64_t k = 0; k < ranks; ++k) {
+    EXPECT_EQ(RankEntry(world, k).getString("state").getValueOr(""), "finished") << inspect.out;
+    EXPECT_GT(RankEntry(world, k).getInteger("collectives").getValueOr(0), 0) << inspect.out;
+  }
+  const Result one = Moerr(r.dir, {"replay", r.run(), "--rank", std::to_string(ranks - 1)});
+  EXPECT_EQ(one.code, 0) << one.out << one.err;
+  EXPECT_NE(one.out.find(", 0 differ"), std::string::npos) << one.out;
+  EXPECT_NE(one.out.find("c10d::all_to_all"), std::string::npos) << "collectives come from the record: " << one.out;
+  const Result all = Moerr(r.dir, {"replay", r.run()});
+  EXPECT_EQ(all.code, 0) << all.out << all.err;
+  EXPECT_NE(all.out.find("every rank received what was sent"), std::string::npos) << all.out;
+}
+
+TEST(WorldRun, TwoRanksRecordAndReplayEachRankBitwise) { ExpectRecordsAndReplays(2, 2); }
+TEST(WorldRun, FourRanksInTwoGroupsRecordAndReplayEachRankBitwise) { ExpectRecordsAndReplays(4, 2); }
+
+TEST(WorldRun, CrossRankCheckNamesTheSenderAndReceiverOfACorruptTransfer) {
+  const TrainedRun r = Train("corrupt", "stats", {"--ranks", "2", "--ep", "2", "--rank-fault", "corrupt:1"});
+  ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
+  const Result verify = Moerr(r.dir, {"verify", r.run(), "--json"});
+  EXPECT_EQ(verify.code, 1) << verify.out << verify.err;
+  const llvm::json::Value v = Json(verify);
+  const llvm::json::Array* checks = v.getAsObject() ? v.getAsObject()->getArray("cross_rank") : nullptr;
+  ASSERT_TRUE(checks != nullptr && !checks->empty()) << verify.out;
+  const llvm::json::Array* found = (*checks)[0].getAsObject()->getArray("mismatches");
+  ASSERT_TRUE(found != nullptr && found->size() == 1) << verify.out;
+  const llvm::json::Object& m = *(*found)[0].getAsObject();
+  EXPECT_EQ(m.getString("kind").getValueOr(""), "all_to_all");
+  EXPECT_EQ(m.getInteger("sender").getValueOr(-1), 0);
+  EXPECT_EQ(m.getInteger("receiver").getValueOr(-1), 1);
+  EXPECT_GT(m.getInteger("rows").getValueOr(0), 0);
+}
+
+TEST(WorldRun, BisectNamesTheRankAndTheExpertOfAOneRankFault) {
+  const TrainedRun r = Train("bisect", "stats",
+                      {"--ranks", "2", "--ep", "2", "--fault", "expert-overflow", "--fault-rank", "1"});
+  ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
+  const Result bisect = Moerr(r.dir, {"bisect", r.run(), "--json"});
+  EXPECT_EQ(bisect.code, 1) << bisect.out << bisect.err;
+  const llvm::json::Value v = Json(bisect);
+  const llvm::json::Object* step = v.getAsArray() && !v.getAsArray()->empty() ? (*v.getAsArray())[0].getAsObject()
+                                                                              : nullptr;
+  ASSERT_NE(step, nullptr) << bisect.out;
+  EXPECT_EQ(step->getInteger("rank").getValueOr(-1), 1) << bisect.out;
+  // The tiny preset has 8 experts: rank 1 of EP 2 hosts 4 to 7.
+  const std::string module = step->getObject("cause")->getString("module").getValueOr("").str();
+  const size_t at = module.rfind("experts.");
+  ASSERT_NE(at, std::string::npos) << bisect.out;
+  EXPECT_GE(std::stoi(module.substr(at + 8)), 4) << module;
+  const llvm::json::Object* spread = step->getObject("spread");
+  ASSERT_NE(spread, nullptr) << bisect.out;
+  EXPECT_EQ(spread->getString("kind").getValueOr(""), "all_to_all");
+  EXPECT_EQ((*spread->getArray("to"))[0].getAsInteger().getValueOr(-1), 0) << bisect.out;
+}
+
+TEST(WorldRun, AKilledRankIsNamedAndItsBundleSalvaged) {
+  const TrainedRun r = Train("kill", "stats",
+                      {"--ranks", "2", "--ep", "2", "--rank-fault", "kill:1@4", "--collective-timeout", "3"});
+  EXPECT_EQ(r.train.code, 3) << r.train.out << r.train.err;
+  EXPECT_TRUE(fs::exists(r.run() + "/rank1.moerr.partial"));
+  const Result inspect = Moerr(r.dir, {"inspect", r.run(), "--json"});
+  EXPECT_EQ(inspect.code, 1) << inspect.out << inspect.err;
+  const llvm::json::Value world = Json(inspect);
+  const llvm::json::Object& dead = RankEntry(world, 1);
+  EXPECT_EQ(dead.getString("state").getValueOr(""), "died") << inspect.out;
+  EXPECT_EQ(dead.getBoolean("partial").getValueOr(false), true) << inspect.out;
+  // Its ops before the collective it died at reached the file: 4 collectives after the rollout.
+  EXPECT_EQ(dead.getInteger("collectives").getValueOr(-1), 4) << inspect.out;
+  const llvm::json::Object& survivor = RankEntry(world, 0);
+  EXPECT_EQ(survivor.getString("state").getValueOr(""), "waited") << inspect.out;
+  EXPECT_NE(survivor.getString("waited_in").getValueOr("").find(" #"), llvm::StringRef::npos) << inspect.out;
+  const Result text = Moerr(r.dir, {"inspect", r.run()});
+  EXPECT_NE(text.out.find("rank 1 died after op"), std::string::npos) << text.out;
+}
+
+TEST(WorldRun, AStalledRankIsReportedWithoutHanging) {
+  const auto start = std::chrono::steady_clock::now();
+  const TrainedRun r = Train("stall", "stats",
+                      {"--ranks", "2", "--ep", "2", "--rank-fault", "stall:0@2", "--collective-timeout", "3"});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 60);
+  EXPECT_EQ(r.train.code, 3) << r.train.out << r.train.err;
+  const Result inspect = Moerr(r.dir, {"inspect", r.run()});
+  EXPECT_EQ(inspect.code, 1) << inspect.out << inspect.err;
+  EXPECT_NE(inspect.out.find("rank 1 waited in"), std::string::npos) << inspect.out;
+}
+
+}  // namespace
+}  // namespace moerr::tools::testing
