@@ -7,11 +7,18 @@
 #include <pybind11/stl.h>
 #include <torch/python.h>
 
+#include <ATen/record_function.h>
+
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
 
 #include "formats/bundle_reader.h"
 #include "formats/trace.h"
+#include "formats/world_manifest.h"
 #include "recorder/recorder.h"
 #include "recorder/hooks/tensor_adapter.h"
 
@@ -105,6 +112,29 @@ class PyRecorder {
     recorder::Recorder& rec = Live();
     WithoutGil([&] { rec.OnRouting({layer, ids, weights, logits, hidden}); });
   }
+  // One collective of torch.distributed: the recorder hears of it before and
+  // after `transfer` (which runs it and waits for it) and records it as the
+  // op c10d::<kind> with what arrived in `outputs`. `transfer` runs with
+  // RecordFunction off on this thread: what the process group does inside
+  // (the dispatcher's c10d:: op, its profiling scope, copies) is the
+  // collective, not ops of the step. A Python exception from it is the
+  // collective failing: the recorder hears why, and it propagates.
+  py::object Collective(const recorder::CollectiveCall& call, const std::vector<at::Tensor>& inputs,
+                        const std::vector<at::Tensor>& outputs, bool in_place, const py::function& transfer) {
+    recorder::Recorder& rec = Live();
+    WithoutGil([&] { rec.OnCollectiveStart(call, inputs, in_place); });
+    py::object result;
+    try {
+      at::DisableRecordFunctionGuard untraced;
+      result = transfer();
+    } catch (py::error_already_set& e) {
+      const std::string why = e.what();
+      WithoutGil([&] { rec.OnCollectiveFailed(call, why); });
+      throw;
+    }
+    WithoutGil([&] { rec.OnCollectiveEnd(call, outputs); });
+    return result;
+  }
   std::vector<int64_t> Written() const { return rec_ ? rec_->written_steps() : written_; }
   // Ops traced since the recording started (inside steps only).
   uint64_t OpsRecorded() const { return rec_ ? rec_->ops_recorded() : 0; }
@@ -124,6 +154,42 @@ class PyRecorder {
   std::unique_ptr<recorder::Recorder> rec_;
   std::vector<int64_t> written_;
 };
+
+recorder::CollectiveCall MakeCall(const std::string& kind, const std::string& group, int64_t seq, int64_t group_rank,
+                                  int64_t group_size, int64_t root, std::vector<int64_t> send_rows,
+                                  std::vector<int64_t> recv_rows) {
+  if (group_size < 1 || group_rank < 0 || group_rank >= group_size || seq < 0 || root >= group_size ||
+      (!send_rows.empty() && static_cast<int64_t>(send_rows.size()) != group_size) ||
+      (!recv_rows.empty() && static_cast<int64_t>(recv_rows.size()) != group_size)) {
+    Raise(absl::InvalidArgumentError("collective " + kind + " in " + group +
+                                     ": group rank, root and splits must fit the group size"));
+  }
+  recorder::CollectiveCall call;
+  call.kind = kind, call.group = group, call.seq = seq, call.group_rank = group_rank, call.group_size = group_size;
+  call.root = root, call.send_rows = std::move(send_rows), call.recv_rows = std::move(recv_rows);
+  return call;
+}
+
+// RUN/world.json of a torch.distributed run: rank K's bundle is
+// rank<K>.moerr; with ep_size > 0 the expert-parallel layout
+// (formats::ExpertParallelWorld), else only the group "world"; `groups`
+// (name -> instances, world ranks by group rank) added to it.
+void WriteWorldManifest(const std::string& run_dir, int64_t world_size, int64_t ep_size, int64_t experts,
+                        const std::map<std::string, std::vector<std::vector<int64_t>>>& groups) {
+  if (world_size < 1 || ep_size < 0 || experts < 0 || (ep_size > 0 && (world_size % ep_size || experts % ep_size))) {
+    Raise(absl::InvalidArgumentError(absl::StrFormat(
+        "world of %d ranks, ep_size %d, %d experts: ep_size must divide the world size and the experts", world_size,
+        ep_size, experts)));
+  }
+  formats::WorldManifest w = formats::ExpertParallelWorld(world_size, ep_size > 0 ? ep_size : 1, experts);
+  if (ep_size == 0) {
+    w.ep_size = 1;
+    w.groups.erase("expert-parallel");
+    w.groups.erase("expert-replica");
+  }
+  for (const auto& [name, instances] : groups) w.groups[name] = instances;
+  Check(formats::WriteWorldManifest(run_dir, w));
+}
 
 py::dict FingerprintDict(const formats::Fingerprint& f) {
   py::dict d;
@@ -218,9 +284,20 @@ PYBIND11_MODULE(_moerr, m) {
       .def("annotate_step", &PyRecorder::AnnotateStep)
       .def("name_tensors", &PyRecorder::NameTensors)
       .def("routing", &PyRecorder::Routing)
+      .def("collective", &PyRecorder::Collective, py::arg("call"), py::arg("inputs"), py::arg("outputs"),
+           py::arg("in_place"), py::arg("transfer"))
       .def("written_steps", &PyRecorder::Written)
       .def("ops_recorded", &PyRecorder::OpsRecorded)
       .def("stop", &PyRecorder::Stop);
+  py::class_<moerr::recorder::CollectiveCall>(m, "CollectiveCall")
+      .def(py::init(&MakeCall), py::arg("kind"), py::arg("group"), py::arg("seq"), py::arg("group_rank"),
+           py::arg("group_size"), py::arg("root") = -1, py::arg("send_rows") = std::vector<int64_t>(),
+           py::arg("recv_rows") = std::vector<int64_t>())
+      .def_readonly("kind", &moerr::recorder::CollectiveCall::kind)
+      .def_readonly("group", &moerr::recorder::CollectiveCall::group)
+      .def_readonly("seq", &moerr::recorder::CollectiveCall::seq);
+  m.def("write_world_manifest", &WriteWorldManifest, py::arg("run_dir"), py::arg("world_size"), py::arg("ep_size"),
+        py::arg("experts"), py::arg("groups"));
   py::class_<PyBundle>(m, "Bundle")
       .def(py::init<const std::string&>())
       .def("steps", &PyBundle::Steps)

@@ -30,6 +30,7 @@ import re
 import warnings
 
 import torch
+import torch.distributed
 
 from ._moerr import Bundle as _Bundle
 from ._moerr import Recorder as _Recorder
@@ -144,7 +145,8 @@ class Recording:
 
 
 @contextlib.contextmanager
-def record(path, mode="replayable", trigger="always", steps=None, ring=2, spike=10.0, overwrite=False):
+def record(path, mode="replayable", trigger="always", steps=None, ring=2, spike=10.0, overwrite=False,
+           ep_size=None, experts=None):
     """Records the steps run inside into the bundle `path`.
 
     mode: "stats", "replayable" or "full". trigger: "always", "window"
@@ -152,7 +154,20 @@ def record(path, mode="replayable", trigger="always", steps=None, ring=2, spike=
     them when a step's loss or grad norm goes non-finite or the grad norm
     exceeds `spike` times its median).
 
-    An existing `path` raises FileExistsError unless overwrite=True. One
+    With torch.distributed initialised, `path` is the run directory: every
+    rank enters `record` together, rank K writes `path`/rank<K>.moerr and
+    rank 0 writes `path`/world.json, naming every process group (the default
+    one "world", others "ranks:" and their world ranks) and, given `ep_size`
+    and `experts` (per MoE layer), the expert-parallel layout (EP groups of
+    ep_size consecutive ranks, rank r hosting experts [r*X/E, (r+1)*X/E)).
+    Inside, torch.distributed's all_reduce, all_to_all_single, all_gather,
+    all_gather_into_tensor, reduce_scatter(_tensor) and broadcast are
+    recorded as collectives of the trace (called as `dist.all_reduce(...)`;
+    a name imported before `record` is not seen); async_op=True is waited
+    on at once.
+
+    An existing `path` (with torch.distributed, an existing bundle of this
+    rank or world.json) raises FileExistsError unless overwrite=True. One
     recording at a time: a `record` inside another raises RuntimeError.
     Closing a bundle that holds no complete step (no `with rec.step():`
     ran, none inside the window, or, with trigger="anomaly", no step was
@@ -161,7 +176,13 @@ def record(path, mode="replayable", trigger="always", steps=None, ring=2, spike=
     if _active is not None:
         raise RuntimeError(f"moerr.record({str(path)!r}) inside moerr.record({_active._path!r}): "
                            "one recording at a time; close the first")
-    if not overwrite and os.path.lexists(path):
+    collectives = None
+    if _distributed_active():
+        from . import _distributed
+        path = _distributed.prepare_run(path, overwrite, ep_size, experts)
+    elif ep_size is not None or experts is not None:
+        raise ValueError("ep_size and experts describe a torch.distributed run: initialise torch.distributed first")
+    elif not overwrite and os.path.lexists(path):
         raise FileExistsError(f"{path} exists; pass overwrite=True to replace it")
     first, last = (0, 2**62) if steps is None else steps
     if steps is not None and trigger == "always":
@@ -169,9 +190,14 @@ def record(path, mode="replayable", trigger="always", steps=None, ring=2, spike=
     rec = Recording(_Recorder(str(path), mode, trigger, first, last, ring, spike, overwrite), path,
                     (first, last) if trigger == "window" else (-2**62, 2**62))
     _active = rec
+    if _distributed_active():
+        collectives = _distributed.Collectives(rec._rec)
+        collectives.install()
     try:
         yield rec
     finally:
+        if collectives is not None:
+            collectives.restore()
         _active = None
         rec._rec.stop()
     # Reached when the body raised nothing.
@@ -181,6 +207,10 @@ def record(path, mode="replayable", trigger="always", steps=None, ring=2, spike=
                "window": f"no step inside the window steps=({first}, {last}) ran",
                "anomaly": "no step was anomalous (trigger=\"anomaly\" writes steps only then)"}.get(trigger, "")
         warnings.warn(f"{path} holds no complete step: {why}", RecordingWarning, stacklevel=3)
+
+
+def _distributed_active():
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,234 @@
+"""moerr.record under torch.distributed: the run directory and the
+collectives (docs/DISTRIBUTED.md, "Python").
+
+With torch.distributed initialised, `moerr.record(RUN)` writes rank K's
+bundle to RUN/rank<K>.moerr and rank 0 writes RUN/world.json. While it
+records, torch.distributed's all_reduce, all_to_all_single, all_gather,
+all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor and broadcast
+are wrapped, so each call is recorded as the op c10d::<kind> with what this
+rank sent and what arrived; they are restored when the recording closes.
+"""
+import os
+
+import torch
+import torch.distributed as dist
+
+from ._moerr import CollectiveCall
+from ._moerr import write_world_manifest
+
+WORLD = "world"
+MANIFEST = "world.json"
+
+
+def active():
+    """Whether torch.distributed is initialised in this process."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def _is_world(group):
+    return group is None or group is dist.GroupMember.WORLD
+
+
+def group_ranks(group):
+    """The world ranks of `group`, by group rank."""
+    if _is_world(group):
+        return list(range(dist.get_world_size()))
+    by_world = dist.distributed_c10d._pg_group_ranks[group]  # world rank -> group rank
+    return sorted(by_world, key=by_world.get)
+
+
+def group_name(group):
+    """The name the trace and the manifest give `group`: "world" for the
+    default group, else "ranks:" and its world ranks by group rank."""
+    return WORLD if _is_world(group) else "ranks:" + ",".join(map(str, group_ranks(group)))
+
+
+def bundle_path(run_dir):
+    return os.path.join(str(run_dir), f"rank{dist.get_rank()}.moerr")
+
+
+def prepare_run(run_dir, overwrite, ep_size, experts):
+    """Checks the run directory on every rank, then (rank 0) writes the
+    manifest with every group any rank belongs to. Collective: every rank
+    calls it, and every rank raises when any rank refused, so none is left
+    waiting for the others. Returns this rank's bundle path."""
+    run_dir = str(run_dir)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    bundle = bundle_path(run_dir)
+    refusal = None
+    if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
+        refusal = ("ValueError", f"{run_dir} is not a directory: with torch.distributed initialised, "
+                                 "moerr.record's path is the run directory (rank K writes rank<K>.moerr in it)")
+    elif not overwrite and os.path.lexists(bundle):
+        refusal = ("FileExistsError", f"{bundle} exists; pass overwrite=True to replace it")
+    elif rank == 0 and not overwrite and os.path.lexists(os.path.join(run_dir, MANIFEST)):
+        refusal = ("FileExistsError", f"{os.path.join(run_dir, MANIFEST)} exists; pass overwrite=True to replace it")
+    mine = {group_name(g): group_ranks(g) for g in dist.distributed_c10d._pg_group_ranks}
+    everyone = [None] * world
+    dist.all_gather_object(everyone, (refusal, mine))
+    for r, (why, _) in enumerate(everyone):
+        if why is not None:
+            kind, message = why
+            error = FileExistsError if kind == "FileExistsError" else ValueError
+            raise error(message if r == rank else f"rank {r} refused to record: {message}")
+    os.makedirs(run_dir, exist_ok=True)
+    if rank == 0:
+        groups = {}
+        for _, theirs in everyone:
+            groups.update(theirs)
+        groups[WORLD] = list(range(world))
+        write_world_manifest(run_dir, world, ep_size or 0, experts or 0, {n: [r] for n, r in groups.items()})
+    return bundle
+
+
+class _Done:
+    """What an emulated collective called with async_op=True returns: it has
+    completed."""
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+
+def _staged(tensor, in_place):
+    """`tensor` itself, or for a view a tensor of its own: a copy of it for
+    an in-place collective (it sends what it holds), else a new one."""
+    if not tensor._is_view():
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format) if in_place else tensor.new_empty(tensor.shape)
+
+
+def _rows(split_sizes, tensor, size):
+    """Rows (dim 0) per group rank: the given splits, or equal ones."""
+    if split_sizes is not None:
+        return [int(n) for n in split_sizes]
+    rows = tensor.shape[0] if tensor.dim() > 0 else 0
+    return [rows // size] * size
+
+
+def _gather_by_all_to_all(all_to_all_single, tensor, group, size):
+    """Every group rank's `tensor`, stacked [size, bytes] by group rank,
+    moved as bytes by an all_to_all: Gloo's all_gather copies on its worker
+    threads, where a recorder would take the copies for ops of the step."""
+    send = tensor.contiguous().reshape(1, -1).expand(size, -1).contiguous().view(torch.uint8)
+    received = torch.empty_like(send)
+    all_to_all_single(received, send, group=group)
+    return received
+
+
+class Collectives:
+    """torch.distributed's collectives wrapped for one recording: each call
+    is handed to the recorder (`PyRecorder.collective`) with its group's
+    name, its sequence number in that group (counted from the recording's
+    start) and its splits. A rank outside the call's group runs it as is
+    (torch does nothing there). async_op=True is waited on at once: the
+    returned work has completed."""
+
+    NAMES = ("all_reduce", "all_to_all_single", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+             "reduce_scatter_tensor", "broadcast")
+
+    def __init__(self, recorder):
+        self._rec = recorder
+        self._seq = {}  # group name -> collectives issued in it
+        self._real = {}
+
+    def install(self):
+        for name in self.NAMES:
+            real = getattr(dist, name, None)
+            if real is None:
+                continue
+            self._real[name] = real
+            setattr(dist, name, getattr(self, "_" + name))
+
+    def restore(self):
+        for name, real in self._real.items():
+            setattr(dist, name, real)
+        self._real.clear()
+
+    def _run(self, kind, group, inputs, outputs, in_place, transfer, async_op, root=-1, send=(), recv=()):
+        """`transfer(inputs, outputs)` runs the collective on the tensors it
+        is given. An output that is a view (a slot of a larger buffer)
+        receives into a tensor of its own, copied into the view afterwards by
+        a traced copy_: the trace then holds what arrived, and the buffer is
+        written by an op that replay re-executes."""
+        if dist.distributed_c10d._rank_not_in_group(group):
+            return transfer(inputs, outputs)
+        name = group_name(group)
+        seq = self._seq.get(name, 0)
+        self._seq[name] = seq + 1
+        call = CollectiveCall(kind, name, seq, dist.get_rank(group), dist.get_world_size(group), root, list(send),
+                              list(recv))
+        staged = [_staged(t, in_place) for t in outputs]
+        if in_place:
+            inputs = staged
+
+        def waited():
+            work = transfer(inputs, staged)
+            if async_op and work is not None:
+                work.wait()
+            return work
+
+        work = self._rec.collective(call, list(inputs), staged, in_place, waited)
+        with torch.no_grad():
+            for out, got in zip(outputs, staged):
+                if got is not out:
+                    out.copy_(got)
+        return work
+
+    def _all_reduce(self, tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        real = self._real["all_reduce"]
+        return self._run("all_reduce", group, [tensor], [tensor], True, lambda i, o: real(o[0], op, group, async_op),
+                         async_op)
+
+    def _broadcast(self, tensor, src, group=None, async_op=False):
+        real = self._real["broadcast"]
+        ranks = group_ranks(group) if not dist.distributed_c10d._rank_not_in_group(group) else []
+        root = ranks.index(src) if src in ranks else -1
+        return self._run("broadcast", group, [tensor], [tensor], True, lambda i, o: real(o[0], src, group, async_op),
+                         async_op, root=root)
+
+    def _all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                           async_op=False):
+        real = self._real["all_to_all_single"]
+
+        def transfer(i, o):
+            return real(o[0], i[0], output_split_sizes, input_split_sizes, group, async_op)
+
+        if dist.distributed_c10d._rank_not_in_group(group):
+            return transfer([input], [output])
+        size = dist.get_world_size(group)
+        send, recv = _rows(input_split_sizes, input, size), _rows(output_split_sizes, output, size)
+        if sum(send) != (input.shape[0] if input.dim() else 0) or sum(recv) != (output.shape[0] if output.dim() else 0):
+            return transfer([input], [output])  # torch refuses the splits, with its own message
+        return self._run("all_to_all", group, [input], [output], False, transfer, async_op, send=send, recv=recv)
+
+    def _all_gather(self, tensor_list, tensor, group=None, async_op=False):
+        real = self._real["all_gather"]
+
+        def transfer(i, o):
+            if (dist.distributed_c10d._rank_not_in_group(group) or dist.get_backend(group) != "gloo"
+                    or len(o) != dist.get_world_size(group)):
+                return real(o, i[0], group, async_op)  # torch's own errors included
+            received = _gather_by_all_to_all(self._real["all_to_all_single"], i[0], group, len(o))
+            for out, row in zip(o, received):
+                out.copy_(row.view(i[0].dtype).view_as(out))
+            return _Done() if async_op else None
+
+        return self._run("all_gather", group, [tensor], tensor_list, False, transfer, async_op)
+
+    def _all_gather_into_tensor(self, output_tensor, input_tensor, group=None, async_op=False):
+        real = self._real["all_gather_into_tensor"]
+        return self._run("all_gather", group, [input_tensor], [output_tensor], False,
+                         lambda i, o: real(o[0], i[0], group, async_op), async_op)
+
+    def _reduce_scatter(self, output, input_list, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        real = self._real["reduce_scatter"]
+        return self._run("reduce_scatter", group, input_list, [output], False,
+                         lambda i, o: real(o[0], i, op, group, async_op), async_op)
+
+    def _reduce_scatter_tensor(self, output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        real = self._real["reduce_scatter_tensor"]
+        return self._run("reduce_scatter", group, [input], [output], False,
+                         lambda i, o: real(o[0], i[0], op, group, async_op), async_op)

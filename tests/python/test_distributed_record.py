@@ -1,0 +1,148 @@
+"""moerr.record inside a torch.distributed loop: two real rank processes over
+Gloo on 127.0.0.1 write one bundle per rank and world.json; each rank
+replays alone bitwise with its collectives served from the record, and the
+cross-rank check finds what every rank received equal to what was sent.
+
+Run by ctest with PYTHONPATH=BUILD/python and MOERR_BIN=the moerr binary."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import moerr
+
+MOERR = os.environ.get("MOERR_BIN", "moerr")
+TIMEOUT = 120  # seconds per process: a hung rank fails the test, never the suite
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(code, run_dir, world=2):
+    """Runs `code` (Python, with RUN the run directory) in `world` rank
+    processes; returns their outputs once all exited 0."""
+    env = dict(os.environ, WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               GLOO_SOCKET_IFNAME="lo", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    procs = [subprocess.Popen([sys.executable, "-c", f"RUN = {str(run_dir)!r}\n" + textwrap.dedent(code)],
+                              env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(world)]
+    outputs = []
+    for r, p in enumerate(procs):
+        try:
+            out, _ = p.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail(f"rank {r} still running after {TIMEOUT} s")
+        outputs.append(out)
+        assert p.returncode == 0, f"rank {r} exited {p.returncode}:\n{out}"
+    return outputs
+
+
+def moerr_cli(*args):
+    p = subprocess.run([MOERR, *map(str, args)], capture_output=True, text=True, timeout=TIMEOUT)
+    return p.returncode, p.stdout + p.stderr
+
+
+@pytest.fixture(scope="module")
+def ep_run(tmp_path_factory):
+    """examples.py's two-rank expert-parallel step, recorded."""
+    run = tmp_path_factory.mktemp("ep") / "run"
+    out = run_ranks("from moerr.examples import expert_parallel_main\nexpert_parallel_main(RUN)\n", run)
+    assert "step 0: loss" in out[0]
+    return run
+
+
+def test_one_bundle_per_rank_and_the_manifest(ep_run):
+    assert sorted(os.listdir(ep_run)) == ["rank0.moerr", "rank1.moerr", "world.json"]
+    world = json.loads((ep_run / "world.json").read_text())
+    assert world["world_size"] == 2 and world["ep_size"] == 2 and world["experts"] == 4
+    assert world["groups"]["world"] == [[0, 1]]
+    assert [r["experts"] for r in world["ranks"]] == [[0, 1], [2, 3]]
+    for rank in (0, 1):
+        names = [op["name"] for op in moerr.Bundle(ep_run / f"rank{rank}.moerr").ops(0)]
+        # counts, rows there and back, their gradients back and there; 5 dense grads; the losses
+        assert names.count("c10d::all_to_all") == 5
+        assert names.count("c10d::all_reduce") == 5
+        assert names.count("c10d::all_gather") == 1
+        assert not [n for n in names if n.startswith("c10d::") and n.endswith("_")], "the dispatcher's c10d op leaked"
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_each_rank_replays_alone_bitwise(ep_run, rank):
+    rc, out = moerr_cli("replay", ep_run, "--rank", rank)
+    assert rc == 0, out
+    assert "outputs compared, 0 differ" in out and "c10d::all_to_all x5" in out, out
+
+
+def test_replay_of_the_run_checks_every_transfer(ep_run):
+    rc, out = moerr_cli("replay", ep_run)
+    assert rc == 0, out
+    assert out.count("0 differ") == 2, out
+    assert "cross-rank check of 22 collective records: every rank received what was sent" in out, out
+
+
+def test_bisect_reads_the_run(ep_run):
+    rc, out = moerr_cli("bisect", ep_run, "--json")
+    assert rc == 0, out
+    assert json.loads(out) == [{"found": False, "step": 0}]
+
+
+SUBGROUPS = """
+import torch, torch.distributed as dist, moerr
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+both, second = dist.new_group([0, 1]), dist.new_group([1])
+real = dist.all_reduce
+with moerr.record(RUN, overwrite=True) as rec:
+    assert dist.all_reduce is not real
+    with rec.step():
+        x = torch.arange(6.0).reshape(3, 2) * (rank + 1)
+        dist.broadcast(x, 1, group=both)            # group rank 1 sends
+        work = dist.all_reduce(x, async_op=True)     # waited on at once
+        assert work.is_completed()
+        out = torch.empty(4, 2)
+        dist.all_to_all_single(out, torch.cat([x, x[:1]]) + rank, [2, 2], [2, 2])
+        if rank == 1:
+            dist.all_reduce(out, group=second)       # a group rank 0 is not in
+        gathered = torch.empty(2, 4, 2)
+        dist.all_gather(list(gathered.unbind(0)), out)
+        (gathered * 2).sum()
+assert dist.all_reduce is real
+try:
+    with moerr.record(RUN):
+        pass
+except FileExistsError as e:
+    print("refused:", e)
+dist.destroy_process_group()
+"""
+
+
+def test_subgroups_async_and_refusal(tmp_path):
+    run = tmp_path / "run"
+    outputs = run_ranks(SUBGROUPS, run)
+    assert all("refused:" in out for out in outputs), outputs
+    world = json.loads((run / "world.json").read_text())
+    assert world["groups"] == {"world": [[0, 1]], "ranks:0,1": [[0, 1]], "ranks:1": [[1]]}
+    assert world["ep_size"] == 1 and world["experts"] == 0
+    groups = {rank: [(op["name"]) for op in moerr.Bundle(run / f"rank{rank}.moerr").ops(0)
+                     if op["name"].startswith("c10d::")] for rank in (0, 1)}
+    assert groups[0] == ["c10d::broadcast", "c10d::all_reduce", "c10d::all_to_all", "c10d::all_gather"]
+    assert groups[1] == ["c10d::broadcast", "c10d::all_reduce", "c10d::all_to_all", "c10d::all_reduce",
+                         "c10d::all_gather"]
+    rc, out = moerr_cli("replay", run)
+    assert rc == 0, out
+    assert out.count("0 differ") == 2 and "every rank received what was sent" in out, out
+
+
+def test_ep_layout_needs_torch_distributed(tmp_path):
+    with pytest.raises(ValueError, match="torch.distributed"):
+        with moerr.record(tmp_path / "x.moerr", ep_size=2, experts=4):
+            pass
