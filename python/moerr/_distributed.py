@@ -18,6 +18,7 @@ from ._moerr import write_world_manifest
 
 WORLD = "world"
 MANIFEST = "world.json"
+UNTRACED_SCOPE = "generate"  # the recorder records no op inside it (recorder/op_tracer.h)
 
 
 def active():
@@ -119,56 +120,99 @@ def _gather_by_all_to_all(all_to_all_single, tensor, group, size):
 
 
 class Collectives:
-    """torch.distributed's collectives wrapped for one recording: each call
-    is handed to the recorder (`PyRecorder.collective`) with its group's
-    name, its sequence number in that group (counted from the recording's
-    start) and its splits. A rank outside the call's group runs it as is
-    (torch does nothing there). async_op=True is waited on at once: the
-    returned work has completed."""
+    """torch.distributed's collectives wrapped for one recording, in the
+    torch.distributed namespace and in distributed_c10d (whose object
+    collectives call them): each call is handed to the recorder
+    (`PyRecorder.collective`) with its group's name, its sequence number in
+    that group (counted from the recording's start) and its splits. A rank
+    outside the call's group runs it as is (torch does nothing there).
+    async_op=True is waited on at once: the returned work has completed.
+    The calls the recorder cannot see the results of (gather, scatter, the
+    list all_to_all, the point-to-point isend, irecv and batch_isend_irecv)
+    raise RuntimeError while recording rather than leave a wrong record."""
 
     NAMES = ("all_reduce", "all_to_all_single", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-             "reduce_scatter_tensor", "broadcast")
+             "reduce_scatter_tensor", "broadcast", "reduce", "barrier", "send", "recv")
+    REFUSED = ("gather", "scatter", "all_to_all", "isend", "irecv", "batch_isend_irecv", "gather_object",
+               "scatter_object_list")
+    # Python objects, pickled through all_gather and broadcast: no tensor of
+    # the step, so not recorded (their ops run in the untraced scope).
+    OBJECTS = ("all_gather_object", "broadcast_object_list")
 
     def __init__(self, recorder):
         self._rec = recorder
         self._seq = {}  # group name -> collectives issued in it
         self._real = {}
+        self._inside = False  # in a transfer: a collective it calls is part of it
 
     def install(self):
-        for name in self.NAMES:
+        for name in self.NAMES + self.REFUSED + self.OBJECTS:
             real = getattr(dist, name, None)
             if real is None:
                 continue
             self._real[name] = real
-            setattr(dist, name, getattr(self, "_" + name))
+            wrapper = (getattr(self, "_" + name) if name in self.NAMES else
+                       self._refusal(name) if name in self.REFUSED else self._untraced(name))
+            for module in (dist, dist.distributed_c10d):
+                if getattr(module, name, None) is real:
+                    setattr(module, name, wrapper)
 
     def restore(self):
         for name, real in self._real.items():
-            setattr(dist, name, real)
+            for module in (dist, dist.distributed_c10d):
+                setattr(module, name, real)
         self._real.clear()
 
-    def _run(self, kind, group, inputs, outputs, in_place, transfer, async_op, root=-1, send=(), recv=()):
+    def _untraced(self, name):
+        def untraced(*args, **kwargs):
+            if self._inside:
+                return self._real[name](*args, **kwargs)
+            self._inside = True
+            scope = torch.ops.profiler._record_function_enter_new(UNTRACED_SCOPE, None)
+            try:
+                return self._real[name](*args, **kwargs)
+            finally:
+                torch.ops.profiler._record_function_exit(scope)
+                self._inside = False
+        return untraced
+
+    def _refusal(self, name):
+        def refuse(*args, **kwargs):
+            if self._inside:
+                return self._real[name](*args, **kwargs)
+            raise RuntimeError(f"torch.distributed.{name} inside moerr.record: not recorded, and what it writes "
+                               "would leave the record wrong; use all_reduce, all_to_all_single, all_gather, "
+                               "broadcast, reduce, send or recv")
+        return refuse
+
+    def _run(self, kind, group, inputs, outputs, in_place, transfer, async_op, root=-1, send=(), recv=(), pair=None):
         """`transfer(inputs, outputs)` runs the collective on the tensors it
         is given. An output that is a view (a slot of a larger buffer)
         receives into a tensor of its own, copied into the view afterwards by
         a traced copy_: the trace then holds what arrived, and the buffer is
         written by an op that replay re-executes."""
-        if dist.distributed_c10d._rank_not_in_group(group):
+        if self._inside or dist.distributed_c10d._rank_not_in_group(group):
             return transfer(inputs, outputs)
-        name = group_name(group)
+        if pair is None:
+            name, group_rank, size = group_name(group), dist.get_rank(group), dist.get_world_size(group)
+        else:  # point to point: the pair of world ranks is the group
+            name, group_rank, size = "p2p:%d,%d" % tuple(sorted(pair)), int(pair[0] > pair[1]), 2
         seq = self._seq.get(name, 0)
         self._seq[name] = seq + 1
-        call = CollectiveCall(kind, name, seq, dist.get_rank(group), dist.get_world_size(group), root, list(send),
-                              list(recv))
+        call = CollectiveCall(kind, name, seq, group_rank, size, root, list(send), list(recv))
         staged = [_staged(t, in_place) for t in outputs]
         if in_place:
             inputs = staged
 
         def waited():
-            work = transfer(inputs, staged)
-            if async_op and work is not None:
-                work.wait()
-            return work
+            self._inside = True
+            try:
+                work = transfer(inputs, staged)
+                if async_op and work is not None:
+                    work.wait()
+                return work
+            finally:
+                self._inside = False
 
         work = self._rec.collective(call, list(inputs), staged, in_place, waited)
         with torch.no_grad():
@@ -232,3 +276,31 @@ class Collectives:
         real = self._real["reduce_scatter_tensor"]
         return self._run("reduce_scatter", group, [input], [output], False,
                          lambda i, o: real(o[0], i[0], op, group, async_op), async_op)
+
+    def _reduce(self, tensor, dst, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        real = self._real["reduce"]
+        ranks = group_ranks(group) if not dist.distributed_c10d._rank_not_in_group(group) else []
+        root = ranks.index(dst) if dst in ranks else -1
+        return self._run("reduce", group, [tensor], [tensor], True, lambda i, o: real(o[0], dst, op, group, async_op),
+                         async_op, root=root)
+
+    def _barrier(self, group=None, async_op=False, device_ids=None):
+        real = self._real["barrier"]
+        return self._run("barrier", group, [], [], False, lambda i, o: real(group, async_op, device_ids), async_op)
+
+    # send and recv: the pair of world ranks is their group ("p2p:<lo>,<hi>",
+    # group rank 0 the lower), with its own sequence, so that ranks outside
+    # the pair keep the same sequence in the process group.
+    def _send(self, tensor, dst, group=None, tag=0):
+        real = self._real["send"]
+        me = dist.get_rank()
+        return self._run("send", group, [tensor], [], False, lambda i, o: real(i[0], dst, group, tag), False,
+                         root=int(me > dst), pair=(me, dst))
+
+    def _recv(self, tensor, src=None, group=None, tag=0):
+        real = self._real["recv"]
+        if src is None:
+            raise RuntimeError("torch.distributed.recv from any source inside moerr.record: name the sender (src=)")
+        me = dist.get_rank()
+        return self._run("recv", group, [], [tensor], False, lambda i, o: real(o[0], src, group, tag), False,
+                         root=int(src > me), pair=(me, src))

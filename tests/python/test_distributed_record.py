@@ -113,8 +113,22 @@ with moerr.record(RUN, overwrite=True) as rec:
         if rank == 1:
             dist.all_reduce(out, group=second)       # a group rank 0 is not in
         gathered = torch.empty(2, 4, 2)
-        dist.all_gather(list(gathered.unbind(0)), out)
-        (gathered * 2).sum()
+        dist.all_gather(list(gathered.unbind(0)), out)  # into views of one buffer
+        y = (gathered * 2).sum(0)
+        dist.barrier()
+        dist.reduce(y, 0)
+        if rank == 0:
+            dist.send(y, 1)
+        else:
+            dist.recv(y, 0)
+        names = [None, None]
+        dist.all_gather_object(names, f"rank {rank}")   # objects: not recorded
+        assert names == ["rank 0", "rank 1"]
+        try:
+            dist.gather(y, [torch.empty_like(y), torch.empty_like(y)] if rank == 0 else None)
+        except RuntimeError as e:
+            assert "not recorded" in str(e)
+        (y + 1).sum()
 assert dist.all_reduce is real
 try:
     with moerr.record(RUN):
@@ -134,9 +148,10 @@ def test_subgroups_async_and_refusal(tmp_path):
     assert world["ep_size"] == 1 and world["experts"] == 0
     groups = {rank: [(op["name"]) for op in moerr.Bundle(run / f"rank{rank}.moerr").ops(0)
                      if op["name"].startswith("c10d::")] for rank in (0, 1)}
-    assert groups[0] == ["c10d::broadcast", "c10d::all_reduce", "c10d::all_to_all", "c10d::all_gather"]
-    assert groups[1] == ["c10d::broadcast", "c10d::all_reduce", "c10d::all_to_all", "c10d::all_reduce",
-                         "c10d::all_gather"]
+    common = ["c10d::broadcast", "c10d::all_reduce", "c10d::all_to_all"]
+    after = ["c10d::all_gather", "c10d::barrier", "c10d::reduce"]
+    assert groups[0] == common + after + ["c10d::send"]
+    assert groups[1] == common + ["c10d::all_reduce"] + after + ["c10d::recv"]
     rc, out = moerr_cli("replay", run)
     assert rc == 0, out
     assert out.count("0 differ") == 2 and "every rank received what was sent" in out, out
