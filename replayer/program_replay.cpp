@@ -6,6 +6,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <optional>
