@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "formats/world_manifest.h"
 #include "importers/dump_stats.h"
 #include "importers/msprobe_dump.h"
@@ -92,19 +93,23 @@ absl::StatusOr<uint64_t> AddTensor(StepImport& s, const DumpEntry& e, const Dump
   if (!numel.ok()) return Annotate(numel.status(), absl::StrCat("entry ", e.name, ": ", v.where));
   at::Tensor bytes;
   formats::Fingerprint fp;
+  const std::string where = absl::StrCat("entry ", e.name, ": ", v.where);
+  // msprobe names a file, never a path: nothing outside dump_tensor_data/ is read.
+  if (v.data_name.find('/') != std::string::npos || v.data_name == "..") {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": data_name \"", v.data_name, "\" is not a file name"));
+  }
   const fs::path file = s.dir / "dump_tensor_data" / v.data_name;
   if (s.tensors && !v.data_name.empty() && fs::exists(file)) {
-    const std::string where = absl::StrCat("entry ", e.name, ": ", v.where);
     absl::StatusOr<at::Tensor> loaded = LoadTensorFile(file.string());
     if (!loaded.ok()) return Annotate(loaded.status(), where);
     bytes = std::move(*loaded);
     const absl::StatusOr<formats::DType> file_dtype = recorder::ToDType(bytes.scalar_type());
     if (!file_dtype.ok()) return Annotate(file_dtype.status(), absl::StrCat(file.string(), ": ", where));
-    if (*file_dtype != dtype || std::vector<int64_t>(bytes.sizes().begin(), bytes.sizes().end()) != v.shape) {
-      return absl::InvalidArgumentError(absl::StrCat(file.string(), ": ", where, ": the file's ",
-                                                     formats::DTypeName(*file_dtype), " ", bytes.sizes().vec().size(),
-                                                     "-d tensor is not the dump's ", v.dtype, " of ", v.shape.size(),
-                                                     " dimensions"));
+    if (*file_dtype != dtype || bytes.sizes().vec() != v.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(file.string(), ": ", where, ": the file holds ",
+                                                     formats::DTypeName(*file_dtype), " [",
+                                                     absl::StrJoin(bytes.sizes().vec(), ", "), "], dump.json says ",
+                                                     v.dtype, " [", absl::StrJoin(v.shape, ", "), "]"));
     }
     fp = recorder::ComputeFingerprint(bytes);
   } else {

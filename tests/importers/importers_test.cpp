@@ -203,6 +203,19 @@ TEST(MsprobeImportTest, TruncatedAndMalformedDumpsNameTheFileAndEntry) {
   ASSERT_FALSE(bad_name.ok());
   EXPECT_NE(bad_name.status().message().find("entry relu"), std::string::npos) << bad_name.status();
   EXPECT_EQ(ImportMsprobe(dir.File("nothing"), dir.File("run")).status().code(), absl::StatusCode::kNotFound);
+
+  // A tensor file that is not the value dump.json describes.
+  std::vector<FixtureEntry> step = Step(at::randn({2, 8}), 1.0, 7);
+  WriteMsprobeDump(dir.File("tdump"), 0, 0, "tensor", step);
+  const std::vector<char> other = torch::jit::pickle_save(c10::IValue(at::ones({3})));
+  std::ofstream(dir.File("tdump/step0/rank0/dump_tensor_data/Functional.gelu.0.forward.output.0.pt"), std::ios::binary)
+      .write(other.data(), static_cast<std::streamsize>(other.size()));
+  auto wrong = ImportMsprobe(dir.File("tdump"), dir.File("trun"));
+  ASSERT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.status().message().find("entry Functional.gelu.0.forward: output[0]: the file holds f32 [3], "
+                                          "dump.json says torch.float32 [2, 8]"),
+            std::string::npos)
+      << wrong.status();
 }
 
 TEST(MsprobeImportTest, EntryNamesBecomeOpsAndModulePaths) {
