@@ -33,6 +33,7 @@ struct Finding {
   std::string message;        // one line for people
   llvm::json::Object numbers;  // the numbers behind it
   std::string next;           // a command to run next, or empty
+  int64_t rank = -1;          // the rank of a multi-rank run it is about; -1: none
 };
 
 // One recorded step as a check sees it.

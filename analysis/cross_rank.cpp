@@ -5,6 +5,8 @@
 #include <tuple>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "analysis/first_overflow.h"
 
 namespace moerr::analysis {
 namespace {
@@ -155,6 +157,61 @@ std::vector<RankFate> RankFates(const formats::WorldStep& world) {
     out.push_back(std::move(f));
   }
   return out;
+}
+
+std::vector<RankLoad> RankLoads(const formats::WorldStep& world) {
+  std::map<std::pair<std::string, int64_t>, RankLoad> loads;
+  const size_t ranks = world.ranks.size();
+  for (size_t r = 0; r < ranks; ++r) {
+    if (!world.ranks[r].trace) continue;
+    const formats::Trace& trace = *world.ranks[r].trace;
+    std::map<std::string, int64_t> passes;  // per module
+    for (const formats::OpEvent& op : trace.ops) {
+      if (op.phase != formats::Phase::kForward || !formats::IsCollective(op) || op.outputs.empty()) continue;
+      const formats::TensorMeta* out = trace.Find(op.outputs[0]);
+      absl::StatusOr<formats::CollectiveOp> c = formats::CollectiveOf(op);
+      if (out == nullptr || !IsFloating(out->dtype) || !c.ok() || c->kind != "all_to_all") continue;
+      RankLoad& load = loads[{op.module, passes[op.module]++}];
+      if (load.rows.empty()) load.rows.assign(ranks, -1);
+      load.rows[r] = std::accumulate(c->recv_rows.begin(), c->recv_rows.end(), int64_t{0});
+    }
+  }
+  std::vector<RankLoad> out;
+  for (auto& [key, load] : loads) {
+    load.module = key.first;
+    load.pass = key.second;
+    int64_t sum = 0, n = 0, most = 0;
+    for (int64_t rows : load.rows) {
+      if (rows < 0) continue;
+      sum += rows, ++n, most = std::max(most, rows);
+    }
+    load.imbalance = sum > 0 ? static_cast<double>(most) * static_cast<double>(n) / static_cast<double>(sum) : 1;
+    out.push_back(std::move(load));
+  }
+  return out;
+}
+
+std::vector<Finding> CheckRankBalance(const formats::WorldStep& world, double warn_ratio) {
+  const std::vector<RankLoad> loads = RankLoads(world);
+  if (loads.empty()) return {};
+  const RankLoad& worst = *std::max_element(loads.begin(), loads.end(), [](const RankLoad& a, const RankLoad& b) {
+    return a.imbalance < b.imbalance;
+  });
+  const size_t busiest = static_cast<size_t>(std::max_element(worst.rows.begin(), worst.rows.end()) - worst.rows.begin());
+  Finding f;
+  f.check = "rank-imbalance";
+  f.severity = worst.imbalance >= warn_ratio ? Severity::kWarning : Severity::kInfo;
+  f.step = world.step;
+  f.where = worst.module;
+  f.rank = static_cast<int64_t>(busiest);
+  f.message = absl::StrFormat(
+      "rows each rank received in all_to_all %d of %s (forward): %s; rank %d gets %.2fx the mean, and the slowest "
+      "rank sets the step time",
+      worst.pass, worst.module, absl::StrJoin(worst.rows, ", "), busiest, worst.imbalance);
+  f.numbers["imbalance"] = worst.imbalance;
+  f.numbers["rows"] = llvm::json::Array(worst.rows);
+  f.numbers["pass"] = worst.pass;
+  return {f};
 }
 
 }  // namespace moerr::analysis

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/check.h"
 #include "formats/collective_op.h"
 #include "formats/world_run.h"
 
@@ -44,6 +45,24 @@ struct RankFate {
 };
 
 std::vector<RankFate> RankFates(const formats::WorldStep& world);
+
+// The rows each rank received in one all_to_all of floating values: the
+// `pass`-th such all_to_all in forward of `module`, on every rank that ran
+// it. In an MoE layer the first is the dispatch (the tokens each rank's
+// experts process; the slowest rank sets the step time), the second the
+// combine (each rank's own tokens coming back).
+struct RankLoad {
+  std::string module;
+  int64_t pass = 0;
+  std::vector<int64_t> rows;  // by rank; -1 where the rank has no such all_to_all
+  double imbalance = 1;       // the largest over the mean of the ranks that have it
+};
+std::vector<RankLoad> RankLoads(const formats::WorldStep& world);
+
+// A lint finding "rank-imbalance" for the worst RankLoad of the step: a
+// warning when the busiest rank receives at least `warn_ratio` times the
+// mean, else a note with the numbers. None without all_to_alls.
+std::vector<Finding> CheckRankBalance(const formats::WorldStep& world, double warn_ratio = 1.5);
 const char* FateName(RankFate::Kind kind);
 
 }  // namespace moerr::analysis

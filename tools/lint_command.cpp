@@ -1,11 +1,15 @@
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 
 #include "absl/strings/str_format.h"
 #include "analysis/check.h"
+#include "analysis/cross_rank.h"
 #include "formats/bundle_reader.h"
+#include "formats/world_run.h"
 #include "support/status.h"
 #include "tools/command.h"
+#include "tools/run_directory.h"
 
 namespace moerr::tools {
 namespace {
@@ -23,12 +27,14 @@ llvm::json::Object FindingJson(const analysis::Finding& f) {
     o["phase"] = f.phase;
   }
   if (!f.next.empty()) o["next"] = f.next;
+  if (f.rank >= 0) o["rank"] = f.rank;
   return o;
 }
 
 void Print(const analysis::Finding& f) {
-  const std::string where = f.op_index >= 0 ? absl::StrFormat("op %d %s in %s (%s)", f.op_index, f.op, f.where, f.phase)
-                                            : f.where;
+  std::string where = f.op_index >= 0 ? absl::StrFormat("op %d %s in %s (%s)", f.op_index, f.op, f.where, f.phase)
+                                      : f.where;
+  if (f.rank >= 0) where = absl::StrFormat("rank %d, %s", f.rank, where);
   std::printf("  %-7s %-18s %s\n          %s\n", std::string(analysis::SeverityName(f.severity)).c_str(),
               f.check.c_str(), where.c_str(), f.message.c_str());
   if (!f.next.empty()) std::printf("          next: %s\n", f.next.c_str());
@@ -66,6 +72,39 @@ absl::StatusOr<std::vector<analysis::Finding>> LintSteps(const LintArgs& args, c
   return all;
 }
 
+constexpr char kRankBalance[] = "rank-imbalance";  // the check across ranks (analysis/cross_rank.h)
+
+// A run directory: every rank's findings, tagged with the rank, then the
+// balance across ranks of each step rank 0 has.
+absl::StatusOr<std::vector<analysis::Finding>> LintRun(const LintArgs& args, const std::optional<OpenedStep>& original,
+                                                       std::vector<int64_t>& opless, size_t& steps_read) {
+  MOERR_ASSIGN_OR_RETURN(const std::vector<RankBundle> bundles, BundlesOf(args.bundle));
+  LintArgs one = args;
+  one.only.erase(std::remove(one.only.begin(), one.only.end(), kRankBalance), one.only.end());
+  const bool per_rank = args.only.empty() || !one.only.empty();
+  const bool balance = args.only.empty() || one.only.size() < args.only.size();
+  std::vector<analysis::Finding> all;
+  std::vector<int64_t> world_steps;
+  for (const RankBundle& b : bundles) {
+    one.bundle = b.path;
+    MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(b.path));
+    MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, StepsToRead(*reader, b.path, args.steps));
+    if (b.rank == 0) world_steps = steps;
+    steps_read += steps.size();
+    if (!per_rank) continue;
+    MOERR_ASSIGN_OR_RETURN(std::vector<analysis::Finding> findings, LintSteps(one, *reader, steps, original, opless));
+    for (analysis::Finding& f : findings) f.rank = b.rank;
+    all.insert(all.end(), findings.begin(), findings.end());
+  }
+  for (int64_t step : balance ? world_steps : std::vector<int64_t>{}) {
+    MOERR_ASSIGN_OR_RETURN(const formats::WorldStep world, formats::OpenWorldStep(args.bundle, step));
+    const std::vector<analysis::Finding> found = analysis::CheckRankBalance(world);
+    all.insert(all.end(), found.begin(), found.end());
+  }
+  std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+  return all;
+}
+
 void PrintFindings(const std::vector<analysis::Finding>& all, const int (&counts)[3]) {
   int64_t step = -2;
   for (const analysis::Finding& f : all) {
@@ -84,20 +123,27 @@ CommandResult RunLint(const LintArgs& args) {
     return kExitOk;
   }
   if (args.bundle.empty()) return absl::InvalidArgumentError("lint needs a BUNDLE");
-  MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(args.bundle));
   std::optional<OpenedStep> original;
   if (!args.against.empty()) {
     MOERR_ASSIGN_OR_RETURN(original, OpenStep(args.against, args.against_step));
   }
-  MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, StepsToRead(*reader, args.bundle, args.steps));
   std::vector<int64_t> opless;
-  MOERR_ASSIGN_OR_RETURN(const std::vector<analysis::Finding> all, LintSteps(args, *reader, steps, original, opless));
+  std::vector<analysis::Finding> all;
+  size_t steps_read = 0;
+  if (formats::IsRunDirectory(args.bundle)) {
+    MOERR_ASSIGN_OR_RETURN(all, LintRun(args, original, opless, steps_read));
+  } else {
+    MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(args.bundle));
+    MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, StepsToRead(*reader, args.bundle, args.steps));
+    steps_read = steps.size();
+    MOERR_ASSIGN_OR_RETURN(all, LintSteps(args, *reader, steps, original, opless));
+  }
   if (!opless.empty()) {
     const std::string hint = absl::StrFormat(
         "%s: step %d records no ops (a step to replay, as moerr proxy and moerr reduce write); `moerr replay %s "
         "--step %d --model --out R.moerr` records one to lint",
         args.bundle, opless.front(), args.bundle, opless.front());
-    if (opless.size() == steps.size()) return absl::FailedPreconditionError(hint);
+    if (opless.size() == steps_read) return absl::FailedPreconditionError(hint);
     std::fprintf(stderr, "moerr: note: %s\n", hint.c_str());
   }
   int counts[3] = {0, 0, 0};
@@ -119,7 +165,9 @@ void AddLintCommand(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "lint", "Static checks over recorded steps, no re-run: dtype headroom, hazardous op patterns, routing "
               "fragility, load imbalance, optimizer hazards, proxy preservation. Exits 1 on a warning or worse");
-  cmd->add_option("BUNDLE", opts->bundle, "A bundle (any mode; optimizer-state checks need replayable or full)");
+  cmd->add_option("BUNDLE", opts->bundle,
+                  "A bundle (any mode; optimizer-state checks need replayable or full), or a multi-rank run directory: "
+                  "every rank, and rank-imbalance, the rows each rank received in all_to_all");
   cmd->add_option("--step", opts->steps, "Steps to check (default: every complete step)");
   cmd->add_option("--only", opts->only, "Run only this check (repeatable); --list names them");
   cmd->add_option("--against", opts->against, "The original bundle a proxy bundle is checked against");
