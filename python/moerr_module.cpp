@@ -128,7 +128,9 @@ class PyRecorder {
       at::DisableRecordFunctionGuard untraced;
       result = transfer();
     } catch (py::error_already_set& e) {
-      const std::string why = e.what();
+      // The exception's type and message, without pybind's traceback.
+      const std::string why = py::str(e.type().attr("__name__")).cast<std::string>() + ": " +
+                              py::str(e.value()).cast<std::string>();
       WithoutGil([&] { rec.OnCollectiveFailed(call, why); });
       throw;
     }

@@ -16,7 +16,9 @@ command inspects, replays, bisects and diffs.
 Routers in HF's MoE layout (a `gate` Linear next to an `experts`
 ModuleList, with `top_k`) report their decisions by themselves once
 instrumented; others call `moerr.routing(...)`. `moerr.Bundle(path)` reads a
-bundle back. Errors from the C++ side are ValueError (bad input),
+bundle back. Inside a torch.distributed loop, `moerr.record(RUN)` writes one
+bundle per rank and RUN/world.json and records the collectives
+(docs/DISTRIBUTED.md, "Python"). Errors from the C++ side are ValueError (bad input),
 FileNotFoundError or RuntimeError, carrying moerr's message; misuse of the
 recording API (`rec.step()` without `with`, nested recordings, an existing
 path without overwrite=True) raises RuntimeError or FileExistsError at once.

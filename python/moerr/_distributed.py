@@ -3,10 +3,9 @@ collectives (docs/DISTRIBUTED.md, "Python").
 
 With torch.distributed initialised, `moerr.record(RUN)` writes rank K's
 bundle to RUN/rank<K>.moerr and rank 0 writes RUN/world.json. While it
-records, torch.distributed's all_reduce, all_to_all_single, all_gather,
-all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor and broadcast
-are wrapped, so each call is recorded as the op c10d::<kind> with what this
-rank sent and what arrived; they are restored when the recording closes.
+records, torch.distributed's collectives are wrapped (`Collectives`), so
+each call is recorded as the op c10d::<kind> with what this rank sent and
+what arrived; they are restored when the recording closes.
 """
 import os
 
@@ -19,11 +18,6 @@ from ._moerr import write_world_manifest
 WORLD = "world"
 MANIFEST = "world.json"
 UNTRACED_SCOPE = "generate"  # the recorder records no op inside it (recorder/op_tracer.h)
-
-
-def active():
-    """Whether torch.distributed is initialised in this process."""
-    return dist.is_available() and dist.is_initialized()
 
 
 def _is_world(group):
@@ -44,10 +38,6 @@ def group_name(group):
     return WORLD if _is_world(group) else "ranks:" + ",".join(map(str, group_ranks(group)))
 
 
-def bundle_path(run_dir):
-    return os.path.join(str(run_dir), f"rank{dist.get_rank()}.moerr")
-
-
 def prepare_run(run_dir, overwrite, ep_size, experts):
     """Checks the run directory on every rank, then (rank 0) writes the
     manifest with every group any rank belongs to. Collective: every rank
@@ -55,7 +45,7 @@ def prepare_run(run_dir, overwrite, ep_size, experts):
     waiting for the others. Returns this rank's bundle path."""
     run_dir = str(run_dir)
     rank, world = dist.get_rank(), dist.get_world_size()
-    bundle = bundle_path(run_dir)
+    bundle = os.path.join(run_dir, f"rank{rank}.moerr")
     refusal = None
     if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
         refusal = ("ValueError", f"{run_dir} is not a directory: with torch.distributed initialised, "
@@ -93,6 +83,14 @@ class _Done:
         return True
 
 
+def _group_rank(group, world_rank):
+    """`world_rank`'s rank in `group`; -1 when this rank or it is not in the group."""
+    if dist.distributed_c10d._rank_not_in_group(group):
+        return -1
+    ranks = group_ranks(group)
+    return ranks.index(world_rank) if world_rank in ranks else -1
+
+
 def _staged(tensor, in_place):
     """`tensor` itself, or for a view a tensor of its own: a copy of it for
     an in-place collective (it sends what it holds), else a new one."""
@@ -127,9 +125,10 @@ class Collectives:
     that group (counted from the recording's start) and its splits. A rank
     outside the call's group runs it as is (torch does nothing there).
     async_op=True is waited on at once: the returned work has completed.
-    The calls the recorder cannot see the results of (gather, scatter, the
-    list all_to_all, the point-to-point isend, irecv and batch_isend_irecv)
-    raise RuntimeError while recording rather than leave a wrong record."""
+    The calls the recorder cannot see the results of (gather, scatter and
+    their object forms, the list all_to_all, isend, irecv,
+    batch_isend_irecv, recv from any source) raise RuntimeError while
+    recording rather than leave a wrong record."""
 
     NAMES = ("all_reduce", "all_to_all_single", "all_gather", "all_gather_into_tensor", "reduce_scatter",
              "reduce_scatter_tensor", "broadcast", "reduce", "barrier", "send", "recv")
@@ -228,10 +227,8 @@ class Collectives:
 
     def _broadcast(self, tensor, src, group=None, async_op=False):
         real = self._real["broadcast"]
-        ranks = group_ranks(group) if not dist.distributed_c10d._rank_not_in_group(group) else []
-        root = ranks.index(src) if src in ranks else -1
         return self._run("broadcast", group, [tensor], [tensor], True, lambda i, o: real(o[0], src, group, async_op),
-                         async_op, root=root)
+                         async_op, root=_group_rank(group, src))
 
     def _all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None,
                            async_op=False):
@@ -279,10 +276,8 @@ class Collectives:
 
     def _reduce(self, tensor, dst, op=dist.ReduceOp.SUM, group=None, async_op=False):
         real = self._real["reduce"]
-        ranks = group_ranks(group) if not dist.distributed_c10d._rank_not_in_group(group) else []
-        root = ranks.index(dst) if dst in ranks else -1
         return self._run("reduce", group, [tensor], [tensor], True, lambda i, o: real(o[0], dst, op, group, async_op),
-                         async_op, root=root)
+                         async_op, root=_group_rank(group, dst))
 
     def _barrier(self, group=None, async_op=False, device_ids=None):
         real = self._real["barrier"]
