@@ -178,6 +178,12 @@ TEST(MsprobeImportTest, TwoRanksAndTwoStepsMakeARun) {
   ImportOptions force;
   force.overwrite = true;
   EXPECT_TRUE(ImportMsprobe(dir.File("dump"), dir.File("run"), force).ok());
+  // Forced over with one rank: the run's earlier manifest and bundles go.
+  auto one = ImportMsprobe(dir.File("dump/step1/rank1"), dir.File("run"), force);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_FALSE(formats::IsRunDirectory(dir.File("run")));
+  EXPECT_FALSE(std::filesystem::exists(dir.File("run/rank0.moerr")));
+  EXPECT_TRUE(std::filesystem::exists(dir.File("run/rank1.moerr")));
 }
 
 TEST(MsprobeImportTest, TruncatedAndMalformedDumpsNameTheFileAndEntry) {
