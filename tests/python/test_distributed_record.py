@@ -161,3 +161,36 @@ def test_ep_layout_needs_torch_distributed(tmp_path):
     with pytest.raises(ValueError, match="torch.distributed"):
         with moerr.record(tmp_path / "x.moerr", ep_size=2, experts=4):
             pass
+
+
+CORRUPT_LINK = """
+import torch, torch.distributed as dist, moerr
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+real = dist.all_to_all_single
+
+def bad_link(output, input, *args, **kwargs):  # rank 1 receives rank 0's rows damaged
+    work = real(output, input, *args, **kwargs)
+    if rank == 1:
+        output[0] += 1
+    return work
+
+dist.all_to_all_single = bad_link
+with moerr.record(RUN, overwrite=True) as rec:
+    with rec.step():
+        x = torch.arange(8.0).reshape(4, 2) + 10 * rank
+        out = torch.empty(4, 2)
+        dist.all_to_all_single(out, x)
+        out.sum()
+dist.destroy_process_group()
+"""
+
+
+def test_cross_rank_check_names_a_corrupt_transfer(tmp_path):
+    run = tmp_path / "run"
+    run_ranks(CORRUPT_LINK, run)
+    rc, out = moerr_cli("replay", run)
+    assert rc != 0, out
+    assert out.count("0 differ") == 2, out  # each rank replays what it received
+    assert "cross-rank check of 2 collective records: MISMATCH" in out, out
+    assert "all_to_all #0 in world: rank 0 -> rank 1, rows [0, 2) of what rank 1 received: the bytes differ" in out, out
