@@ -99,13 +99,13 @@ struct Setup {
 
 // h1024: hidden size 1024 and few, wide experts (4 of width 1024, top-2),
 // one layer, the default batch (8 prompts x 4 responses of 2-digit
-// additions, 352 tokens a forward). Its matmuls take 100 ms and more, but
-// its median op stays far under 1 ms at any batch: about a third of a
+// additions, 320 tokens a forward). Its matmuls take 100 ms and more, but
+// its median op stays far under 1 ms as the batch grows: about a third of a
 // step's ops are views, casts to the same dtype and other metadata ops
 // (aten::t, to, narrow, transpose, detach, view), microseconds at any size,
 // and the routing and loss ops work on a few values per token. With
 // --prompts 32 (1,280 tokens) the median rose from about 0.02 to 0.03 ms
-// while a step took about a minute. The moe::Preset ones are thousands of
+// while a step took minutes. The moe::Preset ones are thousands of
 // tiny ops: they measure the recorder's cost per op.
 absl::StatusOr<Setup> SetupOf(const std::string& preset) {
   Setup s;
