@@ -438,19 +438,21 @@ void SumGradients(Parallel& parallel, const std::vector<at::Tensor>& params, Com
 
 }  // namespace
 
-absl::Status GrpoTrainer::set_parallel(Parallel* parallel) {
-  if (parallel != nullptr) {
-    const ParallelLayout& l = parallel->layout();
-    if (options_.prompts % l.world_size != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%d prompts per step do not split over %d ranks", options_.prompts, l.world_size));
-    }
-    if (options_.micro_batch != 0) return absl::InvalidArgumentError("micro-batches with more than one rank: not yet");
-    if (l.world_size % l.ep_size != 0 || policy_->config().num_experts % l.ep_size != 0) {
-      return absl::InvalidArgumentError(absl::StrFormat("expert parallelism %d must divide the ranks (%d) and the experts (%d)",
-                                                        l.ep_size, l.world_size, policy_->config().num_experts));
-    }
+absl::Status GrpoTrainer::CheckParallel(const GrpoOptions& options, const MoeConfig& config, const ParallelLayout& l) {
+  if (options.prompts % l.world_size != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%d prompts per step do not split over %d ranks", options.prompts, l.world_size));
   }
+  if (options.micro_batch != 0) return absl::InvalidArgumentError("micro-batches with more than one rank: not yet");
+  if (l.world_size % l.ep_size != 0 || config.num_experts % l.ep_size != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat("expert parallelism %d must divide the ranks (%d) and the experts (%d)",
+                                                      l.ep_size, l.world_size, config.num_experts));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GrpoTrainer::set_parallel(Parallel* parallel) {
+  if (parallel != nullptr) MOERR_RETURN_IF_ERROR(CheckParallel(options_, policy_->config(), parallel->layout()));
   parallel_ = parallel;
   policy_->SetParallel(parallel);
   reference_->SetParallel(parallel);

@@ -134,6 +134,9 @@ class GrpoTrainer {
   // every rank takes the same clip and skip decisions. Needs prompts % N == 0
   // and micro_batch == 0. Must outlive the trainer's use of it.
   absl::Status set_parallel(Parallel* parallel);
+  // What set_parallel requires of `options` and `config` on `layout`, for
+  // checking before the model is trained up to that point.
+  static absl::Status CheckParallel(const GrpoOptions& options, const MoeConfig& config, const ParallelLayout& layout);
 
   TrainerState SaveState() const;
   // `tensors` by TrainerState's names. Weights are copied into the models in

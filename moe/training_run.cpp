@@ -75,11 +75,19 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
   const AdditionTask task;
   absl::Status status = CatchTorch("training", [&]() -> absl::Status {
     torch::manual_seed(options.seed);
+    GrpoOptions grpo;
+    grpo.numerics = Numerics{options.precision, options.fp16_saturate};
+    grpo.rollout_numerics = grpo.numerics;
+    grpo.micro_batch = options.micro_batch;
     MoeTransformer policy{nullptr};
     if (!options.init_checkpoint.empty()) {
       MOERR_ASSIGN_OR_RETURN(policy, LoadCheckpoint(options.init_checkpoint));
     } else {
       MOERR_ASSIGN_OR_RETURN(MoeConfig config, Preset(options.preset, options.family));
+      // Before the warm-up, which a world it cannot split would waste.
+      if (options.parallel != nullptr) {
+        MOERR_RETURN_IF_ERROR(GrpoTrainer::CheckParallel(grpo, config, options.parallel->layout()));
+      }
       policy = MoeTransformer(config);
       WarmupOptions warm;
       warm.steps = options.warmup_steps;
@@ -96,10 +104,6 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
     }
     if (options.parallel != nullptr) BroadcastFromRankZero(policy, *options.parallel);
     MoeTransformer reference = CopyOf(policy);
-    GrpoOptions grpo;
-    grpo.numerics = Numerics{options.precision, options.fp16_saturate};
-    grpo.rollout_numerics = grpo.numerics;
-    grpo.micro_batch = options.micro_batch;
     std::mt19937_64 rng(options.seed + 17);
     const AdditionTask::Batch calib = task.Sample(64, rng);
     const at::Tensor calibration = at::cat({calib.prompts, calib.answers}, 1);
