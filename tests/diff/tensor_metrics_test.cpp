@@ -138,5 +138,25 @@ TEST(FingerprintDeltaTest, IsALowerBoundOfTheTrueError) {
   EXPECT_EQ(CompareFingerprints(same, same).Score(), 0);
 }
 
+// An imported dump's fingerprints: unknown hashes never match, a statistic
+// either side lacks measures nothing, lower-bound counts say only whether.
+TEST(TensorMetricsTest, FingerprintsWithUnknownFields) {
+  using F = formats::Fingerprint;
+  F a;
+  a.numel = 100, a.l2 = 10, a.abs_max = 2, a.mean = 0.1, a.unknown = F::kHash;
+  F b = a;
+  EXPECT_FALSE(CompareFingerprints(a, b).bitwise_equal);
+  EXPECT_EQ(CompareFingerprints(a, b).Score(), 0);
+  b.l2 = 11;
+  EXPECT_NEAR(CompareFingerprints(a, b).rel_l2, 0.1, 1e-12);
+  b.l2 = std::nan(""), b.unknown |= F::kL2;
+  EXPECT_EQ(CompareFingerprints(a, b).rel_l2, 0);
+  a.nan = 1, a.unknown |= F::kNan;  // at least one NaN
+  b.nan = 0;
+  EXPECT_EQ(CompareFingerprints(a, b).nan_mismatch, 1u);
+  b.nan = 5;
+  EXPECT_EQ(CompareFingerprints(a, b).nan_mismatch, 0u);  // both have some
+}
+
 }  // namespace
 }  // namespace moerr::diff
