@@ -9,8 +9,10 @@
 
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -121,6 +123,8 @@ class PyRecorder {
   // collective failing: the recorder hears why, and it propagates.
   py::object Collective(const recorder::CollectiveCall& call, const std::vector<at::Tensor>& inputs,
                         const std::vector<at::Tensor>& outputs, bool in_place, const py::function& transfer) {
+    CheckRows(call, inputs, call.send_rows, "send");
+    CheckRows(call, outputs, call.recv_rows, "recv");
     recorder::Recorder& rec = Live();
     WithoutGil([&] { rec.OnCollectiveStart(call, inputs, in_place); });
     py::object result;
@@ -136,6 +140,19 @@ class PyRecorder {
     }
     WithoutGil([&] { rec.OnCollectiveEnd(call, outputs); });
     return result;
+  }
+  // The recorder hashes slices of dim 0 by the splits: they must cover it.
+  static void CheckRows(const recorder::CollectiveCall& call, const std::vector<at::Tensor>& tensors,
+                        const std::vector<int64_t>& rows, const char* which) {
+    if (rows.empty()) return;
+    const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+    for (const at::Tensor& t : tensors) {
+      if (!t.defined() || t.dim() == 0 || t.size(0) != total) {
+        Raise(absl::InvalidArgumentError(absl::StrFormat(
+            "collective %s #%d in %s: %s rows add up to %d, not the tensor's dim 0", call.kind, call.seq, call.group,
+            which, total)));
+      }
+    }
   }
   std::vector<int64_t> Written() const { return rec_ ? rec_->written_steps() : written_; }
   // Ops traced since the recording started (inside steps only).
@@ -160,7 +177,11 @@ class PyRecorder {
 recorder::CollectiveCall MakeCall(const std::string& kind, const std::string& group, int64_t seq, int64_t group_rank,
                                   int64_t group_size, int64_t root, std::vector<int64_t> send_rows,
                                   std::vector<int64_t> recv_rows) {
-  if (group_size < 1 || group_rank < 0 || group_rank >= group_size || seq < 0 || root >= group_size ||
+  const auto negative = [](const std::vector<int64_t>& rows) {
+    return std::any_of(rows.begin(), rows.end(), [](int64_t n) { return n < 0; });
+  };
+  if (group_size < 1 || group_rank < 0 || group_rank >= group_size || seq < 0 || root < -1 || root >= group_size ||
+      negative(send_rows) || negative(recv_rows) ||
       (!send_rows.empty() && static_cast<int64_t>(send_rows.size()) != group_size) ||
       (!recv_rows.empty() && static_cast<int64_t>(recv_rows.size()) != group_size)) {
     Raise(absl::InvalidArgumentError("collective " + kind + " in " + group +

@@ -194,3 +194,17 @@ def test_cross_rank_check_names_a_corrupt_transfer(tmp_path):
     assert out.count("0 differ") == 2, out  # each rank replays what it received
     assert "cross-rank check of 2 collective records: MISMATCH" in out, out
     assert "all_to_all #0 in world: rank 0 -> rank 1, rows [0, 2) of what rank 1 received: the bytes differ" in out, out
+
+
+def test_bad_collective_calls_are_refused(tmp_path):
+    import torch
+    from moerr import _moerr
+    with pytest.raises(ValueError, match="splits must fit"):
+        _moerr.CollectiveCall("all_to_all", "world", 0, 0, 2, -1, [-1, 3], [1, 1])
+    with pytest.raises(ValueError, match="splits must fit"):
+        _moerr.CollectiveCall("broadcast", "world", 0, 2, 2)
+    rec = _moerr.Recorder(str(tmp_path / "x.moerr"), "replayable", "always", 0, 2**62, 2, 10.0, False)
+    call = _moerr.CollectiveCall("all_to_all", "world", 0, 0, 2, -1, [1, 1], [1, 1])
+    with pytest.raises(ValueError, match="send rows add up to 2"):
+        rec.collective(call, [torch.zeros(3)], [torch.zeros(2)], False, lambda: None)
+    rec.stop()
