@@ -56,6 +56,12 @@ const formats::TensorMeta& Output(const formats::Trace& t, size_t op, size_t slo
   return *m;
 }
 
+// `value` as torch.save writes it (LibTorch's pickle_save: the same zip format).
+void SavePickle(const c10::IValue& value, const std::string& path) {
+  const std::vector<char> bytes = torch::jit::pickle_save(value);
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
 TEST(MsprobeImportTest, StatisticsDumpBecomesAStatsBundle) {
   TempDir dir;
   WriteMsprobeDump(dir.File("dump"), 0, 0, "statistics", Step(at::randn({4, 8}), 1.0, 1));
@@ -213,9 +219,7 @@ TEST(MsprobeImportTest, TruncatedAndMalformedDumpsNameTheFileAndEntry) {
   // A tensor file that is not the value dump.json describes.
   std::vector<FixtureEntry> step = Step(at::randn({2, 8}), 1.0, 7);
   WriteMsprobeDump(dir.File("tdump"), 0, 0, "tensor", step);
-  const std::vector<char> other = torch::jit::pickle_save(c10::IValue(at::ones({3})));
-  std::ofstream(dir.File("tdump/step0/rank0/dump_tensor_data/Functional.gelu.0.forward.output.0.pt"), std::ios::binary)
-      .write(other.data(), static_cast<std::streamsize>(other.size()));
+  SavePickle(c10::IValue(at::ones({3})), dir.File("tdump/step0/rank0/dump_tensor_data/Functional.gelu.0.forward.output.0.pt"));
   auto wrong = ImportMsprobe(dir.File("tdump"), dir.File("trun"));
   ASSERT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(wrong.status().message().find("entry Functional.gelu.0.forward: output[0]: the file holds f32 [3], "
@@ -272,17 +276,21 @@ TEST(MsprobeImportTest, DiffOfTwoImportedDumpsFindsTheDeviatingOp) {
   }
 }
 
+// The step `moerr import torch IN -o RUN` wrote (empty when it failed).
+formats::Trace TorchStep(const std::string& in, const std::string& run) {
+  auto result = ImportTorch(in, run);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? ReadStep(result->bundles[0], 0) : formats::Trace{};
+}
+
 TEST(TorchImportTest, ATensorDictBecomesOneOpPerName) {
   TempDir dir;
   c10::Dict<std::string, at::Tensor> d;
   d.insert("layers.0.out", at::ones({2, 3}));
   d.insert("layers.1.out", at::full({2}, INFINITY));
   d.insert("loss", at::zeros({}));
-  const std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(d));
-  std::ofstream(dir.File("step.pt"), std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  auto result = ImportTorch(dir.File("step.pt"), dir.File("run"));
-  ASSERT_TRUE(result.ok()) << result.status();
-  const formats::Trace t = ReadStep(result->bundles[0], 0);
+  SavePickle(c10::IValue(d), dir.File("step.pt"));
+  const formats::Trace t = TorchStep(dir.File("step.pt"), dir.File("run"));
   ASSERT_EQ(t.ops.size(), 3u);
   EXPECT_EQ(t.ops[1].name, "layers.1.out");
   EXPECT_EQ(t.ops[1].module, "layers.1");
@@ -290,19 +298,15 @@ TEST(TorchImportTest, ATensorDictBecomesOneOpPerName) {
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(first->op->name, "layers.1.out");
 
-  const std::vector<char> list = torch::jit::pickle_save(c10::IValue(int64_t{3}));
-  std::ofstream(dir.File("int.pt"), std::ios::binary).write(list.data(), static_cast<std::streamsize>(list.size()));
+  SavePickle(c10::IValue(int64_t{3}), dir.File("int.pt"));
   auto not_dict = ImportTorch(dir.File("int.pt"), dir.File("run2"));
   ASSERT_EQ(not_dict.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(not_dict.status().message().find("not a tensor or a dict"), std::string::npos) << not_dict.status();
   // A directory: its files in natural order, names "stem/key".
   std::filesystem::create_directory(dir.File("dumps"));
   std::filesystem::copy_file(dir.File("step.pt"), dir.File("dumps/x2.pt"));
-  const std::vector<char> one = torch::jit::pickle_save(c10::IValue(at::ones({3})));
-  std::ofstream(dir.File("dumps/x10.pt"), std::ios::binary).write(one.data(), static_cast<std::streamsize>(one.size()));
-  auto from_dir = ImportTorch(dir.File("dumps"), dir.File("run-dir"));
-  ASSERT_TRUE(from_dir.ok()) << from_dir.status();
-  const formats::Trace td = ReadStep(from_dir->bundles[0], 0);
+  SavePickle(c10::IValue(at::ones({3})), dir.File("dumps/x10.pt"));
+  const formats::Trace td = TorchStep(dir.File("dumps"), dir.File("run-dir"));
   ASSERT_EQ(td.ops.size(), 4u);
   EXPECT_EQ(td.ops[0].name, "x2/layers.0.out");
   EXPECT_EQ(td.ops[3].name, "x10");
