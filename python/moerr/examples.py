@@ -167,13 +167,19 @@ def expert_parallel_step(model, opt, tokens):
     return float(sum(losses)) / world
 
 
-def expert_parallel_main(run_dir, steps=1, experts=4):
-    """The step in one rank process (RANK, WORLD_SIZE, MASTER_ADDR,
-    MASTER_PORT in the environment), recorded into the run directory
-    `run_dir`. Prints the world's loss of each step on rank 0."""
+def expert_parallel_main(run_dir, steps=1, experts=4, init_method=None):
+    """The step in one rank process (RANK and WORLD_SIZE in the
+    environment; MASTER_ADDR and MASTER_PORT too unless `init_method` names
+    the rendezvous, e.g. "file:///tmp/store"), recorded into the run
+    directory `run_dir`. Prints the world's loss of each step on rank 0."""
+    import os
     import torch.distributed as dist
     import moerr
-    dist.init_process_group("gloo")
+    if init_method is None:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", init_method=init_method, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(0)  # one model on every rank

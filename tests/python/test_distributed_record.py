@@ -6,7 +6,6 @@ cross-rank check finds what every rank received equal to what was sent.
 Run by ctest with PYTHONPATH=BUILD/python and MOERR_BIN=the moerr binary."""
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -19,18 +18,15 @@ MOERR = os.environ.get("MOERR_BIN", "moerr")
 TIMEOUT = 120  # seconds per process: a hung rank fails the test, never the suite
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(code, run_dir, world=2):
-    """Runs `code` (Python, with RUN the run directory) in `world` rank
-    processes; returns their outputs once all exited 0."""
-    env = dict(os.environ, WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-               GLOO_SOCKET_IFNAME="lo", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    procs = [subprocess.Popen([sys.executable, "-c", f"RUN = {str(run_dir)!r}\n" + textwrap.dedent(code)],
+    """Runs `code` (Python, with RUN the run directory and INIT the
+    rendezvous: a FileStore next to it, so no port can be taken) in `world`
+    rank processes; returns their outputs once all exited 0."""
+    env = dict(os.environ, WORLD_SIZE=str(world), GLOO_SOCKET_IFNAME="lo",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    store = f"{run_dir}.store"
+    prelude = f"import os\nRUN = {str(run_dir)!r}\nINIT = {'file://' + store!r}\n"
+    procs = [subprocess.Popen([sys.executable, "-c", prelude + textwrap.dedent(code)],
                               env=dict(env, RANK=str(r)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(world)]
     outputs = []
@@ -55,7 +51,8 @@ def moerr_cli(*args):
 def ep_run(tmp_path_factory):
     """examples.py's two-rank expert-parallel step, recorded."""
     run = tmp_path_factory.mktemp("ep") / "run"
-    out = run_ranks("from moerr.examples import expert_parallel_main\nexpert_parallel_main(RUN)\n", run)
+    out = run_ranks("from moerr.examples import expert_parallel_main\n"
+                    "expert_parallel_main(RUN, init_method=INIT)\n", run)
     assert "step 0: loss" in out[0]
     return run
 
@@ -97,7 +94,7 @@ def test_bisect_reads_the_run(ep_run):
 
 SUBGROUPS = """
 import torch, torch.distributed as dist, moerr
-dist.init_process_group("gloo")
+dist.init_process_group("gloo", init_method=INIT, rank=int(os.environ["RANK"]), world_size=2)
 rank = dist.get_rank()
 both, second = dist.new_group([0, 1]), dist.new_group([1])
 real = dist.all_reduce
@@ -165,7 +162,7 @@ def test_ep_layout_needs_torch_distributed(tmp_path):
 
 CORRUPT_LINK = """
 import torch, torch.distributed as dist, moerr
-dist.init_process_group("gloo")
+dist.init_process_group("gloo", init_method=INIT, rank=int(os.environ["RANK"]), world_size=2)
 rank = dist.get_rank()
 real = dist.all_to_all_single
 
