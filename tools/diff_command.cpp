@@ -9,6 +9,8 @@
 #include "formats/bundle_reader.h"
 #include "support/status.h"
 #include "tools/command.h"
+#include "diff/world_diff.h"
+#include "formats/world_run.h"
 
 namespace moerr::tools {
 namespace {
@@ -53,26 +55,26 @@ struct DiffArgs {
   bool json = false, fingerprints_only = false;
 };
 
-llvm::json::Object DiffJson(const DiffArgs& args, const OpenedStep& a, const OpenedStep& b,
-                            const diff::DiffReport& report) {
+llvm::json::Object DiffJson(const DiffArgs& args, const formats::Trace& a, int64_t step_a, const formats::Trace& b,
+                            int64_t step_b, const diff::DiffReport& report) {
   llvm::json::Array diverged, unmatched;
   for (size_t i = 0; i < report.ops.size(); ++i) {
     const diff::OpDiff& d = report.ops[i];
     if (d.a < 0 || d.b < 0) {
-      const formats::OpEvent& op = d.a >= 0 ? a.trace.ops[d.a] : b.trace.ops[d.b];
+      const formats::OpEvent& op = d.a >= 0 ? a.ops[d.a] : b.ops[d.b];
       unmatched.push_back(llvm::json::Object{{"in", d.a >= 0 ? "A" : "B"}, {"op_index", d.a >= 0 ? d.a : d.b},
                                              {"op", op.name}, {"module", op.module}});
       continue;
     }
     if (!d.diverged) continue;
-    const formats::OpEvent& op = a.trace.ops[d.a];
+    const formats::OpEvent& op = a.ops[d.a];
     llvm::json::Array outputs;
     for (const auto& o : d.outputs) outputs.push_back(OutputJson(o));
     diverged.push_back(llvm::json::Object{{"op_a", d.a}, {"op_b", d.b}, {"op", op.name}, {"module", op.module},
                                           {"phase", std::string(formats::PhaseName(op.phase))},
                                           {"error", JsonNumber(d.error)}, {"outputs", std::move(outputs)}});
   }
-  return llvm::json::Object{{"a", args.a}, {"b", args.b}, {"step_a", a.step}, {"step_b", b.step},
+  return llvm::json::Object{{"a", args.a}, {"b", args.b}, {"step_a", step_a}, {"step_b", step_b},
                             {"matched", static_cast<int64_t>(report.matched)},
                             {"only_a", static_cast<int64_t>(report.only_a)},
                             {"only_b", static_cast<int64_t>(report.only_b)},
@@ -129,11 +131,45 @@ void PrintDiff(const DiffArgs& args, const formats::Trace& a, const diff::DiffRe
   if (!args.html.empty()) std::printf("HTML report: %s\n", args.html.c_str());
 }
 
+// Two run directories: rank by rank, or by module path when the world sizes
+// differ (diff/world_diff.h). --json: {"parts": [{"what", "rank_a", "rank_b", ...}]}.
+CommandResult RunWorldDiff(const DiffArgs& args, const diff::DiffOptions& options) {
+  if (!args.html.empty()) return absl::InvalidArgumentError("--html compares two bundles: pass one rank's bundle of each");
+  MOERR_ASSIGN_OR_RETURN(const formats::WorldStep a, formats::OpenWorldStep(args.a, args.step_a));
+  MOERR_ASSIGN_OR_RETURN(const formats::WorldStep b, formats::OpenWorldStep(args.b, args.step_b));
+  MOERR_ASSIGN_OR_RETURN(const std::vector<diff::WorldDiffPart> parts, diff::DiffWorlds(a, b, options));
+  llvm::json::Array json;
+  size_t diverged = 0;
+  for (const diff::WorldDiffPart& p : parts) {
+    diverged += p.report.diverged_ops;
+    if (args.json) {
+      llvm::json::Object o = DiffJson(args, p.a, a.step, p.b, b.step, p.report);
+      o["what"] = p.what;
+      o["rank_a"] = p.rank_a;
+      o["rank_b"] = p.rank_b;
+      json.push_back(std::move(o));
+      continue;
+    }
+    std::printf("%s (rank %lld of A, rank %lld of B): ", p.what.c_str(), static_cast<long long>(p.rank_a),
+                static_cast<long long>(p.rank_b));
+    PrintDiff(args, p.a, p.report);
+  }
+  if (args.json) PrintJson(llvm::json::Object{{"a", args.a}, {"b", args.b}, {"parts", std::move(json)}});
+  return diverged > 0 ? kExitFinding : kExitOk;
+}
+
 CommandResult RunDiff(const DiffArgs& args) {
   MOERR_RETURN_IF_ERROR(CheckNotAnInput(args.html, {args.a, args.b}));
   diff::DiffOptions options;
   options.compare_bytes = !args.fingerprints_only;
   for (const std::string& t : args.thresholds) MOERR_RETURN_IF_ERROR(options.thresholds.Set(t));
+  const bool run_a = formats::IsRunDirectory(args.a), run_b = formats::IsRunDirectory(args.b);
+  if (run_a && run_b) return RunWorldDiff(args, options);
+  if (run_a || run_b) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s is a run directory and %s a bundle: compare two runs, or one rank's bundle (RUN/rankK.moerr) with a bundle",
+        run_a ? args.a : args.b, run_a ? args.b : args.a));
+  }
   MOERR_ASSIGN_OR_RETURN(const OpenedStep a, OpenStep(args.a, args.step_a));
   MOERR_ASSIGN_OR_RETURN(const OpenedStep b, OpenStep(args.b, args.step_b));
   MOERR_ASSIGN_OR_RETURN(const diff::DiffReport report,
@@ -144,7 +180,7 @@ CommandResult RunDiff(const DiffArgs& args) {
     if (!out.good()) return absl::UnavailableError("cannot write " + args.html);
   }
   if (args.json) {
-    PrintJson(DiffJson(args, a, b, report));
+    PrintJson(DiffJson(args, a.trace, a.step, b.trace, b.step, report));
   } else {
     PrintDiff(args, a.trace, report);
   }
@@ -157,8 +193,11 @@ void AddDiffCommand(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<DiffArgs>();
   CLI::App* cmd = app.add_subcommand(
       "diff", "Align two recordings of a step op by op and compare every output; the first divergence comes first");
-  cmd->add_option("A", opts->a, "Reference bundle")->required();
-  cmd->add_option("B", opts->b, "Bundle to compare with it")->required();
+  cmd->add_option("A", opts->a, "Reference bundle, or a multi-rank run directory")->required();
+  cmd->add_option("B", opts->b,
+                  "Bundle to compare with it; for two runs: rank by rank, or expert by expert when their world sizes "
+                  "differ")
+      ->required();
   cmd->add_option("--step-a", opts->step_a, "Step of A (default: its first complete step)");
   cmd->add_option("--step-b", opts->step_b, "Step of B (default: its first complete step)");
   cmd->add_option("--threshold", opts->thresholds,

@@ -69,6 +69,19 @@ void ExpectRecordsAndReplays(int64_t ranks, int64_t ep) {
   const Result all = Moerr(r.dir, {"replay", r.run()});
   EXPECT_EQ(all.code, 0) << all.out << all.err;
   EXPECT_NE(all.out.find("every rank received what was sent"), std::string::npos) << all.out;
+  // The same run against itself: rank by rank, no divergence.
+  const Result diff = Moerr(r.dir, {"diff", r.run(), r.run(), "--json"});
+  EXPECT_EQ(diff.code, 0) << diff.out << diff.err;
+  const llvm::json::Value parts = Json(diff);
+  ASSERT_TRUE(parts.getAsObject() && parts.getAsObject()->getArray("parts")) << diff.out;
+  EXPECT_EQ(parts.getAsObject()->getArray("parts")->size(), static_cast<size_t>(ranks));
+  // One finding across ranks: the rows each rank's experts received.
+  const Result lint = Moerr(r.dir, {"lint", r.run(), "--only", "rank-imbalance", "--json"});
+  const llvm::json::Value findings = Json(lint);
+  ASSERT_TRUE(findings.getAsArray() && findings.getAsArray()->size() == 1) << lint.out << lint.err;
+  const llvm::json::Array* rows = (*findings.getAsArray())[0].getAsObject()->getObject("numbers")->getArray("rows");
+  ASSERT_NE(rows, nullptr) << lint.out;
+  EXPECT_EQ(rows->size(), static_cast<size_t>(ranks)) << lint.out;
 }
 
 TEST(WorldRun, TwoRanksRecordAndReplayEachRankBitwise) { ExpectRecordsAndReplays(2, 2); }
@@ -131,6 +144,10 @@ TEST(WorldRun, AKilledRankIsNamedAndItsBundleSalvaged) {
   EXPECT_NE(survivor.getString("waited_in").getValueOr("").find(" #"), llvm::StringRef::npos) << inspect.out;
   const Result text = Moerr(r.dir, {"inspect", r.run()});
   EXPECT_NE(text.out.find("rank 1 died after op"), std::string::npos) << text.out;
+  const Result salvage = Moerr(r.dir, {"salvage", r.run()});
+  EXPECT_EQ(salvage.code, 0) << salvage.out << salvage.err;
+  EXPECT_TRUE(fs::exists(r.run() + "/rank1.moerr")) << salvage.out;
+  EXPECT_EQ(Moerr(r.dir, {"verify", r.run() + "/rank1.moerr"}).code, 0);
 }
 
 TEST(WorldRun, AStalledRankIsReportedWithoutHanging) {
