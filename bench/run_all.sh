@@ -43,6 +43,10 @@ echo "## Replay and bisect against one step"
 "$BUILD/bench/replay_bench" --preset small
 
 echo
+echo "## Several ranks: recorder CPU per rank and step, bundle size per rank, replay of one rank"
+"$PYTHON" bench/distributed/bench_distributed.py "$BUILD" "$WORK/distributed"
+
+echo
 echo "## moerr bisect against torch.autograd.detect_anomaly on the same failing steps"
 "$PYTHON" bench/replayer/compare_detect_anomaly.py "$BUILD" "$WORK/anomaly"
 
