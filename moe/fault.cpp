@@ -51,6 +51,56 @@ BusiestExpert FindBusiestExpert(MoeTransformer& policy, const at::Tensor& calibr
   return out;
 }
 
+// The busiest expert's output on the tokens the router sends it on the
+// calibration batch: its down projection is scaled so that output lands 8x
+// past fp16's range, in the forward pass, and the step runs in fp16
+// emulation.
+void InjectExpertOverflow(MoeTransformer& policy, GrpoOptions& options, const at::Tensor& calibration,
+                          const FaultPlace& place, InjectedFault& out) {
+  const MoeConfig& config = policy->config();
+  const BusiestExpert busiest = FindBusiestExpert(policy, calibration, place);
+  const int64_t layer = busiest.layer, expert = busiest.expert;
+  Expert e = policy->MoeLayers().front()->expert(expert);
+  const double peak = e->forward(busiest.rows).abs().max().item<double>();
+  for (auto& p : e->named_parameters()) {
+    if (!place.weights) break;
+    if (p.key().find(config.family == Family::kMixtral ? "w2" : "down_proj") != std::string::npos) {
+      p.value().mul_(8 * kFp16Max / std::max(peak, 1e-6));
+    }
+  }
+  options.numerics.precision = Precision::kFp16Emu;
+  options.rollout_numerics = options.numerics;
+  out.module = absl::StrFormat("model.layers.%d.%s.experts.%d", layer, config.MlpName(), expert);
+  out.description = absl::StrFormat("%s: down projection scaled so its outputs reach ~8x the fp16 maximum",
+                                    out.module);
+}
+
+// The router aux loss off, and rows 0 and 1 of every router given a large
+// copy of the mean direction of that router's inputs (on the calibration
+// batch), so nearly every token scores them highest.
+void InjectRouterCollapse(MoeTransformer& policy, GrpoOptions& options, const at::Tensor& calibration,
+                          const FaultPlace& place, InjectedFault& out) {
+  options.aux_loss_coef = 0;
+  struct MeanDirection : recorder::RoutingObserver {
+    std::map<int64_t, at::Tensor> by_layer;
+    void OnRouting(const recorder::RoutingEvent& e) override {
+      const at::Tensor unit = e.hidden.to(at::kFloat);
+      by_layer[e.layer] = (unit / unit.norm(2, -1, true).clamp_min(1e-12)).mean(0);
+    }
+  } capture;
+  policy->SetRoutingObserver(&capture);
+  policy->forward(calibration);
+  policy->SetRoutingObserver(nullptr);
+  for (MoeLayer& moe : policy->MoeLayers()) {
+    if (!place.weights) break;
+    const at::Tensor& mean = capture.by_layer.at(moe->gate()->layer());
+    const at::Tensor direction = mean / mean.norm().clamp_min(1e-12);
+    moe->gate()->weight.narrow(0, 0, 2).add_(direction.unsqueeze(0) * 8.0);
+    if (moe->gate()->e_score_correction_bias.defined()) moe->gate()->e_score_correction_bias.narrow(0, 0, 2).add_(10.0);
+  }
+  out.description = "router aux loss off; experts 0 and 1 favoured by every router";
+}
+
 }  // namespace
 
 absl::StatusOr<FaultKind> ParseFault(const std::string& name) { return ParseEnum(kFaults, "fault", name); }
@@ -70,30 +120,9 @@ absl::StatusOr<InjectedFault> InjectFault(FaultKind kind, MoeTransformer& policy
   InjectedFault out;
   out.kind = kind;
   torch::NoGradGuard no_grad;
-  const MoeConfig& config = policy->config();
   switch (kind) {
     case FaultKind::kNone: break;
-    case FaultKind::kExpertOverflow: {
-      const BusiestExpert busiest = FindBusiestExpert(policy, calibration, place);
-      const int64_t layer = busiest.layer, expert = busiest.expert;
-      Expert e = policy->MoeLayers().front()->expert(expert);
-      // The expert's largest output on the tokens the router sends it on the
-      // calibration batch; scale down_proj so that output lands 8x past
-      // fp16's range, in the forward pass.
-      const double peak = e->forward(busiest.rows).abs().max().item<double>();
-      for (auto& p : e->named_parameters()) {
-        if (!place.weights) break;
-        if (p.key().find(config.family == Family::kMixtral ? "w2" : "down_proj") != std::string::npos) {
-          p.value().mul_(8 * kFp16Max / std::max(peak, 1e-6));
-        }
-      }
-      options.numerics.precision = Precision::kFp16Emu;
-      options.rollout_numerics = options.numerics;
-      out.module = absl::StrFormat("model.layers.%d.%s.experts.%d", layer, config.MlpName(), expert);
-      out.description = absl::StrFormat("%s: down projection scaled so its outputs reach ~8x the fp16 maximum",
-                                        out.module);
-      break;
-    }
+    case FaultKind::kExpertOverflow: InjectExpertOverflow(policy, options, calibration, place, out); break;
     case FaultKind::kGradOverflow: {
       options.numerics.precision = Precision::kFp16Emu;
       options.rollout_numerics.precision = Precision::kFp16Emu;
@@ -113,30 +142,7 @@ absl::StatusOr<InjectedFault> InjectFault(FaultKind kind, MoeTransformer& policy
       out.description = "training log-softmax replaced by a naive fp16 softmax without max subtraction";
       break;
     }
-    case FaultKind::kRouterCollapse: {
-      options.aux_loss_coef = 0;
-      // Rows 0 and 1 of every router get a large copy of the mean direction
-      // of that router's inputs, so nearly every token scores them highest.
-      struct MeanDirection : recorder::RoutingObserver {
-        std::map<int64_t, at::Tensor> by_layer;
-        void OnRouting(const recorder::RoutingEvent& e) override {
-          const at::Tensor unit = e.hidden.to(at::kFloat);
-          by_layer[e.layer] = (unit / unit.norm(2, -1, true).clamp_min(1e-12)).mean(0);
-        }
-      } capture;
-      policy->SetRoutingObserver(&capture);
-      policy->forward(calibration);
-      policy->SetRoutingObserver(nullptr);
-      for (MoeLayer& moe : policy->MoeLayers()) {
-        if (!place.weights) break;
-        const at::Tensor& mean = capture.by_layer.at(moe->gate()->layer());
-        const at::Tensor direction = mean / mean.norm().clamp_min(1e-12);
-        moe->gate()->weight.narrow(0, 0, 2).add_(direction.unsqueeze(0) * 8.0);
-        if (moe->gate()->e_score_correction_bias.defined()) moe->gate()->e_score_correction_bias.narrow(0, 0, 2).add_(10.0);
-      }
-      out.description = "router aux loss off; experts 0 and 1 favoured by every router";
-      break;
-    }
+    case FaultKind::kRouterCollapse: InjectRouterCollapse(policy, options, calibration, place, out); break;
     case FaultKind::kSkipUpdate: {
       options.skip_update = true;
       out.description = "the optimizer update is silently omitted";
