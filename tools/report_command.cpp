@@ -8,8 +8,30 @@
 #include "report/verdict.h"
 #include "support/status.h"
 #include "tools/command.h"
+#include "formats/world_run.h"
+#include "report/world_section.h"
 
 namespace moerr::tools {
+
+namespace {
+
+// A run directory: one section per step across the ranks (report/world_section.h).
+CommandResult ReportRun(const std::string& dir, std::vector<int64_t> steps, const std::string& out) {
+  if (steps.empty()) {
+    MOERR_ASSIGN_OR_RETURN(const formats::WorldStep first, formats::OpenWorldStep(dir));
+    steps = {first.step};
+  }
+  report::HtmlReport page("moerr report: " + dir);
+  for (int64_t step : steps) {
+    MOERR_ASSIGN_OR_RETURN(const formats::WorldStep world, formats::OpenWorldStep(dir, step));
+    MOERR_RETURN_IF_ERROR(report::AddWorldSection(page, world));
+  }
+  MOERR_RETURN_IF_ERROR(page.Write(out));
+  std::printf("wrote %s (%zu step%s of %s)\n", out.c_str(), steps.size(), steps.size() == 1 ? "" : "s", dir.c_str());
+  return kExitOk;
+}
+
+}  // namespace
 
 void AddReportCommand(CLI::App& app, int& exit_code) {
   struct Options {
@@ -22,7 +44,10 @@ void AddReportCommand(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "report", "Write an HTML report of recorded steps: a verdict, the first overflow, per-op headroom against "
                 "each output's own dtype, expert load per layer, lint findings (one file, no script)");
-  cmd->add_option("BUNDLE", opts->bundle, "A bundle (any mode)")->required();
+  cmd->add_option("BUNDLE", opts->bundle,
+                  "A bundle (any mode), or a multi-rank run directory: each rank's fate, where the overflow began, a "
+                  "rank x op strip of headroom, the rows each rank received, disagreeing transfers")
+      ->required();
   cmd->add_option("-o,--output", opts->out, "The HTML file to write")->required();
   cmd->add_option("--step", opts->steps, "Steps to report (default: every complete step)");
   cmd->add_option("--would-fit", opts->would_fit,
@@ -32,6 +57,7 @@ void AddReportCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--force", opts->force, "Overwrite an existing report");
   OnRun(cmd, exit_code, [opts]() -> CommandResult {
     MOERR_RETURN_IF_ERROR(CheckOverwrite(opts->out, opts->force, {opts->bundle}));
+    if (formats::IsRunDirectory(opts->bundle)) return ReportRun(opts->bundle, opts->steps, opts->out);
     MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
     MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, StepsToRead(*reader, opts->bundle, opts->steps));
     std::vector<formats::DType> would_fit;

@@ -124,6 +124,12 @@ TEST(WorldRun, BisectNamesTheRankAndTheExpertOfAOneRankFault) {
   ASSERT_NE(spread, nullptr) << bisect.out;
   EXPECT_EQ(spread->getString("kind").getValueOr(""), "all_to_all");
   EXPECT_EQ((*spread->getArray("to"))[0].getAsInteger().getValueOr(-1), 0) << bisect.out;
+  // The report of the run: the rank x op strip, and where the overflow began.
+  const Result report = Moerr(r.dir, {"report", r.run(), "-o", (r.dir / "run.html").string()});
+  EXPECT_EQ(report.code, 0) << report.out << report.err;
+  const std::string html = Slurp(r.dir / "run.html");
+  EXPECT_NE(html.find("class=\"rank-strip\""), std::string::npos);
+  EXPECT_NE(html.find("The overflow began on rank 1"), std::string::npos);
 }
 
 TEST(WorldRun, AKilledRankIsNamedAndItsBundleSalvaged) {

@@ -1,0 +1,20 @@
+// The page of a multi-rank run (`moerr report RUN`): how each rank's step
+// ended, where the overflow began and how it spread, a rank x op strip of
+// headroom showing where the first overflow appears on each rank, what each
+// rank's experts received, and any transfer the ranks disagree on.
+#pragma once
+
+#include "absl/status/status.h"
+#include "formats/world_run.h"
+#include "report/html_report.h"
+
+namespace moerr::report {
+
+absl::Status AddWorldSection(HtmlReport& page, const formats::WorldStep& world);
+
+// The rank x op strip: one row per rank, its ops in `bins` columns of equal
+// op counts, each coloured by the least headroom of its outputs (finite,
+// under 4 bits, not finite), the bin of the rank's first overflow marked.
+std::string RankStripFigure(const formats::WorldStep& world, int bins = 48);
+
+}  // namespace moerr::report
