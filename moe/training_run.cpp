@@ -53,6 +53,69 @@ void BroadcastFromRankZero(MoeTransformer& model, Parallel& parallel) {
   for (at::Tensor t : model->buffers()) parallel.Broadcast(t, CommGroup::kWorld, 0);
 }
 
+// The model the RL steps start from: the checkpoint, or the preset warmed
+// up (after checking that the world can split it: a warm-up it could not use
+// would be wasted).
+absl::StatusOr<MoeTransformer> ModelToTrain(const TrainOptions& options, const GrpoOptions& grpo,
+                                            const AdditionTask& task, const ProgressFn& progress,
+                                            TrainReport& report) {
+  if (!options.init_checkpoint.empty()) return LoadCheckpoint(options.init_checkpoint);
+  MOERR_ASSIGN_OR_RETURN(MoeConfig config, Preset(options.preset, options.family));
+  if (options.parallel != nullptr) {
+    MOERR_RETURN_IF_ERROR(GrpoTrainer::CheckParallel(grpo, config, options.parallel->layout()));
+  }
+  MoeTransformer policy(config);
+  WarmupOptions warm;
+  warm.steps = options.warmup_steps;
+  warm.seed = options.seed;
+  report.warmup = Warmup(policy, task, warm, [&](int64_t step, double) {
+    if (progress) progress("warm-up", step + 1, warm.steps);
+  });
+  return policy;
+}
+
+// The fault of the run; with --fault-rank, on that rank's weights and experts only.
+absl::StatusOr<InjectedFault> InjectRunFault(const TrainOptions& options, const AdditionTask& task,
+                                             MoeTransformer& policy, GrpoOptions& grpo) {
+  std::mt19937_64 rng(options.seed + 17);
+  const AdditionTask::Batch calib = task.Sample(64, rng);
+  const at::Tensor calibration = at::cat({calib.prompts, calib.answers}, 1);
+  const bool one_rank = options.parallel != nullptr && options.fault_rank >= 0;
+  FaultPlace place;
+  if (one_rank) {
+    const ParallelLayout& layout = options.parallel->layout();
+    const ParallelLayout target{options.fault_rank, layout.world_size, layout.ep_size};
+    const int64_t experts = policy->config().num_experts;
+    place = FaultPlace{target.first_local_expert(experts), target.local_experts(experts),
+                       layout.rank == options.fault_rank};
+  }
+  MOERR_ASSIGN_OR_RETURN(InjectedFault fault, InjectFault(options.fault, policy, grpo, calibration, place));
+  if (one_rank) fault.description += absl::StrFormat(" (on rank %d only)", options.fault_rank);
+  return fault;
+}
+
+// The RL steps, each observed and (by the writer) appended to metrics.jsonl.
+absl::Status RunSteps(const TrainOptions& options, GrpoTrainer& trainer, TrainObserver* observer,
+                      const ProgressFn& progress, bool writer, TrainReport& report) {
+  std::ofstream metrics;
+  if (writer) {
+    metrics.open(report.metrics_path, std::ios::trunc);
+    if (!metrics) return absl::UnavailableError("cannot write " + report.metrics_path);
+  }
+  if (observer) MOERR_RETURN_IF_ERROR(observer->OnStart(trainer));
+  for (int64_t i = 0; i < options.steps; ++i) {
+    if (observer) MOERR_RETURN_IF_ERROR(observer->BeforeStep(i));
+    report.steps.push_back(trainer.Step());
+    if (observer) MOERR_RETURN_IF_ERROR(observer->AfterStep(report.steps.back(), trainer.loss_scale()));
+    if (writer) {
+      metrics << llvm::formatv("{0}", llvm::json::Value(MetricsToJson(report.steps.back()))).str() << "\n";
+      metrics.flush();
+    }
+    if (progress) progress("RL", i + 1, options.steps);
+  }
+  return observer ? observer->OnFinish() : absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const ProgressFn& progress,
@@ -79,23 +142,7 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
     grpo.numerics = Numerics{options.precision, options.fp16_saturate};
     grpo.rollout_numerics = grpo.numerics;
     grpo.micro_batch = options.micro_batch;
-    MoeTransformer policy{nullptr};
-    if (!options.init_checkpoint.empty()) {
-      MOERR_ASSIGN_OR_RETURN(policy, LoadCheckpoint(options.init_checkpoint));
-    } else {
-      MOERR_ASSIGN_OR_RETURN(MoeConfig config, Preset(options.preset, options.family));
-      // Before the warm-up, which a world it cannot split would waste.
-      if (options.parallel != nullptr) {
-        MOERR_RETURN_IF_ERROR(GrpoTrainer::CheckParallel(grpo, config, options.parallel->layout()));
-      }
-      policy = MoeTransformer(config);
-      WarmupOptions warm;
-      warm.steps = options.warmup_steps;
-      warm.seed = options.seed;
-      report.warmup = Warmup(policy, task, warm, [&](int64_t step, double) {
-        if (progress) progress("warm-up", step + 1, warm.steps);
-      });
-    }
+    MOERR_ASSIGN_OR_RETURN(MoeTransformer policy, ModelToTrain(options, grpo, task, progress, report));
     // Made once the model is read or built: a checkpoint or preset that
     // cannot be had leaves no empty output directory behind.
     MOERR_RETURN_IF_ERROR(MakeDirectory(options.out_dir));
@@ -104,39 +151,10 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
     }
     if (options.parallel != nullptr) BroadcastFromRankZero(policy, *options.parallel);
     MoeTransformer reference = CopyOf(policy);
-    std::mt19937_64 rng(options.seed + 17);
-    const AdditionTask::Batch calib = task.Sample(64, rng);
-    const at::Tensor calibration = at::cat({calib.prompts, calib.answers}, 1);
-    FaultPlace place;
-    if (options.parallel != nullptr && options.fault_rank >= 0) {
-      const ParallelLayout& layout = options.parallel->layout();
-      const ParallelLayout target{options.fault_rank, layout.world_size, layout.ep_size};
-      const int64_t experts = policy->config().num_experts;
-      place = FaultPlace{target.first_local_expert(experts), target.local_experts(experts), layout.rank == options.fault_rank};
-    }
-    MOERR_ASSIGN_OR_RETURN(report.fault, InjectFault(options.fault, policy, grpo, calibration, place));
-    if (options.parallel != nullptr && options.fault_rank >= 0) {
-      report.fault.description += absl::StrFormat(" (on rank %d only)", options.fault_rank);
-    }
+    MOERR_ASSIGN_OR_RETURN(report.fault, InjectRunFault(options, task, policy, grpo));
     GrpoTrainer trainer(policy, reference, task, grpo, options.seed);
     MOERR_RETURN_IF_ERROR(trainer.set_parallel(options.parallel));
-    std::ofstream metrics;
-    if (writer) {
-      metrics.open(report.metrics_path, std::ios::trunc);
-      if (!metrics) return absl::UnavailableError("cannot write " + report.metrics_path);
-    }
-    if (observer) MOERR_RETURN_IF_ERROR(observer->OnStart(trainer));
-    for (int64_t i = 0; i < options.steps; ++i) {
-      if (observer) MOERR_RETURN_IF_ERROR(observer->BeforeStep(i));
-      report.steps.push_back(trainer.Step());
-      if (observer) MOERR_RETURN_IF_ERROR(observer->AfterStep(report.steps.back(), trainer.loss_scale()));
-      if (writer) {
-        metrics << llvm::formatv("{0}", llvm::json::Value(MetricsToJson(report.steps.back()))).str() << "\n";
-        metrics.flush();
-      }
-      if (progress) progress("RL", i + 1, options.steps);
-    }
-    if (observer) MOERR_RETURN_IF_ERROR(observer->OnFinish());
+    MOERR_RETURN_IF_ERROR(RunSteps(options, trainer, observer, progress, writer, report));
     if (options.parallel != nullptr) {
       GatherExperts(policy, *options.parallel);
       MOERR_RETURN_IF_ERROR(trainer.set_parallel(nullptr));

@@ -278,6 +278,73 @@ class Replay {
     return absl::OkStatus();
   }
 
+  // Re-executes op `index` through the dispatcher (under the policy's rule
+  // for it, in the autocast state it ran under) and judges its outputs.
+  absl::Status Dispatch(size_t index, const formats::OpEvent& op, const c10::OperatorHandle& handle,
+                        ReplayReport& report) {
+    const PolicyRule* rule = options_.policy.Match(op);
+    if (rule != nullptr) ++report.policy_ops;
+    const Judge judge = OtherDevice(op) ? Judge::kTolerance : Judge::kBitwise;
+    if (judge == Judge::kTolerance) {
+      ++report.other_device;
+      report.recorded_devices.insert(op.device);
+    }
+    const std::vector<c10::Argument>& schema_args = handle.schema().arguments();
+    std::vector<c10::IValue> stack;
+    std::vector<recorder::ViewSource> sources;
+    for (size_t i = 0; i < op.args.size(); ++i) {
+      auto v = ToIValue(op.args[i], i < schema_args.size() ? &schema_args[i] : nullptr, rule, sources);
+      if (!v.ok()) return v.status();
+      stack.push_back(*std::move(v));
+    }
+    // The CPU autocast state the op ran under (bf16 training casts inside
+    // ops); an upcast op runs without it.
+    const bool autocast = op.autocast >= 0 && !(rule != nullptr && rule->Upcast());
+    at::autocast::set_cpu_enabled(autocast);
+    if (autocast) {
+      at::autocast::set_autocast_cpu_dtype(recorder::ToScalarType(static_cast<formats::DType>(op.autocast)));
+    }
+    // An op that returns nothing (in-place `_foreach_*_`) has the tensors
+    // it writes as its outputs, in argument order, as the recorder lists them.
+    std::vector<c10::IValue> written;
+    if (handle.schema().returns().empty()) {
+      for (size_t i = 0; i < stack.size() && i < schema_args.size(); ++i) {
+        const c10::AliasInfo* alias = schema_args[i].alias_info();
+        if (alias != nullptr && alias->isWrite()) written.push_back(stack[i]);
+      }
+    }
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Status called = CatchTorch("dispatch", [&] {
+      handle.callBoxed(&stack);
+      return absl::OkStatus();
+    });
+    report.dispatch_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    MOERR_RETURN_IF_ERROR(called);
+    ++report.dispatched;
+    // Outputs: tensors and tensor lists, flattened as the recorder did.
+    const bool round = rule != nullptr && !rule->Upcast();
+    size_t o = 0;
+    if (!written.empty()) stack = std::move(written);
+    for (const c10::IValue& v : stack) {
+      if (v.isTensor()) {
+        const at::Tensor t = round ? Round(v.toTensor(), rule->action) : v.toTensor();
+        if (o < op.outputs.size()) {
+          MOERR_RETURN_IF_ERROR(Output(index, op, op.outputs[o++], t, sources, report, judge));
+        }
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& element : v.toTensorVector()) {
+          const at::Tensor t = round ? Round(element, rule->action) : element;
+          if (o < op.outputs.size()) {
+            MOERR_RETURN_IF_ERROR(Output(index, op, op.outputs[o++], t, sources, report, judge));
+          }
+        }
+      } else {
+        ++o;
+      }
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Run(ReplayReport& report) {
     at::DisableRecordFunctionGuard no_record;  // a replay is not a recording
     c10::NoGradGuard no_grad;
@@ -330,66 +397,7 @@ class Replay {
         ++report.not_reexecuted_ops[op.name];
         continue;
       }
-      const PolicyRule* rule = options_.policy.Match(op);
-      if (rule != nullptr) ++report.policy_ops;
-      const Judge judge = OtherDevice(op) ? Judge::kTolerance : Judge::kBitwise;
-      if (judge == Judge::kTolerance) {
-        ++report.other_device;
-        report.recorded_devices.insert(op.device);
-      }
-      const std::vector<c10::Argument>& schema_args = handle->schema().arguments();
-      std::vector<c10::IValue> stack;
-      std::vector<recorder::ViewSource> sources;
-      for (size_t i = 0; i < op.args.size(); ++i) {
-        auto v = ToIValue(op.args[i], i < schema_args.size() ? &schema_args[i] : nullptr, rule, sources);
-        if (!v.ok()) return Annotate(v.status(), where());
-        stack.push_back(*std::move(v));
-      }
-      // The CPU autocast state the op ran under (bf16 training casts inside
-      // ops); an upcast op runs without it.
-      const bool autocast = op.autocast >= 0 && !(rule != nullptr && rule->Upcast());
-      at::autocast::set_cpu_enabled(autocast);
-      if (autocast) {
-        at::autocast::set_autocast_cpu_dtype(recorder::ToScalarType(static_cast<formats::DType>(op.autocast)));
-      }
-      // An op that returns nothing (in-place `_foreach_*_`) has the tensors
-      // it writes as its outputs, in argument order, as the recorder lists them.
-      std::vector<c10::IValue> written;
-      if (handle->schema().returns().empty()) {
-        for (size_t i = 0; i < stack.size() && i < schema_args.size(); ++i) {
-          const c10::AliasInfo* alias = schema_args[i].alias_info();
-          if (alias != nullptr && alias->isWrite()) written.push_back(stack[i]);
-        }
-      }
-      const auto start = std::chrono::steady_clock::now();
-      const absl::Status called = CatchTorch("dispatch", [&] {
-        handle->callBoxed(&stack);
-        return absl::OkStatus();
-      });
-      report.dispatch_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (!called.ok()) return Annotate(called, where());
-      ++report.dispatched;
-      // Outputs: tensors and tensor lists, flattened as the recorder did.
-      const bool round = rule != nullptr && !rule->Upcast();
-      size_t o = 0;
-      if (!written.empty()) stack = std::move(written);
-      for (const c10::IValue& v : stack) {
-        if (v.isTensor()) {
-          const at::Tensor t = round ? Round(v.toTensor(), rule->action) : v.toTensor();
-          if (o < op.outputs.size()) {
-            MOERR_RETURN_IF_ERROR(Output(index, op, op.outputs[o++], t, sources, report, judge));
-          }
-        } else if (v.isTensorList()) {
-          for (const at::Tensor& element : v.toTensorVector()) {
-            const at::Tensor t = round ? Round(element, rule->action) : element;
-            if (o < op.outputs.size()) {
-              MOERR_RETURN_IF_ERROR(Output(index, op, op.outputs[o++], t, sources, report, judge));
-            }
-          }
-        } else {
-          ++o;
-        }
-      }
+      MOERR_RETURN_IF_ERROR(Annotate(Dispatch(index, op, *handle, report), where()));
       if (options_.stop_at_first_divergence && report.first_divergence) break;
     }
     return absl::OkStatus();

@@ -46,9 +46,11 @@ CommandResult InspectRun(const std::string& dir, int64_t step, bool json) {
                                  {"experts", m.experts}, {"step", world.step}, {"ranks", std::move(ranks)}});
     return all_finished ? kExitOk : kExitFinding;
   }
-  std::printf("run %s: %lld ranks, expert-parallel groups of %lld, %lld experts per MoE layer; step %lld\n",
-              dir.c_str(), static_cast<long long>(m.world_size), static_cast<long long>(m.ep_size),
-              static_cast<long long>(m.experts), static_cast<long long>(world.step));
+  const std::string layout = m.experts > 0 ? absl::StrFormat("expert-parallel groups of %d, %d experts per MoE layer",
+                                                              m.ep_size, m.experts)
+                                           : std::string("no expert layout recorded");
+  std::printf("run %s: %lld ranks, %s; step %lld\n", dir.c_str(), static_cast<long long>(m.world_size),
+              layout.c_str(), static_cast<long long>(world.step));
   std::printf("%5s  %-22s %-9s %7s %11s  %s\n", "rank", "bundle", "state", "ops", "collectives", "last op");
   for (size_t r = 0; r < fates.size(); ++r) {
     const analysis::RankFate& f = fates[r];
