@@ -11,10 +11,12 @@
 #include "analysis/overflow_cause.h"
 #include "analysis/world_overflow.h"
 #include "formats/world_run.h"
+#include "replayer/op_references.h"
 #include "replayer/precision_bisect.h"
 #include "support/progress.h"
 #include "support/status.h"
 #include "tools/command.h"
+#include "tools/vendor_check.h"
 
 namespace moerr::tools {
 namespace {
@@ -214,6 +216,31 @@ CommandResult RunCauseBisect(const formats::BundleReader& reader, int64_t step, 
   return kExitFinding;
 }
 
+// After the cause: the verdict on the step's vendor ops, those with a
+// reference (tools/vendor_check.h), printed or added to the step's JSON
+// `result` as "vendor_ops". Silent when no op has one. kExitFinding when an
+// op is suspect.
+int ReportVendorOps(const formats::BundleReader& reader, int64_t step, const formats::Trace& trace,
+                    const replayer::OpReferences& references, llvm::json::Object* result) {
+  const VendorCheck check = CheckVendorOps(reader, step, trace, references);
+  const long long n = step;
+  if (result != nullptr) {
+    llvm::json::Array ops;
+    for (const replayer::ReferenceCheck& c : check.suspect) ops.push_back(VendorOpJson(c, trace));
+    if (check.checked_ops > 0) (*result)["vendor_ops"] = std::move(ops);
+    if (!check.skipped.empty()) (*result)["vendor_ops_skipped"] = check.skipped;
+  } else if (!check.skipped.empty()) {
+    std::printf("step %lld: vendor ops not checked against their references: %s\n", n, check.skipped.c_str());
+  } else if (check.checked_ops > 0 && check.suspect.empty()) {
+    std::printf("step %lld: %zu vendor ops checked against their references: consistent\n", n, check.checked_ops);
+  } else {
+    for (const replayer::ReferenceCheck& c : check.suspect) {
+      std::printf("step %lld: vendor op suspect: %s\n", n, DescribeVendorOp(c, trace).c_str());
+    }
+  }
+  return check.suspect.empty() ? kExitOk : kExitFinding;
+}
+
 // Where the overflow went from its origin, and each rank's own first overflow.
 void PrintWorldOverflow(const analysis::WorldOverflow& found) {
   if (found.spread) {
@@ -290,12 +317,14 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
     double fraction = 0;
     bool json = false, precision = false;
     std::string upcast = "fp32", policy_out = "precision-policy.txt";
+    std::vector<std::string> references;  // --reference OP=FILE
   };
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "bisect", "Find the first overflowing op and its cause, the op before it whose output exploded, from the "
       "recorded fingerprints alone (any bundle, stats too); with --precision, a set of modules whose upcast "
-      "removes the overflow, none of which can be dropped (1-minimal)");
+      "removes the overflow, none of which can be dropped (1-minimal). On a full bundle, ops with a reference "
+      "(vendor ops) are also run on their recorded inputs and judged against it");
   cmd->add_option("BUNDLE", opts->bundle, "Bundle file, or a multi-rank run directory (world.json)")->required();
   cmd->add_option("--step", opts->steps, "Steps to search (default: every complete step)");
   cmd->add_option("--limit", opts->limit, "Range to judge outputs against: dtype, fp16 or bf16")
@@ -313,6 +342,10 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--policy-out", opts->policy_out, "With --precision: where to write the set as a policy file")
       ->capture_default_str();
+  cmd->add_option("--reference", opts->references,
+                  "OP=FILE: a TorchScript reference of op OP (as for moerr replay); on a full bundle, each op with a "
+                  "reference (moerr's shipped ones load without it) is run on its recorded inputs and a recorded "
+                  "output further from the reference's fp64 run than its dtype explains is reported");
   cmd->add_flag("--json", opts->json, "Print JSON");
   OnRun(cmd, exit_code, [opts]() -> CommandResult {
     analysis::OverflowOptions options;
@@ -330,6 +363,7 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
     if (opts->precision) MOERR_RETURN_IF_ERROR(CheckNotAnInput(opts->policy_out, {opts->bundle}));
     MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
     MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, StepsToRead(*reader, opts->bundle, opts->steps));
+    MOERR_ASSIGN_OR_RETURN(const replayer::OpReferences references, replayer::OpReferences::Load(opts->references));
     llvm::json::Array results;
     int exit_code = kExitOk;
     for (int64_t step : steps) {
@@ -340,6 +374,9 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
               ? RunPrecisionBisect(*reader, step, trace, options, opts->upcast, opts->policy_out, opts->json, results)
               : RunCauseBisect(*reader, step, trace, options, opts->json, results));
       exit_code = std::max(exit_code, code);
+      if (opts->precision) continue;
+      exit_code = std::max(exit_code, ReportVendorOps(*reader, step, trace, references,
+                                                      opts->json ? results.back().getAsObject() : nullptr));
     }
     if (opts->json) PrintJson(std::move(results));
     return exit_code;

@@ -10,6 +10,7 @@
 #include "support/status.h"
 #include "tools/command.h"
 #include "tools/run_directory.h"
+#include "tools/vendor_check.h"
 
 namespace moerr::tools {
 namespace {
@@ -45,8 +46,27 @@ struct LintArgs {
   std::vector<int64_t> steps;
   int64_t against_step = -1;
   std::vector<std::string> only;
+  std::vector<std::string> references;  // --reference OP=FILE
   bool json = false, list = false;
 };
+
+// The vendor-op findings of `step` (tools/vendor_check.h): none unless the
+// bundle is full and some op has a reference. A step that could not be
+// checked gets a note on stderr.
+std::vector<analysis::Finding> VendorOpFindings(const LintArgs& args, const formats::BundleReader& reader,
+                                                int64_t step, const formats::Trace& trace,
+                                                const replayer::OpReferences& references) {
+  const VendorCheck check = CheckVendorOps(reader, step, trace, references);
+  if (!check.skipped.empty()) {
+    std::fprintf(stderr, "moerr: note: %s step %lld: vendor-op not checked: %s\n", args.bundle.c_str(),
+                 static_cast<long long>(step), check.skipped.c_str());
+  }
+  std::vector<analysis::Finding> found;
+  for (const replayer::ReferenceCheck& c : check.suspect) {
+    found.push_back(VendorOpFinding(c, trace, step, args.bundle, args.references));
+  }
+  return found;
+}
 
 // The findings of every step of `steps` that records ops; the steps that
 // record none go to `opless`.
@@ -54,6 +74,14 @@ absl::StatusOr<std::vector<analysis::Finding>> LintSteps(const LintArgs& args, c
                                                          const std::vector<int64_t>& steps,
                                                          const std::optional<OpenedStep>& original,
                                                          std::vector<int64_t>& opless) {
+  // vendor-op replays the step (tools level: analysis/ has no LibTorch).
+  std::vector<std::string> only = args.only;
+  only.erase(std::remove(only.begin(), only.end(), kVendorOpCheck), only.end());
+  const bool analysis_checks = args.only.empty() || !only.empty();
+  std::optional<replayer::OpReferences> references;
+  if (args.only.empty() || only.size() < args.only.size()) {
+    MOERR_ASSIGN_OR_RETURN(references, replayer::OpReferences::Load(args.references));
+  }
   std::vector<analysis::Finding> all;
   for (int64_t step : steps) {
     MOERR_ASSIGN_OR_RETURN(const formats::Trace trace, formats::ReadTrace(reader, step));
@@ -66,7 +94,12 @@ absl::StatusOr<std::vector<analysis::Finding>> LintSteps(const LintArgs& args, c
     if (original) {
       input.original = analysis::StepView{original->reader.get(), args.against, original->step, &original->trace};
     }
-    MOERR_ASSIGN_OR_RETURN(const std::vector<analysis::Finding> findings, analysis::RunChecks(input, args.only));
+    std::vector<analysis::Finding> findings;
+    if (references) findings = VendorOpFindings(args, reader, step, trace, *references);
+    if (analysis_checks) {
+      MOERR_ASSIGN_OR_RETURN(const std::vector<analysis::Finding> found, analysis::RunChecks(input, only));
+      findings.insert(findings.end(), found.begin(), found.end());
+    }
     all.insert(all.end(), findings.begin(), findings.end());
   }
   return all;
@@ -120,6 +153,9 @@ CommandResult RunLint(const LintArgs& args) {
     for (const auto& c : analysis::AllChecks()) {
       std::printf("%-20s %s\n", std::string(c->name()).c_str(), std::string(c->summary()).c_str());
     }
+    std::printf("%-20s %s\n", kVendorOpCheck,
+                "full bundles: a vendor op (one with a reference) further from the reference's fp64 run than its "
+                "dtype explains, run on its recorded inputs");
     return kExitOk;
   }
   if (args.bundle.empty()) return absl::InvalidArgumentError("lint needs a BUNDLE");
@@ -164,7 +200,8 @@ void AddLintCommand(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<LintArgs>();
   CLI::App* cmd = app.add_subcommand(
       "lint", "Static checks over recorded steps, no re-run: dtype headroom, hazardous op patterns, routing "
-              "fragility, load imbalance, optimizer hazards, proxy preservation. Exits 1 on a warning or worse");
+              "fragility, load imbalance, optimizer hazards, proxy preservation; and on a full bundle vendor ops, "
+              "re-run on their recorded inputs, against their references. Exits 1 on a warning or worse");
   cmd->add_option("BUNDLE", opts->bundle,
                   "A bundle (any mode; optimizer-state checks need replayable or full), or a multi-rank run directory: "
                   "every rank, and rank-imbalance, the rows each rank received in all_to_all");
@@ -172,6 +209,9 @@ void AddLintCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--only", opts->only, "Run only this check (repeatable); --list names them");
   cmd->add_option("--against", opts->against, "The original bundle a proxy bundle is checked against");
   cmd->add_option("--against-step", opts->against_step, "Step of --against (default: its first complete step)");
+  cmd->add_option("--reference", opts->references,
+                  "OP=FILE: a TorchScript reference of op OP for vendor-op (as for moerr replay); moerr's shipped "
+                  "references load without it");
   cmd->add_flag("--json", opts->json, "Print the findings as JSON");
   cmd->add_flag("--list", opts->list, "List the checks and exit");
   OnRun(cmd, exit_code, [opts] { return RunLint(*opts); });

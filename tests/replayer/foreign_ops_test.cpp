@@ -264,5 +264,53 @@ TEST_F(ForeignOpsTest, TheCommandReportsNotReExecutedOpsAndTheVerdict) {
   EXPECT_NE(code, 0);
 }
 
+// bisect and lint carry the isolated replay's verdict: the backward, not the
+// forward, and only where the bundle holds every op's outputs.
+TEST_F(ForeignOpsTest, BisectAndLintNameTheWrongBackward) {
+  const std::vector<std::string> specs = ReferenceSpecs();
+  const std::string refs = absl::StrCat(" --reference ", specs[0], " --reference ", specs[1]);
+  auto [code, out] = Moerr(absl::StrCat("bisect ", Bundle("full"), refs));
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("vendor op suspect: op "), std::string::npos) << out;
+  EXPECT_NE(out.find(absl::StrCat(kBackward, " (backward, ")), std::string::npos) << out;
+  EXPECT_EQ(out.find(absl::StrCat(kForward, " (")), std::string::npos) << out;
+
+  std::tie(code, out) = Moerr(absl::StrCat("bisect ", Bundle("full"), " --json", refs));
+  EXPECT_EQ(code, 1) << out;
+  auto json = llvm::json::parse(out);
+  ASSERT_TRUE(static_cast<bool>(json)) << llvm::toString(json.takeError()) << "\n" << out;
+  const llvm::json::Array* vendor = (*json->getAsArray())[0].getAsObject()->getArray("vendor_ops");
+  ASSERT_NE(vendor, nullptr) << out;
+  ASSERT_EQ(vendor->size(), 1u) << out;
+  const llvm::json::Object& op = *(*vendor)[0].getAsObject();
+  EXPECT_EQ(op.getString("op").getValueOr("").str(), kBackward);
+  EXPECT_EQ(op.getString("phase").getValueOr("").str(), "backward");
+  EXPECT_GT(op.getInteger("recorded_ulps").getValueOr(0), 1000 * op.getInteger("allowed_ulps").getValueOr(0));
+
+  std::tie(code, out) = Moerr(absl::StrCat("lint ", Bundle("full"), " --only vendor-op --json", refs));
+  EXPECT_EQ(code, 1) << out;
+  json = llvm::json::parse(out);
+  ASSERT_TRUE(static_cast<bool>(json)) << llvm::toString(json.takeError()) << "\n" << out;
+  ASSERT_EQ(json->getAsArray()->size(), 1u) << out;
+  const llvm::json::Object& finding = *(*json->getAsArray())[0].getAsObject();
+  EXPECT_EQ(finding.getString("check").getValueOr("").str(), "vendor-op");
+  EXPECT_EQ(finding.getString("severity").getValueOr("").str(), "error");
+  EXPECT_EQ(finding.getString("op").getValueOr("").str(), kBackward);
+  EXPECT_EQ(finding.getString("phase").getValueOr("").str(), "backward");
+
+  // Without the references no op has one: bisect says nothing of vendor ops.
+  std::tie(code, out) = Moerr(absl::StrCat("bisect ", Bundle("full")));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_EQ(out.find("vendor op"), std::string::npos) << out;
+  // A replayable bundle cannot be replayed isolated: one line says so.
+  std::tie(code, out) = Moerr(absl::StrCat("bisect ", Bundle("replayable"), refs));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("vendor ops not checked against their references: isolated replay needs"), std::string::npos)
+      << out;
+  std::tie(code, out) = Moerr(absl::StrCat("lint ", Bundle("replayable"), " --only vendor-op", refs));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("0 findings"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace moerr::replayer
