@@ -18,12 +18,22 @@ struct Recorded {
 // A rank's collectives of the step by (group, seq).
 using Collectives = std::map<std::pair<std::string, int64_t>, Recorded>;
 
-Collectives CollectivesOf(const formats::Trace& trace) {
+// A rank's collectives; a record that is not a collective's layout is a
+// mismatch of its own (it cannot be checked against its peers).
+Collectives CollectivesOf(const formats::Trace& trace, int64_t rank, std::vector<CollectiveMismatch>& bad) {
   Collectives out;
   for (const formats::OpEvent& op : trace.ops) {
     if (!formats::IsCollective(op)) continue;
     absl::StatusOr<formats::CollectiveOp> c = formats::CollectiveOf(op);
-    if (!c.ok()) continue;
+    if (!c.ok()) {
+      CollectiveMismatch m;
+      m.collective.kind = op.name;
+      m.module = op.module;
+      m.receiver = rank;
+      m.what = std::string(c.status().message());
+      bad.push_back(std::move(m));
+      continue;
+    }
     auto key = std::make_pair(c->group, c->seq);
     out[std::move(key)] = Recorded{*std::move(c), &op};
   }
@@ -86,10 +96,10 @@ std::string DescribeOp(size_t index, const formats::OpEvent& op) {
 
 std::vector<CollectiveMismatch> CheckCollectives(const formats::WorldStep& world) {
   std::vector<Collectives> by_rank(world.ranks.size());
-  for (size_t r = 0; r < world.ranks.size(); ++r) {
-    if (world.ranks[r].trace) by_rank[r] = CollectivesOf(*world.ranks[r].trace);
-  }
   std::vector<CollectiveMismatch> out;
+  for (size_t r = 0; r < world.ranks.size(); ++r) {
+    if (world.ranks[r].trace) by_rank[r] = CollectivesOf(*world.ranks[r].trace, static_cast<int64_t>(r), out);
+  }
   for (size_t to = 0; to < world.ranks.size(); ++to) {
     for (const auto& [key, got] : by_rank[to]) {
       const int64_t receiver = static_cast<int64_t>(to);
@@ -134,9 +144,12 @@ std::vector<RankFate> RankFates(const formats::WorldStep& world) {
     absl::StatusOr<llvm::json::Value> failed =
         r.reader ? r.reader->ReadAnnotation("collective_failed") : absl::NotFoundError("");
     const llvm::json::Object* o = failed.ok() ? failed->getAsObject() : nullptr;
+    if (o != nullptr && o->getInteger("step").getValueOr(-1) != world.step) o = nullptr;  // another step's
     if (!r.reader) {
       f.kind = RankFate::Kind::kUnreadable;
       f.detail = std::string(r.error.message());
+    } else if (r.step_complete) {
+      f.kind = RankFate::Kind::kFinished;
     } else if (o != nullptr) {
       f.kind = RankFate::Kind::kWaited;
       formats::CollectiveOp c;
@@ -145,8 +158,6 @@ std::vector<RankFate> RankFates(const formats::WorldStep& world) {
       c.seq = o->getInteger("seq").getValueOr(-1);
       f.waited_in = formats::DescribeCollective(c, o->getString("module").getValueOr("").str());
       f.detail = o->getString("error").getValueOr("").str();
-    } else if (r.step_complete) {
-      f.kind = RankFate::Kind::kFinished;
     } else {
       f.kind = RankFate::Kind::kDied;
       if (r.partial) {

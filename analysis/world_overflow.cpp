@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <tuple>
 
+#include "support/check.h"
+
 namespace moerr::analysis {
 namespace {
 
@@ -21,6 +23,25 @@ const formats::OpEvent* FindCollective(const formats::Trace& trace, const format
     if (other.ok() && other->group == c.group && other->seq == c.seq) return &op;
   }
   return nullptr;
+}
+
+// Whether `op` (a rank's first overflowing op) is a collective in which a
+// peer sent values that are not finite: they arrived. A collective whose
+// every sender sent finite values overflowed itself (a sum past the range).
+bool ArrivedFromPeer(const formats::WorldStep& world, int64_t rank, const formats::OpEvent& op) {
+  if (!formats::IsCollective(op)) return false;
+  absl::StatusOr<formats::CollectiveOp> c = formats::CollectiveOf(op);
+  if (!c.ok()) return false;
+  for (int64_t g = 0; g < c->group_size; ++g) {
+    const int64_t peer = world.manifest.WorldRankOf(c->group, rank, g);
+    if (peer < 0 || peer == rank || !world.ranks[static_cast<size_t>(peer)].trace) continue;
+    const formats::Trace& theirs = *world.ranks[static_cast<size_t>(peer)].trace;
+    const formats::OpEvent* sent = FindCollective(theirs, *c);
+    if (sent == nullptr) continue;
+    absl::StatusOr<formats::CollectiveOp> s = formats::CollectiveOf(*sent);
+    if (s.ok() && AnyNotFinite(theirs, s->inputs)) return true;
+  }
+  return false;
 }
 
 // The first collective from `from` on in which the origin sends values
@@ -52,7 +73,7 @@ std::optional<WorldOverflow> FindWorldOverflow(const formats::WorldStep& world, 
     if (!r.trace) continue;
     const std::optional<FirstOverflow> first = FindFirstOverflow(*r.trace, options);
     if (!first) continue;
-    RankOverflow o{r.rank, first->op_index, first->op, formats::IsCollective(*first->op), 0};
+    RankOverflow o{r.rank, first->op_index, first->op, ArrivedFromPeer(world, r.rank, *first->op), 0};
     for (size_t i = 0; i < first->op_index; ++i) o.collectives_before += formats::IsCollective(r.trace->ops[i]);
     out.ranks.push_back(o);
   }
@@ -65,7 +86,7 @@ std::optional<WorldOverflow> FindWorldOverflow(const formats::WorldStep& world, 
   out.rank = origin.rank;
   const formats::Trace& trace = *world.ranks[static_cast<size_t>(origin.rank)].trace;
   std::optional<OverflowCause> cause = FindOverflowCause(trace, options);
-  if (!cause) return std::nullopt;  // FindFirstOverflow found one above: cannot happen
+  MOERR_CHECK(cause.has_value()) << "FindFirstOverflow found an overflow on rank " << origin.rank;
   out.cause = *std::move(cause);
   FindSpread(world, trace, origin.op_index, out);
   return out;

@@ -5,7 +5,9 @@
 // only through collectives, and a collective whose received output is not
 // finite while what this rank sent is, is where they arrive: on such a rank,
 // FindFirstOverflow names the collective itself. So the origin is the rank
-// whose first overflowing op is not a collective; among several (ranks that
+// whose first overflowing op is not such a collective (one in which a peer
+// sent non-finite values; a sum that overflows from finite inputs is an
+// origin itself, on every rank of it); among several (ranks that
 // overflowed independently), the one whose overflow comes after the fewest
 // collectives of its step, then the lowest rank.
 #pragma once
@@ -25,7 +27,7 @@ struct RankOverflow {
   int64_t rank = 0;
   size_t op_index = 0;
   const formats::OpEvent* op = nullptr;  // into the rank's trace
-  bool arrived = false;                  // op is a collective: the values came from another rank
+  bool arrived = false;                  // op is a collective in which a peer sent non-finite values
   size_t collectives_before = 0;         // collectives the rank ran before op
 };
 

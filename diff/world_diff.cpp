@@ -74,8 +74,6 @@ absl::StatusOr<std::vector<WorldDiffPart>> DiffWorlds(const formats::WorldStep& 
     return absl::InvalidArgumentError(absl::StrFormat("%s has %d experts per layer, %s %d: not the same model", a.dir,
                                                       a.manifest.experts, b.dir, b.manifest.experts));
   }
-  MOERR_RETURN_IF_ERROR(AddPart(
-      a, b, 0, 0, "dense ops", [](const std::string& m) { return !formats::ExpertOf(m).has_value(); }, options, out));
   for (int64_t e = 0; e < a.manifest.experts; ++e) {
     const int64_t host_a = HostOf(a.manifest, e), host_b = HostOf(b.manifest, e);
     if (host_a < 0 || host_b < 0) continue;

@@ -1,8 +1,10 @@
 // Two multi-rank runs of a step compared (formats/world_run.h). Worlds of
 // the same size are compared rank by rank. Worlds of different sizes hold
-// an expert on different ranks, so they are compared by module path: the
-// dense ops (every module that is no expert) of rank 0 of each, then each
-// expert's ops on the rank of each world that hosts it.
+// an expert on different ranks, so they are compared expert by expert, by
+// module path: each expert's ops on the rank of each world that hosts it.
+// An expert gets its rows from every sender in rank order, so on the same
+// global batch it sees the same rows in both worlds; the dense ops are not
+// compared, since a rank of each world holds another shard of the batch.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +18,7 @@
 namespace moerr::diff {
 
 struct WorldDiffPart {
-  std::string what;              // "rank 2", "dense ops", "expert 5"
+  std::string what;              // "rank 2", "expert 5"
   int64_t rank_a = 0, rank_b = 0;
   formats::Trace a, b;           // the ops compared (a rank's step, or the part of it named by `what`)
   DiffReport report;

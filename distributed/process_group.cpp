@@ -1,5 +1,6 @@
 #include "distributed/process_group.h"
 
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -110,6 +111,8 @@ class GlooParallel : public moe::Parallel {
     std::string failure;
     bool failed = false;
     try {
+      // Nothing Gloo does on this thread is an op of the step.
+      at::DisableRecordFunctionGuard untraced;
       c10::intrusive_ptr<c10d::Work> work = start(pg);
       work->wait();
     } catch (const c10::Error& e) {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "support/status.h"
 
 namespace moerr::formats {
@@ -58,6 +59,12 @@ absl::StatusOr<WorldStep> OpenWorldStep(const std::string& run_dir, int64_t step
   if (step < 0) {
     if (steps.empty()) return absl::NotFoundError(absl::StrFormat("%s: no rank's bundle has a step", run_dir));
     step = *std::min_element(steps.begin(), steps.end());
+  }
+  if (!steps.empty() && std::find(steps.begin(), steps.end(), step) == steps.end()) {
+    std::sort(steps.begin(), steps.end());
+    steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+    return absl::NotFoundError(absl::StrFormat("%s: no rank has step %d (steps recorded: %s)", run_dir, step,
+                                               absl::StrJoin(steps, ", ")));
   }
   world.step = step;
   for (RankStep& r : world.ranks) {

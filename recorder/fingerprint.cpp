@@ -284,7 +284,8 @@ std::vector<uint64_t> SliceHashes(const at::Tensor& t, const std::vector<int64_t
   int64_t row = 0;
   for (int64_t n : rows) {
     MOERR_CHECK(n >= 0 && row + n <= t.size(0)) << "slices beyond the tensor's rows";
-    hashes.push_back(XXH3_64bits(data + row * row_bytes, static_cast<size_t>(n * row_bytes)));
+    // An empty slice hashes to 0, as ComputeFingerprint gives an empty tensor.
+    hashes.push_back(n == 0 || row_bytes == 0 ? 0 : XXH3_64bits(data + row * row_bytes, static_cast<size_t>(n * row_bytes)));
     row += n;
   }
   return hashes;

@@ -97,9 +97,10 @@ class OpTracer {
   // changed outside any ATen op, so their version is bumped), hashes its
   // slices and, in replayable and full modes, captures it as "recv/<id>" so
   // that the rank replays alone. A collective inside a recorded op or an
-  // untraced scope, or while the tracer is off, is not recorded.
-  void CollectiveStart(const CollectiveCall& call, const std::vector<at::Tensor>& inputs, bool in_place);
-  void CollectiveEnd(const CollectiveCall& call, const std::vector<at::Tensor>& outputs);
+  // untraced scope, or while the tracer is off, is not recorded. Both
+  // return whether the collective is (being) recorded.
+  bool CollectiveStart(const CollectiveCall& call, const std::vector<at::Tensor>& inputs, bool in_place);
+  bool CollectiveEnd(const CollectiveCall& call, const std::vector<at::Tensor>& outputs);
   // The collective started on this thread failed: it is dropped, and the ops
   // before it go to the sink. Returns its module ("" when not recorded).
   std::string CollectiveFailed();

@@ -11,7 +11,7 @@
 
 namespace moerr::recorder {
 
-void OpTracer::CollectiveStart(const CollectiveCall& call, const std::vector<at::Tensor>& inputs, bool in_place) {
+bool OpTracer::CollectiveStart(const CollectiveCall& call, const std::vector<at::Tensor>& inputs, bool in_place) {
   ThreadState& st = State();
   st.collective.reset();
   std::lock_guard<std::mutex> lock(mu_);
@@ -19,7 +19,7 @@ void OpTracer::CollectiveStart(const CollectiveCall& call, const std::vector<at:
     if (in_place) {
       for (const at::Tensor& t : inputs) worker_.BeforeWrite(t);
     }
-    return;
+    return false;
   }
   st.collective = TakeScratch();
   formats::OpEvent& op = st.collective->op;
@@ -55,11 +55,12 @@ void OpTracer::CollectiveStart(const CollectiveCall& call, const std::vector<at:
   if (in_place) {
     for (const at::Tensor& t : inputs) worker_.BeforeWrite(t);
   }
+  return true;
 }
 
-void OpTracer::CollectiveEnd(const CollectiveCall& call, const std::vector<at::Tensor>& outputs) {
+bool OpTracer::CollectiveEnd(const CollectiveCall& call, const std::vector<at::Tensor>& outputs) {
   ThreadState& st = State();
-  if (!st.collective) return;
+  if (!st.collective) return false;
   std::unique_ptr<OpScratch> scratch = std::move(st.collective);
   formats::OpEvent& op = scratch->op;
   std::lock_guard<std::mutex> lock(mu_);
@@ -74,11 +75,10 @@ void OpTracer::CollectiveEnd(const CollectiveCall& call, const std::vector<at::T
     std::string name = mode_ == CaptureMode::kStats ? "" : absl::StrCat("recv/", ids_.next_id());
     op.outputs.push_back(NewTensor(t, static_cast<int64_t>(op.seq), std::move(name), formats::Role::kReceived));
   }
-  std::vector<uint64_t> kept_outputs = std::move(op.outputs);
-  formats::ToOpEvent(*c, op);
-  op.outputs = std::move(kept_outputs);
+  formats::ToOpEvent(*c, op);  // the receive hashes; op.outputs is the caller's
   AppendOp(op);
   if (ScratchPool().size() < 8) ScratchPool().push_back(std::move(scratch));
+  return true;
 }
 
 std::string OpTracer::CollectiveFailed() {

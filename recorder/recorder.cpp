@@ -140,15 +140,12 @@ void Recorder::OnError(absl::Status status) {
 }
 
 void Recorder::OnCollectiveStart(const CollectiveCall& call, const std::vector<at::Tensor>& inputs, bool in_place) {
-  if (!in_step_) return;
-  tracer_->CollectiveStart(call, inputs, in_place);
-  FlushToFile();
+  // Only what is recorded is flushed: the rollout's collectives are not.
+  if (in_step_ && tracer_->CollectiveStart(call, inputs, in_place)) FlushToFile();
 }
 
 void Recorder::OnCollectiveEnd(const CollectiveCall& call, const std::vector<at::Tensor>& outputs) {
-  if (!in_step_) return;
-  tracer_->CollectiveEnd(call, outputs);
-  FlushToFile();
+  if (in_step_ && tracer_->CollectiveEnd(call, outputs)) FlushToFile();
 }
 
 void Recorder::FlushToFile() {

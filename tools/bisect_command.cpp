@@ -278,9 +278,10 @@ llvm::json::Object WorldOverflowJson(const analysis::WorldOverflow& found, int64
 // ranks (analysis/world_overflow.h), with its rank, cause and spread.
 CommandResult RunWorldBisect(const std::string& dir, std::vector<int64_t> steps,
                              const analysis::OverflowOptions& options, bool json) {
-  if (steps.empty()) {
+  if (steps.empty()) {  // every step rank 0 completed, else the first any rank has
     MOERR_ASSIGN_OR_RETURN(const formats::WorldStep first, formats::OpenWorldStep(dir));
-    steps = {first.step};
+    if (first.ranks[0].reader) steps = first.ranks[0].reader->CompleteSteps();
+    if (steps.empty()) steps = {first.step};
   }
   llvm::json::Array results;
   int exit_code = kExitOk;

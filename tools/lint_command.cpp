@@ -119,6 +119,7 @@ absl::StatusOr<std::vector<analysis::Finding>> LintRun(const LintArgs& args, con
   std::vector<analysis::Finding> all;
   std::vector<int64_t> world_steps;
   for (const RankBundle& b : bundles) {
+    if (SkipUnfinished(b)) continue;
     one.bundle = b.path;
     MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(b.path));
     MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, StepsToRead(*reader, b.path, args.steps));

@@ -1,5 +1,7 @@
 #include "tools/recording_observer.h"
 
+#include <unistd.h>
+
 #include "formats/world_manifest.h"
 #include "replayer/model_replay.h"
 #include "support/filesystem.h"
@@ -8,7 +10,12 @@
 namespace moerr::tools {
 
 absl::Status RecordingObserver::OnStart(moe::GrpoTrainer& trainer) {
-  if (parallel_ != nullptr) MOERR_RETURN_IF_ERROR(MakeDirectory(run_dir_));
+  if (parallel_ != nullptr) {
+    MOERR_RETURN_IF_ERROR(MakeDirectory(run_dir_));
+    // An earlier run's finished bundle would stand for this rank if it died
+    // before finishing its own (formats::RankBundlePath prefers it).
+    if (options_.overwrite) ::unlink(options_.path.c_str());
+  }
   auto rec = recorder::Recorder::Start(options_);
   if (!rec.ok()) return rec.status();
   rec_ = std::move(*rec);

@@ -475,6 +475,10 @@ CommandResult ReplayRun(const ReplayArgs& args) {
   int exit_code = kExitOk;
   llvm::json::Array ranks, checks;
   for (const RankBundle& b : bundles) {
+    if (SkipUnfinished(b)) {
+      exit_code = kExitFinding;
+      continue;
+    }
     ReplayArgs one = args;
     one.bundle = b.path;
     if (!args.json) std::printf("rank %lld (%s)\n", static_cast<long long>(b.rank), b.path.c_str());

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "analysis/cross_rank.h"
 #include "formats/world_run.h"
@@ -31,6 +32,14 @@ absl::StatusOr<std::vector<RankBundle>> BundlesOf(const std::string& path, int64
 }
 
 std::string RankPrefix(const RankBundle& b) { return b.rank < 0 ? "" : absl::StrFormat("rank %d: ", b.rank); }
+
+bool SkipUnfinished(const RankBundle& b) {
+  constexpr absl::string_view kPartial = ".partial";
+  if (b.rank < 0 || !absl::EndsWith(b.path, kPartial)) return false;
+  std::fprintf(stderr, "moerr: note: rank %lld: %s is unfinished (the rank died); `moerr salvage RUN` makes it "
+               "readable\n", static_cast<long long>(b.rank), b.path.c_str());
+  return true;
+}
 
 absl::StatusOr<int> CheckRunCollectives(const std::string& dir, const std::vector<int64_t>& steps,
                                         llvm::json::Array* json) {

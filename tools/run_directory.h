@@ -24,6 +24,11 @@ absl::StatusOr<std::vector<RankBundle>> BundlesOf(const std::string& path, int64
 // "rank 3: " for a rank of a run, "" for a lone bundle.
 std::string RankPrefix(const RankBundle& b);
 
+// Whether `b` is a rank's unfinished bundle (RUN/rankK.moerr.partial): the
+// commands that need a finished one (replay, lint) skip it, saying so on
+// stderr with how to salvage it, and return true.
+bool SkipUnfinished(const RankBundle& b);
+
 // The cross-rank check (analysis/cross_rank.h) of `steps` of the run at
 // `dir` (when empty: every step rank 0 completed, else the first step):
 // prints each mismatch

@@ -40,6 +40,7 @@ void PrintReport(const std::string& in, const std::string& out, const formats::S
 CommandResult SalvageRun(const std::string& dir) {
   MOERR_ASSIGN_OR_RETURN(const std::vector<RankBundle> bundles, BundlesOf(dir));
   int salvaged = 0;
+  absl::Status failed;  // the first rank that could not be salvaged
   for (const RankBundle& b : bundles) {
     const std::string suffix = ".partial";
     if (b.path.size() <= suffix.size() || b.path.compare(b.path.size() - suffix.size(), suffix.size(), suffix) != 0) {
@@ -49,14 +50,21 @@ CommandResult SalvageRun(const std::string& dir) {
     // writes a temporary name, renamed once it is finished.
     const std::string out = b.path.substr(0, b.path.size() - suffix.size());
     const std::string tmp = out + ".salvaging";
-    MOERR_ASSIGN_OR_RETURN(const formats::SalvageReport r, formats::Salvage(b.path, tmp, /*overwrite=*/true));
-    if (std::rename(tmp.c_str(), out.c_str()) != 0) {
-      return absl::UnavailableError(absl::StrFormat("cannot rename %s to %s", tmp, out));
+    absl::StatusOr<formats::SalvageReport> r = formats::Salvage(b.path, tmp, /*overwrite=*/true);
+    if (r.ok() && std::rename(tmp.c_str(), out.c_str()) != 0) {
+      r = absl::UnavailableError(absl::StrFormat("cannot rename %s to %s", tmp, out));
+    }
+    if (!r.ok()) {  // the other ranks are still salvaged
+      std::remove(tmp.c_str());
+      std::fprintf(stderr, "moerr: error: %s%s\n", RankPrefix(b).c_str(), std::string(r.status().message()).c_str());
+      failed = failed.ok() ? r.status() : failed;
+      continue;
     }
     std::printf("%s", RankPrefix(b).c_str());
-    PrintReport(b.path, out, r);
+    PrintReport(b.path, out, *r);
     ++salvaged;
   }
+  if (!failed.ok()) return failed;
   if (salvaged == 0) std::printf("%s: every rank's bundle is finished; nothing to salvage\n", dir.c_str());
   return kExitOk;
 }

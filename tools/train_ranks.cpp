@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -34,10 +35,20 @@ struct RankFaultSpec {
   int64_t at = -1;  // @N; -1: as the step starts (kill, stall), 0 (corrupt)
 };
 
+// Watches the collectives of `parallel`. corrupt is added to them at once,
+// before any recorder (collective_hook.h: it changes what arrived); kill and
+// stall at OnStart, after the recorder, so the rank's ops up to the
+// collective it dies in reach its bundle first.
 class RankFault : public moe::TrainObserver, public recorder::CollectiveObserver {
  public:
-  explicit RankFault(RankFaultSpec spec) : spec_(spec) {}
-  absl::Status OnStart(moe::GrpoTrainer&) override { return absl::OkStatus(); }
+  RankFault(RankFaultSpec spec, moe::Parallel* parallel) : spec_(spec), parallel_(parallel) {
+    if (spec_.kind == RankFaultSpec::Kind::kCorrupt) parallel_->AddObserver(this);
+  }
+  ~RankFault() override { parallel_->RemoveObserver(this); }
+  absl::Status OnStart(moe::GrpoTrainer&) override {
+    if (spec_.kind != RankFaultSpec::Kind::kCorrupt) parallel_->AddObserver(this);
+    return absl::OkStatus();
+  }
   absl::Status BeforeStep(int64_t step) override {
     in_step0_ = step == 0;
     if (in_step0_ && spec_.kind != RankFaultSpec::Kind::kCorrupt && spec_.at < 0) Strike();
@@ -82,6 +93,7 @@ class RankFault : public moe::TrainObserver, public recorder::CollectiveObserver
   }
 
   RankFaultSpec spec_;
+  moe::Parallel* parallel_;  // outlives the fault (RankSession)
   bool in_step0_ = false, done_ = false;
   int64_t collectives_ = 0, all_to_alls_ = 0;
 };
@@ -172,10 +184,10 @@ absl::StatusOr<RankSession> JoinAsRank(const distributed::RankEnv& env, const Ra
   }
   RankSession session;
   session.env = env;
-  std::unique_ptr<RankFault> fault;
+  std::optional<RankFaultSpec> fault;
   if (!o.rank_fault.empty()) {
     MOERR_ASSIGN_OR_RETURN(const RankFaultSpec spec, ParseRankFault(o.rank_fault, env.world_size));
-    if (spec.rank == env.rank) fault = std::make_unique<RankFault>(spec);
+    if (spec.rank == env.rank) fault = spec;
   }
   // Ranks share the machine's cores: one intra-op thread each.
   at::set_num_threads(1);
@@ -183,10 +195,7 @@ absl::StatusOr<RankSession> JoinAsRank(const distributed::RankEnv& env, const Ra
   world.ep_size = o.ep;
   world.collective_timeout_s = o.collective_timeout_s;
   MOERR_ASSIGN_OR_RETURN(session.parallel, distributed::JoinWorld(env, world));
-  if (fault) {
-    session.parallel->AddObserver(fault.get());  // before any recorder: it sees what the fault did
-    session.fault = std::move(fault);
-  }
+  if (fault) session.fault = std::make_unique<RankFault>(*fault, session.parallel.get());
   return session;
 }
 

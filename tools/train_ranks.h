@@ -41,7 +41,10 @@ absl::Status CheckOneProcess(const RanksOptions& options);
 struct RankSession {
   distributed::RankEnv env;
   std::unique_ptr<moe::Parallel> parallel;
-  std::unique_ptr<moe::TrainObserver> fault;  // null without --rank-fault for this rank
+  // Null without --rank-fault for this rank. Declared after `parallel`, so
+  // destroyed first: it removes itself from the collectives' observers.
+  // Goes after any recorder in the run's observers (train_ranks.cpp).
+  std::unique_ptr<moe::TrainObserver> fault;
 };
 absl::StatusOr<RankSession> JoinAsRank(const distributed::RankEnv& env, const RanksOptions& options);
 

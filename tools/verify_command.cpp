@@ -16,7 +16,11 @@ CommandResult VerifyBundle(const RankBundle& b, llvm::json::Array* json) {
   // A bundle whose bytes are damaged (kDataLoss: a checksum, a cut file, a
   // bad index) is a finding; a missing file or one that is not a bundle
   // (empty, the wrong magic, a newer format) is bad input.
-  if (!reader.ok() && reader.status().code() != absl::StatusCode::kDataLoss) return reader.status();
+  // A rank of a run whose bundle is missing is a finding too: the run is damaged.
+  if (!reader.ok() && reader.status().code() != absl::StatusCode::kDataLoss &&
+      !(b.rank >= 0 && reader.status().code() == absl::StatusCode::kNotFound)) {
+    return reader.status();
+  }
   absl::StatusOr<formats::VerifyReport> report =
       reader.ok() ? (*reader)->Verify() : absl::StatusOr<formats::VerifyReport>(reader.status());
   const int code = report.ok() ? kExitOk : kExitFinding;
@@ -36,8 +40,12 @@ CommandResult VerifyBundle(const RankBundle& b, llvm::json::Array* json) {
   if (!report.ok()) {
     std::fprintf(stderr, "moerr: %s%s is damaged: %s\n", RankPrefix(b).c_str(), b.path.c_str(),
                  std::string(report.status().message()).c_str());
-    std::fprintf(stderr, "  `moerr salvage %s -o FIXED.moerr` keeps every complete frame before the damage.\n",
-                 b.path.c_str());
+    if (b.rank >= 0) {
+      std::fprintf(stderr, "  `moerr salvage RUN` salvages every rank's unfinished bundle in place.\n");
+    } else {
+      std::fprintf(stderr, "  `moerr salvage %s -o FIXED.moerr` keeps every complete frame before the damage.\n",
+                   b.path.c_str());
+    }
     return code;
   }
   std::printf("%s%s: ok: %llu frames, %llu tensors' content verified (%s)\n", RankPrefix(b).c_str(), b.path.c_str(),

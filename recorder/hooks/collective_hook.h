@@ -28,9 +28,11 @@ class CollectiveObserver {
   // collective writes its result into them (all_reduce, broadcast).
   virtual void OnCollectiveStart(const CollectiveCall& call, const std::vector<at::Tensor>& inputs,
                                  bool in_place) = 0;
-  // After the transfer: `outputs` hold what arrived. An observer may change
-  // them (a fault standing for a bad link); observers run in the order they
-  // were added.
+  // After the transfer: `outputs` hold what arrived. Observers run in the
+  // order they were added. One that changes the outputs (a fault standing
+  // for a bad link) must be added before any recorder: the recorder hashes
+  // and queues them for capture here, and a later write would race its
+  // worker.
   virtual void OnCollectiveEnd(const CollectiveCall& call, const std::vector<at::Tensor>& outputs) = 0;
   // The transfer failed or timed out (`why`): this rank waited in it.
   virtual void OnCollectiveFailed(const CollectiveCall& call, const std::string& why) = 0;

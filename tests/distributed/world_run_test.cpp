@@ -143,8 +143,10 @@ TEST(WorldRun, AKilledRankIsNamedAndItsBundleSalvaged) {
   const llvm::json::Object& dead = RankEntry(world, 1);
   EXPECT_EQ(dead.getString("state").getValueOr(""), "died") << inspect.out;
   EXPECT_EQ(dead.getBoolean("partial").getValueOr(false), true) << inspect.out;
-  // Its ops before the collective it died at reached the file: 4 collectives after the rollout.
+  // Its ops up to the collective it died at reached the file: 4 collectives
+  // after the rollout, and the ops after the last of them.
   EXPECT_EQ(dead.getInteger("collectives").getValueOr(-1), 4) << inspect.out;
+  EXPECT_EQ(dead.getString("last_op").getValueOr("").find("c10d::"), llvm::StringRef::npos) << inspect.out;
   const llvm::json::Object& survivor = RankEntry(world, 0);
   EXPECT_EQ(survivor.getString("state").getValueOr(""), "waited") << inspect.out;
   EXPECT_NE(survivor.getString("waited_in").getValueOr("").find(" #"), llvm::StringRef::npos) << inspect.out;
