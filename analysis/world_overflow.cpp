@@ -73,8 +73,8 @@ std::optional<WorldOverflow> FindWorldOverflow(const formats::WorldStep& world, 
     if (!r.trace) continue;
     const std::optional<FirstOverflow> first = FindFirstOverflow(*r.trace, options);
     if (!first) continue;
-    RankOverflow o{r.rank, first->op_index, first->op, ArrivedFromPeer(world, r.rank, *first->op), 0};
-    for (size_t i = 0; i < first->op_index; ++i) o.collectives_before += formats::IsCollective(r.trace->ops[i]);
+    RankOverflow o{r.rank, first->op_index, first->op, ArrivedFromPeer(world, r.rank, *first->op),
+                   formats::CountCollectives(*r.trace, first->op_index)};
     out.ranks.push_back(o);
   }
   if (out.ranks.empty()) return std::nullopt;

@@ -20,6 +20,12 @@ std::vector<uint64_t> AsHashes(const std::vector<int64_t>& v) { return std::vect
 bool IsCollectiveName(absl::string_view name) { return absl::StartsWith(name, kCollectivePrefix); }
 bool IsCollective(const OpEvent& op) { return IsCollectiveName(op.name); }
 
+size_t CountCollectives(const Trace& trace, size_t end) {
+  size_t n = 0;
+  for (size_t i = 0; i < trace.ops.size() && i < end; ++i) n += IsCollective(trace.ops[i]);
+  return n;
+}
+
 absl::StatusOr<CollectiveOp> CollectiveOf(const OpEvent& op) {
   using K = OpArg::Kind;
   const std::vector<OpArg>& a = op.args;

@@ -11,6 +11,7 @@
 // sent to rank j can be matched with what j received from i.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -36,6 +37,8 @@ inline constexpr absl::string_view kCollectivePrefix = "c10d::";
 
 // Whether `op` is a collective of the trace.
 bool IsCollective(const OpEvent& op);
+// The collectives among trace.ops[0, end).
+size_t CountCollectives(const Trace& trace, size_t end = SIZE_MAX);
 bool IsCollectiveName(absl::string_view name);
 
 // The collective `op` records; DataLoss when its arguments are not the layout

@@ -159,7 +159,7 @@ bool IsRunDirectory(const std::string& path) {
 
 std::string RankBundlePath(const std::string& run_dir, const WorldRank& rank) {
   const std::string path = run_dir + "/" + rank.bundle;
-  return !FileExists(path) && FileExists(path + ".partial") ? path + ".partial" : path;
+  return !FileExists(path) && FileExists(path + kPartialSuffix) ? path + kPartialSuffix : path;
 }
 
 }  // namespace moerr::formats

@@ -49,6 +49,8 @@ struct WorldManifest {
 bool fromJSON(const llvm::json::Value& v, WorldRank& r, llvm::json::Path p);
 
 inline constexpr char kWorldManifestName[] = "world.json";
+// What a bundle's writer writes until it finishes (file_sink.h).
+inline constexpr char kPartialSuffix[] = ".partial";
 
 // The manifest of an expert-parallel world (moe/parallel.h's layout: EP
 // groups of `ep_size` consecutive ranks, replicas across them) with rank K's

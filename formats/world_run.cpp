@@ -34,7 +34,7 @@ absl::StatusOr<std::unique_ptr<BundleReader>> OpenSalvaged(const std::string& pa
 void OpenRankBundle(const std::string& run_dir, const WorldRank& rank, RankStep& out) {
   out.rank = rank.rank;
   out.path = RankBundlePath(run_dir, rank);
-  out.partial = absl::EndsWith(out.path, ".partial");
+  out.partial = absl::EndsWith(out.path, kPartialSuffix);
   auto reader = out.partial ? OpenSalvaged(out.path, out.salvage) : BundleReader::Open(out.path);
   if (reader.ok()) {
     out.reader = *std::move(reader);
@@ -43,38 +43,44 @@ void OpenRankBundle(const std::string& run_dir, const WorldRank& rank, RankStep&
   }
 }
 
-absl::StatusOr<WorldStep> OpenWorldStep(const std::string& run_dir, int64_t step) {
+absl::StatusOr<WorldStep> OpenWorld(const std::string& run_dir) {
   WorldStep world;
   world.dir = run_dir;
+  world.step = -1;
   MOERR_ASSIGN_OR_RETURN(world.manifest, ReadWorldManifest(run_dir));
   world.ranks.resize(world.manifest.ranks.size());
+  for (size_t r = 0; r < world.ranks.size(); ++r) OpenRankBundle(run_dir, world.manifest.ranks[r], world.ranks[r]);
+  return world;
+}
+
+absl::Status ReadWorldStep(WorldStep& world, int64_t step) {
   std::vector<int64_t> steps;
-  for (size_t r = 0; r < world.ranks.size(); ++r) {
-    OpenRankBundle(run_dir, world.manifest.ranks[r], world.ranks[r]);
-    if (world.ranks[r].reader) {
-      const std::vector<int64_t> s = world.ranks[r].reader->Steps();
-      steps.insert(steps.end(), s.begin(), s.end());
-    }
+  for (const RankStep& r : world.ranks) {
+    if (!r.reader) continue;
+    const std::vector<int64_t> s = r.reader->Steps();
+    steps.insert(steps.end(), s.begin(), s.end());
   }
   if (step < 0) {
-    if (steps.empty()) return absl::NotFoundError(absl::StrFormat("%s: no rank's bundle has a step", run_dir));
+    if (steps.empty()) return absl::NotFoundError(absl::StrFormat("%s: no rank's bundle has a step", world.dir));
     step = *std::min_element(steps.begin(), steps.end());
   }
   if (!steps.empty() && std::find(steps.begin(), steps.end(), step) == steps.end()) {
     std::sort(steps.begin(), steps.end());
     steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
-    return absl::NotFoundError(absl::StrFormat("%s: no rank has step %d (steps recorded: %s)", run_dir, step,
+    return absl::NotFoundError(absl::StrFormat("%s: no rank has step %d (steps recorded: %s)", world.dir, step,
                                                absl::StrJoin(steps, ", ")));
   }
   world.step = step;
   for (RankStep& r : world.ranks) {
-    if (!r.reader) continue;
+    if (!r.reader) continue;  // keeps why it could not be opened
+    r.trace.reset();
+    r.error = absl::OkStatus();
     const std::vector<int64_t> s = r.reader->Steps(), complete = r.reader->CompleteSteps();
+    r.step_complete = std::find(complete.begin(), complete.end(), step) != complete.end();
     if (std::find(s.begin(), s.end(), step) == s.end()) {
       r.error = absl::NotFoundError(absl::StrFormat("%s has no step %d", r.path, step));
       continue;
     }
-    r.step_complete = std::find(complete.begin(), complete.end(), step) != complete.end();
     absl::StatusOr<Trace> trace = ReadTrace(*r.reader, step);
     if (trace.ok()) {
       r.trace = *std::move(trace);
@@ -82,6 +88,12 @@ absl::StatusOr<WorldStep> OpenWorldStep(const std::string& run_dir, int64_t step
       r.error = trace.status();
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<WorldStep> OpenWorldStep(const std::string& run_dir, int64_t step) {
+  MOERR_ASSIGN_OR_RETURN(WorldStep world, OpenWorld(run_dir));
+  MOERR_RETURN_IF_ERROR(ReadWorldStep(world, step));
   return world;
 }
 

@@ -34,7 +34,7 @@ struct RankStep {
 struct WorldStep {
   std::string dir;
   WorldManifest manifest;
-  int64_t step = 0;
+  int64_t step = -1;            // the step read; -1: none yet
   std::vector<RankStep> ranks;  // index = rank
 };
 
@@ -42,8 +42,14 @@ struct WorldStep {
 // only a .partial exists. Sets path, partial, salvage and reader (or error).
 void OpenRankBundle(const std::string& run_dir, const WorldRank& rank, RankStep& out);
 
-// Step `step` of the run at `run_dir`; -1: the first step any rank's bundle
-// has. Errors only when the manifest cannot be read or no rank has a step.
+// Every rank's bundle of the run at `run_dir` opened (OpenRankBundle), no
+// step read yet (step -1). Errors only when the manifest cannot be read.
+absl::StatusOr<WorldStep> OpenWorld(const std::string& run_dir);
+// Reads step `step` of every opened rank into `world`, replacing the step
+// read before; -1: the first step any rank's bundle has. NotFound when no
+// rank has it.
+absl::Status ReadWorldStep(WorldStep& world, int64_t step);
+// OpenWorld, then ReadWorldStep.
 absl::StatusOr<WorldStep> OpenWorldStep(const std::string& run_dir, int64_t step = -1);
 
 }  // namespace moerr::formats

@@ -451,6 +451,11 @@ void OpTracer::BeginEvent(const at::RecordFunction& fn, const c10::OperatorName&
     auto dtype = moerr::recorder::ToDType(at::autocast::get_autocast_cpu_dtype());
     op.autocast = dtype.ok() ? static_cast<int8_t>(*dtype) : -1;
   }
+  PlaceEvent(where, op);
+  if (where.phase == formats::Phase::kForward) scratch.seq_begin = static_cast<int64_t>(at::sequence_number::peek());
+}
+
+void OpTracer::PlaceEvent(const Placement& where, formats::OpEvent& op) const {
   op.phase = where.phase;
   if (where.phase == formats::Phase::kOptimizer) {
     op.module.assign("optimizer");
@@ -458,7 +463,6 @@ void OpTracer::BeginEvent(const at::RecordFunction& fn, const c10::OperatorName&
     AttributeToForward(where.node, op);
   } else {
     op.module.assign(where.module);
-    scratch.seq_begin = static_cast<int64_t>(at::sequence_number::peek());
   }
 }
 

@@ -165,6 +165,9 @@ class OpTracer {
   // outputs (mu_ held).
   void BeginEvent(const at::RecordFunction& fn, const c10::OperatorName& name, uint32_t thread,
                   const Placement& where, OpScratch& scratch);
+  // The event's phase and module from where it runs: "optimizer", the
+  // forward op's module for backward work, else the innermost module scope.
+  void PlaceEvent(const Placement& where, formats::OpEvent& op) const;
   // A backward op's forward op and module, from the autograd node it runs
   // for (node_ranges_).
   void AttributeToForward(int64_t node, formats::OpEvent& op) const;

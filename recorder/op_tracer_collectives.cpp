@@ -4,10 +4,8 @@
 #include <ATen/ATen.h>
 
 #include "absl/strings/str_cat.h"
-#include "formats/collective_op.h"
 #include "recorder/op_tracer.h"
 #include "recorder/thread_state.h"
-#include "support/check.h"
 
 namespace moerr::recorder {
 
@@ -27,15 +25,9 @@ bool OpTracer::CollectiveStart(const CollectiveCall& call, const std::vector<at:
   op = formats::OpEvent();
   op.seq = next_seq_++;
   op.thread = st.thread;
-  op.phase = where.phase;
-  if (where.phase == formats::Phase::kOptimizer) {
-    op.module = "optimizer";
-  } else if (where.phase == formats::Phase::kBackward) {
-    AttributeToForward(where.node, op);
-  } else {
-    op.module = where.module;
-  }
-  formats::CollectiveOp c;
+  PlaceEvent(where, op);
+  formats::CollectiveOp& c = st.collective_op;
+  c = formats::CollectiveOp();
   c.kind = call.kind;
   c.group = call.group;
   c.seq = call.seq;
@@ -50,7 +42,6 @@ bool OpTracer::CollectiveStart(const CollectiveCall& call, const std::vector<at:
     const std::vector<uint64_t> hashes = SliceHashes(t, call.send_rows);
     c.send_hashes.insert(c.send_hashes.end(), hashes.begin(), hashes.end());
   }
-  formats::ToOpEvent(c, op);
   // What the transfer overwrites must be read first (the inputs just named included).
   if (in_place) {
     for (const at::Tensor& t : inputs) worker_.BeforeWrite(t);
@@ -63,19 +54,18 @@ bool OpTracer::CollectiveEnd(const CollectiveCall& call, const std::vector<at::T
   if (!st.collective) return false;
   std::unique_ptr<OpScratch> scratch = std::move(st.collective);
   formats::OpEvent& op = scratch->op;
+  formats::CollectiveOp& c = st.collective_op;
   std::lock_guard<std::mutex> lock(mu_);
-  auto c = formats::CollectiveOf(op);
-  MOERR_CHECK(c.ok()) << c.status().message();
   for (const at::Tensor& t : outputs) {
     // Written by the transport, not by an ATen op: a new version, so that
     // whatever reads it next reads this op's output.
     if (t.unsafeGetTensorImpl()->version_counter().enabled()) t.unsafeGetTensorImpl()->bump_version();
     const std::vector<uint64_t> hashes = SliceHashes(t, call.recv_rows);
-    c->recv_hashes.insert(c->recv_hashes.end(), hashes.begin(), hashes.end());
+    c.recv_hashes.insert(c.recv_hashes.end(), hashes.begin(), hashes.end());
     std::string name = mode_ == CaptureMode::kStats ? "" : absl::StrCat("recv/", ids_.next_id());
     op.outputs.push_back(NewTensor(t, static_cast<int64_t>(op.seq), std::move(name), formats::Role::kReceived));
   }
-  formats::ToOpEvent(*c, op);  // the receive hashes; op.outputs is the caller's
+  formats::ToOpEvent(c, op);  // the arguments; op.outputs are set above
   AppendOp(op);
   if (ScratchPool().size() < 8) ScratchPool().push_back(std::move(scratch));
   return true;

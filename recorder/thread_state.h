@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "formats/collective_op.h"
 #include "formats/trace.h"
 #include "recorder/fingerprint.h"
 
@@ -47,8 +48,11 @@ struct ThreadState {
   // OnlyObserver) for the outermost op running, or for the untraced scope open.
   bool silenced_op = false, silenced_scope = false;
   uint32_t thread = 0;
-  // A collective that started on this thread and has not ended (op_tracer_collectives.cpp).
+  // A collective that started on this thread and has not ended
+  // (op_tracer_collectives.cpp): its event (seq, phase, module) and what
+  // is known of it so far; End adds what arrived and writes the arguments.
   std::unique_ptr<OpScratch> collective;
+  formats::CollectiveOp collective_op;
 };
 
 // This thread's state.

@@ -16,6 +16,7 @@
 #include "support/progress.h"
 #include "support/status.h"
 #include "tools/command.h"
+#include "tools/run_directory.h"
 #include "tools/vendor_check.h"
 
 namespace moerr::tools {
@@ -278,15 +279,12 @@ llvm::json::Object WorldOverflowJson(const analysis::WorldOverflow& found, int64
 // ranks (analysis/world_overflow.h), with its rank, cause and spread.
 CommandResult RunWorldBisect(const std::string& dir, std::vector<int64_t> steps,
                              const analysis::OverflowOptions& options, bool json) {
-  if (steps.empty()) {  // every step rank 0 completed, else the first any rank has
-    MOERR_ASSIGN_OR_RETURN(const formats::WorldStep first, formats::OpenWorldStep(dir));
-    if (first.ranks[0].reader) steps = first.ranks[0].reader->CompleteSteps();
-    if (steps.empty()) steps = {first.step};
-  }
+  MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(dir));
+  MOERR_ASSIGN_OR_RETURN(steps, RunSteps(world, steps));
   llvm::json::Array results;
   int exit_code = kExitOk;
   for (int64_t step : steps) {
-    MOERR_ASSIGN_OR_RETURN(const formats::WorldStep world, formats::OpenWorldStep(dir, step));
+    MOERR_RETURN_IF_ERROR(formats::ReadWorldStep(world, step));
     const std::optional<analysis::WorldOverflow> found = analysis::FindWorldOverflow(world, options);
     if (!found) {
       if (json) results.push_back(llvm::json::Object{{"step", step}, {"found", false}});

@@ -12,12 +12,7 @@
 namespace moerr::tools {
 namespace {
 
-size_t CollectivesIn(const formats::RankStep& r) {
-  if (!r.trace) return 0;
-  size_t n = 0;
-  for (const formats::OpEvent& op : r.trace->ops) n += formats::IsCollective(op);
-  return n;
-}
+size_t CollectivesIn(const formats::RankStep& r) { return r.trace ? formats::CountCollectives(*r.trace) : 0; }
 
 llvm::json::Object FateJson(const analysis::RankFate& f, const formats::RankStep& r) {
   return llvm::json::Object{{"rank", f.rank},

@@ -8,6 +8,7 @@
 #include "report/verdict.h"
 #include "support/status.h"
 #include "tools/command.h"
+#include "tools/run_directory.h"
 #include "formats/world_run.h"
 #include "report/world_section.h"
 
@@ -17,13 +18,11 @@ namespace {
 
 // A run directory: one section per step across the ranks (report/world_section.h).
 CommandResult ReportRun(const std::string& dir, std::vector<int64_t> steps, const std::string& out) {
-  if (steps.empty()) {
-    MOERR_ASSIGN_OR_RETURN(const formats::WorldStep first, formats::OpenWorldStep(dir));
-    steps = {first.step};
-  }
+  MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(dir));
+  MOERR_ASSIGN_OR_RETURN(steps, RunSteps(world, steps));
   report::HtmlReport page("moerr report: " + dir);
   for (int64_t step : steps) {
-    MOERR_ASSIGN_OR_RETURN(const formats::WorldStep world, formats::OpenWorldStep(dir, step));
+    MOERR_RETURN_IF_ERROR(formats::ReadWorldStep(world, step));
     MOERR_RETURN_IF_ERROR(report::AddWorldSection(page, world));
   }
   MOERR_RETURN_IF_ERROR(page.Write(out));

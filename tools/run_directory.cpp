@@ -17,7 +17,7 @@ absl::StatusOr<std::vector<RankBundle>> BundlesOf(const std::string& path, int64
       return absl::InvalidArgumentError(absl::StrFormat("--rank needs a run directory (with world.json); %s is not one",
                                                         path));
     }
-    return std::vector<RankBundle>{{-1, path}};
+    return std::vector<RankBundle>{{-1, path, false}};
   }
   MOERR_ASSIGN_OR_RETURN(const formats::WorldManifest world, formats::ReadWorldManifest(path));
   if (rank >= world.world_size) {
@@ -26,7 +26,10 @@ absl::StatusOr<std::vector<RankBundle>> BundlesOf(const std::string& path, int64
   }
   std::vector<RankBundle> out;
   for (const formats::WorldRank& r : world.ranks) {
-    if (rank < 0 || r.rank == rank) out.push_back({r.rank, formats::RankBundlePath(path, r)});
+    if (rank < 0 || r.rank == rank) {
+      const std::string bundle = formats::RankBundlePath(path, r);
+      out.push_back({r.rank, bundle, absl::EndsWith(bundle, formats::kPartialSuffix)});
+    }
   }
   return out;
 }
@@ -34,30 +37,32 @@ absl::StatusOr<std::vector<RankBundle>> BundlesOf(const std::string& path, int64
 std::string RankPrefix(const RankBundle& b) { return b.rank < 0 ? "" : absl::StrFormat("rank %d: ", b.rank); }
 
 bool SkipUnfinished(const RankBundle& b) {
-  constexpr absl::string_view kPartial = ".partial";
-  if (b.rank < 0 || !absl::EndsWith(b.path, kPartial)) return false;
+  if (!b.partial) return false;
   std::fprintf(stderr, "moerr: note: rank %lld: %s is unfinished (the rank died); `moerr salvage RUN` makes it "
                "readable\n", static_cast<long long>(b.rank), b.path.c_str());
   return true;
 }
 
+absl::StatusOr<std::vector<int64_t>> RunSteps(formats::WorldStep& world, const std::vector<int64_t>& requested) {
+  if (!requested.empty()) return requested;
+  std::vector<int64_t> steps;
+  if (world.ranks[0].reader) steps = world.ranks[0].reader->CompleteSteps();
+  if (!steps.empty()) return steps;
+  // No step rank 0 finished: the first any rank has, to explain what happened there.
+  MOERR_RETURN_IF_ERROR(formats::ReadWorldStep(world, -1));
+  return std::vector<int64_t>{world.step};
+}
+
 absl::StatusOr<int> CheckRunCollectives(const std::string& dir, const std::vector<int64_t>& steps,
                                         llvm::json::Array* json) {
-  std::vector<int64_t> todo = steps;
-  if (todo.empty()) {
-    MOERR_ASSIGN_OR_RETURN(const formats::WorldStep first, formats::OpenWorldStep(dir));
-    if (first.ranks[0].reader) todo = first.ranks[0].reader->CompleteSteps();
-    if (todo.empty()) todo = {first.step};  // a step no rank finished: check what was exchanged before it stopped
-  }
+  MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(dir));
+  MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> todo, RunSteps(world, steps));
   int exit_code = kExitOk;
   for (int64_t step : todo) {
-    MOERR_ASSIGN_OR_RETURN(const formats::WorldStep world, formats::OpenWorldStep(dir, step));
+    MOERR_RETURN_IF_ERROR(formats::ReadWorldStep(world, step));
     const std::vector<analysis::CollectiveMismatch> found = analysis::CheckCollectives(world);
     size_t collectives = 0;
-    for (const formats::RankStep& r : world.ranks) {
-      if (!r.trace) continue;
-      for (const formats::OpEvent& op : r.trace->ops) collectives += formats::IsCollective(op);
-    }
+    for (const formats::RankStep& r : world.ranks) collectives += r.trace ? formats::CountCollectives(*r.trace) : 0;
     if (!found.empty()) exit_code = kExitFinding;
     if (json != nullptr) {
       llvm::json::Array list;

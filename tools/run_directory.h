@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "formats/world_manifest.h"
+#include "formats/world_run.h"
 #include "llvm/Support/JSON.h"
 
 namespace moerr::tools {
@@ -18,6 +19,7 @@ namespace moerr::tools {
 struct RankBundle {
   int64_t rank = -1;  // -1: not part of a run
   std::string path;
+  bool partial = false;  // a rank's unfinished bundle (RUN/rankK.moerr.partial: the rank died)
 };
 absl::StatusOr<std::vector<RankBundle>> BundlesOf(const std::string& path, int64_t rank = -1);
 
@@ -28,6 +30,11 @@ std::string RankPrefix(const RankBundle& b);
 // commands that need a finished one (replay, lint) skip it, saying so on
 // stderr with how to salvage it, and return true.
 bool SkipUnfinished(const RankBundle& b);
+
+// The steps a command reads from an opened run (formats::OpenWorld):
+// `requested`, or every step rank 0 completed, or else the first step any
+// rank has (a run that died in its first step).
+absl::StatusOr<std::vector<int64_t>> RunSteps(formats::WorldStep& world, const std::vector<int64_t>& requested);
 
 // The cross-rank check (analysis/cross_rank.h) of `steps` of the run at
 // `dir` (when empty: every step rank 0 completed, else the first step):

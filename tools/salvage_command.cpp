@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <cstring>
 
 #include "absl/strings/str_format.h"
 
@@ -42,13 +43,10 @@ CommandResult SalvageRun(const std::string& dir) {
   int salvaged = 0;
   absl::Status failed;  // the first rank that could not be salvaged
   for (const RankBundle& b : bundles) {
-    const std::string suffix = ".partial";
-    if (b.path.size() <= suffix.size() || b.path.compare(b.path.size() - suffix.size(), suffix.size(), suffix) != 0) {
-      continue;
-    }
+    if (!b.partial) continue;
     // The writer of `out` would write out.partial, which is the input: it
     // writes a temporary name, renamed once it is finished.
-    const std::string out = b.path.substr(0, b.path.size() - suffix.size());
+    const std::string out = b.path.substr(0, b.path.size() - std::strlen(formats::kPartialSuffix));
     const std::string tmp = out + ".salvaging";
     absl::StatusOr<formats::SalvageReport> r = formats::Salvage(b.path, tmp, /*overwrite=*/true);
     if (r.ok() && std::rename(tmp.c_str(), out.c_str()) != 0) {
