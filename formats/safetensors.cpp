@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "formats/file_sink.h"
@@ -28,6 +30,61 @@ struct TensorSpan {
   TensorView view;
 };
 
+// The decoded text of a JSON string `literal` (quotes included), which the
+// JSON parser has already accepted.
+std::string DecodeKey(llvm::StringRef literal) {
+  if (!literal.contains('\\')) return literal.substr(1, literal.size() - 2).str();
+  auto decoded = llvm::json::parse(literal);
+  if (!decoded || !decoded->getAsString()) {
+    llvm::consumeError(decoded.takeError());
+    return literal.str();
+  }
+  return decoded->getAsString()->str();
+}
+
+// The parser keeps the last of two equal keys of an object silently, so a
+// header naming a tensor twice would lose one entry unseen. This walk over
+// the text (already valid JSON) rejects any object, at any depth, with a key
+// twice (keys compared decoded, so an escaped spelling of a key is the same key).
+absl::Status CheckNoDuplicateKeys(llvm::StringRef text) {
+  struct Frame {
+    bool object;
+    bool expect_key;
+    std::set<std::string> keys;
+  };
+  std::vector<Frame> stack;
+  std::string top_key;  // the top-level key whose value is being walked
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '{' || c == '[') {
+      stack.push_back(Frame{c == '{', c == '{', {}});
+    } else if (c == '}' || c == ']') {
+      if (!stack.empty()) stack.pop_back();
+    } else if (c == ',') {
+      if (!stack.empty() && stack.back().object) stack.back().expect_key = true;
+    } else if (c == ':') {
+      if (!stack.empty()) stack.back().expect_key = false;
+    } else if (c == '"') {
+      size_t end = i + 1;
+      while (end < text.size() && text[end] != '"') end += text[end] == '\\' ? 2 : 1;
+      const llvm::StringRef literal = text.slice(i, end + 1);
+      i = end;
+      if (stack.empty() || !stack.back().object || !stack.back().expect_key) continue;
+      std::string key = DecodeKey(literal);
+      if (stack.size() == 1) top_key = key;
+      if (!stack.back().keys.insert(key).second) {
+        if (stack.size() == 1) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "safetensors: the header names \"%s\" twice (a JSON parser would keep only the last)", key));
+        }
+        return absl::InvalidArgumentError(
+            absl::StrFormat("safetensors: the header entry \"%s\" has the key \"%s\" twice", top_key, key));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The JSON header: an 8-byte little-endian size, then that many bytes of a
 // JSON object. `header_size` is set to that size.
 absl::StatusOr<llvm::json::Value> ParseHeader(const std::byte* bytes, uint64_t size, uint64_t& header_size) {
@@ -41,9 +98,11 @@ absl::StatusOr<llvm::json::Value> ParseHeader(const std::byte* bytes, uint64_t s
     return absl::InvalidArgumentError(
         absl::StrFormat("safetensors: header of %d bytes runs past the end of the file (%d bytes)", header_size, size));
   }
-  auto json = llvm::json::parse(llvm::StringRef(reinterpret_cast<const char*>(bytes + 8), header_size));
+  const llvm::StringRef text(reinterpret_cast<const char*>(bytes + 8), header_size);
+  auto json = llvm::json::parse(text);
   if (!json) return absl::InvalidArgumentError("safetensors: header: " + llvm::toString(json.takeError()));
   if (json->getAsObject() == nullptr) return absl::InvalidArgumentError("safetensors: header is not a JSON object");
+  MOERR_RETURN_IF_ERROR(CheckNoDuplicateKeys(text));
   return std::move(*json);
 }
 
@@ -57,6 +116,16 @@ absl::Status ReadMetadata(const llvm::json::Value& value, std::map<std::string, 
     metadata[k.str()] = str->str();
   }
   return absl::OkStatus();
+}
+
+// "F64, F32, BF16, ...": the safetensors dtypes moerr reads.
+std::string SupportedSafetensorsDTypes() {
+  std::string out;
+  for (int d = 0; d < kNumDTypes; ++d) {
+    if (d > 0) out += ", ";
+    out += std::string(SafetensorsDTypeName(static_cast<DType>(d)));
+  }
+  return out;
 }
 
 // The header entry of tensor `name`: its dtype, shape and data offsets,
@@ -73,7 +142,10 @@ absl::StatusOr<TensorSpan> ReadTensorEntry(const std::string& name, const llvm::
   auto dtype_name = entry->getString("dtype");
   if (!dtype_name) return bad("no dtype");
   auto dtype = DTypeFromSafetensorsName(dtype_name->str());
-  if (!dtype) return bad(absl::StrFormat("dtype %s is not supported", dtype_name->str()));
+  if (!dtype) {
+    return bad(absl::StrFormat("dtype %s is not supported by moerr (it reads %s)", dtype_name->str(),
+                               SupportedSafetensorsDTypes()));
+  }
   const auto* shape_json = entry->getArray("shape");
   const auto* offsets = entry->getArray("data_offsets");
   if (shape_json == nullptr || offsets == nullptr || offsets->size() != 2) return bad("needs shape and data_offsets [begin, end]");

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 
 #include "formats/hf_checkpoint.h"
@@ -68,6 +69,63 @@ TEST(SafetensorsTest, EnforcesTheLibraryChecks) {
          "must be contiguous and not overlap");
   expect(Raw(R"({"a":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}})", 1), "dtype Q4 is not supported");
   expect(Raw(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 0), "past the buffer");
+}
+
+TEST(SafetensorsTest, RejectsAHeaderWithAKeyTwice) {
+  const auto message = [](const std::string& header, size_t data_bytes) {
+    return std::string(Parse(Raw(header, data_bytes)).message());
+  };
+  // The same tensor twice: a JSON parser keeps the second entry only, which
+  // alone would tile the data and pass every other check.
+  const std::string a = R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
+  ASSERT_TRUE(Parse(Raw("{" + a + "}", 4)).ok());
+  EXPECT_NE(message("{" + a + "," + a + "}", 4).find(R"(names "a" twice)"), std::string::npos)
+      << message("{" + a + "," + a + "}", 4);
+  // An escaped spelling of the same name is the same name.
+  const std::string escaped = R"("\u0061":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
+  EXPECT_NE(message("{" + a + "," + escaped + "}", 4).find(R"(names "a" twice)"), std::string::npos);
+  // __metadata__ twice, and a key twice inside one entry.
+  EXPECT_NE(message(R"({"__metadata__":{},"__metadata__":{}})", 0).find(R"(names "__metadata__" twice)"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"a":{"dtype":"F64","dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 4)
+                .find(R"(entry "a" has the key "dtype" twice)"),
+            std::string::npos);
+  // Braces and quotes inside strings are not structure; equal keys in
+  // different objects are not duplicates.
+  const std::string tricky =
+      R"({"__metadata__":{"x":"}\"{,:","a":"a"},"b\"}":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  const absl::Status ok = Parse(Raw(tricky, 4));
+  EXPECT_TRUE(ok.ok()) << ok;
+}
+
+TEST(SafetensorsTest, MetadataMapsStringsToStrings) {
+  const auto message = [](const std::string& header) { return std::string(Parse(Raw(header, 0)).message()); };
+  EXPECT_TRUE(Parse(Raw(R"({"__metadata__":{"format":"pt"}})", 0)).ok());
+  EXPECT_NE(message(R"({"__metadata__":["pt"]})").find("__metadata__ is not an object"), std::string::npos);
+  EXPECT_NE(message(R"({"__metadata__":{"format":1}})").find("__metadata__.format is not a string"), std::string::npos);
+  EXPECT_NE(message(R"({"__metadata__":{"a":"b","nested":{"c":"d"}}})").find("__metadata__.nested is not a string"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"__metadata__":{"n":null}})").find("__metadata__.n is not a string"), std::string::npos);
+}
+
+TEST(SafetensorsTest, AnUnknownDtypeNamesTheTensorTheDtypeAndTheFile) {
+  TempDir dir;
+  const std::string header = R"({"w":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})";
+  const std::vector<std::byte> bytes = Raw(header, 2);
+  const std::string path = dir.File("fp8.safetensors");
+  {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+    std::fclose(f);
+  }
+  const auto file = ReadSafetensors(path);
+  ASSERT_FALSE(file.ok());
+  const std::string msg(file.status().message());
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find(R"(tensor "w")"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("dtype F8_E4M3 is not supported by moerr"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("BF16"), std::string::npos) << msg;  // what it does read
 }
 
 TEST(HfCheckpointTest, SavesAndLoads) {
