@@ -37,7 +37,7 @@ BusiestExpert FindBusiestExpert(MoeTransformer& policy, const at::Tensor& calibr
       if (ev.layer == layer) hidden = ev.hidden, topk_ids = ev.topk_ids;
     }
   } capture;
-  capture.layer = policy->config().first_k_dense;
+  capture.layer = policy->MoeLayers().front()->gate()->layer();  // the first MoE layer
   policy->SetRoutingObserver(&capture);
   policy->forward(calibration);
   policy->SetRoutingObserver(nullptr);

@@ -18,15 +18,62 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
   return Boundary((weight * normed).to(x.scalar_type()));
 }
 
-at::Tensor ApplyRotary(const at::Tensor& x, double theta) {
+namespace {
+
+// yarn's magnitude correction: 0.1 * m * ln(scale) + 1 past scale 1.
+double YarnMscale(double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
+
+// The dim index at which a wavelength makes `rotations` turns over `max_pos` tokens.
+double YarnCorrectionDim(double rotations, int64_t dim, double theta, int64_t max_pos) {
+  return dim * std::log(max_pos / (rotations * 2 * M_PI)) / (2 * std::log(theta));
+}
+
+// inv_freq [dim/2] for a sequence of `seq` tokens, and the factor on cos and sin.
+std::pair<at::Tensor, double> RotaryFrequencies(const MoeConfig& c, int64_t seq) {
+  const int64_t dim = c.head_dim, half = dim / 2;
+  const auto opts = at::TensorOptions().dtype(at::kFloat);
+  const RopeScaling& s = c.rope_scaling;
+  double theta = c.rope_theta;
+  if (s.type == RopeScalingType::kDynamic && seq > c.max_position_embeddings) {
+    theta *= std::pow(s.factor * seq / c.max_position_embeddings - (s.factor - 1), dim / (dim - 2.0));
+  }
+  const at::Tensor inv_freq = 1.0 / at::pow(theta, at::arange(0, half, opts) * 2.0 / dim);
+  if (s.type == RopeScalingType::kLinear) return {inv_freq / s.factor, 1.0};
+  if (s.type != RopeScalingType::kYarn) return {inv_freq, 1.0};
+  const int64_t max_pos = s.original_max_position_embeddings;
+  const double low = std::max(0.0, std::floor(YarnCorrectionDim(s.beta_fast, dim, theta, max_pos)));
+  double high = std::min<double>(dim - 1, std::ceil(YarnCorrectionDim(s.beta_slow, dim, theta, max_pos)));
+  if (low == high) high += 0.001;
+  // 1 keeps a dim's original frequency (fast rotations), 0 interpolates it.
+  const at::Tensor keep = 1.0 - ((at::arange(half, opts) - low) / (high - low)).clamp(0, 1);
+  return {inv_freq / s.factor * (1.0 - keep) + inv_freq * keep,
+          YarnMscale(s.factor, s.mscale) / YarnMscale(s.factor, s.mscale_all_dim)};
+}
+
+}  // namespace
+
+at::Tensor ApplyRotary(const at::Tensor& x, const MoeConfig& config) {
   const int64_t seq = x.size(2), dim = x.size(3), half = dim / 2;
   const auto opts = at::TensorOptions().dtype(at::kFloat);
-  const at::Tensor inv_freq = 1.0 / at::pow(theta, at::arange(0, half, opts) * 2.0 / dim);
+  const auto [inv_freq, magnitude] = RotaryFrequencies(config, seq);
   const at::Tensor freqs = at::outer(at::arange(seq, opts), inv_freq);  // [S, half]
   const at::Tensor emb = at::cat({freqs, freqs}, -1);                  // [S, dim]
-  const at::Tensor cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
+  // cos then sin, each cast on its own: the op order of recordings made before rope scaling.
+  auto scaled = [&](const at::Tensor& t) { return (magnitude != 1.0 ? t * magnitude : t).to(x.scalar_type()); };
+  const at::Tensor cos = scaled(emb.cos());
+  const at::Tensor sin = scaled(emb.sin());
   const at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * cos + rotated * sin;
+}
+
+double AttentionDivisor(const MoeConfig& c) {
+  double divisor = std::sqrt(static_cast<double>(c.head_dim));
+  const RopeScaling& s = c.rope_scaling;
+  if (c.family == Family::kDeepseekV3 && s.type == RopeScalingType::kYarn && s.mscale_all_dim != 0) {
+    const double m = YarnMscale(s.factor, s.mscale_all_dim);
+    divisor /= m * m;
+  }
+  return divisor;
 }
 
 AttentionImpl::AttentionImpl(const MoeConfig& config, std::string path) : config_(config), path_(std::move(path)) {
@@ -51,14 +98,14 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
     q = q_norm_(q);
     k = k_norm_(k);
   }
-  q = ApplyRotary(q, config_.rope_theta);
-  k = ApplyRotary(k, config_.rope_theta);
+  q = ApplyRotary(q, config_);
+  k = ApplyRotary(k, config_);
   const int64_t groups = config_.num_heads / config_.num_kv_heads;
   if (groups > 1) {
     k = k.repeat_interleave(groups, 1);
     v = v.repeat_interleave(groups, 1);
   }
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / AttentionDivisor(config_);
   const at::Tensor mask = at::ones({s, s}, at::TensorOptions().dtype(at::kBool)).triu(1);
   scores = Boundary(scores).masked_fill(mask, -std::numeric_limits<float>::infinity());
   const at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(v.scalar_type());
@@ -66,8 +113,17 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   return Boundary(o_proj_(Boundary(out)));
 }
 
-ExpertImpl::ExpertImpl(int64_t hidden, int64_t intermediate, bool mixtral_names, std::string path)
-    : path_(std::move(path)) {
+at::Tensor ExpertImpl::Activate(const at::Tensor& gate) const {
+  switch (act_) {
+    case Activation::kSilu: return at::silu(gate);
+    case Activation::kGelu: return at::gelu(gate);
+    case Activation::kGeluTanh: return at::gelu(gate, "tanh");
+  }
+  return at::silu(gate);
+}
+
+ExpertImpl::ExpertImpl(int64_t hidden, int64_t intermediate, bool mixtral_names, std::string path, Activation act)
+    : path_(std::move(path)), act_(act) {
   auto linear = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
   gate_ = register_module(mixtral_names ? "w1" : "gate_proj", linear(hidden, intermediate));
   up_ = register_module(mixtral_names ? "w3" : "up_proj", linear(hidden, intermediate));
@@ -76,7 +132,8 @@ ExpertImpl::ExpertImpl(int64_t hidden, int64_t intermediate, bool mixtral_names,
 
 at::Tensor ExpertImpl::forward(const at::Tensor& x) {
   RECORD_USER_SCOPE(path_);
-  const at::Tensor act = Boundary(at::silu(Boundary(gate_(x))) * Boundary(up_(x)));
+  // One expression, as before hidden_act: the order of the gate and up ops in a trace stays.
+  const at::Tensor act = Boundary(Activate(Boundary(gate_(x))) * Boundary(up_(x)));
   return Boundary(down_(act));
 }
 

@@ -39,20 +39,29 @@ class AttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Attention);
 
-// SwiGLU: down(silu(gate(x)) * up(x)). Also the dense MLP and shared experts.
-// Mixtral names the projections w1 (gate), w3 (up), w2 (down).
+// Gated MLP: down(act(gate(x)) * up(x)), act = hidden_act (SwiGLU with
+// silu). Also the dense MLP and shared experts. Mixtral names the
+// projections w1 (gate), w3 (up), w2 (down).
 class ExpertImpl : public torch::nn::Module {
  public:
-  ExpertImpl(int64_t hidden, int64_t intermediate, bool mixtral_names, std::string path);
+  ExpertImpl(int64_t hidden, int64_t intermediate, bool mixtral_names, std::string path,
+             Activation act = Activation::kSilu);
   at::Tensor forward(const at::Tensor& x);  // [N, hidden] or [B, S, hidden]
 
  private:
+  at::Tensor Activate(const at::Tensor& gate) const;  // hidden_act
+
   std::string path_;
+  Activation act_;
   torch::nn::Linear gate_{nullptr}, up_{nullptr}, down_{nullptr};
 };
 TORCH_MODULE(Expert);
 
-// Applies rotary embeddings to x [B, heads, S, head_dim] (HF layout: halves).
-at::Tensor ApplyRotary(const at::Tensor& x, double theta);
+// Applies rotary embeddings to x [B, heads, S, head_dim] (HF layout:
+// halves), with config.rope_theta and config.rope_scaling.
+at::Tensor ApplyRotary(const at::Tensor& x, const MoeConfig& config);
+// What q.k is divided by: sqrt(head_dim), over DeepSeek-V3's yarn
+// mscale(factor, mscale_all_dim)^2 in that family.
+double AttentionDivisor(const MoeConfig& config);
 
 }  // namespace moerr::moe

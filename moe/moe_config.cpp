@@ -1,6 +1,12 @@
 #include "moe/moe_config.h"
 
+#include <algorithm>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "llvm/Support/FormatVariadic.h"
+#include "moe/config_keys.h"
 #include "support/enum_table.h"
 #include "support/status.h"
 
@@ -42,6 +48,18 @@ absl::Status Validate(const MoeConfig& c) {
     return bad("top_k exceeds the experts in the eligible groups");
   }
   if (c.first_k_dense < 0 || c.first_k_dense > c.num_layers) return bad("first_k_dense must be in [0, num_layers]");
+  if (c.moe_layer_freq < 1 || c.decoder_sparse_step < 1) return bad("moe_layer_freq and decoder_sparse_step must be >= 1");
+  if (c.family != Family::kDeepseekV3 && c.moe_layer_freq != 1) return bad("moe_layer_freq is DeepSeek-V3's");
+  if (c.family != Family::kQwen2Moe && c.family != Family::kQwen3Moe && c.decoder_sparse_step != 1) {
+    return bad("decoder_sparse_step is Qwen's");
+  }
+  if (c.rope_scaling.type != RopeScalingType::kNone && c.rope_scaling.factor < 1.0) return bad("rope_scaling factor must be >= 1");
+  if (c.rope_scaling.type == RopeScalingType::kDynamic && (c.max_position_embeddings <= 0 || c.head_dim <= 2)) {
+    return bad("dynamic rope scaling needs max_position_embeddings > 0 and head_dim > 2");
+  }
+  if (c.rope_scaling.type == RopeScalingType::kYarn && c.rope_scaling.original_max_position_embeddings <= 0) {
+    return bad("yarn rope scaling needs original_max_position_embeddings > 0");
+  }
   if (c.num_shared_experts < 0) return bad("num_shared_experts must be >= 0");
   if (c.family == Family::kQwen2Moe && c.num_shared_experts > 1) return bad("Qwen2-MoE has at most one shared expert");
   if (c.family == Family::kQwen2Moe && c.num_shared_experts == 1 && c.shared_expert_intermediate_size <= 0) {
@@ -92,6 +110,78 @@ absl::StatusOr<MoeConfig> Preset(const std::string& name, Family family) {
   return c;
 }
 
+namespace {
+
+// hidden_act spellings, HF's names.
+constexpr EnumName<Activation> kActivations[] = {{Activation::kSilu, "silu"},
+                                                 {Activation::kSilu, "swish"},
+                                                 {Activation::kGelu, "gelu"},
+                                                 {Activation::kGeluTanh, "gelu_pytorch_tanh"},
+                                                 {Activation::kGeluTanh, "gelu_new"},
+                                                 {Activation::kGeluTanh, "gelu_fast"}};
+
+constexpr EnumName<RopeScalingType> kRopeTypes[] = {{RopeScalingType::kNone, "default"},
+                                                    {RopeScalingType::kLinear, "linear"},
+                                                    {RopeScalingType::kDynamic, "dynamic"},
+                                                    {RopeScalingType::kYarn, "yarn"}};
+
+absl::Status BadKey(const std::string& key, const llvm::json::Value& value, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrFormat("config.json: \"%s\": %s %s", key, llvm::formatv("{0}", value).str(), why));
+}
+
+// `rope_scaling`, or transformers 5's `rope_parameters` (which also holds
+// rope_theta), into c.rope_scaling; null or type "default" is no scaling.
+absl::Status ReadRope(const llvm::json::Object& j, MoeConfig& c) {
+  const char* key = j.get("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  const llvm::json::Value* value = j.get(key);
+  if (value == nullptr || value->getAsNull()) return absl::OkStatus();
+  const llvm::json::Object* r = value->getAsObject();
+  if (r == nullptr) return BadKey(key, *value, "is not an object");
+  for (const auto& [k, v] : *r) {
+    static constexpr const char* kKnown[] = {"type", "rope_type", "factor", "original_max_position_embeddings",
+                                             "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "rope_theta"};
+    if (std::find(std::begin(kKnown), std::end(kKnown), k.str()) == std::end(kKnown)) {
+      return BadKey(absl::StrCat(key, ".", k.str()), v, "changes the forward pass and moerr does not implement it");
+    }
+  }
+  if (auto theta = r->getNumber("rope_theta")) c.rope_theta = *theta;
+  auto type = r->getString("rope_type");
+  if (!type) type = r->getString("type");
+  if (!type) return BadKey(key, *value, "names no rope_type");
+  auto parsed = ParseEnum(kRopeTypes, "rope type", type->str());
+  if (!parsed.ok()) {
+    return BadKey(key, *value, "changes the forward pass and moerr does not implement its type (it implements linear, dynamic, yarn)");
+  }
+  RopeScaling& s = c.rope_scaling;
+  s.type = *parsed;
+  if (s.type == RopeScalingType::kNone) return absl::OkStatus();
+  auto factor = r->getNumber("factor");
+  if (!factor || *factor < 1.0) return BadKey(key, *value, "needs a factor >= 1");
+  s.factor = *factor;
+  s.original_max_position_embeddings =
+      r->getInteger("original_max_position_embeddings").getValueOr(c.max_position_embeddings);
+  s.beta_fast = r->getNumber("beta_fast").getValueOr(32.0);
+  s.beta_slow = r->getNumber("beta_slow").getValueOr(1.0);
+  s.mscale = r->getNumber("mscale").getValueOr(1.0);
+  s.mscale_all_dim = r->getNumber("mscale_all_dim").getValueOr(0.0);
+  return absl::OkStatus();
+}
+
+llvm::json::Value RopeToJson(const RopeScaling& s) {
+  if (s.type == RopeScalingType::kNone) return nullptr;
+  llvm::json::Object o{{"type", std::string(EnumNameOf(kRopeTypes, s.type))}, {"factor", s.factor}};
+  if (s.type == RopeScalingType::kYarn) {
+    o["original_max_position_embeddings"] = s.original_max_position_embeddings;
+    o["beta_fast"] = s.beta_fast;
+    o["beta_slow"] = s.beta_slow;
+    o["mscale"] = s.mscale;
+    o["mscale_all_dim"] = s.mscale_all_dim;
+  }
+  return o;
+}
+
+}  // namespace
+
 llvm::json::Object ToHfConfig(const MoeConfig& c) {
   llvm::json::Object j{{"model_type", FamilyName(c.family)},
                        {"vocab_size", c.vocab_size},
@@ -102,9 +192,11 @@ llvm::json::Object ToHfConfig(const MoeConfig& c) {
                        {"head_dim", c.head_dim},
                        {"num_experts_per_tok", c.top_k},
                        {"rope_theta", c.rope_theta},
+                       {"rope_scaling", RopeToJson(c.rope_scaling)},
+                       {"max_position_embeddings", c.max_position_embeddings},
                        {"rms_norm_eps", c.rms_norm_eps},
                        {"tie_word_embeddings", c.tie_word_embeddings},
-                       {"hidden_act", "silu"}};
+                       {"hidden_act", std::string(EnumNameOf(kActivations, c.hidden_act))}};
   switch (c.family) {
     case Family::kQwen2Moe:
     case Family::kQwen3Moe:
@@ -113,7 +205,7 @@ llvm::json::Object ToHfConfig(const MoeConfig& c) {
       j["intermediate_size"] = c.intermediate_size;
       j["norm_topk_prob"] = c.norm_topk_prob;
       j["router_aux_loss_coef"] = c.router_aux_loss_coef;
-      j["decoder_sparse_step"] = 1;
+      j["decoder_sparse_step"] = c.decoder_sparse_step;
       {
         llvm::json::Array dense;
         for (int64_t l = 0; l < c.first_k_dense; ++l) dense.push_back(l);
@@ -130,12 +222,13 @@ llvm::json::Object ToHfConfig(const MoeConfig& c) {
       j["intermediate_size"] = c.intermediate_size;
       j["n_shared_experts"] = c.num_shared_experts;
       j["first_k_dense_replace"] = c.first_k_dense;
+      j["moe_layer_freq"] = c.moe_layer_freq;
       j["n_group"] = c.n_group;
       j["topk_group"] = c.topk_group;
       j["routed_scaling_factor"] = c.routed_scaling_factor;
       j["norm_topk_prob"] = c.norm_topk_prob;
       j["scoring_func"] = c.router == RouterKind::kSigmoidGroupedTopK ? "sigmoid" : "softmax";
-      j["topk_method"] = "noaux_tc";
+      j["topk_method"] = c.router == RouterKind::kSigmoidGroupedTopK ? "noaux_tc" : "greedy";
       j["aux_loss_alpha"] = c.router_aux_loss_coef;
       break;
     case Family::kMixtral:
@@ -149,10 +242,115 @@ llvm::json::Object ToHfConfig(const MoeConfig& c) {
 
 namespace {
 
-// Reads a required integer/number/bool field, naming it when absent.
+// Reads a required integer field, naming it when absent.
 absl::StatusOr<int64_t> Int(const llvm::json::Object& j, const char* key) {
   if (auto v = j.getInteger(key)) return *v;
   return absl::InvalidArgumentError(absl::StrFormat("config.json: \"%s\" is missing or not an integer", key));
+}
+
+// The keys every family reads: shape, attention, numerics, activation, rope.
+absl::Status ReadShared(const llvm::json::Object& j, MoeConfig& c) {
+  MOERR_ASSIGN_OR_RETURN(c.vocab_size, Int(j, "vocab_size"));
+  MOERR_ASSIGN_OR_RETURN(c.hidden_size, Int(j, "hidden_size"));
+  MOERR_ASSIGN_OR_RETURN(c.num_layers, Int(j, "num_hidden_layers"));
+  MOERR_ASSIGN_OR_RETURN(c.num_heads, Int(j, "num_attention_heads"));
+  c.num_kv_heads = j.getInteger("num_key_value_heads").getValueOr(c.num_heads);
+  c.head_dim = j.getInteger("head_dim").getValueOr(c.hidden_size / std::max<int64_t>(1, c.num_heads));
+  MOERR_ASSIGN_OR_RETURN(c.top_k, Int(j, "num_experts_per_tok"));
+  c.rope_theta = j.getNumber("rope_theta").getValueOr(10000.0);
+  c.rms_norm_eps = j.getNumber("rms_norm_eps").getValueOr(1e-6);
+  c.tie_word_embeddings = j.getBoolean("tie_word_embeddings").getValueOr(false);
+  c.max_position_embeddings = j.getInteger("max_position_embeddings").getValueOr(c.max_position_embeddings);
+  if (const llvm::json::Value* act = j.get("hidden_act")) {
+    auto name = act->getAsString();
+    auto parsed = ParseEnum(kActivations, "hidden_act", name ? name->str() : "");
+    if (!name || !parsed.ok()) {
+      return BadKey("hidden_act", *act,
+                    "changes the forward pass and moerr does not implement it (silu, swish, gelu, gelu_new, "
+                    "gelu_pytorch_tanh, gelu_fast)");
+    }
+    c.hidden_act = *parsed;
+  }
+  return ReadRope(j, c);
+}
+
+// Qwen: a layer is MoE unless listed in mlp_only_layers, and only every
+// decoder_sparse_step-th counted from 1. mlp_only_layers must be 0..k-1.
+absl::Status ReadQwenLayers(const llvm::json::Object& j, MoeConfig& c) {
+  c.decoder_sparse_step = j.getInteger("decoder_sparse_step").getValueOr(1);
+  if (c.decoder_sparse_step < 1) return BadKey("decoder_sparse_step", *j.get("decoder_sparse_step"), "must be >= 1");
+  if (const llvm::json::Value* v = j.get("mlp_only_layers")) {
+    const auto* dense = v->getAsArray();
+    if (dense == nullptr) return BadKey("mlp_only_layers", *v, "is not an array");
+    for (size_t i = 0; i < dense->size(); ++i) {
+      if ((*dense)[i].getAsInteger() != static_cast<int64_t>(i)) {
+        return BadKey("mlp_only_layers", *v,
+                      "changes the forward pass and moerr does not implement it (dense layers other than the first k: "
+                      "it takes 0, 1, ..., k-1)");
+      }
+    }
+    c.first_k_dense = dense->size();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadFamily(const llvm::json::Object& j, MoeConfig& c) {
+  switch (c.family) {
+    case Family::kQwen2Moe:
+    case Family::kQwen3Moe: {
+      MOERR_ASSIGN_OR_RETURN(c.num_experts, Int(j, "num_experts"));
+      MOERR_ASSIGN_OR_RETURN(c.moe_intermediate_size, Int(j, "moe_intermediate_size"));
+      c.intermediate_size = j.getInteger("intermediate_size").getValueOr(c.moe_intermediate_size);
+      c.norm_topk_prob = j.getBoolean("norm_topk_prob").getValueOr(false);
+      c.router_aux_loss_coef = j.getNumber("router_aux_loss_coef").getValueOr(0.001);
+      MOERR_RETURN_IF_ERROR(ReadQwenLayers(j, c));
+      if (c.family == Family::kQwen2Moe) {
+        c.shared_expert_intermediate_size = j.getInteger("shared_expert_intermediate_size").getValueOr(0);
+        c.num_shared_experts = c.shared_expert_intermediate_size > 0 ? 1 : 0;
+        c.attention_bias = j.getBoolean("qkv_bias").getValueOr(true);
+      } else {
+        c.qk_norm = true;
+      }
+      return absl::OkStatus();
+    }
+    case Family::kDeepseekV3: {
+      MOERR_ASSIGN_OR_RETURN(c.num_experts, Int(j, "n_routed_experts"));
+      MOERR_ASSIGN_OR_RETURN(c.moe_intermediate_size, Int(j, "moe_intermediate_size"));
+      MOERR_ASSIGN_OR_RETURN(c.intermediate_size, Int(j, "intermediate_size"));
+      c.num_shared_experts = j.getInteger("n_shared_experts").getValueOr(0);
+      c.first_k_dense = j.getInteger("first_k_dense_replace").getValueOr(0);
+      c.moe_layer_freq = j.getInteger("moe_layer_freq").getValueOr(1);
+      if (c.moe_layer_freq < 1) return BadKey("moe_layer_freq", *j.get("moe_layer_freq"), "must be >= 1");
+      c.n_group = j.getInteger("n_group").getValueOr(1);
+      c.topk_group = j.getInteger("topk_group").getValueOr(1);
+      c.routed_scaling_factor = j.getNumber("routed_scaling_factor").getValueOr(1.0);
+      c.norm_topk_prob = j.getBoolean("norm_topk_prob").getValueOr(true);
+      const std::string scoring = j.getString("scoring_func").getValueOr("sigmoid").str();
+      const std::string method = j.getString("topk_method").getValueOr(scoring == "sigmoid" ? "noaux_tc" : "greedy").str();
+      // sigmoid + noaux_tc: grouped top-k with the correction bias; softmax + greedy: plain top-k.
+      if (scoring == "sigmoid" && method == "noaux_tc") {
+        c.router = RouterKind::kSigmoidGroupedTopK;
+      } else if (scoring == "softmax" && method == "greedy") {
+        c.router = RouterKind::kSoftmaxTopK;
+      } else {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "config.json: \"scoring_func\": \"%s\" with \"topk_method\": \"%s\" changes the forward pass and moerr does "
+            "not implement it (sigmoid with noaux_tc, softmax with greedy)",
+            scoring, method));
+      }
+      c.router_aux_loss_coef = j.getNumber("aux_loss_alpha").getValueOr(0.0);
+      return absl::OkStatus();
+    }
+    case Family::kMixtral: {
+      MOERR_ASSIGN_OR_RETURN(c.num_experts, Int(j, "num_local_experts"));
+      MOERR_ASSIGN_OR_RETURN(c.moe_intermediate_size, Int(j, "intermediate_size"));
+      c.intermediate_size = c.moe_intermediate_size;
+      c.norm_topk_prob = true;  // Mixtral renormalises over the top-k
+      c.router_aux_loss_coef = j.getNumber("router_aux_loss_coef").getValueOr(0.02);
+      return absl::OkStatus();
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -164,69 +362,9 @@ absl::StatusOr<MoeConfig> FromHfConfig(const llvm::json::Object& j) {
   auto family = ParseFamily(type->str());
   if (!family.ok()) return Annotate(family.status(), "config.json");
   c.family = *family;
-  MOERR_ASSIGN_OR_RETURN(c.vocab_size, Int(j, "vocab_size"));
-  MOERR_ASSIGN_OR_RETURN(c.hidden_size, Int(j, "hidden_size"));
-  MOERR_ASSIGN_OR_RETURN(c.num_layers, Int(j, "num_hidden_layers"));
-  MOERR_ASSIGN_OR_RETURN(c.num_heads, Int(j, "num_attention_heads"));
-  c.num_kv_heads = j.getInteger("num_key_value_heads").getValueOr(c.num_heads);
-  c.head_dim = j.getInteger("head_dim").getValueOr(c.hidden_size / std::max<int64_t>(1, c.num_heads));
-  MOERR_ASSIGN_OR_RETURN(c.top_k, Int(j, "num_experts_per_tok"));
-  c.rope_theta = j.getNumber("rope_theta").getValueOr(10000.0);
-  c.rms_norm_eps = j.getNumber("rms_norm_eps").getValueOr(1e-6);
-  c.tie_word_embeddings = j.getBoolean("tie_word_embeddings").getValueOr(false);
-  switch (c.family) {
-    case Family::kQwen2Moe:
-    case Family::kQwen3Moe: {
-      MOERR_ASSIGN_OR_RETURN(c.num_experts, Int(j, "num_experts"));
-      MOERR_ASSIGN_OR_RETURN(c.moe_intermediate_size, Int(j, "moe_intermediate_size"));
-      c.intermediate_size = j.getInteger("intermediate_size").getValueOr(c.moe_intermediate_size);
-      c.norm_topk_prob = j.getBoolean("norm_topk_prob").getValueOr(false);
-      c.router_aux_loss_coef = j.getNumber("router_aux_loss_coef").getValueOr(0.001);
-      if (j.getInteger("decoder_sparse_step").getValueOr(1) != 1) {
-        return absl::InvalidArgumentError("config.json: decoder_sparse_step other than 1 is not supported");
-      }
-      // mlp_only_layers must be a prefix 0..k-1: dense layers come first here.
-      if (const auto* dense = j.getArray("mlp_only_layers")) {
-        for (size_t i = 0; i < dense->size(); ++i) {
-          if ((*dense)[i].getAsInteger() != static_cast<int64_t>(i)) {
-            return absl::InvalidArgumentError("config.json: mlp_only_layers must be 0, 1, ..., k-1");
-          }
-        }
-        c.first_k_dense = dense->size();
-      }
-      if (c.family == Family::kQwen2Moe) {
-        c.shared_expert_intermediate_size = j.getInteger("shared_expert_intermediate_size").getValueOr(0);
-        c.num_shared_experts = c.shared_expert_intermediate_size > 0 ? 1 : 0;
-        c.attention_bias = j.getBoolean("qkv_bias").getValueOr(true);
-      } else {
-        c.qk_norm = true;
-      }
-      break;
-    }
-    case Family::kDeepseekV3: {
-      MOERR_ASSIGN_OR_RETURN(c.num_experts, Int(j, "n_routed_experts"));
-      MOERR_ASSIGN_OR_RETURN(c.moe_intermediate_size, Int(j, "moe_intermediate_size"));
-      MOERR_ASSIGN_OR_RETURN(c.intermediate_size, Int(j, "intermediate_size"));
-      c.num_shared_experts = j.getInteger("n_shared_experts").getValueOr(0);
-      c.first_k_dense = j.getInteger("first_k_dense_replace").getValueOr(0);
-      c.n_group = j.getInteger("n_group").getValueOr(1);
-      c.topk_group = j.getInteger("topk_group").getValueOr(1);
-      c.routed_scaling_factor = j.getNumber("routed_scaling_factor").getValueOr(1.0);
-      c.norm_topk_prob = j.getBoolean("norm_topk_prob").getValueOr(true);
-      c.router = j.getString("scoring_func").getValueOr("sigmoid") == "sigmoid" ? RouterKind::kSigmoidGroupedTopK
-                                                                                : RouterKind::kSoftmaxTopK;
-      c.router_aux_loss_coef = j.getNumber("aux_loss_alpha").getValueOr(0.0);
-      break;
-    }
-    case Family::kMixtral: {
-      MOERR_ASSIGN_OR_RETURN(c.num_experts, Int(j, "num_local_experts"));
-      MOERR_ASSIGN_OR_RETURN(c.moe_intermediate_size, Int(j, "intermediate_size"));
-      c.intermediate_size = c.moe_intermediate_size;
-      c.norm_topk_prob = true;  // Mixtral renormalises over the top-k
-      c.router_aux_loss_coef = j.getNumber("router_aux_loss_coef").getValueOr(0.02);
-      break;
-    }
-  }
+  MOERR_RETURN_IF_ERROR(CheckConfigKeys(j, c.family).status());
+  MOERR_RETURN_IF_ERROR(ReadShared(j, c));
+  MOERR_RETURN_IF_ERROR(ReadFamily(j, c));
   MOERR_RETURN_IF_ERROR(Validate(c));
   return c;
 }

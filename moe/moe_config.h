@@ -22,6 +22,30 @@ enum class RouterKind {
   kSigmoidGroupedTopK,  // sigmoid scores + correction bias, grouped top-k (DeepSeek-V3)
 };
 
+// The MLP activation, `hidden_act` in config.json: silu ("silu", "swish"),
+// exact gelu ("gelu"), and gelu's tanh approximation ("gelu_new",
+// "gelu_pytorch_tanh", "gelu_fast").
+enum class Activation { kSilu, kGelu, kGeluTanh };
+
+// `rope_scaling` in config.json (inv_freq_i = theta^(-2i/head_dim) before scaling):
+//   linear:  inv_freq / factor;
+//   dynamic: theta * (factor * S / max_position_embeddings - (factor - 1))^(d / (d - 2))
+//            for a sequence of S > max_position_embeddings tokens (NTK);
+//   yarn:    DeepSeek-V3's: inv_freq blended between inv_freq / factor and
+//            inv_freq by a ramp over the dims between the beta_fast and
+//            beta_slow correction dims at original_max_position_embeddings;
+//            cos and sin times mscale(factor, mscale) / mscale(factor,
+//            mscale_all_dim), mscale(s, m) = 0.1 m ln s + 1; in DeepSeek-V3
+//            the attention scale also times mscale(factor, mscale_all_dim)^2.
+enum class RopeScalingType { kNone, kLinear, kDynamic, kYarn };
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::kNone;
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 0;  // yarn
+  double beta_fast = 32.0, beta_slow = 1.0;      // yarn
+  double mscale = 1.0, mscale_all_dim = 0.0;     // yarn
+};
+
 struct MoeConfig {
   Family family = Family::kQwen3Moe;
   int64_t vocab_size = 16;
@@ -45,6 +69,14 @@ struct MoeConfig {
   int64_t num_shared_experts = 0;
   int64_t shared_expert_intermediate_size = 0;
   int64_t first_k_dense = 0;  // the first k layers use a dense MLP
+  // Of the layers past first_k_dense, the MoE ones are every moe_layer_freq-th
+  // from layer 0 (DeepSeek: layer % freq == 0) or, in Qwen, every
+  // decoder_sparse_step-th counted from 1 ((layer + 1) % step == 0); the rest are dense.
+  int64_t moe_layer_freq = 1;
+  int64_t decoder_sparse_step = 1;
+  Activation hidden_act = Activation::kSilu;
+  RopeScaling rope_scaling;
+  int64_t max_position_embeddings = 4096;  // dynamic rope scaling's threshold
   bool attention_bias = false;  // q/k/v biases (Qwen2)
   bool qk_norm = false;         // per-head RMSNorm on q and k (Qwen3)
   double rope_theta = 10000.0;
@@ -52,7 +84,11 @@ struct MoeConfig {
   bool tie_word_embeddings = false;
   double router_aux_loss_coef = 0.01;
 
-  bool IsMoeLayer(int64_t layer) const { return layer >= first_k_dense; }
+  bool IsMoeLayer(int64_t layer) const {
+    return layer >= first_k_dense && layer % moe_layer_freq == 0 && (layer + 1) % decoder_sparse_step == 0;
+  }
+  // True when the MoE layers are exactly first_k_dense .. num_layers - 1.
+  bool MoeLayersAreASuffix() const { return moe_layer_freq == 1 && decoder_sparse_step == 1; }
   // The module name of a layer's MLP block: "mlp", or "block_sparse_moe" (Mixtral).
   std::string MlpName() const { return family == Family::kMixtral ? "block_sparse_moe" : "mlp"; }
 };
@@ -67,6 +103,9 @@ absl::StatusOr<MoeConfig> Preset(const std::string& name, Family family = Family
 
 // HF config.json, in each family's own keys.
 llvm::json::Object ToHfConfig(const MoeConfig& c);
+// Strict: every key must be in the family's table (config_keys.h); a key
+// moerr does not implement that would change the forward pass is an error
+// naming it and its value.
 absl::StatusOr<MoeConfig> FromHfConfig(const llvm::json::Object& json);
 
 }  // namespace moerr::moe

@@ -13,17 +13,17 @@ MoeLayerImpl::MoeLayerImpl(const MoeConfig& config, int64_t layer, std::string p
   experts_ = register_module("experts", torch::nn::ModuleList());
   for (int64_t e = 0; e < config.num_experts; ++e) {
     experts_->push_back(Expert(config.hidden_size, config.moe_intermediate_size, mixtral,
-                               path_ + ".experts." + std::to_string(e)));
+                               path_ + ".experts." + std::to_string(e), config.hidden_act));
   }
   if (config.num_shared_experts > 0 && config.family == Family::kQwen2Moe) {
     shared_ = register_module("shared_expert", Expert(config.hidden_size, config.shared_expert_intermediate_size,
-                                                      false, path_ + ".shared_expert"));
+                                                      false, path_ + ".shared_expert", config.hidden_act));
     shared_gate_ = register_module("shared_expert_gate",
                                    torch::nn::Linear(torch::nn::LinearOptions(config.hidden_size, 1).bias(false)));
   } else if (config.num_shared_experts > 0) {
     shared_ = register_module("shared_experts",
                               Expert(config.hidden_size, config.num_shared_experts * config.moe_intermediate_size,
-                                     false, path_ + ".shared_experts"));
+                                     false, path_ + ".shared_experts", config.hidden_act));
   }
 }
 

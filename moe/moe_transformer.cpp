@@ -18,7 +18,8 @@ DecoderLayerImpl::DecoderLayerImpl(const MoeConfig& config, int64_t layer)
   if (config.IsMoeLayer(layer)) {
     moe_ = register_module(mlp, MoeLayer(config, layer, path_ + "." + mlp));
   } else {
-    dense_ = register_module(mlp, Expert(config.hidden_size, config.intermediate_size, false, path_ + "." + mlp));
+    dense_ = register_module(
+        mlp, Expert(config.hidden_size, config.intermediate_size, false, path_ + "." + mlp, config.hidden_act));
   }
 }
 

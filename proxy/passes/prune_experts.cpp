@@ -26,6 +26,7 @@ class PruneExperts : public ReducePass {
     std::map<std::string, at::Tensor> tensors(current.state.tensors.begin(), current.state.tensors.end());
     std::vector<LayerPlan> plans;
     for (int64_t layer = c.first_k_dense; layer < c.num_layers; ++layer) {
+      if (!c.IsMoeLayer(layer)) continue;
       at::Tensor freq = at::zeros({c.num_experts}, at::kDouble);
       for (const RoutingEntry& r : current.routing) {
         if (r.layer == layer) freq += at::bincount(r.ids.reshape({-1}), {}, c.num_experts).to(at::kDouble);

@@ -26,6 +26,8 @@ class PruneLayers : public ReducePass {
   std::vector<Candidate> Propose(const StepBundle& current) const override {
     std::vector<Candidate> out;
     const moe::MoeConfig& c = current.config;
+    // Dropping a layer would shift a moe_layer_freq / decoder_sparse_step pattern.
+    if (!c.MoeLayersAreASuffix()) return out;
     for (int64_t drop = c.num_layers - 1; drop >= 0 && c.num_layers > 1; --drop) {
       bool failing = false;
       for (const auto& [layer, expert] : current.implicated) failing = failing || layer == drop;
