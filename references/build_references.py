@@ -15,9 +15,16 @@ import sys
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# A module may import an earlier one (npu_fusion_attention_grad imports
+# npu_fusion_attention's helpers): each is loaded in this order.
 REFERENCES = [
+    "npu_fusion_attention",
+    "npu_fusion_attention_grad",
+    "npu_grouped_matmul",
     "npu_moe_token_permute",
+    "npu_moe_token_permute_grad",
     "npu_moe_token_unpermute",
+    "npu_moe_token_unpermute_grad",
     "npu_rms_norm",
     "npu_rms_norm_backward",
     "npu_rotary_mul",

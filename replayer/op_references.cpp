@@ -20,7 +20,8 @@ namespace fs = std::filesystem;
 
 struct OpReferences::Module {
   torch::jit::Module module;
-  size_t arity = 0;  // forward's arguments, `self` excluded
+  size_t arity = 0;     // forward's arguments, `self` excluded
+  size_t required = 0;  // of those, the ones before its trailing run of defaulted arguments
 };
 
 OpReferences::OpReferences() = default;
@@ -108,13 +109,18 @@ absl::StatusOr<std::vector<at::Tensor>> OpReferences::Run(absl::string_view op,
     MOERR_RETURN_IF_ERROR(CatchTorch(absl::StrFormat("reference of %s (%s)", op, info->file), [&] {
       loaded->module = torch::jit::load(info->file, c10::Device(c10::kCPU));
       loaded->module.eval();
-      loaded->arity = loaded->module.get_method("forward").function().getSchema().arguments().size() - 1;
+      const std::vector<c10::Argument>& params =
+          loaded->module.get_method("forward").function().getSchema().arguments();
+      loaded->arity = loaded->required = params.size() - 1;
+      while (loaded->required > 0 && params[loaded->required].default_value().has_value()) --loaded->required;
       return absl::OkStatus();
     }));
     m = std::move(loaded);
   }
   std::vector<c10::IValue> inputs;
-  if (m->arity == args.size()) {
+  if (args.size() >= m->required && args.size() <= m->arity) {
+    // Every argument; a call recorded with an older schema, which lacks
+    // trailing arguments the reference takes with defaults, gets those.
     inputs = args;
   } else {
     for (const c10::IValue& v : args) {
@@ -132,8 +138,11 @@ absl::StatusOr<std::vector<at::Tensor>> OpReferences::Run(absl::string_view op,
     if (result.isTensor()) {
       out.push_back(result.toTensor());
     } else if (result.isTuple()) {
+      // A non-tensor output (npu_fusion_attention's seed, offset, numels)
+      // keeps its place as an undefined tensor, as the recorder keeps it
+      // with id 0.
       for (const c10::IValue& e : result.toTupleRef().elements()) {
-        if (e.isTensor()) out.push_back(e.toTensor());
+        out.push_back(e.isTensor() ? e.toTensor() : at::Tensor());
       }
     } else if (result.isTensorList()) {
       out = result.toTensorVector();

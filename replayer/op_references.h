@@ -6,7 +6,10 @@
 //
 // A reference's `forward` takes the op's arguments in schema order and
 // returns its outputs (a tensor or a tuple of tensors). It takes either every
-// argument, or the tensor arguments alone: the arity of `forward` decides.
+// argument, or the tensor arguments alone: the arity of `forward` decides. A
+// call with fewer arguments than `forward` takes, all of whose missing
+// trailing ones have defaults (an op recorded with an older schema), passes
+// every argument and the defaults fill the rest.
 //
 // moerr ships references for torch_npu's fused ops (references/, built to
 // share/moerr/references next to bin/): a list file, `references.list`, with
@@ -61,7 +64,8 @@ class OpReferences {
 
   // Runs the reference of `op` on `args` (every argument of the op in schema
   // order; only the tensors are passed when `forward` takes fewer) and
-  // returns its outputs, flattened. LibTorch errors come back as a Status.
+  // returns its outputs, flattened; a non-tensor element of a returned tuple
+  // is an undefined tensor. LibTorch errors come back as a Status.
   absl::StatusOr<std::vector<at::Tensor>> Run(absl::string_view op, const std::vector<c10::IValue>& args) const;
 
  private:

@@ -1,9 +1,11 @@
 // A test library of ops outside ATen, standing in for a vendor's fused
 // kernels (torch_npu's npu_swiglu): fakenpu::npu_swiglu, whose forward is
 // correct, and fakenpu::npu_swiglu_backward, whose gradient of the gate half
-// is deliberately twice the true one. The schemas are torch_npu's. Loaded
-// only by the process that records (record_fake_npu), so the replaying
-// process does not have these ops.
+// is deliberately twice the true one; and fakenpu::npu_fusion_attention,
+// correct, with torch_npu 7.1.0's schema (older than the shipped
+// reference's, and returning ints beside its tensors). The schemas are
+// torch_npu's. Loaded only by the process that records (record_fake_npu), so
+// the replaying process does not have these ops.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 #include <torch/torch.h>
@@ -49,16 +51,43 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
 
 at::Tensor SwigluAutograd(const at::Tensor& x, int64_t dim) { return SwigluFunction::apply(x, dim); }
 
+// Attention of BNSD query, key and value (one key head per query head),
+// atten_mask (True: masked) as given; the rest of the arguments are not read.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t> FusionAttention(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, int64_t /*head_num*/,
+    c10::string_view input_layout, const c10::optional<at::Tensor>& /*pse*/,
+    const c10::optional<at::Tensor>& /*padding_mask*/, const c10::optional<at::Tensor>& atten_mask, double scale,
+    double /*keep_prob*/, int64_t /*pre_tockens*/, int64_t /*next_tockens*/, int64_t /*inner_precise*/,
+    at::OptionalIntArrayRef /*prefix*/, at::OptionalIntArrayRef /*actual_seq_qlen*/,
+    at::OptionalIntArrayRef /*actual_seq_kvlen*/, int64_t /*sparse_mode*/, bool /*gen_mask_parallel*/,
+    bool /*sync*/) {
+  TORCH_CHECK(input_layout == "BNSD", "fakenpu::npu_fusion_attention takes BNSD only");
+  at::Tensor s = at::matmul(query, key.transpose(-1, -2)) * scale;
+  if (atten_mask.has_value() && atten_mask->defined()) s = s.masked_fill(*atten_mask, -INFINITY);
+  const at::Tensor max = std::get<0>(s.max(-1, /*keepdim=*/true));
+  const at::Tensor e = (s - max).exp();
+  const at::Tensor sum = e.sum(-1, /*keepdim=*/true);
+  const std::vector<int64_t> stats{query.size(0), query.size(1), query.size(2), 8};  // [B, N, Sq, 8]
+  return {at::matmul(e / sum, value), max.expand(stats).contiguous(), sum.expand(stats).contiguous(),
+          at::empty({0}, query.options()), 0, 0, 0};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(fakenpu, m) {
   m.def("npu_swiglu(Tensor self, int dim=-1) -> Tensor");
   m.def("npu_swiglu_backward(Tensor grad_output, Tensor self, int dim=-1) -> Tensor");
+  m.def("npu_fusion_attention(Tensor query, Tensor key, Tensor value, int head_num, str input_layout, "
+        "Tensor? pse=None, Tensor? padding_mask=None, Tensor? atten_mask=None, float scale=1., float keep_prob=1., "
+        "int pre_tockens=2147483647, int next_tockens=2147483647, int inner_precise=0, int[]? prefix=None, "
+        "int[]? actual_seq_qlen=None, int[]? actual_seq_kvlen=None, int sparse_mode=0, "
+        "bool gen_mask_parallel=True, bool sync=False) -> (Tensor, Tensor, Tensor, Tensor, int, int, int)");
 }
 
 TORCH_LIBRARY_IMPL(fakenpu, CPU, m) {
   m.impl("npu_swiglu", Swiglu);
   m.impl("npu_swiglu_backward", SwigluBackward);
+  m.impl("npu_fusion_attention", FusionAttention);
 }
 
 TORCH_LIBRARY_IMPL(fakenpu, Autograd, m) { m.impl("npu_swiglu", SwigluAutograd); }

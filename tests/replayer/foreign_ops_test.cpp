@@ -9,12 +9,14 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "formats/bundle_reader.h"
+#include "formats/world_manifest.h"
 #include "llvm/Support/JSON.h"
 #include "replayer/op_references.h"
 #include "replayer/program_replay.h"
@@ -34,6 +36,8 @@ class ForeignOpsTest : public ::testing::Test {
       const std::string cmd = absl::StrCat(RECORD_FAKE_NPU, " ", Bundle(mode), " ", mode);
       ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
     }
+    const std::string attention = absl::StrCat(RECORD_FAKE_NPU, " ", Bundle("attention"), " full attention");
+    ASSERT_EQ(std::system(attention.c_str()), 0) << attention;
   }
   static void TearDownTestSuite() {
     delete dir_;
@@ -82,7 +86,9 @@ TEST_F(ForeignOpsTest, TheOpsAreNotInThisProcess) {
 TEST_F(ForeignOpsTest, TheShippedReferencesLoadByName) {
   auto refs = OpReferences::Load({});
   ASSERT_TRUE(refs.ok()) << refs.status();
-  for (const char* op : {"npu::npu_moe_token_permute", "npu::npu_moe_token_unpermute", "npu::npu_rms_norm",
+  for (const char* op : {"npu::npu_fusion_attention", "npu::npu_fusion_attention_grad", "npu::npu_grouped_matmul",
+                         "npu::npu_moe_token_permute", "npu::npu_moe_token_permute_grad",
+                         "npu::npu_moe_token_unpermute", "npu::npu_moe_token_unpermute_grad", "npu::npu_rms_norm",
                          "npu::npu_rms_norm_backward", "npu::npu_rotary_mul", "npu::npu_rotary_mul_backward",
                          "npu::npu_swiglu", "npu::npu_swiglu_backward"}) {
     EXPECT_NE(refs->Find(op), nullptr) << op;
@@ -100,6 +106,25 @@ TEST_F(ForeignOpsTest, TheShippedReferencesLoadByName) {
   ASSERT_TRUE(permuted.ok()) << permuted.status();
   ASSERT_EQ(permuted->size(), 2u);
   EXPECT_TRUE((*permuted)[0].equal(tokens.index_select(0, at::tensor({0, 1, 2, 0, 1, 2}))));
+  // A call recorded with an older schema, which stops before trailing
+  // arguments the reference takes with defaults: torch_npu 7.1.0's
+  // npu_fusion_attention (19 arguments of 24), one head of 3 queries and keys.
+  const at::Tensor q = at::randn({1, 1, 3, 4});
+  std::vector<c10::IValue> older{c10::IValue(q), c10::IValue(q), c10::IValue(q), c10::IValue(int64_t{1}),
+                                 c10::IValue(std::string("BNSD"))};
+  for (int i = 0; i < 3; ++i) older.emplace_back();  // pse, padding_mask, atten_mask
+  for (const c10::IValue& v : {c10::IValue(0.5), c10::IValue(1.0), c10::IValue(int64_t{2147483647}),
+                               c10::IValue(int64_t{2147483647}), c10::IValue(int64_t{0}), c10::IValue(),
+                               c10::IValue(), c10::IValue(), c10::IValue(int64_t{0}), c10::IValue(true),
+                               c10::IValue(false)}) {
+    older.push_back(v);
+  }
+  ASSERT_EQ(older.size(), 19u);
+  auto attention = refs->Run("npu::npu_fusion_attention", older);
+  ASSERT_TRUE(attention.ok()) << attention.status();
+  ASSERT_EQ(attention->size(), 7u);  // attention_out, softmax_max, softmax_sum, softmax_out; 3 ints
+  EXPECT_FALSE((*attention)[4].defined());  // seed, offset, numels: in their places, not tensors
+  EXPECT_TRUE((*attention)[0].allclose(at::softmax(at::matmul(q, q.transpose(-1, -2)) * 0.5, -1).matmul(q)));
   // A reference given for an op with other arguments says so.
   auto wrong = refs->Run("npu::npu_swiglu", {c10::IValue(x), c10::IValue(x), c10::IValue(x)});
   EXPECT_FALSE(wrong.ok());
@@ -310,6 +335,116 @@ TEST_F(ForeignOpsTest, BisectAndLintNameTheWrongBackward) {
   std::tie(code, out) = Moerr(absl::StrCat("lint ", Bundle("replayable"), " --only vendor-op", refs));
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find("0 findings"), std::string::npos) << out;
+}
+
+// A correct fakenpu::npu_fusion_attention recorded with torch_npu 7.1.0's
+// schema (19 arguments, ints among its outputs), judged by the shipped
+// reference, which takes 26.0.0's 24: every output consistent.
+TEST_F(ForeignOpsTest, TheShippedAttentionReferenceJudgesACallOfAnOlderSchema) {
+  const std::string spec =
+      absl::StrCat("fakenpu::npu_fusion_attention=", OpReferences::ShippedDir(), "/npu_fusion_attention.pt");
+  auto [code, out] = Moerr(absl::StrCat("replay ", Bundle("attention"), " --isolated --json --reference ", spec));
+  EXPECT_EQ(code, 0) << out;
+  auto json = llvm::json::parse(out);
+  ASSERT_TRUE(static_cast<bool>(json)) << llvm::toString(json.takeError()) << "\n" << out;
+  const llvm::json::Object& step = *(*json->getAsArray())[0].getAsObject();
+  EXPECT_EQ(step.getInteger("by_reference").getValueOr(-1), 1) << out;
+  EXPECT_EQ(step.getInteger("not_reexecuted").getValueOr(-1), 0) << out;
+  const llvm::json::Array* checks = step.getArray("reference_checks");
+  ASSERT_NE(checks, nullptr) << out;
+  std::set<int64_t> slots;
+  for (const llvm::json::Value& v : *checks) {
+    const llvm::json::Object& c = *v.getAsObject();
+    EXPECT_EQ(c.getString("verdict").getValueOr("").str(), "consistent") << out;
+    slots.insert(c.getInteger("output_slot").getValueOr(-1));
+  }
+  for (int64_t slot : {0, 1, 2}) EXPECT_EQ(slots.count(slot), 1u) << out;  // out, softmax_max, softmax_sum
+}
+
+// A run directory of two ranks (world.json) whose bundles are copies of
+// `rank0_bundle` and `rank1_bundle`.
+std::string RunOf(formats::testing::TempDir& dir, const std::string& name, const std::string& rank0_bundle,
+                  const std::string& rank1_bundle) {
+  const std::string run = dir.File(name);
+  std::filesystem::create_directories(run);
+  EXPECT_TRUE(formats::WriteWorldManifest(run, formats::ExpertParallelWorld(2, 2, 2)).ok());
+  std::filesystem::copy_file(rank0_bundle, run + "/rank0.moerr");
+  std::filesystem::copy_file(rank1_bundle, run + "/rank1.moerr");
+  return run;
+}
+
+// replay --isolated, bisect and lint of a run directory give the verdict of
+// each rank's bundle, rank by rank, in text and JSON.
+TEST_F(ForeignOpsTest, ARunDirectoryIsCheckedRankByRank) {
+  const std::vector<std::string> specs = ReferenceSpecs();
+  const std::string refs = absl::StrCat(" --reference ", specs[0], " --reference ", specs[1]);
+  const std::string both_full = RunOf(*dir_, "run_full", Bundle("full"), Bundle("full"));
+  auto [code, out] = Moerr(absl::StrCat("replay ", both_full, " --isolated", refs));
+  EXPECT_EQ(code, 1) << out;
+  const size_t rank1 = out.find("rank 1 (");
+  ASSERT_NE(out.find("rank 0 ("), std::string::npos) << out;
+  ASSERT_NE(rank1, std::string::npos) << out;
+  for (const std::string& part : {out.substr(0, rank1), out.substr(rank1)}) {  // each rank's own verdicts
+    EXPECT_NE(part.find("ops checked against their references"), std::string::npos) << out;
+    EXPECT_NE(part.find(absl::StrCat(kBackward, " backward  output 0 f32")), std::string::npos) << out;
+    EXPECT_NE(part.find("SUSPECT"), std::string::npos) << out;
+    EXPECT_NE(part.find(": consistent"), std::string::npos) << out;  // the forward
+  }
+  std::tie(code, out) = Moerr(absl::StrCat("replay ", both_full, " --isolated --json", refs));
+  EXPECT_EQ(code, 1) << out;
+  auto json = llvm::json::parse(out);
+  ASSERT_TRUE(static_cast<bool>(json)) << llvm::toString(json.takeError()) << "\n" << out;
+  const llvm::json::Array* ranks = json->getAsObject()->getArray("ranks");
+  ASSERT_NE(ranks, nullptr) << out;
+  ASSERT_EQ(ranks->size(), 2u) << out;
+  for (size_t r = 0; r < 2; ++r) {
+    const llvm::json::Object& rank = *(*ranks)[r].getAsObject();
+    EXPECT_EQ(rank.getInteger("rank").getValueOr(-1), static_cast<int64_t>(r));
+    const llvm::json::Array* checks = (*rank.getArray("steps"))[0].getAsObject()->getArray("reference_checks");
+    ASSERT_NE(checks, nullptr) << out;
+    ASSERT_EQ(checks->size(), 2u) << out;
+    for (const llvm::json::Value& v : *checks) {
+      const bool backward = v.getAsObject()->getString("op").getValueOr("") == kBackward;
+      EXPECT_EQ(v.getAsObject()->getString("verdict").getValueOr("").str(), backward ? "suspect" : "consistent");
+    }
+  }
+
+  // Rank 1 replayable: bisect and lint judge rank 0 and say rank 1 could not be.
+  const std::string mixed = RunOf(*dir_, "run_mixed", Bundle("full"), Bundle("replayable"));
+  std::tie(code, out) = Moerr(absl::StrCat("bisect ", mixed, refs));
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find(absl::StrCat("step 0: rank 0: vendor op suspect: op ")), std::string::npos) << out;
+  EXPECT_NE(out.find(absl::StrCat(kBackward, " (backward, ")), std::string::npos) << out;
+  EXPECT_EQ(out.find(absl::StrCat(kForward, " (")), std::string::npos) << out;
+  EXPECT_NE(out.find("step 0: rank 1: vendor ops not checked against their references: isolated replay needs"),
+            std::string::npos)
+      << out;
+  std::tie(code, out) = Moerr(absl::StrCat("bisect ", mixed, " --json", refs));
+  EXPECT_EQ(code, 1) << out;
+  json = llvm::json::parse(out);
+  ASSERT_TRUE(static_cast<bool>(json)) << llvm::toString(json.takeError()) << "\n" << out;
+  const llvm::json::Object& step = *(*json->getAsArray())[0].getAsObject();
+  const llvm::json::Array* vendor = step.getArray("vendor_ops");
+  ASSERT_NE(vendor, nullptr) << out;
+  ASSERT_EQ(vendor->size(), 1u) << out;
+  EXPECT_EQ((*vendor)[0].getAsObject()->getInteger("rank").getValueOr(-1), 0);
+  EXPECT_EQ((*vendor)[0].getAsObject()->getString("op").getValueOr("").str(), kBackward);
+  const llvm::json::Array* skipped = step.getArray("vendor_ops_skipped");
+  ASSERT_NE(skipped, nullptr) << out;
+  ASSERT_EQ(skipped->size(), 1u) << out;
+  EXPECT_EQ((*skipped)[0].getAsObject()->getInteger("rank").getValueOr(-1), 1);
+
+  std::tie(code, out) = Moerr(absl::StrCat("lint ", mixed, " --only vendor-op --json", refs));
+  EXPECT_EQ(code, 1) << out;
+  const size_t start = out.rfind("\n[", out.find("vendor-op\"")) + 1;  // after rank 1's note on stderr
+  json = llvm::json::parse(out.substr(start));
+  ASSERT_TRUE(static_cast<bool>(json)) << llvm::toString(json.takeError()) << "\n" << out;
+  ASSERT_EQ(json->getAsArray()->size(), 1u) << out;
+  const llvm::json::Object& finding = *(*json->getAsArray())[0].getAsObject();
+  EXPECT_EQ(finding.getString("check").getValueOr("").str(), "vendor-op");
+  EXPECT_EQ(finding.getInteger("rank").getValueOr(-1), 0);
+  EXPECT_EQ(finding.getString("op").getValueOr("").str(), kBackward);
+  EXPECT_NE(out.find("rank1.moerr step 0: vendor-op not checked"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -1,20 +1,40 @@
 // Test helper: records one training step (forward and backward) of a small
 // model whose activation is fakenpu::npu_swiglu, an op of a library this
-// process loads (fake_npu_ops.cpp) and the replaying process does not.
+// process loads (fake_npu_ops.cpp) and the replaying process does not; with
+// `attention`, a step of one causal fakenpu::npu_fusion_attention instead.
 //
-//   record_fake_npu OUT.moerr MODE
+//   record_fake_npu OUT.moerr MODE [attention]
 #include <dlfcn.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 
 #include "recorder/recorder.h"
 
+namespace {
+
+// One call of fakenpu::npu_fusion_attention (torch_npu 7.1.0's 19 arguments)
+// on BNSD [1, 2, 5, 8] inputs, causal: atten_mask masks the keys after each
+// query, which pre_tockens 5 and next_tockens 0 say with sparse_mode 0.
+at::Tensor CausalAttention() {
+  const at::Tensor q = torch::randn({1, 2, 5, 8}), k = torch::randn({1, 2, 5, 8}), v = torch::randn({1, 2, 5, 8});
+  const at::Tensor mask = torch::ones({5, 5}, torch::kBool).triu(1);
+  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("fakenpu::npu_fusion_attention", "");
+  torch::jit::Stack stack{q, k, v, int64_t{2}, std::string("BNSD"), c10::IValue(), c10::IValue(), mask,
+                          0.35, 1.0, int64_t{5}, int64_t{0}, int64_t{0}, c10::IValue(), c10::IValue(), c10::IValue(),
+                          int64_t{0}, true, false};
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace moerr;
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: record_fake_npu OUT.moerr MODE\n");
+  if (argc != 3 && !(argc == 4 && std::string(argv[3]) == "attention")) {
+    std::fprintf(stderr, "usage: record_fake_npu OUT.moerr MODE [attention]\n");
     return 2;
   }
   if (::dlopen(FAKE_NPU_LIB, RTLD_NOW | RTLD_GLOBAL) == nullptr) {
@@ -37,6 +57,15 @@ int main(int argc, char** argv) {
   }
   (*rec)->NameTensors({{"mlp.up", w_up}, {"mlp.down", w_down}});
   if (!(*rec)->StepBegin(0).ok()) return 3;
+  if (argc == 4) {
+    at::Tensor out;
+    {
+      RECORD_USER_SCOPE("attn");
+      out = CausalAttention();
+    }
+    if (!(*rec)->StepEnd(0, {out.square().mean().item<double>(), 0.0}).ok()) return 3;
+    return (*rec)->Stop().ok() ? 0 : 3;
+  }
   at::Tensor loss;
   {
     RECORD_USER_SCOPE("mlp");
