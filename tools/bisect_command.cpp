@@ -217,6 +217,23 @@ CommandResult RunCauseBisect(const formats::BundleReader& reader, int64_t step, 
   return kExitFinding;
 }
 
+// The text of one bundle's VendorCheck of `step`, each line after "step N: "
+// starting with `prefix` ("rank K: " in a run directory). Silent when no op
+// has a reference.
+void PrintVendorCheck(const VendorCheck& check, int64_t step, const formats::Trace& trace, const std::string& prefix) {
+  const long long n = step;
+  if (!check.skipped.empty()) {
+    std::printf("step %lld: %svendor ops not checked against their references: %s\n", n, prefix.c_str(),
+                check.skipped.c_str());
+  } else if (check.checked_ops > 0 && check.suspect.empty()) {
+    std::printf("step %lld: %s%zu vendor ops checked against their references: consistent\n", n, prefix.c_str(),
+                check.checked_ops);
+  }
+  for (const replayer::ReferenceCheck& c : check.suspect) {
+    std::printf("step %lld: %svendor op suspect: %s\n", n, prefix.c_str(), DescribeVendorOp(c, trace).c_str());
+  }
+}
+
 // After the cause: the verdict on the step's vendor ops, those with a
 // reference (tools/vendor_check.h), printed or added to the step's JSON
 // `result` as "vendor_ops". Silent when no op has one. kExitFinding when an
@@ -224,22 +241,45 @@ CommandResult RunCauseBisect(const formats::BundleReader& reader, int64_t step, 
 int ReportVendorOps(const formats::BundleReader& reader, int64_t step, const formats::Trace& trace,
                     const replayer::OpReferences& references, llvm::json::Object* result) {
   const VendorCheck check = CheckVendorOps(reader, step, trace, references);
-  const long long n = step;
   if (result != nullptr) {
     llvm::json::Array ops;
     for (const replayer::ReferenceCheck& c : check.suspect) ops.push_back(VendorOpJson(c, trace));
     if (check.checked_ops > 0) (*result)["vendor_ops"] = std::move(ops);
     if (!check.skipped.empty()) (*result)["vendor_ops_skipped"] = check.skipped;
-  } else if (!check.skipped.empty()) {
-    std::printf("step %lld: vendor ops not checked against their references: %s\n", n, check.skipped.c_str());
-  } else if (check.checked_ops > 0 && check.suspect.empty()) {
-    std::printf("step %lld: %zu vendor ops checked against their references: consistent\n", n, check.checked_ops);
   } else {
-    for (const replayer::ReferenceCheck& c : check.suspect) {
-      std::printf("step %lld: vendor op suspect: %s\n", n, DescribeVendorOp(c, trace).c_str());
-    }
+    PrintVendorCheck(check, step, trace, "");
   }
   return check.suspect.empty() ? kExitOk : kExitFinding;
+}
+
+// A run directory: the same verdict for each rank that has the step read
+// into `world`, its lines prefixed "rank K: "; in JSON, "vendor_ops" holds
+// every rank's suspect ops, each with its "rank", and "vendor_ops_skipped"
+// one {"rank", "reason"} per rank not checked.
+int ReportRankVendorOps(const formats::WorldStep& world, const replayer::OpReferences& references,
+                        llvm::json::Object* result) {
+  int exit_code = kExitOk;
+  size_t checked = 0;
+  llvm::json::Array ops, skipped;
+  for (const formats::RankStep& r : world.ranks) {
+    if (r.reader == nullptr || !r.trace) continue;
+    const VendorCheck check = CheckVendorOps(*r.reader, world.step, *r.trace, references);
+    checked += check.checked_ops;
+    if (!check.suspect.empty()) exit_code = kExitFinding;
+    if (result == nullptr) {
+      PrintVendorCheck(check, world.step, *r.trace, absl::StrFormat("rank %d: ", r.rank));
+      continue;
+    }
+    for (const replayer::ReferenceCheck& c : check.suspect) {
+      llvm::json::Object o = VendorOpJson(c, *r.trace);
+      o["rank"] = r.rank;
+      ops.push_back(std::move(o));
+    }
+    if (!check.skipped.empty()) skipped.push_back(llvm::json::Object{{"rank", r.rank}, {"reason", check.skipped}});
+  }
+  if (result != nullptr && checked > 0) (*result)["vendor_ops"] = std::move(ops);
+  if (result != nullptr && !skipped.empty()) (*result)["vendor_ops_skipped"] = std::move(skipped);
+  return exit_code;
 }
 
 // Where the overflow went from its origin, and each rank's own first overflow.
@@ -276,9 +316,11 @@ llvm::json::Object WorldOverflowJson(const analysis::WorldOverflow& found, int64
 }
 
 // A run directory: each step's first overflow in causal order across the
-// ranks (analysis/world_overflow.h), with its rank, cause and spread.
+// ranks (analysis/world_overflow.h), with its rank, cause and spread; then
+// each rank's vendor ops against their references (ReportRankVendorOps).
 CommandResult RunWorldBisect(const std::string& dir, std::vector<int64_t> steps,
-                             const analysis::OverflowOptions& options, bool json) {
+                             const analysis::OverflowOptions& options, const replayer::OpReferences& references,
+                             bool json) {
   MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(dir));
   MOERR_ASSIGN_OR_RETURN(steps, RunSteps(world, steps));
   llvm::json::Array results;
@@ -286,22 +328,24 @@ CommandResult RunWorldBisect(const std::string& dir, std::vector<int64_t> steps,
   for (int64_t step : steps) {
     MOERR_RETURN_IF_ERROR(formats::ReadWorldStep(world, step));
     const std::optional<analysis::WorldOverflow> found = analysis::FindWorldOverflow(world, options);
+    llvm::json::Object result;
     if (!found) {
-      if (json) results.push_back(llvm::json::Object{{"step", step}, {"found", false}});
+      if (json) result = llvm::json::Object{{"step", step}, {"found", false}};
       else std::printf("step %lld: no overflowing op on any of %zu ranks\n", static_cast<long long>(step),
                        world.ranks.size());
-      continue;
+    } else if (json) {
+      exit_code = kExitFinding;
+      result = WorldOverflowJson(*found, step);
+    } else {
+      exit_code = kExitFinding;
+      const formats::Trace& trace = *world.ranks[static_cast<size_t>(found->rank)].trace;
+      std::printf("step %lld: the overflow began on rank %lld of %zu\n", static_cast<long long>(step),
+                  static_cast<long long>(found->rank), world.ranks.size());
+      PrintCause(found->cause, trace.ops.size(), step);
+      PrintWorldOverflow(*found);
     }
-    exit_code = kExitFinding;
-    if (json) {
-      results.push_back(WorldOverflowJson(*found, step));
-      continue;
-    }
-    const formats::Trace& trace = *world.ranks[static_cast<size_t>(found->rank)].trace;
-    std::printf("step %lld: the overflow began on rank %lld of %zu\n", static_cast<long long>(step),
-                static_cast<long long>(found->rank), world.ranks.size());
-    PrintCause(found->cause, trace.ops.size(), step);
-    PrintWorldOverflow(*found);
+    exit_code = std::max(exit_code, ReportRankVendorOps(world, references, json ? &result : nullptr));
+    if (json) results.push_back(std::move(result));
   }
   if (json) PrintJson(std::move(results));
   return exit_code;
@@ -357,7 +401,8 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "--precision replays one rank's bundle: pass %s/rank<K>.moerr of the rank bisect names", opts->bundle));
       }
-      return RunWorldBisect(opts->bundle, opts->steps, options, opts->json);
+      MOERR_ASSIGN_OR_RETURN(const replayer::OpReferences references, replayer::OpReferences::Load(opts->references));
+      return RunWorldBisect(opts->bundle, opts->steps, options, references, opts->json);
     }
     if (opts->precision) MOERR_RETURN_IF_ERROR(CheckNotAnInput(opts->policy_out, {opts->bundle}));
     MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
