@@ -248,6 +248,10 @@ StepBatch GrpoTrainer::Rollout(at::Tensor& inputs, at::Tensor& rewards) {
     const uint64_t rank = parallel_ ? static_cast<uint64_t>(parallel_->layout().rank) : 0;
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed_ * 1000003 + step_ + rank * 0x9E3779B97F4A7C15ull);
     if (response_source_) {
+      // The rollout engine's work, as Generate's is: a recorder does not
+      // trace it (op_tracer.h), so a step fed its responses records the ops
+      // of a step that sampled them.
+      RECORD_USER_SCOPE("generate");
       responses = response_source_(step_, global_prompts);
       MOERR_CHECK(responses.dim() == 2 && responses.size(0) == world_n && responses.size(1) == answer_tokens)
           << "a response source gives [" << world_n << ", " << answer_tokens << "] responses";

@@ -99,10 +99,20 @@ absl::Status RecordTrainerStep(recorder::Recorder& rec, const moe::GrpoTrainer& 
   return absl::OkStatus();
 }
 
+absl::Status RecordTrainerBatch(recorder::Recorder& rec, const moe::GrpoTrainer& trainer) {
+  if (rec.mode() == recorder::CaptureMode::kStats || !trainer.last_batch().responses.defined()) {
+    return absl::OkStatus();
+  }
+  at::DisableRecordFunctionGuard no_record;
+  rec.OnTensorBytes(kResponsesTensor, formats::Role::kOther, trainer.last_batch().responses.to(at::kLong).contiguous());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<moe::StepMetrics> RecordStep(recorder::Recorder& rec, moe::GrpoTrainer& trainer, int64_t step) {
   MOERR_RETURN_IF_ERROR(rec.StepBegin(step));
   MOERR_RETURN_IF_ERROR(RecordTrainerStep(rec, trainer));
   const moe::StepMetrics m = trainer.Step();
+  MOERR_RETURN_IF_ERROR(RecordTrainerBatch(rec, trainer));
   MOERR_RETURN_IF_ERROR(rec.AnnotateStep("metrics", moe::MetricsToJson(m)));
   MOERR_RETURN_IF_ERROR(rec.StepEnd(step, {m.loss, m.grad_norm}));
   return m;
@@ -121,93 +131,96 @@ absl::Status WriteTrainer(formats::BundleWriter& writer, const moe::MoeConfig& c
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<moe::GrpoTrainer>> LoadTrainer(const formats::BundleReader& reader, int64_t step,
-                                                              std::optional<moe::Numerics> numerics) {
+absl::StatusOr<TrainerInputs> ReadTrainerInputs(const formats::BundleReader& reader, int64_t step) {
   const std::vector<int64_t> complete = reader.CompleteSteps();
   if (std::find(complete.begin(), complete.end(), step) == complete.end()) {
     return absl::NotFoundError(absl::StrFormat("step %d is not a complete step of the bundle", step));
   }
+  TrainerInputs in;
   MOERR_ASSIGN_OR_RETURN(llvm::json::Object config_json, ReadObject(reader, "model_config", -1));
   MOERR_ASSIGN_OR_RETURN(llvm::json::Object grpo_json, ReadObject(reader, "grpo_options", -1));
-  MOERR_ASSIGN_OR_RETURN(llvm::json::Object scalars, ReadObject(reader, "trainer_state", step));
-  MOERR_ASSIGN_OR_RETURN(moe::MoeConfig config, moe::FromHfConfig(config_json));
-  MOERR_ASSIGN_OR_RETURN(moe::GrpoOptions grpo, moe::GrpoOptionsFromJson(grpo_json));
-  if (numerics) grpo.numerics = grpo.rollout_numerics = *numerics;
-
-  // The state's tensors; `owned` keeps their bytes alive for the views (a
-  // move keeps a vector's buffer in place).
-  std::vector<formats::OwnedTensor> owned;
-  std::map<std::string, formats::TensorView> tensors;
+  MOERR_ASSIGN_OR_RETURN(in.scalars, ReadObject(reader, "trainer_state", step));
+  MOERR_ASSIGN_OR_RETURN(in.config, moe::FromHfConfig(config_json));
+  MOERR_ASSIGN_OR_RETURN(in.options, moe::GrpoOptionsFromJson(grpo_json));
   const std::string prefix = kStatePrefix;
   for (const formats::TensorInfo& info : reader.index().tensors) {
     if (info.step != step || info.name.rfind(prefix, 0) != 0) continue;
     MOERR_ASSIGN_OR_RETURN(formats::OwnedTensor t, reader.ReadBlob(info.blob));
-    owned.push_back(std::move(t));
-    tensors[info.name.substr(prefix.size())] = owned.back().view();
+    in.owned.push_back(std::move(t));
+    in.tensors[info.name.substr(prefix.size())] = in.owned.back().view();
   }
-  if (tensors.empty()) {
+  if (in.tensors.empty()) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "step %d holds no model state: model replay needs a bundle recorded in replayable or full mode", step));
   }
+  return in;
+}
+
+absl::StatusOr<std::unique_ptr<moe::GrpoTrainer>> BuildTrainer(const TrainerInputs& in,
+                                                               std::optional<moe::Numerics> numerics) {
+  moe::GrpoOptions grpo = in.options;
+  if (numerics) grpo.numerics = grpo.rollout_numerics = *numerics;
   std::unique_ptr<moe::GrpoTrainer> trainer;
   MOERR_RETURN_IF_ERROR(CatchTorch("rebuilding the trainer", [&]() -> absl::Status {
-    moe::MoeTransformer policy(config), reference(config);
+    moe::MoeTransformer policy(in.config), reference(in.config);
     trainer = std::make_unique<moe::GrpoTrainer>(policy, reference, moe::AdditionTask(), grpo, /*seed=*/0);
-    return trainer->RestoreState(scalars, tensors);  // sets the seed too
+    return trainer->RestoreState(in.scalars, in.tensors);  // sets the seed too
   }));
   return trainer;
 }
 
-absl::StatusOr<ModelReplayReport> ReplayModelStep(const formats::BundleReader& reader, int64_t step,
-                                                  const ModelReplayOptions& options) {
-  if (options.record_path.empty()) return absl::InvalidArgumentError("model replay: a path to record the replay to is required");
-  if (options.device != c10::kCPU) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "model replay on %s: the reference trainer samples its batch and rollouts on the CPU; replay on the CPU",
-        options.device.str()));
-  }
-  MOERR_ASSIGN_OR_RETURN(std::unique_ptr<moe::GrpoTrainer> trainer, LoadTrainer(reader, step, options.numerics));
-  MOERR_ASSIGN_OR_RETURN(formats::Trace trace, formats::ReadTrace(reader, step));
-  ModelReplayReport report;
-  report.recorded_decisions = static_cast<int64_t>(trace.routing.size());
-  if (auto metrics = reader.ReadAnnotation("metrics", step); metrics.ok() && metrics->getAsObject()) {
-    report.recorded_metrics = *metrics->getAsObject();
-  }
+absl::StatusOr<std::unique_ptr<moe::GrpoTrainer>> LoadTrainer(const formats::BundleReader& reader, int64_t step,
+                                                              std::optional<moe::Numerics> numerics) {
+  MOERR_ASSIGN_OR_RETURN(const TrainerInputs inputs, ReadTrainerInputs(reader, step));
+  return BuildTrainer(inputs, numerics);
+}
 
-  MOERR_RETURN_IF_ERROR(CatchTorch("model replay", [&]() -> absl::Status {
-    std::map<int64_t, std::vector<at::Tensor>> by_layer;
-    {
-      std::vector<const formats::RoutingRecord*> records;
-      for (const formats::RoutingRecord& r : trace.routing) records.push_back(&r);
-      std::stable_sort(records.begin(), records.end(), [](const auto* a, const auto* b) {
-        return std::tie(a->layer, a->micro_batch) < std::tie(b->layer, b->micro_batch);
-      });
-      for (const formats::RoutingRecord* r : records) {
-        MOERR_ASSIGN_OR_RETURN(formats::OwnedTensor ids, reader.ReadTensor(r->topk_ids, step));
-        if (ids.shape.size() != 2) {
-          return absl::InvalidArgumentError(absl::StrFormat("%s: expected [tokens, k] ids", r->topk_ids));
-        }
-        by_layer[r->layer].push_back(recorder::ToTensor(ids.view()).to(at::kLong));
+absl::StatusOr<RoutingQueues> ReadRouting(const formats::BundleReader& reader, const formats::Trace& trace,
+                                          int64_t step) {
+  std::vector<const formats::RoutingRecord*> records;
+  for (const formats::RoutingRecord& r : trace.routing) records.push_back(&r);
+  std::stable_sort(records.begin(), records.end(), [](const auto* a, const auto* b) {
+    return std::tie(a->layer, a->micro_batch) < std::tie(b->layer, b->micro_batch);
+  });
+  RoutingQueues by_layer;
+  MOERR_RETURN_IF_ERROR(CatchTorch("reading the routing", [&]() -> absl::Status {
+    for (const formats::RoutingRecord* r : records) {
+      MOERR_ASSIGN_OR_RETURN(formats::OwnedTensor ids, reader.ReadTensor(r->topk_ids, step));
+      if (ids.shape.size() != 2) {
+        return absl::InvalidArgumentError(absl::StrFormat("%s: expected [tokens, k] ids", r->topk_ids));
       }
+      by_layer[r->layer].push_back(recorder::ToTensor(ids.view()).to(at::kLong));
     }
-    RecordedRouting routing(std::move(by_layer), options.routing_replay);
+    return absl::OkStatus();
+  }));
+  return by_layer;
+}
 
+absl::StatusOr<ModelReplayReport> ReplayTrainerStep(moe::GrpoTrainer& trainer, RoutingQueues by_layer, int64_t step,
+                                                    const ModelReplayOptions& options, moe::Parallel* parallel) {
+  if (options.record_path.empty()) return absl::InvalidArgumentError("model replay: a path to record the replay to is required");
+  ModelReplayReport report;
+  MOERR_RETURN_IF_ERROR(CatchTorch("model replay", [&]() -> absl::Status {
+    RecordedRouting routing(std::move(by_layer), options.routing_replay);
     MOERR_ASSIGN_OR_RETURN(std::unique_ptr<recorder::Recorder> rec,
                            recorder::Recorder::Start(recorder::RecordOptions(options.record_path)
                                                          .set_mode(options.record_mode)
                                                          .set_overwrite(options.overwrite)
                                                          .set_crash_handler(false)));
-    MOERR_RETURN_IF_ERROR(RecordTrainerStart(*rec, *trainer));
-    moe::MoeTransformer& policy = trainer->policy();
+    MOERR_RETURN_IF_ERROR(RecordTrainerStart(*rec, trainer));
+    moe::MoeTransformer& policy = trainer.policy();
     policy->SetRoutingObserver(rec.get());
     policy->SetRoutingSource(&routing);
+    if (parallel != nullptr) parallel->AddObserver(rec.get());
     MOERR_RETURN_IF_ERROR(rec->StepBegin(step));
-    MOERR_RETURN_IF_ERROR(RecordTrainerStep(*rec, *trainer));
+    MOERR_RETURN_IF_ERROR(RecordTrainerStep(*rec, trainer));
     const auto start = std::chrono::steady_clock::now();
-    report.metrics = trainer->Step();
+    report.metrics = trainer.Step();
     report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (parallel != nullptr) parallel->RemoveObserver(rec.get());
     policy->SetRoutingSource(nullptr);
     policy->SetRoutingObserver(nullptr);
+    MOERR_RETURN_IF_ERROR(RecordTrainerBatch(*rec, trainer));
     MOERR_RETURN_IF_ERROR(rec->AnnotateStep("metrics", moe::MetricsToJson(report.metrics)));
     MOERR_RETURN_IF_ERROR(rec->StepEnd(step, {report.metrics.loss, report.metrics.grad_norm}));
     MOERR_RETURN_IF_ERROR(rec->Stop());
@@ -216,10 +229,29 @@ absl::StatusOr<ModelReplayReport> ReplayModelStep(const formats::BundleReader& r
     report.forced = counts.forced;
     report.slots = counts.slots;
     report.live_agree = counts.live_agree;
-    // A bundle without routing (a reduced batch) routes live by design.
-    if (report.recorded_decisions > 0) report.routing_problem = counts.routing_problem;
+    report.routing_problem = counts.routing_problem;
     return absl::OkStatus();
   }));
+  return report;
+}
+
+absl::StatusOr<ModelReplayReport> ReplayModelStep(const formats::BundleReader& reader, int64_t step,
+                                                  const ModelReplayOptions& options) {
+  if (options.device != c10::kCPU) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "model replay on %s: the reference trainer samples its batch and rollouts on the CPU; replay on the CPU",
+        options.device.str()));
+  }
+  MOERR_ASSIGN_OR_RETURN(std::unique_ptr<moe::GrpoTrainer> trainer, LoadTrainer(reader, step, options.numerics));
+  MOERR_ASSIGN_OR_RETURN(formats::Trace trace, formats::ReadTrace(reader, step));
+  MOERR_ASSIGN_OR_RETURN(RoutingQueues routing, ReadRouting(reader, trace, step));
+  MOERR_ASSIGN_OR_RETURN(ModelReplayReport report, ReplayTrainerStep(*trainer, std::move(routing), step, options));
+  report.recorded_decisions = static_cast<int64_t>(trace.routing.size());
+  // A bundle without routing (a reduced batch) routes live by design.
+  if (report.recorded_decisions == 0) report.routing_problem.clear();
+  if (auto metrics = reader.ReadAnnotation("metrics", step); metrics.ok() && metrics->getAsObject()) {
+    report.recorded_metrics = *metrics->getAsObject();
+  }
   return report;
 }
 

@@ -14,13 +14,16 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "formats/bundle_reader.h"
 #include "formats/bundle_writer.h"
+#include "formats/trace.h"
 #include "moe/grpo_trainer.h"
 #include "recorder/recorder.h"
 
@@ -31,10 +34,41 @@ absl::Status RecordTrainerStart(recorder::Recorder& rec, const moe::GrpoTrainer&
 // Between StepBegin and the step: the trainer's state (tensors outside stats mode).
 absl::Status RecordTrainerStep(recorder::Recorder& rec, const moe::GrpoTrainer& trainer);
 
+// What a bundle holds of the trainer at the start of `step`: the model
+// config, the options, the state's scalars and its tensors ("policy/...",
+// "reference/...", "exp_avg/...", "exp_avg_sq/..."), whose views point into
+// `owned` (a move keeps them valid).
+struct TrainerInputs {
+  moe::MoeConfig config;
+  moe::GrpoOptions options;
+  llvm::json::Object scalars;
+  std::vector<formats::OwnedTensor> owned;
+  std::map<std::string, formats::TensorView> tensors;
+};
+absl::StatusOr<TrainerInputs> ReadTrainerInputs(const formats::BundleReader& reader, int64_t step);
+
+// The trainer `inputs` describe (numerics replaced when given).
+absl::StatusOr<std::unique_ptr<moe::GrpoTrainer>> BuildTrainer(const TrainerInputs& inputs,
+                                                               std::optional<moe::Numerics> numerics = std::nullopt);
+
 // The trainer as it was at the start of `step`: model config and options of
 // the bundle (numerics replaced when given), weights, Adam moments, sampler.
 absl::StatusOr<std::unique_ptr<moe::GrpoTrainer>> LoadTrainer(const formats::BundleReader& reader, int64_t step,
                                                               std::optional<moe::Numerics> numerics = std::nullopt);
+
+// A step's recorded routing decisions by layer, in the order the layer made
+// them (micro-batch order): [tokens, k] int64 expert ids each.
+using RoutingQueues = std::map<int64_t, std::vector<at::Tensor>>;
+absl::StatusOr<RoutingQueues> ReadRouting(const formats::BundleReader& reader, const formats::Trace& trace,
+                                          int64_t step);
+
+// After the step, outside `stats` mode: the responses the step trained on
+// ("batch/responses", [sequences, response tokens] int64, this rank's
+// shard), so that a replay on other ranks can train on them without
+// sampling them again (a rank's rollout depends on its rank).
+absl::Status RecordTrainerBatch(recorder::Recorder& rec, const moe::GrpoTrainer& trainer);
+// The tensor name RecordTrainerBatch writes.
+inline constexpr const char* kResponsesTensor = "batch/responses";
 
 // One step of `trainer` recorded as step `step`: StepBegin, the trainer
 // state, the step, its "metrics" annotation, StepEnd.
@@ -69,5 +103,13 @@ struct ModelReplayReport {
 
 absl::StatusOr<ModelReplayReport> ReplayModelStep(const formats::BundleReader& reader, int64_t step,
                                                   const ModelReplayOptions& options);
+
+// The core of ReplayModelStep on a trainer already loaded: runs its next
+// step as step `step` with `routing` served to (or, routing_replay false,
+// compared with) its policy's routers, recorded to options.record_path.
+// With `parallel`, the recorder also observes its collectives. Sets the
+// report's metrics, seconds and routing counts.
+absl::StatusOr<ModelReplayReport> ReplayTrainerStep(moe::GrpoTrainer& trainer, RoutingQueues routing, int64_t step,
+                                                    const ModelReplayOptions& options, moe::Parallel* parallel = nullptr);
 
 }  // namespace moerr::replayer

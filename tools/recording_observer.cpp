@@ -46,6 +46,7 @@ absl::Status RecordingObserver::BeforeStep(int64_t step) {
 }
 
 absl::Status RecordingObserver::AfterStep(const moe::StepMetrics& m, double loss_scale) {
+  MOERR_RETURN_IF_ERROR(replayer::RecordTrainerBatch(*rec_, *trainer_));
   MOERR_RETURN_IF_ERROR(rec_->AnnotateStep("metrics", moe::MetricsToJson(m)));
   MOERR_RETURN_IF_ERROR(rec_->AnnotateStep("loss_scale", loss_scale));
   return rec_->StepEnd(m.step, {m.loss, m.grad_norm});

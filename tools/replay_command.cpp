@@ -17,6 +17,7 @@
 #include "replayer/step_failure.h"
 #include "support/status.h"
 #include "tools/command.h"
+#include "tools/replay_ranks.h"
 #include "tools/run_directory.h"
 
 namespace moerr::tools {
@@ -367,6 +368,7 @@ struct ReplayArgs {
   std::string policy, precision, out;
   std::vector<std::string> references;  // --reference OP=FILE
   int64_t rank = -1;                      // --rank K of a run directory
+  int64_t ranks = 0;                      // --ranks M: live replay of a run directory on M ranks
 };
 
 // `moerr replay --model` of each of `steps`: the worst exit code of them.
@@ -496,7 +498,26 @@ CommandResult ReplayRun(const ReplayArgs& args) {
   return exit_code;
 }
 
+// --ranks M: the run's step re-executed on M ranks (replay_ranks.h).
+CommandResult ReplayRunOnRanks(const ReplayArgs& args) {
+  if (args.rank >= 0 || args.model || args.isolated || args.check || !args.policy.empty() ||
+      !args.precision.empty() || args.live_routing || !args.references.empty()) {
+    return absl::InvalidArgumentError(
+        "--ranks re-executes the whole step on other ranks: it does not combine with --rank, --model, --isolated, "
+        "--check, --policy, --precision, --live-routing or --reference");
+  }
+  ReplayRanksArgs ranks;
+  ranks.run = args.bundle;
+  ranks.steps = args.steps;
+  ranks.ranks = args.ranks;
+  ranks.out = args.out;
+  ranks.force = args.force;
+  ranks.json = args.json;
+  return ReplayOnRanks(ranks);
+}
+
 CommandResult RunReplay(const ReplayArgs& args) {
+  if (args.ranks > 0) return ReplayRunOnRanks(args);
   if (formats::IsRunDirectory(args.bundle) || args.rank >= 0) return ReplayRun(args);
   llvm::json::Array results;  // --json: one object per step
   MOERR_ASSIGN_OR_RETURN(const int exit_code, ReplayBundle(args, results));
@@ -516,6 +537,12 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--rank", opts->rank,
                   "Run directory: replay rank K alone (its collectives from the record); default every rank, then "
                   "check that what each rank received is what the others sent");
+  cmd->add_option("--ranks", opts->ranks,
+                  "Run directory: re-execute the step live on M ranks (M divides the run's ranks; 1: the whole world "
+                  "in this process), each hosting the experts of the ranks it stands for, with the recorded routing "
+                  "and batch; compare every expert's ops, the step's metrics and the first overflow with the record. "
+                  "One step (--step, default the first rank 0 completed); --out DIR keeps the replay's run")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--step", opts->steps, "Steps to replay (default: every complete step)");
   cmd->add_flag("--check", opts->check, "Replay twice and demand bitwise equal results (determinism)");
   cmd->add_flag("--isolated", opts->isolated,
@@ -526,7 +553,8 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
                 "op by op with the record");
   cmd->add_flag("--live-routing", opts->live_routing, "With --model: let the routers choose instead of the record");
   cmd->add_option("--precision", opts->precision, "With --model: train and roll out in fp32, bf16 or fp16-emu");
-  cmd->add_option("--out", opts->out, "With --model: keep the replayed step's recording here");
+  cmd->add_option("--out", opts->out,
+                  "With --model: keep the replayed step's recording here; with --ranks: the replay's run directory");
   cmd->add_flag("--force", opts->force, "With --out: overwrite an existing recording");
   cmd->add_flag("--json", opts->json, "Print the results as JSON, one object per step");
   cmd->add_option("--reference", opts->references,

@@ -143,11 +143,14 @@ absl::StatusOr<int> LaunchRanks(const RanksOptions& o) {
     store_dir = dir;
     launch.env = {{"MOERR_STORE", store_dir + "/store"}};
   }
-  std::printf("launching %lld ranks: %lld expert-parallel group(s) of %lld, store %s\n",
-              static_cast<long long>(o.ranks), static_cast<long long>(o.ranks / o.ep), static_cast<long long>(o.ep),
-              o.store == "tcp" ? ("TCPStore 127.0.0.1:" + std::to_string(server->port())).c_str()
-                               : ("FileStore " + store_dir + "/store").c_str());
-  std::fflush(stdout);
+  launch.env.insert(launch.env.end(), o.env.begin(), o.env.end());
+  if (!o.quiet) {
+    std::printf("launching %lld ranks: %lld expert-parallel group(s) of %lld, store %s\n",
+                static_cast<long long>(o.ranks), static_cast<long long>(o.ranks / o.ep), static_cast<long long>(o.ep),
+                o.store == "tcp" ? ("TCPStore 127.0.0.1:" + std::to_string(server->port())).c_str()
+                                 : ("FileStore " + store_dir + "/store").c_str());
+    std::fflush(stdout);
+  }
   auto result = distributed::Launch(launch);
   if (!store_dir.empty()) {
     ::unlink((store_dir + "/store").c_str());

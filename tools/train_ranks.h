@@ -8,6 +8,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "distributed/process_group.h"
@@ -22,6 +24,8 @@ struct RanksOptions {
   double deadline_s = 0;
   std::string store = "file";  // file or tcp
   std::string rank_fault;      // "", or kill|stall|corrupt:K[@N] (train_ranks.cpp)
+  std::vector<std::pair<std::string, std::string>> env;  // more variables for every rank
+  bool quiet = false;          // no "launching ..." line (a command printing JSON)
 };
 
 // Runs the ranks and returns the command's exit code: 0 when every rank

@@ -4,7 +4,9 @@
 // three warm-up steps), then the run directory is read back.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "llvm/Support/JSON.h"
@@ -130,6 +132,91 @@ TEST(WorldRun, BisectNamesTheRankAndTheExpertOfAOneRankFault) {
   const std::string html = Slurp(r.dir / "run.html");
   EXPECT_NE(html.find("class=\"rank-strip\""), std::string::npos);
   EXPECT_NE(html.find("The overflow began on rank 1"), std::string::npos);
+}
+
+// `replay RUN --ranks M --json` of a run: the comparison's object.
+llvm::json::Object ReplayOnRanks(const TrainedRun& r, int64_t ranks, int expected_code) {
+  const Result replay = Moerr(r.dir, {"replay", r.run(), "--ranks", std::to_string(ranks), "--json"});
+  EXPECT_EQ(replay.code, expected_code) << replay.out << replay.err;
+  const llvm::json::Value v = Json(replay);
+  if (!v.getAsObject()) return {};
+  EXPECT_EQ(v.getAsObject()->getInteger("ranks").getValueOr(-1), ranks) << replay.out;
+  return *v.getAsObject();
+}
+
+// Every expert's ops on the rank hosting it in each world: how many, and how many diverged.
+std::pair<int64_t, int64_t> ExpertOps(const llvm::json::Object& replay, int64_t experts) {
+  const llvm::json::Array* parts = replay.getArray("parts");
+  EXPECT_TRUE(parts != nullptr && static_cast<int64_t>(parts->size()) == experts);
+  int64_t ops = 0, diverged = 0;
+  for (size_t i = 0; parts != nullptr && i < parts->size(); ++i) {
+    const llvm::json::Object& part = *(*parts)[i].getAsObject();
+    ops += part.getInteger("ops").getValueOr(0);
+    diverged += part.getInteger("diverged").getValueOr(0) + part.getInteger("unmatched").getValueOr(0);
+  }
+  return {ops, diverged};
+}
+
+// The step's world totals, recorded and replayed: equal numbers (to fp32
+// rounding: the sums run in another order) or the same non-finite value.
+void ExpectSameMetrics(const llvm::json::Object& replay) {
+  const llvm::json::Object* metrics = replay.getObject("metrics");
+  ASSERT_NE(metrics, nullptr);
+  for (const char* name : {"loss", "grad_norm", "reward", "kl"}) {
+    const llvm::json::Object* m = metrics->getObject(name);
+    ASSERT_NE(m, nullptr) << name;
+    const auto a = m->getNumber("recorded"), b = m->getNumber("replayed");
+    if (a && b) {
+      EXPECT_NEAR(*b, *a, 1e-5 * std::abs(*a) + 1e-7) << name;
+    } else {
+      EXPECT_EQ(m->getString("recorded").getValueOr("recorded"), m->getString("replayed").getValueOr("replayed"))
+          << name;
+    }
+  }
+}
+
+// A step of 4 ranks (one expert-parallel group of 4: rank 1 hosts experts 2
+// and 3 of the tiny preset's 8), replayed live on 2 ranks and in one
+// process: every expert's ops match the record, the loss is the same, and
+// the overflow rank 1's broken expert caused is the same op of the same
+// expert, now on the replay rank that stands for rank 1.
+TEST(WorldRun, FourRanksReplayOnTwoAndOnOneWithTheFaultOnTheSameExpert) {
+  const TrainedRun r = Train("fewer", "replayable",
+                             {"--ranks", "4", "--ep", "4", "--fault", "expert-overflow", "--fault-rank", "1"});
+  ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
+  for (const int64_t ranks : {2, 1}) {
+    SCOPED_TRACE("--ranks " + std::to_string(ranks));
+    const llvm::json::Object replay = ReplayOnRanks(r, ranks, 0);
+    EXPECT_EQ(replay.getInteger("ep_size").getValueOr(-1), ranks);
+    const auto [ops, diverged] = ExpertOps(replay, 8);
+    EXPECT_GT(ops, 8 * 10);
+    EXPECT_EQ(diverged, 0);
+    ExpectSameMetrics(replay);
+    const llvm::json::Object* overflow = replay.getObject("first_overflow");
+    ASSERT_NE(overflow, nullptr);
+    EXPECT_TRUE(overflow->getBoolean("reproduced").getValueOr(false));
+    const llvm::json::Object* was = overflow->getObject("recorded");
+    const llvm::json::Object* now = overflow->getObject("replayed");
+    ASSERT_TRUE(was != nullptr && now != nullptr);
+    EXPECT_EQ(was->getInteger("rank").getValueOr(-1), 1);
+    const int64_t expert = now->getInteger("expert").getValueOr(-1);
+    EXPECT_TRUE(expert == 2 || expert == 3) << "rank 1 hosted experts 2 and 3, not " << expert;
+    EXPECT_EQ(now->getInteger("rank").getValueOr(-1), 1 / (4 / ranks));
+  }
+}
+
+TEST(WorldRun, ReplayOnRanksRefusesWhatItCannotDo) {
+  const TrainedRun r = Train("fewer_stats", "stats", {"--ranks", "2", "--ep", "2"});
+  ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
+  const Result three = Moerr(r.dir, {"replay", r.run(), "--ranks", "3"});
+  EXPECT_EQ(three.code, 2) << three.out << three.err;
+  EXPECT_NE(three.err.find("--ranks 3 must divide the run's 2 ranks"), std::string::npos) << three.err;
+  const Result stats = Moerr(r.dir, {"replay", r.run(), "--ranks", "1"});
+  EXPECT_EQ(stats.code, 2) << stats.out << stats.err;
+  EXPECT_NE(stats.err.find("replayable or full"), std::string::npos) << stats.err;
+  const Result bundle = Moerr(r.dir, {"replay", r.run() + "/rank0.moerr", "--ranks", "1"});
+  EXPECT_EQ(bundle.code, 2) << bundle.out << bundle.err;
+  EXPECT_NE(bundle.err.find("not one"), std::string::npos) << bundle.err;
 }
 
 TEST(WorldRun, AKilledRankIsNamedAndItsBundleSalvaged) {

@@ -1,0 +1,29 @@
+// `moerr replay RUN --ranks M`: a recorded N-rank step re-executed on M
+// ranks (replayer/world_replay.h). The launcher side starts M ranks of this
+// command (M = 1: the whole world in this process), each of which replays
+// its part and records it to OUT/rank<m>.moerr; then it compares the replay
+// with the record: the step's metrics, every expert's ops (by module path,
+// on the rank of each world that hosts it; rank by rank when M = N), and
+// the first overflow, which must be the same op of the same expert.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tools/command.h"
+
+namespace moerr::tools {
+
+struct ReplayRanksArgs {
+  std::string run;
+  std::vector<int64_t> steps;  // at most one; default the first step rank 0 completed
+  int64_t ranks = 0;           // M
+  std::string out;             // keep the replayed run here; default a temporary directory
+  bool force = false, json = false;
+  double collective_timeout_s = 60;
+};
+
+CommandResult ReplayOnRanks(const ReplayRanksArgs &args);
+
+}  // namespace moerr::tools
