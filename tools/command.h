@@ -97,5 +97,6 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code);
 void AddReduceCommand(CLI::App& app, int& exit_code);
 void AddReportCommand(CLI::App& app, int& exit_code);
 void AddImportCommand(CLI::App& app, int& exit_code);
+void AddForwardCommand(CLI::App& app, int& exit_code);
 
 }  // namespace moerr::tools

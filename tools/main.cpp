@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   AddReduceCommand(app, exit_code);
   AddReportCommand(app, exit_code);
   AddImportCommand(app, exit_code);
+  AddForwardCommand(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,359 @@
+// `moerr forward`: runs an HF checkpoint on token ids and prints what a user
+// compares with their framework: a logits summary, the top-k ids per
+// position, a greedy continuation, and, against reference logits saved from
+// that framework, the max abs error and the top-k agreement.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "formats/hf_checkpoint.h"
+#include "formats/safetensors.h"
+#include "moe/checkpoint.h"
+#include "moe/config_keys.h"
+#include "recorder/hooks/tensor_adapter.h"
+#include "recorder/hooks/torch_boundary.h"
+#include "support/status.h"
+#include "tools/command.h"
+
+namespace moerr::tools {
+namespace {
+
+struct Options {
+  std::string checkpoint, tokens, prompt_ids, compare, save;
+  int64_t generate = 0, top_k = 5;
+  double tolerance = 1e-3;
+  bool json = false, verbose = false, force = false;
+};
+
+std::string Shape(const at::Tensor& t) { return "[" + absl::StrJoin(t.sizes(), ", ") + "]"; }
+
+// Token ids separated by commas or white space.
+absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, const std::string& where) {
+  std::vector<int64_t> ids;
+  for (absl::string_view piece : absl::StrSplit(text, absl::ByAnyChar(", \t\r"), absl::SkipEmpty())) {
+    int64_t id = 0;
+    if (!absl::SimpleAtoi(piece, &id)) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s: \"%s\" is not an integer token id", where, piece));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+// Rows of equal, non-zero length as a [B, T] int64 tensor.
+absl::StatusOr<at::Tensor> FromRows(const std::vector<std::vector<int64_t>>& rows, const std::string& where) {
+  if (rows.empty() || rows[0].empty()) return absl::InvalidArgumentError(where + ": no token ids");
+  for (size_t r = 1; r < rows.size(); ++r) {
+    if (rows[r].size() != rows[0].size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: sequence %d has %d ids, sequence 0 has %d; every sequence needs the same length", where, r,
+          rows[r].size(), rows[0].size()));
+    }
+  }
+  at::Tensor out = at::empty({static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())}, at::kLong);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::copy(rows[r].begin(), rows[r].end(), out[r].data_ptr<int64_t>());
+  }
+  return out;
+}
+
+// A text file: one sequence per non-blank line.
+absl::StatusOr<at::Tensor> ReadIdsText(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrFormat("cannot open %s", path));
+  std::vector<std::vector<int64_t>> rows;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    MOERR_ASSIGN_OR_RETURN(std::vector<int64_t> ids, ParseIds(line, absl::StrFormat("%s line %d", path, n)));
+    if (!ids.empty()) rows.push_back(std::move(ids));
+  }
+  return FromRows(rows, path);
+}
+
+// Tensor `name` of the safetensors file at `path`, copied out of the map.
+absl::StatusOr<at::Tensor> ReadNamed(const std::string& path, const std::string& name) {
+  MOERR_ASSIGN_OR_RETURN(const formats::SafetensorsFile file, formats::ReadSafetensors(path));
+  std::vector<std::string> names;
+  for (const auto& [n, view] : file.tensors) {
+    if (n == name) return recorder::ToTensor(view);
+    names.push_back(n);
+  }
+  return absl::NotFoundError(absl::StrFormat("%s has no \"%s\" tensor (it holds: %s)", path, name,
+                                             names.empty() ? "none" : absl::StrJoin(names, ", ")));
+}
+
+// input_ids [B, T] (or [T]) of an integer dtype, as int64 [B, T].
+absl::StatusOr<at::Tensor> ReadInputIds(const std::string& path) {
+  MOERR_ASSIGN_OR_RETURN(at::Tensor ids, ReadNamed(path, "input_ids"));
+  if (at::isFloatingType(ids.scalar_type()) || ids.scalar_type() == at::kBool) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: input_ids is %s, not an integer tensor", path, c10::toString(ids.scalar_type())));
+  }
+  if (ids.dim() == 1) ids = ids.unsqueeze(0);
+  if (ids.dim() != 2 || ids.numel() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: input_ids has shape %s; it needs [batch, positions], non-empty", path, Shape(ids)));
+  }
+  return ids.to(at::kLong);
+}
+
+// The ids to run, from --prompt-ids, --tokens, or the --compare file's
+// input_ids; each must be a row of the embedding ([0, vocab)).
+absl::StatusOr<at::Tensor> Tokens(const Options& o, int64_t vocab) {
+  if (!o.prompt_ids.empty() && !o.tokens.empty()) {
+    return absl::InvalidArgumentError("give --tokens or --prompt-ids, not both");
+  }
+  at::Tensor ids;
+  if (!o.prompt_ids.empty()) {
+    MOERR_ASSIGN_OR_RETURN(std::vector<int64_t> row, ParseIds(o.prompt_ids, "--prompt-ids"));
+    MOERR_ASSIGN_OR_RETURN(ids, FromRows({row}, "--prompt-ids"));
+  } else if (absl::EndsWith(o.tokens, ".safetensors")) {
+    MOERR_ASSIGN_OR_RETURN(ids, ReadInputIds(o.tokens));
+  } else if (!o.tokens.empty()) {
+    MOERR_ASSIGN_OR_RETURN(ids, ReadIdsText(o.tokens));
+  } else if (!o.compare.empty()) {
+    auto from_compare = ReadInputIds(o.compare);
+    if (!from_compare.ok()) {
+      return Annotate(from_compare.status(), "no --tokens or --prompt-ids, and the --compare file gives none");
+    }
+    ids = *from_compare;
+  } else {
+    return absl::InvalidArgumentError("give the token ids: --tokens FILE or --prompt-ids \"1,2,3\"");
+  }
+  const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
+  if (lo < 0 || hi >= vocab) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "token id %d is outside the model's vocabulary [0, %d)", lo < 0 ? lo : hi, vocab));
+  }
+  return ids;
+}
+
+absl::StatusOr<at::Tensor> Logits(moe::MoeTransformer& model, const at::Tensor& ids) {
+  at::Tensor logits;
+  MOERR_RETURN_IF_ERROR(CatchTorch("forward", [&] {
+    at::NoGradGuard no_grad;
+    logits = model->forward(ids);
+    return absl::OkStatus();
+  }));
+  return logits;
+}
+
+// `n` greedy tokens after each sequence, [B, n] (no cache: the whole
+// sequence runs again per token).
+absl::StatusOr<at::Tensor> Greedy(moe::MoeTransformer& model, at::Tensor ids, int64_t n) {
+  at::Tensor out = at::empty({ids.size(0), 0}, at::kLong);
+  for (int64_t i = 0; i < n; ++i) {
+    MOERR_ASSIGN_OR_RETURN(const at::Tensor logits, Logits(model, ids));
+    const at::Tensor next = logits.select(1, -1).argmax(-1).unsqueeze(1);
+    ids = at::cat({ids, next}, 1);
+    out = at::cat({out, next}, 1);
+  }
+  return out;
+}
+
+struct Comparison {
+  double max_abs = 0, mean_abs = 0;
+  int64_t positions = 0, top1_agree = 0;
+  double topk_agreement = 0;  // mean over positions of |ours ∩ theirs| / k
+  bool within = false;
+};
+
+// Our logits [B, T, V] against the `logits` tensor of `path`, [B, T, V] or [T, V].
+absl::StatusOr<Comparison> Compare(const at::Tensor& logits, const Options& o) {
+  MOERR_ASSIGN_OR_RETURN(at::Tensor ref, ReadNamed(o.compare, "logits"));
+  if (!at::isFloatingType(ref.scalar_type())) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: logits is %s, not a floating-point tensor", o.compare,
+                                                      c10::toString(ref.scalar_type())));
+  }
+  if (ref.dim() == 2) ref = ref.unsqueeze(0);
+  if (!ref.sizes().equals(logits.sizes())) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: logits has shape %s; the forward gives %s", o.compare,
+                                                      Shape(ref), Shape(logits)));
+  }
+  ref = ref.to(at::kFloat);
+  Comparison c;
+  const at::Tensor diff = (logits - ref).abs();
+  c.max_abs = diff.max().item<double>();
+  c.mean_abs = diff.mean().item<double>();
+  const int64_t vocab = logits.size(-1), k = std::min(o.top_k, vocab);
+  const at::Tensor ours = logits.reshape({-1, vocab}), theirs = ref.reshape({-1, vocab});
+  c.positions = ours.size(0);
+  c.top1_agree = ours.argmax(-1).eq(theirs.argmax(-1)).sum().item<int64_t>();
+  const at::Tensor a = std::get<1>(ours.topk(k, -1)), b = std::get<1>(theirs.topk(k, -1));
+  const at::Tensor overlap = a.unsqueeze(-1).eq(b.unsqueeze(-2)).any(-1).sum(-1).to(at::kDouble);
+  c.topk_agreement = (overlap / static_cast<double>(k)).mean().item<double>();
+  c.within = std::isfinite(c.max_abs) && c.max_abs <= o.tolerance;
+  return c;
+}
+
+llvm::json::Value JsonOf(const Comparison& c, const Options& o) {
+  return llvm::json::Object{{"file", o.compare},
+                            {"max_abs_error", JsonNumber(c.max_abs)},
+                            {"mean_abs_error", JsonNumber(c.mean_abs)},
+                            {"positions", c.positions},
+                            {"top1_agree", c.top1_agree},
+                            {"topk_agreement", JsonNumber(c.topk_agreement)},
+                            {"tolerance", JsonNumber(o.tolerance)},
+                            {"within_tolerance", c.within}};
+}
+
+struct Result {
+  at::Tensor ids, logits, top_values, top_ids, generated;
+  std::optional<Comparison> comparison;
+  std::vector<std::string> ignored;  // config.json metadata keys
+};
+
+// Min, max, mean and std of the finite logits, and how many are not finite.
+llvm::json::Object LogitsSummary(const at::Tensor& logits) {
+  const at::Tensor finite = at::isfinite(logits);
+  const at::Tensor values = logits.masked_select(finite).to(at::kDouble);
+  const int64_t nonfinite = logits.numel() - values.numel();
+  if (values.numel() == 0) return llvm::json::Object{{"nonfinite", nonfinite}};
+  return llvm::json::Object{{"min", JsonNumber(values.min().item<double>())},
+                            {"max", JsonNumber(values.max().item<double>())},
+                            {"mean", JsonNumber(values.mean().item<double>())},
+                            {"std", JsonNumber(values.numel() > 1 ? values.std().item<double>() : 0.0)},
+                            {"nonfinite", nonfinite}};
+}
+
+void PrintJsonResult(const Result& r, const moe::MoeConfig& c, const Options& o) {
+  llvm::json::Array sequences;
+  for (int64_t b = 0; b < r.ids.size(0); ++b) {
+    llvm::json::Array positions;
+    for (int64_t t = 0; t < r.ids.size(1); ++t) {
+      llvm::json::Array top;
+      for (int64_t j = 0; j < r.top_ids.size(2); ++j) {
+        top.push_back(llvm::json::Object{{"id", r.top_ids[b][t][j].item<int64_t>()},
+                                         {"logit", JsonNumber(r.top_values[b][t][j].item<double>())}});
+      }
+      positions.push_back(llvm::json::Object{{"token", r.ids[b][t].item<int64_t>()}, {"top", std::move(top)}});
+    }
+    llvm::json::Array generated;
+    for (int64_t j = 0; j < r.generated.size(1); ++j) generated.push_back(r.generated[b][j].item<int64_t>());
+    sequences.push_back(llvm::json::Object{{"positions", std::move(positions)}, {"generated", std::move(generated)}});
+  }
+  llvm::json::Object out{{"checkpoint", o.checkpoint},
+                         {"model_type", moe::FamilyName(c.family)},
+                         {"shape", llvm::json::Array{r.logits.size(0), r.logits.size(1), r.logits.size(2)}},
+                         {"logits", LogitsSummary(r.logits)},
+                         {"sequences", std::move(sequences)}};
+  if (r.comparison) out["compare"] = JsonOf(*r.comparison, o);
+  if (o.verbose) out["ignored_config_keys"] = llvm::json::Array(r.ignored);
+  PrintJson(std::move(out));
+}
+
+void PrintText(const Result& r, const moe::MoeConfig& c, const Options& o) {
+  std::printf("%s: %s, %lld layers, %lld experts (top-%lld), vocabulary %lld\n", o.checkpoint.c_str(),
+              moe::FamilyName(c.family).c_str(), static_cast<long long>(c.num_layers),
+              static_cast<long long>(c.num_experts), static_cast<long long>(c.top_k),
+              static_cast<long long>(c.vocab_size));
+  if (o.verbose) {
+    std::printf("config.json keys ignored as metadata: %s\n",
+                r.ignored.empty() ? "none" : absl::StrJoin(r.ignored, ", ").c_str());
+  }
+  const llvm::json::Object s = LogitsSummary(r.logits);
+  std::printf("logits %s fp32", Shape(r.logits).c_str());
+  if (s.get("min") != nullptr) {
+    std::printf(": min %.4g, max %.4g, mean %.4g, std %.4g", *s.getNumber("min"), *s.getNumber("max"),
+                *s.getNumber("mean"), *s.getNumber("std"));
+  }
+  std::printf("; %lld not finite\n", static_cast<long long>(*s.getInteger("nonfinite")));
+  for (int64_t b = 0; b < r.ids.size(0); ++b) {
+    std::printf("sequence %lld:\n  %5s %7s  top-%lld ids (logit)\n", static_cast<long long>(b), "pos", "token",
+                static_cast<long long>(r.top_ids.size(2)));
+    for (int64_t t = 0; t < r.ids.size(1); ++t) {
+      std::string top;
+      for (int64_t j = 0; j < r.top_ids.size(2); ++j) {
+        top += absl::StrFormat("  %d (%.3f)", r.top_ids[b][t][j].item<int64_t>(), r.top_values[b][t][j].item<double>());
+      }
+      std::printf("  %5lld %7lld %s\n", static_cast<long long>(t), static_cast<long long>(r.ids[b][t].item<int64_t>()),
+                  top.c_str());
+    }
+    if (r.generated.size(1) > 0) {
+      std::vector<int64_t> g(r.generated[b].data_ptr<int64_t>(), r.generated[b].data_ptr<int64_t>() + r.generated.size(1));
+      std::printf("  greedy continuation: %s\n", absl::StrJoin(g, " ").c_str());
+    }
+  }
+  if (r.comparison) {
+    const Comparison& cmp = *r.comparison;
+    std::printf("against %s: max abs error %.3g, mean %.3g; top-1 agrees at %lld of %lld positions, top-%lld overlap "
+                "%.1f%%: %s tolerance %g\n",
+                o.compare.c_str(), cmp.max_abs, cmp.mean_abs, static_cast<long long>(cmp.top1_agree),
+                static_cast<long long>(cmp.positions), static_cast<long long>(std::min(o.top_k, r.logits.size(-1))),
+                100 * cmp.topk_agreement, cmp.within ? "within" : "PAST", o.tolerance);
+  }
+}
+
+// The metadata keys of the checkpoint's config.json (loading has checked the rest).
+absl::StatusOr<std::vector<std::string>> IgnoredKeys(const std::string& dir, moe::Family family) {
+  MOERR_ASSIGN_OR_RETURN(const llvm::json::Value config, formats::ReadJsonFile(dir + "/config.json"));
+  return moe::CheckConfigKeys(*config.getAsObject(), family);
+}
+
+CommandResult RunForward(const Options& o) {
+  if (o.generate < 0 || o.generate > 4096) return absl::InvalidArgumentError("--generate must be in [0, 4096]");
+  if (o.top_k < 1) return absl::InvalidArgumentError("--top-k must be >= 1");
+  if (!(o.tolerance >= 0)) return absl::InvalidArgumentError("--tolerance must be >= 0");
+  if (!o.save.empty()) MOERR_RETURN_IF_ERROR(CheckOverwrite(o.save, o.force, {o.tokens, o.compare}));
+  MOERR_ASSIGN_OR_RETURN(moe::MoeTransformer model, moe::LoadCheckpoint(o.checkpoint));
+  const moe::MoeConfig& config = model->config();
+  Result r;
+  if (o.verbose) {
+    MOERR_ASSIGN_OR_RETURN(r.ignored, IgnoredKeys(o.checkpoint, config.family));
+  }
+  MOERR_ASSIGN_OR_RETURN(r.ids, Tokens(o, config.vocab_size));
+  MOERR_ASSIGN_OR_RETURN(r.logits, Logits(model, r.ids));
+  std::tie(r.top_values, r.top_ids) = r.logits.topk(std::min(o.top_k, config.vocab_size), -1);
+  MOERR_ASSIGN_OR_RETURN(r.generated, Greedy(model, r.ids, o.generate));
+  if (!o.compare.empty()) {
+    MOERR_ASSIGN_OR_RETURN(r.comparison, Compare(r.logits, o));
+  }
+  if (!o.save.empty()) {
+    MOERR_ASSIGN_OR_RETURN(const formats::TensorView ids, recorder::ViewOf(r.ids));
+    MOERR_ASSIGN_OR_RETURN(const formats::TensorView logits, recorder::ViewOf(r.logits.contiguous()));
+    MOERR_RETURN_IF_ERROR(formats::WriteSafetensors(o.save, {{"input_ids", ids}, {"logits", logits}},
+                                                    {{"format", "pt"}}, o.force));
+  }
+  if (o.json) {
+    PrintJsonResult(r, config, o);
+  } else {
+    PrintText(r, config, o);
+  }
+  return r.comparison && !r.comparison->within ? kExitFinding : kExitOk;
+}
+
+}  // namespace
+
+void AddForwardCommand(CLI::App& app, int& exit_code) {
+  auto opts = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "forward", "Run an HF checkpoint on token ids: logits summary, top-k ids per position, greedy continuation, "
+                 "and the max abs error and top-k agreement against reference logits from another framework");
+  cmd->add_option("--checkpoint", opts->checkpoint, "HF checkpoint directory (config.json, model.safetensors)")
+      ->required();
+  cmd->add_option("--tokens", opts->tokens,
+                  "Token ids: a .safetensors file with input_ids [B, T], or a text file, one sequence per line");
+  cmd->add_option("--prompt-ids", opts->prompt_ids, "Token ids of one sequence, e.g. \"1,2,3\"");
+  cmd->add_option("--generate", opts->generate, "Greedy tokens to continue each sequence with (default 0)");
+  cmd->add_option("--top-k", opts->top_k, "Ids to show per position, and the k of the top-k agreement (default 5)");
+  cmd->add_option("--compare", opts->compare,
+                  "Reference logits: a .safetensors file with logits [B, T, V] or [T, V] (and input_ids, used "
+                  "when no ids are given); exit 1 when the max abs error is past --tolerance");
+  cmd->add_option("--tolerance", opts->tolerance, "Max abs error --compare accepts (default 1e-3)");
+  cmd->add_option("--save", opts->save, "Write input_ids and logits to this .safetensors file (what --compare reads)");
+  cmd->add_flag("--force", opts->force, "Overwrite the --save file");
+  cmd->add_flag("--json", opts->json, "Print JSON instead of text");
+  cmd->add_flag("--verbose", opts->verbose, "Also list the config.json keys ignored as metadata");
+  OnRun(cmd, exit_code, [opts]() -> CommandResult { return RunForward(*opts); });
+}
+
+}  // namespace moerr::tools
