@@ -2,7 +2,9 @@
 // "Ops this LibTorch does not have"). record_fake_npu records a step with
 // fakenpu::npu_swiglu (correct) and fakenpu::npu_swiglu_backward (its gate
 // gradient doubled) from a library this process never loads; the shipped
-// torch_npu references of npu_swiglu serve as their references.
+// torch_npu references of npu_swiglu serve as their references. It also
+// records a step of npu::npu_fusion_attention and its grad (correct, with
+// torch_npu 7.1.0's schemas), which the shipped references serve by name.
 #include <gtest/gtest.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -10,6 +12,7 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -81,6 +84,7 @@ formats::testing::TempDir* ForeignOpsTest::dir_ = nullptr;
 TEST_F(ForeignOpsTest, TheOpsAreNotInThisProcess) {
   EXPECT_FALSE(c10::Dispatcher::singleton().findSchema({kForward, ""}).has_value());
   EXPECT_FALSE(c10::Dispatcher::singleton().findSchema({kBackward, ""}).has_value());
+  EXPECT_FALSE(c10::Dispatcher::singleton().findSchema({"npu::npu_fusion_attention", ""}).has_value());
 }
 
 TEST_F(ForeignOpsTest, TheShippedReferencesLoadByName) {
@@ -337,28 +341,31 @@ TEST_F(ForeignOpsTest, BisectAndLintNameTheWrongBackward) {
   EXPECT_NE(out.find("0 findings"), std::string::npos) << out;
 }
 
-// A correct fakenpu::npu_fusion_attention recorded with torch_npu 7.1.0's
-// schema (19 arguments, ints among its outputs), judged by the shipped
-// reference, which takes 26.0.0's 24: every output consistent.
-TEST_F(ForeignOpsTest, TheShippedAttentionReferenceJudgesACallOfAnOlderSchema) {
-  const std::string spec =
-      absl::StrCat("fakenpu::npu_fusion_attention=", OpReferences::ShippedDir(), "/npu_fusion_attention.pt");
-  auto [code, out] = Moerr(absl::StrCat("replay ", Bundle("attention"), " --isolated --json --reference ", spec));
+// A correct npu::npu_fusion_attention and its grad recorded with torch_npu
+// 7.1.0's schemas (19 and 27 arguments; ints among the forward's outputs,
+// four grad outputs), judged by the shipped references, which load by name,
+// take 26.0.0's 24 and 29 arguments and return five grad outputs: every
+// output consistent.
+TEST_F(ForeignOpsTest, TheShippedAttentionReferencesJudgeCallsOfAnOlderSchema) {
+  auto [code, out] = Moerr(absl::StrCat("replay ", Bundle("attention"), " --isolated --json"));
   EXPECT_EQ(code, 0) << out;
   auto json = llvm::json::parse(out);
   ASSERT_TRUE(static_cast<bool>(json)) << llvm::toString(json.takeError()) << "\n" << out;
   const llvm::json::Object& step = *(*json->getAsArray())[0].getAsObject();
-  EXPECT_EQ(step.getInteger("by_reference").getValueOr(-1), 1) << out;
+  EXPECT_EQ(step.getInteger("by_reference").getValueOr(-1), 2) << out;
   EXPECT_EQ(step.getInteger("not_reexecuted").getValueOr(-1), 0) << out;
   const llvm::json::Array* checks = step.getArray("reference_checks");
   ASSERT_NE(checks, nullptr) << out;
-  std::set<int64_t> slots;
+  std::map<std::string, std::set<int64_t>> slots;
   for (const llvm::json::Value& v : *checks) {
     const llvm::json::Object& c = *v.getAsObject();
     EXPECT_EQ(c.getString("verdict").getValueOr("").str(), "consistent") << out;
-    slots.insert(c.getInteger("output_slot").getValueOr(-1));
+    slots[c.getString("op").getValueOr("").str()].insert(c.getInteger("output_slot").getValueOr(-1));
   }
-  for (int64_t slot : {0, 1, 2}) EXPECT_EQ(slots.count(slot), 1u) << out;  // out, softmax_max, softmax_sum
+  for (int64_t slot : {0, 1, 2}) {  // out, softmax_max, softmax_sum; dq, dk, dv
+    EXPECT_EQ(slots["npu::npu_fusion_attention"].count(slot), 1u) << out;
+    EXPECT_EQ(slots["npu::npu_fusion_attention_grad"].count(slot), 1u) << out;
+  }
 }
 
 // A run directory of two ranks (world.json) whose bundles are copies of

@@ -1,7 +1,9 @@
 // Test helper: records one training step (forward and backward) of a small
 // model whose activation is fakenpu::npu_swiglu, an op of a library this
 // process loads (fake_npu_ops.cpp) and the replaying process does not; with
-// `attention`, a step of one causal fakenpu::npu_fusion_attention instead.
+// `attention`, a step of one causal npu::npu_fusion_attention and its
+// npu::npu_fusion_attention_grad instead (fake_npu_ops.cpp registers them
+// under torch_npu's names).
 //
 //   record_fake_npu OUT.moerr MODE [attention]
 #include <dlfcn.h>
@@ -15,18 +17,26 @@
 
 namespace {
 
-// One call of fakenpu::npu_fusion_attention (torch_npu 7.1.0's 19 arguments)
+// One call of npu::npu_fusion_attention (torch_npu 7.1.0's 19 arguments)
 // on BNSD [1, 2, 5, 8] inputs, causal: atten_mask masks the keys after each
-// query, which pre_tockens 5 and next_tockens 0 say with sparse_mode 0.
+// query, which pre_tockens 5 and next_tockens 0 say with sparse_mode 0; then
+// of npu::npu_fusion_attention_grad (7.1.0's 27) for a random dy. The
+// sum of dq's squares.
 at::Tensor CausalAttention() {
   const at::Tensor q = torch::randn({1, 2, 5, 8}), k = torch::randn({1, 2, 5, 8}), v = torch::randn({1, 2, 5, 8});
   const at::Tensor mask = torch::ones({5, 5}, torch::kBool).triu(1);
-  const auto op = c10::Dispatcher::singleton().findSchemaOrThrow("fakenpu::npu_fusion_attention", "");
-  torch::jit::Stack stack{q, k, v, int64_t{2}, std::string("BNSD"), c10::IValue(), c10::IValue(), mask,
-                          0.35, 1.0, int64_t{5}, int64_t{0}, int64_t{0}, c10::IValue(), c10::IValue(), c10::IValue(),
-                          int64_t{0}, true, false};
-  op.callBoxed(&stack);
-  return stack[0].toTensor();
+  const c10::IValue none;
+  const auto forward = c10::Dispatcher::singleton().findSchemaOrThrow("npu::npu_fusion_attention", "");
+  torch::jit::Stack stack{q, k, v, int64_t{2}, std::string("BNSD"), none, none, mask, 0.35, 1.0, int64_t{5},
+                          int64_t{0}, int64_t{0}, none, none, none, int64_t{0}, true, false};
+  forward.callBoxed(&stack);
+  const at::Tensor dy = torch::randn({1, 2, 5, 8});
+  const auto grad = c10::Dispatcher::singleton().findSchemaOrThrow("npu::npu_fusion_attention_grad", "");
+  torch::jit::Stack grad_stack{q, k, v, dy, int64_t{2}, std::string("BNSD"), none, none, mask, stack[1], stack[2],
+                               stack[3], stack[0], 0.35, 1.0, int64_t{5}, int64_t{0}, int64_t{0}, int64_t{0},
+                               int64_t{0}, int64_t{0}, none, none, none, int64_t{0}, true, false};
+  grad.callBoxed(&grad_stack);
+  return grad_stack[0].toTensor().square().sum();
 }
 
 }  // namespace
@@ -63,7 +73,7 @@ int main(int argc, char** argv) {
       RECORD_USER_SCOPE("attn");
       out = CausalAttention();
     }
-    if (!(*rec)->StepEnd(0, {out.square().mean().item<double>(), 0.0}).ok()) return 3;
+    if (!(*rec)->StepEnd(0, {out.item<double>(), 0.0}).ok()) return 3;
     return (*rec)->Stop().ok() ? 0 : 3;
   }
   at::Tensor loss;
