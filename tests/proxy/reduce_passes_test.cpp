@@ -125,6 +125,15 @@ TEST_F(ReducePassTest, PruneLayersNeverDropsTheFailingLayer) {
   EXPECT_TRUE(Pass("prune-layers")->Propose(b).empty());
 }
 
+TEST_F(ReducePassTest, PruneLayersLeavesALayerPatternAlone) {
+  StepBundle step = *step_;
+  ASSERT_FALSE(Pass("prune-layers")->Propose(step).empty());
+  // Every other layer MoE (Qwen's decoder_sparse_step): dropping a layer
+  // would turn the layers after it from MoE to dense and back.
+  step.config.decoder_sparse_step = 2;
+  EXPECT_TRUE(Pass("prune-layers")->Propose(step).empty());
+}
+
 TEST_F(ReducePassTest, TruncateTokensHalvesTheResponseAndRoutesLive) {
   const int64_t tokens = moe::ResponseTokens(step_->options, moe::AdditionTask());
   ASSERT_GT(tokens, 1);
