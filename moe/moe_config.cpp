@@ -140,7 +140,9 @@ absl::Status ReadRope(const llvm::json::Object& j, MoeConfig& c) {
   for (const auto& [k, v] : *r) {
     static constexpr const char* kKnown[] = {"type", "rope_type", "factor", "original_max_position_embeddings",
                                              "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "rope_theta"};
-    if (std::find(std::begin(kKnown), std::end(kKnown), k.str()) == std::end(kKnown)) {
+    // yarn's `truncate` (transformers): true, its default, rounds the correction range as moerr does.
+    const bool truncate_default = k == "truncate" && v.getAsBoolean().getValueOr(false);
+    if (!truncate_default && std::find(std::begin(kKnown), std::end(kKnown), k.str()) == std::end(kKnown)) {
       return BadKey(absl::StrCat(key, ".", k.str()), v, "changes the forward pass and moerr does not implement it");
     }
   }

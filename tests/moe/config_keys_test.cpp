@@ -80,12 +80,16 @@ TEST(ConfigKeysTest, UnknownKeysAndUnimplementedValuesAreErrorsMetadataIsListed)
       {"rope_scaling", Object{{"rope_type", "llama3"}, {"factor", 8.0}}},
       {"rope_scaling", Object{{"type", "yarn"}, {"factor", 4.0}, {"attention_factor", 1.5}}},
       {"mlp_only_layers", llvm::json::Array{1}},
+      {"rope_scaling", Object{{"type", "yarn"}, {"factor", 4.0}, {"truncate", false}}},
   };
   for (const auto& [key, value] : bad) {
     c = BaseConfig(Family::kQwen3Moe);
     c[key] = value;
     EXPECT_NE(Message(c).find("\"" + key), std::string::npos) << key << " -> " << Message(c);
   }
+  c = BaseConfig(Family::kQwen3Moe);
+  c["rope_scaling"] = Object{{"rope_type", "yarn"}, {"factor", 4.0}, {"truncate", true}};
+  EXPECT_EQ(Message(c), "ok");
   c = BaseConfig(Family::kDeepseekV3);
   c["topk_method"] = "group_limited_greedy";
   EXPECT_NE(Message(c).find("\"topk_method\": \"group_limited_greedy\""), std::string::npos) << Message(c);
