@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_format.h"
 #include "analysis/first_overflow.h"
+#include "analysis/world_overflow.h"
+#include "formats/world_manifest.h"
 #include "formats/module_path.h"
 #include "moe/addition_task.h"
 #include "moe/checkpoint.h"
@@ -27,8 +29,8 @@ llvm::json::Object PlanJson(const LayerPlan& p) {
   for (int64_t e : p.kept) kept.push_back(e);
   for (int64_t e : p.medoid_of) maps.push_back(e);
   for (int64_t e : p.forced) forced.push_back(e);
-  return llvm::json::Object{{"layer", p.layer}, {"kept", std::move(kept)}, {"maps_to", std::move(maps)},
-                            {"forced", std::move(forced)}};
+  return llvm::json::Object{
+      {"layer", p.layer}, {"kept", std::move(kept)}, {"maps_to", std::move(maps)}, {"forced", std::move(forced)}};
 }
 
 // The step (the first that overflowed, else the first complete one, unless
@@ -96,28 +98,137 @@ absl::StatusOr<std::vector<LayerPlan>> PlanLayers(const StepBundle& step, const 
   return plans;
 }
 
-// OUT/checkpoint, OUT/proxy.moerr and OUT/clusters.json of the pruned step.
-absl::Status WriteOutputs(const StepBundle& bundle, const ProxyOptions& options, ProxyReport& report) {
+// How the proxy was made: the "proxy" annotation and OUT/clusters.json.
+llvm::json::Object ProxyInfo(const ProxyOptions& options, const ProxyReport& report) {
+  llvm::json::Array plans;
+  for (const LayerPlan& p : report.plans) plans.push_back(PlanJson(p));
+  return llvm::json::Object{{"method", MethodName(options.cluster.method)},
+                            {"experts", report.experts},
+                            {"kept", report.kept},
+                            {"step", report.step},
+                            {"forced_keeps", options.cluster.force},
+                            {"layers", std::move(plans)}};
+}
+
+// OUT/checkpoint (the proxy policy) and OUT/clusters.json (`info`).
+absl::Status WriteCheckpointAndMap(const StepBundle& bundle, const llvm::json::Object& info,
+                                   const ProxyOptions& options, ProxyReport& report) {
   MOERR_ASSIGN_OR_RETURN(moe::MoeTransformer proxy_policy, LoadPolicy(bundle));
   MOERR_RETURN_IF_ERROR(MakeDirectory(options.out_dir));
-  report.bundle = options.out_dir + "/proxy.moerr";
   report.checkpoint = options.out_dir + "/checkpoint";
   report.cluster_map = options.out_dir + "/clusters.json";
   MOERR_RETURN_IF_ERROR(
       Annotate(moe::SaveCheckpoint(proxy_policy, report.checkpoint, options.overwrite), report.checkpoint));
-
-  llvm::json::Array plans;
-  for (const LayerPlan& p : report.plans) plans.push_back(PlanJson(p));
-  const llvm::json::Object info{{"method", MethodName(options.cluster.method)},
-                                {"experts", report.experts},
-                                {"kept", report.kept},
-                                {"step", report.step},
-                                {"forced_keeps", options.cluster.force},
-                                {"layers", llvm::json::Array(plans)}};
-  MOERR_RETURN_IF_ERROR(WriteStepBundle(bundle, report.bundle, llvm::json::Object{{"proxy", llvm::json::Object(info)}}));
   std::ofstream map(report.cluster_map, std::ios::trunc);
   map << llvm::formatv("{0:2}", llvm::json::Value(llvm::json::Object(info))).str() << "\n";
   if (!map.good()) return absl::UnavailableError("cannot write " + report.cluster_map);
+  return absl::OkStatus();
+}
+
+// OUT/checkpoint, OUT/proxy.moerr and OUT/clusters.json of the pruned step.
+absl::Status WriteOutputs(const StepBundle& bundle, const ProxyOptions& options, ProxyReport& report) {
+  const llvm::json::Object info = ProxyInfo(options, report);
+  MOERR_RETURN_IF_ERROR(WriteCheckpointAndMap(bundle, info, options, report));
+  report.bundle = options.out_dir + "/proxy.moerr";
+  return WriteStepBundle(bundle, report.bundle, llvm::json::Object{{"proxy", llvm::json::Object(info)}});
+}
+
+// The step of a run to map: `options.step`, else the first step rank 0
+// completed whose world overflowed, else rank 0's first complete step.
+// Reads it into `world`; the overflow when there is one.
+absl::StatusOr<std::optional<analysis::WorldOverflow>> ChooseWorldStep(formats::WorldStep& world,
+                                                                       const ProxyOptions& options) {
+  std::vector<int64_t> steps;
+  if (options.step >= 0) {
+    steps = {options.step};
+  } else if (world.ranks[0].reader) {
+    steps = world.ranks[0].reader->CompleteSteps();
+  }
+  if (steps.empty()) return absl::NotFoundError(options.source + ": rank 0 has no complete step");
+  for (int64_t step : steps) {
+    MOERR_RETURN_IF_ERROR(formats::ReadWorldStep(world, step));
+    if (auto overflow = analysis::FindWorldOverflow(world)) return overflow;
+  }
+  MOERR_RETURN_IF_ERROR(formats::ReadWorldStep(world, steps.front()));
+  return std::optional<analysis::WorldOverflow>();
+}
+
+// Per proxy rank: each layer's proxy experts there, the original experts
+// they are and the original (EP) ranks that hosted those.
+llvm::json::Array Placement(const ProxyReport& report, const formats::WorldManifest& original) {
+  llvm::json::Array ranks;
+  const int64_t per_rank = report.kept / report.ranks, original_per_rank = report.experts / original.ep_size;
+  for (int64_t m = 0; m < report.ranks; ++m) {
+    llvm::json::Array layers;
+    for (const LayerPlan& p : report.plans) {
+      llvm::json::Array experts, originals, hosts;
+      for (int64_t j = m * per_rank; j < (m + 1) * per_rank; ++j) {
+        experts.push_back(j);
+        originals.push_back(p.kept[static_cast<size_t>(j)]);
+        hosts.push_back(p.kept[static_cast<size_t>(j)] / original_per_rank);
+      }
+      layers.push_back(llvm::json::Object{{"layer", p.layer},
+                                          {"experts", std::move(experts)},
+                                          {"original_experts", std::move(originals)},
+                                          {"original_ranks", std::move(hosts)}});
+    }
+    ranks.push_back(llvm::json::Object{{"rank", m}, {"layers", std::move(layers)}});
+  }
+  return ranks;
+}
+
+// The run's first overflow, for the proxy's verdict: where it began.
+llvm::json::Value FailureJson(const std::optional<analysis::WorldOverflow>& overflow) {
+  if (!overflow) return nullptr;
+  const analysis::FirstOverflow& f = overflow->cause.first;
+  llvm::json::Object o{{"rank", overflow->rank},
+                       {"op", f.op->name},
+                       {"module", f.op->module},
+                       {"phase", std::string(formats::PhaseName(f.op->phase))}};
+  if (const auto expert = formats::ExpertOf(f.op->module)) {
+    o["layer"] = expert->first;
+    o["expert"] = expert->second;
+  }
+  return o;
+}
+
+// Proxy rank `rank` of `ranks`: its rows of every routing decision and of
+// the responses (each holds the world's rows in rank order).
+StepBundle Shard(const StepBundle& world, int64_t rank, int64_t ranks) {
+  StepBundle b = world;
+  const auto rows = [&](const at::Tensor& t) {
+    const int64_t n = t.size(0) / ranks;
+    return t.narrow(0, rank * n, n).contiguous();
+  };
+  for (RoutingEntry& e : b.routing) {
+    e.ids = rows(e.ids);
+    if (e.logits.defined()) e.logits = rows(e.logits);
+    if (e.weights.defined()) e.weights = rows(e.weights);
+  }
+  if (b.responses.defined()) b.responses = rows(b.responses);
+  return b;
+}
+
+// OUT/checkpoint, OUT/clusters.json and the proxy run: OUT/world.json and a
+// bundle per proxy rank.
+absl::Status WriteWorldOutputs(const StepBundle& bundle, const ProxyOptions& options, ProxyReport& report,
+                               const formats::WorldManifest& original,
+                               const std::optional<analysis::WorldOverflow>& overflow) {
+  llvm::json::Object info = ProxyInfo(options, report);
+  info["ranks"] = report.ranks;
+  info["original_ranks"] = report.original_ranks;
+  info["original_ep_size"] = original.ep_size;
+  info["placement"] = Placement(report, original);
+  info["failure"] = FailureJson(overflow);
+  MOERR_RETURN_IF_ERROR(WriteCheckpointAndMap(bundle, info, options, report));
+  report.bundle = options.out_dir;
+  MOERR_RETURN_IF_ERROR(formats::WriteWorldManifest(
+      options.out_dir, formats::ExpertParallelWorld(report.ranks, report.ranks, report.kept)));
+  for (int64_t m = 0; m < report.ranks; ++m) {
+    const std::string path = absl::StrFormat("%s/rank%d.moerr", options.out_dir, m);
+    MOERR_RETURN_IF_ERROR(
+        WriteStepBundle(Shard(bundle, m, report.ranks), path, llvm::json::Object{{"proxy", llvm::json::Object(info)}}));
+  }
   return absl::OkStatus();
 }
 
@@ -142,14 +253,57 @@ absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, cons
   absl::StatusOr<moe::MoeConfig> proxy_config = ProxyConfig(original.config, report.kept);
   if (!proxy_config.ok()) return Annotate(proxy_config.status(), where);
 
-  MOERR_RETURN_IF_ERROR(Annotate(CatchTorch("building the proxy", [&]() -> absl::Status {
-    MOERR_ASSIGN_OR_RETURN(report.plans, PlanLayers(original, options, report));
-    // The step pruned: state and routing mapped; backbone tensors are the same.
-    const StepBundle bundle = PruneStep(original, *proxy_config, report.plans);
-    report.params_original = ParameterCount(original);
-    report.params_proxy = ParameterCount(bundle);
-    return WriteOutputs(bundle, options, report);
-  }), where));
+  MOERR_RETURN_IF_ERROR(
+      Annotate(CatchTorch("building the proxy",
+                          [&]() -> absl::Status {
+                            MOERR_ASSIGN_OR_RETURN(report.plans, PlanLayers(original, options, report));
+                            // The step pruned: state and routing mapped; backbone tensors are the same.
+                            const StepBundle bundle = PruneStep(original, *proxy_config, report.plans);
+                            report.params_original = ParameterCount(original);
+                            report.params_proxy = ParameterCount(bundle);
+                            return WriteOutputs(bundle, options, report);
+                          }),
+               where));
+  return report;
+}
+
+absl::StatusOr<ProxyReport> BuildWorldProxy(formats::WorldStep& world, const ProxyOptions& options) {
+  if (options.out_dir.empty()) return absl::InvalidArgumentError("an output directory is required (-o DIR)");
+  ProxyReport report;
+  report.original_ranks = world.manifest.world_size;
+  report.ranks = options.ranks;
+  if (report.ranks < 1 || report.original_ranks % report.ranks != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--ranks %d must divide the run's %d ranks", report.ranks, report.original_ranks));
+  }
+  MOERR_ASSIGN_OR_RETURN(const std::optional<analysis::WorldOverflow> overflow, ChooseWorldStep(world, options));
+  report.step = world.step;
+  if (overflow) {
+    report.failure_rank = overflow->rank;
+    for (const std::string& module : replayer::OverflowFailure(overflow->cause.first).modules) {
+      if (auto e = formats::ExpertOf(module)) report.implicated.push_back(*e);
+    }
+  }
+  MOERR_ASSIGN_OR_RETURN(const StepBundle original, LoadWorldStepBundle(world));
+  const std::string where = absl::StrFormat("proxy of %s, step %d", options.source, report.step);
+  report.experts = original.config.num_experts;
+  ProxyOptions per_rank = options;
+  per_rank.ep = options.ranks;  // every proxy rank hosts kept / M experts
+  absl::StatusOr<int64_t> kept = KeptCount(original.config, per_rank);
+  if (!kept.ok()) return Annotate(kept.status(), where);
+  report.kept = *kept;
+  absl::StatusOr<moe::MoeConfig> proxy_config = ProxyConfig(original.config, report.kept);
+  if (!proxy_config.ok()) return Annotate(proxy_config.status(), where);
+  MOERR_RETURN_IF_ERROR(
+      Annotate(CatchTorch("building the proxy",
+                          [&]() -> absl::Status {
+                            MOERR_ASSIGN_OR_RETURN(report.plans, PlanLayers(original, options, report));
+                            const StepBundle bundle = PruneStep(original, *proxy_config, report.plans);
+                            report.params_original = ParameterCount(original);
+                            report.params_proxy = ParameterCount(bundle);
+                            return WriteWorldOutputs(bundle, options, report, world.manifest, overflow);
+                          }),
+               where));
   return report;
 }
 

@@ -16,17 +16,19 @@
 
 #include "absl/status/statusor.h"
 #include "formats/bundle_reader.h"
+#include "formats/world_run.h"
 #include "proxy/clustering.h"
 
 namespace moerr::proxy {
 
 struct ProxyOptions {
-  int64_t step = -1;          // default: the first step with an overflow, else the first complete one
-  int64_t keep = 0;           // experts kept per layer; 0: keep_fraction of them
+  int64_t step = -1;  // default: the first step with an overflow, else the first complete one
+  int64_t keep = 0;   // experts kept per layer; 0: keep_fraction of them
   double keep_fraction = 0.25;
-  int64_t ep = 1;             // expert-parallel size: the kept count is rounded up to a multiple of it
+  int64_t ep = 1;     // expert-parallel size: the kept count is rounded up to a multiple of it
+  int64_t ranks = 0;  // BuildWorldProxy: the proxy's ranks (M, dividing the run's), its EP size too
   ClusterOptions cluster;
-  std::string out_dir;        // required
+  std::string out_dir;  // required
   bool overwrite = false;
   std::string source = "the bundle";  // the bundle's path, named in errors
 };
@@ -36,10 +38,30 @@ struct ProxyReport {
   int64_t experts = 0, kept = 0;  // per MoE layer
   std::vector<LayerPlan> plans;
   std::vector<std::pair<int64_t, int64_t>> implicated;  // (layer, expert) named by the recorded first overflow
-  int64_t params_original = 0, params_proxy = 0;         // policy parameters
-  std::string bundle, checkpoint, cluster_map;           // written paths
+  int64_t params_original = 0, params_proxy = 0;        // policy parameters
+  std::string bundle, checkpoint, cluster_map;          // written paths (bundle: the run directory of a world's)
+  int64_t original_ranks = 1, ranks = 1;                // of a world's proxy
+  int64_t failure_rank = -1;                            // where the run's first overflow began
 };
 
 absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, const ProxyOptions& options);
+
+// `moerr proxy RUN --ranks M`: a step of an N-rank expert-parallel run (the
+// first whose world overflowed, else rank 0's first complete one) as one
+// world step (LoadWorldStepBundle), mapped as above with the kept count a
+// multiple of M, onto M ranks of EP M. Proxy expert j of a layer (the
+// original's kept[j], in the original's order) is hosted by proxy rank
+// j / (kept / M); a cluster's tokens go to its kept expert, so they land on
+// its rank. Proxy rank m trains on the shard of the original ranks
+// [m*N/M, (m+1)*N/M). Writes
+//   OUT/world.json, OUT/rank<m>.moerr  the proxy run: each bundle holds the
+//                       proxy's state, its shard's mapped routing and
+//                       responses, the original's metrics, and "proxy":
+//                       the clusters, the placement (each proxy rank's
+//                       experts, the original experts and ranks they stand
+//                       for) and the run's failure
+//   OUT/checkpoint/, OUT/clusters.json as for a bundle.
+// `moerr replay OUT` runs it on its M ranks (replayer/world_replay.h).
+absl::StatusOr<ProxyReport> BuildWorldProxy(formats::WorldStep& world, const ProxyOptions& options);
 
 }  // namespace moerr::proxy

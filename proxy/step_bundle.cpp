@@ -6,6 +6,7 @@
 #include "moe/checkpoint.h"
 #include "recorder/hooks/tensor_adapter.h"
 #include "replayer/model_replay.h"
+#include "replayer/world_replay.h"
 #include "support/status.h"
 #include "recorder/hooks/torch_boundary.h"
 
@@ -18,23 +19,19 @@ absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, i
   return LoadStepBundle(reader, step, *trace, source);
 }
 
-absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, int64_t step,
-                                          const formats::Trace& trace, const std::string& source) {
-  const std::string where = absl::StrFormat("%s, step %d", source, step);
-  absl::StatusOr<std::unique_ptr<moe::GrpoTrainer>> trainer = replayer::LoadTrainer(reader, step);
-  if (!trainer.ok()) return Annotate(trainer.status(), where + ", trainer state");
-  StepBundle b;
-  b.step = step;
-  b.config = (*trainer)->policy()->config();
-  b.options = (*trainer)->options();
-  b.state = (*trainer)->SaveState();
-  for (auto& [name, t] : b.state.tensors) t = t.detach().clone();
+namespace {
+
+// The step's routing decisions in recording order (per layer, micro-batch
+// order), with their weights and, when captured, logits.
+absl::StatusOr<std::vector<RoutingEntry>> ReadRoutingEntries(const formats::BundleReader& reader, int64_t step,
+                                                             const formats::Trace& trace, const std::string& where) {
   // Reads tensor `name` of the step's routing of `layer`.
   auto read = [&](const std::string& name, int64_t layer) -> absl::StatusOr<at::Tensor> {
     absl::StatusOr<formats::OwnedTensor> t = reader.ReadTensor(name, step);
     if (!t.ok()) return Annotate(t.status(), absl::StrFormat("%s, layer %d routing, tensor %s", where, layer, name));
     return recorder::ToTensor(t->view());
   };
+  std::vector<RoutingEntry> out;
   MOERR_RETURN_IF_ERROR(CatchTorch(where + ", routing", [&]() -> absl::Status {
     for (const formats::RoutingRecord& r : trace.routing) {
       RoutingEntry e{r.layer, r.micro_batch, {}, {}, {}};
@@ -46,11 +43,83 @@ absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, i
         MOERR_ASSIGN_OR_RETURN(e.logits, read(r.logits, r.layer));
         e.logits = e.logits.to(at::kFloat);
       }
-      b.routing.push_back(std::move(e));
+      out.push_back(std::move(e));
     }
     return absl::OkStatus();
   }));
-  if (auto m = reader.ReadAnnotation("metrics", step); m.ok() && m->getAsObject()) b.metrics = *m->getAsObject();
+  return out;
+}
+
+llvm::json::Object StepMetrics(const formats::BundleReader& reader, int64_t step) {
+  auto m = reader.ReadAnnotation("metrics", step);
+  return m.ok() && m->getAsObject() ? *m->getAsObject() : llvm::json::Object{};
+}
+
+// Step `step` of `trainer`: its config, options and state (copies).
+StepBundle FromTrainer(const moe::GrpoTrainer& trainer, int64_t step) {
+  StepBundle b;
+  b.step = step;
+  b.config = trainer.policy()->config();
+  b.options = trainer.options();
+  b.state = trainer.SaveState();
+  for (auto& [name, t] : b.state.tensors) t = t.detach().clone();
+  return b;
+}
+
+// Entry i of every rank's routing, concatenated row-wise in rank order.
+absl::StatusOr<std::vector<RoutingEntry>> ConcatRouting(const std::vector<std::vector<RoutingEntry>>& ranks,
+                                                        const std::string& where) {
+  std::vector<RoutingEntry> out = ranks.front();
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::vector<at::Tensor> ids, weights, logits;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      if (ranks[r].size() != out.size() || ranks[r][i].layer != out[i].layer ||
+          ranks[r][i].logits.defined() != out[i].logits.defined()) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s: ranks 0 and %d recorded different routing decisions", where, r));
+      }
+      ids.push_back(ranks[r][i].ids);
+      weights.push_back(ranks[r][i].weights);
+      if (out[i].logits.defined()) logits.push_back(ranks[r][i].logits);
+    }
+    out[i].ids = at::cat(ids, 0);
+    out[i].weights = at::cat(weights, 0);
+    if (!logits.empty()) out[i].logits = at::cat(logits, 0);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, int64_t step,
+                                          const formats::Trace& trace, const std::string& source) {
+  const std::string where = absl::StrFormat("%s, step %d", source, step);
+  absl::StatusOr<std::unique_ptr<moe::GrpoTrainer>> trainer = replayer::LoadTrainer(reader, step);
+  if (!trainer.ok()) return Annotate(trainer.status(), where + ", trainer state");
+  StepBundle b = FromTrainer(**trainer, step);
+  MOERR_ASSIGN_OR_RETURN(b.routing, ReadRoutingEntries(reader, step, trace, where));
+  b.metrics = StepMetrics(reader, step);
+  return b;
+}
+
+absl::StatusOr<StepBundle> LoadWorldStepBundle(const formats::WorldStep& world) {
+  const std::string where = absl::StrFormat("%s, step %d", world.dir, world.step);
+  MOERR_ASSIGN_OR_RETURN(const replayer::WorldReplayPlan plan, replayer::PlanWorldReplay(world.manifest, 1));
+  absl::StatusOr<std::unique_ptr<moe::GrpoTrainer>> trainer = replayer::LoadWorldTrainer(world, plan, 0);
+  if (!trainer.ok()) return Annotate(trainer.status(), where + ", trainer state");
+  StepBundle b = FromTrainer(**trainer, world.step);
+  std::vector<std::vector<RoutingEntry>> ranks;
+  for (const formats::RankStep& r : world.ranks) {
+    // LoadWorldTrainer checked that every rank completed the step.
+    MOERR_ASSIGN_OR_RETURN(ranks.emplace_back(), ReadRoutingEntries(*r.reader, world.step, *r.trace,
+                                                                    absl::StrFormat("%s, rank %d", where, r.rank)));
+  }
+  MOERR_RETURN_IF_ERROR(CatchTorch(where + ", routing", [&]() -> absl::Status {
+    MOERR_ASSIGN_OR_RETURN(b.routing, ConcatRouting(ranks, where));
+    MOERR_ASSIGN_OR_RETURN(b.responses, replayer::WorldResponses(world));
+    return absl::OkStatus();
+  }));
+  b.metrics = StepMetrics(*world.ranks[0].reader, world.step);
   return b;
 }
 
@@ -87,45 +156,56 @@ moe::TrainerState MapTrainerState(const moe::TrainerState& state, const TensorMa
 }
 
 absl::Status WriteStepBundle(const StepBundle& b, const std::string& path, const llvm::json::Object& annotations) {
-  return Annotate(CatchTorch("writing the step", [&]() -> absl::Status {
-    MOERR_ASSIGN_OR_RETURN(auto writer,
-                           formats::BundleWriter::Create(path, formats::WriterOptions().set_overwrite(true)));
-    MOERR_RETURN_IF_ERROR(writer->BeginStep(b.step));
-    MOERR_RETURN_IF_ERROR(replayer::WriteTrainer(*writer, b.config, b.options, b.step, b.state));
-    for (const RoutingEntry& e : b.routing) {
-      formats::RoutingRecord r;
-      r.layer = e.layer;
-      r.micro_batch = e.micro_batch;
-      const std::string prefix = absl::StrFormat("routing/L%d/mb%d/", e.layer, e.micro_batch);
-      r.topk_ids = prefix + "topk_ids";
-      r.topk_weights = prefix + "topk_weights";
-      const int64_t experts = e.logits.defined() ? e.logits.size(1) : b.config.num_experts;
-      const at::Tensor counts = at::bincount(e.ids.reshape({-1}), {}, experts);
-      r.token_counts.assign(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel());
-      std::vector<std::pair<std::string, at::Tensor>> tensors = {
-          {r.topk_ids, e.ids.to(at::kInt).contiguous()},
-          {r.topk_weights, at::full(e.ids.sizes(), 1.0 / e.ids.size(1), at::kFloat)}};
-      if (e.logits.defined()) {
-        r.logits = prefix + "logits";
-        tensors.emplace_back(r.logits, e.logits.contiguous());
-        tensors[1].second = at::softmax(e.logits, -1).gather(1, e.ids).contiguous();
-      }
-      for (const auto& [name, t] : tensors) {
-        absl::StatusOr<formats::TensorView> view = recorder::ViewOf(t);
-        absl::Status put = view.ok() ? writer->PutTensor(name, formats::Role::kOther, b.step, *view) : view.status();
-        MOERR_RETURN_IF_ERROR(Annotate(put, absl::StrFormat("layer %d routing, tensor %s", e.layer, name)));
-      }
-      formats::Record record;
-      record.kind = static_cast<uint16_t>(formats::RecordKind::kRouting);
-      record.step = b.step;
-      record.routing = std::move(r);
-      MOERR_RETURN_IF_ERROR(writer->AppendRecord(std::move(record)));
-    }
-    if (!b.metrics.empty()) MOERR_RETURN_IF_ERROR(writer->Annotate("metrics", llvm::json::Object(b.metrics), b.step));
-    for (const auto& [key, value] : annotations) MOERR_RETURN_IF_ERROR(writer->Annotate(key.str(), value));
-    MOERR_RETURN_IF_ERROR(writer->EndStep(b.step));
-    return writer->Close();
-  }), path);
+  return Annotate(
+      CatchTorch(
+          "writing the step",
+          [&]() -> absl::Status {
+            MOERR_ASSIGN_OR_RETURN(auto writer,
+                                   formats::BundleWriter::Create(path, formats::WriterOptions().set_overwrite(true)));
+            MOERR_RETURN_IF_ERROR(writer->BeginStep(b.step));
+            MOERR_RETURN_IF_ERROR(replayer::WriteTrainer(*writer, b.config, b.options, b.step, b.state));
+            for (const RoutingEntry& e : b.routing) {
+              formats::RoutingRecord r;
+              r.layer = e.layer;
+              r.micro_batch = e.micro_batch;
+              const std::string prefix = absl::StrFormat("routing/L%d/mb%d/", e.layer, e.micro_batch);
+              r.topk_ids = prefix + "topk_ids";
+              r.topk_weights = prefix + "topk_weights";
+              const int64_t experts = e.logits.defined() ? e.logits.size(1) : b.config.num_experts;
+              const at::Tensor counts = at::bincount(e.ids.reshape({-1}), {}, experts);
+              r.token_counts.assign(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel());
+              std::vector<std::pair<std::string, at::Tensor>> tensors = {
+                  {r.topk_ids, e.ids.to(at::kInt).contiguous()},
+                  {r.topk_weights, at::full(e.ids.sizes(), 1.0 / e.ids.size(1), at::kFloat)}};
+              if (e.logits.defined()) {
+                r.logits = prefix + "logits";
+                tensors.emplace_back(r.logits, e.logits.contiguous());
+                tensors[1].second = at::softmax(e.logits, -1).gather(1, e.ids).contiguous();
+              }
+              for (const auto& [name, t] : tensors) {
+                absl::StatusOr<formats::TensorView> view = recorder::ViewOf(t);
+                absl::Status put =
+                    view.ok() ? writer->PutTensor(name, formats::Role::kOther, b.step, *view) : view.status();
+                MOERR_RETURN_IF_ERROR(Annotate(put, absl::StrFormat("layer %d routing, tensor %s", e.layer, name)));
+              }
+              formats::Record record;
+              record.kind = static_cast<uint16_t>(formats::RecordKind::kRouting);
+              record.step = b.step;
+              record.routing = std::move(r);
+              MOERR_RETURN_IF_ERROR(writer->AppendRecord(std::move(record)));
+            }
+            if (b.responses.defined()) {
+              const at::Tensor responses = b.responses.to(at::kLong).contiguous();
+              MOERR_ASSIGN_OR_RETURN(const formats::TensorView view, recorder::ViewOf(responses));
+              MOERR_RETURN_IF_ERROR(writer->PutTensor(replayer::kResponsesTensor, formats::Role::kOther, b.step, view));
+            }
+            if (!b.metrics.empty())
+              MOERR_RETURN_IF_ERROR(writer->Annotate("metrics", llvm::json::Object(b.metrics), b.step));
+            for (const auto& [key, value] : annotations) MOERR_RETURN_IF_ERROR(writer->Annotate(key.str(), value));
+            MOERR_RETURN_IF_ERROR(writer->EndStep(b.step));
+            return writer->Close();
+          }),
+      path);
 }
 
 int64_t ParameterCount(const StepBundle& b) {

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "formats/bundle_reader.h"
+#include "formats/world_run.h"
 #include "moe/grpo_trainer.h"
 #include "moe/moe_config.h"
 #include "moe/moe_transformer.h"
@@ -35,6 +36,10 @@ struct StepBundle {
   moe::TrainerState state;           // tensors owned (copies)
   std::vector<RoutingEntry> routing;  // empty: the replay routes live
   llvm::json::Object metrics;         // the original step's, when recorded
+  // The responses the step trains on ([sequences, tokens] int64), when they
+  // were recorded (replayer::RecordTrainerBatch): a run's, which replay on
+  // other ranks feeds instead of sampling; written back the same way.
+  at::Tensor responses;
   // (layer, expert) the failure is in; passes keep it and follow its index.
   std::vector<std::pair<int64_t, int64_t>> implicated;
 };
@@ -46,6 +51,13 @@ absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, i
                                           const std::string& source = "the bundle");
 absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, int64_t step,
                                           const formats::Trace& trace, const std::string& source = "the bundle");
+
+// Step `world.step` of a multi-rank run as one process's step: rank 0's
+// config, options and dense state with every expert's state from the rank
+// that hosted it (replayer::LoadWorldTrainer), every rank's routing
+// concatenated in rank order decision by decision, the world's responses,
+// rank 0's metrics (world totals).
+absl::StatusOr<StepBundle> LoadWorldStepBundle(const formats::WorldStep& world);
 
 // The bundle's policy: a model of its config holding its "policy/" weights.
 absl::StatusOr<moe::MoeTransformer> LoadPolicy(const StepBundle& bundle);

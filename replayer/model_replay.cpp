@@ -208,6 +208,7 @@ absl::StatusOr<ModelReplayReport> ReplayTrainerStep(moe::GrpoTrainer& trainer, R
                                                          .set_overwrite(options.overwrite)
                                                          .set_crash_handler(false)));
     MOERR_RETURN_IF_ERROR(RecordTrainerStart(*rec, trainer));
+    for (const auto& [key, value] : options.annotations) MOERR_RETURN_IF_ERROR(rec->Annotate(key.str(), value));
     moe::MoeTransformer& policy = trainer.policy();
     policy->SetRoutingObserver(rec.get());
     policy->SetRoutingSource(&routing);

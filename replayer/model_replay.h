@@ -87,6 +87,7 @@ struct ModelReplayOptions {
   std::string record_path;                 // required: the replayed step is recorded here
   recorder::CaptureMode record_mode = recorder::CaptureMode::kStats;
   bool overwrite = false;
+  llvm::json::Object annotations;          // step-less, added to the recording (a proxy's "proxy")
 };
 
 struct ModelReplayReport {

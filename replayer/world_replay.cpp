@@ -20,7 +20,7 @@ int64_t WorldReplayPlan::HostOf(int64_t rank, int64_t expert) const {
   return base / original_ep * original_ep + expert / (experts / original_ep);
 }
 
-absl::StatusOr<WorldReplayPlan> PlanWorldReplay(const formats::WorldManifest &original, int64_t ranks) {
+absl::StatusOr<WorldReplayPlan> PlanWorldReplay(const formats::WorldManifest& original, int64_t ranks) {
   WorldReplayPlan plan;
   plan.original_ranks = original.world_size;
   plan.original_ep = original.ep_size;
@@ -28,8 +28,7 @@ absl::StatusOr<WorldReplayPlan> PlanWorldReplay(const formats::WorldManifest &or
   plan.ranks = ranks;
   if (plan.experts <= 0) {
     return absl::InvalidArgumentError(
-        "the run records no expert layout (world.json has no experts): replay "
-        "on other ranks rebuilds moerr's "
+        "the run records no expert layout (world.json has no experts): replay on other ranks rebuilds moerr's "
         "reference model, which needs it");
   }
   if (ranks < 1 || original.world_size % ranks != 0) {
@@ -43,9 +42,8 @@ absl::StatusOr<WorldReplayPlan> PlanWorldReplay(const formats::WorldManifest &or
     plan.ep_size = 1;
   } else {
     return absl::InvalidArgumentError(
-        absl::StrFormat("--ranks %d: each replay rank would stand for %d "
-                        "ranks, which neither divides nor is a multiple of the "
-                        "run's expert parallelism %d",
+        absl::StrFormat("--ranks %d: each replay rank would stand for %d ranks, which neither divides nor is a "
+                        "multiple of the run's expert parallelism %d",
                         ranks, k, e));
   }
   return plan;
@@ -53,8 +51,8 @@ absl::StatusOr<WorldReplayPlan> PlanWorldReplay(const formats::WorldManifest &or
 
 namespace {
 
-absl::StatusOr<const formats::RankStep *> Original(const formats::WorldStep &world, int64_t rank) {
-  const formats::RankStep &r = world.ranks.at(static_cast<size_t>(rank));
+absl::StatusOr<const formats::RankStep*> Original(const formats::WorldStep& world, int64_t rank) {
+  const formats::RankStep& r = world.ranks.at(static_cast<size_t>(rank));
   if (!r.reader || !r.trace || !r.step_complete) {
     return absl::FailedPreconditionError(absl::StrFormat("%s, rank %d: step %d is not complete%s", world.dir, rank,
                                                          world.step,
@@ -78,30 +76,30 @@ std::optional<int64_t> ExpertOfState(absl::string_view name) {
 
 // Rank m*k's state with each expert's tensors and Adam steps taken from the
 // rank that hosted it. `inputs` keeps every read rank's bytes alive.
-absl::StatusOr<TrainerInputs *> MergedInputs(const formats::WorldStep &world, const WorldReplayPlan &plan, int64_t rank,
-                                             std::map<int64_t, TrainerInputs> &inputs) {
+absl::StatusOr<TrainerInputs*> MergedInputs(const formats::WorldStep& world, const WorldReplayPlan& plan, int64_t rank,
+                                            std::map<int64_t, TrainerInputs>& inputs) {
   for (int64_t e = 0; e < plan.experts; ++e) {
     const int64_t host = plan.HostOf(rank, e);
     if (inputs.count(host) != 0) continue;
-    MOERR_ASSIGN_OR_RETURN(const formats::RankStep *r, Original(world, host));
+    MOERR_ASSIGN_OR_RETURN(const formats::RankStep* r, Original(world, host));
     MOERR_ASSIGN_OR_RETURN(inputs[host], ReadTrainerInputs(*r->reader, world.step));
   }
   const int64_t base = rank * plan.covers();
   if (inputs.count(base) == 0) {
-    MOERR_ASSIGN_OR_RETURN(const formats::RankStep *r, Original(world, base));
+    MOERR_ASSIGN_OR_RETURN(const formats::RankStep* r, Original(world, base));
     MOERR_ASSIGN_OR_RETURN(inputs[base], ReadTrainerInputs(*r->reader, world.step));
   }
-  TrainerInputs &merged = inputs.at(base);
-  llvm::json::Object *adam = merged.scalars.getObject("adam_step");
-  for (const auto &[host, in] : inputs) {
+  TrainerInputs& merged = inputs.at(base);
+  llvm::json::Object* adam = merged.scalars.getObject("adam_step");
+  for (const auto& [host, in] : inputs) {
     if (host == base) continue;
-    for (const auto &[name, view] : in.tensors) {
+    for (const auto& [name, view] : in.tensors) {
       const auto e = ExpertOfState(name);
       if (e && plan.HostOf(rank, *e) == host) merged.tensors[name] = view;
     }
-    const llvm::json::Object *steps = in.scalars.getObject("adam_step");
+    const llvm::json::Object* steps = in.scalars.getObject("adam_step");
     if (adam == nullptr || steps == nullptr) continue;
-    for (const auto &[name, value] : *steps) {
+    for (const auto& [name, value] : *steps) {
       const auto e = ExpertOfParameter(name.str());
       if (e && plan.HostOf(rank, *e) == host) (*adam)[name] = value;
     }
@@ -112,18 +110,17 @@ absl::StatusOr<TrainerInputs *> MergedInputs(const formats::WorldStep &world, co
 // The step's routing of the original ranks replay rank `rank` stands for,
 // concatenated in rank order, without the rollout's `rollout` decisions per
 // layer (the replay does not sample).
-absl::StatusOr<RoutingQueues> MergedRouting(const formats::WorldStep &world, const WorldReplayPlan &plan, int64_t rank,
+absl::StatusOr<RoutingQueues> MergedRouting(const formats::WorldStep& world, const WorldReplayPlan& plan, int64_t rank,
                                             int64_t rollout) {
   std::vector<RoutingQueues> parts;
   for (int64_t r = rank * plan.covers(); r < (rank + 1) * plan.covers(); ++r) {
-    MOERR_ASSIGN_OR_RETURN(const formats::RankStep *original, Original(world, r));
+    MOERR_ASSIGN_OR_RETURN(const formats::RankStep* original, Original(world, r));
     MOERR_ASSIGN_OR_RETURN(RoutingQueues q, ReadRouting(*original->reader, *original->trace, world.step));
-    for (auto &[layer, decisions] : q) {
+    for (auto& [layer, decisions] : q) {
       if (static_cast<int64_t>(decisions.size()) <= rollout) {
-        return absl::InvalidArgumentError(
-            absl::StrFormat("%s, rank %d, layer %d: %d routing decisions recorded, fewer than "
-                            "the rollout's %d and the step's",
-                            world.dir, r, layer, decisions.size(), rollout));
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s, rank %d, layer %d: %d routing decisions recorded, fewer than the rollout's %d and the step's",
+            world.dir, r, layer, decisions.size(), rollout));
       }
       decisions.erase(decisions.begin(), decisions.begin() + rollout);
     }
@@ -131,16 +128,15 @@ absl::StatusOr<RoutingQueues> MergedRouting(const formats::WorldStep &world, con
   }
   RoutingQueues merged;
   MOERR_RETURN_IF_ERROR(CatchTorch("merging the routing", [&]() -> absl::Status {
-    for (const auto &[layer, decisions] : parts[0]) {
+    for (const auto& [layer, decisions] : parts[0]) {
       for (size_t i = 0; i < decisions.size(); ++i) {
         std::vector<at::Tensor> rows;
         for (size_t p = 0; p < parts.size(); ++p) {
           const auto it = parts[p].find(layer);
           if (it == parts[p].end() || it->second.size() != decisions.size()) {
-            return absl::InvalidArgumentError(absl::StrFormat(
-                "%s: ranks %d and %d recorded different routing decisions "
-                "for layer %d",
-                world.dir, rank * plan.covers(), rank * plan.covers() + static_cast<int64_t>(p), layer));
+            return absl::InvalidArgumentError(
+                absl::StrFormat("%s: ranks %d and %d recorded different routing decisions for layer %d", world.dir,
+                                rank * plan.covers(), rank * plan.covers() + static_cast<int64_t>(p), layer));
           }
           rows.push_back(it->second[i]);
         }
@@ -152,18 +148,17 @@ absl::StatusOr<RoutingQueues> MergedRouting(const formats::WorldStep &world, con
   return merged;
 }
 
-// Every original rank's recorded responses of the step, in rank order: the
-// global batch's [sequences, response tokens].
-absl::StatusOr<at::Tensor> WorldResponses(const formats::WorldStep &world) {
+}  // namespace
+
+absl::StatusOr<at::Tensor> WorldResponses(const formats::WorldStep& world) {
   std::vector<at::Tensor> shards;
   for (int64_t r = 0; r < static_cast<int64_t>(world.ranks.size()); ++r) {
-    MOERR_ASSIGN_OR_RETURN(const formats::RankStep *original, Original(world, r));
+    MOERR_ASSIGN_OR_RETURN(const formats::RankStep* original, Original(world, r));
     absl::StatusOr<formats::OwnedTensor> t = original->reader->ReadTensor(kResponsesTensor, world.step);
     if (!t.ok()) {
       return absl::FailedPreconditionError(
-          absl::StrFormat("%s, rank %d: step %d records no responses (\"%s\"): replay on other "
-                          "ranks needs a run recorded in "
-                          "replayable or full mode by this version of moerr train --record",
+          absl::StrFormat("%s, rank %d: step %d records no responses (\"%s\"): replay on other ranks needs a run "
+                          "recorded in replayable or full mode by this version of moerr train --record",
                           world.dir, r, world.step, kResponsesTensor));
     }
     shards.push_back(recorder::ToTensor(t->view()).to(at::kLong));
@@ -171,41 +166,44 @@ absl::StatusOr<at::Tensor> WorldResponses(const formats::WorldStep &world) {
   return at::cat(shards, 0);
 }
 
-}  // namespace
+absl::StatusOr<std::unique_ptr<moe::GrpoTrainer>> LoadWorldTrainer(const formats::WorldStep& world,
+                                                                   const WorldReplayPlan& plan, int64_t rank) {
+  std::map<int64_t, TrainerInputs> inputs;
+  MOERR_ASSIGN_OR_RETURN(TrainerInputs * merged, MergedInputs(world, plan, rank, inputs));
+  return BuildTrainer(*merged);
+}
 
-absl::StatusOr<ModelReplayReport> ReplayWorldRank(const formats::WorldStep &world, const WorldReplayPlan &plan,
-                                                  int64_t rank, moe::Parallel *parallel,
-                                                  const WorldReplayOptions &options) {
+absl::StatusOr<ModelReplayReport> ReplayWorldRank(const formats::WorldStep& world, const WorldReplayPlan& plan,
+                                                  int64_t rank, moe::Parallel* parallel,
+                                                  const WorldReplayOptions& options) {
   if ((plan.ranks == 1) != (parallel == nullptr) ||
       (parallel != nullptr && (parallel->layout().rank != rank || parallel->layout().world_size != plan.ranks ||
                                parallel->layout().ep_size != plan.ep_size))) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "replay rank %d: the world joined is not the plan's (%d ranks, EP %d)", rank, plan.ranks, plan.ep_size));
   }
-  std::map<int64_t, TrainerInputs> inputs;
-  MOERR_ASSIGN_OR_RETURN(TrainerInputs * merged, MergedInputs(world, plan, rank, inputs));
-  MOERR_ASSIGN_OR_RETURN(std::unique_ptr<moe::GrpoTrainer> trainer, BuildTrainer(*merged));
-  inputs.clear();
+  MOERR_ASSIGN_OR_RETURN(std::unique_ptr<moe::GrpoTrainer> trainer, LoadWorldTrainer(world, plan, rank));
   at::Tensor responses;
   RoutingQueues routing;
   MOERR_RETURN_IF_ERROR(CatchTorch("preparing the replay", [&]() -> absl::Status {
     MOERR_ASSIGN_OR_RETURN(responses, WorldResponses(world));
-    trainer->set_response_source([responses](int64_t, const at::Tensor &) { return responses; });
+    trainer->set_response_source([responses](int64_t, const at::Tensor&) { return responses; });
     if (parallel != nullptr) MOERR_RETURN_IF_ERROR(trainer->set_parallel(parallel));
     const int64_t rollout = moe::ResponseTokens(trainer->options(), moe::AdditionTask());
     MOERR_ASSIGN_OR_RETURN(routing, MergedRouting(world, plan, rank, rollout));
     return absl::OkStatus();
   }));
   int64_t decisions = 0;
-  for (const auto &[layer, queue] : routing) decisions += static_cast<int64_t>(queue.size());
+  for (const auto& [layer, queue] : routing) decisions += static_cast<int64_t>(queue.size());
   ModelReplayOptions model;
   model.record_path = options.record_path;
   model.record_mode = options.record_mode;
   model.overwrite = options.overwrite;
+  model.annotations = options.annotations;
   MOERR_ASSIGN_OR_RETURN(ModelReplayReport report,
                          ReplayTrainerStep(*trainer, std::move(routing), world.step, model, parallel));
   report.recorded_decisions = decisions;
-  const formats::BundleReader &base = *world.ranks[static_cast<size_t>(rank * plan.covers())].reader;
+  const formats::BundleReader& base = *world.ranks[static_cast<size_t>(rank * plan.covers())].reader;
   if (auto metrics = base.ReadAnnotation("metrics", world.step); metrics.ok() && metrics->getAsObject()) {
     report.recorded_metrics = *metrics->getAsObject();
   }

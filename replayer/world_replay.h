@@ -17,6 +17,8 @@
 // runs in one process, without collectives.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -40,20 +42,31 @@ struct WorldReplayPlan {
 
 // The plan for `ranks` replay ranks of the run `original`; InvalidArgument
 // when M does not divide N or the EP layout cannot be kept.
-absl::StatusOr<WorldReplayPlan> PlanWorldReplay(const formats::WorldManifest &original, int64_t ranks);
+absl::StatusOr<WorldReplayPlan> PlanWorldReplay(const formats::WorldManifest& original, int64_t ranks);
 
 struct WorldReplayOptions {
   std::string record_path;  // this replay rank's bundle
   recorder::CaptureMode record_mode = recorder::CaptureMode::kStats;
   bool overwrite = false;
+  llvm::json::Object annotations;  // step-less, added to the recording (a proxy's "proxy")
 };
+
+// The trainer replay rank `rank` of `plan` starts step `world.step` from:
+// rank m*k's state with each expert's from the original rank that hosted it.
+absl::StatusOr<std::unique_ptr<moe::GrpoTrainer>> LoadWorldTrainer(const formats::WorldStep& world,
+                                                                   const WorldReplayPlan& plan, int64_t rank);
+
+// The responses every original rank recorded for step `world.step`
+// (RecordTrainerBatch), in rank order: the global batch's [sequences,
+// response tokens] int64.
+absl::StatusOr<at::Tensor> WorldResponses(const formats::WorldStep& world);
 
 // Replays step `world.step` (read by ReadWorldStep) as replay rank `rank` of
 // `plan`, over `parallel` (null when plan.ranks == 1), and records it.
 // Every rank of the plan makes this call at once. The report's recorded
 // metrics are original rank m*k's (world totals, as the replay's are).
-absl::StatusOr<ModelReplayReport> ReplayWorldRank(const formats::WorldStep &world, const WorldReplayPlan &plan,
-                                                  int64_t rank, moe::Parallel *parallel,
-                                                  const WorldReplayOptions &options);
+absl::StatusOr<ModelReplayReport> ReplayWorldRank(const formats::WorldStep& world, const WorldReplayPlan& plan,
+                                                  int64_t rank, moe::Parallel* parallel,
+                                                  const WorldReplayOptions& options);
 
 }  // namespace moerr::replayer

@@ -1,6 +1,9 @@
+#include <stdlib.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 
 #include "absl/strings/str_format.h"
@@ -16,6 +19,8 @@
 #include "support/progress.h"
 #include "support/status.h"
 #include "tools/command.h"
+#include "tools/replay_ranks.h"
+#include "tools/world_replay_report.h"
 #include "tools/run_directory.h"
 #include "tools/vendor_check.h"
 
@@ -322,6 +327,7 @@ CommandResult RunWorldBisect(const std::string& dir, std::vector<int64_t> steps,
                              const analysis::OverflowOptions& options, const replayer::OpReferences& references,
                              bool json) {
   MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(dir));
+  const std::optional<llvm::json::Object> proxy = ProxyOfRun(world);
   MOERR_ASSIGN_OR_RETURN(steps, RunSteps(world, steps));
   llvm::json::Array results;
   int exit_code = kExitOk;
@@ -336,6 +342,11 @@ CommandResult RunWorldBisect(const std::string& dir, std::vector<int64_t> steps,
     } else if (json) {
       exit_code = kExitFinding;
       result = WorldOverflowJson(*found, step);
+      if (const auto original = proxy ? OriginalOf(*proxy, found->cause.first.op->module) : std::nullopt) {
+        result["proxy_rank"] = original->proxy_rank;
+        result["original_expert"] = original->expert;
+        result["original_rank"] = original->rank;
+      }
     } else {
       exit_code = kExitFinding;
       const formats::Trace& trace = *world.ranks[static_cast<size_t>(found->rank)].trace;
@@ -343,12 +354,34 @@ CommandResult RunWorldBisect(const std::string& dir, std::vector<int64_t> steps,
                   static_cast<long long>(found->rank), world.ranks.size());
       PrintCause(found->cause, trace.ops.size(), step);
       PrintWorldOverflow(*found);
+      if (const auto original = proxy ? OriginalOf(*proxy, found->cause.first.op->module) : std::nullopt) {
+        std::printf("  the proxy's expert is on proxy rank %lld and stands for the original's expert %lld of layer "
+                    "%lld, hosted by original rank %lld\n",
+                    static_cast<long long>(original->proxy_rank), static_cast<long long>(original->expert),
+                    static_cast<long long>(original->layer), static_cast<long long>(original->rank));
+      }
     }
     exit_code = std::max(exit_code, ReportRankVendorOps(world, references, json ? &result : nullptr));
     if (json) results.push_back(std::move(result));
   }
   if (json) PrintJson(std::move(results));
   return exit_code;
+}
+
+// A proxy run (moerr proxy RUN) records no ops: its step is replayed in
+// this process (its ranks as one; the placement still names the proxy rank
+// of each expert) into a temporary run, which is bisected.
+CommandResult BisectProxyRun(const std::string& dir, const std::vector<int64_t>& steps,
+                             const analysis::OverflowOptions& options, const replayer::OpReferences& references,
+                             bool json) {
+  if (steps.size() > 1) return absl::InvalidArgumentError("a proxy run holds one step: pass one --step");
+  char tmp[] = "/tmp/moerr-bisect-XXXXXX";
+  if (::mkdtemp(tmp) == nullptr) return absl::UnavailableError("cannot create a temporary directory");
+  if (!json) std::printf("%s is a proxy run: its step is replayed in this process to find its ops\n", dir.c_str());
+  const absl::Status replayed = ReplayInProcess(dir, steps.empty() ? -1 : steps[0], tmp);
+  CommandResult result = replayed.ok() ? RunWorldBisect(tmp, steps, options, references, json) : replayed;
+  std::filesystem::remove_all(tmp);
+  return result;
 }
 
 }  // namespace
@@ -402,6 +435,7 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
             "--precision replays one rank's bundle: pass %s/rank<K>.moerr of the rank bisect names", opts->bundle));
       }
       MOERR_ASSIGN_OR_RETURN(const replayer::OpReferences references, replayer::OpReferences::Load(opts->references));
+      if (IsProxyRun(opts->bundle)) return BisectProxyRun(opts->bundle, opts->steps, options, references, opts->json);
       return RunWorldBisect(opts->bundle, opts->steps, options, references, opts->json);
     }
     if (opts->precision) MOERR_RETURN_IF_ERROR(CheckNotAnInput(opts->policy_out, {opts->bundle}));

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/numbers.h"
@@ -5,6 +6,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "formats/bundle_reader.h"
+#include "formats/world_manifest.h"
+#include "formats/world_run.h"
 #include "proxy/proxy_builder.h"
 #include "support/status.h"
 #include "tools/command.h"
@@ -28,26 +31,74 @@ absl::Status ParseKeep(const std::string& text, proxy::ProxyOptions& options) {
   return absl::InvalidArgumentError(absl::StrFormat("--keep %s: a fraction like 1/4 or a count of experts", text));
 }
 
+// The text report of a proxy: the sizes, the implicated experts, each
+// layer's plan, the written files.
+void PrintProxy(const proxy::ProxyReport& report, const std::string& method) {
+  std::printf("step %lld: %lld experts per MoE layer -> %lld (%s); policy parameters %lld -> %lld (%.2fx fewer)\n",
+              static_cast<long long>(report.step), static_cast<long long>(report.experts),
+              static_cast<long long>(report.kept), method.c_str(), static_cast<long long>(report.params_original),
+              static_cast<long long>(report.params_proxy), double(report.params_original) / report.params_proxy);
+  for (const auto& [layer, expert] : report.implicated) {
+    std::printf("  the recorded overflow is in layer %lld, expert %lld%s\n", static_cast<long long>(layer),
+                static_cast<long long>(expert),
+                report.failure_rank >= 0 ? absl::StrFormat(" (it began on rank %d)", report.failure_rank).c_str() : "");
+  }
+  for (const proxy::LayerPlan& p : report.plans) {
+    std::vector<std::string> maps;
+    for (size_t e = 0; e < p.medoid_of.size(); ++e) maps.push_back(absl::StrFormat("%d->%d", e, p.medoid_of[e]));
+    std::printf("  layer %lld keeps %s%s; %s\n", static_cast<long long>(p.layer), absl::StrJoin(p.kept, ", ").c_str(),
+                p.forced.empty() ? "" : absl::StrFormat(" (forced: %s)", absl::StrJoin(p.forced, ", ")).c_str(),
+                absl::StrJoin(maps, " ").c_str());
+    if (report.ranks > 1 || report.original_ranks > 1) {
+      const size_t per_rank = p.kept.size() / static_cast<size_t>(report.ranks);
+      for (int64_t m = 0; m < report.ranks; ++m) {
+        const std::vector<int64_t> here(p.kept.begin() + m * per_rank, p.kept.begin() + (m + 1) * per_rank);
+        std::printf("    proxy rank %lld hosts the original's experts %s\n", static_cast<long long>(m),
+                    absl::StrJoin(here, ", ").c_str());
+      }
+    }
+  }
+}
+
+// --ranks default for a run: the proxy keeps the experts per rank, so it
+// needs `keep` of the ranks (at least 1).
+int64_t DefaultRanks(int64_t original_ranks, const proxy::ProxyOptions& options, int64_t experts) {
+  const double fraction = options.keep > 0 ? double(options.keep) / experts : options.keep_fraction;
+  return std::max<int64_t>(1, static_cast<int64_t>(original_ranks * fraction + 0.5));
+}
+
 }  // namespace
 
 void AddProxyCommand(CLI::App& app, int& exit_code) {
   struct Options {
     std::string bundle, out, keep = "1/4", method = "cluster";
-    int64_t step = -1, ep = 1;
+    int64_t step = -1, ep = 1, ranks = 0;
     uint64_t seed = 0;
     bool no_forced = false, force = false;
   };
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
-      "proxy", "Map a recorded step onto a model with fewer experts (clustering-based, structure-preserving "
-               "pruning): a proxy bundle that `moerr replay --model` runs, its HF checkpoint and the cluster map");
-  cmd->add_option("BUNDLE", opts->bundle, "A replayable or full bundle of the reference trainer")->required();
-  cmd->add_option("-o,--output", opts->out, "Output directory: proxy.moerr, checkpoint/, clusters.json")->required();
+      "proxy",
+      "Map a recorded step onto a model with fewer experts (clustering-based, structure-preserving "
+      "pruning): a proxy bundle that `moerr replay --model` runs, its HF checkpoint and the cluster map");
+  cmd->add_option("BUNDLE", opts->bundle,
+                  "A replayable or full bundle of the reference trainer, or a multi-rank run directory recorded by "
+                  "moerr train --ranks N --record replayable")
+      ->required();
+  cmd->add_option("-o,--output", opts->out,
+                  "Output directory: proxy.moerr (of a run: the proxy run, world.json and rank<m>.moerr), "
+                  "checkpoint/, clusters.json")
+      ->required();
   cmd->add_option("--keep", opts->keep, "Experts kept per MoE layer: a fraction (1/2, 1/4, 1/8) or a count")
       ->capture_default_str();
   cmd->add_option("--method", opts->method, "cluster, frequency, random, reap or hc-medoid")->capture_default_str();
   cmd->add_option("--step", opts->step, "Step to map (default: the first that overflowed, else the first)");
-  cmd->add_option("--ep", opts->ep, "Expert-parallel size: keep a multiple of it in every layer")->capture_default_str();
+  cmd->add_option("--ranks", opts->ranks,
+                  "Of a run: the proxy's ranks M (dividing the run's N; EP M; default N times the kept fraction, so "
+                  "each rank hosts as many experts as before)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--ep", opts->ep, "Expert-parallel size: keep a multiple of it in every layer")
+      ->capture_default_str();
   cmd->add_option("--seed", opts->seed, "Seed of the random method and the calibration batch");
   cmd->add_flag("--no-forced-keeps", opts->no_forced,
                 "Do not force in the experts the recorded failure names or super experts");
@@ -67,24 +118,22 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
     if (!method.ok()) parsed = method.status();
     MOERR_RETURN_IF_ERROR(parsed);
     options.cluster.method = *method;
+    if (formats::IsRunDirectory(opts->bundle)) {
+      MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(opts->bundle));
+      options.ranks =
+          opts->ranks > 0 ? opts->ranks : DefaultRanks(world.manifest.world_size, options, world.manifest.experts);
+      MOERR_ASSIGN_OR_RETURN(const proxy::ProxyReport report, proxy::BuildWorldProxy(world, options));
+      PrintProxy(report, opts->method);
+      std::printf("wrote the proxy run %s (%lld ranks for the original's %lld; moerr replay %s), %s, %s\n",
+                  report.bundle.c_str(), static_cast<long long>(report.ranks),
+                  static_cast<long long>(report.original_ranks), report.bundle.c_str(), report.checkpoint.c_str(),
+                  report.cluster_map.c_str());
+      return kExitOk;
+    }
+    if (opts->ranks > 0) return absl::InvalidArgumentError("--ranks maps a multi-rank run directory (world.json)");
     MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
     MOERR_ASSIGN_OR_RETURN(const proxy::ProxyReport report, proxy::BuildProxy(*reader, options));
-    std::printf("step %lld: %lld experts per MoE layer -> %lld (%s); policy parameters %lld -> %lld (%.2fx fewer)\n",
-                static_cast<long long>(report.step), static_cast<long long>(report.experts),
-                static_cast<long long>(report.kept), opts->method.c_str(),
-                static_cast<long long>(report.params_original), static_cast<long long>(report.params_proxy),
-                double(report.params_original) / report.params_proxy);
-    for (const auto& [layer, expert] : report.implicated) {
-      std::printf("  the recorded overflow is in layer %lld, expert %lld\n", static_cast<long long>(layer),
-                  static_cast<long long>(expert));
-    }
-    for (const proxy::LayerPlan& p : report.plans) {
-      std::vector<std::string> maps;
-      for (size_t e = 0; e < p.medoid_of.size(); ++e) maps.push_back(absl::StrFormat("%d->%d", e, p.medoid_of[e]));
-      std::printf("  layer %lld keeps %s%s; %s\n", static_cast<long long>(p.layer), absl::StrJoin(p.kept, ", ").c_str(),
-                  p.forced.empty() ? "" : absl::StrFormat(" (forced: %s)", absl::StrJoin(p.forced, ", ")).c_str(),
-                  absl::StrJoin(maps, " ").c_str());
-    }
+    PrintProxy(report, opts->method);
     std::printf("wrote %s (moerr replay %s --model), %s, %s\n", report.bundle.c_str(), report.bundle.c_str(),
                 report.checkpoint.c_str(), report.cluster_map.c_str());
     return kExitOk;

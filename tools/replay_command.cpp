@@ -18,6 +18,7 @@
 #include "support/status.h"
 #include "tools/command.h"
 #include "tools/replay_ranks.h"
+#include "tools/world_replay_report.h"
 #include "tools/run_directory.h"
 
 namespace moerr::tools {
@@ -517,7 +518,8 @@ CommandResult ReplayRunOnRanks(const ReplayArgs& args) {
 }
 
 CommandResult RunReplay(const ReplayArgs& args) {
-  if (args.ranks > 0) return ReplayRunOnRanks(args);
+  // A proxy run (moerr proxy RUN) records no ops: it runs on its ranks.
+  if (args.ranks > 0 || (args.rank < 0 && IsProxyRun(args.bundle))) return ReplayRunOnRanks(args);
   if (formats::IsRunDirectory(args.bundle) || args.rank >= 0) return ReplayRun(args);
   llvm::json::Array results;  // --json: one object per step
   MOERR_ASSIGN_OR_RETURN(const int exit_code, ReplayBundle(args, results));

@@ -18,12 +18,18 @@ namespace moerr::tools {
 struct ReplayRanksArgs {
   std::string run;
   std::vector<int64_t> steps;  // at most one; default the first step rank 0 completed
-  int64_t ranks = 0;           // M
+  int64_t ranks = 0;           // M; 0: the run's own (a proxy run's)
   std::string out;             // keep the replayed run here; default a temporary directory
   bool force = false, json = false;
   double collective_timeout_s = 60;
 };
 
-CommandResult ReplayOnRanks(const ReplayRanksArgs &args);
+CommandResult ReplayOnRanks(const ReplayRanksArgs& args);
+
+// Step `step` of `run` (-1: the first rank 0 completed) replayed in this
+// process, the whole world on one rank, into the run directory `out`
+// (created; its bundles overwritten), without comparing: for the commands
+// that read a proxy run's ops (bisect).
+absl::Status ReplayInProcess(const std::string& run, int64_t step, const std::string& out);
 
 }  // namespace moerr::tools

@@ -1,0 +1,307 @@
+#include "tools/world_replay_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "absl/strings/str_format.h"
+#include "diff/world_diff.h"
+#include "formats/module_path.h"
+#include "formats/world_manifest.h"
+#include "support/status.h"
+#include "tools/command.h"
+
+namespace moerr::tools {
+namespace {
+
+ReplayedPart Summarize(const diff::WorldDiffPart& p) {
+  ReplayedPart s;
+  s.what = p.what;
+  s.recorded_rank = p.rank_a;
+  s.replay_rank = p.rank_b;
+  s.unmatched = p.report.only_a + p.report.only_b;
+  for (const diff::OpDiff& op : p.report.ops) {
+    if (op.a < 0 || op.b < 0) continue;
+    ++s.ops;
+    bool bitwise = true;
+    for (const diff::OutputDiff& o : op.outputs) bitwise = bitwise && o.fingerprints.bitwise_equal;
+    s.bitwise += bitwise ? 1 : 0;
+    s.diverged += op.diverged ? 1 : 0;
+    if (op.error > s.max_error) {
+      s.max_error = op.error;
+      const formats::OpEvent& e = p.a.ops[static_cast<size_t>(op.a)];
+      s.worst = absl::StrFormat("%s (%s, %s)", e.name, e.module, formats::PhaseName(e.phase));
+    }
+  }
+  return s;
+}
+
+llvm::json::Object Metrics(const formats::WorldStep& w) {
+  const formats::RankStep& r = w.ranks[0];
+  if (!r.reader) return {};
+  auto m = r.reader->ReadAnnotation("metrics", w.step);
+  return m.ok() && m->getAsObject() ? *m->getAsObject() : llvm::json::Object{};
+}
+
+// ---- A proxy's experts -------------------------------------------------
+
+// The proxy's plan of `layer` in its annotation.
+const llvm::json::Object* LayerOf(const llvm::json::Object& proxy, int64_t layer) {
+  const llvm::json::Array* layers = proxy.getArray("layers");
+  for (size_t i = 0; layers != nullptr && i < layers->size(); ++i) {
+    const llvm::json::Object* o = (*layers)[i].getAsObject();
+    if (o != nullptr && o->getInteger("layer") == layer) return o;
+  }
+  return nullptr;
+}
+
+// Element `i` of integer array `key` of `o`, if there.
+std::optional<int64_t> At(const llvm::json::Object* o, const char* key, int64_t i) {
+  const llvm::json::Array* a = o ? o->getArray(key) : nullptr;
+  if (a == nullptr || i < 0 || i >= static_cast<int64_t>(a->size())) return std::nullopt;
+  if (auto v = (*a)[static_cast<size_t>(i)].getAsInteger()) return *v;
+  return std::nullopt;
+}
+
+// The original expert that proxy expert `expert` of `layer` is.
+std::optional<int64_t> KeptExpert(const llvm::json::Object& proxy, int64_t layer, int64_t expert) {
+  return At(LayerOf(proxy, layer), "kept", expert);
+}
+
+// The original (EP) rank that hosted original expert `expert`.
+int64_t OriginalRank(const llvm::json::Object& proxy, int64_t expert) {
+  const int64_t experts = proxy.getInteger("experts").getValueOr(1);
+  const int64_t ep = std::max<int64_t>(1, proxy.getInteger("original_ep_size").getValueOr(1));
+  return expert / std::max<int64_t>(1, experts / ep);
+}
+
+bool ProxyReproduced(const WorldReplayComparison& c) {
+  const llvm::json::Object* failure = c.proxy->getObject("failure");
+  if (failure == nullptr) return !c.replayed;
+  if (!c.replayed) return false;
+  const formats::OpEvent& op = *c.replayed->cause.first.op;
+  if (std::string(formats::PhaseName(op.phase)) != failure->getString("phase").getValueOr("").str() ||
+      formats::ModuleClass(op.module) != formats::ModuleClass(failure->getString("module").getValueOr("").str())) {
+    return false;
+  }
+  const auto failed = failure->getInteger("expert");
+  if (!failed) return true;
+  const auto here = formats::ExpertOf(op.module);
+  if (!here || here->first != failure->getInteger("layer")) return false;
+  const auto original = KeptExpert(*c.proxy, here->first, here->second);
+  return original && (*original == *failed || At(LayerOf(*c.proxy, here->first), "maps_to", *failed) == *original);
+}
+
+// ---- Text ---------------------------------------------------------------
+
+// A metric of the step as text: a number, "nan"/"inf" as MetricsToJson writes them, or "-".
+std::string MetricText(const llvm::json::Object& m, const char* name) {
+  const llvm::json::Value* v = m.get(name);
+  if (v == nullptr) return "-";
+  if (auto n = v->getAsNumber()) return absl::StrFormat("%.9g", *n);
+  if (auto s = v->getAsString()) return s->str();
+  return "-";
+}
+
+// ", expert 3 of layer 0" and, in a proxy, " (the original's expert 9, hosted by rank 2)".
+std::string ExpertText(const std::string& module, const std::optional<llvm::json::Object>& proxy) {
+  const auto expert = formats::ExpertOf(module);
+  if (!expert) return "";
+  std::string text = absl::StrFormat(", expert %d of layer %d", expert->second, expert->first);
+  if (const auto original = proxy ? OriginalOf(*proxy, module) : std::nullopt) {
+    text += absl::StrFormat(" (the original's expert %d, hosted by rank %d)", original->expert, original->rank);
+  }
+  return text;
+}
+
+std::string OverflowText(const std::optional<analysis::WorldOverflow>& w,
+                         const std::optional<llvm::json::Object>& proxy) {
+  if (!w) return "none";
+  const analysis::FirstOverflow& f = w->cause.first;
+  return absl::StrFormat("rank %d, op %d %s (%s, %s)%s", w->rank, f.op_index, f.op->name, f.op->module,
+                         formats::PhaseName(f.op->phase), ExpertText(f.op->module, proxy));
+}
+
+std::string FailureText(const llvm::json::Object& proxy) {
+  const llvm::json::Object* f = proxy.getObject("failure");
+  if (f == nullptr) return "none";
+  return absl::StrFormat("rank %d, %s (%s, %s)", f->getInteger("rank").getValueOr(-1),
+                         f->getString("op").getValueOr("").str(), f->getString("module").getValueOr("").str(),
+                         f->getString("phase").getValueOr("").str());
+}
+
+const char* const kMetrics[] = {"loss", "grad_norm", "reward", "kl"};
+
+void PrintParts(const WorldReplayComparison& c) {
+  size_t ops = 0, bitwise = 0, diverged = 0;
+  const ReplayedPart* worst = nullptr;
+  for (const ReplayedPart& p : c.parts) {
+    std::printf("  %-10s rank %lld -> %lld: %4zu ops, %4zu bitwise, %zu diverged%s, max error %.3g\n", p.what.c_str(),
+                static_cast<long long>(p.recorded_rank), static_cast<long long>(p.replay_rank), p.ops, p.bitwise,
+                p.diverged, p.unmatched ? absl::StrFormat(", %d unmatched", p.unmatched).c_str() : "", p.max_error);
+    ops += p.ops, bitwise += p.bitwise, diverged += p.diverged;
+    if (worst == nullptr || p.max_error > worst->max_error) worst = &p;
+  }
+  std::printf("  ops compared: %zu, bitwise %zu, within tolerance %zu, diverged %zu", ops, bitwise,
+              ops - bitwise - diverged, diverged);
+  if (worst != nullptr && worst->max_error > 0) {
+    std::printf("; largest deviation %.3g at %s, %s", worst->max_error, worst->what.c_str(), worst->worst.c_str());
+  }
+  std::printf("\n");
+}
+
+// ---- JSON ---------------------------------------------------------------
+
+llvm::json::Value OverflowJson(const std::optional<analysis::WorldOverflow>& w,
+                               const std::optional<llvm::json::Object>& proxy) {
+  if (!w) return nullptr;
+  const analysis::FirstOverflow& f = w->cause.first;
+  llvm::json::Object o{{"rank", w->rank},
+                       {"op_index", static_cast<int64_t>(f.op_index)},
+                       {"op", f.op->name},
+                       {"module", f.op->module},
+                       {"phase", std::string(formats::PhaseName(f.op->phase))}};
+  if (const auto expert = formats::ExpertOf(f.op->module)) {
+    o["layer"] = expert->first;
+    o["expert"] = expert->second;
+    if (const auto original = proxy ? OriginalOf(*proxy, f.op->module) : std::nullopt) {
+      o["original_expert"] = original->expert;
+      o["original_rank"] = original->rank;
+    }
+  }
+  return o;
+}
+
+llvm::json::Array PartsJson(const WorldReplayComparison& c) {
+  llvm::json::Array parts;
+  for (const ReplayedPart& p : c.parts) {
+    parts.push_back(llvm::json::Object{{"part", p.what},
+                                       {"recorded_rank", p.recorded_rank},
+                                       {"replay_rank", p.replay_rank},
+                                       {"ops", static_cast<int64_t>(p.ops)},
+                                       {"bitwise", static_cast<int64_t>(p.bitwise)},
+                                       {"diverged", static_cast<int64_t>(p.diverged)},
+                                       {"unmatched", static_cast<int64_t>(p.unmatched)},
+                                       {"max_error", JsonNumber(p.max_error)},
+                                       {"worst_op", p.worst}});
+  }
+  return parts;
+}
+
+}  // namespace
+
+std::optional<llvm::json::Object> ProxyOfRun(const formats::WorldStep& run) {
+  if (run.ranks.empty() || !run.ranks[0].reader) return std::nullopt;
+  auto info = run.ranks[0].reader->ReadAnnotation("proxy");
+  if (!info.ok() || !info->getAsObject()) return std::nullopt;
+  return *info->getAsObject();
+}
+
+std::optional<OriginalExpert> OriginalOf(const llvm::json::Object& proxy, const std::string& module) {
+  const auto expert = formats::ExpertOf(module);
+  if (!expert) return std::nullopt;
+  const auto kept = KeptExpert(proxy, expert->first, expert->second);
+  if (!kept) return std::nullopt;
+  const int64_t per_rank = std::max<int64_t>(
+      1, proxy.getInteger("kept").getValueOr(1) / std::max<int64_t>(1, proxy.getInteger("ranks").getValueOr(1)));
+  return OriginalExpert{expert->first, *kept, OriginalRank(proxy, *kept), expert->second / per_rank};
+}
+
+bool IsProxyRun(const std::string& path) {
+  if (!formats::IsRunDirectory(path)) return false;
+  absl::StatusOr<formats::WorldStep> run = formats::OpenWorld(path);
+  return run.ok() && ProxyOfRun(*run).has_value();
+}
+
+absl::StatusOr<WorldReplayComparison> CompareWorldReplay(const std::string& run, const std::string& replay,
+                                                         int64_t step, const replayer::WorldReplayPlan& plan) {
+  WorldReplayComparison c;
+  c.step = step;
+  c.plan = plan;
+  MOERR_ASSIGN_OR_RETURN(c.recorded_run, formats::OpenWorldStep(run, step));
+  MOERR_ASSIGN_OR_RETURN(c.replayed_run, formats::OpenWorldStep(replay, step));
+  c.recorded_metrics = Metrics(c.recorded_run);
+  c.replayed_metrics = Metrics(c.replayed_run);
+  c.proxy = ProxyOfRun(c.recorded_run);
+  c.replayed = analysis::FindWorldOverflow(c.replayed_run);
+  if (c.proxy) return c;  // a proxy run records no ops
+  diff::DiffOptions options;
+  options.compare_bytes = false;  // the replay records fingerprints
+  MOERR_ASSIGN_OR_RETURN(const std::vector<diff::WorldDiffPart> parts,
+                         diff::DiffWorlds(c.recorded_run, c.replayed_run, options));
+  for (const diff::WorldDiffPart& p : parts) c.parts.push_back(Summarize(p));
+  c.recorded = analysis::FindWorldOverflow(c.recorded_run);
+  return c;
+}
+
+bool Reproduced(const WorldReplayComparison& c) {
+  if (c.proxy) return ProxyReproduced(c);
+  if (!c.recorded || !c.replayed) return !c.recorded && !c.replayed;
+  const formats::OpEvent &a = *c.recorded->cause.first.op, &b = *c.replayed->cause.first.op;
+  return a.name == b.name && a.phase == b.phase && a.module == b.module;
+}
+
+void PrintWorldReplay(const WorldReplayComparison& c) {
+  const replayer::WorldReplayPlan& p = c.plan;
+  if (c.proxy) {
+    std::printf("step %lld: the proxy run on its %lld rank(s) (EP %lld); it stands for the original's %lld ranks\n",
+                static_cast<long long>(c.step), static_cast<long long>(p.ranks), static_cast<long long>(p.ep_size),
+                static_cast<long long>(c.proxy->getInteger("original_ranks").getValueOr(0)));
+  } else {
+    std::printf("step %lld replayed on %lld rank(s) (EP %lld) from %lld (EP %lld): each replay rank stands for %lld\n",
+                static_cast<long long>(c.step), static_cast<long long>(p.ranks), static_cast<long long>(p.ep_size),
+                static_cast<long long>(p.original_ranks), static_cast<long long>(p.original_ep),
+                static_cast<long long>(p.covers()));
+  }
+  const char* a = c.proxy ? "original" : "recorded";
+  const char* b = c.proxy ? "proxy" : "replayed";
+  for (const char* name : kMetrics) {
+    std::printf("  %-10s %s %-16s %s %s\n", name, a, MetricText(c.recorded_metrics, name).c_str(), b,
+                MetricText(c.replayed_metrics, name).c_str());
+  }
+  if (!c.proxy) PrintParts(c);
+  const std::string recorded = c.proxy ? FailureText(*c.proxy) : OverflowText(c.recorded, c.proxy);
+  const bool failed = c.proxy ? c.proxy->getObject("failure") != nullptr : c.recorded.has_value();
+  std::printf("  first overflow: %s %s\n                  %s %s\n", a, recorded.c_str(), b,
+              OverflowText(c.replayed, c.proxy).c_str());
+  if (failed) {
+    std::printf("  %s\n", Reproduced(c) ? (c.proxy ? "the original's failure reproduces on the proxy's ranks"
+                                                   : "the overflow reproduces: the same op of the same module")
+                                        : "NOT REPRODUCED");
+  }
+}
+
+llvm::json::Object WorldReplayJson(const WorldReplayComparison& c) {
+  llvm::json::Object metrics;
+  for (const char* name : kMetrics) {
+    const llvm::json::Value* a = c.recorded_metrics.get(name);
+    const llvm::json::Value* b = c.replayed_metrics.get(name);
+    metrics[name] = llvm::json::Object{{"recorded", a ? *a : llvm::json::Value(nullptr)},
+                                       {"replayed", b ? *b : llvm::json::Value(nullptr)}};
+  }
+  const llvm::json::Object* failure = c.proxy ? c.proxy->getObject("failure") : nullptr;
+  return llvm::json::Object{
+      {"step", c.step},
+      {"proxy", c.proxy.has_value()},
+      {"ranks", c.plan.ranks},
+      {"ep_size", c.plan.ep_size},
+      {"original_ranks", c.proxy ? c.proxy->getInteger("original_ranks").getValueOr(0) : c.plan.original_ranks},
+      {"original_ep_size", c.proxy ? c.proxy->getInteger("original_ep_size").getValueOr(0) : c.plan.original_ep},
+      {"metrics", std::move(metrics)},
+      {"parts", PartsJson(c)},
+      {"first_overflow",
+       llvm::json::Object{{"recorded", c.proxy ? (failure ? llvm::json::Value(llvm::json::Object(*failure))
+                                                          : llvm::json::Value(nullptr))
+                                               : OverflowJson(c.recorded, c.proxy)},
+                          {"replayed", OverflowJson(c.replayed, c.proxy)},
+                          {"reproduced", Reproduced(c)}}}};
+}
+
+int WorldReplayExitCode(const WorldReplayComparison& c) {
+  if (c.proxy) return c.replayed ? kExitFinding : kExitOk;
+  bool ok = Reproduced(c);
+  for (const ReplayedPart& p : c.parts) ok = ok && p.diverged == 0 && p.unmatched == 0;
+  return ok ? kExitOk : kExitFinding;
+}
+
+}  // namespace moerr::tools
