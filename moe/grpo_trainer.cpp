@@ -229,7 +229,9 @@ StepBatch GrpoTrainer::Rollout(at::Tensor& inputs, at::Tensor& rewards) {
   AdditionTask::Batch batch;
   {
     RECORD_USER_SCOPE("batch");
-    batch = task_.Sample(options_.prompts, rng_);
+    batch = batch_source_ ? batch_source_(step_) : task_.Sample(options_.prompts, rng_);
+    MOERR_CHECK(batch.prompts.size(0) == options_.prompts && batch.answers.size(0) == options_.prompts)
+        << "a batch source gives " << options_.prompts << " prompts";
   }
   const int64_t answer_tokens = ResponseTokens(options_, task_);
   const int64_t micro = SequencesPerForward(options_);

@@ -124,6 +124,12 @@ class GrpoTrainer {
   using ResponseSource = std::function<at::Tensor(int64_t step, const at::Tensor& prompts)>;
   void set_response_source(ResponseSource source) { response_source_ = std::move(source); }
 
+  // The global batch of the next steps, instead of the sampler's draw: the
+  // prompts [options.prompts, P] and their answers (a proxy that keeps some
+  // ranks' shards of a recorded batch). Null: sample.
+  using BatchSource = std::function<AdditionTask::Batch(int64_t step)>;
+  void set_batch_source(BatchSource source) { batch_source_ = std::move(source); }
+
   // Data and expert parallelism (parallel.h); null: one process. Each rank
   // samples the same global batch and trains on its slice of prompts
   // (rank r: prompts [r*P/N, (r+1)*P/N), whole groups), the rollout drawing
@@ -163,6 +169,7 @@ class GrpoTrainer {
   double loss_scale_;
   StepBatch last_batch_;
   ResponseSource response_source_;
+  BatchSource batch_source_;
   Parallel* parallel_ = nullptr;
   int64_t good_steps_ = 0;
   int64_t step_ = 0;

@@ -219,6 +219,7 @@ absl::Status WriteWorldOutputs(const StepBundle& bundle, const ProxyOptions& opt
   info["original_ranks"] = report.original_ranks;
   info["original_ep_size"] = original.ep_size;
   info["placement"] = Placement(report, original);
+  info["batch_of_ranks"] = report.shards.empty() ? llvm::json::Value("all") : llvm::json::Array(report.shards);
   info["failure"] = FailureJson(overflow);
   MOERR_RETURN_IF_ERROR(WriteCheckpointAndMap(bundle, info, options, report));
   report.bundle = options.out_dir;
@@ -253,17 +254,14 @@ absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, cons
   absl::StatusOr<moe::MoeConfig> proxy_config = ProxyConfig(original.config, report.kept);
   if (!proxy_config.ok()) return Annotate(proxy_config.status(), where);
 
-  MOERR_RETURN_IF_ERROR(
-      Annotate(CatchTorch("building the proxy",
-                          [&]() -> absl::Status {
-                            MOERR_ASSIGN_OR_RETURN(report.plans, PlanLayers(original, options, report));
-                            // The step pruned: state and routing mapped; backbone tensors are the same.
-                            const StepBundle bundle = PruneStep(original, *proxy_config, report.plans);
-                            report.params_original = ParameterCount(original);
-                            report.params_proxy = ParameterCount(bundle);
-                            return WriteOutputs(bundle, options, report);
-                          }),
-               where));
+  MOERR_RETURN_IF_ERROR(Annotate(CatchTorch("building the proxy", [&]() -> absl::Status {
+    MOERR_ASSIGN_OR_RETURN(report.plans, PlanLayers(original, options, report));
+    // The step pruned: state and routing mapped; backbone tensors are the same.
+    const StepBundle bundle = PruneStep(original, *proxy_config, report.plans);
+    report.params_original = ParameterCount(original);
+    report.params_proxy = ParameterCount(bundle);
+    return WriteOutputs(bundle, options, report);
+  }), where));
   return report;
 }
 
@@ -294,16 +292,18 @@ absl::StatusOr<ProxyReport> BuildWorldProxy(formats::WorldStep& world, const Pro
   report.kept = *kept;
   absl::StatusOr<moe::MoeConfig> proxy_config = ProxyConfig(original.config, report.kept);
   if (!proxy_config.ok()) return Annotate(proxy_config.status(), where);
-  MOERR_RETURN_IF_ERROR(
-      Annotate(CatchTorch("building the proxy",
-                          [&]() -> absl::Status {
-                            MOERR_ASSIGN_OR_RETURN(report.plans, PlanLayers(original, options, report));
-                            const StepBundle bundle = PruneStep(original, *proxy_config, report.plans);
-                            report.params_original = ParameterCount(original);
-                            report.params_proxy = ParameterCount(bundle);
-                            return WriteWorldOutputs(bundle, options, report, world.manifest, overflow);
-                          }),
-               where));
+  MOERR_RETURN_IF_ERROR(Annotate(CatchTorch("building the proxy", [&]() -> absl::Status {
+    MOERR_ASSIGN_OR_RETURN(report.plans, PlanLayers(original, options, report));
+    StepBundle bundle = PruneStep(original, *proxy_config, report.plans);
+    report.params_original = ParameterCount(original);
+    report.params_proxy = ParameterCount(bundle);
+    if (!options.whole_batch) {
+      const int64_t first = report.failure_rank < 0 ? 0 : report.failure_rank / report.ranks * report.ranks;
+      for (int64_t r = first; r < first + report.ranks; ++r) report.shards.push_back(r);
+      MOERR_ASSIGN_OR_RETURN(bundle, KeepShards(bundle, report.original_ranks, report.shards));
+    }
+    return WriteWorldOutputs(bundle, options, report, world.manifest, overflow);
+  }), where));
   return report;
 }
 

@@ -27,6 +27,7 @@ struct ProxyOptions {
   double keep_fraction = 0.25;
   int64_t ep = 1;     // expert-parallel size: the kept count is rounded up to a multiple of it
   int64_t ranks = 0;  // BuildWorldProxy: the proxy's ranks (M, dividing the run's), its EP size too
+  bool whole_batch = false;  // BuildWorldProxy: train on every rank's shard, not M ranks' (below)
   ClusterOptions cluster;
   std::string out_dir;  // required
   bool overwrite = false;
@@ -42,6 +43,7 @@ struct ProxyReport {
   std::string bundle, checkpoint, cluster_map;          // written paths (bundle: the run directory of a world's)
   int64_t original_ranks = 1, ranks = 1;                // of a world's proxy
   int64_t failure_rank = -1;                            // where the run's first overflow began
+  std::vector<int64_t> shards;  // of a world's proxy: the original ranks whose batch it trains on
 };
 
 absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, const ProxyOptions& options);
@@ -52,8 +54,12 @@ absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, cons
 // multiple of M, onto M ranks of EP M. Proxy expert j of a layer (the
 // original's kept[j], in the original's order) is hosted by proxy rank
 // j / (kept / M); a cluster's tokens go to its kept expert, so they land on
-// its rank. Proxy rank m trains on the shard of the original ranks
-// [m*N/M, (m+1)*N/M). Writes
+// its rank. The proxy keeps the shards of M consecutive original ranks, the
+// rank the failure began on among them (the first M without one), proxy
+// rank m training on the m-th: the same experts and tokens per rank as the
+// original, so its step costs a rank what the original's did, on M ranks
+// instead of N. With whole_batch, it trains on every rank's shard, proxy
+// rank m on those of original ranks [m*N/M, (m+1)*N/M). Writes
 //   OUT/world.json, OUT/rank<m>.moerr  the proxy run: each bundle holds the
 //                       proxy's state, its shard's mapped routing and
 //                       responses, the original's metrics, and "proxy":

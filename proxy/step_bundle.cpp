@@ -1,6 +1,10 @@
 #include "proxy/step_bundle.h"
 
+#include <random>
+#include <sstream>
+
 #include "absl/strings/str_format.h"
+#include "moe/addition_task.h"
 #include "formats/bundle_writer.h"
 #include "formats/trace.h"
 #include "moe/checkpoint.h"
@@ -123,6 +127,39 @@ absl::StatusOr<StepBundle> LoadWorldStepBundle(const formats::WorldStep& world) 
   return b;
 }
 
+absl::StatusOr<StepBundle> KeepShards(const StepBundle& world, int64_t ranks, const std::vector<int64_t>& kept) {
+  const int64_t prompts = world.options.prompts;
+  if (ranks < 1 || prompts % ranks != 0 || kept.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat("%d prompts do not split into %d shards", prompts, ranks));
+  }
+  // The sampler's draw at the step: the trainer state's generator.
+  std::mt19937_64 rng;
+  std::istringstream text(world.state.scalars.getString("rng").getValueOr("").str());
+  if (!(text >> rng)) return absl::InvalidArgumentError("the trainer state's \"rng\" is not a std::mt19937_64 state");
+  StepBundle b = world;
+  MOERR_RETURN_IF_ERROR(CatchTorch("keeping the shards", [&]() -> absl::Status {
+    const moe::AdditionTask::Batch batch = moe::AdditionTask().Sample(prompts, rng);
+    // Rows of shard r of `t` for every kept r, in order.
+    const auto shards = [&](const at::Tensor& t) {
+      const int64_t n = t.size(0) / ranks;
+      std::vector<at::Tensor> rows;
+      for (int64_t r : kept) rows.push_back(t.narrow(0, r * n, n));
+      return at::cat(rows, 0).contiguous();
+    };
+    for (RoutingEntry& e : b.routing) {
+      e.ids = shards(e.ids);
+      if (e.logits.defined()) e.logits = shards(e.logits);
+      if (e.weights.defined()) e.weights = shards(e.weights);
+    }
+    if (b.responses.defined()) b.responses = shards(b.responses);
+    b.prompts = shards(batch.prompts);
+    b.answers = shards(batch.answers);
+    return absl::OkStatus();
+  }));
+  b.options.prompts = prompts / ranks * static_cast<int64_t>(kept.size());
+  return b;
+}
+
 absl::StatusOr<moe::MoeTransformer> LoadPolicy(const StepBundle& b) {
   moe::MoeTransformer policy{nullptr};
   MOERR_RETURN_IF_ERROR(CatchTorch("building the policy", [&]() -> absl::Status {
@@ -155,57 +192,71 @@ moe::TrainerState MapTrainerState(const moe::TrainerState& state, const TensorMa
   return out;
 }
 
+namespace {
+
+// The step's routing records, each with its ids, weights and logits.
+absl::Status WriteRouting(formats::BundleWriter& writer, const StepBundle& b) {
+  for (const RoutingEntry& e : b.routing) {
+    formats::RoutingRecord r;
+    r.layer = e.layer;
+    r.micro_batch = e.micro_batch;
+    const std::string prefix = absl::StrFormat("routing/L%d/mb%d/", e.layer, e.micro_batch);
+    r.topk_ids = prefix + "topk_ids";
+    r.topk_weights = prefix + "topk_weights";
+    const int64_t experts = e.logits.defined() ? e.logits.size(1) : b.config.num_experts;
+    const at::Tensor counts = at::bincount(e.ids.reshape({-1}), {}, experts);
+    r.token_counts.assign(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel());
+    std::vector<std::pair<std::string, at::Tensor>> tensors = {
+        {r.topk_ids, e.ids.to(at::kInt).contiguous()},
+        {r.topk_weights, at::full(e.ids.sizes(), 1.0 / e.ids.size(1), at::kFloat)}};
+    if (e.logits.defined()) {
+      r.logits = prefix + "logits";
+      tensors.emplace_back(r.logits, e.logits.contiguous());
+      tensors[1].second = at::softmax(e.logits, -1).gather(1, e.ids).contiguous();
+    }
+    for (const auto& [name, t] : tensors) {
+      absl::StatusOr<formats::TensorView> view = recorder::ViewOf(t);
+      absl::Status put = view.ok() ? writer.PutTensor(name, formats::Role::kOther, b.step, *view) : view.status();
+      MOERR_RETURN_IF_ERROR(Annotate(put, absl::StrFormat("layer %d routing, tensor %s", e.layer, name)));
+    }
+    formats::Record record;
+    record.kind = static_cast<uint16_t>(formats::RecordKind::kRouting);
+    record.step = b.step;
+    record.routing = std::move(r);
+    MOERR_RETURN_IF_ERROR(writer.AppendRecord(std::move(record)));
+  }
+  return absl::OkStatus();
+}
+
+// The batch tensors the step has: responses, and a proxy's prompts and answers.
+absl::Status WriteBatch(formats::BundleWriter& writer, const StepBundle& b) {
+  const std::pair<const char*, const at::Tensor*> batch[] = {{replayer::kResponsesTensor, &b.responses},
+                                                              {replayer::kPromptsTensor, &b.prompts},
+                                                              {replayer::kAnswersTensor, &b.answers}};
+  for (const auto& [name, tensor] : batch) {
+    if (!tensor->defined()) continue;
+    const at::Tensor t = tensor->to(at::kLong).contiguous();
+    MOERR_ASSIGN_OR_RETURN(const formats::TensorView view, recorder::ViewOf(t));
+    MOERR_RETURN_IF_ERROR(writer.PutTensor(name, formats::Role::kOther, b.step, view));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status WriteStepBundle(const StepBundle& b, const std::string& path, const llvm::json::Object& annotations) {
-  return Annotate(
-      CatchTorch(
-          "writing the step",
-          [&]() -> absl::Status {
-            MOERR_ASSIGN_OR_RETURN(auto writer,
-                                   formats::BundleWriter::Create(path, formats::WriterOptions().set_overwrite(true)));
-            MOERR_RETURN_IF_ERROR(writer->BeginStep(b.step));
-            MOERR_RETURN_IF_ERROR(replayer::WriteTrainer(*writer, b.config, b.options, b.step, b.state));
-            for (const RoutingEntry& e : b.routing) {
-              formats::RoutingRecord r;
-              r.layer = e.layer;
-              r.micro_batch = e.micro_batch;
-              const std::string prefix = absl::StrFormat("routing/L%d/mb%d/", e.layer, e.micro_batch);
-              r.topk_ids = prefix + "topk_ids";
-              r.topk_weights = prefix + "topk_weights";
-              const int64_t experts = e.logits.defined() ? e.logits.size(1) : b.config.num_experts;
-              const at::Tensor counts = at::bincount(e.ids.reshape({-1}), {}, experts);
-              r.token_counts.assign(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel());
-              std::vector<std::pair<std::string, at::Tensor>> tensors = {
-                  {r.topk_ids, e.ids.to(at::kInt).contiguous()},
-                  {r.topk_weights, at::full(e.ids.sizes(), 1.0 / e.ids.size(1), at::kFloat)}};
-              if (e.logits.defined()) {
-                r.logits = prefix + "logits";
-                tensors.emplace_back(r.logits, e.logits.contiguous());
-                tensors[1].second = at::softmax(e.logits, -1).gather(1, e.ids).contiguous();
-              }
-              for (const auto& [name, t] : tensors) {
-                absl::StatusOr<formats::TensorView> view = recorder::ViewOf(t);
-                absl::Status put =
-                    view.ok() ? writer->PutTensor(name, formats::Role::kOther, b.step, *view) : view.status();
-                MOERR_RETURN_IF_ERROR(Annotate(put, absl::StrFormat("layer %d routing, tensor %s", e.layer, name)));
-              }
-              formats::Record record;
-              record.kind = static_cast<uint16_t>(formats::RecordKind::kRouting);
-              record.step = b.step;
-              record.routing = std::move(r);
-              MOERR_RETURN_IF_ERROR(writer->AppendRecord(std::move(record)));
-            }
-            if (b.responses.defined()) {
-              const at::Tensor responses = b.responses.to(at::kLong).contiguous();
-              MOERR_ASSIGN_OR_RETURN(const formats::TensorView view, recorder::ViewOf(responses));
-              MOERR_RETURN_IF_ERROR(writer->PutTensor(replayer::kResponsesTensor, formats::Role::kOther, b.step, view));
-            }
-            if (!b.metrics.empty())
-              MOERR_RETURN_IF_ERROR(writer->Annotate("metrics", llvm::json::Object(b.metrics), b.step));
-            for (const auto& [key, value] : annotations) MOERR_RETURN_IF_ERROR(writer->Annotate(key.str(), value));
-            MOERR_RETURN_IF_ERROR(writer->EndStep(b.step));
-            return writer->Close();
-          }),
-      path);
+  return Annotate(CatchTorch("writing the step", [&]() -> absl::Status {
+    MOERR_ASSIGN_OR_RETURN(auto writer,
+                           formats::BundleWriter::Create(path, formats::WriterOptions().set_overwrite(true)));
+    MOERR_RETURN_IF_ERROR(writer->BeginStep(b.step));
+    MOERR_RETURN_IF_ERROR(replayer::WriteTrainer(*writer, b.config, b.options, b.step, b.state));
+    MOERR_RETURN_IF_ERROR(WriteRouting(*writer, b));
+    MOERR_RETURN_IF_ERROR(WriteBatch(*writer, b));
+    if (!b.metrics.empty()) MOERR_RETURN_IF_ERROR(writer->Annotate("metrics", llvm::json::Object(b.metrics), b.step));
+    for (const auto& [key, value] : annotations) MOERR_RETURN_IF_ERROR(writer->Annotate(key.str(), value));
+    MOERR_RETURN_IF_ERROR(writer->EndStep(b.step));
+    return writer->Close();
+  }), path);
 }
 
 int64_t ParameterCount(const StepBundle& b) {

@@ -40,6 +40,10 @@ struct StepBundle {
   // were recorded (replayer::RecordTrainerBatch): a run's, which replay on
   // other ranks feeds instead of sampling; written back the same way.
   at::Tensor responses;
+  // The global batch's prompts and answers when they are not the sampler's
+  // draw (a proxy keeping some ranks' shards); written as batch/prompts and
+  // batch/answers.
+  at::Tensor prompts, answers;
   // (layer, expert) the failure is in; passes keep it and follow its index.
   std::vector<std::pair<int64_t, int64_t>> implicated;
 };
@@ -58,6 +62,13 @@ absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, i
 // concatenated in rank order decision by decision, the world's responses,
 // rank 0's metrics (world totals).
 absl::StatusOr<StepBundle> LoadWorldStepBundle(const formats::WorldStep& world);
+
+// A world's step (LoadWorldStepBundle: the batch in rank order, `ranks`
+// equal shards) reduced to the shards of the ranks `kept`, in that order:
+// each routing decision's and the responses' rows, the prompts and answers
+// of the sampler's draw at the step (set as the bundle's own), and the
+// prompt count. The trainer state and metrics are kept.
+absl::StatusOr<StepBundle> KeepShards(const StepBundle& world, int64_t ranks, const std::vector<int64_t>& kept);
 
 // The bundle's policy: a model of its config holding its "policy/" weights.
 absl::StatusOr<moe::MoeTransformer> LoadPolicy(const StepBundle& bundle);

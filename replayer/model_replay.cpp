@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -20,6 +22,13 @@ namespace moerr::replayer {
 namespace {
 
 constexpr const char* kStatePrefix = "state/";
+
+// CPU seconds this process has used, every thread counted.
+double ProcessCpuSeconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
 
 // Serves a step's recorded routing decisions in order, per layer, and counts
 // how often the live router agrees with them.
@@ -216,13 +225,17 @@ absl::StatusOr<ModelReplayReport> ReplayTrainerStep(moe::GrpoTrainer& trainer, R
     MOERR_RETURN_IF_ERROR(rec->StepBegin(step));
     MOERR_RETURN_IF_ERROR(RecordTrainerStep(*rec, trainer));
     const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = ProcessCpuSeconds();
     report.metrics = trainer.Step();
+    report.cpu_seconds = ProcessCpuSeconds() - cpu_start;
     report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (parallel != nullptr) parallel->RemoveObserver(rec.get());
     policy->SetRoutingSource(nullptr);
     policy->SetRoutingObserver(nullptr);
     MOERR_RETURN_IF_ERROR(RecordTrainerBatch(*rec, trainer));
     MOERR_RETURN_IF_ERROR(rec->AnnotateStep("metrics", moe::MetricsToJson(report.metrics)));
+    MOERR_RETURN_IF_ERROR(rec->AnnotateStep(
+        "replay_time", llvm::json::Object{{"seconds", report.seconds}, {"cpu_seconds", report.cpu_seconds}}));
     MOERR_RETURN_IF_ERROR(rec->StepEnd(step, {report.metrics.loss, report.metrics.grad_norm}));
     MOERR_RETURN_IF_ERROR(rec->Stop());
     const ModelReplayReport& counts = routing.counts();

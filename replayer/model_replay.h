@@ -69,6 +69,11 @@ absl::StatusOr<RoutingQueues> ReadRouting(const formats::BundleReader& reader, c
 absl::Status RecordTrainerBatch(recorder::Recorder& rec, const moe::GrpoTrainer& trainer);
 // The tensor name RecordTrainerBatch writes.
 inline constexpr const char* kResponsesTensor = "batch/responses";
+// A proxy's global batch when it keeps some ranks' shards of the recorded
+// one (the trainer's sampler would draw another): prompts and answers
+// [prompts, length] int64, served by GrpoTrainer::set_batch_source.
+inline constexpr const char* kPromptsTensor = "batch/prompts";
+inline constexpr const char* kAnswersTensor = "batch/answers";
 
 // One step of `trainer` recorded as step `step`: StepBegin, the trainer
 // state, the step, its "metrics" annotation, StepEnd.
@@ -99,7 +104,8 @@ struct ModelReplayReport {
   int64_t slots = 0;                    // token-expert slots of the decisions compared with the record
   int64_t live_agree = 0;               // of them, where the live router chose a recorded expert
   std::string routing_problem;          // the first decision that could not be compared, if any
-  double seconds = 0;                   // the replayed step alone
+  double seconds = 0;                   // the replayed step alone (wall clock)
+  double cpu_seconds = 0;               // the process's CPU time in it (every thread: the device time of a rank)
 };
 
 absl::StatusOr<ModelReplayReport> ReplayModelStep(const formats::BundleReader& reader, int64_t step,
@@ -109,7 +115,8 @@ absl::StatusOr<ModelReplayReport> ReplayModelStep(const formats::BundleReader& r
 // step as step `step` with `routing` served to (or, routing_replay false,
 // compared with) its policy's routers, recorded to options.record_path.
 // With `parallel`, the recorder also observes its collectives. Sets the
-// report's metrics, seconds and routing counts.
+// report's metrics, seconds, CPU seconds and routing counts; the recording
+// gets them as the step's "replay_time" annotation ({"seconds", "cpu_seconds"}).
 absl::StatusOr<ModelReplayReport> ReplayTrainerStep(moe::GrpoTrainer& trainer, RoutingQueues routing, int64_t step,
                                                     const ModelReplayOptions& options, moe::Parallel* parallel = nullptr);
 

@@ -148,6 +148,24 @@ absl::StatusOr<RoutingQueues> MergedRouting(const formats::WorldStep& world, con
   return merged;
 }
 
+// A proxy's own global batch (batch/prompts and batch/answers, rank 0's),
+// when it has one, served in place of the sampler's draw.
+absl::Status ServeRecordedBatch(const formats::WorldStep& world, moe::GrpoTrainer& trainer) {
+  const formats::BundleReader& reader = *world.ranks[0].reader;
+  absl::StatusOr<formats::OwnedTensor> prompts = reader.ReadTensor(kPromptsTensor, world.step);
+  if (!prompts.ok()) return absl::OkStatus();  // the sampler draws the recorded batch again
+  MOERR_ASSIGN_OR_RETURN(const formats::OwnedTensor answers, reader.ReadTensor(kAnswersTensor, world.step));
+  moe::AdditionTask::Batch batch{recorder::ToTensor(prompts->view()).to(at::kLong),
+                                 recorder::ToTensor(answers.view()).to(at::kLong)};
+  if (batch.prompts.size(0) != trainer.options().prompts || batch.answers.size(0) != trainer.options().prompts) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s, step %d: %s holds %d prompts, the options %d", world.dir,
+                                                      world.step, kPromptsTensor, batch.prompts.size(0),
+                                                      trainer.options().prompts));
+  }
+  trainer.set_batch_source([batch](int64_t) { return batch; });
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<at::Tensor> WorldResponses(const formats::WorldStep& world) {
@@ -188,6 +206,7 @@ absl::StatusOr<ModelReplayReport> ReplayWorldRank(const formats::WorldStep& worl
   MOERR_RETURN_IF_ERROR(CatchTorch("preparing the replay", [&]() -> absl::Status {
     MOERR_ASSIGN_OR_RETURN(responses, WorldResponses(world));
     trainer->set_response_source([responses](int64_t, const at::Tensor&) { return responses; });
+    MOERR_RETURN_IF_ERROR(ServeRecordedBatch(world, *trainer));
     if (parallel != nullptr) MOERR_RETURN_IF_ERROR(trainer->set_parallel(parallel));
     const int64_t rollout = moe::ResponseTokens(trainer->options(), moe::AdditionTask());
     MOERR_ASSIGN_OR_RETURN(routing, MergedRouting(world, plan, rank, rollout));

@@ -74,7 +74,7 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
     std::string bundle, out, keep = "1/4", method = "cluster";
     int64_t step = -1, ep = 1, ranks = 0;
     uint64_t seed = 0;
-    bool no_forced = false, force = false;
+    bool no_forced = false, force = false, whole_batch = false;
   };
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
@@ -97,6 +97,9 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
                   "Of a run: the proxy's ranks M (dividing the run's N; EP M; default N times the kept fraction, so "
                   "each rank hosts as many experts as before)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_flag("--whole-batch", opts->whole_batch,
+                "Of a run: train on every rank's batch shard (default: the shards of M ranks, the failing one "
+                "among them, so each proxy rank does what an original rank did)");
   cmd->add_option("--ep", opts->ep, "Expert-parallel size: keep a multiple of it in every layer")
       ->capture_default_str();
   cmd->add_option("--seed", opts->seed, "Seed of the random method and the calibration batch");
@@ -111,6 +114,7 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
     options.source = opts->bundle;
     options.overwrite = opts->force;
     options.ep = opts->ep;
+    options.whole_batch = opts->whole_batch;
     options.cluster.seed = opts->seed;
     options.cluster.force = !opts->no_forced;
     absl::Status parsed = ParseKeep(opts->keep, options);
@@ -124,6 +128,10 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
           opts->ranks > 0 ? opts->ranks : DefaultRanks(world.manifest.world_size, options, world.manifest.experts);
       MOERR_ASSIGN_OR_RETURN(const proxy::ProxyReport report, proxy::BuildWorldProxy(world, options));
       PrintProxy(report, opts->method);
+      std::printf("  it trains on the batch of %s\n",
+                  report.shards.empty()
+                      ? "every original rank"
+                      : absl::StrFormat("original rank(s) %s", absl::StrJoin(report.shards, ", ")).c_str());
       std::printf("wrote the proxy run %s (%lld ranks for the original's %lld; moerr replay %s), %s, %s\n",
                   report.bundle.c_str(), static_cast<long long>(report.ranks),
                   static_cast<long long>(report.original_ranks), report.bundle.c_str(), report.checkpoint.c_str(),

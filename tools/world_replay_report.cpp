@@ -36,6 +36,23 @@ ReplayedPart Summarize(const diff::WorldDiffPart& p) {
   return s;
 }
 
+// Each rank's CPU seconds in the replayed step (0 where not recorded).
+std::vector<double> RankCpuSeconds(const formats::WorldStep& w) {
+  std::vector<double> out;
+  for (const formats::RankStep& r : w.ranks) {
+    auto t = r.reader ? r.reader->ReadAnnotation("replay_time", w.step) : absl::NotFoundError("no bundle");
+    const llvm::json::Object* o = t.ok() ? t->getAsObject() : nullptr;
+    out.push_back(o ? o->getNumber("cpu_seconds").getValueOr(0) : 0);
+  }
+  return out;
+}
+
+double Sum(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s;
+}
+
 llvm::json::Object Metrics(const formats::WorldStep& w) {
   const formats::RankStep& r = w.ranks[0];
   if (!r.reader) return {};
@@ -223,6 +240,7 @@ absl::StatusOr<WorldReplayComparison> CompareWorldReplay(const std::string& run,
   c.recorded_metrics = Metrics(c.recorded_run);
   c.replayed_metrics = Metrics(c.replayed_run);
   c.proxy = ProxyOfRun(c.recorded_run);
+  c.rank_cpu_seconds = RankCpuSeconds(c.replayed_run);
   c.replayed = analysis::FindWorldOverflow(c.replayed_run);
   if (c.proxy) return c;  // a proxy run records no ops
   diff::DiffOptions options;
@@ -260,6 +278,9 @@ void PrintWorldReplay(const WorldReplayComparison& c) {
                 MetricText(c.replayed_metrics, name).c_str());
   }
   if (!c.proxy) PrintParts(c);
+  const double device = Sum(c.rank_cpu_seconds);
+  std::printf("  step time per rank %.3f s of CPU; device time (ranks x step time) %.3f s\n",
+              device / std::max<size_t>(1, c.rank_cpu_seconds.size()), device);
   const std::string recorded = c.proxy ? FailureText(*c.proxy) : OverflowText(c.recorded, c.proxy);
   const bool failed = c.proxy ? c.proxy->getObject("failure") != nullptr : c.recorded.has_value();
   std::printf("  first overflow: %s %s\n                  %s %s\n", a, recorded.c_str(), b,
@@ -288,6 +309,10 @@ llvm::json::Object WorldReplayJson(const WorldReplayComparison& c) {
       {"original_ranks", c.proxy ? c.proxy->getInteger("original_ranks").getValueOr(0) : c.plan.original_ranks},
       {"original_ep_size", c.proxy ? c.proxy->getInteger("original_ep_size").getValueOr(0) : c.plan.original_ep},
       {"metrics", std::move(metrics)},
+      {"cost", llvm::json::Object{{"rank_cpu_seconds", llvm::json::Array(c.rank_cpu_seconds)},
+                                  {"step_seconds_per_rank",
+                                   Sum(c.rank_cpu_seconds) / std::max<size_t>(1, c.rank_cpu_seconds.size())},
+                                  {"device_seconds", Sum(c.rank_cpu_seconds)}}},
       {"parts", PartsJson(c)},
       {"first_overflow",
        llvm::json::Object{{"recorded", c.proxy ? (failure ? llvm::json::Value(llvm::json::Object(*failure))

@@ -37,7 +37,10 @@ struct WorldReplayComparison {
   int64_t step = 0;
   replayer::WorldReplayPlan plan;
   llvm::json::Object recorded_metrics, replayed_metrics;
-  std::vector<ReplayedPart> parts;          // empty for a proxy run
+  std::vector<ReplayedPart> parts;  // empty for a proxy run
+  // Each replay rank's CPU seconds in the step (its "replay_time"): the
+  // step's device time is their sum, ranks x the mean step time.
+  std::vector<double> rank_cpu_seconds;
   std::optional<llvm::json::Object> proxy;  // the proxy run's "proxy" annotation
   // The two runs' step; the overflows point into their traces (moving the
   // vector of ranks keeps them in place).

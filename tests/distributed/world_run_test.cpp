@@ -28,8 +28,8 @@ TrainedRun Train(const std::string& name, const std::string& mode, const std::ve
   TrainedRun r;
   r.dir = fs::path(::testing::TempDir()) / ("moerr_world_" + name);
   fs::remove_all(r.dir);
-  std::vector<std::string> args = {"train", "--preset", "tiny", "--warmup-steps", "3", "--steps", "1",
-                                   "--record", mode, "-o", r.dir.string()};
+  std::vector<std::string> args = {"train",    "--preset", "tiny", "--warmup-steps", "3", "--steps", "1",
+                                   "--record", mode,       "-o",   r.dir.string()};
   args.insert(args.end(), extra.begin(), extra.end());
   r.train = Moerr(fs::path(::testing::TempDir()), args);
   return r;
@@ -54,7 +54,7 @@ const llvm::json::Object& RankEntry(const llvm::json::Value& inspect, int64_t ra
 // Every rank recorded, replays alone bitwise, and received what the others sent.
 void ExpectRecordsAndReplays(int64_t ranks, int64_t ep) {
   const TrainedRun r = Train("ok" + std::to_string(ranks) + std::to_string(ep), "replayable",
-                      {"--ranks", std::to_string(ranks), "--ep", std::to_string(ep)});
+                             {"--ranks", std::to_string(ranks), "--ep", std::to_string(ep)});
   ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
   ASSERT_TRUE(fs::exists(r.run() + "/world.json"));
   const Result inspect = Moerr(r.dir, {"inspect", r.run(), "--json"});
@@ -107,14 +107,14 @@ TEST(WorldRun, CrossRankCheckNamesTheSenderAndReceiverOfACorruptTransfer) {
 }
 
 TEST(WorldRun, BisectNamesTheRankAndTheExpertOfAOneRankFault) {
-  const TrainedRun r = Train("bisect", "stats",
-                      {"--ranks", "2", "--ep", "2", "--fault", "expert-overflow", "--fault-rank", "1"});
+  const TrainedRun r =
+      Train("bisect", "stats", {"--ranks", "2", "--ep", "2", "--fault", "expert-overflow", "--fault-rank", "1"});
   ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
   const Result bisect = Moerr(r.dir, {"bisect", r.run(), "--json"});
   EXPECT_EQ(bisect.code, 1) << bisect.out << bisect.err;
   const llvm::json::Value v = Json(bisect);
-  const llvm::json::Object* step = v.getAsArray() && !v.getAsArray()->empty() ? (*v.getAsArray())[0].getAsObject()
-                                                                              : nullptr;
+  const llvm::json::Object* step =
+      v.getAsArray() && !v.getAsArray()->empty() ? (*v.getAsArray())[0].getAsObject() : nullptr;
   ASSERT_NE(step, nullptr) << bisect.out;
   EXPECT_EQ(step->getInteger("rank").getValueOr(-1), 1) << bisect.out;
   // The tiny preset has 8 experts: rank 1 of EP 2 hosts 4 to 7.
@@ -181,8 +181,8 @@ void ExpectSameMetrics(const llvm::json::Object& replay) {
 // the overflow rank 1's broken expert caused is the same op of the same
 // expert, now on the replay rank that stands for rank 1.
 TEST(WorldRun, FourRanksReplayOnTwoAndOnOneWithTheFaultOnTheSameExpert) {
-  const TrainedRun r = Train("fewer", "replayable",
-                             {"--ranks", "4", "--ep", "4", "--fault", "expert-overflow", "--fault-rank", "1"});
+  const TrainedRun r =
+      Train("fewer", "replayable", {"--ranks", "4", "--ep", "4", "--fault", "expert-overflow", "--fault-rank", "1"});
   ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
   for (const int64_t ranks : {2, 1}) {
     SCOPED_TRACE("--ranks " + std::to_string(ranks));
@@ -205,6 +205,78 @@ TEST(WorldRun, FourRanksReplayOnTwoAndOnOneWithTheFaultOnTheSameExpert) {
   }
 }
 
+// The device time of a replay (the ranks' CPU seconds in the step) is
+// measured: the same step costs more on 4 ranks than on 1 (each rank holds
+// the dense weights and runs their update).
+TEST(WorldRun, ReplayOnRanksMeasuresEachRanksStepTime) {
+  const TrainedRun r = Train("cost", "replayable", {"--ranks", "4", "--ep", "4"});
+  ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
+  double device[2] = {0, 0};
+  for (const int64_t ranks : {4, 1}) {
+    const llvm::json::Object replay = ReplayOnRanks(r, ranks, 0);
+    const llvm::json::Object* cost = replay.getObject("cost");
+    ASSERT_NE(cost, nullptr);
+    const llvm::json::Array* per_rank = cost->getArray("rank_cpu_seconds");
+    ASSERT_TRUE(per_rank != nullptr && static_cast<int64_t>(per_rank->size()) == ranks);
+    double sum = 0;
+    for (const llvm::json::Value& v : *per_rank) {
+      EXPECT_GT(v.getAsNumber().getValueOr(0), 0);
+      sum += v.getAsNumber().getValueOr(0);
+    }
+    device[ranks == 1] = cost->getNumber("device_seconds").getValueOr(0);
+    EXPECT_NEAR(device[ranks == 1], sum, 1e-9);
+  }
+  EXPECT_GT(device[0], device[1]);
+}
+
+// A proxy of the 4-rank step with a quarter of the experts on one rank: the
+// implicated expert is kept, the proxy trains on the failing rank's batch,
+// and its replay and bisect name the original's expert and rank 1.
+TEST(WorldRun, AProxyOnOneRankReproducesAOneRankFaultAndNamesItsRank) {
+  const TrainedRun r =
+      Train("proxy", "replayable", {"--ranks", "4", "--ep", "4", "--fault", "expert-overflow", "--fault-rank", "1"});
+  ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
+  const std::string proxy = (r.dir / "proxy").string();
+  const Result made = Moerr(r.dir, {"proxy", r.run(), "--keep", "1/4", "--ranks", "1", "-o", proxy});
+  ASSERT_EQ(made.code, 0) << made.out << made.err;
+  EXPECT_NE(made.out.find("it trains on the batch of original rank(s) 1"), std::string::npos) << made.out;
+  llvm::Expected<llvm::json::Value> clusters = llvm::json::parse(Slurp(fs::path(proxy) / "clusters.json"));
+  ASSERT_TRUE(static_cast<bool>(clusters)) << llvm::toString(clusters.takeError());
+  const llvm::json::Object& info = *clusters->getAsObject();
+  const llvm::json::Object* failure = info.getObject("failure");
+  ASSERT_NE(failure, nullptr);
+  EXPECT_EQ(failure->getInteger("rank").getValueOr(-1), 1);
+  const int64_t failed = failure->getInteger("expert").getValueOr(-1),
+                layer = failure->getInteger("layer").getValueOr(-1);
+  EXPECT_TRUE(failed == 2 || failed == 3) << "rank 1 hosts experts 2 and 3";
+  bool kept = false;  // the placement keeps the implicated expert
+  for (const llvm::json::Value& l : *info.getArray("placement")->front().getAsObject()->getArray("layers")) {
+    if (l.getAsObject()->getInteger("layer") != layer) continue;
+    for (const llvm::json::Value& e : *l.getAsObject()->getArray("original_experts"))
+      kept |= e.getAsInteger() == failed;
+  }
+  EXPECT_TRUE(kept) << made.out;
+
+  const Result replay = Moerr(r.dir, {"replay", proxy, "--json"});
+  EXPECT_EQ(replay.code, 1) << replay.out << replay.err;  // the proxy overflows: a finding
+  const llvm::json::Value v = Json(replay);
+  const llvm::json::Object* overflow = v.getAsObject() ? v.getAsObject()->getObject("first_overflow") : nullptr;
+  ASSERT_NE(overflow, nullptr) << replay.out;
+  EXPECT_TRUE(overflow->getBoolean("reproduced").getValueOr(false)) << replay.out;
+  EXPECT_EQ(overflow->getObject("replayed")->getInteger("original_rank").getValueOr(-1), 1) << replay.out;
+  EXPECT_EQ(overflow->getObject("replayed")->getInteger("original_expert").getValueOr(-1), failed) << replay.out;
+
+  const Result bisect = Moerr(r.dir, {"bisect", proxy, "--json"});
+  EXPECT_EQ(bisect.code, 1) << bisect.out << bisect.err;
+  const llvm::json::Value b = Json(bisect);
+  const llvm::json::Object* step =
+      b.getAsArray() && !b.getAsArray()->empty() ? (*b.getAsArray())[0].getAsObject() : nullptr;
+  ASSERT_NE(step, nullptr) << bisect.out;
+  EXPECT_EQ(step->getInteger("proxy_rank").getValueOr(-1), 0);
+  EXPECT_EQ(step->getInteger("original_rank").getValueOr(-1), 1);
+  EXPECT_EQ(step->getInteger("original_expert").getValueOr(-1), failed);
+}
+
 TEST(WorldRun, ReplayOnRanksRefusesWhatItCannotDo) {
   const TrainedRun r = Train("fewer_stats", "stats", {"--ranks", "2", "--ep", "2"});
   ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
@@ -220,8 +292,8 @@ TEST(WorldRun, ReplayOnRanksRefusesWhatItCannotDo) {
 }
 
 TEST(WorldRun, AKilledRankIsNamedAndItsBundleSalvaged) {
-  const TrainedRun r = Train("kill", "stats",
-                      {"--ranks", "2", "--ep", "2", "--rank-fault", "kill:1@4", "--collective-timeout", "3"});
+  const TrainedRun r =
+      Train("kill", "stats", {"--ranks", "2", "--ep", "2", "--rank-fault", "kill:1@4", "--collective-timeout", "3"});
   EXPECT_EQ(r.train.code, 3) << r.train.out << r.train.err;
   EXPECT_TRUE(fs::exists(r.run() + "/rank1.moerr.partial"));
   const Result inspect = Moerr(r.dir, {"inspect", r.run(), "--json"});
@@ -247,8 +319,8 @@ TEST(WorldRun, AKilledRankIsNamedAndItsBundleSalvaged) {
 
 TEST(WorldRun, AStalledRankIsReportedWithoutHanging) {
   const auto start = std::chrono::steady_clock::now();
-  const TrainedRun r = Train("stall", "stats",
-                      {"--ranks", "2", "--ep", "2", "--rank-fault", "stall:0@2", "--collective-timeout", "3"});
+  const TrainedRun r =
+      Train("stall", "stats", {"--ranks", "2", "--ep", "2", "--rank-fault", "stall:0@2", "--collective-timeout", "3"});
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 60);
   EXPECT_EQ(r.train.code, 3) << r.train.out << r.train.err;
   const Result inspect = Moerr(r.dir, {"inspect", r.run()});
