@@ -47,6 +47,10 @@ echo "## Several ranks: recorder CPU per rank and step, bundle size per rank, re
 "$PYTHON" bench/distributed/bench_distributed.py "$BUILD" "$WORK/distributed"
 
 echo
+echo "## Fewer ranks: device time per step of an 8-rank step and of its proxies on 4, 2 and 1 ranks"
+"$PYTHON" bench/distributed/bench_fewer_ranks.py "$BUILD" "$WORK/fewer" --faults expert-overflow,grad-overflow,logprob-precision,bad-kernel,router-collapse,skip-update --rounds 3
+
+echo
 echo "## moerr bisect against torch.autograd.detect_anomaly on the same failing steps"
 "$PYTHON" bench/replayer/compare_detect_anomaly.py "$BUILD" "$WORK/anomaly"
 

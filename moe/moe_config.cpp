@@ -84,8 +84,13 @@ absl::StatusOr<MoeConfig> Preset(const std::string& name, Family family) {
   } else if (name == "wide") {
     c.hidden_size = 128, c.num_layers = 4, c.num_heads = 8, c.num_kv_heads = 4, c.head_dim = 16;
     c.intermediate_size = 256, c.moe_intermediate_size = 32, c.num_experts = 128, c.top_k = 8;
+  } else if (name == "wide-ep") {
+    // Expert parallelism at 8 ranks (EP 8): 64 experts, 8 per rank; a proxy
+    // keeping 1/4 puts 8 per rank on 2 ranks, one keeping 1/8 8 on one.
+    c.hidden_size = 64, c.num_layers = 2, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 16;
+    c.intermediate_size = 128, c.moe_intermediate_size = 32, c.num_experts = 64, c.top_k = 4;
   } else {
-    return absl::InvalidArgumentError(absl::StrFormat("unknown preset \"%s\" (tiny, small, wide)", name));
+    return absl::InvalidArgumentError(absl::StrFormat("unknown preset \"%s\" (tiny, small, wide, wide-ep)", name));
   }
   switch (family) {
     case Family::kQwen2Moe:

@@ -503,7 +503,7 @@ void AddDemoCommand(CLI::App& app, int& exit_code) {
                   "Working directory for the demo's files: new, or one an earlier demo made (the warm-up is cached "
                   "in DIR/cache)")
       ->capture_default_str();
-  cmd->add_option("--preset", opts->preset, "Model size: tiny, small, wide")
+  cmd->add_option("--preset", opts->preset, "Model size: tiny, small, wide, wide-ep")
       ->capture_default_str()
       ->check(CLI::IsMember({"tiny", "small", "wide"}));
   cmd->add_option("--dynamics-steps", opts->dynamics_steps, "Healthy RL steps compared, original against proxy")

@@ -116,7 +116,7 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("-o,--output", opts->eval.out_dir,
                   "Work directory (its warm-up of each preset, family and length is reused)")
       ->required();
-  cmd->add_option("--preset", opts->eval.preset, "Model size: tiny, small, wide")->capture_default_str();
+  cmd->add_option("--preset", opts->eval.preset, "Model size: tiny, small, wide, wide-ep")->capture_default_str();
   cmd->add_option("--family", opts->family, "Model family: qwen2_moe, qwen3_moe, deepseek_v3, mixtral")
       ->capture_default_str();
   cmd->add_option("--warmup-steps", opts->eval.warmup_steps, "Supervised warm-up steps")->capture_default_str();

@@ -80,12 +80,27 @@ absl::StatusOr<std::string> ClaimOut(const ReplayRanksArgs& args) {
   return args.out;
 }
 
+// Replay on other ranks rebuilds moerr's reference model and trainer from
+// rank 0's bundle: a run another training loop recorded (moerr.record in
+// Python) has no model moerr can rebuild, which is said before any rank starts.
+absl::Status CheckRebuildable(const formats::WorldStep& world) {
+  const formats::RankStep& r = world.ranks[0];
+  if (!r.reader) return absl::Status(r.error.code(), absl::StrFormat("%s, rank 0: %s", world.dir, r.error.message()));
+  if (r.reader->ReadAnnotation("model_config").ok()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "%s was not recorded by moerr train (rank 0's bundle has no model_config): replay on other ranks rebuilds "
+      "moerr's reference model and trainer, and cannot rebuild another loop's model; moerr replay %s --rank K "
+      "replays rank K's recorded ops instead",
+      world.dir, world.dir));
+}
+
 // The launcher: claim the output, replay (in this process or on M ranks),
 // compare, and remove a temporary output.
 CommandResult LaunchReplay(const ReplayRanksArgs& args) {
   MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(args.run));
   MOERR_ASSIGN_OR_RETURN(const replayer::WorldReplayPlan plan, replayer::PlanWorldReplay(world.manifest, args.ranks));
   MOERR_ASSIGN_OR_RETURN(const int64_t step, StepToReplay(world, args));
+  MOERR_RETURN_IF_ERROR(CheckRebuildable(world));
   MOERR_ASSIGN_OR_RETURN(const std::string out, ClaimOut(args));
   const auto cleanup = [&] {
     if (args.out.empty()) std::filesystem::remove_all(out);

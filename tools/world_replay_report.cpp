@@ -149,13 +149,30 @@ std::string FailureText(const llvm::json::Object& proxy) {
 
 const char* const kMetrics[] = {"loss", "grad_norm", "reward", "kl"};
 
+// One line per recorded rank (its experts' parts added up: the experts it
+// hosted and where they are now), or per part when the parts are ranks.
 void PrintParts(const WorldReplayComparison& c) {
+  std::vector<ReplayedPart> lines;
+  for (const ReplayedPart& p : c.parts) {
+    const bool expert = p.what.rfind("expert ", 0) == 0;
+    if (!expert || lines.empty() || lines.back().recorded_rank != p.recorded_rank ||
+        lines.back().replay_rank != p.replay_rank) {
+      lines.push_back(p);
+      if (expert) lines.back().what = "experts " + p.what.substr(7);
+      continue;
+    }
+    ReplayedPart& l = lines.back();
+    l.what = l.what.substr(0, l.what.find('-')) + "-" + p.what.substr(7);
+    l.ops += p.ops, l.bitwise += p.bitwise, l.diverged += p.diverged, l.unmatched += p.unmatched;
+    if (p.max_error > l.max_error) l.max_error = p.max_error, l.worst = p.worst;
+  }
   size_t ops = 0, bitwise = 0, diverged = 0;
   const ReplayedPart* worst = nullptr;
-  for (const ReplayedPart& p : c.parts) {
-    std::printf("  %-10s rank %lld -> %lld: %4zu ops, %4zu bitwise, %zu diverged%s, max error %.3g\n", p.what.c_str(),
-                static_cast<long long>(p.recorded_rank), static_cast<long long>(p.replay_rank), p.ops, p.bitwise,
-                p.diverged, p.unmatched ? absl::StrFormat(", %d unmatched", p.unmatched).c_str() : "", p.max_error);
+  for (const ReplayedPart& p : lines) {
+    std::printf("  rank %lld -> %lld, %-12s %5zu ops, %5zu bitwise, %zu diverged%s, max error %.3g\n",
+                static_cast<long long>(p.recorded_rank), static_cast<long long>(p.replay_rank),
+                (p.what + ":").c_str(), p.ops, p.bitwise, p.diverged,
+                p.unmatched ? absl::StrFormat(", %d unmatched", p.unmatched).c_str() : "", p.max_error);
     ops += p.ops, bitwise += p.bitwise, diverged += p.diverged;
     if (worst == nullptr || p.max_error > worst->max_error) worst = &p;
   }

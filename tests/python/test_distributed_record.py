@@ -86,6 +86,17 @@ def test_replay_of_the_run_checks_every_transfer(ep_run):
     assert "cross-rank check of 22 collective records: every rank received what was sent" in out, out
 
 
+def test_fewer_ranks_say_the_loop_cannot_be_rebuilt(ep_run):
+    # The loop's own model is not one moerr rebuilds: said before any rank starts.
+    for args in (["--ranks", 1], ["--ranks", 2]):
+        rc, out = moerr_cli("replay", ep_run, *args)
+        assert rc == 2, out
+        assert "was not recorded by moerr train" in out and f"moerr replay {ep_run} --rank K" in out, out
+        assert "launching" not in out, out
+    rc, out = moerr_cli("proxy", ep_run, "--keep", "1/2", "-o", ep_run.parent / "proxy")
+    assert rc == 2 and "model replay needs a bundle recorded from the reference trainer" in out, out
+
+
 def test_bisect_reads_the_run(ep_run):
     rc, out = moerr_cli("bisect", ep_run, "--json")
     assert rc == 0, out
