@@ -170,18 +170,26 @@ void PrintParts(const WorldReplayComparison& c) {
   const ReplayedPart* worst = nullptr;
   for (const ReplayedPart& p : lines) {
     std::printf("  rank %lld -> %lld, %-12s %5zu ops, %5zu bitwise, %zu diverged%s, max error %.3g\n",
-                static_cast<long long>(p.recorded_rank), static_cast<long long>(p.replay_rank),
-                (p.what + ":").c_str(), p.ops, p.bitwise, p.diverged,
-                p.unmatched ? absl::StrFormat(", %d unmatched", p.unmatched).c_str() : "", p.max_error);
+                static_cast<long long>(p.recorded_rank), static_cast<long long>(p.replay_rank), (p.what + ":").c_str(),
+                p.ops, p.bitwise, p.diverged, p.unmatched ? absl::StrFormat(", %d unmatched", p.unmatched).c_str() : "",
+                p.max_error);
     ops += p.ops, bitwise += p.bitwise, diverged += p.diverged;
     if (worst == nullptr || p.max_error > worst->max_error) worst = &p;
   }
-  std::printf("  ops compared: %zu, bitwise %zu, within tolerance %zu, diverged %zu", ops, bitwise,
+  std::printf("  expert ops compared: %zu, bitwise %zu, within tolerance %zu, diverged %zu", ops, bitwise,
               ops - bitwise - diverged, diverged);
   if (worst != nullptr && worst->max_error > 0) {
     std::printf("; largest deviation %.3g at %s, %s", worst->max_error, worst->what.c_str(), worst->worst.c_str());
   }
   std::printf("\n");
+  for (const diff::DenseDiff& d : c.dense) {
+    std::printf(
+        "  ranks %lld-%lld -> %lld, dense ops: %zu outputs against the ranks' combined fingerprints, %zu "
+        "diverged, max error %.3g%s; %zu without a counterpart (sums over the ranks' rows), %zu unaligned\n",
+        static_cast<long long>(d.first_rank), static_cast<long long>(d.first_rank + d.ranks - 1),
+        static_cast<long long>(d.replay_rank), d.outputs, d.diverged, d.max_error,
+        d.max_error > 0 ? (" at " + d.worst).c_str() : "", d.without_counterpart, d.unaligned);
+  }
 }
 
 // ---- JSON ---------------------------------------------------------------
@@ -220,6 +228,21 @@ llvm::json::Array PartsJson(const WorldReplayComparison& c) {
                                        {"worst_op", p.worst}});
   }
   return parts;
+}
+
+llvm::json::Array DenseJson(const WorldReplayComparison& c) {
+  llvm::json::Array out;
+  for (const diff::DenseDiff& d : c.dense) {
+    out.push_back(llvm::json::Object{{"replay_rank", d.replay_rank},
+                                     {"recorded_ranks", llvm::json::Array{d.first_rank, d.first_rank + d.ranks - 1}},
+                                     {"outputs", static_cast<int64_t>(d.outputs)},
+                                     {"diverged", static_cast<int64_t>(d.diverged)},
+                                     {"without_counterpart", static_cast<int64_t>(d.without_counterpart)},
+                                     {"unaligned", static_cast<int64_t>(d.unaligned)},
+                                     {"max_error", JsonNumber(d.max_error)},
+                                     {"worst_op", d.worst}});
+  }
+  return out;
 }
 
 }  // namespace
@@ -265,6 +288,7 @@ absl::StatusOr<WorldReplayComparison> CompareWorldReplay(const std::string& run,
   MOERR_ASSIGN_OR_RETURN(const std::vector<diff::WorldDiffPart> parts,
                          diff::DiffWorlds(c.recorded_run, c.replayed_run, options));
   for (const diff::WorldDiffPart& p : parts) c.parts.push_back(Summarize(p));
+  MOERR_ASSIGN_OR_RETURN(c.dense, diff::DiffMergedDense(c.recorded_run, c.replayed_run, options.thresholds));
   c.recorded = analysis::FindWorldOverflow(c.recorded_run);
   return c;
 }
@@ -331,6 +355,7 @@ llvm::json::Object WorldReplayJson(const WorldReplayComparison& c) {
                                    Sum(c.rank_cpu_seconds) / std::max<size_t>(1, c.rank_cpu_seconds.size())},
                                   {"device_seconds", Sum(c.rank_cpu_seconds)}}},
       {"parts", PartsJson(c)},
+      {"dense", DenseJson(c)},
       {"first_overflow",
        llvm::json::Object{{"recorded", c.proxy ? (failure ? llvm::json::Value(llvm::json::Object(*failure))
                                                           : llvm::json::Value(nullptr))
@@ -343,6 +368,7 @@ int WorldReplayExitCode(const WorldReplayComparison& c) {
   if (c.proxy) return c.replayed ? kExitFinding : kExitOk;
   bool ok = Reproduced(c);
   for (const ReplayedPart& p : c.parts) ok = ok && p.diverged == 0 && p.unmatched == 0;
+  for (const diff::DenseDiff& d : c.dense) ok = ok && d.diverged == 0;
   return ok ? kExitOk : kExitFinding;
 }
 

@@ -2,8 +2,10 @@
 // run against the recorded one, step by step.
 //   - A recording: the step's metrics (world totals), every expert's ops on
 //     the rank of each world hosting it (rank by rank when M = N), each
-//     bitwise, within the per-dtype tolerance or diverged, and the first
-//     overflow, which must be the same op of the same module.
+//     bitwise, within the per-dtype tolerance or diverged; on fewer ranks,
+//     each replay rank's dense ops against the combined fingerprints of the
+//     ranks it stands for (diff/world_dense_diff.h); and the first overflow,
+//     which must be the same op of the same module.
 //   - A proxy run (`moerr proxy RUN --ranks M`, no ops, a "proxy"
 //     annotation): the original's metrics beside the proxy's, the proxy's
 //     first overflow with the original expert and rank its expert stands
@@ -19,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "analysis/world_overflow.h"
+#include "diff/world_dense_diff.h"
 #include "formats/world_run.h"
 #include "llvm/Support/JSON.h"
 #include "replayer/world_replay.h"
@@ -37,7 +40,8 @@ struct WorldReplayComparison {
   int64_t step = 0;
   replayer::WorldReplayPlan plan;
   llvm::json::Object recorded_metrics, replayed_metrics;
-  std::vector<ReplayedPart> parts;  // empty for a proxy run
+  std::vector<ReplayedPart> parts;     // empty for a proxy run
+  std::vector<diff::DenseDiff> dense;  // on fewer ranks: each replay rank's dense ops
   // Each replay rank's CPU seconds in the step (its "replay_time"): the
   // step's device time is their sum, ranks x the mean step time.
   std::vector<double> rank_cpu_seconds;

@@ -191,6 +191,13 @@ TEST(WorldRun, FourRanksReplayOnTwoAndOnOneWithTheFaultOnTheSameExpert) {
     const auto [ops, diverged] = ExpertOps(replay, 8);
     EXPECT_GT(ops, 8 * 10);
     EXPECT_EQ(diverged, 0);
+    // Each replay rank's dense ops against the ranks it stands for.
+    const llvm::json::Array* dense = replay.getArray("dense");
+    ASSERT_TRUE(dense != nullptr && static_cast<int64_t>(dense->size()) == ranks);
+    for (const llvm::json::Value& d : *dense) {
+      EXPECT_GT(d.getAsObject()->getInteger("outputs").getValueOr(0), 500);
+      EXPECT_EQ(d.getAsObject()->getInteger("diverged").getValueOr(-1), 0);
+    }
     ExpectSameMetrics(replay);
     const llvm::json::Object* overflow = replay.getObject("first_overflow");
     ASSERT_NE(overflow, nullptr);
