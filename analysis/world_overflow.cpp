@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <tuple>
 
+#include "formats/module_path.h"
 #include "support/check.h"
 
 namespace moerr::analysis {
@@ -90,6 +91,20 @@ std::optional<WorldOverflow> FindWorldOverflow(const formats::WorldStep& world, 
   out.cause = *std::move(cause);
   FindSpread(world, trace, origin.op_index, out);
   return out;
+}
+
+llvm::json::Object OverflowPlaceJson(const WorldOverflow& found) {
+  const FirstOverflow& f = found.cause.first;
+  llvm::json::Object o{{"rank", found.rank},
+                       {"op_index", static_cast<int64_t>(f.op_index)},
+                       {"op", f.op->name},
+                       {"module", f.op->module},
+                       {"phase", std::string(formats::PhaseName(f.op->phase))}};
+  if (const auto expert = formats::ExpertOf(f.op->module)) {
+    o["layer"] = expert->first;
+    o["expert"] = expert->second;
+  }
+  return o;
 }
 
 }  // namespace moerr::analysis

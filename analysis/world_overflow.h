@@ -20,6 +20,7 @@
 #include "analysis/overflow_cause.h"
 #include "formats/collective_op.h"
 #include "formats/world_run.h"
+#include "llvm/Support/JSON.h"
 
 namespace moerr::analysis {
 
@@ -45,5 +46,9 @@ struct WorldOverflow {
 
 // Nullopt when no rank's step overflows. Points into `world`'s traces.
 std::optional<WorldOverflow> FindWorldOverflow(const formats::WorldStep& world, const OverflowOptions& options = {});
+
+// Where `found` began, for --json and annotations: {"rank", "op_index", "op",
+// "module", "phase"} and, in an expert, "layer" and "expert".
+llvm::json::Object OverflowPlaceJson(const WorldOverflow& found);
 
 }  // namespace moerr::analysis

@@ -75,6 +75,18 @@ absl::StatusOr<int64_t> KeptCount(const moe::MoeConfig& config, const ProxyOptio
   return kept;
 }
 
+// The proxy's size: report.experts and report.kept set, and its config.
+absl::StatusOr<moe::MoeConfig> SizeProxy(const moe::MoeConfig& original, const ProxyOptions& options,
+                                         const std::string& where, ProxyReport& report) {
+  report.experts = original.num_experts;
+  absl::StatusOr<int64_t> kept = KeptCount(original, options);
+  if (!kept.ok()) return Annotate(kept.status(), where);
+  report.kept = *kept;
+  absl::StatusOr<moe::MoeConfig> proxy_config = ProxyConfig(original, report.kept);
+  if (!proxy_config.ok()) return Annotate(proxy_config.status(), where);
+  return *proxy_config;
+}
+
 // Expert statistics of `step` and the plan of every MoE layer.
 absl::StatusOr<std::vector<LayerPlan>> PlanLayers(const StepBundle& step, const ProxyOptions& options,
                                                   const ProxyReport& report) {
@@ -177,21 +189,6 @@ llvm::json::Array Placement(const ProxyReport& report, const formats::WorldManif
   return ranks;
 }
 
-// The run's first overflow, for the proxy's verdict: where it began.
-llvm::json::Value FailureJson(const std::optional<analysis::WorldOverflow>& overflow) {
-  if (!overflow) return nullptr;
-  const analysis::FirstOverflow& f = overflow->cause.first;
-  llvm::json::Object o{{"rank", overflow->rank},
-                       {"op", f.op->name},
-                       {"module", f.op->module},
-                       {"phase", std::string(formats::PhaseName(f.op->phase))}};
-  if (const auto expert = formats::ExpertOf(f.op->module)) {
-    o["layer"] = expert->first;
-    o["expert"] = expert->second;
-  }
-  return o;
-}
-
 // Proxy rank `rank` of `ranks`: its rows of every routing decision and of
 // the responses (each holds the world's rows in rank order).
 StepBundle Shard(const StepBundle& world, int64_t rank, int64_t ranks) {
@@ -220,7 +217,7 @@ absl::Status WriteWorldOutputs(const StepBundle& bundle, const ProxyOptions& opt
   info["original_ep_size"] = original.ep_size;
   info["placement"] = Placement(report, original);
   info["batch_of_ranks"] = report.shards.empty() ? llvm::json::Value("all") : llvm::json::Array(report.shards);
-  info["failure"] = FailureJson(overflow);
+  info["failure"] = overflow ? llvm::json::Value(analysis::OverflowPlaceJson(*overflow)) : nullptr;
   MOERR_RETURN_IF_ERROR(WriteCheckpointAndMap(bundle, info, options, report));
   report.bundle = options.out_dir;
   MOERR_RETURN_IF_ERROR(formats::WriteWorldManifest(
@@ -247,17 +244,12 @@ absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, cons
   // The step, read once: trainer state, routing, metrics.
   MOERR_ASSIGN_OR_RETURN(const StepBundle original, LoadStepBundle(reader, report.step, trace, options.source));
   const std::string where = absl::StrFormat("proxy of %s, step %d", options.source, report.step);
-  report.experts = original.config.num_experts;
-  absl::StatusOr<int64_t> kept = KeptCount(original.config, options);
-  if (!kept.ok()) return Annotate(kept.status(), where);
-  report.kept = *kept;
-  absl::StatusOr<moe::MoeConfig> proxy_config = ProxyConfig(original.config, report.kept);
-  if (!proxy_config.ok()) return Annotate(proxy_config.status(), where);
+  MOERR_ASSIGN_OR_RETURN(const moe::MoeConfig proxy_config, SizeProxy(original.config, options, where, report));
 
   MOERR_RETURN_IF_ERROR(Annotate(CatchTorch("building the proxy", [&]() -> absl::Status {
     MOERR_ASSIGN_OR_RETURN(report.plans, PlanLayers(original, options, report));
     // The step pruned: state and routing mapped; backbone tensors are the same.
-    const StepBundle bundle = PruneStep(original, *proxy_config, report.plans);
+    const StepBundle bundle = PruneStep(original, proxy_config, report.plans);
     report.params_original = ParameterCount(original);
     report.params_proxy = ParameterCount(bundle);
     return WriteOutputs(bundle, options, report);
@@ -284,17 +276,12 @@ absl::StatusOr<ProxyReport> BuildWorldProxy(formats::WorldStep& world, const Pro
   }
   MOERR_ASSIGN_OR_RETURN(const StepBundle original, LoadWorldStepBundle(world));
   const std::string where = absl::StrFormat("proxy of %s, step %d", options.source, report.step);
-  report.experts = original.config.num_experts;
   ProxyOptions per_rank = options;
   per_rank.ep = options.ranks;  // every proxy rank hosts kept / M experts
-  absl::StatusOr<int64_t> kept = KeptCount(original.config, per_rank);
-  if (!kept.ok()) return Annotate(kept.status(), where);
-  report.kept = *kept;
-  absl::StatusOr<moe::MoeConfig> proxy_config = ProxyConfig(original.config, report.kept);
-  if (!proxy_config.ok()) return Annotate(proxy_config.status(), where);
+  MOERR_ASSIGN_OR_RETURN(const moe::MoeConfig proxy_config, SizeProxy(original.config, per_rank, where, report));
   MOERR_RETURN_IF_ERROR(Annotate(CatchTorch("building the proxy", [&]() -> absl::Status {
     MOERR_ASSIGN_OR_RETURN(report.plans, PlanLayers(original, options, report));
-    StepBundle bundle = PruneStep(original, *proxy_config, report.plans);
+    StepBundle bundle = PruneStep(original, proxy_config, report.plans);
     report.params_original = ParameterCount(original);
     report.params_proxy = ParameterCount(bundle);
     if (!options.whole_batch) {

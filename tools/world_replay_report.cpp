@@ -197,19 +197,10 @@ void PrintParts(const WorldReplayComparison& c) {
 llvm::json::Value OverflowJson(const std::optional<analysis::WorldOverflow>& w,
                                const std::optional<llvm::json::Object>& proxy) {
   if (!w) return nullptr;
-  const analysis::FirstOverflow& f = w->cause.first;
-  llvm::json::Object o{{"rank", w->rank},
-                       {"op_index", static_cast<int64_t>(f.op_index)},
-                       {"op", f.op->name},
-                       {"module", f.op->module},
-                       {"phase", std::string(formats::PhaseName(f.op->phase))}};
-  if (const auto expert = formats::ExpertOf(f.op->module)) {
-    o["layer"] = expert->first;
-    o["expert"] = expert->second;
-    if (const auto original = proxy ? OriginalOf(*proxy, f.op->module) : std::nullopt) {
-      o["original_expert"] = original->expert;
-      o["original_rank"] = original->rank;
-    }
+  llvm::json::Object o = analysis::OverflowPlaceJson(*w);
+  if (const auto original = proxy ? OriginalOf(*proxy, w->cause.first.op->module) : std::nullopt) {
+    o["original_expert"] = original->expert;
+    o["original_rank"] = original->rank;
   }
   return o;
 }
