@@ -3,6 +3,7 @@
 #include <torch/script.h>
 
 #include <cstdlib>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -134,7 +135,17 @@ absl::StatusOr<std::vector<at::Tensor>> OpReferences::Run(absl::string_view op,
   }
   std::vector<at::Tensor> out;
   MOERR_RETURN_IF_ERROR(CatchTorch(absl::StrFormat("reference of %s (%s)", op, info->file), [&] {
-    const c10::IValue result = m->module.forward(inputs);
+    c10::IValue result;
+    try {
+      result = m->module.forward(inputs);
+    } catch (const c10::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      // A `raise` in the reference (torch::jit::JITException, not a
+      // c10::Error): it refuses the call; the message ends with its words.
+      return absl::InvalidArgumentError(absl::StrFormat("reference of %s (%s) refused the call: %s", op, info->file,
+                                                        e.what()));
+    }
     if (result.isTensor()) {
       out.push_back(result.toTensor());
     } else if (result.isTuple()) {

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "formats/collective_op.h"
 #include "moe/numerics.h"
 #include "recorder/fingerprint.h"
@@ -99,6 +100,22 @@ bool IsScalarTypeArgument(const c10::Argument& arg) {
   return type->kind() == c10::TypeKind::ScalarTypeType;
 }
 
+// Why a reference refused a call, in its own words: the last line of a
+// TorchScript error ("RuntimeError: npu_fusion_attention reference: sparse_mode
+// 5 is not implemented (0 to 4 are)") without the error's type and the
+// reference's name; any other error's message as it is.
+std::string RefusalReason(const absl::Status& status) {
+  absl::string_view text = absl::StripTrailingAsciiWhitespace(status.message());
+  if (const size_t line = text.rfind('\n'); line != absl::string_view::npos) text = text.substr(line + 1);
+  text = absl::StripAsciiWhitespace(text);
+  if (const size_t type = text.find("Error: "); type != absl::string_view::npos && text.find(' ') > type) {
+    text = text.substr(type + 7);
+  }
+  if (const size_t name = text.find(" reference: "); name != absl::string_view::npos && text.find(' ') == name) {
+    text = text.substr(name + 12);
+  }
+  return std::string(text);
+}
 
 class Replay {
  public:
@@ -167,6 +184,11 @@ class Replay {
 
   // The value of input tensor `id` for an op under `rule` (or none).
   absl::StatusOr<at::Tensor> Input(uint64_t id, const PolicyRule* rule) {
+    if (probing_) {  // zeros of the recorded shape and dtype (ProbeReference)
+      const formats::TensorMeta* meta = trace_.Find(id);
+      if (meta == nullptr) return absl::DataLossError(absl::StrFormat("tensor %d has no metadata", id));
+      return at::zeros(meta->shape, at::TensorOptions().dtype(recorder::ToScalarType(meta->dtype)));
+    }
     MOERR_ASSIGN_OR_RETURN(at::Tensor t, Value(id));
     return Coerce(t, trace_.Find(id), rule);
   }
@@ -388,13 +410,7 @@ class Replay {
         continue;
       }
       if (ServedFromRecord(op, handle.has_value())) {
-        for (uint64_t id : op.outputs) {
-          if (id == 0) continue;
-          auto t = Value(id, /*produced_view=*/true);
-          if (!t.ok()) return Annotate(t.status(), where() + ", not re-executed");
-        }
-        ++report.not_reexecuted;
-        ++report.not_reexecuted_ops[op.name];
+        MOERR_RETURN_IF_ERROR(Annotate(ServeFromRecord(op, report), where() + ", not re-executed"));
         continue;
       }
       MOERR_RETURN_IF_ERROR(Annotate(Dispatch(index, op, *handle, report), where()));
@@ -405,31 +421,41 @@ class Replay {
 
   // The ops of [0, end) that would be served from the record but whose
   // outputs the bundle does not hold (a stats bundle), all of them in one
-  // error, by name and phase; OK when there are none.
+  // error, by name and phase; OK when there are none. Among them the calls
+  // whose reference refuses them, which ProbeReference finds: their outputs
+  // cannot come from the reference either.
   absl::Status CheckServable() {
-    std::map<std::string, std::vector<size_t>> blocking;  // "name in phase" -> op indices
+    // ("name in phase", the reference's refusal or "") -> op indices
+    std::map<std::pair<std::string, std::string>, std::vector<size_t>> blocking;
     size_t count = 0;
     const size_t end = std::min(trace_.ops.size(), options_.end_op);
     for (size_t index = 0; index < end; ++index) {
       const formats::OpEvent& op = trace_.ops[index];
-      if (Reference(op) != nullptr || !ServedFromRecord(op, Operator(op).has_value())) continue;
+      const bool referenced = Reference(op) != nullptr;
+      if (!referenced && !ServedFromRecord(op, Operator(op).has_value())) continue;
       const bool held = std::all_of(op.outputs.begin(), op.outputs.end(), [&](uint64_t id) {
         const formats::TensorMeta* meta = trace_.Find(id);
         return id == 0 || (meta != nullptr && (!meta->leaf.empty() || meta->view_of != 0));
       });
       if (held) continue;
-      blocking[absl::StrFormat("%s in %s", op.name, formats::PhaseName(op.phase))].push_back(index);
+      std::string refusal;
+      if (referenced) {
+        refusal = ProbeReference(op);
+        if (refusal.empty()) continue;
+      }
+      blocking[{absl::StrFormat("%s in %s", op.name, formats::PhaseName(op.phase)), refusal}].push_back(index);
       ++count;
     }
     if (count == 0) return absl::OkStatus();
     std::vector<std::string> parts;
     for (const auto& [what, ops] : blocking) {
-      parts.push_back(absl::StrFormat("%s (op%s %s)", what, ops.size() > 1 ? "s" : "", absl::StrJoin(ops, ", ")));
+      parts.push_back(absl::StrFormat("%s (op%s %s)%s", what.first, ops.size() > 1 ? "s" : "", absl::StrJoin(ops, ", "),
+                                      what.second.empty() ? "" : ": the reference refused: " + what.second));
     }
     return absl::FailedPreconditionError(absl::StrFormat(
-        "%d op%s of step %d cannot be replayed: they cannot run here (ops this LibTorch does not have, or "
-        "collectives) and the bundle holds none of their outputs (record with --record replayable or full, or "
-        "give each a reference with --reference OP=FILE): %s",
+        "%d op%s of step %d cannot be replayed: they cannot run here (ops this LibTorch does not have, calls their "
+        "reference refuses, or collectives) and the bundle holds none of their outputs (record with --record "
+        "replayable or full, or give each a reference with --reference OP=FILE): %s",
         count, count > 1 ? "s" : "", step_, absl::StrJoin(parts, "; ")));
   }
 
@@ -446,6 +472,7 @@ class Replay {
   // Dispatcher lookups by "name.overload": a step calls a few hundred
   // distinct operators tens of thousands of times.
   absl::flat_hash_map<std::string, c10::optional<c10::OperatorHandle>> operators_;
+  bool probing_ = false;  // Input gives zeros of the recorded shapes (ProbeReference)
 
   // Whether `op` ran on another device type than this replay (a bundle
   // from before device types were recorded says none: as here).
@@ -463,29 +490,21 @@ class Replay {
                             const c10::optional<c10::OperatorHandle>& handle, ReplayReport& report) {
     const PolicyRule* rule = options_.policy.Match(op);
     if (rule != nullptr) ++report.policy_ops;
-    const std::vector<c10::Argument>* schema_args = handle ? &handle->schema().arguments() : nullptr;
     std::vector<c10::IValue> args;
     std::vector<recorder::ViewSource> sources;
-    for (size_t i = 0; i < op.args.size(); ++i) {
-      const c10::Argument* schema_arg =
-          schema_args != nullptr && i < schema_args->size() ? &(*schema_args)[i] : nullptr;
-      MOERR_ASSIGN_OR_RETURN(c10::IValue v, ToIValue(op.args[i], schema_arg, rule, sources));
-      args.push_back(std::move(v));
-    }
-    at::autocast::set_cpu_enabled(false);
+    MOERR_RETURN_IF_ERROR(ReferenceArgs(op, handle, rule, args, sources));
     const auto start = std::chrono::steady_clock::now();
-    MOERR_ASSIGN_OR_RETURN(std::vector<at::Tensor> outputs, options_.references->Run(op.name, args));
+    absl::StatusOr<std::vector<at::Tensor>> ran = RunReferenceOn(op, args);
     report.dispatch_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    // A reference of a newer schema may return outputs the recorded version
-    // lacked; such a trailing output is empty when the call passes none of
-    // the arguments it belongs to (npu_fusion_attention_grad's dsink).
-    while (outputs.size() > op.outputs.size() && outputs.back().defined() && outputs.back().numel() == 0) {
-      outputs.pop_back();
+    if (!ran.ok()) {
+      // Refused: the call is served from the record, as an op without a
+      // reference is; replay goes on.
+      const std::string reason = RefusalReason(ran.status());
+      report.refused.push_back(RefusedCall{index, op.name, reason});
+      return Annotate(ServeFromRecord(op, report),
+                      absl::StrCat("its reference refused it (", reason, ") and it is not re-executed"));
     }
-    if (outputs.size() != op.outputs.size()) {
-      return absl::InvalidArgumentError(absl::StrFormat("its reference returned %d tensors; the op recorded %d",
-                                                        outputs.size(), op.outputs.size()));
-    }
+    std::vector<at::Tensor>& outputs = *ran;
     ++report.by_reference;
     for (size_t o = 0; o < outputs.size(); ++o) {
       const formats::TensorMeta* meta = trace_.Find(op.outputs[o]);
@@ -504,7 +523,12 @@ class Replay {
                                      const std::vector<at::Tensor>& outputs, ReplayReport& report) {
     std::vector<c10::IValue> wide;
     for (const c10::IValue& v : args) wide.push_back(Widen(v));
-    MOERR_ASSIGN_OR_RETURN(const std::vector<at::Tensor> exact, options_.references->Run(op.name, wide));
+    const absl::StatusOr<std::vector<at::Tensor>> ran = options_.references->Run(op.name, wide);
+    if (!ran.ok()) {  // no verdict without the fp64 run
+      report.refused.push_back(RefusedCall{index, op.name, RefusalReason(ran.status()) + " (its fp64 run)"});
+      return absl::OkStatus();
+    }
+    const std::vector<at::Tensor>& exact = *ran;
     const uint64_t allowance = Reference(op)->ulps;
     for (size_t o = 0; o < outputs.size() && o < exact.size(); ++o) {
       const formats::TensorMeta* meta = trace_.Find(op.outputs[o]);
@@ -530,6 +554,72 @@ class Replay {
       report.reference_checks.push_back(c);
     }
     return absl::OkStatus();
+  }
+
+  // Feeds the recorded outputs of `op` to the ops after it (it is not
+  // re-executed).
+  absl::Status ServeFromRecord(const formats::OpEvent& op, ReplayReport& report) {
+    for (uint64_t id : op.outputs) {
+      if (id == 0) continue;
+      MOERR_ASSIGN_OR_RETURN(at::Tensor t, Value(id, /*produced_view=*/true));
+      (void)t;
+    }
+    ++report.not_reexecuted;
+    ++report.not_reexecuted_ops[op.name];
+    return absl::OkStatus();
+  }
+
+  // The arguments of `op` for its reference, under `rule`.
+  absl::Status ReferenceArgs(const formats::OpEvent& op, const c10::optional<c10::OperatorHandle>& handle,
+                             const PolicyRule* rule, std::vector<c10::IValue>& args,
+                             std::vector<recorder::ViewSource>& sources) {
+    const std::vector<c10::Argument>* schema_args = handle ? &handle->schema().arguments() : nullptr;
+    for (size_t i = 0; i < op.args.size(); ++i) {
+      const c10::Argument* schema_arg =
+          schema_args != nullptr && i < schema_args->size() ? &(*schema_args)[i] : nullptr;
+      MOERR_ASSIGN_OR_RETURN(c10::IValue v, ToIValue(op.args[i], schema_arg, rule, sources));
+      args.push_back(std::move(v));
+    }
+    return absl::OkStatus();
+  }
+
+  // The outputs of `op`'s reference on `args`, without autocast; an error
+  // when it raises (it refuses an option) or returns another number of
+  // outputs than the op recorded.
+  absl::StatusOr<std::vector<at::Tensor>> RunReferenceOn(const formats::OpEvent& op,
+                                                         const std::vector<c10::IValue>& args) {
+    at::autocast::set_cpu_enabled(false);
+    MOERR_ASSIGN_OR_RETURN(std::vector<at::Tensor> outputs, options_.references->Run(op.name, args));
+    // A reference of a newer schema may return outputs the recorded version
+    // lacked; such a trailing output is empty when the call passes none of
+    // the arguments it belongs to (npu_fusion_attention_grad's dsink).
+    while (outputs.size() > op.outputs.size() && outputs.back().defined() && outputs.back().numel() == 0) {
+      outputs.pop_back();
+    }
+    if (outputs.size() != op.outputs.size()) {
+      return absl::InvalidArgumentError(absl::StrFormat("it returned %d tensors; the op recorded %d",
+                                                        outputs.size(), op.outputs.size()));
+    }
+    return outputs;
+  }
+
+  // Whether the reference of `op` refuses the call, judged on zeros of the
+  // recorded shapes and dtypes with the recorded options (where the bundle
+  // holds no values: a stats bundle): its reason, or "" when it runs.
+  std::string ProbeReference(const formats::OpEvent& op) {
+    at::DisableRecordFunctionGuard no_record;
+    c10::NoGradGuard no_grad;
+    const bool autocast = at::autocast::is_cpu_enabled();  // RunReferenceOn turns it off
+    probing_ = true;
+    const absl::Status status = CatchTorch("probe", [&] {
+      std::vector<c10::IValue> args;
+      std::vector<recorder::ViewSource> sources;
+      MOERR_RETURN_IF_ERROR(ReferenceArgs(op, Operator(op), nullptr, args, sources));
+      return RunReferenceOn(op, args).status();
+    });
+    probing_ = false;
+    at::autocast::set_cpu_enabled(autocast);
+    return status.ok() ? "" : RefusalReason(status);
   }
 
   const c10::optional<c10::OperatorHandle>& Operator(const formats::OpEvent& op) {

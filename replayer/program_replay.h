@@ -103,6 +103,16 @@ struct ReferenceCheck {
   bool suspect = false;            // recorded_ulps > allowed_ulps, or NaN/Inf where fp64 has none
 };
 
+// A call whose reference refused it (a TorchScript reference raising on an
+// option it does not implement: npu_fusion_attention's sparse_mode 5, a
+// pse). The call is served from the record instead, like an op without a
+// reference, and isolated replay gives it no verdict.
+struct RefusedCall {
+  size_t op_index = 0;
+  std::string op;
+  std::string reason;  // the reference's own words: "sparse_mode 5 is not implemented (0 to 4 are)"
+};
+
 struct ReplayReport {
   int64_t step = 0;
   size_t ops = 0;                  // ops in the step
@@ -111,6 +121,10 @@ struct ReplayReport {
   size_t not_reexecuted = 0;       // ops served from the record (ServedFromRecord)
   std::map<std::string, size_t> not_reexecuted_ops;  // their count by op name
   size_t by_reference = 0;         // ops run through their reference
+  // Calls whose reference refused them, in execution order: served from the
+  // record (counted in not_reexecuted), or, in isolated replay, when the
+  // reference's fp64 run refuses, left without a verdict.
+  std::vector<RefusedCall> refused;
   size_t within_tolerance = 0;     // compared outputs not bitwise equal but within tolerance
   // Ops recorded on another device type than the replay's (a CUDA or NPU
   // step replayed on the CPU): their outputs are compared within the

@@ -4,7 +4,8 @@
 // gradient doubled) from a library this process never loads; the shipped
 // torch_npu references of npu_swiglu serve as their references. It also
 // records a step of npu::npu_fusion_attention and its grad (correct, with
-// torch_npu 7.1.0's schemas), which the shipped references serve by name.
+// torch_npu 7.1.0's schemas), which the shipped references serve by name,
+// and the same calls with sparse_mode 5, which those references refuse.
 #include <gtest/gtest.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -41,6 +42,11 @@ class ForeignOpsTest : public ::testing::Test {
     }
     const std::string attention = absl::StrCat(RECORD_FAKE_NPU, " ", Bundle("attention"), " full attention");
     ASSERT_EQ(std::system(attention.c_str()), 0) << attention;
+    for (const char* mode : {"stats", "full"}) {
+      const std::string sparse5 =
+          absl::StrCat(RECORD_FAKE_NPU, " ", Bundle(absl::StrCat("sparse5-", mode)), " ", mode, " attention-sparse5");
+      ASSERT_EQ(std::system(sparse5.c_str()), 0) << sparse5;
+    }
   }
   static void TearDownTestSuite() {
     delete dir_;
@@ -452,6 +458,121 @@ TEST_F(ForeignOpsTest, ARunDirectoryIsCheckedRankByRank) {
   EXPECT_EQ(finding.getInteger("rank").getValueOr(-1), 0);
   EXPECT_EQ(finding.getString("op").getValueOr("").str(), kBackward);
   EXPECT_NE(out.find("rank1.moerr step 0: vendor-op not checked"), std::string::npos) << out;
+}
+
+// Calls a shipped reference refuses (npu_fusion_attention and its grad with
+// sparse_mode 5) are served from the record: the replay completes, the calls
+// count as not re-executed, isolated replay gives them no verdict, and the
+// refusal is named in the report, the text and the JSON. Where the bundle
+// holds no outputs (stats), they join the ops that block the replay.
+TEST_F(ForeignOpsTest, ACallTheReferenceRefusesIsServedFromTheRecord) {
+  auto refs = OpReferences::Load({});
+  ASSERT_TRUE(refs.ok()) << refs.status();
+  auto reader = formats::BundleReader::Open(Bundle("sparse5-full"));
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  for (const bool isolated : {false, true}) {
+    ReplayOptions options;
+    options.isolated = isolated;
+    options.references = &*refs;
+    auto report = ReplayStep(**reader, 0, options);
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_EQ(report->by_reference, 0u);
+    EXPECT_EQ(report->not_reexecuted, 2u);
+    EXPECT_TRUE(report->reference_checks.empty());
+    EXPECT_EQ(report->mismatched, 0u);
+    ASSERT_EQ(report->refused.size(), 2u);
+    EXPECT_EQ(report->refused[0].op, "npu::npu_fusion_attention");
+    EXPECT_EQ(report->refused[1].op, "npu::npu_fusion_attention_grad");
+    EXPECT_LT(report->refused[0].op_index, report->refused[1].op_index);
+    for (const RefusedCall& c : report->refused) {
+      EXPECT_EQ(c.reason.rfind("sparse_mode 5 is not implemented", 0), 0u) << c.reason;
+    }
+  }
+
+  auto [code, out] = Moerr(absl::StrCat("replay ", Bundle("sparse5-full")));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("2 not re-executed"), std::string::npos) << out;
+  EXPECT_NE(out.find("npu::npu_fusion_attention x1: the reference refused: sparse_mode 5 is not implemented"),
+            std::string::npos)
+      << out;
+  std::tie(code, out) = Moerr(absl::StrCat("replay ", Bundle("sparse5-full"), " --isolated --json"));
+  EXPECT_EQ(code, 0) << out;
+  auto json = llvm::json::parse(out);
+  ASSERT_TRUE(static_cast<bool>(json)) << llvm::toString(json.takeError()) << "\n" << out;
+  const llvm::json::Object& step = *(*json->getAsArray())[0].getAsObject();
+  EXPECT_EQ(step.getInteger("not_reexecuted").getValueOr(-1), 2) << out;
+  ASSERT_NE(step.getArray("reference_checks"), nullptr) << out;
+  EXPECT_TRUE(step.getArray("reference_checks")->empty()) << out;
+  const llvm::json::Array* refused = step.getArray("refused");
+  ASSERT_NE(refused, nullptr) << out;
+  ASSERT_EQ(refused->size(), 2u) << out;
+  const llvm::json::Object& first = *(*refused)[0].getAsObject();
+  EXPECT_EQ(first.getString("op").getValueOr("").str(), "npu::npu_fusion_attention");
+  EXPECT_TRUE(first.getInteger("op_index").hasValue());
+  EXPECT_NE(first.getString("reason").getValueOr("").find("sparse_mode 5"), llvm::StringRef::npos) << out;
+
+  auto stats = formats::BundleReader::Open(Bundle("sparse5-stats"));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  ReplayOptions options;
+  options.references = &*refs;
+  auto blocked = ReplayStep(**stats, 0, options);
+  ASSERT_FALSE(blocked.ok());
+  EXPECT_EQ(blocked.status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string message(blocked.status().message());
+  EXPECT_NE(message.find("2 ops of step 0 cannot be replayed"), std::string::npos) << message;
+  for (const char* op : {"npu::npu_fusion_attention in forward (op ", "npu::npu_fusion_attention_grad in "}) {
+    const size_t at = message.find(op);
+    ASSERT_NE(at, std::string::npos) << message;
+    EXPECT_NE(message.find("): the reference refused: sparse_mode 5 is not implemented", at), std::string::npos)
+        << message;
+  }
+}
+
+// A run directory one of whose ranks cannot be replayed (a stats bundle
+// beside a full one): replay reports that rank, with why, replays the other,
+// and exits with a finding (1), not an error (2).
+TEST_F(ForeignOpsTest, ARankThatCannotBeReplayedIsReportedAndTheOthersGoOn) {
+  const std::vector<std::string> specs = ReferenceSpecs();
+  const std::string refs = absl::StrCat(" --reference ", specs[0], " --reference ", specs[1]);
+  const std::string run = RunOf(*dir_, "run_stats_rank", Bundle("stats"), Bundle("full"));
+  // Why rank 0 is not replayed, in each mode.
+  const std::map<std::string, std::string> why{{" --isolated", "isolated replay needs every op's outputs"},
+                                               {"", "a stats bundle cannot be replayed"}};
+  for (const auto& [mode, reason] : why) {
+    auto [code, out] = Moerr(absl::StrCat("replay ", run, mode, refs));
+    EXPECT_EQ(code, 1) << out;
+    const size_t rank1 = out.find("rank 1 (");
+    ASSERT_NE(rank1, std::string::npos) << out;
+    const size_t skipped = out.find("rank 0 not replayed: ");
+    ASSERT_NE(skipped, std::string::npos) << out;
+    EXPECT_LT(skipped, rank1) << out;
+    EXPECT_LT(out.find(reason, skipped), rank1) << out;
+    EXPECT_NE(out.find("step 0: ", rank1), std::string::npos) << out;  // rank 1's own summary
+  }
+  auto [code, out] = Moerr(absl::StrCat("replay ", run, " --isolated --json", refs));
+  EXPECT_EQ(code, 1) << out;
+  auto json = llvm::json::parse(out);
+  ASSERT_TRUE(static_cast<bool>(json)) << llvm::toString(json.takeError()) << "\n" << out;
+  const llvm::json::Array* ranks = json->getAsObject()->getArray("ranks");
+  ASSERT_NE(ranks, nullptr) << out;
+  ASSERT_EQ(ranks->size(), 2u) << out;
+  const llvm::json::Object& bad = *(*ranks)[0].getAsObject();
+  EXPECT_EQ(bad.getInteger("rank").getValueOr(-1), 0);
+  EXPECT_EQ(bad.getString("error").getValueOr("").find(why.at(" --isolated")), 0u) << out;
+  EXPECT_EQ(bad.getArray("steps"), nullptr) << out;
+  const llvm::json::Object& good = *(*ranks)[1].getAsObject();
+  EXPECT_EQ(good.getInteger("rank").getValueOr(-1), 1);
+  EXPECT_FALSE(good.getString("error").hasValue()) << out;
+  const llvm::json::Array* steps = good.getArray("steps");
+  ASSERT_NE(steps, nullptr) << out;
+  ASSERT_EQ(steps->size(), 1u) << out;
+  const llvm::json::Array* checks = (*steps)[0].getAsObject()->getArray("reference_checks");
+  ASSERT_NE(checks, nullptr) << out;
+  EXPECT_EQ(checks->size(), 2u) << out;
+
+  // A bad option is the command's error, not every rank's.
+  std::tie(code, out) = Moerr(absl::StrCat("replay ", run, " --reference npu::npu_swiglu=/nonexistent.pt"));
+  EXPECT_EQ(code, 2) << out;
 }
 
 }  // namespace

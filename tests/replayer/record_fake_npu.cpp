@@ -3,9 +3,10 @@
 // process loads (fake_npu_ops.cpp) and the replaying process does not; with
 // `attention`, a step of one causal npu::npu_fusion_attention and its
 // npu::npu_fusion_attention_grad instead (fake_npu_ops.cpp registers them
-// under torch_npu's names).
+// under torch_npu's names); with `attention-sparse5`, the same calls with
+// sparse_mode 5, which the fake ops ignore and the shipped references refuse.
 //
-//   record_fake_npu OUT.moerr MODE [attention]
+//   record_fake_npu OUT.moerr MODE [attention|attention-sparse5]
 #include <dlfcn.h>
 #include <torch/torch.h>
 
@@ -21,20 +22,20 @@ namespace {
 // on BNSD [1, 2, 5, 8] inputs, causal: atten_mask masks the keys after each
 // query, which pre_tockens 5 and next_tockens 0 say with sparse_mode 0; then
 // of npu::npu_fusion_attention_grad (7.1.0's 27) for a random dy. The
-// sum of dq's squares.
-at::Tensor CausalAttention() {
+// sum of dq's squares. `sparse_mode` is passed to both calls.
+at::Tensor CausalAttention(int64_t sparse_mode) {
   const at::Tensor q = torch::randn({1, 2, 5, 8}), k = torch::randn({1, 2, 5, 8}), v = torch::randn({1, 2, 5, 8});
   const at::Tensor mask = torch::ones({5, 5}, torch::kBool).triu(1);
   const c10::IValue none;
   const auto forward = c10::Dispatcher::singleton().findSchemaOrThrow("npu::npu_fusion_attention", "");
   torch::jit::Stack stack{q, k, v, int64_t{2}, std::string("BNSD"), none, none, mask, 0.35, 1.0, int64_t{5},
-                          int64_t{0}, int64_t{0}, none, none, none, int64_t{0}, true, false};
+                          int64_t{0}, int64_t{0}, none, none, none, sparse_mode, true, false};
   forward.callBoxed(&stack);
   const at::Tensor dy = torch::randn({1, 2, 5, 8});
   const auto grad = c10::Dispatcher::singleton().findSchemaOrThrow("npu::npu_fusion_attention_grad", "");
   torch::jit::Stack grad_stack{q, k, v, dy, int64_t{2}, std::string("BNSD"), none, none, mask, stack[1], stack[2],
                                stack[3], stack[0], 0.35, 1.0, int64_t{5}, int64_t{0}, int64_t{0}, int64_t{0},
-                               int64_t{0}, int64_t{0}, none, none, none, int64_t{0}, true, false};
+                               int64_t{0}, int64_t{0}, none, none, none, sparse_mode, true, false};
   grad.callBoxed(&grad_stack);
   return grad_stack[0].toTensor().square().sum();
 }
@@ -43,8 +44,9 @@ at::Tensor CausalAttention() {
 
 int main(int argc, char** argv) {
   using namespace moerr;
-  if (argc != 3 && !(argc == 4 && std::string(argv[3]) == "attention")) {
-    std::fprintf(stderr, "usage: record_fake_npu OUT.moerr MODE [attention]\n");
+  const std::string what = argc == 4 ? argv[3] : "";
+  if (argc != 3 && !(argc == 4 && (what == "attention" || what == "attention-sparse5"))) {
+    std::fprintf(stderr, "usage: record_fake_npu OUT.moerr MODE [attention|attention-sparse5]\n");
     return 2;
   }
   if (::dlopen(FAKE_NPU_LIB, RTLD_NOW | RTLD_GLOBAL) == nullptr) {
@@ -71,7 +73,7 @@ int main(int argc, char** argv) {
     at::Tensor out;
     {
       RECORD_USER_SCOPE("attn");
-      out = CausalAttention();
+      out = CausalAttention(what == "attention-sparse5" ? 5 : 0);
     }
     if (!(*rec)->StepEnd(0, {out.item<double>(), 0.0}).ok()) return 3;
     return (*rec)->Stop().ok() ? 0 : 3;
