@@ -16,11 +16,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "formats/collective_op.h"
 #include "moe/numerics.h"
 #include "recorder/fingerprint.h"
 #include "recorder/hooks/tensor_adapter.h"
+#include "replayer/reference_run.h"
 #include "support/status.h"
 #include "recorder/hooks/torch_boundary.h"
 
@@ -80,41 +80,10 @@ enum class Judge { kBitwise, kTolerance, kReference };
 // here.
 bool ServedFromRecord(const formats::OpEvent& op, bool known) { return !known || formats::IsCollective(op); }
 
-// `v` with its floating tensors in fp64: a reference's exact run.
-c10::IValue Widen(const c10::IValue& v) {
-  if (v.isTensor()) {
-    const at::Tensor& t = v.toTensor();
-    return t.defined() && t.is_floating_point() ? c10::IValue(t.to(at::kDouble)) : v;
-  }
-  if (v.isTensorList()) {
-    std::vector<at::Tensor> list;
-    for (const at::Tensor& t : v.toTensorVector()) list.push_back(t.is_floating_point() ? t.to(at::kDouble) : t);
-    return c10::IValue(list);
-  }
-  return v;
-}
-
 bool IsScalarTypeArgument(const c10::Argument& arg) {
   c10::TypePtr type = arg.real_type();  // type() says int: ScalarType travels as one
   if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
   return type->kind() == c10::TypeKind::ScalarTypeType;
-}
-
-// Why a reference refused a call, in its own words: the last line of a
-// TorchScript error ("RuntimeError: npu_fusion_attention reference: sparse_mode
-// 5 is not implemented (0 to 4 are)") without the error's type and the
-// reference's name; any other error's message as it is.
-std::string RefusalReason(const absl::Status& status) {
-  absl::string_view text = absl::StripTrailingAsciiWhitespace(status.message());
-  if (const size_t line = text.rfind('\n'); line != absl::string_view::npos) text = text.substr(line + 1);
-  text = absl::StripAsciiWhitespace(text);
-  if (const size_t type = text.find("Error: "); type != absl::string_view::npos && text.find(' ') > type) {
-    text = text.substr(type + 7);
-  }
-  if (const size_t name = text.find(" reference: "); name != absl::string_view::npos && text.find(' ') == name) {
-    text = text.substr(name + 12);
-  }
-  return std::string(text);
 }
 
 class Replay {
@@ -494,7 +463,7 @@ class Replay {
     std::vector<recorder::ViewSource> sources;
     MOERR_RETURN_IF_ERROR(ReferenceArgs(op, handle, rule, args, sources));
     const auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<std::vector<at::Tensor>> ran = RunReferenceOn(op, args);
+    absl::StatusOr<std::vector<at::Tensor>> ran = RunReferenceOf(*options_.references, op, args);
     report.dispatch_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (!ran.ok()) {
       // Refused: the call is served from the record, as an op without a
@@ -534,23 +503,11 @@ class Replay {
       const formats::TensorMeta* meta = trace_.Find(op.outputs[o]);
       if (meta == nullptr || meta->leaf.empty() || !outputs[o].is_floating_point()) continue;
       MOERR_ASSIGN_OR_RETURN(const formats::OwnedTensor recorded, reader_.ReadTensor(meta->leaf, step_));
-      const at::Tensor exact64 = exact[o].to(at::kDouble).contiguous(), mine = outputs[o].cpu().contiguous();
-      MOERR_ASSIGN_OR_RETURN(const formats::TensorView exact_view, recorder::ViewOf(exact64));
-      MOERR_ASSIGN_OR_RETURN(const formats::TensorView mine_view, recorder::ViewOf(mine));
-      MOERR_ASSIGN_OR_RETURN(const diff::TensorMetrics vendor, diff::CompareTensors(exact_view, recorded.view()));
-      MOERR_ASSIGN_OR_RETURN(const diff::TensorMetrics own, diff::CompareTensors(exact_view, mine_view));
-      ReferenceCheck c;
+      MOERR_ASSIGN_OR_RETURN(ReferenceCheck c, JudgeAgainstReference(recorded.view(), exact[o], outputs[o], allowance));
       c.op_index = index;
       c.slot = o;
       c.output = op.outputs[o];
       c.dtype = meta->dtype;
-      c.recorded_ulps = vendor.max_ulp;
-      c.reference_ulps = own.max_ulp;
-      c.recorded_rel_l2 = vendor.rel_l2;
-      c.reference_rel_l2 = own.rel_l2;
-      c.allowed_ulps = 2 * std::max(own.max_ulp, allowance);
-      c.suspect = vendor.max_ulp > c.allowed_ulps ||
-                  vendor.nan_mismatch + vendor.inf_mismatch > own.nan_mismatch + own.inf_mismatch;
       report.reference_checks.push_back(c);
     }
     return absl::OkStatus();
@@ -583,39 +540,19 @@ class Replay {
     return absl::OkStatus();
   }
 
-  // The outputs of `op`'s reference on `args`, without autocast; an error
-  // when it raises (it refuses an option) or returns another number of
-  // outputs than the op recorded.
-  absl::StatusOr<std::vector<at::Tensor>> RunReferenceOn(const formats::OpEvent& op,
-                                                         const std::vector<c10::IValue>& args) {
-    at::autocast::set_cpu_enabled(false);
-    MOERR_ASSIGN_OR_RETURN(std::vector<at::Tensor> outputs, options_.references->Run(op.name, args));
-    // A reference of a newer schema may return outputs the recorded version
-    // lacked; such a trailing output is empty when the call passes none of
-    // the arguments it belongs to (npu_fusion_attention_grad's dsink).
-    while (outputs.size() > op.outputs.size() && outputs.back().defined() && outputs.back().numel() == 0) {
-      outputs.pop_back();
-    }
-    if (outputs.size() != op.outputs.size()) {
-      return absl::InvalidArgumentError(absl::StrFormat("it returned %d tensors; the op recorded %d",
-                                                        outputs.size(), op.outputs.size()));
-    }
-    return outputs;
-  }
-
   // Whether the reference of `op` refuses the call, judged on zeros of the
   // recorded shapes and dtypes with the recorded options (where the bundle
   // holds no values: a stats bundle): its reason, or "" when it runs.
   std::string ProbeReference(const formats::OpEvent& op) {
     at::DisableRecordFunctionGuard no_record;
     c10::NoGradGuard no_grad;
-    const bool autocast = at::autocast::is_cpu_enabled();  // RunReferenceOn turns it off
+    const bool autocast = at::autocast::is_cpu_enabled();  // RunReferenceOf turns it off
     probing_ = true;
     const absl::Status status = CatchTorch("probe", [&] {
       std::vector<c10::IValue> args;
       std::vector<recorder::ViewSource> sources;
       MOERR_RETURN_IF_ERROR(ReferenceArgs(op, Operator(op), nullptr, args, sources));
-      return RunReferenceOn(op, args).status();
+      return RunReferenceOf(*options_.references, op, args).status();
     });
     probing_ = false;
     at::autocast::set_cpu_enabled(autocast);
