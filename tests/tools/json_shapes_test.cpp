@@ -166,8 +166,8 @@ TEST_F(JsonShapesTest, ReplayProgramAndModel) {
   ASSERT_EQ(program.size(), 1u);
   EXPECT_EQ(KeysOf(program[0]),
             (Keys{"by_reference", "compared", "differ", "dispatched", "first_divergence", "from_record", "mode",
-                  "not_reexecuted", "not_reexecuted_ops", "ops", "other_device_ops", "recorded_devices", "step",
-                  "within_tolerance"}));
+                  "not_reexecuted", "not_reexecuted_ops", "ops", "other_device_ops", "recorded_devices", "refused",
+                  "step", "within_tolerance"}));
   EXPECT_EQ(program[0].getString("mode").getValueOr("").str(), "program");
   EXPECT_EQ(program[0].getInteger("not_reexecuted").getValueOr(-1), 0);
   EXPECT_EQ(program[0].getInteger("differ").getValueOr(-1), 0);
