@@ -2,6 +2,7 @@
 
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <fstream>
 #include <numeric>
 #include <random>
@@ -166,10 +167,13 @@ absl::StatusOr<std::optional<analysis::WorldOverflow>> ChooseWorldStep(formats::
 }
 
 // Per proxy rank: each layer's proxy experts there, the original experts
-// they are and the original (EP) ranks that hosted those.
+// they are and the original ranks that hosted those: in the EP group of the
+// rank the failure began on (of rank 0 without one), since replicas of an
+// expert live in every group.
 llvm::json::Array Placement(const ProxyReport& report, const formats::WorldManifest& original) {
   llvm::json::Array ranks;
   const int64_t per_rank = report.kept / report.ranks, original_per_rank = report.experts / original.ep_size;
+  const int64_t group_start = std::max<int64_t>(report.failure_rank, 0) / original.ep_size * original.ep_size;
   for (int64_t m = 0; m < report.ranks; ++m) {
     llvm::json::Array layers;
     for (const LayerPlan& p : report.plans) {
@@ -177,7 +181,7 @@ llvm::json::Array Placement(const ProxyReport& report, const formats::WorldManif
       for (int64_t j = m * per_rank; j < (m + 1) * per_rank; ++j) {
         experts.push_back(j);
         originals.push_back(p.kept[static_cast<size_t>(j)]);
-        hosts.push_back(p.kept[static_cast<size_t>(j)] / original_per_rank);
+        hosts.push_back(group_start + p.kept[static_cast<size_t>(j)] / original_per_rank);
       }
       layers.push_back(llvm::json::Object{{"layer", p.layer},
                                           {"experts", std::move(experts)},
@@ -274,7 +278,9 @@ absl::StatusOr<ProxyReport> BuildWorldProxy(formats::WorldStep& world, const Pro
       if (auto e = formats::ExpertOf(module)) report.implicated.push_back(*e);
     }
   }
-  MOERR_ASSIGN_OR_RETURN(const StepBundle original, LoadWorldStepBundle(world));
+  // The experts as the failing rank's group held them (their replicas may not be broken).
+  MOERR_ASSIGN_OR_RETURN(const StepBundle original,
+                         LoadWorldStepBundle(world, std::max<int64_t>(report.failure_rank, 0)));
   const std::string where = absl::StrFormat("proxy of %s, step %d", options.source, report.step);
   ProxyOptions per_rank = options;
   per_rank.ep = options.ranks;  // every proxy rank hosts kept / M experts

@@ -82,6 +82,11 @@ absl::StatusOr<std::vector<RoutingEntry>> ConcatRouting(const std::vector<std::v
         return absl::InvalidArgumentError(
             absl::StrFormat("%s: ranks 0 and %d recorded different routing decisions", where, r));
       }
+      if (ranks[r][i].ids.size(0) != out[i].ids.size(0)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s: rank %d routed %d tokens in decision %d of layer %d, rank 0 %d: the ranks' shards differ", where, r,
+            ranks[r][i].ids.size(0), i, out[i].layer, out[i].ids.size(0)));
+      }
       ids.push_back(ranks[r][i].ids);
       weights.push_back(ranks[r][i].weights);
       if (out[i].logits.defined()) logits.push_back(ranks[r][i].logits);
@@ -106,21 +111,26 @@ absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, i
   return b;
 }
 
-absl::StatusOr<StepBundle> LoadWorldStepBundle(const formats::WorldStep& world) {
+absl::StatusOr<StepBundle> LoadWorldStepBundle(const formats::WorldStep& world, int64_t experts_of) {
   const std::string where = absl::StrFormat("%s, step %d", world.dir, world.step);
-  MOERR_ASSIGN_OR_RETURN(const replayer::WorldReplayPlan plan, replayer::PlanWorldReplay(world.manifest, 1));
+  MOERR_ASSIGN_OR_RETURN(replayer::WorldReplayPlan plan, replayer::PlanWorldReplay(world.manifest, 1));
+  plan.experts_of = experts_of;
   absl::StatusOr<std::unique_ptr<moe::GrpoTrainer>> trainer = replayer::LoadWorldTrainer(world, plan, 0);
   if (!trainer.ok()) return Annotate(trainer.status(), where + ", trainer state");
   StepBundle b = FromTrainer(**trainer, world.step);
+  // First, as it checks that every rank completed the step (the trainer
+  // needed only the ranks hosting the experts).
+  MOERR_RETURN_IF_ERROR(CatchTorch(where + ", responses", [&]() -> absl::Status {
+    MOERR_ASSIGN_OR_RETURN(b.responses, replayer::WorldResponses(world));
+    return absl::OkStatus();
+  }));
   std::vector<std::vector<RoutingEntry>> ranks;
   for (const formats::RankStep& r : world.ranks) {
-    // LoadWorldTrainer checked that every rank completed the step.
     MOERR_ASSIGN_OR_RETURN(ranks.emplace_back(), ReadRoutingEntries(*r.reader, world.step, *r.trace,
                                                                     absl::StrFormat("%s, rank %d", where, r.rank)));
   }
   MOERR_RETURN_IF_ERROR(CatchTorch(where + ", routing", [&]() -> absl::Status {
     MOERR_ASSIGN_OR_RETURN(b.routing, ConcatRouting(ranks, where));
-    MOERR_ASSIGN_OR_RETURN(b.responses, replayer::WorldResponses(world));
     return absl::OkStatus();
   }));
   b.metrics = StepMetrics(*world.ranks[0].reader, world.step);
@@ -131,6 +141,13 @@ absl::StatusOr<StepBundle> KeepShards(const StepBundle& world, int64_t ranks, co
   const int64_t prompts = world.options.prompts;
   if (ranks < 1 || prompts % ranks != 0 || kept.empty()) {
     return absl::InvalidArgumentError(absl::StrFormat("%d prompts do not split into %d shards", prompts, ranks));
+  }
+  for (const RoutingEntry& e : world.routing) {
+    if (e.ids.size(0) % ranks != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "layer %d: a routing decision of %d tokens does not split into %d equal shards", e.layer, e.ids.size(0),
+          ranks));
+    }
   }
   // The sampler's draw at the step: the trainer state's generator.
   std::mt19937_64 rng;

@@ -58,10 +58,11 @@ absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, i
 
 // Step `world.step` of a multi-rank run as one process's step: rank 0's
 // config, options and dense state with every expert's state from the rank
-// that hosted it (replayer::LoadWorldTrainer), every rank's routing
-// concatenated in rank order decision by decision, the world's responses,
-// rank 0's metrics (world totals).
-absl::StatusOr<StepBundle> LoadWorldStepBundle(const formats::WorldStep& world);
+// of the EP group of `experts_of` that hosted it (replayer::LoadWorldTrainer;
+// replicas may differ), every rank's routing concatenated in rank order
+// decision by decision, the world's responses, rank 0's metrics (world
+// totals).
+absl::StatusOr<StepBundle> LoadWorldStepBundle(const formats::WorldStep& world, int64_t experts_of = 0);
 
 // A world's step (LoadWorldStepBundle: the batch in rank order, `ranks`
 // equal shards) reduced to the shards of the ranks `kept`, in that order:

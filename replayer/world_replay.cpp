@@ -16,7 +16,7 @@
 namespace moerr::replayer {
 
 int64_t WorldReplayPlan::HostOf(int64_t rank, int64_t expert) const {
-  const int64_t base = rank * covers();
+  const int64_t base = experts_of >= 0 ? experts_of : rank * covers();
   return base / original_ep * original_ep + expert / (experts / original_ep);
 }
 

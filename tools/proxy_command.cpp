@@ -61,10 +61,13 @@ void PrintProxy(const proxy::ProxyReport& report, const std::string& method) {
 }
 
 // --ranks default for a run: the proxy keeps the experts per rank, so it
-// needs `keep` of the ranks (at least 1).
+// needs `keep` of the ranks: the largest divisor of the run's ranks not above
+// that (at least 1).
 int64_t DefaultRanks(int64_t original_ranks, const proxy::ProxyOptions& options, int64_t experts) {
   const double fraction = options.keep > 0 ? double(options.keep) / experts : options.keep_fraction;
-  return std::max<int64_t>(1, static_cast<int64_t>(original_ranks * fraction + 0.5));
+  int64_t m = std::max<int64_t>(1, static_cast<int64_t>(original_ranks * fraction + 0.5));
+  while (m > 1 && original_ranks % m != 0) --m;
+  return m;
 }
 
 }  // namespace

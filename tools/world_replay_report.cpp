@@ -85,13 +85,6 @@ std::optional<int64_t> KeptExpert(const llvm::json::Object& proxy, int64_t layer
   return At(LayerOf(proxy, layer), "kept", expert);
 }
 
-// The original (EP) rank that hosted original expert `expert`.
-int64_t OriginalRank(const llvm::json::Object& proxy, int64_t expert) {
-  const int64_t experts = proxy.getInteger("experts").getValueOr(1);
-  const int64_t ep = std::max<int64_t>(1, proxy.getInteger("original_ep_size").getValueOr(1));
-  return expert / std::max<int64_t>(1, experts / ep);
-}
-
 bool ProxyReproduced(const WorldReplayComparison& c) {
   const llvm::json::Object* failure = c.proxy->getObject("failure");
   if (failure == nullptr) return !c.replayed;
@@ -102,7 +95,11 @@ bool ProxyReproduced(const WorldReplayComparison& c) {
     return false;
   }
   const auto failed = failure->getInteger("expert");
-  if (!failed) return true;
+  // Outside an expert, the same layer too (a module class drops the index).
+  if (!failed) {
+    return formats::ParseModulePath(op.module).layer ==
+           formats::ParseModulePath(failure->getString("module").getValueOr("").str()).layer;
+  }
   const auto here = formats::ExpertOf(op.module);
   if (!here || here->first != failure->getInteger("layer")) return false;
   const auto original = KeptExpert(*c.proxy, here->first, here->second);
@@ -148,6 +145,9 @@ std::string FailureText(const llvm::json::Object& proxy) {
 }
 
 const char* const kMetrics[] = {"loss", "grad_norm", "reward", "kl"};
+// The metrics are world totals summed in another order on fewer ranks: equal
+// to fp32 rounding (docs/DISTRIBUTED.md, "Same numbers, and the tolerance").
+constexpr double kMetricTolerance = 1e-5;
 
 // One line per recorded rank (its experts' parts added up: the experts it
 // hosted and where they are now), or per part when the parts are ranks.
@@ -250,9 +250,23 @@ std::optional<OriginalExpert> OriginalOf(const llvm::json::Object& proxy, const 
   if (!expert) return std::nullopt;
   const auto kept = KeptExpert(proxy, expert->first, expert->second);
   if (!kept) return std::nullopt;
-  const int64_t per_rank = std::max<int64_t>(
-      1, proxy.getInteger("kept").getValueOr(1) / std::max<int64_t>(1, proxy.getInteger("ranks").getValueOr(1)));
-  return OriginalExpert{expert->first, *kept, OriginalRank(proxy, *kept), expert->second / per_rank};
+  // The placement names the proxy rank and the original rank (a run's proxy).
+  const llvm::json::Array* placement = proxy.getArray("placement");
+  for (size_t m = 0; placement != nullptr && m < placement->size(); ++m) {
+    const llvm::json::Object* rank = (*placement)[m].getAsObject();
+    const llvm::json::Array* layers = rank ? rank->getArray("layers") : nullptr;
+    for (size_t i = 0; layers != nullptr && i < layers->size(); ++i) {
+      const llvm::json::Object* l = (*layers)[i].getAsObject();
+      const llvm::json::Array* experts = l ? l->getArray("experts") : nullptr;
+      if (experts == nullptr || l->getInteger("layer") != expert->first) continue;
+      for (size_t j = 0; j < experts->size(); ++j) {
+        if ((*experts)[j].getAsInteger() != expert->second) continue;
+        const auto host = At(l, "original_ranks", static_cast<int64_t>(j));
+        return OriginalExpert{expert->first, *kept, host.value_or(-1), static_cast<int64_t>(m)};
+      }
+    }
+  }
+  return std::nullopt;
 }
 
 bool IsProxyRun(const std::string& path) {
@@ -355,11 +369,31 @@ llvm::json::Object WorldReplayJson(const WorldReplayComparison& c) {
                           {"reproduced", Reproduced(c)}}}};
 }
 
+namespace {
+
+bool SameMetrics(const WorldReplayComparison& c) {
+  for (const char* name : kMetrics) {
+    const llvm::json::Value* a = c.recorded_metrics.get(name);
+    const llvm::json::Value* b = c.replayed_metrics.get(name);
+    if (a == nullptr || b == nullptr) continue;  // not recorded
+    const auto x = a->getAsNumber(), y = b->getAsNumber();
+    if (x && y ? std::fabs(*x - *y) > kMetricTolerance * std::fabs(*x) + 1e-7
+               : MetricText(c.recorded_metrics, name) != MetricText(c.replayed_metrics, name)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 int WorldReplayExitCode(const WorldReplayComparison& c) {
-  if (c.proxy) return c.replayed ? kExitFinding : kExitOk;
-  bool ok = Reproduced(c);
+  // A proxy: an overflow, or the original's failure not shown, is a finding.
+  if (c.proxy) return c.replayed || !Reproduced(c) ? kExitFinding : kExitOk;
+  bool ok = Reproduced(c) && SameMetrics(c);
   for (const ReplayedPart& p : c.parts) ok = ok && p.diverged == 0 && p.unmatched == 0;
-  for (const diff::DenseDiff& d : c.dense) ok = ok && d.diverged == 0;
+  // A replay rank whose dense ops could not be judged at all is no evidence.
+  for (const diff::DenseDiff& d : c.dense) ok = ok && d.diverged == 0 && d.outputs > 0;
   return ok ? kExitOk : kExitFinding;
 }
 

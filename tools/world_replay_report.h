@@ -73,8 +73,11 @@ absl::StatusOr<WorldReplayComparison> CompareWorldReplay(const std::string& run,
 bool Reproduced(const WorldReplayComparison& c);
 void PrintWorldReplay(const WorldReplayComparison& c);
 llvm::json::Object WorldReplayJson(const WorldReplayComparison& c);
-// A recording: kExitFinding when an op diverged or did not match, or the
-// overflow did not reproduce. A proxy: kExitFinding when the replay overflows.
+// A recording: kExitFinding when an op diverged or did not match, a replay
+// rank's dense ops could not be judged, a metric differs past fp32 rounding
+// (1e-5 relative), or the overflow did not reproduce. A proxy:
+// kExitFinding when the replay overflows or does not show the original's
+// failure.
 int WorldReplayExitCode(const WorldReplayComparison& c);
 
 }  // namespace moerr::tools

@@ -284,6 +284,31 @@ TEST(WorldRun, AProxyOnOneRankReproducesAOneRankFaultAndNamesItsRank) {
   EXPECT_EQ(step->getInteger("original_expert").getValueOr(-1), failed);
 }
 
+// Two expert-parallel groups of 2 (experts are replicated across them) with
+// the fault on rank 3: replayed on 2 ranks (each a whole group), and a proxy
+// whose verdict names rank 3, not its replica in the first group.
+TEST(WorldRun, ReplicatedExpertsReplayOnFewerRanksAndTheProxyNamesTheFailingRank) {
+  const TrainedRun r =
+      Train("replicas", "replayable", {"--ranks", "4", "--ep", "2", "--fault", "expert-overflow", "--fault-rank", "3"});
+  ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
+  const llvm::json::Object replay = ReplayOnRanks(r, 2, 0);
+  EXPECT_EQ(replay.getInteger("ep_size").getValueOr(-1), 1);
+  ExpectSameMetrics(replay);
+  EXPECT_TRUE(replay.getObject("first_overflow")->getBoolean("reproduced").getValueOr(false));
+  const std::string proxy = (r.dir / "proxy").string();
+  const Result made = Moerr(r.dir, {"proxy", r.run(), "--keep", "1/2", "--ranks", "2", "-o", proxy});
+  ASSERT_EQ(made.code, 0) << made.out << made.err;
+  EXPECT_NE(made.out.find("it trains on the batch of original rank(s) 2, 3"), std::string::npos) << made.out;
+  const Result run = Moerr(r.dir, {"replay", proxy, "--json"});
+  EXPECT_EQ(run.code, 1) << run.out << run.err;
+  const llvm::json::Value v = Json(run);
+  const llvm::json::Object* overflow = v.getAsObject() ? v.getAsObject()->getObject("first_overflow") : nullptr;
+  ASSERT_NE(overflow, nullptr) << run.out;
+  EXPECT_TRUE(overflow->getBoolean("reproduced").getValueOr(false)) << run.out;
+  EXPECT_EQ(overflow->getObject("replayed")->getInteger("original_rank").getValueOr(-1), 3) << run.out;
+  EXPECT_GE(overflow->getObject("replayed")->getInteger("original_expert").getValueOr(-1), 4) << run.out;
+}
+
 TEST(WorldRun, ReplayOnRanksRefusesWhatItCannotDo) {
   const TrainedRun r = Train("fewer_stats", "stats", {"--ranks", "2", "--ep", "2"});
   ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
