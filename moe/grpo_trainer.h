@@ -118,9 +118,11 @@ class GrpoTrainer {
   StepMetrics Step();
 
   // Responses [prompts x group_size, response tokens] int64 the next steps
-  // train on instead of sampling their own (the prompts still come from the
-  // trainer's sampler): another model's rollouts, replayed. Called once per
-  // step with the step's prompts [n, P]; null: sample.
+  // train on instead of sampling their own (the prompts come from the
+  // trainer's sampler, or its batch source): another model's rollouts, or a
+  // recorded world's, replayed. Called once per step with the global batch's
+  // prompts, each repeated group_size times [prompts x group_size, P], and
+  // gives the global responses (each rank trains on its shard); null: sample.
   using ResponseSource = std::function<at::Tensor(int64_t step, const at::Tensor& prompts)>;
   void set_response_source(ResponseSource source) { response_source_ = std::move(source); }
 

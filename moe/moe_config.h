@@ -98,7 +98,8 @@ absl::Status Validate(const MoeConfig& c);
 
 // Presets: "tiny" (tests: a step well under a second), "small" (the demo:
 // 4 layers, 32 experts, top-4, one shared expert), "wide" (benchmarks: 128
-// experts, top-8, the router shape of Qwen3-30B-A3B, narrow).
+// experts, top-8, the router shape of Qwen3-30B-A3B, narrow), "wide-ep"
+// (expert parallelism at 8 ranks: 64 experts, top-4, 8 per rank at EP 8).
 absl::StatusOr<MoeConfig> Preset(const std::string& name, Family family = Family::kQwen3Moe);
 
 // HF config.json, in each family's own keys.
