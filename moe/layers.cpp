@@ -59,7 +59,8 @@ at::Tensor ApplyRotary(const at::Tensor& x, const MoeConfig& config) {
   const at::Tensor freqs = at::outer(at::arange(seq, opts), inv_freq);  // [S, half]
   const at::Tensor emb = at::cat({freqs, freqs}, -1);                  // [S, dim]
   // cos then sin, each cast on its own: the op order of recordings made before rope scaling.
-  auto scaled = [&](const at::Tensor& t) { return (magnitude != 1.0 ? t * magnitude : t).to(x.scalar_type()); };
+  const double scale = magnitude;  // a structured binding cannot be captured in C++17
+  auto scaled = [&](const at::Tensor& t) { return (scale != 1.0 ? t * scale : t).to(x.scalar_type()); };
   const at::Tensor cos = scaled(emb.cos());
   const at::Tensor sin = scaled(emb.sin());
   const at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);

@@ -246,7 +246,8 @@ struct Reference {
       q = Rms(q, W(p + ".q_norm.weight"), Num("rms_norm_eps", 1e-6));
       k = Rms(k, W(p + ".k_norm.weight"), Num("rms_norm_eps", 1e-6));
     }
-    const auto [cos, sin] = Rope(s, d);
+    const auto rope = Rope(s, d);
+    const at::Tensor &cos = rope.first, &sin = rope.second;
     auto rotate = [&](const at::Tensor& t) {
       const at::Tensor half = at::cat({-t.narrow(-1, d / 2, d / 2), t.narrow(-1, 0, d / 2)}, -1);
       return t * cos + half * sin;
