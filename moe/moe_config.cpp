@@ -84,13 +84,27 @@ absl::StatusOr<MoeConfig> Preset(const std::string& name, Family family) {
   } else if (name == "wide") {
     c.hidden_size = 128, c.num_layers = 4, c.num_heads = 8, c.num_kv_heads = 4, c.head_dim = 16;
     c.intermediate_size = 256, c.moe_intermediate_size = 32, c.num_experts = 128, c.top_k = 8;
+  } else if (name == "fine") {
+    // Fine-grained experts (DeepSeekMoE, Qwen3-MoE, DeepSeek-V3): small's
+    // routed parameters per layer cut into twice as many experts of half the
+    // width, top-8 instead of top-4 (the same active routed width, 192),
+    // beside one shared expert (Qwen2-MoE, DeepSeek-V3; Qwen3-MoE has none).
+    c.hidden_size = 96, c.num_layers = 4, c.num_heads = 6, c.num_kv_heads = 2, c.head_dim = 16;
+    c.intermediate_size = 192, c.moe_intermediate_size = 24, c.num_experts = 64, c.top_k = 8;
+    c.num_shared_experts = 1, c.shared_expert_intermediate_size = 96;
+  } else if (name == "tiny-fine") {
+    // fine's shape at tiny's size, for tests: 16 experts of width 8, top-4.
+    c.hidden_size = 32, c.num_layers = 2, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 8;
+    c.intermediate_size = 64, c.moe_intermediate_size = 8, c.num_experts = 16, c.top_k = 4;
+    c.num_shared_experts = 1, c.shared_expert_intermediate_size = 32;
   } else if (name == "wide-ep") {
     // Expert parallelism at 8 ranks (EP 8): 64 experts, 8 per rank; a proxy
     // keeping 1/4 puts 8 per rank on 2 ranks, one keeping 1/8 8 on one.
     c.hidden_size = 64, c.num_layers = 2, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 16;
     c.intermediate_size = 128, c.moe_intermediate_size = 32, c.num_experts = 64, c.top_k = 4;
   } else {
-    return absl::InvalidArgumentError(absl::StrFormat("unknown preset \"%s\" (tiny, small, wide, wide-ep)", name));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("unknown preset \"%s\" (tiny, tiny-fine, small, fine, wide, wide-ep)", name));
   }
   switch (family) {
     case Family::kQwen2Moe:
@@ -106,6 +120,8 @@ absl::StatusOr<MoeConfig> Preset(const std::string& name, Family family) {
       c.n_group = 4, c.topk_group = 2, c.routed_scaling_factor = 2.5;
       c.num_shared_experts = 1, c.shared_expert_intermediate_size = 0;
       c.first_k_dense = 1;
+      // DeepSeek-V3's shape: 8 groups of 8 experts, 4 eligible per token.
+      if (name == "fine") c.n_group = 8, c.topk_group = 4;
       break;
     case Family::kMixtral:
       c.num_shared_experts = 0, c.shared_expert_intermediate_size = 0;

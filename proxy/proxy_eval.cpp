@@ -110,17 +110,6 @@ void StaticFidelity(moe::MoeTransformer& original, moe::MoeTransformer& proxy, c
 
 }  // namespace
 
-double Pearson(const std::vector<double>& a, const std::vector<double>& b) {
-  double n = 0, sa = 0, sb = 0, saa = 0, sbb = 0, sab = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) continue;
-    n += 1, sa += a[i], sb += b[i], saa += a[i] * a[i], sbb += b[i] * b[i], sab += a[i] * b[i];
-  }
-  const double va = saa - sa * sa / n, vb = sbb - sb * sb / n;
-  if (n < 3 || va <= 0 || vb <= 0) return NAN;
-  return (sab - sa * sb / n) / std::sqrt(va * vb);
-}
-
 absl::Status RecordHealthyStep(const moe::MoeTransformer& warm, const std::string& path) {
   moe::MoeTransformer policy = moe::CopyOf(warm), reference = moe::CopyOf(warm);
   moe::GrpoTrainer trainer(policy, reference, moe::AdditionTask(), moe::GrpoOptions(), 0);
@@ -203,6 +192,26 @@ Trajectory Train(const moe::MoeTransformer& model, int64_t steps, uint64_t seed,
   return t;
 }
 
+absl::StatusOr<std::vector<moe::StepMetrics>> FaultResponseRun(const moe::MoeTransformer& model, moe::FaultKind fault,
+                                                               int64_t healthy, int64_t after, uint64_t seed) {
+  std::vector<moe::StepMetrics> run;
+  const moe::AdditionTask task;
+  moe::MoeTransformer policy = moe::CopyOf(model), reference = moe::CopyOf(model);
+  moe::GrpoTrainer trainer(policy, reference, task, moe::GrpoOptions(), seed);
+  for (int64_t s = 0; s < healthy; ++s) run.push_back(trainer.Step());
+  moe::MoeTransformer faulty = moe::CopyOf(trainer.policy()), faulty_reference = moe::CopyOf(trainer.reference());
+  moe::GrpoOptions grpo;
+  std::mt19937_64 calib_rng(17);
+  const moe::AdditionTask::Batch calib = task.Sample(64, calib_rng);
+  MOERR_RETURN_IF_ERROR(moe::InjectFault(fault, faulty, grpo, at::cat({calib.prompts, calib.answers}, 1)).status());
+  moe::GrpoTrainer faulty_trainer(faulty, faulty_reference, task, grpo, seed + 1);
+  for (int64_t s = 0; s < after; ++s) {
+    run.push_back(faulty_trainer.Step());
+    run.back().step = healthy + s;
+  }
+  return run;
+}
+
 int64_t MicroBatchedPeakMemory(const moe::MoeTransformer& model, int64_t micro_batch) {
   moe::PeakMemoryScope memory;
   moe::MoeTransformer policy = moe::CopyOf(model), reference = moe::CopyOf(model);
@@ -245,17 +254,28 @@ absl::Status Prepare(const EvalOptions& options) {
 
 // The warm model, cached across runs of the same preset, family and warm-up
 // length (what it was made from is in its directory's name).
-absl::StatusOr<moe::MoeTransformer> WarmModel(const EvalOptions& options, const EvalProgress& progress) {
+// `report`'s expert diversity of the model before (the same seeded
+// initialisation) and after the warm-up, on 64 task sequences.
+absl::StatusOr<moe::MoeTransformer> WarmModel(const EvalOptions& options, const EvalProgress& progress,
+                                              EvalReport& report) {
   MOERR_ASSIGN_OR_RETURN(moe::MoeConfig config, moe::Preset(options.preset, options.family));
   const std::string warm_dir = absl::StrFormat("%s/warmup/%s-%s-%d", options.out_dir, options.preset,
                                                moe::FamilyName(options.family), options.warmup_steps);
-  if (auto cached = moe::LoadCheckpoint(warm_dir); cached.ok() && (*cached)->config().num_experts > 0) return *cached;
+  std::mt19937_64 rng(7);
+  const moe::AdditionTask::Batch calib = moe::AdditionTask().Sample(64, rng);
+  const at::Tensor calibration = at::cat({calib.prompts, calib.answers}, 1);
   torch::manual_seed(0);
   moe::MoeTransformer warm(config);
+  report.initial = MeasureExpertDiversity(warm, calibration);
+  if (auto cached = moe::LoadCheckpoint(warm_dir); cached.ok() && (*cached)->config().num_experts > 0) {
+    report.warm = MeasureExpertDiversity(*cached, calibration);
+    return *cached;
+  }
   moe::WarmupOptions w;
   w.steps = options.warmup_steps;
   moe::Warmup(warm, moe::AdditionTask(), w, [&](int64_t s, double) { progress("warm-up", s + 1, w.steps); });
   MOERR_RETURN_IF_ERROR(Annotate(moe::SaveCheckpoint(warm, warm_dir, true), warm_dir));
+  report.warm = MeasureExpertDiversity(warm, calibration);
   return warm;
 }
 
@@ -268,6 +288,7 @@ struct Baseline {
   at::Tensor tokens;  // [64, S] held-out sequences
   Trajectory trajectory;
   int64_t peak_bytes = 0;
+  std::map<moe::FaultKind, FaultResponse> responses;  // the original's, per fault
 };
 
 absl::StatusOr<Baseline> MeasureBaseline(const moe::MoeTransformer& warm, const EvalOptions& options) {
@@ -280,18 +301,50 @@ absl::StatusOr<Baseline> MeasureBaseline(const moe::MoeTransformer& warm, const 
   b.tokens = at::cat({held_out.prompts, held_out.answers}, 1);
   b.trajectory = Train(warm, options.steps, 5);
   b.peak_bytes = MicroBatchedPeakMemory(warm, options.memory_micro_batch);
+  for (moe::FaultKind fault : options.faults) {
+    MOERR_ASSIGN_OR_RETURN(const auto run,
+                           FaultResponseRun(warm, fault, options.response_at, options.response_steps, 5));
+    b.responses[fault] = MeasureResponse(run, options.response_at);
+  }
   return b;
 }
 
-// Static fidelity, dynamics and cost of one kept fraction and method.
+// Builds the proxy of step `step` of `reader` for `row`'s configuration,
+// healed when the row is.
+absl::StatusOr<ProxyReport> BuildRowProxy(const formats::BundleReader& reader, const std::string& path, int64_t step,
+                                          const EvalRow& row, const EvalOptions& options, HealReport* healed = nullptr) {
+  MOERR_ASSIGN_OR_RETURN(ProxyReport built,
+                         BuildProxy(reader, Configure(row.keep, row.method, options.out_dir + "/proxy", step, path)));
+  if (row.heal_steps > 0) {
+    HealOptions heal;
+    heal.steps = row.heal_steps;
+    MOERR_ASSIGN_OR_RETURN(HealReport report, HealProxy(reader, built, heal, path));
+    if (healed) *healed = std::move(report);
+  }
+  return built;
+}
+
+// The trends of `proxy`'s trajectory against `original`'s.
+void CompareTrends(const Trajectory& original, const Trajectory& t, bool replayed, const TrendOptions& o,
+                   EvalRow& row) {
+  (replayed ? row.replayed_trend_loss : row.trend_loss) = CompareTrend(original.loss, t.loss, o);
+  (replayed ? row.replayed_trend_kl : row.trend_kl) = CompareTrend(original.kl, t.kl, o);
+  (replayed ? row.replayed_trend_grad_norm : row.trend_grad_norm) = CompareTrend(original.grad_norm, t.grad_norm, o);
+  if (!replayed) row.trend_reward = CompareTrend(original.reward, t.reward, o);
+}
+
+// Static fidelity, dynamics, fault response and cost of one kept fraction
+// and method (healed for `heal_steps` > 0).
 absl::StatusOr<EvalRow> EvaluateConfiguration(moe::MoeTransformer& warm, const Baseline& base, double keep,
-                                              const std::string& method, const EvalOptions& options) {
+                                              const std::string& method, int64_t heal_steps,
+                                              const EvalOptions& options) {
   EvalRow row;
   row.keep = keep;
   row.method = method;
-  MOERR_ASSIGN_OR_RETURN(
-      ProxyReport built,
-      BuildProxy(*base.healthy, Configure(keep, method, options.out_dir + "/proxy", 0, base.healthy_path)));
+  row.heal_steps = heal_steps;
+  HealReport healed;
+  MOERR_ASSIGN_OR_RETURN(ProxyReport built, BuildRowProxy(*base.healthy, base.healthy_path, 0, row, options, &healed));
+  row.heal_kl_before = healed.kl_before, row.heal_kl_after = healed.kl_after;
   row.kept = built.kept;
   row.params_ratio = double(built.params_original) / built.params_proxy;
   MOERR_ASSIGN_OR_RETURN(moe::MoeTransformer proxy, moe::LoadCheckpoint(built.checkpoint));
@@ -307,6 +360,15 @@ absl::StatusOr<EvalRow> EvaluateConfiguration(moe::MoeTransformer& warm, const B
   row.replayed_corr_loss = Pearson(original.loss, replayed.loss);
   row.replayed_corr_kl = Pearson(original.kl, replayed.kl);
   row.replayed_corr_grad_norm = Pearson(original.grad_norm, replayed.grad_norm);
+  CompareTrends(original, t, false, options.trend, row);
+  CompareTrends(original, replayed, true, options.trend, row);
+  for (const auto& [fault, response] : base.responses) {
+    MOERR_ASSIGN_OR_RETURN(const auto run,
+                           FaultResponseRun(proxy, fault, options.response_at, options.response_steps, 5));
+    FaultResponseRow r{fault, response, MeasureResponse(run, options.response_at), {}};
+    r.comparison = CompareResponse(r.original, r.proxy);
+    row.responses.push_back(std::move(r));
+  }
   row.step_time_ratio = original.seconds / t.seconds;
   row.peak_memory_ratio = double(base.peak_bytes) / MicroBatchedPeakMemory(proxy, options.memory_micro_batch);
   row.whole_batch_peak_memory_ratio = double(original.peak_bytes) / t.peak_bytes;
@@ -348,8 +410,7 @@ absl::Status ReproduceFault(const moe::MoeTransformer& warm, moe::FaultKind faul
   for (EvalRow& row : rows) {
     ++row.cases;
     for (int64_t s : steps) {
-      MOERR_ASSIGN_OR_RETURN(ProxyReport built,
-                             BuildProxy(*reader, Configure(row.keep, row.method, options.out_dir + "/proxy", s, path)));
+      MOERR_ASSIGN_OR_RETURN(ProxyReport built, BuildRowProxy(*reader, path, s, row, options));
       MOERR_ASSIGN_OR_RETURN(auto proxy_reader, formats::BundleReader::Open(built.bundle));
       replayer::ModelReplayOptions replay;
       replay.record_path = options.out_dir + "/proxy-replay.moerr";
@@ -381,18 +442,22 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
   report.preset = options.preset;
   report.family = moe::FamilyName(options.family);
   MOERR_RETURN_IF_ERROR(CatchTorch("proxy evaluation", [&]() -> absl::Status {
-    MOERR_ASSIGN_OR_RETURN(moe::MoeTransformer warm, WarmModel(options, report_progress));
+    MOERR_ASSIGN_OR_RETURN(moe::MoeTransformer warm, WarmModel(options, report_progress, report));
     report.experts = warm->config().num_experts;
     report.original_accuracy = moe::Accuracy(warm, moe::AdditionTask(), 256, 1);
     MOERR_ASSIGN_OR_RETURN(const Baseline base, MeasureBaseline(warm, options));
 
-    const int64_t configs = options.keeps.size() * options.methods.size();
+    std::vector<int64_t> heals = {0};
+    if (options.heal_steps > 0) heals.push_back(options.heal_steps);
+    const int64_t configs = options.keeps.size() * options.methods.size() * heals.size();
     int64_t done = 0;
     for (double keep : options.keeps) {
       for (const std::string& method : options.methods) {
-        report_progress("static fidelity and dynamics", done++, configs);
-        MOERR_ASSIGN_OR_RETURN(EvalRow row, EvaluateConfiguration(warm, base, keep, method, options));
-        report.rows.push_back(std::move(row));
+        for (int64_t heal : heals) {
+          report_progress("static fidelity, dynamics and fault response", done++, configs);
+          MOERR_ASSIGN_OR_RETURN(EvalRow row, EvaluateConfiguration(warm, base, keep, method, heal, options));
+          report.rows.push_back(std::move(row));
+        }
       }
     }
     const int64_t cases = options.faults.size() * options.seeds;
@@ -412,11 +477,39 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
   return report;
 }
 
+namespace {
+
+// The trends and the fault responses of a row.
+void AddDynamicsJson(const EvalRow& r, llvm::json::Object& row) {
+  row["trend"] = llvm::json::Object{{"loss", ToJson(r.trend_loss)},
+                                    {"reward", ToJson(r.trend_reward)},
+                                    {"kl", ToJson(r.trend_kl)},
+                                    {"grad_norm", ToJson(r.trend_grad_norm)}};
+  row["replayed_trend"] = llvm::json::Object{{"loss", ToJson(r.replayed_trend_loss)},
+                                             {"kl", ToJson(r.replayed_trend_kl)},
+                                             {"grad_norm", ToJson(r.replayed_trend_grad_norm)}};
+  llvm::json::Array responses;
+  for (const FaultResponseRow& f : r.responses) {
+    responses.push_back(llvm::json::Object{{"fault", moe::FaultName(f.fault)},
+                                           {"original", ToJson(f.original)},
+                                           {"proxy", ToJson(f.proxy)},
+                                           {"comparison", ToJson(f.comparison)}});
+  }
+  row["fault_responses"] = std::move(responses);
+  row["heal_steps"] = r.heal_steps;
+  if (r.heal_steps > 0) {
+    row["heal_kl_before"] = formats::JsonNumber(r.heal_kl_before);
+    row["heal_kl_after"] = formats::JsonNumber(r.heal_kl_after);
+  }
+}
+
+}  // namespace
+
 llvm::json::Object ToJson(const EvalReport& report) {
   const auto& num = formats::JsonNumber;
   llvm::json::Array rows;
   for (const EvalRow& r : report.rows) {
-    rows.push_back(llvm::json::Object{
+    llvm::json::Object row{
         {"keep", r.keep}, {"method", r.method}, {"kept", r.kept}, {"hidden_cosine", num(r.hidden_cosine)},
         {"logit_kl", num(r.logit_kl)}, {"routing_agreement", num(r.routing_agreement)}, {"accuracy", num(r.accuracy)},
         {"corr_loss", num(r.corr_loss)}, {"corr_reward", num(r.corr_reward)}, {"corr_kl", num(r.corr_kl)},
@@ -425,12 +518,16 @@ llvm::json::Object ToJson(const EvalReport& report) {
         {"peak_memory_ratio", num(r.peak_memory_ratio)},
         {"whole_batch_peak_memory_ratio", num(r.whole_batch_peak_memory_ratio)}, {"fault_cases", r.cases},
         {"reproduced", r.reproduced}, {"localised", r.localised}, {"onset_delta", num(r.onset_delta)}, {"params_ratio", num(r.params_ratio)},
-        {"step_time_ratio", num(r.step_time_ratio)}});
+        {"step_time_ratio", num(r.step_time_ratio)}};
+    AddDynamicsJson(r, row);
+    rows.push_back(std::move(row));
   }
   return llvm::json::Object{{"preset", report.preset},
                             {"family", report.family},
                             {"experts", report.experts},
                             {"original_accuracy", report.original_accuracy},
+                            {"expert_diversity", llvm::json::Object{{"initial", ToJson(report.initial)},
+                                                                    {"warm", ToJson(report.warm)}}},
                             {"rows", std::move(rows)}};
 }
 

@@ -10,11 +10,19 @@
 //     responses, and the proxy replaying the original's steps: its sampled
 //     responses, and its routing mapped to the proxy's experts (as a recorded
 //     step is replayed on a proxy);
+//   trend fidelity (trend_fidelity.h): EMA-smoothed correlation, slope-sign
+//     agreement over windows and total-drift ratio of the same trajectories;
+//   fault response: each catalogue fault injected into the original and into
+//     the proxy after `response_at` healthy steps, `response_steps` more
+//     steps each: onset difference, response magnitudes proxy / original,
+//     whether both recover or persist alike;
 //   fault reproduction: for each catalogue fault and seed, the original's
 //     failing step is mapped to the proxy and model-replayed; reproduced when
 //     the proxy's replay raises the lint finding that names the fault in the
 //     original; localised when also in the same phase and module class
 //     (module path without indices); the onset difference in steps;
+//   healing (`heal_steps` > 0): every configuration again with its proxies
+//     healed (healing.h), reported beside the unhealed row;
 //   cost: policy parameters, peak tensor memory (both models, gradients,
 //     Adam state, activations) of two RL steps trained in micro-batches of
 //     `memory_micro_batch` sequences, as a step is fitted onto fewer devices,
@@ -30,6 +38,9 @@
 #include "llvm/Support/JSON.h"
 #include "moe/fault.h"
 #include "proxy/clustering.h"
+#include "proxy/expert_diversity.h"
+#include "proxy/healing.h"
+#include "proxy/trend_fidelity.h"
 
 namespace moerr::proxy {
 
@@ -47,17 +58,34 @@ struct EvalOptions {
   std::vector<std::string> methods = {"cluster", "cluster-unforced", "frequency", "random", "reap", "hc-medoid"};
   std::vector<moe::FaultKind> faults = moe::AllFaults();
   int64_t memory_micro_batch = 2;  // sequences per training forward in the peak-memory steps
+  TrendOptions trend;
+  int64_t response_at = 3;     // healthy steps before a fault is injected (the response runs)
+  int64_t response_steps = 5;  // steps after it
+  int64_t heal_steps = 0;      // > 0: each configuration also with its proxies healed this long
+};
+
+// One fault's response in the original and in a proxy (trend_fidelity.h).
+struct FaultResponseRow {
+  moe::FaultKind fault = moe::FaultKind::kNone;
+  FaultResponse original, proxy;
+  ResponseComparison comparison;
 };
 
 struct EvalRow {
   double keep = 0;
   std::string method;
   int64_t kept = 0;
+  int64_t heal_steps = 0;  // > 0: the proxies were healed this long
+  double heal_kl_before = 0, heal_kl_after = 0;  // of the static proxy, per token
   double hidden_cosine = 0, logit_kl = 0, routing_agreement = 0, accuracy = 0;
   double corr_loss = 0, corr_reward = 0, corr_kl = 0, corr_grad_norm = 0;  // own rollouts
   double replayed_corr_loss = 0, replayed_corr_kl = 0, replayed_corr_grad_norm = 0;  // the original's steps replayed
   int64_t cases = 0, reproduced = 0, localised = 0;
   double onset_delta = 0;  // mean |proxy onset - original onset| over reproduced cases, steps
+  // Trends of the own-rollout and the replayed trajectories.
+  Trend trend_loss, trend_reward, trend_kl, trend_grad_norm;
+  Trend replayed_trend_loss, replayed_trend_kl, replayed_trend_grad_norm;
+  std::vector<FaultResponseRow> responses;
   // Original / proxy. Peak memory: micro-batched steps, and the whole-batch run.
   double params_ratio = 0, peak_memory_ratio = 0, whole_batch_peak_memory_ratio = 0, step_time_ratio = 0;
 };
@@ -66,11 +94,9 @@ struct EvalReport {
   std::string preset, family;
   double original_accuracy = 0;
   int64_t experts = 0;
+  ExpertDiversity initial, warm;  // the preset's experts before and after the warm-up
   std::vector<EvalRow> rows;
 };
-
-// Pearson correlation over the pairs where both are finite; NaN when undefined.
-double Pearson(const std::vector<double>& a, const std::vector<double>& b);
 
 // One healthy RL step of copies of `warm` (GRPO defaults), recorded
 // replayable at `path`: what a proxy for healthy dynamics is built from.
@@ -100,6 +126,13 @@ Trajectory Train(const moe::MoeTransformer& model, int64_t steps, uint64_t seed,
 // (the second runs with Adam's state allocated) trained in micro-batches of
 // `micro_batch` sequences.
 int64_t MicroBatchedPeakMemory(const moe::MoeTransformer& model, int64_t micro_batch);
+
+// Healthy RL steps of copies of `model` (GRPO defaults, `seed`), then
+// `fault` injected (moe::InjectFault, into the policy as trained so far) and
+// `after` more steps under its options, with a fresh optimizer: every
+// step's metrics.
+absl::StatusOr<std::vector<moe::StepMetrics>> FaultResponseRun(const moe::MoeTransformer& model, moe::FaultKind fault,
+                                               int64_t healthy, int64_t after, uint64_t seed);
 
 using EvalProgress = std::function<void(const std::string& phase, int64_t done, int64_t total)>;
 

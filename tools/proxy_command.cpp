@@ -8,6 +8,7 @@
 #include "formats/bundle_reader.h"
 #include "formats/world_manifest.h"
 #include "formats/world_run.h"
+#include "proxy/healing.h"
 #include "proxy/proxy_builder.h"
 #include "support/status.h"
 #include "tools/command.h"
@@ -75,7 +76,7 @@ int64_t DefaultRanks(int64_t original_ranks, const proxy::ProxyOptions& options,
 void AddProxyCommand(CLI::App& app, int& exit_code) {
   struct Options {
     std::string bundle, out, keep = "1/4", method = "cluster";
-    int64_t step = -1, ep = 1, ranks = 0;
+    int64_t step = -1, ep = 1, ranks = 0, heal = 0;
     uint64_t seed = 0;
     bool no_forced = false, force = false, whole_batch = false;
   };
@@ -108,6 +109,12 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--seed", opts->seed, "Seed of the random method and the calibration batch");
   cmd->add_flag("--no-forced-keeps", opts->no_forced,
                 "Do not force in the experts the recorded failure names or super experts");
+  cmd->add_option("--heal", opts->heal,
+                  "Distil the proxy N steps towards the original's next-token distributions on task sequences, "
+                  "the forced-keep experts frozen (0: off; may heal the failure away: check with moerr proxy-eval "
+                  "--heal)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   cmd->add_flag("--force", opts->force, "Overwrite an earlier proxy in the output directory");
   OnRun(cmd, exit_code, [opts]() -> CommandResult {
     MOERR_RETURN_IF_ERROR(CheckNotAnInput(opts->out + "/proxy.moerr", {opts->bundle}));
@@ -125,6 +132,9 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
     if (!method.ok()) parsed = method.status();
     MOERR_RETURN_IF_ERROR(parsed);
     options.cluster.method = *method;
+    if (opts->heal > 0 && formats::IsRunDirectory(opts->bundle)) {
+      return absl::InvalidArgumentError("--heal heals the proxy of one bundle, not of a run directory");
+    }
     if (formats::IsRunDirectory(opts->bundle)) {
       MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(opts->bundle));
       options.ranks =
@@ -145,6 +155,15 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
     MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
     MOERR_ASSIGN_OR_RETURN(const proxy::ProxyReport report, proxy::BuildProxy(*reader, options));
     PrintProxy(report, opts->method);
+    if (opts->heal > 0) {
+      proxy::HealOptions heal;
+      heal.steps = opts->heal;
+      heal.seed = opts->seed;
+      MOERR_ASSIGN_OR_RETURN(const proxy::HealReport healed, proxy::HealProxy(*reader, report, heal, opts->bundle));
+      std::printf("healed %lld steps: logit KL to the original %.4f -> %.4f per token; %zu parameters of forced-keep "
+                  "experts frozen\n",
+                  static_cast<long long>(healed.steps), healed.kl_before, healed.kl_after, healed.frozen.size());
+    }
     std::printf("wrote %s (moerr replay %s --model), %s, %s\n", report.bundle.c_str(), report.bundle.c_str(),
                 report.checkpoint.c_str(), report.cluster_map.c_str());
     return kExitOk;

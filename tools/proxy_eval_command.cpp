@@ -62,6 +62,50 @@ std::vector<std::string> OwnFiles(const std::string& json_path, const std::strin
   return own;
 }
 
+// "cluster", or "cluster +heal N" for a healed row.
+std::string MethodCell(const proxy::EvalRow& r) {
+  return r.heal_steps > 0 ? absl::StrFormat("%s +heal %d", r.method, r.heal_steps) : r.method;
+}
+
+// The trends (EMA-smoothed correlation; slope-sign agreement; drift ratio)
+// and the fault responses of every row.
+void PrintDynamicsTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval) {
+  std::printf("\ntrends over %lld healthy RL steps: smoothed r (EMA span %lld steps), slope-sign agreement over "
+              "windows of %lld steps, drift ratio (proxy / original); fault response: each fault injected after "
+              "%lld healthy steps, %lld steps more\n\n",
+              static_cast<long long>(eval.steps), static_cast<long long>(eval.trend.ema_window),
+              static_cast<long long>(eval.trend.slope_window), static_cast<long long>(eval.response_at),
+              static_cast<long long>(eval.response_steps));
+  std::printf("| keep | method | smoothed r(reward) | smoothed r(loss) | smoothed r(KL) | smoothed r(grad norm) | "
+              "slope agr. (reward/loss/KL/grad) | drift ratio (reward/loss/KL/grad) | replayed smoothed r "
+              "(loss/KL/grad) | responding alike | magnitude within 2x | same outcome | onset diff |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const proxy::EvalRow& r : report.rows) {
+    int64_t alike = 0, within = 0, same = 0, onset_cases = 0;
+    double onset = 0;
+    for (const proxy::FaultResponseRow& f : r.responses) {
+      alike += f.comparison.same_onset_presence;
+      within += f.comparison.magnitude_within_2x;
+      same += f.comparison.same_outcome;
+      if (f.comparison.both_respond) onset += std::abs(double(f.comparison.onset_delta)), ++onset_cases;
+    }
+    const long long n = static_cast<long long>(r.responses.size());
+    std::printf("| %lld/%lld | %s | %s | %s | %s | %s | %s/%s/%s/%s | %s/%s/%s/%s | %s/%s/%s | %lld/%lld | %lld/%lld | "
+                "%lld/%lld | %s |\n",
+                static_cast<long long>(r.kept), static_cast<long long>(report.experts), MethodCell(r).c_str(),
+                Cell(r.trend_reward.smoothed_corr).c_str(), Cell(r.trend_loss.smoothed_corr).c_str(),
+                Cell(r.trend_kl.smoothed_corr).c_str(), Cell(r.trend_grad_norm.smoothed_corr).c_str(),
+                Cell(r.trend_reward.slope_sign_agreement, 2).c_str(), Cell(r.trend_loss.slope_sign_agreement, 2).c_str(),
+                Cell(r.trend_kl.slope_sign_agreement, 2).c_str(), Cell(r.trend_grad_norm.slope_sign_agreement, 2).c_str(),
+                Cell(r.trend_reward.drift_ratio, 2).c_str(), Cell(r.trend_loss.drift_ratio, 2).c_str(),
+                Cell(r.trend_kl.drift_ratio, 2).c_str(), Cell(r.trend_grad_norm.drift_ratio, 2).c_str(),
+                Cell(r.replayed_trend_loss.smoothed_corr).c_str(), Cell(r.replayed_trend_kl.smoothed_corr).c_str(),
+                Cell(r.replayed_trend_grad_norm.smoothed_corr).c_str(), static_cast<long long>(alike), n,
+                static_cast<long long>(within), n, static_cast<long long>(same), n,
+                Cell(onset_cases > 0 ? onset / onset_cases : NAN, 2).c_str());
+  }
+}
+
 void PrintTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval) {
   std::printf("preset `%s` (%s), %lld experts per MoE layer; original accuracy %.3f; %lld healthy RL steps; "
               "faults x %lld seeds; peak memory in micro-batches of %lld sequences\n\n",
@@ -69,6 +113,10 @@ void PrintTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval)
               report.original_accuracy,
               static_cast<long long>(eval.steps), static_cast<long long>(eval.seeds),
               static_cast<long long>(eval.memory_micro_batch));
+  std::printf("experts before -> after the warm-up (64 task sequences): routing entropy %.3f -> %.3f, load entropy "
+              "%.3f -> %.3f, mean pairwise cosine distance of expert outputs %.3f -> %.3f\n\n",
+              report.initial.routing_entropy, report.warm.routing_entropy, report.initial.load_entropy,
+              report.warm.load_entropy, report.initial.output_cosine_distance, report.warm.output_cosine_distance);
   std::printf("| keep | method | hidden cos | logit KL | routing agr. | accuracy | r(loss) | r(reward) | r(KL) | "
               "r(grad norm) | replayed r(loss) | replayed r(KL) | replayed r(grad norm) | faults reproduced | "
               "localised | onset diff | params ratio | peak memory ratio | whole-batch peak ratio | step-time ratio |\n");
@@ -76,7 +124,7 @@ void PrintTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval)
   for (const proxy::EvalRow& r : report.rows) {
     std::printf("| %lld/%lld | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %lld/%lld | %lld/%lld | "
                 "%s | %s | %s | %s | %s |\n",
-                static_cast<long long>(r.kept), static_cast<long long>(report.experts), r.method.c_str(),
+                static_cast<long long>(r.kept), static_cast<long long>(report.experts), MethodCell(r).c_str(),
                 Cell(r.hidden_cosine).c_str(), Cell(r.logit_kl, 4).c_str(), Cell(r.routing_agreement).c_str(),
                 Cell(r.accuracy).c_str(), Cell(r.corr_loss).c_str(), Cell(r.corr_reward).c_str(),
                 Cell(r.corr_kl).c_str(), Cell(r.corr_grad_norm).c_str(), Cell(r.replayed_corr_loss).c_str(),
@@ -98,6 +146,7 @@ CommandResult RunProxyEval(const ProxyEvalArgs& args) {
   bar.Finish();
   if (!report.ok()) return report.status();
   PrintTable(*report, eval);
+  PrintDynamicsTable(*report, eval);
   if (!args.json.empty()) {
     std::ofstream out(args.json, std::ios::trunc);
     out << llvm::formatv("{0:2}", llvm::json::Value(proxy::ToJson(*report))).str() << "\n";
@@ -111,12 +160,12 @@ CommandResult RunProxyEval(const ProxyEvalArgs& args) {
 void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<ProxyEvalArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "proxy-eval", "Measure proxies against the original: static fidelity, RL dynamics, fault reproduction and "
-                    "cost, for each kept fraction and method; prints one table");
+      "proxy-eval", "Measure proxies against the original: static fidelity, RL dynamics (per step and as trends), "
+                    "fault response and reproduction, and cost, for each kept fraction and method; prints two tables");
   cmd->add_option("-o,--output", opts->eval.out_dir,
                   "Work directory (its warm-up of each preset, family and length is reused)")
       ->required();
-  cmd->add_option("--preset", opts->eval.preset, "Model size: tiny, small, wide, wide-ep")->capture_default_str();
+  cmd->add_option("--preset", opts->eval.preset, "Model size: tiny, small, fine, wide, wide-ep")->capture_default_str();
   cmd->add_option("--family", opts->family, "Model family: qwen2_moe, qwen3_moe, deepseek_v3, mixtral")
       ->capture_default_str();
   cmd->add_option("--warmup-steps", opts->eval.warmup_steps, "Supervised warm-up steps")->capture_default_str();
@@ -129,6 +178,23 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
                   "Sequences per training forward in the peak-memory steps (the whole-batch peak is reported too)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--ema-window", opts->eval.trend.ema_window, "EMA span of the smoothed trends, steps")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--slope-window", opts->eval.trend.slope_window, "Steps per window of the trend slopes")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--response-at", opts->eval.response_at, "Healthy steps before each fault is injected (fault response)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--response-steps", opts->eval.response_steps, "Steps after the fault is injected")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--heal", opts->eval.heal_steps,
+                  "Also evaluate every configuration with its proxies healed for N distillation steps (moerr proxy "
+                  "--heal), beside the unhealed rows; 0: off")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--json", opts->json, "Also write the report as JSON here");
   OnRun(cmd, exit_code, [opts] { return RunProxyEval(*opts); });
 }
