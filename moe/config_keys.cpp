@@ -24,10 +24,10 @@ unsigned Bit(Family f) {
 
 // When a refused key's value leaves the forward pass unchanged.
 enum class Harmless {
-  kNever,          // present at all: refused
-  kOff,            // null, false, 0, "", [] or {}
-  kWindowOff,      // Qwen: unless use_sliding_window is true
-  kFullAttention,  // layer_types: every entry "full_attention"
+  kNever,           // present at all: refused
+  kOff,             // null, false, 0, "", [] or {}
+  kOffOrWindowOff,  // off, or Qwen's use_sliding_window is not true
+  kFullAttention,   // layer_types: every entry "full_attention"
 };
 
 struct Row {
@@ -69,10 +69,13 @@ constexpr Row kRows[] = {
     {"router_aux_loss_coef", kQwen | kMx, kImpl, kNa, ""},
     {"shared_expert_intermediate_size", kQ2, kImpl, kNa, ""},
     {"qkv_bias", kQ2, kImpl, kNa, ""},
-    {"use_sliding_window", kQwen, kRefuse, Harmless::kOff, "sliding-window attention"},
-    {"sliding_window", kQwen, kRefuse, Harmless::kWindowOff, "sliding-window attention"},
-    {"max_window_layers", kQwen, kRefuse, Harmless::kWindowOff, "sliding-window attention"},
-    {"layer_types", kQwen, kRefuse, Harmless::kFullAttention, "attention other than full attention"},
+    {"use_sliding_window", kQwen, kImpl, kNa, ""},
+    {"sliding_window", kQwen, kImpl, kNa, ""},
+    {"max_window_layers", kQ2, kImpl, kNa, ""},
+    {"layer_types", kQ2, kImpl, kNa, ""},
+    {"max_window_layers", kQ3, kRefuse, Harmless::kOffOrWindowOff,
+     "a window in some layers only (transformers slides Qwen3-MoE's in every layer, or in those from max_window_layers on)"},
+    {"layer_types", kQ3, kRefuse, Harmless::kFullAttention, "attention other than full attention"},
     {"attention_bias", kQ3 | kDs, kRefuse, Harmless::kOff, "attention projection biases in this family"},
     // DeepSeek-V3.
     {"n_routed_experts", kDs, kImpl, kNa, ""},
@@ -86,17 +89,17 @@ constexpr Row kRows[] = {
     {"topk_method", kDs, kImpl, kNa, ""},
     {"aux_loss_alpha", kDs, kImpl, kNa, ""},
     {"seq_aux", kDs, kMeta, kNa, ""},  // a training-loss variant, not the forward
-    {"q_lora_rank", kDs, kRefuse, Harmless::kOff, "multi-head latent attention"},
-    {"kv_lora_rank", kDs, kRefuse, Harmless::kOff, "multi-head latent attention"},
-    {"qk_nope_head_dim", kDs, kRefuse, Harmless::kOff, "multi-head latent attention"},
-    {"qk_rope_head_dim", kDs, kRefuse, Harmless::kOff, "multi-head latent attention"},
-    {"v_head_dim", kDs, kRefuse, Harmless::kOff, "multi-head latent attention"},
-    {"rope_interleave", kDs, kRefuse, Harmless::kOff, "interleaved rotary embeddings"},
+    {"q_lora_rank", kDs, kImpl, kNa, ""},
+    {"kv_lora_rank", kDs, kImpl, kNa, ""},
+    {"qk_nope_head_dim", kDs, kImpl, kNa, ""},
+    {"qk_rope_head_dim", kDs, kImpl, kNa, ""},
+    {"v_head_dim", kDs, kImpl, kNa, ""},
+    {"rope_interleave", kDs, kImpl, kNa, ""},
     {"num_nextn_predict_layers", kDs, kMeta, kNa, ""},  // the MTP head, outside the main forward
     {"ep_size", kDs, kMeta, kNa, ""},
     // Mixtral.
     {"num_local_experts", kMx, kImpl, kNa, ""},
-    {"sliding_window", kMx, kRefuse, Harmless::kOff, "sliding-window attention"},
+    {"sliding_window", kMx, kImpl, kNa, ""},
     {"router_jitter_noise", kMx, kRefuse, Harmless::kOff, "router jitter noise"},
     // Every family: what changes the forward and moerr lacks.
     {"attention_dropout", kAll, kRefuse, Harmless::kOff, "attention dropout"},
@@ -138,7 +141,7 @@ bool IsHarmless(const Row& row, const llvm::json::Value& v, const llvm::json::Ob
   switch (row.harmless) {
     case Harmless::kNever: return false;
     case Harmless::kOff: return IsOff(v);
-    case Harmless::kWindowOff: return !config.getBoolean("use_sliding_window").getValueOr(false);
+    case Harmless::kOffOrWindowOff: return IsOff(v) || !config.getBoolean("use_sliding_window").getValueOr(false);
     case Harmless::kFullAttention: {
       const auto* a = v.getAsArray();
       if (a == nullptr) return false;

@@ -29,8 +29,8 @@ double YarnCorrectionDim(double rotations, int64_t dim, double theta, int64_t ma
 }
 
 // inv_freq [dim/2] for a sequence of `seq` tokens, and the factor on cos and sin.
-std::pair<at::Tensor, double> RotaryFrequencies(const MoeConfig& c, int64_t seq) {
-  const int64_t dim = c.head_dim, half = dim / 2;
+std::pair<at::Tensor, double> RotaryFrequencies(const MoeConfig& c, int64_t seq, int64_t dim) {
+  const int64_t half = dim / 2;
   const auto opts = at::TensorOptions().dtype(at::kFloat);
   const RopeScaling& s = c.rope_scaling;
   double theta = c.rope_theta;
@@ -55,7 +55,7 @@ std::pair<at::Tensor, double> RotaryFrequencies(const MoeConfig& c, int64_t seq)
 at::Tensor ApplyRotary(const at::Tensor& x, const MoeConfig& config) {
   const int64_t seq = x.size(2), dim = x.size(3), half = dim / 2;
   const auto opts = at::TensorOptions().dtype(at::kFloat);
-  const auto [inv_freq, magnitude] = RotaryFrequencies(config, seq);
+  const auto [inv_freq, magnitude] = RotaryFrequencies(config, seq, dim);
   const at::Tensor freqs = at::outer(at::arange(seq, opts), inv_freq);  // [S, half]
   const at::Tensor emb = at::cat({freqs, freqs}, -1);                  // [S, dim]
   // cos then sin, each cast on its own: the op order of recordings made before rope scaling.
@@ -68,7 +68,8 @@ at::Tensor ApplyRotary(const at::Tensor& x, const MoeConfig& config) {
 }
 
 double AttentionDivisor(const MoeConfig& c) {
-  double divisor = std::sqrt(static_cast<double>(c.head_dim));
+  const int64_t qk_dims = c.IsMla() ? c.qk_nope_head_dim + c.qk_rope_head_dim : c.head_dim;
+  double divisor = std::sqrt(static_cast<double>(qk_dims));
   const RopeScaling& s = c.rope_scaling;
   if (c.family == Family::kDeepseekV3 && s.type == RopeScalingType::kYarn && s.mscale_all_dim != 0) {
     const double m = YarnMscale(s.factor, s.mscale_all_dim);
@@ -77,7 +78,15 @@ double AttentionDivisor(const MoeConfig& c) {
   return divisor;
 }
 
-AttentionImpl::AttentionImpl(const MoeConfig& config, std::string path) : config_(config), path_(std::move(path)) {
+at::Tensor HiddenKeys(int64_t seq, int64_t window) {
+  const at::Tensor ones = at::ones({seq, seq}, at::TensorOptions().dtype(at::kBool));
+  const at::Tensor future = ones.triu(1);
+  // Key j is window or more positions before query i when j <= i - window.
+  return window > 0 ? future.logical_or(ones.tril(-window)) : future;
+}
+
+AttentionImpl::AttentionImpl(const MoeConfig& config, std::string path, int64_t window)
+    : config_(config), path_(std::move(path)), window_(window) {
   const int64_t h = config.hidden_size, d = config.head_dim;
   q_proj_ = register_module("q_proj", torch::nn::Linear(torch::nn::LinearOptions(h, config.num_heads * d).bias(config.attention_bias)));
   k_proj_ = register_module("k_proj", torch::nn::Linear(torch::nn::LinearOptions(h, config.num_kv_heads * d).bias(config.attention_bias)));
@@ -107,8 +116,7 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
     v = v.repeat_interleave(groups, 1);
   }
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / AttentionDivisor(config_);
-  const at::Tensor mask = at::ones({s, s}, at::TensorOptions().dtype(at::kBool)).triu(1);
-  scores = Boundary(scores).masked_fill(mask, -std::numeric_limits<float>::infinity());
+  scores = Boundary(scores).masked_fill(HiddenKeys(s, window_), -std::numeric_limits<float>::infinity());
   const at::Tensor probs = at::softmax(scores.to(at::kFloat), -1).to(v.scalar_type());
   const at::Tensor out = at::matmul(probs, v).transpose(1, 2).reshape({b, s, config_.num_heads * d});
   return Boundary(o_proj_(Boundary(out)));

@@ -1,5 +1,5 @@
 // The building blocks of the reference transformer: RMSNorm, rotary
-// embeddings, GQA attention and the SwiGLU expert. Each module pushes its
+// embeddings, GQA attention (MLA: latent_attention.h) and the SwiGLU expert. Each module pushes its
 // HF-style path ("model.layers.3.mlp.experts.5") as a record-function user
 // scope, so a trace names the module of every op.
 #pragma once
@@ -28,12 +28,14 @@ TORCH_MODULE(RMSNorm);
 
 class AttentionImpl : public torch::nn::Module {
  public:
-  AttentionImpl(const MoeConfig& config, std::string path);
+  // window: the layer's sliding window in tokens (MoeConfig::WindowOf); 0 = full.
+  AttentionImpl(const MoeConfig& config, std::string path, int64_t window = 0);
   at::Tensor forward(const at::Tensor& x);  // [B, S, hidden] -> [B, S, hidden], causal
 
  private:
   MoeConfig config_;
   std::string path_;
+  int64_t window_;
   torch::nn::Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
   RMSNorm q_norm_{nullptr}, k_norm_{nullptr};
 };
@@ -57,11 +59,16 @@ class ExpertImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Expert);
 
-// Applies rotary embeddings to x [B, heads, S, head_dim] (HF layout:
-// halves), with config.rope_theta and config.rope_scaling.
+// Applies rotary embeddings to x [B, heads, S, dim] (HF layout: halves),
+// dim = x.size(3) (head_dim, or MLA's qk_rope_head_dim), with
+// config.rope_theta and config.rope_scaling.
 at::Tensor ApplyRotary(const at::Tensor& x, const MoeConfig& config);
-// What q.k is divided by: sqrt(head_dim), over DeepSeek-V3's yarn
+// What q.k is divided by: sqrt of a head's q.k dims (head_dim, or MLA's
+// qk_nope_head_dim + qk_rope_head_dim), over DeepSeek-V3's yarn
 // mscale(factor, mscale_all_dim)^2 in that family.
 double AttentionDivisor(const MoeConfig& config);
+// The positions a query must not see, [S, S] bool, true = hidden: the keys
+// after it and, with window > 0, those window or more positions before it.
+at::Tensor HiddenKeys(int64_t seq, int64_t window);
 
 }  // namespace moerr::moe

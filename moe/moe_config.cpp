@@ -28,6 +28,43 @@ absl::StatusOr<Family> ParseFamily(const std::string& model_type) {
   return ParseEnum(kFamilies, "model_type", model_type);
 }
 
+namespace {
+
+// Multi-head latent attention and the sliding window.
+absl::Status ValidateAttention(const MoeConfig& c) {
+  auto bad = [](const std::string& what) { return absl::InvalidArgumentError("model config: " + what); };
+  if (c.IsMla()) {
+    if (c.family != Family::kDeepseekV3) return bad("multi-head latent attention (kv_lora_rank > 0) is DeepSeek-V3's");
+    if (c.q_lora_rank < 0 || c.qk_nope_head_dim < 0 || c.qk_rope_head_dim <= 0 || c.v_head_dim <= 0) {
+      return bad(absl::StrFormat("MLA needs q_lora_rank >= 0 (%d), qk_nope_head_dim >= 0 (%d), qk_rope_head_dim > 0 "
+                                 "(%d) and v_head_dim > 0 (%d)",
+                                 c.q_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim));
+    }
+    if (c.num_kv_heads != c.num_heads) {
+      return bad(absl::StrFormat("an MLA model's num_key_value_heads (%d) must equal num_attention_heads (%d): every "
+                                 "head has its own key",
+                                 c.num_kv_heads, c.num_heads));
+    }
+    if (c.head_dim != c.qk_rope_head_dim) {
+      return bad(absl::StrFormat("an MLA model's head_dim (%d) is its qk_rope_head_dim (%d)", c.head_dim,
+                                 c.qk_rope_head_dim));
+    }
+  } else if (c.kv_lora_rank < 0 || c.q_lora_rank != 0 || c.rope_interleave) {
+    return bad("q_lora_rank and rope_interleave need multi-head latent attention (kv_lora_rank > 0)");
+  }
+  if (c.sliding_window < 0) return bad("sliding_window must be >= 0");
+  if (c.sliding_window > 0 && c.family == Family::kDeepseekV3) return bad("DeepSeek-V3 has no sliding window");
+  if (!c.sliding_layers.empty() && static_cast<int64_t>(c.sliding_layers.size()) != c.num_layers) {
+    return bad(absl::StrFormat("sliding_layers has %d entries for %d layers", c.sliding_layers.size(), c.num_layers));
+  }
+  if (!c.sliding_layers.empty() && c.family != Family::kQwen2Moe) {
+    return bad("only Qwen2-MoE slides the window in some layers (Qwen3-MoE and Mixtral: every layer)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status Validate(const MoeConfig& c) {
   auto bad = [](const std::string& what) { return absl::InvalidArgumentError("model config: " + what); };
   if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.num_layers <= 0 || c.head_dim <= 0) {
@@ -60,6 +97,7 @@ absl::Status Validate(const MoeConfig& c) {
   if (c.rope_scaling.type == RopeScalingType::kYarn && c.rope_scaling.original_max_position_embeddings <= 0) {
     return bad("yarn rope scaling needs original_max_position_embeddings > 0");
   }
+  MOERR_RETURN_IF_ERROR(ValidateAttention(c));
   if (c.num_shared_experts < 0) return bad("num_shared_experts must be >= 0");
   if (c.family == Family::kQwen2Moe && c.num_shared_experts > 1) return bad("Qwen2-MoE has at most one shared expert");
   if (c.family == Family::kQwen2Moe && c.num_shared_experts == 1 && c.shared_expert_intermediate_size <= 0) {
@@ -238,6 +276,17 @@ llvm::json::Object ToHfConfig(const MoeConfig& c) {
         j["shared_expert_intermediate_size"] = c.num_shared_experts ? c.shared_expert_intermediate_size : 0;
         j["qkv_bias"] = c.attention_bias;
       }
+      if (c.sliding_window > 0) {
+        j["use_sliding_window"] = true;
+        j["sliding_window"] = c.sliding_window;
+        if (c.family == Family::kQwen2Moe) {
+          llvm::json::Array types;
+          for (int64_t l = 0; l < c.num_layers; ++l) types.push_back(c.WindowOf(l) ? "sliding_attention" : "full_attention");
+          j["layer_types"] = std::move(types);
+        } else {
+          j["max_window_layers"] = 0;  // every layer, by either rule transformers has applied to Qwen3-MoE
+        }
+      }
       break;
     case Family::kDeepseekV3:
       j["n_routed_experts"] = c.num_experts;
@@ -253,11 +302,20 @@ llvm::json::Object ToHfConfig(const MoeConfig& c) {
       j["scoring_func"] = c.router == RouterKind::kSigmoidGroupedTopK ? "sigmoid" : "softmax";
       j["topk_method"] = c.router == RouterKind::kSigmoidGroupedTopK ? "noaux_tc" : "greedy";
       j["aux_loss_alpha"] = c.router_aux_loss_coef;
+      if (c.IsMla()) {
+        j["q_lora_rank"] = c.q_lora_rank > 0 ? llvm::json::Value(c.q_lora_rank) : llvm::json::Value(nullptr);
+        j["kv_lora_rank"] = c.kv_lora_rank;
+        j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+        j["qk_rope_head_dim"] = c.qk_rope_head_dim;
+        j["v_head_dim"] = c.v_head_dim;
+        j["rope_interleave"] = c.rope_interleave;
+      }
       break;
     case Family::kMixtral:
       j["num_local_experts"] = c.num_experts;
       j["intermediate_size"] = c.moe_intermediate_size;
       j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+      if (c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
       break;
   }
   return j;
@@ -317,6 +375,79 @@ absl::Status ReadQwenLayers(const llvm::json::Object& j, MoeConfig& c) {
   return absl::OkStatus();
 }
 
+// DeepSeek-V3's MLA keys, with HF's defaults for the absent ones; a config
+// without kv_lora_rank (or with null or 0) has moerr's GQA attention.
+absl::Status ReadLatentAttention(const llvm::json::Object& j, MoeConfig& c) {
+  static constexpr const char* kKeys[] = {"q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                                          "rope_interleave"};
+  c.kv_lora_rank = j.getInteger("kv_lora_rank").getValueOr(0);
+  if (c.kv_lora_rank <= 0) {
+    if (const llvm::json::Value* kv = j.get("kv_lora_rank"); kv && !kv->getAsNull() && c.kv_lora_rank != 0) {
+      return BadKey("kv_lora_rank", *kv, "must be a positive integer, or null or 0 for no latent attention");
+    }
+    c.kv_lora_rank = 0;
+    for (const char* key : kKeys) {
+      const llvm::json::Value* v = j.get(key);
+      if (v != nullptr && !v->getAsNull() && !(key == std::string("rope_interleave") && !v->getAsBoolean().getValueOr(true))) {
+        return BadKey(key, *v, "needs multi-head latent attention, and kv_lora_rank is absent, null or 0");
+      }
+    }
+    return absl::OkStatus();
+  }
+  // q_lora_rank: absent is HF's default 1536; null is a plain q_proj.
+  const llvm::json::Value* q = j.get("q_lora_rank");
+  c.q_lora_rank = q == nullptr ? 1536 : q->getAsNull() ? 0 : q->getAsInteger().getValueOr(-1);
+  if (c.q_lora_rank < 0) return BadKey("q_lora_rank", *q, "must be a positive integer or null");
+  c.qk_nope_head_dim = j.getInteger("qk_nope_head_dim").getValueOr(128);
+  c.qk_rope_head_dim = j.getInteger("qk_rope_head_dim").getValueOr(64);
+  c.v_head_dim = j.getInteger("v_head_dim").getValueOr(128);
+  c.rope_interleave = j.getBoolean("rope_interleave").getValueOr(true);
+  c.head_dim = c.qk_rope_head_dim;  // as HF's DeepseekV3Config sets it, whatever head_dim says
+  return absl::OkStatus();
+}
+
+// Qwen's window: on only with use_sliding_window (default size 4096).
+// Qwen2-MoE slides in the layers layer_types marks "sliding_attention", by
+// default the even layers below max_window_layers (default 28); Qwen3-MoE
+// in every layer, and moerr refuses a max_window_layers other than 0 there
+// (transformers versions disagree on what it does). transformers 5's rules.
+absl::Status ReadQwenWindow(const llvm::json::Object& j, MoeConfig& c) {
+  const llvm::json::Value* layer_types = j.get("layer_types");
+  if (!j.getBoolean("use_sliding_window").getValueOr(false)) {
+    c.sliding_window = 0;
+    const auto* types = layer_types ? layer_types->getAsArray() : nullptr;
+    for (size_t l = 0; types && l < types->size(); ++l) {
+      if ((*types)[l].getAsString().getValueOr("") != "full_attention") {
+        return BadKey("layer_types", *layer_types, "names a window while use_sliding_window is off");
+      }
+    }
+    return absl::OkStatus();
+  }
+  const llvm::json::Value* w = j.get("sliding_window");
+  c.sliding_window = w == nullptr ? 4096 : w->getAsInteger().getValueOr(-1);
+  if (c.sliding_window <= 0) return BadKey("sliding_window", *w, "must be a positive integer when use_sliding_window is true");
+  if (c.family != Family::kQwen2Moe) return absl::OkStatus();
+  c.sliding_layers.assign(c.num_layers, false);
+  if (const llvm::json::Value* v = layer_types; v && !v->getAsNull()) {
+    const auto* types = v->getAsArray();
+    if (types == nullptr || static_cast<int64_t>(types->size()) != c.num_layers) {
+      return BadKey("layer_types", *v, "must list one type per layer");
+    }
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const std::string t = (*types)[l].getAsString().getValueOr("").str();
+      if (t != "sliding_attention" && t != "full_attention") {
+        return BadKey("layer_types", *v, "changes the forward pass and moerr does not implement it (it implements "
+                                         "sliding_attention and full_attention)");
+      }
+      c.sliding_layers[l] = t == "sliding_attention";
+    }
+    return absl::OkStatus();
+  }
+  const int64_t max_window_layers = j.getInteger("max_window_layers").getValueOr(28);
+  for (int64_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = l % 2 == 0 && l < max_window_layers;
+  return absl::OkStatus();
+}
+
 absl::Status ReadFamily(const llvm::json::Object& j, MoeConfig& c) {
   switch (c.family) {
     case Family::kQwen2Moe:
@@ -327,6 +458,7 @@ absl::Status ReadFamily(const llvm::json::Object& j, MoeConfig& c) {
       c.norm_topk_prob = j.getBoolean("norm_topk_prob").getValueOr(false);
       c.router_aux_loss_coef = j.getNumber("router_aux_loss_coef").getValueOr(0.001);
       MOERR_RETURN_IF_ERROR(ReadQwenLayers(j, c));
+      MOERR_RETURN_IF_ERROR(ReadQwenWindow(j, c));
       if (c.family == Family::kQwen2Moe) {
         c.shared_expert_intermediate_size = j.getInteger("shared_expert_intermediate_size").getValueOr(0);
         c.num_shared_experts = c.shared_expert_intermediate_size > 0 ? 1 : 0;
@@ -362,7 +494,7 @@ absl::Status ReadFamily(const llvm::json::Object& j, MoeConfig& c) {
             scoring, method));
       }
       c.router_aux_loss_coef = j.getNumber("aux_loss_alpha").getValueOr(0.0);
-      return absl::OkStatus();
+      return ReadLatentAttention(j, c);
     }
     case Family::kMixtral: {
       MOERR_ASSIGN_OR_RETURN(c.num_experts, Int(j, "num_local_experts"));
@@ -370,6 +502,11 @@ absl::Status ReadFamily(const llvm::json::Object& j, MoeConfig& c) {
       c.intermediate_size = c.moe_intermediate_size;
       c.norm_topk_prob = true;  // Mixtral renormalises over the top-k
       c.router_aux_loss_coef = j.getNumber("router_aux_loss_coef").getValueOr(0.02);
+      // Mixtral slides the window in every layer; null or 0 is full attention.
+      if (const llvm::json::Value* w = j.get("sliding_window"); w && !w->getAsNull()) {
+        c.sliding_window = w->getAsInteger().getValueOr(-1);
+        if (c.sliding_window < 0) return BadKey("sliding_window", *w, "must be a non-negative integer or null");
+      }
       return absl::OkStatus();
     }
   }

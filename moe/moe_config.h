@@ -1,12 +1,14 @@
 // MoeConfig: the shape of the reference MoE transformer, with the router
 // variants of the model families moerr loads (Qwen2-MoE, Qwen3-MoE,
 // DeepSeek-V3, Mixtral). Field names follow HF config.json where one exists.
-// Attention is Llama-style GQA in every family (DeepSeek's MLA is not
-// modelled); the MoE block and parameter names follow each family.
+// Attention is Llama-style GQA, or in DeepSeek-V3 multi-head latent
+// attention (MLA, kv_lora_rank > 0; latent_attention.h); either may slide a
+// window over the keys. The MoE block and parameter names follow each family.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "llvm/Support/JSON.h"
@@ -79,6 +81,27 @@ struct MoeConfig {
   int64_t max_position_embeddings = 4096;  // dynamic rope scaling's threshold
   bool attention_bias = false;  // q/k/v biases (Qwen2)
   bool qk_norm = false;         // per-head RMSNorm on q and k (Qwen3)
+  // DeepSeek-V3's multi-head latent attention, used when kv_lora_rank > 0
+  // (HF DeepseekV3Attention): q from hidden (q_lora_rank 0: q_proj) or
+  // through a q_lora_rank bottleneck with its RMSNorm; keys and values from
+  // a kv_lora_rank latent (RMSNorm, then per head qk_nope_head_dim + v_head_dim)
+  // plus one qk_rope_head_dim rotary key shared by every head. A head's q.k
+  // spans qk_nope_head_dim + qk_rope_head_dim dims; head_dim is then
+  // qk_rope_head_dim (the rotary dims, as HF sets it) and num_kv_heads unused.
+  int64_t q_lora_rank = 0;
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  // MLA: the rotary dims of q and k are stored as interleaved pairs
+  // (x0, y0, x1, y1, ...) and regrouped into halves before rotating.
+  bool rope_interleave = false;
+  // Sliding-window attention: 0 = off; else a query at position i sees the
+  // keys at i - sliding_window < j <= i (itself and sliding_window - 1 back),
+  // in the layers marked in sliding_layers (empty: every layer; else one
+  // entry per layer).
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
@@ -89,6 +112,12 @@ struct MoeConfig {
   }
   // True when the MoE layers are exactly first_k_dense .. num_layers - 1.
   bool MoeLayersAreASuffix() const { return moe_layer_freq == 1 && decoder_sparse_step == 1; }
+  bool IsMla() const { return kv_lora_rank > 0; }
+  // The window of `layer`'s attention in tokens; 0 = full causal attention.
+  int64_t WindowOf(int64_t layer) const {
+    if (sliding_window <= 0) return 0;
+    return sliding_layers.empty() || sliding_layers[layer] ? sliding_window : 0;
+  }
   // The module name of a layer's MLP block: "mlp", or "block_sparse_moe" (Mixtral).
   std::string MlpName() const { return family == Family::kMixtral ? "block_sparse_moe" : "mlp"; }
 };

@@ -11,7 +11,12 @@ namespace moerr::moe {
 DecoderLayerImpl::DecoderLayerImpl(const MoeConfig& config, int64_t layer)
     : path_("model.layers." + std::to_string(layer)) {
   input_layernorm_ = register_module("input_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
-  self_attn_ = register_module("self_attn", Attention(config, path_ + ".self_attn"));
+  const int64_t window = config.WindowOf(layer);
+  if (config.IsMla()) {
+    latent_attn_ = register_module("self_attn", LatentAttention(config, path_ + ".self_attn", window));
+  } else {
+    self_attn_ = register_module("self_attn", Attention(config, path_ + ".self_attn", window));
+  }
   post_attention_layernorm_ =
       register_module("post_attention_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
   const std::string mlp = config.MlpName();
@@ -25,7 +30,8 @@ DecoderLayerImpl::DecoderLayerImpl(const MoeConfig& config, int64_t layer)
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x) {
   RECORD_USER_SCOPE(path_);
-  const at::Tensor h = x + self_attn_(input_layernorm_(x));
+  const at::Tensor normed_in = input_layernorm_(x);
+  const at::Tensor h = x + (latent_attn_ ? latent_attn_(normed_in) : self_attn_(normed_in));
   const at::Tensor normed = post_attention_layernorm_(h);
   return Boundary(h + (moe_ ? moe_(normed) : dense_(normed)));
 }

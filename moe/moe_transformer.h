@@ -8,6 +8,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
 
+#include "moe/latent_attention.h"
 #include "moe/layers.h"
 #include "moe/moe_layer.h"
 
@@ -23,7 +24,8 @@ class DecoderLayerImpl : public torch::nn::Module {
  private:
   std::string path_;
   RMSNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
-  Attention self_attn_{nullptr};
+  Attention self_attn_{nullptr};  // "self_attn": GQA, or else
+  LatentAttention latent_attn_{nullptr};  // MLA (config.IsMla())
   MoeLayer moe_{nullptr};
   Expert dense_{nullptr};
 };
