@@ -96,4 +96,26 @@ absl::Status SaveHfCheckpoint(const std::string& dir, const llvm::json::Object& 
   return WriteSafetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}}, overwrite);
 }
 
+absl::Status SaveHfCheckpoint(const std::string& dir, const llvm::json::Object& config,
+                              const std::vector<std::pair<std::string, TensorView>>& tensors,
+                              const ShardingOptions& sharding, bool overwrite) {
+  std::vector<TensorEntry> entries;
+  for (const auto& [name, view] : tensors) entries.push_back(TensorEntry{name, view.dtype, view.shape});
+  MOERR_ASSIGN_OR_RETURN(auto writer,
+                         CheckpointWriter::Create(dir, std::move(entries), sharding, {{"format", "pt"}}, overwrite));
+  MOERR_RETURN_IF_ERROR(WriteJsonFile(dir + "/config.json", llvm::json::Object(config), overwrite));
+  std::vector<std::byte> scratch;
+  for (const auto& [name, view] : tensors) {
+    MOERR_ASSIGN_OR_RETURN(const int64_t nbytes, CheckedNumel(view.shape, ItemSize(view.dtype)));
+    const std::byte* bytes = view.data;
+    if (!view.IsContiguous()) {
+      scratch.resize(static_cast<size_t>(nbytes));
+      CopyToContiguous(view, scratch.data());
+      bytes = scratch.data();
+    }
+    MOERR_RETURN_IF_ERROR(writer->Write(name, absl::MakeConstSpan(bytes, static_cast<size_t>(nbytes))));
+  }
+  return writer->Finish();
+}
+
 }  // namespace moerr::formats

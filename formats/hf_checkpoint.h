@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "formats/checkpoint_writer.h"
 #include "formats/safetensors.h"
 #include "llvm/Support/JSON.h"
 
@@ -30,5 +31,10 @@ absl::StatusOr<HfCheckpoint> LoadHfCheckpoint(const std::string& dir);
 // Writes `dir`/config.json and `dir`/model.safetensors (creates `dir`).
 absl::Status SaveHfCheckpoint(const std::string& dir, const llvm::json::Object& config,
                               const std::vector<std::pair<std::string, TensorView>>& tensors, bool overwrite);
+// The same with `sharding` (checkpoint_writer.h): HF-named shards of at most
+// max_shard_bytes each and model.safetensors.index.json when sharded.
+absl::Status SaveHfCheckpoint(const std::string& dir, const llvm::json::Object& config,
+                              const std::vector<std::pair<std::string, TensorView>>& tensors,
+                              const ShardingOptions& sharding, bool overwrite);
 
 }  // namespace moerr::formats
