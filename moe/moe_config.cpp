@@ -115,6 +115,17 @@ absl::StatusOr<MoeConfig> Preset(const std::string& name, Family family) {
   if (name == "tiny") {
     c.hidden_size = 32, c.num_layers = 2, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 8;
     c.intermediate_size = 64, c.moe_intermediate_size = 16, c.num_experts = 8, c.top_k = 2;
+  } else if (name == "tiny-mla") {
+    // tiny with DeepSeek-V3's multi-head latent attention (that family only):
+    // a q bottleneck of 16, a kv latent of 8, per head 8 + 4 q.k dims (4
+    // rotary, interleaved as in DeepSeek's checkpoints) and 8 value dims.
+    if (family != Family::kDeepseekV3) {
+      return absl::InvalidArgumentError("preset tiny-mla has DeepSeek-V3's multi-head latent attention: family deepseek_v3");
+    }
+    c.hidden_size = 32, c.num_layers = 2, c.num_heads = 4, c.num_kv_heads = 4, c.head_dim = 4;
+    c.intermediate_size = 64, c.moe_intermediate_size = 16, c.num_experts = 8, c.top_k = 2;
+    c.q_lora_rank = 16, c.kv_lora_rank = 8, c.qk_nope_head_dim = 8, c.qk_rope_head_dim = 4, c.v_head_dim = 8;
+    c.rope_interleave = true;
   } else if (name == "small") {
     c.hidden_size = 96, c.num_layers = 4, c.num_heads = 6, c.num_kv_heads = 2, c.head_dim = 16;
     c.intermediate_size = 192, c.moe_intermediate_size = 48, c.num_experts = 32, c.top_k = 4;
@@ -142,7 +153,7 @@ absl::StatusOr<MoeConfig> Preset(const std::string& name, Family family) {
     c.intermediate_size = 128, c.moe_intermediate_size = 32, c.num_experts = 64, c.top_k = 4;
   } else {
     return absl::InvalidArgumentError(
-        absl::StrFormat("unknown preset \"%s\" (tiny, tiny-fine, small, fine, wide, wide-ep)", name));
+        absl::StrFormat("unknown preset \"%s\" (tiny, tiny-fine, tiny-mla, small, fine, wide, wide-ep)", name));
   }
   switch (family) {
     case Family::kQwen2Moe:

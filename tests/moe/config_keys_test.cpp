@@ -106,7 +106,7 @@ TEST(ConfigKeysTest, AttentionConfigsRoundTrip) {
   qwen2.sliding_window = 3, qwen2.sliding_layers = {false, true};
   MoeConfig mixtral = Preset("tiny", Family::kMixtral).value();
   mixtral.sliding_window = 5;
-  for (const MoeConfig& c : {mla, qwen2, mixtral}) {
+  for (const MoeConfig& c : {mla, Preset("tiny-mla", Family::kDeepseekV3).value(), qwen2, mixtral}) {
     auto back = FromHfConfig(ToHfConfig(c));
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_EQ(llvm::json::Value(ToHfConfig(*back)), llvm::json::Value(ToHfConfig(c)));
@@ -151,6 +151,27 @@ TEST(ConfigKeysTest, UnknownKeysAndUnimplementedValuesAreErrorsMetadataIsListed)
   ASSERT_TRUE(metadata.ok()) << metadata.status();
   EXPECT_EQ(*metadata, (std::vector<std::string>{"architectures", "eos_token_id", "torch_dtype"}));
   EXPECT_EQ(Message(c), "ok");
+}
+
+// A layer of the tiny-mla preset holds HF DeepseekV3Attention's parameters,
+// by name and shape, as a checkpoint's "model.layers.L." tensors load.
+TEST(ConfigKeysTest, LatentAttentionHasHfParameterNames) {
+  EXPECT_FALSE(Preset("tiny-mla", Family::kQwen3Moe).ok());
+  const MoeConfig c = Preset("tiny-mla", Family::kDeepseekV3).value();
+  DecoderLayer layer(c, 1);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> attention;
+  for (const auto& p : layer->named_parameters()) {
+    if (p.key().rfind("self_attn.", 0) == 0) attention.emplace_back(p.key(), p.value().sizes().vec());
+  }
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
+      {"self_attn.q_a_proj.weight", {16, 32}},          {"self_attn.q_a_layernorm.weight", {16}},
+      {"self_attn.q_b_proj.weight", {4 * (8 + 4), 16}}, {"self_attn.kv_a_proj_with_mqa.weight", {8 + 4, 32}},
+      {"self_attn.kv_a_layernorm.weight", {8}},         {"self_attn.kv_b_proj.weight", {4 * (8 + 8), 8}},
+      {"self_attn.o_proj.weight", {32, 4 * 8}}};
+  EXPECT_EQ(attention, expected);
+  const at::Tensor out = layer->forward(at::randn({2, 5, 32}));
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 5, 32}));
+  EXPECT_TRUE(out.isfinite().all().item<bool>());
 }
 
 // ---- The reference forward, from the published formulas. ----

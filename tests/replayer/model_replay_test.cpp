@@ -9,6 +9,9 @@
 #include "diff/trace_diff.h"
 #include "formats/trace.h"
 #include "analysis/first_overflow.h"
+#include "moe/addition_task.h"
+#include "moe/grpo_trainer.h"
+#include "recorder/recorder.h"
 #include "tests/testing/test_util.h"
 #include "tests/testing/recording.h"
 
@@ -40,6 +43,32 @@ void ExpectSameOps(const formats::Trace& a, const formats::Trace& b) {
   EXPECT_GT(compared, 1000u);
 }
 
+// Model-replays step 1 of `reader` into `replay_path` and expects the
+// recorded metrics, routing and ops back bitwise; returns the replay's trace.
+formats::Trace ExpectStepOneReplaysBitwise(const formats::BundleReader& reader, const std::string& replay_path) {
+  ModelReplayOptions options;
+  options.record_path = replay_path;
+  auto report = ReplayModelStep(reader, 1, options);
+  EXPECT_TRUE(report.ok()) << report.status();
+  if (!report.ok()) return {};
+  EXPECT_EQ(*report->recorded_metrics.getNumber("loss"), report->metrics.loss);
+  EXPECT_EQ(*report->recorded_metrics.getNumber("grad_norm"), report->metrics.grad_norm);
+  EXPECT_GT(report->recorded_decisions, 0);
+  EXPECT_EQ(report->decisions, report->recorded_decisions);
+  EXPECT_EQ(report->forced, report->decisions);
+  EXPECT_EQ(report->live_agree, report->slots);  // the same weights choose the same experts
+  EXPECT_TRUE(report->routing_problem.empty()) << report->routing_problem;
+
+  auto replay = formats::BundleReader::Open(options.record_path).value();
+  const formats::Trace a = formats::ReadTrace(reader, 1).value();
+  formats::Trace b = formats::ReadTrace(*replay, 1).value();
+  ExpectSameOps(a, b);
+  const diff::DiffReport d = diff::DiffTraces(reader, a, 1, *replay, b, 1).value();
+  EXPECT_EQ(d.only_a + d.only_b, 0u);
+  EXPECT_EQ(d.diverged_ops, 0u);
+  return b;
+}
+
 // Also in micro-batches (12 of the 32 sequences: parts of 12, 12 and 8),
 // whose forward and backward passes interleave.
 TEST(ModelReplayTest, RepeatsARecordedStepBitwise) {
@@ -49,26 +78,36 @@ TEST(ModelReplayTest, RepeatsARecordedStepBitwise) {
     // Step 1 follows an update, so the Adam moments and the sampler state matter.
     auto reader = testing::RecordTinySteps(dir.File("r.moerr"), moe::Precision::kFp32,
                                            recorder::CaptureMode::kReplayable, 2, micro_batch);
-    ModelReplayOptions options;
-    options.record_path = dir.File("replay.moerr");
-    auto report = ReplayModelStep(*reader, 1, options);
-    ASSERT_TRUE(report.ok()) << report.status();
-    EXPECT_EQ(*report->recorded_metrics.getNumber("loss"), report->metrics.loss);
-    EXPECT_EQ(*report->recorded_metrics.getNumber("grad_norm"), report->metrics.grad_norm);
-    EXPECT_GT(report->recorded_decisions, 0);
-    EXPECT_EQ(report->decisions, report->recorded_decisions);
-    EXPECT_EQ(report->forced, report->decisions);
-    EXPECT_EQ(report->live_agree, report->slots);  // the same weights choose the same experts
-    EXPECT_TRUE(report->routing_problem.empty()) << report->routing_problem;
-
-    auto replay = formats::BundleReader::Open(options.record_path).value();
-    const formats::Trace a = formats::ReadTrace(*reader, 1).value();
-    const formats::Trace b = formats::ReadTrace(*replay, 1).value();
-    ExpectSameOps(a, b);
-    const diff::DiffReport d = diff::DiffTraces(*reader, a, 1, *replay, b, 1).value();
-    EXPECT_EQ(d.only_a + d.only_b, 0u);
-    EXPECT_EQ(d.diverged_ops, 0u);
+    ExpectStepOneReplaysBitwise(*reader, dir.File("replay.moerr"));
   }
+}
+
+// A DeepSeek-V3 model with multi-head latent attention (a q bottleneck,
+// interleaved rope dims) records and replays the same way; the trace names
+// its attention modules.
+TEST(ModelReplayTest, RepeatsALatentAttentionStepBitwise) {
+  TempDir dir;
+  torch::manual_seed(0);
+  const moe::MoeConfig config = moe::Preset("tiny-mla", moe::Family::kDeepseekV3).value();
+  ASSERT_TRUE(config.IsMla());
+  moe::MoeTransformer policy(config), reference(config);
+  const std::string path = dir.File("mla.moerr");
+  {
+    auto rec = recorder::Recorder::Start(
+                   recorder::RecordOptions(path).set_mode(recorder::CaptureMode::kReplayable).set_crash_handler(false))
+                   .value();
+    policy->SetRoutingObserver(rec.get());
+    moe::GrpoTrainer trainer(policy, reference, moe::AdditionTask(), moe::GrpoOptions(), /*seed=*/1);
+    ASSERT_TRUE(RecordTrainerStart(*rec, trainer).ok());
+    for (int step = 0; step < 2; ++step) ASSERT_TRUE(RecordStep(*rec, trainer, step).ok());
+    ASSERT_TRUE(rec->Stop().ok());
+    policy->SetRoutingObserver(nullptr);
+  }
+  auto reader = formats::BundleReader::Open(path).value();
+  const formats::Trace replayed = ExpectStepOneReplaysBitwise(*reader, dir.File("replay.moerr"));
+  bool named = false;
+  for (const auto& op : replayed.ops) named = named || op.module == "model.layers.1.self_attn";
+  EXPECT_TRUE(named);
 }
 
 // A faulty step fails again at the same op, and the verdict says so.
