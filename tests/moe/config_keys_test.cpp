@@ -153,6 +153,45 @@ TEST(ConfigKeysTest, UnknownKeysAndUnimplementedValuesAreErrorsMetadataIsListed)
   EXPECT_EQ(Message(c), "ok");
 }
 
+// DeepSeek-V3's published config.json (deepseek-ai/DeepSeek-V3, as
+// DeepSeek-R1 ships it): every key is known; its fp8 quantization_config is
+// refused by name, and without it the config reads as MLA with its ranks
+// and HF's default interleaved rope dims.
+TEST(ConfigKeysTest, DeepseekV3PublishedConfigReadsAsLatentAttention) {
+  auto parsed = llvm::json::parse(R"({
+    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"}, "bos_token_id": 0, "eos_token_id": 1,
+    "ep_size": 1, "first_k_dense_replace": 3, "hidden_act": "silu", "hidden_size": 7168, "initializer_range": 0.02,
+    "intermediate_size": 18432, "kv_lora_rank": 512, "max_position_embeddings": 163840, "model_type": "deepseek_v3",
+    "moe_intermediate_size": 2048, "moe_layer_freq": 1, "n_group": 8, "n_routed_experts": 256, "n_shared_experts": 1,
+    "norm_topk_prob": true, "num_attention_heads": 128, "num_experts_per_tok": 8, "num_hidden_layers": 61,
+    "num_key_value_heads": 128, "num_nextn_predict_layers": 1, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "weight_block_size": [128, 128]},
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "tie_word_embeddings": false,
+    "topk_group": 4, "topk_method": "noaux_tc", "torch_dtype": "bfloat16", "transformers_version": "4.46.3",
+    "use_cache": true, "v_head_dim": 128, "vocab_size": 129280})");
+  ASSERT_TRUE(static_cast<bool>(parsed)) << llvm::toString(parsed.takeError());
+  Object config = *parsed->getAsObject();
+  EXPECT_NE(Message(config).find("\"quantization_config\""), std::string::npos) << Message(config);
+  config.erase("quantization_config");
+  auto c = FromHfConfig(config);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->IsMla());
+  EXPECT_EQ(c->q_lora_rank, 1536);
+  EXPECT_EQ(c->kv_lora_rank, 512);
+  EXPECT_EQ(c->qk_nope_head_dim, 128);
+  EXPECT_EQ(c->qk_rope_head_dim, 64);
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->v_head_dim, 128);
+  EXPECT_TRUE(c->rope_interleave);
+  EXPECT_EQ(c->WindowOf(60), 0);
+}
+
 // A layer of the tiny-mla preset holds HF DeepseekV3Attention's parameters,
 // by name and shape, as a checkpoint's "model.layers.L." tensors load.
 TEST(ConfigKeysTest, LatentAttentionHasHfParameterNames) {
