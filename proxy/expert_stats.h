@@ -9,11 +9,13 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "moe/moe_transformer.h"
 #include "proxy/step_bundle.h"
+#include "recorder/hooks/routing_hook.h"
 
 namespace moerr::proxy {
 
@@ -29,6 +31,29 @@ struct LayerStats {
   at::Tensor reap;            // [E] f64: REAP saliency, mean of routing weight x |output| over its tokens
   at::Tensor output_mean;     // [E, hidden] f32: mean output over all calibration tokens (HC-SMoE)
 };
+
+// Keeps each MoE layer's router input and choice of a forward pass.
+struct RoutingCapture : recorder::RoutingObserver {
+  struct Decision {
+    at::Tensor hidden, ids, weights;  // [T, h] f32, [T, k], [T, k] f32
+  };
+  std::map<int64_t, Decision> by_layer;
+  void OnRouting(const recorder::RoutingEvent& e) override;
+  // The decision of `layer` as a recorded routing entry (micro-batch 0,
+  // weights f64 as a bundle holds them).
+  RoutingEntry Entry(int64_t layer) const;
+};
+
+// The statistics of `moe` with no tokens counted yet: sizes, zero counts and
+// its router rows.
+LayerStats EmptyStats(moe::MoeLayer& moe);
+// Counts one routing decision, `r.ids` [T, k] in [0, E) and `r.weights`
+// [T, k] f64 (checked by the caller): frequency, weight mass, co-activation.
+void AddRouting(LayerStats& s, const RoutingEntry& r);
+// The calibration statistics of `moe` from its router input `d.hidden` and
+// choice: routed contexts, output peaks, REAP, mean outputs. Runs every
+// expert on every token.
+void AddCalibration(LayerStats& s, moe::MoeLayer& moe, const RoutingCapture::Decision& d);
 
 // `routing`: the step's recorded decisions (ids and weights);
 // `calibration` [n, S] int64 token sequences for the forward pass.

@@ -18,6 +18,7 @@
 #include "proxy/step_bundle.h"
 #include "proxy/surgery.h"
 #include "replayer/step_failure.h"
+#include "replayer/world_failure.h"
 #include "support/filesystem.h"
 #include "support/status.h"
 #include "recorder/hooks/torch_boundary.h"
@@ -53,27 +54,6 @@ absl::StatusOr<formats::Trace> ChooseStep(const formats::BundleReader& reader, c
   }
   report.step = complete.front();
   return formats::ReadTrace(reader, report.step);
-}
-
-// Experts kept per MoE layer: the same count in every layer, a multiple of
-// the expert-parallel size and of the routing groups (each group keeps its
-// share).
-absl::StatusOr<int64_t> KeptCount(const moe::MoeConfig& config, const ProxyOptions& options) {
-  const int64_t requested =
-      options.keep > 0 ? options.keep
-                       : std::max<int64_t>(1, static_cast<int64_t>(config.num_experts * options.keep_fraction + 0.5));
-  const int64_t groups = config.router == moe::RouterKind::kSigmoidGroupedTopK ? config.n_group : 1;
-  const int64_t multiple = std::lcm(std::max<int64_t>(1, options.ep), groups);
-  const int64_t kept = (requested + multiple - 1) / multiple * multiple;
-  if (kept > config.num_experts) {
-    const std::string rounded =
-        multiple == 1 ? ""
-                      : absl::StrFormat(" (rounded up to a multiple of %d: expert-parallel size %d, %d routing groups)",
-                                        multiple, options.ep, groups);
-    return absl::InvalidArgumentError(
-        absl::StrFormat("cannot keep %d experts%s: each MoE layer has %d", kept, rounded, config.num_experts));
-  }
-  return kept;
 }
 
 // The proxy's size: report.experts and report.kept set, and its config.
@@ -213,8 +193,9 @@ StepBundle Shard(const StepBundle& world, int64_t rank, int64_t ranks) {
 // OUT/checkpoint, OUT/clusters.json and the proxy run: OUT/world.json and a
 // bundle per proxy rank.
 absl::Status WriteWorldOutputs(const StepBundle& bundle, const ProxyOptions& options, ProxyReport& report,
-                               const formats::WorldManifest& original,
-                               const std::optional<analysis::WorldOverflow>& overflow) {
+                               const formats::WorldStep& world, const std::optional<analysis::WorldOverflow>& overflow,
+                               const replayer::WorldFailure& failure) {
+  const formats::WorldManifest& original = world.manifest;
   llvm::json::Object info = ProxyInfo(options, report);
   info["ranks"] = report.ranks;
   info["original_ranks"] = report.original_ranks;
@@ -222,6 +203,9 @@ absl::Status WriteWorldOutputs(const StepBundle& bundle, const ProxyOptions& opt
   info["placement"] = Placement(report, original);
   info["batch_of_ranks"] = report.shards.empty() ? llvm::json::Value("all") : llvm::json::Array(report.shards);
   info["failure"] = overflow ? llvm::json::Value(analysis::OverflowPlaceJson(*overflow)) : nullptr;
+  // The original's failure rank by rank, judged again on the proxy's replay.
+  info["failures"] = replayer::WorldFailureJson(failure);
+  if (const auto fault = replayer::FaultOfRun(world)) info["fault"] = replayer::FaultAnnotation(fault->kind, fault->rank);
   MOERR_RETURN_IF_ERROR(WriteCheckpointAndMap(bundle, info, options, report));
   report.bundle = options.out_dir;
   MOERR_RETURN_IF_ERROR(formats::WriteWorldManifest(
@@ -235,6 +219,24 @@ absl::Status WriteWorldOutputs(const StepBundle& bundle, const ProxyOptions& opt
 }
 
 }  // namespace
+
+absl::StatusOr<int64_t> KeptCount(const moe::MoeConfig& config, const ProxyOptions& options) {
+  const int64_t requested =
+      options.keep > 0 ? options.keep
+                       : std::max<int64_t>(1, static_cast<int64_t>(config.num_experts * options.keep_fraction + 0.5));
+  const int64_t groups = config.router == moe::RouterKind::kSigmoidGroupedTopK ? config.n_group : 1;
+  const int64_t multiple = std::lcm(std::max<int64_t>(1, options.ep), groups);
+  const int64_t kept = (requested + multiple - 1) / multiple * multiple;
+  if (kept > config.num_experts) {
+    const std::string rounded =
+        multiple == 1 ? ""
+                      : absl::StrFormat(" (rounded up to a multiple of %d: expert-parallel size %d, %d routing groups)",
+                                        multiple, options.ep, groups);
+    return absl::InvalidArgumentError(
+        absl::StrFormat("cannot keep %d experts%s: each MoE layer has %d", kept, rounded, config.num_experts));
+  }
+  return kept;
+}
 
 absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, const ProxyOptions& options) {
   if (options.out_dir.empty()) return absl::InvalidArgumentError("an output directory is required (-o DIR)");
@@ -272,10 +274,18 @@ absl::StatusOr<ProxyReport> BuildWorldProxy(formats::WorldStep& world, const Pro
   }
   MOERR_ASSIGN_OR_RETURN(const std::optional<analysis::WorldOverflow> overflow, ChooseWorldStep(world, options));
   report.step = world.step;
+  MOERR_ASSIGN_OR_RETURN(const replayer::WorldFailure failure,
+                         replayer::FindWorldFailure(world, replayer::FailureKindOfRun(world)));
   if (overflow) {
     report.failure_rank = overflow->rank;
     for (const std::string& module : replayer::OverflowFailure(overflow->cause.first).modules) {
       if (auto e = formats::ExpertOf(module)) report.implicated.push_back(*e);
+    }
+  } else if (const auto fault = replayer::FaultOfRun(world); fault && fault->rank >= 0) {
+    // A fault in one rank's weights that does not overflow: that rank fails
+    // when it shows the failure.
+    for (const replayer::RankFailure& r : failure.ranks) {
+      if (r.rank == fault->rank) report.failure_rank = r.rank;
     }
   }
   // The experts as the failing rank's group held them (their replicas may not be broken).
@@ -295,7 +305,7 @@ absl::StatusOr<ProxyReport> BuildWorldProxy(formats::WorldStep& world, const Pro
       for (int64_t r = first; r < first + report.ranks; ++r) report.shards.push_back(r);
       MOERR_ASSIGN_OR_RETURN(bundle, KeepShards(bundle, report.original_ranks, report.shards));
     }
-    return WriteWorldOutputs(bundle, options, report, world.manifest, overflow);
+    return WriteWorldOutputs(bundle, options, report, world, overflow, failure);
   }), where));
   return report;
 }

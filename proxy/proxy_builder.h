@@ -46,6 +46,11 @@ struct ProxyReport {
   std::vector<int64_t> shards;  // of a world's proxy: the original ranks whose batch it trains on
 };
 
+// Experts kept per MoE layer: options.keep, else keep_fraction of them,
+// rounded up to a multiple of the expert-parallel size and of the routing
+// groups (each group keeps its share); an error past the layer's experts.
+absl::StatusOr<int64_t> KeptCount(const moe::MoeConfig& config, const ProxyOptions& options);
+
 absl::StatusOr<ProxyReport> BuildProxy(const formats::BundleReader& reader, const ProxyOptions& options);
 
 // `moerr proxy RUN --ranks M`: a step of an N-rank expert-parallel run (the

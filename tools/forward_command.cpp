@@ -19,6 +19,7 @@
 #include "formats/safetensors.h"
 #include "moe/checkpoint.h"
 #include "moe/config_keys.h"
+#include "proxy/token_file.h"
 #include "recorder/hooks/tensor_adapter.h"
 #include "recorder/hooks/torch_boundary.h"
 #include "support/status.h"
@@ -36,76 +37,6 @@ struct Options {
 
 std::string Shape(const at::Tensor& t) { return "[" + absl::StrJoin(t.sizes(), ", ") + "]"; }
 
-// Token ids separated by commas or white space.
-absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, const std::string& where) {
-  std::vector<int64_t> ids;
-  for (absl::string_view piece : absl::StrSplit(text, absl::ByAnyChar(", \t\r"), absl::SkipEmpty())) {
-    int64_t id = 0;
-    if (!absl::SimpleAtoi(piece, &id)) {
-      return absl::InvalidArgumentError(absl::StrFormat("%s: \"%s\" is not an integer token id", where, piece));
-    }
-    ids.push_back(id);
-  }
-  return ids;
-}
-
-// Rows of equal, non-zero length as a [B, T] int64 tensor.
-absl::StatusOr<at::Tensor> FromRows(const std::vector<std::vector<int64_t>>& rows, const std::string& where) {
-  if (rows.empty() || rows[0].empty()) return absl::InvalidArgumentError(where + ": no token ids");
-  for (size_t r = 1; r < rows.size(); ++r) {
-    if (rows[r].size() != rows[0].size()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: sequence %d has %d ids, sequence 0 has %d; every sequence needs the same length", where, r,
-          rows[r].size(), rows[0].size()));
-    }
-  }
-  at::Tensor out = at::empty({static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())}, at::kLong);
-  for (size_t r = 0; r < rows.size(); ++r) {
-    std::copy(rows[r].begin(), rows[r].end(), out[r].data_ptr<int64_t>());
-  }
-  return out;
-}
-
-// A text file: one sequence per non-blank line.
-absl::StatusOr<at::Tensor> ReadIdsText(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrFormat("cannot open %s", path));
-  std::vector<std::vector<int64_t>> rows;
-  std::string line;
-  for (int n = 1; std::getline(in, line); ++n) {
-    MOERR_ASSIGN_OR_RETURN(std::vector<int64_t> ids, ParseIds(line, absl::StrFormat("%s line %d", path, n)));
-    if (!ids.empty()) rows.push_back(std::move(ids));
-  }
-  return FromRows(rows, path);
-}
-
-// Tensor `name` of the safetensors file at `path`, copied out of the map.
-absl::StatusOr<at::Tensor> ReadNamed(const std::string& path, const std::string& name) {
-  MOERR_ASSIGN_OR_RETURN(const formats::SafetensorsFile file, formats::ReadSafetensors(path));
-  std::vector<std::string> names;
-  for (const auto& [n, view] : file.tensors) {
-    if (n == name) return recorder::ToTensor(view);
-    names.push_back(n);
-  }
-  return absl::NotFoundError(absl::StrFormat("%s has no \"%s\" tensor (it holds: %s)", path, name,
-                                             names.empty() ? "none" : absl::StrJoin(names, ", ")));
-}
-
-// input_ids [B, T] (or [T]) of an integer dtype, as int64 [B, T].
-absl::StatusOr<at::Tensor> ReadInputIds(const std::string& path) {
-  MOERR_ASSIGN_OR_RETURN(at::Tensor ids, ReadNamed(path, "input_ids"));
-  if (at::isFloatingType(ids.scalar_type()) || ids.scalar_type() == at::kBool) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: input_ids is %s, not an integer tensor", path, c10::toString(ids.scalar_type())));
-  }
-  if (ids.dim() == 1) ids = ids.unsqueeze(0);
-  if (ids.dim() != 2 || ids.numel() == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: input_ids has shape %s; it needs [batch, positions], non-empty", path, Shape(ids)));
-  }
-  return ids.to(at::kLong);
-}
-
 // The ids to run, from --prompt-ids, --tokens, or the --compare file's
 // input_ids; each must be a row of the embedding ([0, vocab)).
 absl::StatusOr<at::Tensor> Tokens(const Options& o, int64_t vocab) {
@@ -114,14 +45,12 @@ absl::StatusOr<at::Tensor> Tokens(const Options& o, int64_t vocab) {
   }
   at::Tensor ids;
   if (!o.prompt_ids.empty()) {
-    MOERR_ASSIGN_OR_RETURN(std::vector<int64_t> row, ParseIds(o.prompt_ids, "--prompt-ids"));
-    MOERR_ASSIGN_OR_RETURN(ids, FromRows({row}, "--prompt-ids"));
-  } else if (absl::EndsWith(o.tokens, ".safetensors")) {
-    MOERR_ASSIGN_OR_RETURN(ids, ReadInputIds(o.tokens));
+    MOERR_ASSIGN_OR_RETURN(std::vector<int64_t> row, proxy::ParseIds(o.prompt_ids, "--prompt-ids"));
+    MOERR_ASSIGN_OR_RETURN(ids, proxy::FromRows({row}, "--prompt-ids"));
   } else if (!o.tokens.empty()) {
-    MOERR_ASSIGN_OR_RETURN(ids, ReadIdsText(o.tokens));
+    MOERR_ASSIGN_OR_RETURN(ids, proxy::ReadTokenFile(o.tokens));
   } else if (!o.compare.empty()) {
-    auto from_compare = ReadInputIds(o.compare);
+    auto from_compare = proxy::ReadInputIds(o.compare);
     if (!from_compare.ok()) {
       return Annotate(from_compare.status(), "no --tokens or --prompt-ids, and the --compare file gives none");
     }
@@ -169,7 +98,7 @@ struct Comparison {
 
 // Our logits [B, T, V] against the `logits` tensor of `path`, [B, T, V] or [T, V].
 absl::StatusOr<Comparison> Compare(const at::Tensor& logits, const Options& o) {
-  MOERR_ASSIGN_OR_RETURN(at::Tensor ref, ReadNamed(o.compare, "logits"));
+  MOERR_ASSIGN_OR_RETURN(at::Tensor ref, proxy::ReadNamedTensor(o.compare, "logits"));
   if (!at::isFloatingType(ref.scalar_type())) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: logits is %s, not a floating-point tensor", o.compare,
                                                       c10::toString(ref.scalar_type())));

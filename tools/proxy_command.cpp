@@ -8,6 +8,7 @@
 #include "formats/bundle_reader.h"
 #include "formats/world_manifest.h"
 #include "formats/world_run.h"
+#include "proxy/checkpoint_proxy.h"
 #include "proxy/healing.h"
 #include "proxy/proxy_builder.h"
 #include "support/status.h"
@@ -71,16 +72,112 @@ int64_t DefaultRanks(int64_t original_ranks, const proxy::ProxyOptions& options,
   return m;
 }
 
+struct ProxyArgs {
+  std::string bundle, out, keep = "1/4", method = "cluster";
+  std::string checkpoint, tokens;
+  int64_t step = -1, ep = 1, ranks = 0, heal = 0, calib_tokens = 256;
+  uint64_t seed = 0, max_shard_size = 0;
+  bool no_forced = false, force = false, whole_batch = false, json = false;
+};
+
+std::string Gb(uint64_t bytes) { return absl::StrFormat("%.2f GB", bytes / 1e9); }
+
+void PrintCheckpointProxy(const proxy::CheckpointProxyReport& r, const std::string& method) {
+  std::printf("%lld experts per MoE layer -> %lld (%s); top-k %lld -> %lld; config.json keys changed: %s\n",
+              static_cast<long long>(r.experts), static_cast<long long>(r.kept), method.c_str(),
+              static_cast<long long>(r.top_k), static_cast<long long>(r.proxy_top_k),
+              r.changed_keys.empty() ? "none" : absl::StrJoin(r.changed_keys, ", ").c_str());
+  std::printf("calibration: %lld tokens (%lld sequences), layer by layer, %.1f s, peak RSS %s\n",
+              static_cast<long long>(r.calibration_tokens), static_cast<long long>(r.calibration_sequences),
+              r.calibration_seconds, Gb(r.calibration_peak_rss).c_str());
+  for (const proxy::LayerPlan& p : r.plans) {
+    std::printf("  layer %lld keeps %s%s\n", static_cast<long long>(p.layer), absl::StrJoin(p.kept, ", ").c_str(),
+                p.forced.empty() ? "" : absl::StrFormat(" (forced: %s)", absl::StrJoin(p.forced, ", ")).c_str());
+  }
+  std::printf("wrote %s: %s of %s tensor data, %lld tensors (%lld dropped unread), %s; %.1f s\n", r.out_dir.c_str(),
+              Gb(r.bytes_written).c_str(), Gb(r.checkpoint_bytes).c_str(), static_cast<long long>(r.tensors_written),
+              static_cast<long long>(r.tensors_dropped),
+              r.sharded ? absl::StrFormat("%d shards and model.safetensors.index.json", r.shards.size()).c_str()
+                        : "model.safetensors",
+              r.write_seconds);
+  const double seconds = r.calibration_seconds + r.write_seconds;
+  std::printf("read %s in %.1f s (%.2f GB/s); peak RSS %s; cluster map %s\n", Gb(r.bytes_read).c_str(), seconds,
+              seconds > 0 ? r.bytes_read / 1e9 / seconds : 0.0, Gb(r.peak_rss).c_str(), r.cluster_map.c_str());
+}
+
+llvm::json::Value CheckpointProxyJson(const proxy::CheckpointProxyReport& r, const std::string& method) {
+  llvm::json::Array layers, shards, changed;
+  for (const proxy::LayerPlan& p : r.plans) {
+    layers.push_back(llvm::json::Object{{"layer", p.layer},
+                                        {"kept", llvm::json::Array(p.kept)},
+                                        {"maps_to", llvm::json::Array(p.medoid_of)},
+                                        {"forced", llvm::json::Array(p.forced)}});
+  }
+  for (const std::string& s : r.shards) shards.push_back(s);
+  for (const std::string& k : r.changed_keys) changed.push_back(k);
+  const double seconds = r.calibration_seconds + r.write_seconds;
+  return llvm::json::Object{
+      {"method", method},
+      {"experts", r.experts},
+      {"kept", r.kept},
+      {"top_k", r.top_k},
+      {"proxy_top_k", r.proxy_top_k},
+      {"changed_keys", std::move(changed)},
+      {"calibration", llvm::json::Object{{"tokens", r.calibration_tokens},
+                                         {"sequences", r.calibration_sequences},
+                                         {"seconds", JsonNumber(r.calibration_seconds)},
+                                         {"peak_rss_bytes", r.calibration_peak_rss}}},
+      {"layers", std::move(layers)},
+      {"output", r.out_dir},
+      {"sharded", r.sharded},
+      {"shards", std::move(shards)},
+      {"tensors_written", r.tensors_written},
+      {"tensors_dropped", r.tensors_dropped},
+      {"checkpoint_bytes", static_cast<int64_t>(r.checkpoint_bytes)},
+      {"bytes_written", static_cast<int64_t>(r.bytes_written)},
+      {"bytes_read", static_cast<int64_t>(r.bytes_read)},
+      {"write_seconds", JsonNumber(r.write_seconds)},
+      {"seconds", JsonNumber(seconds)},
+      {"read_gb_per_s", JsonNumber(seconds > 0 ? r.bytes_read / 1e9 / seconds : 0.0)},
+      {"peak_rss_bytes", r.peak_rss},
+      {"cluster_map", r.cluster_map}};
+}
+
+// moerr proxy --checkpoint DIR: the streamed proxy of an HF checkpoint.
+CommandResult RunCheckpointProxy(const ProxyArgs& a) {
+  if (!a.bundle.empty()) return absl::InvalidArgumentError("give a BUNDLE or --checkpoint DIR, not both");
+  if (a.step >= 0 || a.ranks > 0 || a.whole_batch || a.heal > 0) {
+    return absl::InvalidArgumentError("--step, --ranks, --whole-batch and --heal apply to a bundle, not --checkpoint");
+  }
+  MOERR_RETURN_IF_ERROR(CheckNotAnInput(a.out + "/config.json", {a.checkpoint + "/config.json"}));
+  proxy::CheckpointProxyOptions options;
+  options.checkpoint = a.checkpoint;
+  options.proxy.out_dir = a.out;
+  options.proxy.overwrite = a.force;
+  options.proxy.ep = a.ep;
+  options.proxy.cluster.seed = a.seed;
+  options.proxy.cluster.force = !a.no_forced;
+  MOERR_RETURN_IF_ERROR(ParseKeep(a.keep, options.proxy));
+  MOERR_ASSIGN_OR_RETURN(options.proxy.cluster.method, proxy::ParseMethod(a.method));
+  options.calibration.tokens_file = a.tokens;
+  options.calibration.tokens = a.calib_tokens;
+  options.calibration.seed = a.seed;
+  options.max_shard_bytes = a.max_shard_size;
+  options.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  options.calibration.progress = options.progress;
+  MOERR_ASSIGN_OR_RETURN(const proxy::CheckpointProxyReport report, proxy::ProxyCheckpoint(options));
+  if (a.json) {
+    std::printf("%s\n", llvm::formatv("{0:2}", CheckpointProxyJson(report, a.method)).str().c_str());
+  } else {
+    PrintCheckpointProxy(report, a.method);
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 void AddProxyCommand(CLI::App& app, int& exit_code) {
-  struct Options {
-    std::string bundle, out, keep = "1/4", method = "cluster";
-    int64_t step = -1, ep = 1, ranks = 0, heal = 0;
-    uint64_t seed = 0;
-    bool no_forced = false, force = false, whole_batch = false;
-  };
-  auto opts = std::make_shared<Options>();
+  auto opts = std::make_shared<ProxyArgs>();
   CLI::App* cmd = app.add_subcommand(
       "proxy",
       "Map a recorded step onto a model with fewer experts (clustering-based, structure-preserving "
@@ -88,10 +185,13 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("BUNDLE", opts->bundle,
                   "A replayable or full bundle of the reference trainer, or a multi-rank run directory recorded by "
                   "moerr train --ranks N --record replayable")
-      ->required();
+;
+  cmd->add_option("--checkpoint", opts->checkpoint,
+                  "Instead of a bundle: an HF checkpoint directory (model.safetensors, or an index and shards), "
+                  "proxied tensor by tensor with a layer-by-layer calibration, so it need not fit in memory");
   cmd->add_option("-o,--output", opts->out,
                   "Output directory: proxy.moerr (of a run: the proxy run, world.json and rank<m>.moerr), "
-                  "checkpoint/, clusters.json")
+                  "checkpoint/, clusters.json; of --checkpoint: the proxy's HF checkpoint and clusters.json")
       ->required();
   cmd->add_option("--keep", opts->keep, "Experts kept per MoE layer: a fraction (1/2, 1/4, 1/8) or a count")
       ->capture_default_str();
@@ -115,8 +215,24 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
                   "--heal)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
+  CLI::Option* calib = cmd->add_option("--calib-tokens", opts->calib_tokens,
+                  "Of --checkpoint: calibration tokens (whole sequences, at least this many)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+  cmd->add_option("--tokens", opts->tokens,
+                  "Of --checkpoint: calibration token ids, a safetensors file with input_ids [B, T] or a text file of "
+                  "one sequence per line (default: the built-in addition task)");
+  CLI::Option* shard_size = cmd->add_option("--max-shard-size", opts->max_shard_size,
+                  "Of a sharded --checkpoint: bytes per output shard (5GB, 500MB; default: the original's largest)")
+      ->transform(CLI::AsSizeValue(true));
+  cmd->add_flag("--json", opts->json, "Of --checkpoint: the report as JSON on stdout");
   cmd->add_flag("--force", opts->force, "Overwrite an earlier proxy in the output directory");
-  OnRun(cmd, exit_code, [opts]() -> CommandResult {
+  OnRun(cmd, exit_code, [opts, calib, shard_size]() -> CommandResult {
+    if (!opts->checkpoint.empty()) return RunCheckpointProxy(*opts);
+    if (opts->bundle.empty()) return absl::InvalidArgumentError("give a BUNDLE, a run directory or --checkpoint DIR");
+    if (opts->json || !opts->tokens.empty() || calib->count() > 0 || shard_size->count() > 0) {
+      return absl::InvalidArgumentError("--json, --tokens, --calib-tokens and --max-shard-size apply to --checkpoint");
+    }
     MOERR_RETURN_IF_ERROR(CheckNotAnInput(opts->out + "/proxy.moerr", {opts->bundle}));
     proxy::ProxyOptions options;
     options.step = opts->step;

@@ -1,0 +1,184 @@
+#include "proxy/checkpoint_proxy.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+#include "absl/strings/str_format.h"
+#include "formats/checkpoint_reader.h"
+#include "formats/checkpoint_writer.h"
+#include "formats/hf_checkpoint.h"
+#include "proxy/resident_memory.h"
+#include "proxy/surgery.h"
+#include "recorder/hooks/tensor_adapter.h"
+#include "recorder/hooks/torch_boundary.h"
+#include "support/status.h"
+
+namespace moerr::proxy {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+llvm::json::Object PlansJson(const std::vector<LayerPlan>& plans, const CheckpointProxyOptions& options,
+                             const CheckpointProxyReport& report) {
+  llvm::json::Array layers;
+  for (const LayerPlan& p : plans) {
+    llvm::json::Array kept, maps, forced;
+    for (int64_t e : p.kept) kept.push_back(e);
+    for (int64_t e : p.medoid_of) maps.push_back(e);
+    for (int64_t e : p.forced) forced.push_back(e);
+    layers.push_back(llvm::json::Object{
+        {"layer", p.layer}, {"kept", std::move(kept)}, {"maps_to", std::move(maps)}, {"forced", std::move(forced)}});
+  }
+  return llvm::json::Object{{"method", MethodName(options.proxy.cluster.method)},
+                            {"checkpoint", options.checkpoint},
+                            {"experts", report.experts},
+                            {"kept", report.kept},
+                            {"calibration_tokens", report.calibration_tokens},
+                            {"forced_keeps", options.proxy.cluster.force},
+                            {"layers", std::move(layers)}};
+}
+
+// What the proxy holds, in the original's file order: each kept tensor's
+// new name, dtype and shape. The surgery runs on a stand-in of each tensor's
+// shape that holds one element (a stride-0 view), so no weight is read.
+std::vector<formats::TensorEntry> PlanEntries(const formats::CheckpointReader& reader,
+                                              const std::vector<LayerPlan>& plans, std::vector<bool>& kept) {
+  std::vector<formats::TensorEntry> entries;
+  for (const formats::TensorLocation& t : reader.tensors()) {
+    const at::Tensor stand_in = at::zeros({1}, recorder::ToScalarType(t.dtype)).expand(t.shape);
+    const auto mapped = MapTensor(t.name, stand_in, plans);
+    kept.push_back(mapped.has_value());
+    if (mapped) entries.push_back(formats::TensorEntry{mapped->first, t.dtype, mapped->second.sizes().vec()});
+  }
+  return entries;
+}
+
+// Every kept tensor read, mapped and written in file order.
+absl::Status WriteTensors(const formats::CheckpointReader& reader, const std::vector<LayerPlan>& plans,
+                          const CheckpointProxyOptions& options, CheckpointProxyReport& report) {
+  std::vector<bool> kept;
+  std::vector<formats::TensorEntry> entries = PlanEntries(reader, plans, kept);
+  formats::ShardingOptions sharding;
+  sharding.sharded = reader.sharded();
+  for (uint64_t size : reader.shard_sizes()) sharding.max_shard_bytes = std::max(sharding.max_shard_bytes, size);
+  if (options.max_shard_bytes > 0) sharding.max_shard_bytes = options.max_shard_bytes;
+  std::map<std::string, std::string> metadata = reader.metadata();
+  if (metadata.empty()) metadata["format"] = "pt";
+  MOERR_ASSIGN_OR_RETURN(auto writer, formats::CheckpointWriter::Create(options.proxy.out_dir, std::move(entries),
+                                                                        sharding, metadata, options.proxy.overwrite));
+  report.sharded = sharding.sharded;
+  report.shards = writer->shard_files();
+  int64_t shard = 0;
+  uint64_t shard_bytes = 0;
+  const auto finish_shard = [&] {
+    if (options.progress) {
+      options.progress(absl::StrFormat("wrote %s (%d/%d, %.0f MB), peak RSS %.0f MB", report.shards[shard], shard + 1,
+                                       report.shards.size(), shard_bytes / 1e6, PeakResidentBytes() / 1e6));
+    }
+  };
+  for (size_t i = 0; i < reader.tensors().size(); ++i) {
+    const formats::TensorLocation& t = reader.tensors()[i];
+    if (!kept[i]) {
+      ++report.tensors_dropped;
+      continue;
+    }
+    if (writer->shard_of_next() != shard) {
+      finish_shard();
+      shard = writer->shard_of_next();
+      shard_bytes = 0;
+    }
+    at::Tensor value = at::empty(t.shape, recorder::ToScalarType(t.dtype));
+    MOERR_RETURN_IF_ERROR(reader.Read(t, reinterpret_cast<std::byte*>(value.data_ptr())));
+    auto mapped = MapTensor(t.name, value, plans);  // kept: MapTensor is a pure function of the name and shape
+    const at::Tensor out = mapped->second.contiguous();
+    const auto* bytes = reinterpret_cast<const std::byte*>(out.data_ptr());
+    MOERR_RETURN_IF_ERROR(Annotate(writer->Write(mapped->first, absl::MakeConstSpan(bytes, out.nbytes())),
+                                   options.proxy.out_dir + "/" + report.shards[shard]));
+    shard_bytes += out.nbytes();
+    report.bytes_written += out.nbytes();
+    ++report.tensors_written;
+  }
+  MOERR_RETURN_IF_ERROR(writer->Finish());
+  finish_shard();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+llvm::json::Object EditHfConfig(const llvm::json::Object& original, const moe::MoeConfig& from,
+                                const moe::MoeConfig& to, std::vector<std::string>* changed) {
+  llvm::json::Object out = original;
+  const llvm::json::Object before = moe::ToHfConfig(from), after = moe::ToHfConfig(to);
+  for (const auto& [key, value] : after) {
+    const llvm::json::Value* old = before.get(key);
+    if (old != nullptr && *old == value) continue;
+    out[key] = value;
+    if (changed != nullptr) changed->push_back(key.str());
+  }
+  if (changed != nullptr) std::sort(changed->begin(), changed->end());
+  return out;
+}
+
+absl::StatusOr<std::vector<LayerPlan>> PlanCheckpointLayers(const std::vector<LayerStats>& stats, int64_t kept,
+                                                            const moe::MoeConfig& config, ClusterOptions options) {
+  options.groups = config.router == moe::RouterKind::kSigmoidGroupedTopK ? config.n_group : 1;
+  std::vector<LayerPlan> plans;
+  for (const LayerStats& s : stats) {
+    absl::StatusOr<LayerPlan> plan = PlanLayer(s, kept, {}, options);
+    if (!plan.ok()) return Annotate(plan.status(), absl::StrFormat("layer %d", s.layer));
+    plans.push_back(*std::move(plan));
+  }
+  return plans;
+}
+
+absl::StatusOr<CheckpointProxyReport> ProxyCheckpoint(const CheckpointProxyOptions& options) {
+  if (options.proxy.out_dir.empty()) return absl::InvalidArgumentError("an output directory is required (-o DIR)");
+  CheckpointProxyReport report;
+  report.out_dir = options.proxy.out_dir;
+  MOERR_ASSIGN_OR_RETURN(const auto reader, formats::CheckpointReader::Open(options.checkpoint));
+  for (const formats::TensorLocation& t : reader->tensors()) report.checkpoint_bytes += t.nbytes;
+  absl::StatusOr<moe::MoeConfig> config = moe::FromHfConfig(reader->config());
+  if (!config.ok()) return Annotate(config.status(), options.checkpoint + "/config.json");
+  const std::string where = "proxy of " + options.checkpoint;
+  absl::StatusOr<int64_t> kept = KeptCount(*config, options.proxy);
+  if (!kept.ok()) return Annotate(kept.status(), where);
+  absl::StatusOr<moe::MoeConfig> proxy_config = ProxyConfig(*config, *kept);
+  if (!proxy_config.ok()) return Annotate(proxy_config.status(), where);
+  report.experts = config->num_experts;
+  report.kept = *kept;
+  report.top_k = config->top_k;
+  report.proxy_top_k = proxy_config->top_k;
+
+  const auto start = Clock::now();
+  MOERR_ASSIGN_OR_RETURN(const at::Tensor tokens, CalibrationTokens(options.calibration, config->vocab_size));
+  report.calibration_sequences = tokens.size(0);
+  report.calibration_tokens = tokens.numel();
+  MOERR_ASSIGN_OR_RETURN(const std::vector<LayerStats> stats,
+                         CalibrateLayerByLayer(*reader, *config, tokens, options.calibration));
+  MOERR_ASSIGN_OR_RETURN(report.plans, PlanCheckpointLayers(stats, report.kept, *config, options.proxy.cluster));
+  report.calibration_seconds = Since(start);
+  report.calibration_peak_rss = PeakResidentBytes();
+
+  const auto write_start = Clock::now();
+  MOERR_RETURN_IF_ERROR(Annotate(CatchTorch("writing the proxy checkpoint",
+                                            [&] { return WriteTensors(*reader, report.plans, options, report); }),
+                                 where));
+  const llvm::json::Object hf_config = EditHfConfig(reader->config(), *config, *proxy_config, &report.changed_keys);
+  if (absl::Status s = moe::FromHfConfig(hf_config).status(); !s.ok()) {
+    return absl::InternalError(absl::StrFormat("%s: the edited config.json does not load: %s", where, s.message()));
+  }
+  MOERR_RETURN_IF_ERROR(
+      formats::WriteJsonFile(report.out_dir + "/config.json", llvm::json::Object(hf_config), options.proxy.overwrite));
+  report.cluster_map = report.out_dir + "/clusters.json";
+  MOERR_RETURN_IF_ERROR(formats::WriteJsonFile(report.cluster_map, PlansJson(report.plans, options, report),
+                                               options.proxy.overwrite));
+  report.write_seconds = Since(write_start);
+  report.bytes_read = reader->bytes_read();
+  report.peak_rss = PeakResidentBytes();
+  return report;
+}
+
+}  // namespace moerr::proxy

@@ -1,0 +1,70 @@
+// moerr proxy --checkpoint DIR: an HF checkpoint mapped onto fewer experts
+// per MoE layer without loading it whole. The expert statistics come from a
+// layer-by-layer calibration pass (layer_calibration.h); the plans from the
+// same clustering as a bundle's proxy (clustering.h); every tensor goes
+// through the same surgery (MapTensor), read and written one at a time
+// (CheckpointReader, CheckpointWriter): a dropped expert's tensors are never
+// read. Peak memory: one decoder layer during calibration, one tensor while
+// writing, and the statistics. Writes to OUT
+//   config.json      the original's object with the family's expert-count
+//                    key (num_experts, n_routed_experts, num_local_experts)
+//                    and num_experts_per_tok updated; every other key as it was
+//   model.safetensors, or model-0000i-of-0000n.safetensors and
+//                    model.safetensors.index.json when the original is sharded
+//                    (shards of at most the original's largest shard's size)
+//   clusters.json    per layer: kept experts, what each maps to, forced keeps
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "llvm/Support/JSON.h"
+#include "moe/moe_config.h"
+#include "proxy/clustering.h"
+#include "proxy/layer_calibration.h"
+#include "proxy/proxy_builder.h"
+
+namespace moerr::proxy {
+
+struct CheckpointProxyOptions {
+  std::string checkpoint;  // the original's directory
+  ProxyOptions proxy;      // keep / keep_fraction, ep, cluster, out_dir, overwrite
+  CalibrationOptions calibration;
+  uint64_t max_shard_bytes = 0;  // of a sharded output; 0: the original's largest shard
+  std::function<void(const std::string&)> progress;  // a line per layer and per shard; may be empty
+};
+
+struct CheckpointProxyReport {
+  int64_t experts = 0, kept = 0;  // per MoE layer
+  int64_t top_k = 0, proxy_top_k = 0;
+  std::vector<std::string> changed_keys;  // config.json keys written with new values
+  std::vector<LayerPlan> plans;
+  int64_t calibration_sequences = 0, calibration_tokens = 0;
+  uint64_t checkpoint_bytes = 0;  // tensor data of the original
+  uint64_t bytes_read = 0;        // all reads: calibration and the kept tensors
+  uint64_t bytes_written = 0;     // tensor data of the proxy
+  int64_t tensors_written = 0, tensors_dropped = 0;
+  bool sharded = false;
+  std::vector<std::string> shards;  // file names under out_dir
+  double calibration_seconds = 0, write_seconds = 0;
+  int64_t calibration_peak_rss = 0, peak_rss = 0;  // bytes (VmHWM after each phase)
+  std::string out_dir, cluster_map;
+};
+
+absl::StatusOr<CheckpointProxyReport> ProxyCheckpoint(const CheckpointProxyOptions& options);
+
+// The plan of every MoE layer from its statistics (no forced failure; super
+// experts forced when options.force), as ProxyCheckpoint makes them.
+absl::StatusOr<std::vector<LayerPlan>> PlanCheckpointLayers(const std::vector<LayerStats>& stats, int64_t kept,
+                                                            const moe::MoeConfig& config, ClusterOptions options);
+
+// `original` (a config.json object) with every key whose value in the
+// family's keys (ToHfConfig) differs between `from` and `to` set to its
+// value in `to`; the names of those keys in `changed`.
+llvm::json::Object EditHfConfig(const llvm::json::Object& original, const moe::MoeConfig& from,
+                                const moe::MoeConfig& to, std::vector<std::string>* changed = nullptr);
+
+}  // namespace moerr::proxy

@@ -1,0 +1,219 @@
+// moerr proxy --checkpoint: the streamed, layer-by-layer proxy of an HF
+// checkpoint against the same proxy made with the whole model in memory,
+// and its memory bound.
+#include "proxy/checkpoint_proxy.h"
+
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <malloc.h>
+
+#include <fstream>
+
+#include "absl/strings/str_format.h"
+
+#include "formats/checkpoint_reader.h"
+#include "formats/hf_checkpoint.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "moe/checkpoint.h"
+#include "proxy/resident_memory.h"
+#include "proxy/surgery.h"
+#include "recorder/hooks/tensor_adapter.h"
+#include "tests/testing/test_util.h"
+
+namespace moerr::proxy {
+namespace {
+
+using formats::testing::TempDir;
+
+std::vector<std::byte> Bytes(const std::string& path) { return formats::testing::ReadFile(path); }
+
+// A model of `config` with random weights, saved as a bf16 HF checkpoint in
+// shards of at most `shard_bytes` (0: one model.safetensors), with two
+// config.json keys moerr lists as metadata. Returns the tensor bytes.
+uint64_t WriteCheckpoint(const moe::MoeConfig& config, const std::string& dir, uint64_t shard_bytes, uint64_t seed) {
+  torch::manual_seed(seed);
+  moe::MoeTransformer model(config);
+  std::vector<at::Tensor> keep;
+  std::vector<std::pair<std::string, formats::TensorView>> views;
+  uint64_t bytes = 0;
+  for (const auto& [name, t] : model->NamedTensors()) {
+    keep.push_back(t.detach().to(at::kBFloat16).contiguous());
+    views.emplace_back(name, recorder::ViewOf(keep.back()).value());
+    bytes += keep.back().nbytes();
+  }
+  llvm::json::Object hf = moe::ToHfConfig(config);
+  hf["torch_dtype"] = "bfloat16";
+  hf["architectures"] = llvm::json::Array{"SomeForCausalLM"};
+  EXPECT_TRUE(
+      formats::SaveHfCheckpoint(dir, hf, views, formats::ShardingOptions{shard_bytes > 0, shard_bytes}, false).ok());
+  return bytes;
+}
+
+moe::MoeConfig Config(moe::Family family, int64_t experts, int64_t layers) {
+  moe::MoeConfig c = moe::Preset("tiny", family).value();
+  c.num_experts = experts;
+  // DeepSeek's grouped routing: a 1/4 proxy keeps one expert in each of 4 groups, 2 eligible.
+  c.top_k = family == moe::Family::kDeepseekV3 ? 2 : 6;
+  c.num_layers = layers;
+  c.vocab_size = 32;
+  return c;
+}
+
+CheckpointProxyOptions Options(const std::string& in, const std::string& out) {
+  CheckpointProxyOptions o;
+  o.checkpoint = in;
+  o.proxy.out_dir = out;
+  o.proxy.keep_fraction = 0.25;
+  o.calibration.tokens = 48;
+  return o;
+}
+
+// The proxy made from the whole model in memory: load it, collect the
+// statistics with CollectStats on its calibration forward, plan, map every
+// tensor (MapTensor) and save in the original's sharding.
+std::vector<LayerPlan> InMemoryProxy(const CheckpointProxyOptions& o, const std::string& out,
+                                     std::vector<LayerStats>* stats_out) {
+  auto model = moe::LoadCheckpoint(o.checkpoint);
+  EXPECT_TRUE(model.ok()) << model.status();
+  const moe::MoeConfig config = (*model)->config();
+  const at::Tensor tokens = CalibrationTokens(o.calibration, config.vocab_size).value();
+  std::vector<LayerStats> stats = CalibrateInMemory(*model, tokens).value();
+  const int64_t kept = KeptCount(config, o.proxy).value();
+  std::vector<LayerPlan> plans = PlanCheckpointLayers(stats, kept, config, o.proxy.cluster).value();
+  *stats_out = std::move(stats);
+  const formats::HfCheckpoint ckpt = formats::LoadHfCheckpoint(o.checkpoint).value();
+  std::vector<at::Tensor> keep;
+  std::vector<std::pair<std::string, formats::TensorView>> views;
+  uint64_t largest = 0;
+  for (const formats::SafetensorsFile& shard : ckpt.shards) {
+    largest = std::max<uint64_t>(largest, shard.buffer->getBufferSize());
+    for (const auto& [name, view] : shard.tensors) {
+      auto mapped = MapTensor(name, recorder::ToTensor(view), plans);
+      if (!mapped) continue;
+      keep.push_back(mapped->second.contiguous());
+      views.emplace_back(mapped->first, recorder::ViewOf(keep.back()).value());
+    }
+  }
+  const bool sharded = ckpt.shards.size() > 1;
+  const moe::MoeConfig proxy_config = ProxyConfig(config, kept).value();
+  EXPECT_TRUE(formats::SaveHfCheckpoint(out, EditHfConfig(ckpt.config, config, proxy_config), views,
+                                        formats::ShardingOptions{sharded, largest}, false)
+                  .ok());
+  return plans;
+}
+
+void ExpectSameStats(const LayerStats& a, const LayerStats& b) {
+  EXPECT_EQ(a.layer, b.layer);
+  for (auto field : {&LayerStats::frequency, &LayerStats::weight_mass, &LayerStats::coactivation, &LayerStats::context,
+                     &LayerStats::router_rows, &LayerStats::max_activation, &LayerStats::reap,
+                     &LayerStats::output_mean}) {
+    EXPECT_TRUE(at::equal(a.*field, b.*field)) << "layer " << a.layer;
+  }
+}
+
+class CheckpointProxyTest : public ::testing::TestWithParam<moe::Family> {};
+
+TEST_P(CheckpointProxyTest, StreamedEqualsInMemoryBitwise) {
+  TempDir dir;
+  const moe::MoeConfig config = Config(GetParam(), 16, 3);
+  WriteCheckpoint(config, dir.File("original"), 20000, 7);
+  ASSERT_GT(formats::CheckpointReader::Open(dir.File("original")).value()->shard_files().size(), 3u);
+
+  const CheckpointProxyOptions o = Options(dir.File("original"), dir.File("streamed"));
+  auto report = ProxyCheckpoint(o);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->kept, 4);
+  EXPECT_GT(report->tensors_dropped, 0);
+
+  std::vector<LayerStats> stats;
+  const std::vector<LayerPlan> plans = InMemoryProxy(o, dir.File("in_memory"), &stats);
+  // The layer-by-layer statistics are the whole model's, bit for bit.
+  auto reader = formats::CheckpointReader::Open(dir.File("original")).value();
+  const at::Tensor tokens = CalibrationTokens(o.calibration, config.vocab_size).value();
+  const std::vector<LayerStats> streamed = CalibrateLayerByLayer(*reader, config, tokens, {}).value();
+  ASSERT_EQ(streamed.size(), stats.size());
+  for (size_t i = 0; i < stats.size(); ++i) ExpectSameStats(streamed[i], stats[i]);
+  // The same experts chosen...
+  ASSERT_EQ(report->plans.size(), plans.size());
+  for (size_t i = 0; i < plans.size(); ++i) {
+    EXPECT_EQ(report->plans[i].kept, plans[i].kept) << "layer " << plans[i].layer;
+    EXPECT_EQ(report->plans[i].medoid_of, plans[i].medoid_of) << "layer " << plans[i].layer;
+  }
+  // ... and the same files, byte for byte.
+  auto out = formats::CheckpointReader::Open(dir.File("streamed")).value();
+  EXPECT_TRUE(out->sharded());
+  EXPECT_GT(out->shard_files().size(), 1u);
+  for (const std::string& f : out->shard_files()) {
+    EXPECT_EQ(Bytes(dir.File("streamed/" + f)), Bytes(dir.File("in_memory/" + f))) << f;
+  }
+  for (const char* f : {"config.json", "model.safetensors.index.json"}) {
+    EXPECT_EQ(Bytes(dir.File(std::string("streamed/") + f)), Bytes(dir.File(std::string("in_memory/") + f))) << f;
+  }
+  // The proxy loads as a model of 4 experts; the metadata keys survive.
+  auto proxy = moe::LoadCheckpoint(dir.File("streamed"));
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  EXPECT_EQ((*proxy)->config().num_experts, 4);
+  EXPECT_EQ((*proxy)->config().top_k, std::min<int64_t>(config.top_k, 4));
+  const std::vector<std::string> want_changed =
+      GetParam() == moe::Family::kDeepseekV3 ? std::vector<std::string>{"n_routed_experts"}
+      : GetParam() == moe::Family::kMixtral  ? std::vector<std::string>{"num_experts_per_tok", "num_local_experts"}
+                                             : std::vector<std::string>{"num_experts", "num_experts_per_tok"};
+  EXPECT_EQ(report->changed_keys, want_changed);
+  EXPECT_EQ(out->config().getString("torch_dtype").getValueOr(""), "bfloat16");
+  EXPECT_NE(out->config().getArray("architectures"), nullptr);
+  // Proxy expert i of a layer is the original's kept[i], bitwise.
+  const LayerPlan& p = report->plans.back();
+  const std::string mlp = absl::StrFormat("model.layers.%d.%s.experts.", p.layer, config.MlpName());
+  const std::string leaf = GetParam() == moe::Family::kMixtral ? ".w1.weight" : ".gate_proj.weight";
+  for (size_t i = 0; i < p.kept.size(); ++i) {
+    const formats::TensorLocation* a = out->Find(mlp + std::to_string(i) + leaf);
+    const formats::TensorLocation* b = reader->Find(mlp + std::to_string(p.kept[i]) + leaf);
+    ASSERT_TRUE(a && b) << mlp << i << leaf;
+    std::vector<std::byte> x(a->nbytes), y(b->nbytes);
+    ASSERT_TRUE(out->Read(*a, x.data()).ok() && reader->Read(*b, y.data()).ok());
+    EXPECT_EQ(x, y) << "expert " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CheckpointProxyTest,
+                         ::testing::Values(moe::Family::kQwen3Moe, moe::Family::kDeepseekV3, moe::Family::kMixtral));
+
+// Restarts VmHWM from the current resident size (Linux's clear_refs 5).
+bool ResetPeakResident() {
+  std::ofstream f("/proc/self/clear_refs");
+  f << "5";
+  f.close();
+  return f.good();
+}
+
+// The proxy's peak resident growth stays a small fraction of the checkpoint:
+// one layer (in fp32) and one tensor at a time, not the model.
+TEST(CheckpointProxyMemoryTest, PeakGrowthIsAFractionOfTheCheckpoint) {
+  TempDir dir;
+  moe::MoeConfig c = Config(moe::Family::kQwen3Moe, 16, 2);
+  c.hidden_size = 256, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 64;
+  c.moe_intermediate_size = 256, c.intermediate_size = 512;
+  // A warm-up of the same shape: the code and allocator arenas a run touches.
+  WriteCheckpoint(c, dir.File("small"), 0, 1);
+  ASSERT_TRUE(ProxyCheckpoint(Options(dir.File("small"), dir.File("small_proxy"))).ok());
+  c.num_layers = 24;
+  const uint64_t bytes = WriteCheckpoint(c, dir.File("big"), 32'000'000, 2);
+  const uint64_t layer_fp32 = 2 * bytes / c.num_layers;  // about one decoder layer's weights as fp32
+  malloc_trim(0);  // freed heap pages back to the system, so the run's allocations are counted afresh
+  ASSERT_TRUE(ResetPeakResident()) << "cannot write /proc/self/clear_refs";
+  const int64_t base = ResidentBytes();
+  auto report = ProxyCheckpoint(Options(dir.File("big"), dir.File("big_proxy")));
+  ASSERT_TRUE(report.ok()) << report.status();
+  const int64_t growth = PeakResidentBytes() - base;
+  std::printf("checkpoint %.1f MB in %zu shards; one layer in fp32 %.1f MB; peak resident growth %.1f MB\n",
+              bytes / 1e6, report->shards.size(), layer_fp32 / 1e6, growth / 1e6);
+  EXPECT_EQ(report->checkpoint_bytes, bytes);
+  EXPECT_GE(report->bytes_read, bytes);  // every layer read once for the calibration
+  EXPECT_GT(static_cast<uint64_t>(growth), layer_fp32 / 2);  // the measure sees the layer held
+  EXPECT_LT(static_cast<uint64_t>(growth) * 4, bytes);
+  EXPECT_LT(static_cast<uint64_t>(growth), 2 * layer_fp32 + (8 << 20));
+}
+
+}  // namespace
+}  // namespace moerr::proxy
