@@ -165,9 +165,9 @@ TEST_F(ForwardTest, CompareMeasuresAKnownPerturbation) {
 }
 
 TEST_F(ForwardTest, BadInputExits2WithAMessage) {
-  fs::copy(dir() / Checkpoint(), dir() / "windowed", fs::copy_options::recursive | fs::copy_options::overwrite_existing);
-  const std::string config = Slurp(dir() / "windowed/config.json");
-  Spit(dir() / "windowed/config.json", "{\"use_sliding_window\": true, " + config.substr(config.find('{') + 1));
+  fs::copy(dir() / Checkpoint(), dir() / "dropout", fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  const std::string config = Slurp(dir() / "dropout/config.json");
+  Spit(dir() / "dropout/config.json", "{\"attention_dropout\": 0.5, " + config.substr(config.find('{') + 1));
   fs::copy(dir() / Checkpoint(), dir() / "unknown", fs::copy_options::recursive | fs::copy_options::overwrite_existing);
   Spit(dir() / "unknown/config.json", "{\"attn_logit_softcapping\": 50.0, " + config.substr(config.find('{') + 1));
   Spit(dir() / "ragged.txt", "1 2\n3\n");
@@ -177,7 +177,7 @@ TEST_F(ForwardTest, BadInputExits2WithAMessage) {
   const std::string ck = Checkpoint();
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--checkpoint", "absent", "--prompt-ids", "1"}, "absent/config.json"},
-      {{"--checkpoint", "windowed", "--prompt-ids", "1"}, "\"use_sliding_window\": true changes the forward pass"},
+      {{"--checkpoint", "dropout", "--prompt-ids", "1"}, "\"attention_dropout\": 0.5 changes the forward pass"},
       {{"--checkpoint", "unknown", "--prompt-ids", "1"}, "unknown key \"attn_logit_softcapping\": 50"},
       {{"--checkpoint", ck, "--prompt-ids", "1,x"}, "\"x\" is not an integer token id"},
       {{"--checkpoint", ck, "--prompt-ids", "1,16"}, "token id 16 is outside the model's vocabulary [0, 16)"},
