@@ -79,6 +79,8 @@ absl::Status WriteTensors(const formats::CheckpointReader& reader, const std::ve
                                        report.shards.size(), shard_bytes / 1e6, PeakResidentBytes() / 1e6));
     }
   };
+  // One buffer, grown to the largest kept tensor, holds each tensor as it is read.
+  std::vector<std::byte> buffer;
   for (size_t i = 0; i < reader.tensors().size(); ++i) {
     const formats::TensorLocation& t = reader.tensors()[i];
     if (!kept[i]) {
@@ -90,8 +92,9 @@ absl::Status WriteTensors(const formats::CheckpointReader& reader, const std::ve
       shard = writer->shard_of_next();
       shard_bytes = 0;
     }
-    at::Tensor value = at::empty(t.shape, recorder::ToScalarType(t.dtype));
-    MOERR_RETURN_IF_ERROR(reader.Read(t, reinterpret_cast<std::byte*>(value.data_ptr())));
+    if (buffer.size() < t.nbytes) buffer.resize(t.nbytes);
+    MOERR_RETURN_IF_ERROR(reader.Read(t, buffer.data()));
+    const at::Tensor value = at::from_blob(buffer.data(), t.shape, recorder::ToScalarType(t.dtype));
     auto mapped = MapTensor(t.name, value, plans);  // kept: MapTensor is a pure function of the name and shape
     const at::Tensor out = mapped->second.contiguous();
     const auto* bytes = reinterpret_cast<const std::byte*>(out.data_ptr());

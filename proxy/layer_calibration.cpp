@@ -17,6 +17,7 @@
 #include "proxy/token_file.h"
 #include "recorder/hooks/tensor_adapter.h"
 #include "recorder/hooks/torch_boundary.h"
+#include "support/check.h"
 #include "support/status.h"
 
 namespace moerr::proxy {
@@ -27,11 +28,26 @@ bool IsFloat(formats::DType d) {
          d == formats::DType::kF64;
 }
 
-// Tensor `t` of the checkpoint as a new tensor of its own dtype.
-absl::StatusOr<at::Tensor> ReadTensor(const formats::CheckpointReader& reader, const formats::TensorLocation& t) {
-  at::Tensor out = at::empty(t.shape, recorder::ToScalarType(t.dtype));
-  MOERR_RETURN_IF_ERROR(reader.Read(t, reinterpret_cast<std::byte*>(out.data_ptr())));
-  return out;
+// Bytes of the staging buffer a tensor is read through, in chunks: one
+// fixed buffer, so reading a layer allocates nothing of the tensors' size
+// (freed temporaries of that size, interleaved with the layer's parameters,
+// would fragment the heap and keep the process's memory high).
+constexpr size_t kStagingBytes = 4 << 20;
+
+// Tensor `t` of the checkpoint into `target` (contiguous, of its shape),
+// converted to target's dtype chunk by chunk through `staging`.
+absl::Status CopyInto(const formats::CheckpointReader& reader, const formats::TensorLocation& t, at::Tensor& target,
+                      std::vector<std::byte>& staging) {
+  MOERR_CHECK(target.is_contiguous());
+  const int64_t item = formats::ItemSize(t.dtype);
+  const int64_t per_chunk = static_cast<int64_t>(staging.size()) / item;
+  const at::Tensor flat = target.view({-1});
+  for (int64_t first = 0; first < flat.numel(); first += per_chunk) {
+    const int64_t n = std::min(per_chunk, flat.numel() - first);
+    MOERR_RETURN_IF_ERROR(reader.Read(t, first * item, n * item, staging.data()));
+    flat.narrow(0, first, n).copy_(at::from_blob(staging.data(), {n}, recorder::ToScalarType(t.dtype)));
+  }
+  return absl::OkStatus();
 }
 
 // The checkpoint tensor that fills `target` (named `name`): present, of its
@@ -73,7 +89,7 @@ absl::StatusOr<at::Tensor> Embed(const formats::CheckpointReader& reader, const 
 // Decoder layer `layer` with its weights from the checkpoint; every tensor
 // the checkpoint has under its prefix must be one of the layer's.
 absl::StatusOr<moe::DecoderLayer> LoadLayer(const formats::CheckpointReader& reader, const moe::MoeConfig& config,
-                                            int64_t layer) {
+                                            int64_t layer, std::vector<std::byte>& staging) {
   const std::string prefix = absl::StrFormat("model.layers.%d.", layer);
   moe::DecoderLayer module(config, layer);
   std::set<std::string> wanted;
@@ -81,9 +97,7 @@ absl::StatusOr<moe::DecoderLayer> LoadLayer(const formats::CheckpointReader& rea
   auto fill = [&](const std::string& key, at::Tensor& target) -> absl::Status {
     wanted.insert(prefix + key);
     MOERR_ASSIGN_OR_RETURN(const formats::TensorLocation* t, Find(reader, prefix + key, target));
-    MOERR_ASSIGN_OR_RETURN(const at::Tensor value, ReadTensor(reader, *t));
-    target.copy_(value);
-    return absl::OkStatus();
+    return CopyInto(reader, *t, target, staging);
   };
   for (auto& p : module->named_parameters()) MOERR_RETURN_IF_ERROR(fill(p.key(), p.value()));
   for (auto& b : module->named_buffers()) MOERR_RETURN_IF_ERROR(fill(b.key(), b.value()));
@@ -135,10 +149,11 @@ absl::StatusOr<std::vector<LayerStats>> CalibrateLayerByLayer(const formats::Che
     absl::StatusOr<at::Tensor> embedded = Embed(reader, config, tokens);
     if (!embedded.ok()) return Annotate(embedded.status(), reader.dir() + ", the embedding");
     at::Tensor h = *std::move(embedded);
+    std::vector<std::byte> staging(kStagingBytes);
     for (int64_t l = 0; l < config.num_layers; ++l) {
       const auto start = std::chrono::steady_clock::now();
       const uint64_t read_before = reader.bytes_read();
-      absl::StatusOr<moe::DecoderLayer> layer = LoadLayer(reader, config, l);
+      absl::StatusOr<moe::DecoderLayer> layer = LoadLayer(reader, config, l, staging);
       if (!layer.ok()) return Annotate(layer.status(), absl::StrFormat("%s, layer %d", reader.dir(), l));
       RoutingCapture capture;
       moe::MoeLayer moe = (*layer)->moe();
