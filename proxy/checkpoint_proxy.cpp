@@ -62,7 +62,7 @@ absl::Status WriteTensors(const formats::CheckpointReader& reader, const std::ve
   std::vector<bool> kept;
   std::vector<formats::TensorEntry> entries = PlanEntries(reader, plans, kept);
   formats::ShardingOptions sharding;
-  sharding.sharded = reader.sharded();
+  sharding.sharded = reader.sharded() || options.max_shard_bytes > 0;
   for (uint64_t size : reader.shard_sizes()) sharding.max_shard_bytes = std::max(sharding.max_shard_bytes, size);
   if (options.max_shard_bytes > 0) sharding.max_shard_bytes = options.max_shard_bytes;
   std::map<std::string, std::string> metadata = reader.metadata();

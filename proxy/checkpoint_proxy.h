@@ -33,7 +33,9 @@ struct CheckpointProxyOptions {
   std::string checkpoint;  // the original's directory
   ProxyOptions proxy;      // keep / keep_fraction, ep, cluster, out_dir, overwrite
   CalibrationOptions calibration;
-  uint64_t max_shard_bytes = 0;  // of a sharded output; 0: the original's largest shard
+  // > 0: shards of at most this many bytes (even of a one-file original);
+  // 0: the original's style, shards of at most its largest shard's size.
+  uint64_t max_shard_bytes = 0;
   std::function<void(const std::string&)> progress;  // a line per layer and per shard; may be empty
 };
 

@@ -195,7 +195,7 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
       ->required();
   cmd->add_option("--keep", opts->keep, "Experts kept per MoE layer: a fraction (1/2, 1/4, 1/8) or a count")
       ->capture_default_str();
-  cmd->add_option("--method", opts->method, "cluster, frequency, random, reap or hc-medoid")->capture_default_str();
+  cmd->add_option("--method", opts->method, "cluster, cluster-saliency, frequency, random, reap or hc-medoid")->capture_default_str();
   cmd->add_option("--step", opts->step, "Step to map (default: the first that overflowed, else the first)");
   cmd->add_option("--ranks", opts->ranks,
                   "Of a run: the proxy's ranks M (dividing the run's N; EP M; default N times the kept fraction, so "
@@ -223,7 +223,8 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
                   "Of --checkpoint: calibration token ids, a safetensors file with input_ids [B, T] or a text file of "
                   "one sequence per line (default: the built-in addition task)");
   CLI::Option* shard_size = cmd->add_option("--max-shard-size", opts->max_shard_size,
-                  "Of a sharded --checkpoint: bytes per output shard (5GB, 500MB; default: the original's largest)")
+                  "Of --checkpoint: shard the output, at most this many bytes per shard (5GB, 500MB; default: the "
+                  "original's style, shards no larger than its largest)")
       ->transform(CLI::AsSizeValue(true));
   cmd->add_flag("--json", opts->json, "Of --checkpoint: the report as JSON on stdout");
   cmd->add_flag("--force", opts->force, "Overwrite an earlier proxy in the output directory");

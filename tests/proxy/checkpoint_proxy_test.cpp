@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <malloc.h>
+#include <unistd.h>
 
 #include <fstream>
 
@@ -31,13 +32,16 @@ std::vector<std::byte> Bytes(const std::string& path) { return formats::testing:
 // A model of `config` with random weights, saved as a bf16 HF checkpoint in
 // shards of at most `shard_bytes` (0: one model.safetensors), with two
 // config.json keys moerr lists as metadata. Returns the tensor bytes.
-uint64_t WriteCheckpoint(const moe::MoeConfig& config, const std::string& dir, uint64_t shard_bytes, uint64_t seed) {
+// `drop`: a tensor left out.
+uint64_t WriteCheckpoint(const moe::MoeConfig& config, const std::string& dir, uint64_t shard_bytes, uint64_t seed,
+                         const std::string& drop = "") {
   torch::manual_seed(seed);
   moe::MoeTransformer model(config);
   std::vector<at::Tensor> keep;
   std::vector<std::pair<std::string, formats::TensorView>> views;
   uint64_t bytes = 0;
   for (const auto& [name, t] : model->NamedTensors()) {
+    if (name == drop) continue;
     keep.push_back(t.detach().to(at::kBFloat16).contiguous());
     views.emplace_back(name, recorder::ViewOf(keep.back()).value());
     bytes += keep.back().nbytes();
@@ -178,6 +182,58 @@ TEST_P(CheckpointProxyTest, StreamedEqualsInMemoryBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CheckpointProxyTest,
                          ::testing::Values(moe::Family::kQwen3Moe, moe::Family::kDeepseekV3, moe::Family::kMixtral));
+
+// Whether `status`'s message contains `part`.
+::testing::AssertionResult Says(const absl::Status& status, const std::string& part) {
+  if (std::string(status.message()).find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "\"" << status.message() << "\" does not say \"" << part << "\"";
+}
+
+// Bad input is an error naming the checkpoint, the layer, the tensor and the file.
+TEST(CheckpointProxyErrorsTest, NameTheLayerTensorAndFile) {
+  TempDir dir;
+  const moe::MoeConfig config = Config(moe::Family::kQwen3Moe, 8, 2);
+  WriteCheckpoint(config, dir.File("ok"), 20000, 3);
+  // A shard cut short: the read of a tensor in it fails, naming both.
+  WriteCheckpoint(config, dir.File("cut"), 20000, 3);
+  auto reader = formats::CheckpointReader::Open(dir.File("cut")).value();
+  const formats::TensorLocation* t = reader->Find("model.layers.1.mlp.experts.0.down_proj.weight");
+  ASSERT_NE(t, nullptr);
+  const std::string shard = reader->shard_files()[t->shard];
+  ASSERT_EQ(::truncate(dir.File("cut/" + shard).c_str(), static_cast<off_t>(t->offset + 1)), 0);
+  absl::Status s = ProxyCheckpoint(Options(dir.File("cut"), dir.File("out1"))).status();
+  EXPECT_TRUE(Says(s, shard)) << s;
+  EXPECT_TRUE(Says(s, "is past the buffer")) << s;
+  // A tensor missing: the layer that needs it says so.
+  WriteCheckpoint(config, dir.File("missing"), 20000, 3, "model.layers.1.mlp.experts.5.up_proj.weight");
+  s = ProxyCheckpoint(Options(dir.File("missing"), dir.File("out1"))).status();
+  EXPECT_TRUE(Says(s, dir.File("missing") + ", layer 1: missing tensor \"model.layers.1.mlp.experts.5.up_proj.weight\""))
+      << s;
+  // Tokens outside the vocabulary, from a text file.
+  std::ofstream(dir.File("ids.txt")) << "1 2 3\n4 5 99\n";
+  CheckpointProxyOptions o = Options(dir.File("ok"), dir.File("out2"));
+  o.calibration.tokens_file = dir.File("ids.txt");
+  s = ProxyCheckpoint(o).status();
+  EXPECT_TRUE(Says(s, "ids.txt")) << s;
+  EXPECT_TRUE(Says(s, "token id 99")) << s;
+  // Keeping more experts than a layer has.
+  o = Options(dir.File("ok"), dir.File("out3"));
+  o.proxy.keep = 9;
+  EXPECT_TRUE(Says(ProxyCheckpoint(o).status(), "cannot keep 9 experts"));
+  // Tokens from a text file work: 2 sequences of 3 hold the 4 asked for.
+  o = Options(dir.File("ok"), dir.File("out4"));
+  o.calibration.tokens_file = dir.File("ids.txt");
+  std::ofstream(dir.File("ids.txt"), std::ios::trunc) << "1 2 3\n4 5 6\n7 8 9\n";
+  o.calibration.tokens = 4;
+  auto report = ProxyCheckpoint(o);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->calibration_sequences, 2);
+  EXPECT_EQ(report->calibration_tokens, 6);
+  // An output over an earlier one needs overwrite.
+  EXPECT_FALSE(ProxyCheckpoint(o).ok());
+  o.proxy.overwrite = true;
+  EXPECT_TRUE(ProxyCheckpoint(o).ok());
+}
 
 // Restarts VmHWM from the current resident size (Linux's clear_refs 5).
 bool ResetPeakResident() {
