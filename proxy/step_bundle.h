@@ -56,8 +56,9 @@ absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, i
 absl::StatusOr<StepBundle> LoadStepBundle(const formats::BundleReader& reader, int64_t step,
                                           const formats::Trace& trace, const std::string& source = "the bundle");
 
-// Step `world.step` of a multi-rank run as one process's step: rank 0's
-// config, options and dense state with every expert's state from the rank
+// Step `world.step` of a multi-rank run as one process's step: rank
+// `experts_of`'s config, options and dense state (a router may differ
+// between ranks) with every expert's state from the rank
 // of the EP group of `experts_of` that hosted it (replayer::LoadWorldTrainer;
 // replicas may differ), every rank's routing concatenated in rank order
 // decision by decision, the world's responses, rank 0's metrics (world

@@ -81,6 +81,18 @@ absl::StatusOr<std::optional<Failure>> FindFailure(const formats::BundleReader& 
   return FindingFailure(warnings.front());
 }
 
+absl::StatusOr<std::vector<Failure>> FailuresOf(const formats::BundleReader& reader, int64_t step,
+                                                const formats::Trace& trace, const std::string& kind) {
+  std::vector<Failure> out;
+  if (kind == "overflow") {
+    if (const auto first = analysis::FindFirstOverflow(trace)) out.push_back(OverflowFailure(*first));
+    return out;
+  }
+  MOERR_ASSIGN_OR_RETURN(const std::vector<analysis::Finding> warnings, Warnings(reader, step, trace, kind));
+  for (const analysis::Finding& f : warnings) out.push_back(FindingFailure(f));
+  return out;
+}
+
 Reproduction Compare(const std::optional<Failure>& shown, const Failure& failure) {
   if (!shown || shown->kind != failure.kind) return Reproduction::kNo;
   const bool same_place = shown->phase == failure.phase && shown->module_class == failure.module_class;

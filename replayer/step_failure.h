@@ -48,6 +48,11 @@ Failure OverflowFailure(const analysis::FirstOverflow& first);
 absl::StatusOr<std::optional<Failure>> FindFailure(const formats::BundleReader& reader, int64_t step,
                                                    const formats::Trace& trace, const std::string& check = "");
 
+// Every failure step `step` shows of `kind`: "overflow", its first overflow;
+// a lint check's name, each of its warnings, worst first.
+absl::StatusOr<std::vector<Failure>> FailuresOf(const formats::BundleReader& reader, int64_t step,
+                                                const formats::Trace& trace, const std::string& kind);
+
 // Ordered: a closer match is greater.
 enum class Reproduction {
   kNo,         // no overflow, or no warning of the same check

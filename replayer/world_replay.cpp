@@ -74,8 +74,8 @@ std::optional<int64_t> ExpertOfState(absl::string_view name) {
   return ExpertOfParameter(name.substr(name.find('/') + 1));
 }
 
-// Rank m*k's state with each expert's tensors and Adam steps taken from the
-// rank that hosted it. `inputs` keeps every read rank's bytes alive.
+// Rank m*k's state (experts_of's when named) with each expert's tensors and
+// Adam steps taken from the rank that hosted it. `inputs` keeps every read rank's bytes alive.
 absl::StatusOr<TrainerInputs*> MergedInputs(const formats::WorldStep& world, const WorldReplayPlan& plan, int64_t rank,
                                             std::map<int64_t, TrainerInputs>& inputs) {
   for (int64_t e = 0; e < plan.experts; ++e) {
@@ -84,7 +84,9 @@ absl::StatusOr<TrainerInputs*> MergedInputs(const formats::WorldStep& world, con
     MOERR_ASSIGN_OR_RETURN(const formats::RankStep* r, Original(world, host));
     MOERR_ASSIGN_OR_RETURN(inputs[host], ReadTrainerInputs(*r->reader, world.step));
   }
-  const int64_t base = rank * plan.covers();
+  // The dense state: the rank whose experts are loaded when one is named (a
+  // proxy stands for the failing rank, whose router may be its own), else m*k.
+  const int64_t base = plan.experts_of >= 0 ? plan.experts_of : rank * plan.covers();
   if (inputs.count(base) == 0) {
     MOERR_ASSIGN_OR_RETURN(const formats::RankStep* r, Original(world, base));
     MOERR_ASSIGN_OR_RETURN(inputs[base], ReadTrainerInputs(*r->reader, world.step));

@@ -38,7 +38,8 @@ struct WorldReplayPlan {
   int64_t covers() const { return original_ranks / ranks; }  // k
   // Replicas of an expert live in every EP group and may differ (a fault in
   // one rank's copy): the EP group whose copies are loaded is that of
-  // original rank `experts_of` when >= 0, else that of rank m*k.
+  // original rank `experts_of` when >= 0 (and the dense state is its own),
+  // else that of rank m*k.
   int64_t experts_of = -1;
   // The original rank whose copy of `expert` replay rank `rank` loads.
   int64_t HostOf(int64_t rank, int64_t expert) const;

@@ -33,6 +33,7 @@ absl::Status RecordingObserver::OnStart(moe::GrpoTrainer& trainer) {
                                                  trainer.policy()->config().num_experts)));
     }
   }
+  if (!fault_.empty()) MOERR_RETURN_IF_ERROR(rec_->Annotate("fault", llvm::json::Object(fault_)));
   return replayer::RecordTrainerStart(*rec_, trainer);
 }
 

@@ -22,6 +22,10 @@ class RecordingObserver : public moe::TrainObserver {
     run_dir_ = std::move(run_dir);
   }
 
+  // The fault the run was trained with, annotated as "fault"
+  // (replayer::FaultAnnotation): what a replay on other ranks judges.
+  void set_fault(llvm::json::Object fault) { fault_ = std::move(fault); }
+
   absl::Status OnStart(moe::GrpoTrainer& trainer) override;
   absl::Status BeforeStep(int64_t step) override;
   absl::Status AfterStep(const moe::StepMetrics& m, double loss_scale) override;
@@ -35,6 +39,7 @@ class RecordingObserver : public moe::TrainObserver {
   moe::GrpoTrainer* trainer_ = nullptr;
   moe::Parallel* parallel_ = nullptr;
   std::string run_dir_;
+  llvm::json::Object fault_;
 };
 
 }  // namespace moerr::tools

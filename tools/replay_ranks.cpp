@@ -12,6 +12,7 @@
 #include "replayer/world_replay.h"
 #include "support/filesystem.h"
 #include "support/status.h"
+#include "tools/failure_verdict.h"
 #include "tools/run_directory.h"
 #include "tools/train_ranks.h"
 #include "tools/world_replay_report.h"
@@ -121,15 +122,21 @@ CommandResult LaunchReplay(const ReplayRanksArgs& args) {
   }
   absl::StatusOr<WorldReplayComparison> c =
       s.ok() ? CompareWorldReplay(args.run, out, step, plan) : absl::StatusOr<WorldReplayComparison>(s);
+  absl::StatusOr<std::optional<FailureVerdict>> failure =
+      c.ok() ? JudgeFailure(*c) : absl::StatusOr<std::optional<FailureVerdict>>(c.status());
   cleanup();
-  if (!c.ok()) return c.status();
+  if (!failure.ok()) return failure.status();
   if (args.json) {
-    PrintJson(WorldReplayJson(*c));
+    llvm::json::Object json = WorldReplayJson(*c);
+    json["failure"] = *failure ? llvm::json::Value(FailureVerdictJson(**failure, *c)) : nullptr;
+    PrintJson(std::move(json));
   } else {
     PrintWorldReplay(*c);
+    if (*failure) PrintFailureVerdict(**failure, *c);
     if (!args.out.empty()) std::printf("  the replay's run: %s\n", out.c_str());
   }
-  return WorldReplayExitCode(*c);
+  const int code = WorldReplayExitCode(*c);
+  return code != kExitOk || !*failure ? code : FailureExitCode(**failure, c->proxy.has_value());
 }
 
 }  // namespace

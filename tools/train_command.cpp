@@ -6,6 +6,7 @@
 #include "absl/strings/str_split.h"
 #include "moe/training_run.h"
 #include "recorder/recorder.h"
+#include "replayer/world_failure.h"
 #include "support/progress.h"
 #include "support/status.h"
 #include "tools/command.h"
@@ -60,6 +61,9 @@ absl::StatusOr<std::unique_ptr<RecordingObserver>> MakeRecorder(const TrainArgs&
   MOERR_RETURN_IF_ERROR(ParseTrigger(o.trigger, record));
   auto observer = std::make_unique<RecordingObserver>(std::move(record));
   if (rank.parallel) observer->set_rank(rank.parallel.get(), run_dir);
+  if (o.train.fault != moe::FaultKind::kNone) {
+    observer->set_fault(replayer::FaultAnnotation(o.train.fault, o.train.fault_rank));
+  }
   return observer;
 }
 

@@ -269,6 +269,31 @@ std::optional<OriginalExpert> OriginalOf(const llvm::json::Object& proxy, const 
   return std::nullopt;
 }
 
+bool StandsFor(const llvm::json::Object& proxy, const std::string& shown, const std::string& original) {
+  const auto failed = formats::ExpertOf(original);
+  const auto here = formats::ExpertOf(shown);
+  if (!failed || !here) return !failed && !here && shown == original;
+  if (failed->first != here->first) return false;
+  const auto kept = KeptExpert(proxy, here->first, here->second);
+  return kept && (*kept == failed->second || At(LayerOf(proxy, here->first), "maps_to", failed->second) == *kept);
+}
+
+std::optional<int64_t> ProxyRankOf(const llvm::json::Object& proxy, int64_t layer, int64_t expert) {
+  const llvm::json::Object* plan = LayerOf(proxy, layer);
+  const llvm::json::Array* kept = plan ? plan->getArray("kept") : nullptr;
+  const llvm::json::Array* placement = proxy.getArray("placement");
+  if (kept == nullptr || placement == nullptr || placement->empty()) return std::nullopt;
+  const auto mapped = At(plan, "maps_to", expert);
+  for (size_t j = 0; j < kept->size(); ++j) {
+    const auto e = (*kept)[j].getAsInteger();
+    if (e && (*e == expert || (mapped && *e == *mapped))) {
+      // Proxy expert j is on proxy rank j / (kept / M).
+      return static_cast<int64_t>(j / std::max<size_t>(1, kept->size() / placement->size()));
+    }
+  }
+  return std::nullopt;
+}
+
 bool IsProxyRun(const std::string& path) {
   if (!formats::IsRunDirectory(path)) return false;
   absl::StatusOr<formats::WorldStep> run = formats::OpenWorld(path);

@@ -66,6 +66,14 @@ struct OriginalExpert {
 };
 std::optional<OriginalExpert> OriginalOf(const llvm::json::Object& proxy, const std::string& module);
 
+// Whether a proxy's module path `shown` stands for the original's
+// `original`: the same expert (the proxy's expert is it, or the kept expert
+// its cluster maps to), or the same path outside the experts.
+bool StandsFor(const llvm::json::Object& proxy, const std::string& shown, const std::string& original);
+// The proxy rank hosting the original's expert `expert` of `layer`, or the
+// kept expert its cluster maps to (the placement); nullopt when neither.
+std::optional<int64_t> ProxyRankOf(const llvm::json::Object& proxy, int64_t layer, int64_t expert);
+
 absl::StatusOr<WorldReplayComparison> CompareWorldReplay(const std::string& run, const std::string& replay,
                                                          int64_t step, const replayer::WorldReplayPlan& plan);
 

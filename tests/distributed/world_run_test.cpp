@@ -209,6 +209,14 @@ TEST(WorldRun, FourRanksReplayOnTwoAndOnOneWithTheFaultOnTheSameExpert) {
     const int64_t expert = now->getInteger("expert").getValueOr(-1);
     EXPECT_TRUE(expert == 2 || expert == 3) << "rank 1 hosted experts 2 and 3, not " << expert;
     EXPECT_EQ(now->getInteger("rank").getValueOr(-1), 1 / (4 / ranks));
+    // The failure verdict rank by rank: the overflow began on rank 1 only.
+    const llvm::json::Object* failure = replay.getObject("failure");
+    ASSERT_NE(failure, nullptr);
+    EXPECT_EQ(failure->getString("kind").getValueOr(""), "overflow");
+    ASSERT_EQ(failure->getArray("ranks")->size(), 1u);
+    const llvm::json::Object& row = *failure->getArray("ranks")->front().getAsObject();
+    EXPECT_EQ(row.getInteger("rank").getValueOr(-1), 1);
+    EXPECT_TRUE(row.getBoolean("localised").getValueOr(false));
   }
 }
 
@@ -272,6 +280,13 @@ TEST(WorldRun, AProxyOnOneRankReproducesAOneRankFaultAndNamesItsRank) {
   EXPECT_TRUE(overflow->getBoolean("reproduced").getValueOr(false)) << replay.out;
   EXPECT_EQ(overflow->getObject("replayed")->getInteger("original_rank").getValueOr(-1), 1) << replay.out;
   EXPECT_EQ(overflow->getObject("replayed")->getInteger("original_expert").getValueOr(-1), failed) << replay.out;
+  const llvm::json::Object* verdict = v.getAsObject()->getObject("failure");
+  ASSERT_NE(verdict, nullptr) << replay.out;
+  EXPECT_TRUE(verdict->getBoolean("localised").getValueOr(false)) << replay.out;
+  const llvm::json::Object* shown = verdict->getArray("ranks")->front().getAsObject()->getObject("shown");
+  ASSERT_NE(shown, nullptr) << replay.out;
+  EXPECT_EQ(shown->getInteger("original_rank").getValueOr(-1), 1) << replay.out;
+  EXPECT_EQ(shown->getInteger("original_expert").getValueOr(-1), failed) << replay.out;
 
   const Result bisect = Moerr(r.dir, {"bisect", proxy, "--json"});
   EXPECT_EQ(bisect.code, 1) << bisect.out << bisect.err;
@@ -307,6 +322,84 @@ TEST(WorldRun, ReplicatedExpertsReplayOnFewerRanksAndTheProxyNamesTheFailingRank
   EXPECT_TRUE(overflow->getBoolean("reproduced").getValueOr(false)) << run.out;
   EXPECT_EQ(overflow->getObject("replayed")->getInteger("original_rank").getValueOr(-1), 3) << run.out;
   EXPECT_GE(overflow->getObject("replayed")->getInteger("original_expert").getValueOr(-1), 4) << run.out;
+}
+
+// The failure verdict of `replay --json` (rank by rank), checked present.
+llvm::json::Object FailureOf(const llvm::json::Value& replay) {
+  const llvm::json::Object* f = replay.getAsObject() ? replay.getAsObject()->getObject("failure") : nullptr;
+  EXPECT_NE(f, nullptr);
+  return f ? *f : llvm::json::Object{};
+}
+
+// The row of original rank `rank` in a failure verdict.
+const llvm::json::Object* RowOf(const llvm::json::Object& failure, int64_t rank) {
+  const llvm::json::Array* rows = failure.getArray("ranks");
+  for (size_t i = 0; rows != nullptr && i < rows->size(); ++i) {
+    const llvm::json::Object* row = (*rows)[i].getAsObject();
+    if (row != nullptr && row->getInteger("rank") == rank) return row;
+  }
+  return nullptr;
+}
+
+// A fault that leaves no overflow (the update skipped on every rank): the
+// check that names it (optimizer-hazards) warns on each of the 4 recorded
+// ranks, and on the replay rank standing for each of them on 2 ranks; a
+// proxy on one rank shows it for the rank whose shard it trains on.
+TEST(WorldRun, AFaultWithoutAnOverflowReproducesOnFewerRanksRankByRank) {
+  const TrainedRun r = Train("skip", "replayable", {"--ranks", "4", "--ep", "4", "--fault", "skip-update"});
+  ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
+  const Result replay = Moerr(r.dir, {"replay", r.run(), "--ranks", "2", "--json"});
+  EXPECT_EQ(replay.code, 0) << replay.out << replay.err;
+  const llvm::json::Object failure = FailureOf(Json(replay));
+  EXPECT_EQ(failure.getString("kind").getValueOr(""), "optimizer-hazards") << replay.out;
+  for (int64_t rank = 0; rank < 4; ++rank) {
+    const llvm::json::Object* row = RowOf(failure, rank);
+    ASSERT_NE(row, nullptr) << "rank " << rank << ": " << replay.out;
+    EXPECT_TRUE(row->getBoolean("reproduced").getValueOr(false)) << replay.out;
+    EXPECT_TRUE(row->getBoolean("localised").getValueOr(false)) << replay.out;
+    EXPECT_EQ((*row->getArray("looked_at"))[0].getAsInteger().getValueOr(-1), rank / 2) << replay.out;
+    EXPECT_EQ(row->getObject("shown")->getInteger("rank").getValueOr(-1), rank / 2) << replay.out;
+  }
+  EXPECT_TRUE(failure.getBoolean("reproduced").getValueOr(false)) << replay.out;
+
+  const std::string proxy = (r.dir / "proxy").string();
+  const Result made = Moerr(r.dir, {"proxy", r.run(), "--keep", "1/4", "--ranks", "1", "-o", proxy});
+  ASSERT_EQ(made.code, 0) << made.out << made.err;
+  const Result run = Moerr(r.dir, {"replay", proxy, "--json"});
+  EXPECT_EQ(run.code, 1) << run.out << run.err;  // the proxy shows the failure: a finding
+  const llvm::json::Object shown = FailureOf(Json(run));
+  EXPECT_EQ(shown.getInteger("judged").getValueOr(-1), 1) << run.out;  // rank 0's shard only
+  EXPECT_TRUE(shown.getBoolean("reproduced").getValueOr(false)) << run.out;
+  EXPECT_TRUE(shown.getBoolean("localised").getValueOr(false)) << run.out;
+}
+
+// A router collapsed on rank 1 alone: a proxy on one rank with half the
+// experts trains on rank 1's shard with rank 1's router and shows the
+// collapse in the layer rank 1 showed it, named as rank 1's; with a quarter
+// (2 experts, both chosen by every token at top-2) no load can be
+// imbalanced, and the verdict says the failure is not reproduced.
+TEST(WorldRun, AOneRankRouterCollapseIsNamedOnItsRankOrReportedLost) {
+  const TrainedRun r = Train("collapse", "replayable",
+                             {"--ranks", "4", "--ep", "4", "--fault", "router-collapse", "--fault-rank", "1"});
+  ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
+  for (const char* keep : {"1/2", "1/4"}) {
+    SCOPED_TRACE(std::string("--keep ") + keep);
+    const std::string proxy = (r.dir / (std::string("proxy") + keep[2])).string();
+    const Result made = Moerr(r.dir, {"proxy", r.run(), "--keep", keep, "--ranks", "1", "-o", proxy});
+    ASSERT_EQ(made.code, 0) << made.out << made.err;
+    EXPECT_NE(made.out.find("it trains on the batch of original rank(s) 1"), std::string::npos) << made.out;
+    const Result run = Moerr(r.dir, {"replay", proxy, "--json"});
+    EXPECT_EQ(run.code, 1) << run.out << run.err;
+    const llvm::json::Object failure = FailureOf(Json(run));
+    EXPECT_EQ(failure.getString("kind").getValueOr(""), "load-imbalance") << run.out;
+    EXPECT_EQ(failure.getInteger("judged").getValueOr(-1), 1) << run.out;
+    const llvm::json::Object* row = RowOf(failure, 1);
+    ASSERT_NE(row, nullptr) << run.out;
+    const bool half = std::string(keep) == "1/2";
+    EXPECT_EQ(row->getBoolean("reproduced").getValueOr(!half), half) << run.out;
+    EXPECT_EQ(failure.getBoolean("reproduced").getValueOr(!half), half) << run.out;
+    if (half) EXPECT_TRUE(row->getBoolean("localised").getValueOr(false)) << run.out;
+  }
 }
 
 TEST(WorldRun, ReplayOnRanksRefusesWhatItCannotDo) {
