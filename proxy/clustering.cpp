@@ -100,7 +100,7 @@ void PlanGroup(const LayerStats& s, const at::Tensor& d, const std::vector<int64
     std::mt19937_64 rng(options.seed * 1000003 + s.layer);
     std::shuffle(shuffled.begin(), shuffled.end(), rng);
     add_until_full(shuffled);
-  } else if (options.method == Method::kReap) {
+  } else if (options.method == Method::kReap || options.method == Method::kClusterSaliency) {
     add_until_full(ByScore(s.reap, ids));  // by saliency, descending
   } else {
     add_until_full(ByScore(s.frequency, ids));
@@ -112,7 +112,17 @@ void PlanGroup(const LayerStats& s, const at::Tensor& d, const std::vector<int64
     }
     return best;
   };
-  if (options.method == Method::kCluster) {
+  // A member's weight in its medoid's cost: its routed slots (+1), times
+  // its REAP saliency over the layer's mean for cluster-saliency.
+  const bool salient = options.method == Method::kClusterSaliency;
+  std::vector<double> weights(static_cast<size_t>(s.experts), 1.0);
+  const at::Tensor reap = s.reap.to(at::kDouble).contiguous();
+  const double mean_reap = salient ? std::max(reap.mean().item<double>(), 1e-30) : 1.0;
+  for (int64_t e : ids) {
+    weights[e] = (f[e] + 1) * (salient ? reap.data_ptr<double>()[e] / mean_reap + 1e-3 : 1.0);
+  }
+  const auto weight = [&](int64_t j) { return weights[static_cast<size_t>(j)]; };
+  if (options.method == Method::kCluster || salient) {
     const size_t fixed = forced.size();
     for (int iteration = 0; iteration < 50; ++iteration) {
       bool changed = false;
@@ -124,10 +134,10 @@ void PlanGroup(const LayerStats& s, const at::Tensor& d, const std::vector<int64
         }
         int64_t best = medoids[c];
         double best_cost = 0;
-        for (int64_t j : members) best_cost += (f[j] + 1) * dist[best][j];
+        for (int64_t j : members) best_cost += weight(j) * dist[best][j];
         for (int64_t m : members) {
           double cost = 0;
-          for (int64_t j : members) cost += (f[j] + 1) * dist[m][j];
+          for (int64_t j : members) cost += weight(j) * dist[m][j];
           if (cost < best_cost - 1e-12) best = m, best_cost = cost;
         }
         if (best != medoids[c]) medoids[c] = best, changed = true;
@@ -145,7 +155,8 @@ constexpr EnumName<Method> kMethods[] = {{Method::kCluster, "cluster"},
                                          {Method::kFrequency, "frequency"},
                                          {Method::kRandom, "random"},
                                          {Method::kReap, "reap"},
-                                         {Method::kHcMedoid, "hc-medoid"}};
+                                         {Method::kHcMedoid, "hc-medoid"},
+                                         {Method::kClusterSaliency, "cluster-saliency"}};
 
 absl::StatusOr<Method> ParseMethod(const std::string& name) { return ParseEnum(kMethods, "method", name); }
 

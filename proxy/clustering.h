@@ -5,6 +5,10 @@
 //   forced keeps and then the most frequent experts, each medoid updated to
 //   the member with the least frequency-weighted distance to its cluster;
 //   forced keeps stay medoids. Every expert maps to its cluster's medoid.
+// cluster-saliency: cluster's distances and k-medoids, initialised with the
+//   forced keeps and then the experts of highest REAP saliency, each member
+//   weighted by its saliency mass (frequency x REAP saliency), so a medoid
+//   moves to where the salient tokens are.
 // frequency: the most frequently selected experts.
 // random: a seeded random subset.
 // reap: the experts of highest router-weighted output norm (REAP saliency).
@@ -28,7 +32,7 @@
 
 namespace moerr::proxy {
 
-enum class Method { kCluster, kFrequency, kRandom, kReap, kHcMedoid };
+enum class Method { kCluster, kFrequency, kRandom, kReap, kHcMedoid, kClusterSaliency };
 absl::StatusOr<Method> ParseMethod(const std::string& name);
 std::string MethodName(Method m);
 

@@ -232,7 +232,7 @@ ProxyOptions Configure(double keep, const std::string& method, const std::string
   o.out_dir = out_dir;
   o.overwrite = true;
   o.source = source;
-  o.cluster.force = method == "cluster";
+  o.cluster.force = method == "cluster" || method == "cluster-saliency";  // the baselines run unforced
   o.cluster.method = ParseMethod(method == "cluster-unforced" ? "cluster" : method).value();
   return o;
 }
@@ -243,7 +243,7 @@ absl::Status Prepare(const EvalOptions& options) {
   for (const std::string& m : options.methods) {
     if (m != "cluster-unforced" && !ParseMethod(m).ok()) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "unknown method \"%s\" (cluster, cluster-unforced, frequency, random, reap, hc-medoid)", m));
+          "unknown method \"%s\" (cluster, cluster-unforced, cluster-saliency, frequency, random, reap, hc-medoid)", m));
     }
   }
   for (const std::string& dir : {options.out_dir, options.out_dir + "/warmup"}) {

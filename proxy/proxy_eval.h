@@ -54,7 +54,8 @@ struct EvalOptions {
   int64_t steps = 30;                   // healthy RL steps for the dynamics
   int64_t seeds = 3;                    // per fault
   std::vector<double> keeps = {0.5, 0.25, 0.125};
-  // "cluster", "cluster-unforced", and the baselines "frequency", "random", "reap", "hc-medoid".
+  // "cluster", "cluster-unforced", "cluster-saliency" (not run by default), and the baselines
+  // "frequency", "random", "reap", "hc-medoid".
   std::vector<std::string> methods = {"cluster", "cluster-unforced", "frequency", "random", "reap", "hc-medoid"};
   std::vector<moe::FaultKind> faults = moe::AllFaults();
   int64_t memory_micro_batch = 2;  // sequences per training forward in the peak-memory steps

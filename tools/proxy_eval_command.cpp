@@ -172,7 +172,7 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--steps", opts->eval.steps, "Healthy RL steps for the dynamics")->capture_default_str();
   cmd->add_option("--seeds", opts->eval.seeds, "Seeds per fault")->capture_default_str();
   cmd->add_option("--keep", opts->keeps, "Kept fractions (1/2 1/4 1/8)");
-  cmd->add_option("--methods", opts->eval.methods, "cluster, cluster-unforced, frequency, random, reap, hc-medoid");
+  cmd->add_option("--methods", opts->eval.methods, "cluster, cluster-unforced, cluster-saliency, frequency, random, reap, hc-medoid");
   cmd->add_option("--faults", opts->faults, "Faults (default: the whole catalogue)");
   cmd->add_option("--memory-micro-batch", opts->eval.memory_micro_batch,
                   "Sequences per training forward in the peak-memory steps (the whole-batch peak is reported too)")
