@@ -10,6 +10,7 @@
 #include "support/progress.h"
 #include "support/status.h"
 #include "tools/command.h"
+#include "tools/rank_cost_eval.h"
 
 namespace moerr::tools {
 namespace {
@@ -23,7 +24,21 @@ struct ProxyEvalArgs {
   proxy::EvalOptions eval;
   std::vector<std::string> keeps = {"1/2", "1/4", "1/8"}, faults;
   std::string json, family = "qwen3_moe";
+  int64_t ranks = 0;  // > 0: the cost on fewer ranks (rank_cost_eval.h)
 };
+
+// --ranks N: the options of the cost on fewer ranks (every fault by default).
+RankCostOptions RankCostOptionsOf(const ProxyEvalArgs& args) {
+  RankCostOptions o;
+  o.preset = args.eval.preset;
+  o.ranks = args.ranks;
+  o.warmup_steps = args.eval.warmup_steps;
+  o.keeps = args.keeps;
+  o.out_dir = args.eval.out_dir;
+  for (const moe::FaultKind f : moe::AllFaults()) o.faults.push_back(moe::FaultName(f));
+  if (!args.faults.empty()) o.faults = args.faults;
+  return o;
+}
 
 // The options with --family, --keep and --faults parsed into them.
 absl::StatusOr<proxy::EvalOptions> ParseEvalArgs(const ProxyEvalArgs& args) {
@@ -137,6 +152,7 @@ void PrintTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval)
 }
 
 CommandResult RunProxyEval(const ProxyEvalArgs& args) {
+  if (args.ranks > 0) return RunRankCost(RankCostOptionsOf(args), args.json);
   MOERR_ASSIGN_OR_RETURN(const proxy::EvalOptions eval, ParseEvalArgs(args));
   MOERR_RETURN_IF_ERROR(ClaimWorkDir(eval.out_dir, "proxy-eval", OwnFiles(args.json, eval.out_dir)));
   PhasedProgress bar;
@@ -196,6 +212,13 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--json", opts->json, "Also write the report as JSON here");
+  cmd->add_option("--ranks", opts->ranks,
+                  "N > 1: the cost on fewer ranks instead: for each fault, train an N-rank expert-parallel step "
+                  "(EP N), replay it on its N ranks and each proxy (--keep) on its fewer ranks, as child processes "
+                  "of this command; devices, step time per rank and device time per step (the ranks' CPU seconds), "
+                  "and whether the fault reproduces and is localised on M ranks. Uses --preset (wide-ep is the one "
+                  "made for it), --warmup-steps, --keep, --faults, -o, --json")
+      ->check(CLI::Range(int64_t{2}, int64_t{256}));
   OnRun(cmd, exit_code, [opts] { return RunProxyEval(*opts); });
 }
 

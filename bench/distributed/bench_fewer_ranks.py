@@ -17,10 +17,13 @@ oversubscribe the machine's cores, so wall time says little):
 
 Each (fault, keep) replay runs `--rounds` times and the median is taken;
 the baseline is run in the same rounds, so load on the machine affects
-both. "reproduced" is the replay's verdict: the proxy's first overflow is
-the original's (phase, module class, the failing expert or its cluster's
-kept expert); "localised" says the proxy's expert stands for the
-original's failing expert and the rank that hosted it.
+both. "reproduced" and "localised" are the replay's failure verdict
+(`replay --json`'s "failure", docs/DISTRIBUTED.md "The failure on fewer
+ranks"): each original rank that shows the fault's failure (its first
+overflow, or the warning of the lint check that names it) is looked for on
+the rank that stands for it; reproduced: the same kind there; localised:
+the same phase and module, a proxy's expert standing for the original's
+failing expert and rank.
 
 A projection for a real model, labelled as one: with the experts and
 tokens per device kept, device time per step falls with the devices; the
@@ -85,31 +88,28 @@ def main():
             for keep in keeps:
                 rows[keep].append(replay(moerr, proxies[keep]))
         device = statistics.median(b["cost"]["device_seconds"] for b in base)
-        failure = base[0]["first_overflow"]["recorded"]
 
         def verdict(result):
-            if failure is None:
-                return "n/a (no overflow)"
-            return "yes" if result["first_overflow"]["reproduced"] else "NO"
+            f = result.get("failure")
+            if not f or not f["ranks"]:
+                return "n/a (not shown)", "n/a (not shown)"
+            if f["judged"] == 0:
+                return "n/a (not in the proxy)", "n/a"
+            ranks = ",".join(str(r["rank"]) for r in f["ranks"] if r["looked_at"])
+            return (("yes" if f["reproduced"] else "NO") + " (%s, rank %s)" % (f["kind"], ranks),
+                    "yes" if f["localised"] else "NO")
 
-        print("| %s | 1 (original) | %d | %.3f | %.3f | 1.0x | %s | - |" % (
-            fault, n, device / n, device, verdict(base[0])))
+        reproduced, localised = verdict(base[0])
+        print("| %s | 1 (original) | %d | %.3f | %.3f | 1.0x | %s | %s |" % (
+            fault, n, device / n, device, reproduced, localised))
         for keep in keeps:
             r = rows[keep]
             d = statistics.median(x["cost"]["device_seconds"] for x in r)
             m = r[0]["ranks"]
-            replayed = r[0]["first_overflow"]["replayed"]
-            if failure is None:
-                localised = "n/a (no overflow)"
-            elif "expert" not in failure:
-                localised = "n/a (not in an expert)"
-            else:
-                localised = "yes" if (replayed is not None and replayed.get("original_expert") == failure["expert"]
-                                      and replayed.get("original_rank") == failure["rank"]) else "NO"
+            reproduced, localised = verdict(r[0])
             ratios[keep].append(device / d)
             print("| %s | %s | %d | %.3f | %.3f | %.1fx | %s | %s |" % (
-                fault, keep, m, d / m, d, device / d,
-                verdict(r[0]), localised))
+                fault, keep, m, d / m, d, device / d, reproduced, localised))
     if "1/4" in ratios and ratios["1/4"]:
         measured = statistics.median(ratios["1/4"])
         print()

@@ -402,6 +402,47 @@ TEST(WorldRun, AOneRankRouterCollapseIsNamedOnItsRankOrReportedLost) {
   }
 }
 
+// `proxy-eval --ranks 2 --json FILE` of one fault at 1/2: its rows.
+llvm::json::Array RankCost(const std::string& name, const std::string& preset) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("moerr_rank_cost_" + name);
+  fs::remove_all(dir);
+  const std::string json = (dir.string() + ".json");
+  const Result r = Moerr(fs::path(::testing::TempDir()),
+                         {"proxy-eval", "--ranks", "2", "--preset", preset, "--warmup-steps", "3", "--faults",
+                          "skip-update", "--keep", "1/2", "-o", dir.string(), "--json", json});
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("Projection (computed, not measured)"), std::string::npos) << r.out;
+  llvm::Expected<llvm::json::Value> v = llvm::json::parse(Slurp(json));
+  if (!v) {
+    ADD_FAILURE() << llvm::toString(v.takeError());
+    return {};
+  }
+  const llvm::json::Array* rows = v->getAsObject() ? v->getAsObject()->getArray("rows") : nullptr;
+  EXPECT_TRUE(rows != nullptr && rows->size() == 2) << r.out;
+  return rows ? *rows : llvm::json::Array{};
+}
+
+// The cost columns come from the replays' measurements: the same fault on a
+// larger model (small: 4 layers of width 96 and 32 experts, against tiny's 2
+// of width 32 and 8) costs more device time per step, on the original's 2
+// ranks and on the proxy's 1; the ratio is the two measured device times'.
+TEST(WorldRun, ProxyEvalOnRanksMeasuresTheCostOfTheWorkload) {
+  const llvm::json::Array tiny = RankCost("tiny", "tiny"), small = RankCost("small", "small");
+  ASSERT_TRUE(tiny.size() == 2 && small.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    const llvm::json::Object &a = *tiny[i].getAsObject(), &b = *small[i].getAsObject();
+    EXPECT_EQ(a.getInteger("ranks").getValueOr(-1), i == 0 ? 2 : 1);
+    EXPECT_GT(a.getNumber("device_seconds").getValueOr(0), 0);
+    EXPECT_GT(b.getNumber("device_seconds").getValueOr(0), 1.5 * a.getNumber("device_seconds").getValueOr(0));
+    EXPECT_TRUE(b.getBoolean("reproduced").getValueOr(false));
+  }
+  for (const llvm::json::Array* rows : {&tiny, &small}) {
+    const double original = (*rows)[0].getAsObject()->getNumber("device_seconds").getValueOr(0);
+    const double proxy = (*rows)[1].getAsObject()->getNumber("device_seconds").getValueOr(1);
+    EXPECT_NEAR((*rows)[1].getAsObject()->getNumber("lower_by").getValueOr(0), original / proxy, 1e-9);
+  }
+}
+
 TEST(WorldRun, ReplayOnRanksRefusesWhatItCannotDo) {
   const TrainedRun r = Train("fewer_stats", "stats", {"--ranks", "2", "--ep", "2"});
   ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
