@@ -65,3 +65,7 @@ echo "## Diff throughput against numpy"
 echo
 echo "## moerr diff of two imported msprobe tensor dumps against numpy (MOERR_IMPORT_BENCH_MIB per side, default 256)"
 "$PYTHON" bench/importers/bench_import_diff.py "$BUILD" "$WORK/import" --mib "${MOERR_IMPORT_BENCH_MIB:-256}"
+
+echo
+echo "## moerr proxy --checkpoint on a generated 8 GB Qwen3-MoE-layout bf16 checkpoint (MOERR_PROXY_BENCH_GB, default 8; deleted after)"
+"$PYTHON" bench/proxy/bench_checkpoint_proxy.py "$BUILD" "$WORK/proxy" --gb "${MOERR_PROXY_BENCH_GB:-8}"

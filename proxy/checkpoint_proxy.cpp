@@ -1,13 +1,17 @@
 #include "proxy/checkpoint_proxy.h"
 
 #include <algorithm>
+#include <cctype>
+#include <tuple>
 #include <chrono>
 #include <map>
 
 #include "absl/strings/str_format.h"
 #include "formats/checkpoint_reader.h"
 #include "formats/checkpoint_writer.h"
+#include "formats/file_sink.h"
 #include "formats/hf_checkpoint.h"
+#include "llvm/Support/MemoryBuffer.h"
 #include "proxy/resident_memory.h"
 #include "proxy/surgery.h"
 #include "recorder/hooks/tensor_adapter.h"
@@ -109,19 +113,89 @@ absl::Status WriteTensors(const formats::CheckpointReader& reader, const std::ve
   return absl::OkStatus();
 }
 
+// The byte span [begin, end) of each top-level value of the JSON object
+// `text` (valid JSON), by its key (decoded).
+absl::StatusOr<std::map<std::string, std::pair<size_t, size_t>>> TopLevelValues(const std::string& text) {
+  std::map<std::string, std::pair<size_t, size_t>> out;
+  size_t i = text.find('{');
+  if (i == std::string::npos) return absl::InvalidArgumentError("config.json is not a JSON object");
+  const auto skip_string = [&](size_t at) {  // at: the opening quote; returns one past the closing one
+    size_t j = at + 1;
+    while (j < text.size() && text[j] != '"') j += text[j] == '\\' ? 2 : 1;
+    return j + 1;
+  };
+  ++i;
+  while (true) {
+    i = text.find_first_of("\"}", i);
+    if (i == std::string::npos || text[i] == '}') break;
+    const size_t key_end = skip_string(i);
+    auto key = llvm::json::parse(text.substr(i, key_end - i));
+    if (!key || !key->getAsString()) {
+      if (!key) llvm::consumeError(key.takeError());
+      return absl::InvalidArgumentError("config.json: a key that does not decode");
+    }
+    size_t v = text.find(':', key_end) + 1;
+    while (v < text.size() && std::isspace(static_cast<unsigned char>(text[v]))) ++v;
+    size_t end = v;
+    int depth = 0;
+    while (end < text.size()) {
+      const char c = text[end];
+      if (c == '"') {
+        end = skip_string(end);
+        if (depth == 0) break;
+        continue;
+      }
+      if (c == '{' || c == '[') ++depth;
+      if ((c == '}' || c == ']') && depth-- == 0) break;
+      if (c == ',' && depth == 0) break;
+      ++end;
+      if (depth == 0 && (c == '}' || c == ']')) break;
+    }
+    size_t trimmed = end;
+    while (trimmed > v && std::isspace(static_cast<unsigned char>(text[trimmed - 1]))) --trimmed;
+    out[key->getAsString()->str()] = {v, trimmed};
+    i = end;
+  }
+  return out;
+}
+
 }  // namespace
 
-llvm::json::Object EditHfConfig(const llvm::json::Object& original, const moe::MoeConfig& from,
-                                const moe::MoeConfig& to, std::vector<std::string>* changed) {
-  llvm::json::Object out = original;
+std::vector<std::pair<std::string, llvm::json::Value>> ChangedHfKeys(const moe::MoeConfig& from,
+                                                                     const moe::MoeConfig& to) {
+  std::vector<std::pair<std::string, llvm::json::Value>> out;
   const llvm::json::Object before = moe::ToHfConfig(from), after = moe::ToHfConfig(to);
   for (const auto& [key, value] : after) {
     const llvm::json::Value* old = before.get(key);
-    if (old != nullptr && *old == value) continue;
-    out[key] = value;
-    if (changed != nullptr) changed->push_back(key.str());
+    if (old == nullptr || !(*old == value)) out.emplace_back(key.str(), value);
   }
-  if (changed != nullptr) std::sort(changed->begin(), changed->end());
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
+absl::StatusOr<std::string> EditHfConfigText(const std::string& original,
+                                             const std::vector<std::pair<std::string, llvm::json::Value>>& changed) {
+  auto parsed = llvm::json::parse(original);
+  if (!parsed || parsed->getAsObject() == nullptr) {
+    if (!parsed) llvm::consumeError(parsed.takeError());
+    return absl::InvalidArgumentError("config.json is not a JSON object");
+  }
+  MOERR_ASSIGN_OR_RETURN(const auto spans, TopLevelValues(original));
+  std::vector<std::tuple<size_t, size_t, std::string>> edits;  // [begin, end) -> text
+  size_t close = original.rfind('}');
+  for (const auto& [key, value] : changed) {
+    const std::string text = llvm::formatv("{0}", value).str();
+    auto it = spans.find(key);
+    if (it != spans.end()) {
+      edits.emplace_back(it->second.first, it->second.second, text);
+    } else {
+      const bool empty = parsed->getAsObject()->empty() && edits.empty();
+      edits.emplace_back(close, close, absl::StrFormat("%s\"%s\": %s\n", empty ? "" : ",", key, text));
+    }
+  }
+  std::sort(edits.begin(), edits.end(), [](const auto& a, const auto& b) { return std::get<0>(a) > std::get<0>(b); });
+  std::string out = original;
+  for (const auto& [begin, end, text] : edits) out.replace(begin, end - begin, text);
   return out;
 }
 
@@ -136,6 +210,37 @@ absl::StatusOr<std::vector<LayerPlan>> PlanCheckpointLayers(const std::vector<La
   }
   return plans;
 }
+
+namespace {
+
+// OUT/config.json: the original's text with the changed keys edited in
+// place, checked to load as the proxy's config.
+absl::Status WriteConfig(const CheckpointProxyOptions& options, const moe::MoeConfig& from, const moe::MoeConfig& to,
+                         CheckpointProxyReport& report) {
+  const std::string in = options.checkpoint + "/config.json", out = report.out_dir + "/config.json";
+  auto buffer = llvm::MemoryBuffer::getFile(in, /*IsText=*/true);
+  if (!buffer) return absl::NotFoundError(absl::StrFormat("cannot open %s: %s", in, buffer.getError().message()));
+  const auto changed = ChangedHfKeys(from, to);
+  for (const auto& [key, value] : changed) report.changed_keys.push_back(key);
+  absl::StatusOr<std::string> text = EditHfConfigText((*buffer)->getBuffer().str(), changed);
+  if (!text.ok()) return Annotate(text.status(), in);
+  auto parsed = llvm::json::parse(*text);
+  absl::StatusOr<moe::MoeConfig> reread = absl::InvalidArgumentError("not a JSON object");
+  if (!parsed) {
+    reread = absl::InvalidArgumentError(llvm::toString(parsed.takeError()));
+  } else if (parsed->getAsObject() != nullptr) {
+    reread = moe::FromHfConfig(*parsed->getAsObject());
+  }
+  if (!reread.ok() || reread->num_experts != to.num_experts || reread->top_k != to.top_k) {
+    return absl::InternalError(absl::StrFormat("%s as edited for the proxy does not load as its config: %s", in,
+                                               reread.ok() ? "expert count or top-k differ" : reread.status().message()));
+  }
+  MOERR_ASSIGN_OR_RETURN(auto sink, formats::FileSink::Create(out, options.proxy.overwrite));
+  MOERR_RETURN_IF_ERROR(sink->Write(absl::MakeConstSpan(reinterpret_cast<const std::byte*>(text->data()), text->size())));
+  return sink->Finish(/*sync=*/true);
+}
+
+}  // namespace
 
 absl::StatusOr<CheckpointProxyReport> ProxyCheckpoint(const CheckpointProxyOptions& options) {
   if (options.proxy.out_dir.empty()) return absl::InvalidArgumentError("an output directory is required (-o DIR)");
@@ -163,18 +268,14 @@ absl::StatusOr<CheckpointProxyReport> ProxyCheckpoint(const CheckpointProxyOptio
                          CalibrateLayerByLayer(*reader, *config, tokens, options.calibration));
   MOERR_ASSIGN_OR_RETURN(report.plans, PlanCheckpointLayers(stats, report.kept, *config, options.proxy.cluster));
   report.calibration_seconds = Since(start);
+  report.calibration_bytes_read = reader->bytes_read();
   report.calibration_peak_rss = PeakResidentBytes();
 
   const auto write_start = Clock::now();
   MOERR_RETURN_IF_ERROR(Annotate(CatchTorch("writing the proxy checkpoint",
                                             [&] { return WriteTensors(*reader, report.plans, options, report); }),
                                  where));
-  const llvm::json::Object hf_config = EditHfConfig(reader->config(), *config, *proxy_config, &report.changed_keys);
-  if (absl::Status s = moe::FromHfConfig(hf_config).status(); !s.ok()) {
-    return absl::InternalError(absl::StrFormat("%s: the edited config.json does not load: %s", where, s.message()));
-  }
-  MOERR_RETURN_IF_ERROR(
-      formats::WriteJsonFile(report.out_dir + "/config.json", llvm::json::Object(hf_config), options.proxy.overwrite));
+  MOERR_RETURN_IF_ERROR(WriteConfig(options, *config, *proxy_config, report));
   report.cluster_map = report.out_dir + "/clusters.json";
   MOERR_RETURN_IF_ERROR(formats::WriteJsonFile(report.cluster_map, PlansJson(report.plans, options, report),
                                                options.proxy.overwrite));

@@ -47,6 +47,7 @@ struct CheckpointProxyReport {
   int64_t calibration_sequences = 0, calibration_tokens = 0;
   uint64_t checkpoint_bytes = 0;  // tensor data of the original
   uint64_t bytes_read = 0;        // all reads: calibration and the kept tensors
+  uint64_t calibration_bytes_read = 0;
   uint64_t bytes_written = 0;     // tensor data of the proxy
   int64_t tensors_written = 0, tensors_dropped = 0;
   bool sharded = false;
@@ -63,10 +64,14 @@ absl::StatusOr<CheckpointProxyReport> ProxyCheckpoint(const CheckpointProxyOptio
 absl::StatusOr<std::vector<LayerPlan>> PlanCheckpointLayers(const std::vector<LayerStats>& stats, int64_t kept,
                                                             const moe::MoeConfig& config, ClusterOptions options);
 
-// `original` (a config.json object) with every key whose value in the
-// family's keys (ToHfConfig) differs between `from` and `to` set to its
-// value in `to`; the names of those keys in `changed`.
-llvm::json::Object EditHfConfig(const llvm::json::Object& original, const moe::MoeConfig& from,
-                                const moe::MoeConfig& to, std::vector<std::string>* changed = nullptr);
+// The keys of the family's config.json (ToHfConfig) whose values differ
+// between `from` and `to`, with their values in `to`, by name.
+std::vector<std::pair<std::string, llvm::json::Value>> ChangedHfKeys(const moe::MoeConfig& from,
+                                                                     const moe::MoeConfig& to);
+// config.json's text `original` (a JSON object) with the top-level values of
+// `changed` replaced in place (a key it lacks is appended): every other
+// byte, key order and number spelling included, stays as it was.
+absl::StatusOr<std::string> EditHfConfigText(const std::string& original,
+                                             const std::vector<std::pair<std::string, llvm::json::Value>>& changed);
 
 }  // namespace moerr::proxy

@@ -100,9 +100,11 @@ void PrintCheckpointProxy(const proxy::CheckpointProxyReport& r, const std::stri
               r.sharded ? absl::StrFormat("%d shards and model.safetensors.index.json", r.shards.size()).c_str()
                         : "model.safetensors",
               r.write_seconds);
-  const double seconds = r.calibration_seconds + r.write_seconds;
-  std::printf("read %s in %.1f s (%.2f GB/s); peak RSS %s; cluster map %s\n", Gb(r.bytes_read).c_str(), seconds,
-              seconds > 0 ? r.bytes_read / 1e9 / seconds : 0.0, Gb(r.peak_rss).c_str(), r.cluster_map.c_str());
+  const uint64_t write_read = r.bytes_read - r.calibration_bytes_read;
+  std::printf("read %s: %s for the calibration, %s for the write (%.2f GB/s); peak RSS %s; cluster map %s\n",
+              Gb(r.bytes_read).c_str(), Gb(r.calibration_bytes_read).c_str(), Gb(write_read).c_str(),
+              r.write_seconds > 0 ? write_read / 1e9 / r.write_seconds : 0.0, Gb(r.peak_rss).c_str(),
+              r.cluster_map.c_str());
 }
 
 llvm::json::Value CheckpointProxyJson(const proxy::CheckpointProxyReport& r, const std::string& method) {
@@ -116,6 +118,7 @@ llvm::json::Value CheckpointProxyJson(const proxy::CheckpointProxyReport& r, con
   for (const std::string& s : r.shards) shards.push_back(s);
   for (const std::string& k : r.changed_keys) changed.push_back(k);
   const double seconds = r.calibration_seconds + r.write_seconds;
+  const uint64_t write_read = r.bytes_read - r.calibration_bytes_read;
   return llvm::json::Object{
       {"method", method},
       {"experts", r.experts},
@@ -126,6 +129,7 @@ llvm::json::Value CheckpointProxyJson(const proxy::CheckpointProxyReport& r, con
       {"calibration", llvm::json::Object{{"tokens", r.calibration_tokens},
                                          {"sequences", r.calibration_sequences},
                                          {"seconds", JsonNumber(r.calibration_seconds)},
+                                         {"bytes_read", static_cast<int64_t>(r.calibration_bytes_read)},
                                          {"peak_rss_bytes", r.calibration_peak_rss}}},
       {"layers", std::move(layers)},
       {"output", r.out_dir},
@@ -138,7 +142,7 @@ llvm::json::Value CheckpointProxyJson(const proxy::CheckpointProxyReport& r, con
       {"bytes_read", static_cast<int64_t>(r.bytes_read)},
       {"write_seconds", JsonNumber(r.write_seconds)},
       {"seconds", JsonNumber(seconds)},
-      {"read_gb_per_s", JsonNumber(seconds > 0 ? r.bytes_read / 1e9 / seconds : 0.0)},
+      {"write_read_gb_per_s", JsonNumber(r.write_seconds > 0 ? write_read / 1e9 / r.write_seconds : 0.0)},
       {"peak_rss_bytes", r.peak_rss},
       {"cluster_map", r.cluster_map}};
 }

@@ -101,7 +101,7 @@ std::vector<LayerPlan> InMemoryProxy(const CheckpointProxyOptions& o, const std:
   }
   const bool sharded = ckpt.shards.size() > 1;
   const moe::MoeConfig proxy_config = ProxyConfig(config, kept).value();
-  EXPECT_TRUE(formats::SaveHfCheckpoint(out, EditHfConfig(ckpt.config, config, proxy_config), views,
+  EXPECT_TRUE(formats::SaveHfCheckpoint(out, moe::ToHfConfig(proxy_config), views,
                                         formats::ShardingOptions{sharded, largest}, false)
                   .ok());
   return plans;
@@ -151,8 +151,17 @@ TEST_P(CheckpointProxyTest, StreamedEqualsInMemoryBitwise) {
   for (const std::string& f : out->shard_files()) {
     EXPECT_EQ(Bytes(dir.File("streamed/" + f)), Bytes(dir.File("in_memory/" + f))) << f;
   }
-  for (const char* f : {"config.json", "model.safetensors.index.json"}) {
-    EXPECT_EQ(Bytes(dir.File(std::string("streamed/") + f)), Bytes(dir.File(std::string("in_memory/") + f))) << f;
+  EXPECT_EQ(Bytes(dir.File("streamed/model.safetensors.index.json")),
+            Bytes(dir.File("in_memory/model.safetensors.index.json")));
+  // config.json: the original's keys and values but the changed ones.
+  const llvm::json::Object before = formats::ReadJsonFile(dir.File("original/config.json"))->getAsObject()[0];
+  const llvm::json::Object after = formats::ReadJsonFile(dir.File("streamed/config.json"))->getAsObject()[0];
+  const llvm::json::Object proxy_hf = moe::ToHfConfig(moe::LoadCheckpoint(dir.File("in_memory")).value()->config());
+  EXPECT_EQ(before.size(), after.size());
+  for (const auto& [key, value] : before) {
+    const bool changed = std::count(report->changed_keys.begin(), report->changed_keys.end(), key.str()) > 0;
+    ASSERT_NE(after.get(key), nullptr) << key.str();
+    EXPECT_TRUE(*after.get(key) == (changed ? *proxy_hf.get(key) : value)) << key.str();
   }
   // The proxy loads as a model of 4 experts; the metadata keys survive.
   auto proxy = moe::LoadCheckpoint(dir.File("streamed"));
@@ -233,6 +242,25 @@ TEST(CheckpointProxyErrorsTest, NameTheLayerTensorAndFile) {
   EXPECT_FALSE(ProxyCheckpoint(o).ok());
   o.proxy.overwrite = true;
   EXPECT_TRUE(ProxyCheckpoint(o).ok());
+}
+
+// config.json is edited in place: only the changed values' bytes differ.
+TEST(CheckpointProxyConfigTest, EditsValuesInPlace) {
+  const std::string text =
+      "{\n  \"rope_scaling\": {\"type\": \"yarn\", \"num_experts\": [1, {\"a\": \"}\"}]},\n"
+      "  \"name\": \"a \\\"quoted\\\" , }\",\n  \"num_experts\" :  128 ,\n  \"rms_norm_eps\": 1e-06,\n"
+      "  \"num_experts_per_tok\": 8\n}\n";
+  std::vector<std::pair<std::string, llvm::json::Value>> changed;
+  changed.emplace_back("num_experts", 32);
+  changed.emplace_back("num_experts_per_tok", 4);
+  changed.emplace_back("n_group", 2);
+  auto edited = EditHfConfigText(text, changed);
+  ASSERT_TRUE(edited.ok()) << edited.status();
+  EXPECT_EQ(*edited,
+            "{\n  \"rope_scaling\": {\"type\": \"yarn\", \"num_experts\": [1, {\"a\": \"}\"}]},\n"
+            "  \"name\": \"a \\\"quoted\\\" , }\",\n  \"num_experts\" :  32 ,\n  \"rms_norm_eps\": 1e-06,\n"
+            "  \"num_experts_per_tok\": 4\n,\"n_group\": 2\n}\n");
+  EXPECT_FALSE(EditHfConfigText("[1, 2]", changed).ok());
 }
 
 // Restarts VmHWM from the current resident size (Linux's clear_refs 5).
