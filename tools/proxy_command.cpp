@@ -97,7 +97,9 @@ void PrintCheckpointProxy(const proxy::CheckpointProxyReport& r, const std::stri
   std::printf("wrote %s: %s of %s tensor data, %lld tensors (%lld dropped unread), %s; %.1f s\n", r.out_dir.c_str(),
               Gb(r.bytes_written).c_str(), Gb(r.checkpoint_bytes).c_str(), static_cast<long long>(r.tensors_written),
               static_cast<long long>(r.tensors_dropped),
-              r.sharded ? absl::StrFormat("%d shards and model.safetensors.index.json", r.shards.size()).c_str()
+              r.sharded ? absl::StrFormat("%d shard%s and model.safetensors.index.json", r.shards.size(),
+                                            r.shards.size() == 1 ? "" : "s")
+                                .c_str()
                         : "model.safetensors",
               r.write_seconds);
   const uint64_t write_read = r.bytes_read - r.calibration_bytes_read;
