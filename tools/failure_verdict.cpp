@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "formats/module_path.h"
 #include "support/status.h"
 #include "tools/command.h"
@@ -141,12 +142,20 @@ void PrintFailureVerdict(const FailureVerdict& v, const WorldReplayComparison& c
               v.rows.empty() ? "none recorded" : absl::StrFormat("%d rank(s) show it", v.rows.size()).c_str());
   const char* who = proxy ? "original rank" : "recorded rank";
   const char* where = proxy ? "proxy rank" : "replay rank";
+  std::vector<int64_t> absent;  // original ranks whose shards the proxy did not keep: one line
   for (const FailureRow& r : v.rows) {
+    if (r.looked_at.empty()) {
+      absent.push_back(r.recorded.rank);
+      continue;
+    }
     std::string ranks;
     for (int64_t m : r.looked_at) ranks += (ranks.empty() ? "" : ",") + std::to_string(m);
     std::printf("    %s %lld: %s\n      -> %s %s: %s%s\n", who, static_cast<long long>(r.recorded.rank),
                 r.recorded.failure.description.c_str(), where, ranks.empty() ? "-" : ranks.c_str(), LevelName(r),
                 ShownText(r, c.proxy).c_str());
+  }
+  if (!absent.empty()) {
+    std::printf("    %s(s) %s: not in the proxy (their shards were not kept)\n", who, absl::StrJoin(absent, ", ").c_str());
   }
   if (v.rows.empty()) return;
   if (v.kind.empty()) {
