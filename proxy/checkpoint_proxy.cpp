@@ -4,8 +4,10 @@
 #include <cctype>
 #include <tuple>
 #include <chrono>
+#include <filesystem>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "formats/checkpoint_reader.h"
 #include "formats/checkpoint_writer.h"
@@ -60,6 +62,25 @@ std::vector<formats::TensorEntry> PlanEntries(const formats::CheckpointReader& r
   return entries;
 }
 
+// With overwrite: weight files of an earlier proxy in `dir` that this one
+// did not write (an index a loader would prefer, shards of another count).
+absl::Status RemoveStaleWeights(const std::string& dir, const std::vector<std::string>& written, bool sharded) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool weights = name == "model.safetensors" || name == "model.safetensors.index.json" ||
+                         (absl::StartsWith(name, "model-") && absl::EndsWith(name, ".safetensors"));
+    const bool ours = std::count(written.begin(), written.end(), name) > 0 ||
+                      (sharded && name == "model.safetensors.index.json");
+    if (weights && !ours && !std::filesystem::remove(entry.path(), ec)) {
+      return absl::UnavailableError(absl::StrFormat("cannot remove the earlier %s: %s", entry.path().string(),
+                                                    ec.message()));
+    }
+  }
+  if (ec) return absl::UnavailableError(absl::StrFormat("cannot list %s: %s", dir, ec.message()));
+  return absl::OkStatus();
+}
+
 // Every kept tensor read, mapped and written in file order.
 absl::Status WriteTensors(const formats::CheckpointReader& reader, const std::vector<LayerPlan>& plans,
                           const CheckpointProxyOptions& options, CheckpointProxyReport& report) {
@@ -110,6 +131,7 @@ absl::Status WriteTensors(const formats::CheckpointReader& reader, const std::ve
   }
   MOERR_RETURN_IF_ERROR(writer->Finish());
   finish_shard();
+  if (options.proxy.overwrite) return RemoveStaleWeights(options.proxy.out_dir, report.shards, report.sharded);
   return absl::OkStatus();
 }
 

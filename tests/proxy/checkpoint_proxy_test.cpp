@@ -9,6 +9,7 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_format.h"
@@ -242,6 +243,22 @@ TEST(CheckpointProxyErrorsTest, NameTheLayerTensorAndFile) {
   EXPECT_FALSE(ProxyCheckpoint(o).ok());
   o.proxy.overwrite = true;
   EXPECT_TRUE(ProxyCheckpoint(o).ok());
+  // Overwriting in another style leaves no weights of the earlier proxy:
+  // a stale index would be what a loader reads.
+  WriteCheckpoint(config, dir.File("one"), 0, 3);
+  CheckpointProxyOptions sharded = Options(dir.File("one"), dir.File("out5"));
+  sharded.max_shard_bytes = 20000;
+  ASSERT_TRUE(ProxyCheckpoint(sharded).ok());
+  ASSERT_TRUE(formats::CheckpointReader::Open(dir.File("out5")).value()->sharded());
+  CheckpointProxyOptions one_file = Options(dir.File("one"), dir.File("out5"));
+  one_file.proxy.overwrite = true;
+  ASSERT_TRUE(ProxyCheckpoint(one_file).ok());
+  auto reread = formats::CheckpointReader::Open(dir.File("out5"));
+  ASSERT_TRUE(reread.ok()) << reread.status();
+  EXPECT_FALSE((*reread)->sharded());
+  for (const auto& entry : std::filesystem::directory_iterator(dir.File("out5"))) {
+    EXPECT_NE(entry.path().filename().string().rfind("model-", 0), 0u) << entry.path();
+  }
 }
 
 // config.json is edited in place: only the changed values' bytes differ.
