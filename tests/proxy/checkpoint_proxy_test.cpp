@@ -60,6 +60,7 @@ moe::MoeConfig Config(moe::Family family, int64_t experts, int64_t layers) {
   c.num_experts = experts;
   // DeepSeek's grouped routing: a 1/4 proxy keeps one expert in each of 4 groups, 2 eligible.
   c.top_k = family == moe::Family::kDeepseekV3 ? 2 : 6;
+  if (family == moe::Family::kDeepseekV3 && layers > 2) c.first_k_dense = 1;  // a dense layer streamed too
   c.num_layers = layers;
   c.vocab_size = 32;
   return c;
