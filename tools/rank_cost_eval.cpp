@@ -9,8 +9,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "moe/fault.h"
 #include "support/filesystem.h"
 #include "support/status.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -130,9 +132,17 @@ absl::StatusOr<RankCostReport> EvaluateRankCost(const RankCostOptions& o, const 
   if (o.out_dir.empty()) return absl::InvalidArgumentError("proxy-eval --ranks needs an output directory (-o DIR)");
   if (o.ranks < 2) return absl::InvalidArgumentError("proxy-eval --ranks N: N is at least 2");
   for (const std::string& keep : o.keeps) {
-    if (keep.size() < 3 || keep.rfind("1/", 0) != 0) {
-      return absl::InvalidArgumentError("proxy-eval --ranks: --keep is a fraction 1/K, not " + keep);
+    int64_t k = 0;
+    if (keep.rfind("1/", 0) != 0 || !absl::SimpleAtoi(keep.substr(2), &k) || k < 2 || o.ranks % k != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "proxy-eval --ranks %d: --keep %s is not 1/K with K dividing the ranks (the proxy runs on N/K ranks)",
+          o.ranks, keep));
     }
+  }
+  for (const std::string& fault : o.faults) {
+    const absl::StatusOr<moe::FaultKind> f = moe::ParseFault(fault);
+    if (!f.ok()) return f.status();
+    if (*f == moe::FaultKind::kNone) return absl::InvalidArgumentError("proxy-eval --ranks: --faults none is no fault");
   }
   MOERR_RETURN_IF_ERROR(MakeDirectory(o.out_dir));
   RankCostReport report;

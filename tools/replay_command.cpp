@@ -384,7 +384,8 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--ranks", opts->ranks,
                   "Run directory: re-execute the step live on M ranks (M divides the run's ranks; 1: the whole world "
                   "in this process), each hosting the experts of the ranks it stands for, with the recorded routing "
-                  "and batch; compare every expert's ops, the step's metrics and the first overflow with the record. "
+                  "and batch; compare every expert's ops, the step's metrics, the first overflow and the run's failure "
+                  "(rank by rank) with the record. "
                   "One step (--step, default the first rank 0 completed); --out DIR keeps the replay's run")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--collective-timeout", opts->collective_timeout_s,

@@ -427,6 +427,12 @@ llvm::json::Array RankCost(const std::string& name, const std::string& preset) {
 // of width 32 and 8) costs more device time per step, on the original's 2
 // ranks and on the proxy's 1; the ratio is the two measured device times'.
 TEST(WorldRun, ProxyEvalOnRanksMeasuresTheCostOfTheWorkload) {
+  // A proxy on a fraction of a rank is refused before anything runs.
+  const Result refused = Moerr(fs::path(::testing::TempDir()),
+                               {"proxy-eval", "--ranks", "4", "--keep", "1/8", "-o",
+                                (fs::path(::testing::TempDir()) / "moerr_rank_cost_refused").string()});
+  EXPECT_EQ(refused.code, 2) << refused.out << refused.err;
+  EXPECT_NE(refused.err.find("--keep 1/8 is not 1/K with K dividing the ranks"), std::string::npos) << refused.err;
   const llvm::json::Array tiny = RankCost("tiny", "tiny"), small = RankCost("small", "small");
   ASSERT_TRUE(tiny.size() == 2 && small.size() == 2);
   for (size_t i = 0; i < 2; ++i) {
