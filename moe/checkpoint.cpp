@@ -56,10 +56,30 @@ absl::Status LoadWeights(MoeTransformer& model, const std::map<std::string, form
   });
 }
 
+namespace {
+
+// A DeepSeek-V3 checkpoint of MLA weights whose config.json lacks kv_lora_rank
+// reads as GQA, and every attention tensor would be reported missing or
+// unexpected: name the missing key instead.
+absl::Status CheckLatentKeys(const MoeConfig& config, const std::map<std::string, formats::TensorView>& tensors) {
+  if (config.family != Family::kDeepseekV3 || config.IsMla()) return absl::OkStatus();
+  for (const auto& [name, view] : tensors) {
+    if (name.find(".self_attn.kv_a_proj_with_mqa.") == std::string::npos) continue;
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "the checkpoint holds multi-head latent attention tensors (\"%s\") but config.json lacks kv_lora_rank "
+        "(absent, null or 0 is plain attention): add the model's kv_lora_rank and its other MLA keys",
+        name));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<MoeTransformer> LoadCheckpoint(const std::string& dir) {
   MOERR_ASSIGN_OR_RETURN(formats::HfCheckpoint ckpt, formats::LoadHfCheckpoint(dir));
   auto config = FromHfConfig(ckpt.config);
   if (!config.ok()) return Annotate(config.status(), dir);
+  MOERR_RETURN_IF_ERROR(Annotate(CheckLatentKeys(*config, ckpt.tensors), dir));
   MoeTransformer model(*config);
   if (absl::Status s = LoadWeights(model, ckpt.tensors); !s.ok()) return Annotate(s, dir);
   return model;

@@ -4,9 +4,11 @@
 //   [c, k_rope] = kv_a_proj_with_mqa(x)                     c: kv_lora_rank latent
 //   [k_nope | v] = kv_b_proj(kv_a_layernorm(c))             per head
 //   k = [k_nope | rotary(k_rope)], one k_rope shared by every head
-//   out = o_proj(softmax(q.k * scale + causal mask) v)      from heads * v_head_dim
-// with scale = (qk_nope_head_dim + qk_rope_head_dim)^-0.5 (times yarn's
-// mscale^2, AttentionDivisor) and rotary embeddings on the rope dims only.
+//   out = o_proj(softmax(q.k * scale + mask) v)             from heads * v_head_dim
+// with mask the causal one, narrowed to the layer's sliding window when it has
+// one (HiddenKeys), scale = (qk_nope_head_dim + qk_rope_head_dim)^-0.5 (times
+// mscale(factor, mscale_all_dim)^2 under rope scaling, AttentionDivisor) and
+// rotary embeddings on the rope dims only.
 // The two latent RMSNorms use eps 1e-6, as HF builds them.
 #pragma once
 
@@ -25,7 +27,7 @@ class LatentAttentionImpl : public torch::nn::Module {
  public:
   // window: the layer's sliding window in tokens (MoeConfig::WindowOf); 0 = full.
   LatentAttentionImpl(const MoeConfig& config, std::string path, int64_t window = 0);
-  at::Tensor forward(const at::Tensor& x);  // [B, S, hidden] -> [B, S, hidden], causal
+  at::Tensor forward(const at::Tensor& x);  // [B, S, hidden] -> [B, S, hidden], causal, windowed if window > 0
 
  private:
   // The queries [B, heads, S, qk_nope_head_dim + qk_rope_head_dim], rope dims rotated.

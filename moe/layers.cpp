@@ -71,7 +71,8 @@ double AttentionDivisor(const MoeConfig& c) {
   const int64_t qk_dims = c.IsMla() ? c.qk_nope_head_dim + c.qk_rope_head_dim : c.head_dim;
   double divisor = std::sqrt(static_cast<double>(qk_dims));
   const RopeScaling& s = c.rope_scaling;
-  if (c.family == Family::kDeepseekV3 && s.type == RopeScalingType::kYarn && s.mscale_all_dim != 0) {
+  // HF DeepseekV3Attention: under any rope type but the default, not only yarn.
+  if (c.family == Family::kDeepseekV3 && s.type != RopeScalingType::kNone && s.mscale_all_dim != 0) {
     const double m = YarnMscale(s.factor, s.mscale_all_dim);
     divisor /= m * m;
   }

@@ -30,7 +30,7 @@ class AttentionImpl : public torch::nn::Module {
  public:
   // window: the layer's sliding window in tokens (MoeConfig::WindowOf); 0 = full.
   AttentionImpl(const MoeConfig& config, std::string path, int64_t window = 0);
-  at::Tensor forward(const at::Tensor& x);  // [B, S, hidden] -> [B, S, hidden], causal
+  at::Tensor forward(const at::Tensor& x);  // [B, S, hidden] -> [B, S, hidden], causal, windowed if window > 0
 
  private:
   MoeConfig config_;
@@ -64,8 +64,8 @@ TORCH_MODULE(Expert);
 // config.rope_theta and config.rope_scaling.
 at::Tensor ApplyRotary(const at::Tensor& x, const MoeConfig& config);
 // What q.k is divided by: sqrt of a head's q.k dims (head_dim, or MLA's
-// qk_nope_head_dim + qk_rope_head_dim), over DeepSeek-V3's yarn
-// mscale(factor, mscale_all_dim)^2 in that family.
+// qk_nope_head_dim + qk_rope_head_dim), over mscale(factor, mscale_all_dim)^2
+// in DeepSeek-V3 when rope_scaling has a type and mscale_all_dim is set.
 double AttentionDivisor(const MoeConfig& config);
 // The positions a query must not see, [S, S] bool, true = hidden: the keys
 // after it and, with window > 0, those window or more positions before it.

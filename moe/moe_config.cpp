@@ -45,12 +45,17 @@ absl::Status ValidateAttention(const MoeConfig& c) {
                                  "head has its own key",
                                  c.num_kv_heads, c.num_heads));
     }
+    if (c.qk_rope_head_dim % 2 != 0) {
+      return bad(absl::StrFormat("qk_rope_head_dim (%d) must be even (rotary embeddings)", c.qk_rope_head_dim));
+    }
     if (c.head_dim != c.qk_rope_head_dim) {
       return bad(absl::StrFormat("an MLA model's head_dim (%d) is its qk_rope_head_dim (%d)", c.head_dim,
                                  c.qk_rope_head_dim));
     }
   } else if (c.kv_lora_rank < 0 || c.q_lora_rank != 0 || c.rope_interleave) {
-    return bad("q_lora_rank and rope_interleave need multi-head latent attention (kv_lora_rank > 0)");
+    return bad(absl::StrFormat("q_lora_rank (%d) and rope_interleave (%s) need multi-head latent attention "
+                               "(kv_lora_rank > 0, here %d)",
+                               c.q_lora_rank, c.rope_interleave ? "true" : "false", c.kv_lora_rank));
   }
   if (c.sliding_window < 0) return bad("sliding_window must be >= 0");
   if (c.sliding_window > 0 && c.family == Family::kDeepseekV3) return bad("DeepSeek-V3 has no sliding window");
@@ -67,6 +72,8 @@ absl::Status ValidateAttention(const MoeConfig& c) {
 
 absl::Status Validate(const MoeConfig& c) {
   auto bad = [](const std::string& what) { return absl::InvalidArgumentError("model config: " + what); };
+  // First: an MLA model's head_dim is its qk_rope_head_dim, which the errors there name.
+  MOERR_RETURN_IF_ERROR(ValidateAttention(c));
   if (c.vocab_size <= 0 || c.hidden_size <= 0 || c.num_layers <= 0 || c.head_dim <= 0) {
     return bad("vocab_size, hidden_size, num_layers and head_dim must be > 0");
   }
@@ -97,7 +104,6 @@ absl::Status Validate(const MoeConfig& c) {
   if (c.rope_scaling.type == RopeScalingType::kYarn && c.rope_scaling.original_max_position_embeddings <= 0) {
     return bad("yarn rope scaling needs original_max_position_embeddings > 0");
   }
-  MOERR_RETURN_IF_ERROR(ValidateAttention(c));
   if (c.num_shared_experts < 0) return bad("num_shared_experts must be >= 0");
   if (c.family == Family::kQwen2Moe && c.num_shared_experts > 1) return bad("Qwen2-MoE has at most one shared expert");
   if (c.family == Family::kQwen2Moe && c.num_shared_experts == 1 && c.shared_expert_intermediate_size <= 0) {
@@ -248,6 +254,8 @@ llvm::json::Value RopeToJson(const RopeScaling& s) {
     o["beta_slow"] = s.beta_slow;
     o["mscale"] = s.mscale;
     o["mscale_all_dim"] = s.mscale_all_dim;
+  } else if (s.mscale_all_dim != 0) {
+    o["mscale_all_dim"] = s.mscale_all_dim;  // DeepSeek-V3's attention scale
   }
   return o;
 }
@@ -340,11 +348,34 @@ absl::StatusOr<int64_t> Int(const llvm::json::Object& j, const char* key) {
   return absl::InvalidArgumentError(absl::StrFormat("config.json: \"%s\" is missing or not an integer", key));
 }
 
+// An optional integer key: absent or null is `fallback`; another non-integer an error naming it.
+absl::StatusOr<int64_t> Int(const llvm::json::Object& j, const char* key, int64_t fallback) {
+  const llvm::json::Value* v = j.get(key);
+  if (v == nullptr || v->getAsNull()) return fallback;
+  if (auto i = v->getAsInteger()) return *i;
+  return BadKey(key, *v, "must be an integer");
+}
+
+// An optional boolean key: absent or null is `fallback`; another non-boolean an error naming it.
+absl::StatusOr<bool> Bool(const llvm::json::Object& j, const char* key, bool fallback) {
+  const llvm::json::Value* v = j.get(key);
+  if (v == nullptr || v->getAsNull()) return fallback;
+  if (auto b = v->getAsBoolean()) return *b;
+  return BadKey(key, *v, "must be a boolean");
+}
+
+// The most decoder layers a config may have: well past any published model
+// (DeepSeek-V3: 61), and small enough that per-layer tables stay small.
+constexpr int64_t kMaxLayers = 1 << 14;
+
 // The keys every family reads: shape, attention, numerics, activation, rope.
 absl::Status ReadShared(const llvm::json::Object& j, MoeConfig& c) {
   MOERR_ASSIGN_OR_RETURN(c.vocab_size, Int(j, "vocab_size"));
   MOERR_ASSIGN_OR_RETURN(c.hidden_size, Int(j, "hidden_size"));
   MOERR_ASSIGN_OR_RETURN(c.num_layers, Int(j, "num_hidden_layers"));
+  if (c.num_layers <= 0 || c.num_layers > kMaxLayers) {
+    return BadKey("num_hidden_layers", *j.get("num_hidden_layers"), absl::StrFormat("must be in [1, %d]", kMaxLayers));
+  }
   MOERR_ASSIGN_OR_RETURN(c.num_heads, Int(j, "num_attention_heads"));
   c.num_kv_heads = j.getInteger("num_key_value_heads").getValueOr(c.num_heads);
   c.head_dim = j.getInteger("head_dim").getValueOr(c.hidden_size / std::max<int64_t>(1, c.num_heads));
@@ -391,10 +422,10 @@ absl::Status ReadQwenLayers(const llvm::json::Object& j, MoeConfig& c) {
 absl::Status ReadLatentAttention(const llvm::json::Object& j, MoeConfig& c) {
   static constexpr const char* kKeys[] = {"q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                                           "rope_interleave"};
-  c.kv_lora_rank = j.getInteger("kv_lora_rank").getValueOr(0);
+  MOERR_ASSIGN_OR_RETURN(c.kv_lora_rank, Int(j, "kv_lora_rank", 0));
   if (c.kv_lora_rank <= 0) {
-    if (const llvm::json::Value* kv = j.get("kv_lora_rank"); kv && !kv->getAsNull() && c.kv_lora_rank != 0) {
-      return BadKey("kv_lora_rank", *kv, "must be a positive integer, or null or 0 for no latent attention");
+    if (c.kv_lora_rank < 0) {
+      return BadKey("kv_lora_rank", *j.get("kv_lora_rank"), "must be a positive integer, or null or 0 for no latent attention");
     }
     c.kv_lora_rank = 0;
     for (const char* key : kKeys) {
@@ -405,14 +436,16 @@ absl::Status ReadLatentAttention(const llvm::json::Object& j, MoeConfig& c) {
     }
     return absl::OkStatus();
   }
-  // q_lora_rank: absent is HF's default 1536; null is a plain q_proj.
+  // q_lora_rank: absent is HF's default 1536; only null is a plain q_proj (0 here).
   const llvm::json::Value* q = j.get("q_lora_rank");
-  c.q_lora_rank = q == nullptr ? 1536 : q->getAsNull() ? 0 : q->getAsInteger().getValueOr(-1);
-  if (c.q_lora_rank < 0) return BadKey("q_lora_rank", *q, "must be a positive integer or null");
-  c.qk_nope_head_dim = j.getInteger("qk_nope_head_dim").getValueOr(128);
-  c.qk_rope_head_dim = j.getInteger("qk_rope_head_dim").getValueOr(64);
-  c.v_head_dim = j.getInteger("v_head_dim").getValueOr(128);
-  c.rope_interleave = j.getBoolean("rope_interleave").getValueOr(true);
+  c.q_lora_rank = q == nullptr ? 1536 : q->getAsNull() ? 0 : q->getAsInteger().getValueOr(0);
+  if (c.q_lora_rank <= 0 && q != nullptr && !q->getAsNull()) {
+    return BadKey("q_lora_rank", *q, "must be a positive integer or null");
+  }
+  MOERR_ASSIGN_OR_RETURN(c.qk_nope_head_dim, Int(j, "qk_nope_head_dim", 128));
+  MOERR_ASSIGN_OR_RETURN(c.qk_rope_head_dim, Int(j, "qk_rope_head_dim", 64));
+  MOERR_ASSIGN_OR_RETURN(c.v_head_dim, Int(j, "v_head_dim", 128));
+  MOERR_ASSIGN_OR_RETURN(c.rope_interleave, Bool(j, "rope_interleave", true));
   c.head_dim = c.qk_rope_head_dim;  // as HF's DeepseekV3Config sets it, whatever head_dim says
   return absl::OkStatus();
 }
@@ -424,9 +457,13 @@ absl::Status ReadLatentAttention(const llvm::json::Object& j, MoeConfig& c) {
 // (transformers versions disagree on what it does). transformers 5's rules.
 absl::Status ReadQwenWindow(const llvm::json::Object& j, MoeConfig& c) {
   const llvm::json::Value* layer_types = j.get("layer_types");
-  if (!j.getBoolean("use_sliding_window").getValueOr(false)) {
+  const auto* types = layer_types ? layer_types->getAsArray() : nullptr;
+  if (layer_types != nullptr && !layer_types->getAsNull() && types == nullptr) {
+    return BadKey("layer_types", *layer_types, "must list one type per layer");
+  }
+  MOERR_ASSIGN_OR_RETURN(const bool use_window, Bool(j, "use_sliding_window", false));
+  if (!use_window) {
     c.sliding_window = 0;
-    const auto* types = layer_types ? layer_types->getAsArray() : nullptr;
     for (size_t l = 0; types && l < types->size(); ++l) {
       if ((*types)[l].getAsString().getValueOr("") != "full_attention") {
         return BadKey("layer_types", *layer_types, "names a window while use_sliding_window is off");
@@ -439,9 +476,8 @@ absl::Status ReadQwenWindow(const llvm::json::Object& j, MoeConfig& c) {
   if (c.sliding_window <= 0) return BadKey("sliding_window", *w, "must be a positive integer when use_sliding_window is true");
   if (c.family != Family::kQwen2Moe) return absl::OkStatus();
   c.sliding_layers.assign(c.num_layers, false);
-  if (const llvm::json::Value* v = layer_types; v && !v->getAsNull()) {
-    const auto* types = v->getAsArray();
-    if (types == nullptr || static_cast<int64_t>(types->size()) != c.num_layers) {
+  if (const llvm::json::Value* v = layer_types; types != nullptr) {
+    if (static_cast<int64_t>(types->size()) != c.num_layers) {
       return BadKey("layer_types", *v, "must list one type per layer");
     }
     for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -454,7 +490,7 @@ absl::Status ReadQwenWindow(const llvm::json::Object& j, MoeConfig& c) {
     }
     return absl::OkStatus();
   }
-  const int64_t max_window_layers = j.getInteger("max_window_layers").getValueOr(28);
+  MOERR_ASSIGN_OR_RETURN(const int64_t max_window_layers, Int(j, "max_window_layers", 28));
   for (int64_t l = 0; l < c.num_layers; ++l) c.sliding_layers[l] = l % 2 == 0 && l < max_window_layers;
   return absl::OkStatus();
 }
@@ -513,10 +549,10 @@ absl::Status ReadFamily(const llvm::json::Object& j, MoeConfig& c) {
       c.intermediate_size = c.moe_intermediate_size;
       c.norm_topk_prob = true;  // Mixtral renormalises over the top-k
       c.router_aux_loss_coef = j.getNumber("router_aux_loss_coef").getValueOr(0.02);
-      // Mixtral slides the window in every layer; null or 0 is full attention.
+      // Mixtral slides the window in every layer; null is full attention.
       if (const llvm::json::Value* w = j.get("sliding_window"); w && !w->getAsNull()) {
-        c.sliding_window = w->getAsInteger().getValueOr(-1);
-        if (c.sliding_window < 0) return BadKey("sliding_window", *w, "must be a non-negative integer or null");
+        c.sliding_window = w->getAsInteger().getValueOr(0);
+        if (c.sliding_window <= 0) return BadKey("sliding_window", *w, "must be a positive integer or null");
       }
       return absl::OkStatus();
     }

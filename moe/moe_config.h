@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "llvm/Support/JSON.h"
+#include "support/check.h"
 
 namespace moerr::moe {
 
@@ -37,15 +38,18 @@ enum class Activation { kSilu, kGelu, kGeluTanh };
 //            inv_freq by a ramp over the dims between the beta_fast and
 //            beta_slow correction dims at original_max_position_embeddings;
 //            cos and sin times mscale(factor, mscale) / mscale(factor,
-//            mscale_all_dim), mscale(s, m) = 0.1 m ln s + 1; in DeepSeek-V3
-//            the attention scale also times mscale(factor, mscale_all_dim)^2.
+//            mscale_all_dim), mscale(s, m) = 0.1 m ln s + 1 (1 for s <= 1).
+// DeepSeek-V3 (HF DeepseekV3Attention): under any of these types with
+// mscale_all_dim set, the attention scale also times
+// mscale(factor, mscale_all_dim)^2.
 enum class RopeScalingType { kNone, kLinear, kDynamic, kYarn };
 struct RopeScaling {
   RopeScalingType type = RopeScalingType::kNone;
   double factor = 1.0;
   int64_t original_max_position_embeddings = 0;  // yarn
   double beta_fast = 32.0, beta_slow = 1.0;      // yarn
-  double mscale = 1.0, mscale_all_dim = 0.0;     // yarn
+  double mscale = 1.0;                           // yarn
+  double mscale_all_dim = 0.0;                   // yarn; DeepSeek-V3's attention scale under any type
 };
 
 struct MoeConfig {
@@ -82,7 +86,8 @@ struct MoeConfig {
   bool attention_bias = false;  // q/k/v biases (Qwen2)
   bool qk_norm = false;         // per-head RMSNorm on q and k (Qwen3)
   // DeepSeek-V3's multi-head latent attention, used when kv_lora_rank > 0
-  // (HF DeepseekV3Attention): q from hidden (q_lora_rank 0: q_proj) or
+  // (HF DeepseekV3Attention): q from hidden (q_lora_rank 0, config.json's
+  // null: q_proj) or
   // through a q_lora_rank bottleneck with its RMSNorm; keys and values from
   // a kv_lora_rank latent (RMSNorm, then per head qk_nope_head_dim + v_head_dim)
   // plus one qk_rope_head_dim rotary key shared by every head. A head's q.k
@@ -115,6 +120,8 @@ struct MoeConfig {
   bool IsMla() const { return kv_lora_rank > 0; }
   // The window of `layer`'s attention in tokens; 0 = full causal attention.
   int64_t WindowOf(int64_t layer) const {
+    MOERR_CHECK(sliding_layers.empty() || (layer >= 0 && layer < static_cast<int64_t>(sliding_layers.size())))
+        << "layer " << layer << " of " << sliding_layers.size() << " sliding_layers";
     if (sliding_window <= 0) return 0;
     return sliding_layers.empty() || sliding_layers[layer] ? sliding_window : 0;
   }
@@ -125,10 +132,15 @@ struct MoeConfig {
 // Checks the invariants written on the fields.
 absl::Status Validate(const MoeConfig& c);
 
-// Presets: "tiny" (tests: a step well under a second), "small" (the demo:
-// 4 layers, 32 experts, top-4, one shared expert), "wide" (benchmarks: 128
-// experts, top-8, the router shape of Qwen3-30B-A3B, narrow), "wide-ep"
-// (expert parallelism at 8 ranks: 64 experts, top-4, 8 per rank at EP 8).
+// Presets: "tiny" (tests: a step well under a second), "tiny-mla" (tiny
+// with DeepSeek-V3's multi-head latent attention; family deepseek_v3 only),
+// "tiny-fine" (fine's shape at tiny's size, for tests: 16 experts of width 8,
+// top-4, one shared expert), "small" (the demo: 4 layers, 32 experts, top-4,
+// one shared expert), "fine" (fine-grained experts: small's routed
+// parameters as 64 experts of width 24, top-8, one shared expert; in
+// DeepSeek-V3 8 groups, 4 eligible), "wide" (benchmarks: 128 experts, top-8,
+// the router shape of Qwen3-30B-A3B, narrow), "wide-ep" (expert parallelism
+// at 8 ranks: 64 experts, top-4, 8 per rank at EP 8).
 absl::StatusOr<MoeConfig> Preset(const std::string& name, Family family = Family::kQwen3Moe);
 
 // HF config.json, in each family's own keys.

@@ -157,7 +157,7 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<TrainArgs>();
   CLI::App* cmd = app.add_subcommand(
       "train", "Train the reference MoE model: supervised warm-up, then GRPO steps, optionally with a fault");
-  cmd->add_option("--preset", opts->train.preset, "Model size: tiny, small, wide, wide-ep")->capture_default_str();
+  cmd->add_option("--preset", opts->train.preset, "Model size: tiny, tiny-fine, tiny-mla (--family deepseek_v3), small, fine, wide, wide-ep")->capture_default_str();
   cmd->add_option("--family", opts->family, "Checkpoint family: qwen2_moe, qwen3_moe, deepseek_v3, mixtral")
       ->capture_default_str();
   cmd->add_option("--fault", opts->fault,

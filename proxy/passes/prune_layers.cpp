@@ -1,6 +1,6 @@
 // prune-layers: drop one decoder layer, the last first, never the layer the
 // failure is in or the last one left; later layers move down one index, with
-// their weights, Adam moments and routing.
+// their weights, Adam moments, routing and sliding-window flag.
 #include <regex>
 
 #include "absl/strings/str_format.h"
@@ -37,6 +37,8 @@ class PruneLayers : public ReducePass {
       StepBundle& b = cand.bundle;
       b.config.num_layers -= 1;
       if (drop < c.first_k_dense) b.config.first_k_dense -= 1;
+      // One window flag per layer: the later layers keep their own.
+      if (!c.sliding_layers.empty()) b.config.sliding_layers.erase(b.config.sliding_layers.begin() + drop);
       b.state = MapTrainerState(current.state, [&](const std::string& name, const at::Tensor& t) {
         std::optional<std::pair<std::string, at::Tensor>> out;
         if (auto renamed = Renumber(name, drop)) out.emplace(*renamed, t);

@@ -134,6 +134,34 @@ TEST_F(ReducePassTest, PruneLayersLeavesALayerPatternAlone) {
   EXPECT_TRUE(Pass("prune-layers")->Propose(step).empty());
 }
 
+// A Qwen2-MoE model that slides its window in some layers (layer_types):
+// each layer that survives a drop keeps its own window flag, and the
+// candidate's config is valid and builds with the renumbered weights.
+TEST_F(ReducePassTest, PruneLayersKeepsEachLayersSlidingWindow) {
+  llvm::json::Object hf = moe::ToHfConfig(moe::Preset("tiny", moe::Family::kQwen2Moe).value());
+  hf["num_hidden_layers"] = 3, hf["use_sliding_window"] = true, hf["sliding_window"] = 2;
+  hf["layer_types"] = llvm::json::Array{"sliding_attention", "full_attention", "sliding_attention"};
+  StepBundle step;
+  step.config = moe::FromHfConfig(hf).value();
+  const std::vector<bool> flags = {true, false, true};
+  ASSERT_EQ(step.config.sliding_layers, flags);
+  moe::MoeTransformer model(step.config);
+  for (const auto& [name, t] : model->NamedTensors()) step.state.tensors.emplace_back("policy/" + name, t.detach().clone());
+  const std::vector<Candidate> candidates = Pass("prune-layers")->Propose(step);
+  ASSERT_EQ(candidates.size(), 3u);  // layers 2, 1, 0
+  for (int64_t i = 0; i < 3; ++i) {
+    const int64_t drop = 2 - i;
+    const moe::MoeConfig& c = candidates[i].bundle.config;
+    std::vector<bool> kept = flags;
+    kept.erase(kept.begin() + drop);
+    EXPECT_EQ(c.sliding_layers, kept) << "layer " << drop << " dropped";
+    ASSERT_TRUE(moe::Validate(c).ok()) << moe::Validate(c);
+    for (int64_t l = 0; l < c.num_layers; ++l) EXPECT_EQ(c.WindowOf(l), kept[l] ? 2 : 0) << drop << " " << l;
+    auto policy = LoadPolicy(candidates[i].bundle);
+    EXPECT_TRUE(policy.ok()) << policy.status();
+  }
+}
+
 TEST_F(ReducePassTest, TruncateTokensHalvesTheResponseAndRoutesLive) {
   const int64_t tokens = moe::ResponseTokens(step_->options, moe::AdditionTask());
   ASSERT_GT(tokens, 1);
