@@ -83,8 +83,9 @@ TEST(ModelReplayTest, RepeatsARecordedStepBitwise) {
 }
 
 // A DeepSeek-V3 model with multi-head latent attention (a q bottleneck,
-// interleaved rope dims) records and replays the same way; the trace names
-// its attention modules.
+// interleaved rope dims) records and replays the same way; its attention
+// runs MLA's own weights (kv_b_proj, which GQA has not) in the layer's
+// self_attn scope.
 TEST(ModelReplayTest, RepeatsALatentAttentionStepBitwise) {
   TempDir dir;
   torch::manual_seed(0);
@@ -97,6 +98,7 @@ TEST(ModelReplayTest, RepeatsALatentAttentionStepBitwise) {
                    recorder::RecordOptions(path).set_mode(recorder::CaptureMode::kReplayable).set_crash_handler(false))
                    .value();
     policy->SetRoutingObserver(rec.get());
+    rec->NameTensors(policy->NamedTensors());  // leaves "param/<HF name>@<id>"
     moe::GrpoTrainer trainer(policy, reference, moe::AdditionTask(), moe::GrpoOptions(), /*seed=*/1);
     ASSERT_TRUE(RecordTrainerStart(*rec, trainer).ok());
     for (int step = 0; step < 2; ++step) ASSERT_TRUE(RecordStep(*rec, trainer, step).ok());
@@ -105,9 +107,17 @@ TEST(ModelReplayTest, RepeatsALatentAttentionStepBitwise) {
   }
   auto reader = formats::BundleReader::Open(path).value();
   const formats::Trace replayed = ExpectStepOneReplaysBitwise(*reader, dir.File("replay.moerr"));
-  bool named = false;
-  for (const auto& op : replayed.ops) named = named || op.module == "model.layers.1.self_attn";
-  EXPECT_TRUE(named);
+  const formats::Trace recorded = formats::ReadTrace(*reader, 1).value();
+  bool latent = false;
+  for (const auto& op : recorded.ops) {
+    if (op.module != "model.layers.1.self_attn") continue;
+    for (const auto& arg : op.args) {
+      const formats::TensorMeta* t = arg.kind == formats::OpArg::Kind::kTensor ? recorded.Find(arg.i) : nullptr;
+      latent = latent || (t != nullptr && t->leaf.rfind("param/model.layers.1.self_attn.kv_b_proj.weight@", 0) == 0);
+    }
+  }
+  EXPECT_TRUE(latent) << "no op of model.layers.1.self_attn reads its kv_b_proj weight";
+  EXPECT_FALSE(replayed.ops.empty());
 }
 
 // A faulty step fails again at the same op, and the verdict says so.
