@@ -1,6 +1,5 @@
 #include "formats/checkpoint_writer.h"
 
-#include <cstring>
 #include <set>
 
 #include "absl/strings/str_format.h"
@@ -10,40 +9,6 @@
 #include "support/status.h"
 
 namespace moerr::formats {
-namespace {
-
-// The safetensors header of entries [begin, end): the JSON object padded
-// with spaces to a multiple of 8 bytes (so data starts 8-byte aligned),
-// behind its 8-byte little-endian size.
-std::string ShardHeader(const std::vector<TensorEntry>& entries, const std::vector<uint64_t>& nbytes, size_t begin,
-                        size_t end, const std::map<std::string, std::string>& metadata) {
-  llvm::json::Object header;
-  if (!metadata.empty()) {
-    llvm::json::Object meta;
-    for (const auto& [k, v] : metadata) meta[k] = v;
-    header["__metadata__"] = std::move(meta);
-  }
-  uint64_t offset = 0;
-  for (size_t i = begin; i < end; ++i) {
-    llvm::json::Array shape;
-    for (int64_t d : entries[i].shape) shape.push_back(d);
-    header[entries[i].name] = llvm::json::Object{{"dtype", std::string(SafetensorsDTypeName(entries[i].dtype))},
-                                                 {"shape", std::move(shape)},
-                                                 {"data_offsets", llvm::json::Array{offset, offset + nbytes[i]}}};
-    offset += nbytes[i];
-  }
-  std::string text;
-  llvm::raw_string_ostream os(text);
-  os << llvm::json::Value(std::move(header));
-  os.flush();
-  text.resize((text.size() + 7) / 8 * 8, ' ');
-  const uint64_t size = text.size();
-  std::string out(8, '\0');
-  std::memcpy(out.data(), &size, 8);
-  return out + text;
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(const std::string& dir,
                                                                            std::vector<TensorEntry> entries,
@@ -97,8 +62,9 @@ int64_t CheckpointWriter::shard_of_next() const {
 absl::Status CheckpointWriter::OpenShard(size_t shard) {
   const std::string path = dir_ + "/" + files_[shard];
   MOERR_ASSIGN_OR_RETURN(sink_, FileSink::Create(path, overwrite_));
-  const std::string header =
-      ShardHeader(entries_, nbytes_, shard_begin_[shard], shard_begin_[shard + 1], metadata_);
+  const size_t begin = shard_begin_[shard], count = shard_begin_[shard + 1] - begin;
+  const std::string header = SafetensorsHeader(absl::MakeConstSpan(entries_).subspan(begin, count),
+                                               absl::MakeConstSpan(nbytes_).subspan(begin, count), metadata_);
   return sink_->Write(absl::MakeConstSpan(reinterpret_cast<const std::byte*>(header.data()), header.size()));
 }
 

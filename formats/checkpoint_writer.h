@@ -16,14 +16,9 @@
 #include "absl/types/span.h"
 #include "formats/dtype.h"
 #include "formats/file_sink.h"
+#include "formats/safetensors.h"
 
 namespace moerr::formats {
-
-struct TensorEntry {
-  std::string name;
-  DType dtype = DType::kF32;
-  std::vector<int64_t> shape;
-};
 
 struct ShardingOptions {
   // false: one model.safetensors and no index. true: shards and an index

@@ -9,6 +9,7 @@
 #include "formats/file_sink.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
+#include "support/check.h"
 #include "support/status.h"
 
 namespace moerr::formats {
@@ -217,8 +218,9 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(std::shared_ptr<llvm::MemoryBuf
   return out;
 }
 
-absl::Status WriteSafetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
-                              const std::map<std::string, std::string>& metadata, bool overwrite) {
+std::string SafetensorsHeader(absl::Span<const TensorEntry> entries, absl::Span<const uint64_t> nbytes,
+                              const std::map<std::string, std::string>& metadata) {
+  MOERR_CHECK(entries.size() == nbytes.size());
   llvm::json::Object header;
   if (!metadata.empty()) {
     llvm::json::Object meta;
@@ -226,32 +228,43 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<std::pa
     header["__metadata__"] = std::move(meta);
   }
   uint64_t offset = 0;
-  std::vector<int64_t> sizes;
-  for (const auto& [name, view] : tensors) {
-    MOERR_ASSIGN_OR_RETURN(const int64_t nbytes, CheckedNumel(view.shape, ItemSize(view.dtype)));
-    if (header.find(name) != header.end()) {
-      return absl::InvalidArgumentError(absl::StrFormat("safetensors: tensor \"%s\" given twice", name));
-    }
+  for (size_t i = 0; i < entries.size(); ++i) {
     llvm::json::Array shape;
-    for (int64_t d : view.shape) shape.push_back(d);
-    header[name] = llvm::json::Object{{"dtype", std::string(SafetensorsDTypeName(view.dtype))},
-                                      {"shape", std::move(shape)},
-                                      {"data_offsets", llvm::json::Array{offset, offset + nbytes}}};
-    offset += nbytes;
-    sizes.push_back(nbytes);
+    for (int64_t d : entries[i].shape) shape.push_back(d);
+    header[entries[i].name] = llvm::json::Object{{"dtype", std::string(SafetensorsDTypeName(entries[i].dtype))},
+                                                 {"shape", std::move(shape)},
+                                                 {"data_offsets", llvm::json::Array{offset, offset + nbytes[i]}}};
+    offset += nbytes[i];
   }
   std::string text;
   llvm::raw_string_ostream os(text);
   os << llvm::json::Value(std::move(header));
   os.flush();
-  text.resize((text.size() + 7) / 8 * 8, ' ');  // data starts 8-byte aligned
-  const uint64_t header_size = text.size();
+  text.resize((text.size() + 7) / 8 * 8, ' ');
+  const uint64_t size = text.size();
+  std::string out(8, '\0');
+  std::memcpy(out.data(), &size, 8);
+  return out + text;
+}
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
+                              const std::map<std::string, std::string>& metadata, bool overwrite) {
+  std::vector<TensorEntry> entries;
+  std::vector<uint64_t> sizes;
+  std::set<std::string> names;
+  for (const auto& [name, view] : tensors) {
+    MOERR_ASSIGN_OR_RETURN(const int64_t nbytes, CheckedNumel(view.shape, ItemSize(view.dtype)));
+    if (!names.insert(name).second) {
+      return absl::InvalidArgumentError(absl::StrFormat("safetensors: tensor \"%s\" given twice", name));
+    }
+    entries.push_back(TensorEntry{name, view.dtype, view.shape});
+    sizes.push_back(static_cast<uint64_t>(nbytes));
+  }
+  const std::string header = SafetensorsHeader(entries, sizes, metadata);
 
   MOERR_ASSIGN_OR_RETURN(auto sink, FileSink::Create(path, overwrite));
-  std::byte size_bytes[8];
-  std::memcpy(size_bytes, &header_size, 8);
-  MOERR_RETURN_IF_ERROR(sink->Write(size_bytes));
-  MOERR_RETURN_IF_ERROR(sink->Write(absl::MakeConstSpan(reinterpret_cast<const std::byte*>(text.data()), text.size())));
+  MOERR_RETURN_IF_ERROR(
+      sink->Write(absl::MakeConstSpan(reinterpret_cast<const std::byte*>(header.data()), header.size())));
   std::vector<std::byte> scratch;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorView& view = tensors[i].second;
