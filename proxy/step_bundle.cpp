@@ -178,6 +178,7 @@ absl::StatusOr<StepBundle> KeepShards(const StepBundle& world, int64_t ranks, co
 }
 
 absl::StatusOr<moe::MoeTransformer> LoadPolicy(const StepBundle& b) {
+  MOERR_RETURN_IF_ERROR(Annotate(moe::Validate(b.config), "the step's model config"));
   moe::MoeTransformer policy{nullptr};
   MOERR_RETURN_IF_ERROR(CatchTorch("building the policy", [&]() -> absl::Status {
     policy = moe::MoeTransformer(b.config);
