@@ -49,12 +49,14 @@ llvm::json::Object PlansJson(const std::vector<LayerPlan>& plans, const Checkpoi
 
 // What the proxy holds, in the original's file order: each kept tensor's
 // new name, dtype and shape. The surgery runs on a stand-in of each tensor's
-// shape that holds one element (a stride-0 view), so no weight is read.
+// shape (any rank, 0-dim included) that holds one element (a 0-dim tensor
+// expanded, strides 0), so no weight is read. (LibTorch's meta device lacks
+// index_select, which the surgery uses.)
 std::vector<formats::TensorEntry> PlanEntries(const formats::CheckpointReader& reader,
                                               const std::vector<LayerPlan>& plans, std::vector<bool>& kept) {
   std::vector<formats::TensorEntry> entries;
   for (const formats::TensorLocation& t : reader.tensors()) {
-    const at::Tensor stand_in = at::zeros({1}, recorder::ToScalarType(t.dtype)).expand(t.shape);
+    const at::Tensor stand_in = at::zeros({}, recorder::ToScalarType(t.dtype)).expand(t.shape);
     const auto mapped = MapTensor(t.name, stand_in, plans);
     kept.push_back(mapped.has_value());
     if (mapped) entries.push_back(formats::TensorEntry{mapped->first, t.dtype, mapped->second.sizes().vec()});
@@ -83,17 +85,20 @@ absl::Status RemoveStaleWeights(const std::string& dir, const std::vector<std::s
 
 // Every kept tensor read, mapped and written in file order.
 absl::Status WriteTensors(const formats::CheckpointReader& reader, const std::vector<LayerPlan>& plans,
-                          const CheckpointProxyOptions& options, CheckpointProxyReport& report) {
+                          const CheckpointProxyOptions& options, const std::string& dir,
+                          CheckpointProxyReport& report) {
   std::vector<bool> kept;
   std::vector<formats::TensorEntry> entries = PlanEntries(reader, plans, kept);
+  const std::vector<formats::TensorEntry> planned = entries;
+  size_t written = 0;  // index into `planned` of the next tensor written
   formats::ShardingOptions sharding;
   sharding.sharded = reader.sharded() || options.max_shard_bytes > 0;
   for (uint64_t size : reader.shard_sizes()) sharding.max_shard_bytes = std::max(sharding.max_shard_bytes, size);
   if (options.max_shard_bytes > 0) sharding.max_shard_bytes = options.max_shard_bytes;
   std::map<std::string, std::string> metadata = reader.metadata();
   if (metadata.empty()) metadata["format"] = "pt";
-  MOERR_ASSIGN_OR_RETURN(auto writer, formats::CheckpointWriter::Create(options.proxy.out_dir, std::move(entries),
-                                                                        sharding, metadata, options.proxy.overwrite));
+  MOERR_ASSIGN_OR_RETURN(auto writer, formats::CheckpointWriter::Create(dir, std::move(entries), sharding, metadata,
+                                                                        /*overwrite=*/false));
   report.sharded = sharding.sharded;
   report.shards = writer->shard_files();
   int64_t shard = 0;
@@ -121,17 +126,19 @@ absl::Status WriteTensors(const formats::CheckpointReader& reader, const std::ve
     MOERR_RETURN_IF_ERROR(reader.Read(t, buffer.data()));
     const at::Tensor value = at::from_blob(buffer.data(), t.shape, recorder::ToScalarType(t.dtype));
     auto mapped = MapTensor(t.name, value, plans);  // kept: MapTensor is a pure function of the name and shape
+    MOERR_CHECK(mapped.has_value() && mapped->first == planned[written].name)
+        << t.name << " maps to another tensor than PlanEntries planned";
     const at::Tensor out = mapped->second.contiguous();
     const auto* bytes = reinterpret_cast<const std::byte*>(out.data_ptr());
     MOERR_RETURN_IF_ERROR(Annotate(writer->Write(mapped->first, absl::MakeConstSpan(bytes, out.nbytes())),
                                    options.proxy.out_dir + "/" + report.shards[shard]));
+    ++written;
     shard_bytes += out.nbytes();
     report.bytes_written += out.nbytes();
     ++report.tensors_written;
   }
   MOERR_RETURN_IF_ERROR(writer->Finish());
   finish_shard();
-  if (options.proxy.overwrite) return RemoveStaleWeights(options.proxy.out_dir, report.shards, report.sharded);
   return absl::OkStatus();
 }
 
@@ -235,11 +242,12 @@ absl::StatusOr<std::vector<LayerPlan>> PlanCheckpointLayers(const std::vector<La
 
 namespace {
 
-// OUT/config.json: the original's text with the changed keys edited in
-// place, checked to load as the proxy's config.
-absl::Status WriteConfig(const CheckpointProxyOptions& options, const moe::MoeConfig& from, const moe::MoeConfig& to,
-                         CheckpointProxyReport& report) {
-  const std::string in = options.checkpoint + "/config.json", out = report.out_dir + "/config.json";
+// config.json's text for the proxy: the original's with the changed keys
+// edited in place, checked to load as the proxy's config (the family's keys
+// equal to ToHfConfig(to)). Built before any work, written last.
+absl::StatusOr<std::string> EditedConfigText(const CheckpointProxyOptions& options, const moe::MoeConfig& from,
+                                             const moe::MoeConfig& to, CheckpointProxyReport& report) {
+  const std::string in = options.checkpoint + "/config.json";
   auto buffer = llvm::MemoryBuffer::getFile(in, /*IsText=*/true);
   if (!buffer) return absl::NotFoundError(absl::StrFormat("cannot open %s: %s", in, buffer.getError().message()));
   const auto changed = ChangedHfKeys(from, to);
@@ -253,13 +261,75 @@ absl::Status WriteConfig(const CheckpointProxyOptions& options, const moe::MoeCo
   } else if (parsed->getAsObject() != nullptr) {
     reread = moe::FromHfConfig(*parsed->getAsObject());
   }
-  if (!reread.ok() || reread->num_experts != to.num_experts || reread->top_k != to.top_k) {
-    return absl::InternalError(absl::StrFormat("%s as edited for the proxy does not load as its config: %s", in,
-                                               reread.ok() ? "expert count or top-k differ" : reread.status().message()));
+  if (!reread.ok() || !(moe::ToHfConfig(*reread) == moe::ToHfConfig(to))) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s as edited for the proxy does not load as its config: %s", in,
+                        reread.ok() ? "its keys read back differ from the proxy's" : reread.status().message()));
   }
-  MOERR_ASSIGN_OR_RETURN(auto sink, formats::FileSink::Create(out, options.proxy.overwrite));
-  MOERR_RETURN_IF_ERROR(sink->Write(absl::MakeConstSpan(reinterpret_cast<const std::byte*>(text->data()), text->size())));
-  return sink->Finish(/*sync=*/true);
+  return *std::move(text);
+}
+
+constexpr char kStaging[] = ".proxy.partial";
+
+bool IsWeightFile(const std::string& name) {
+  return name == "model.safetensors" || name == "model.safetensors.index.json" ||
+         (absl::StartsWith(name, "model-") && absl::EndsWith(name, ".safetensors"));
+}
+
+// OUT checked and its staging directory OUT/.proxy.partial made (empty).
+// The input itself is refused; without overwrite, so is an earlier proxy's
+// file (or a crashed run's staging directory) in OUT.
+absl::StatusOr<std::string> PrepareStaging(const CheckpointProxyOptions& options) {
+  namespace fs = std::filesystem;
+  const std::string& out = options.proxy.out_dir;
+  std::error_code ec;
+  if (fs::exists(out, ec) && fs::equivalent(options.checkpoint, out, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("the output directory %s is the checkpoint %s itself", out, options.checkpoint));
+  }
+  if (fs::is_directory(out, ec)) {
+    for (const auto& entry : fs::directory_iterator(out, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (!options.proxy.overwrite &&
+          (IsWeightFile(name) || name == "config.json" || name == "clusters.json" || name == kStaging)) {
+        return absl::AlreadyExistsError(
+            absl::StrFormat("%s exists (an earlier proxy; overwrite it with --force)", entry.path().string()));
+      }
+    }
+  }
+  const std::string staging = out + "/" + kStaging;
+  fs::remove_all(staging, ec);
+  if (!fs::create_directories(staging, ec)) {
+    return absl::UnavailableError(absl::StrFormat("cannot create %s: %s", staging, ec.message()));
+  }
+  return staging;
+}
+
+// Removes the staging directory (and every *.partial in it) unless committed.
+struct StagingGuard {
+  std::string dir;
+  ~StagingGuard() {
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+  }
+};
+
+// Every staged file moved into OUT, config.json last; then the earlier
+// proxy's weight files this one did not write are removed.
+absl::Status CommitStaging(const std::string& staging, const std::string& out, std::vector<std::string> files,
+                           bool sharded) {
+  std::error_code ec;
+  if (sharded) files.push_back("model.safetensors.index.json");
+  files.push_back("clusters.json");
+  files.push_back("config.json");
+  for (const std::string& name : files) {
+    std::filesystem::rename(staging + "/" + name, out + "/" + name, ec);
+    if (ec) {
+      return absl::UnavailableError(
+          absl::StrFormat("cannot move %s/%s into %s: %s", staging, name, out, ec.message()));
+    }
+  }
+  return RemoveStaleWeights(out, files, sharded);
 }
 
 }  // namespace
@@ -282,6 +352,10 @@ absl::StatusOr<CheckpointProxyReport> ProxyCheckpoint(const CheckpointProxyOptio
   report.top_k = config->top_k;
   report.proxy_top_k = proxy_config->top_k;
 
+  MOERR_ASSIGN_OR_RETURN(const std::string config_text, EditedConfigText(options, *config, *proxy_config, report));
+  MOERR_ASSIGN_OR_RETURN(const std::string staging, PrepareStaging(options));
+  StagingGuard guard{staging};
+
   const auto start = Clock::now();
   MOERR_ASSIGN_OR_RETURN(const at::Tensor tokens, CalibrationTokens(options.calibration, config->vocab_size));
   report.calibration_sequences = tokens.size(0);
@@ -293,14 +367,21 @@ absl::StatusOr<CheckpointProxyReport> ProxyCheckpoint(const CheckpointProxyOptio
   report.calibration_bytes_read = reader->bytes_read();
   report.calibration_peak_rss = PeakResidentBytes();
 
+  // Everything is written under the staging directory and moved into OUT
+  // only when all of it is: a failed run leaves OUT as it was.
   const auto write_start = Clock::now();
-  MOERR_RETURN_IF_ERROR(Annotate(CatchTorch("writing the proxy checkpoint",
-                                            [&] { return WriteTensors(*reader, report.plans, options, report); }),
-                                 where));
-  MOERR_RETURN_IF_ERROR(WriteConfig(options, *config, *proxy_config, report));
+  MOERR_RETURN_IF_ERROR(Annotate(
+      CatchTorch("writing the proxy checkpoint",
+                 [&] { return WriteTensors(*reader, report.plans, options, staging, report); }),
+      where));
   report.cluster_map = report.out_dir + "/clusters.json";
-  MOERR_RETURN_IF_ERROR(formats::WriteJsonFile(report.cluster_map, PlansJson(report.plans, options, report),
-                                               options.proxy.overwrite));
+  MOERR_RETURN_IF_ERROR(formats::WriteJsonFile(staging + "/clusters.json", PlansJson(report.plans, options, report),
+                                               /*overwrite=*/false));
+  MOERR_ASSIGN_OR_RETURN(auto sink, formats::FileSink::Create(staging + "/config.json", /*overwrite=*/false));
+  MOERR_RETURN_IF_ERROR(sink->Write(
+      absl::MakeConstSpan(reinterpret_cast<const std::byte*>(config_text.data()), config_text.size())));
+  MOERR_RETURN_IF_ERROR(sink->Finish(/*sync=*/true));
+  MOERR_RETURN_IF_ERROR(CommitStaging(staging, report.out_dir, report.shards, report.sharded));
   report.write_seconds = Since(write_start);
   report.bytes_read = reader->bytes_read();
   report.peak_rss = PeakResidentBytes();

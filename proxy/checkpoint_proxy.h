@@ -3,9 +3,14 @@
 // layer-by-layer calibration pass (layer_calibration.h); the plans from the
 // same clustering as a bundle's proxy (clustering.h); every tensor goes
 // through the same surgery (MapTensor), read and written one at a time
-// (CheckpointReader, CheckpointWriter): a dropped expert's tensors are never
-// read. Peak memory: one decoder layer during calibration, one tensor while
-// writing, and the statistics. Writes to OUT
+// (CheckpointReader, CheckpointWriter): the write never reads a dropped
+// expert's tensors (the calibration reads every tensor). Peak memory: one
+// decoder layer in fp32 during calibration, one tensor while writing, and the
+// statistics. Every file is written under OUT/.proxy.partial/ and moved into
+// OUT only when all are written (config.json last, then an earlier proxy's
+// weight files this one did not write removed); a failed run removes the
+// staging directory and leaves OUT as it was. OUT the checkpoint itself is
+// refused. Writes to OUT
 //   config.json      the original's object with the family's expert-count
 //                    key (num_experts, n_routed_experts, num_local_experts)
 //                    and num_experts_per_tok updated; every other key as it was

@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "absl/strings/str_format.h"
 
@@ -260,6 +261,46 @@ TEST(CheckpointProxyErrorsTest, NameTheLayerTensorAndFile) {
   for (const auto& entry : std::filesystem::directory_iterator(dir.File("out5"))) {
     EXPECT_NE(entry.path().filename().string().rfind("model-", 0), 0u) << entry.path();
   }
+}
+
+// Every file of OUT (name -> bytes), the staging directory included.
+std::map<std::string, std::vector<std::byte>> Files(const std::string& dir) {
+  std::map<std::string, std::vector<std::byte>> out;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    out[name] = entry.is_regular_file() ? Bytes(entry.path().string()) : std::vector<std::byte>{};
+  }
+  return out;
+}
+
+// A run that fails while writing leaves OUT's earlier proxy as it was (no
+// new shard beside old ones, no staging files); the input as the output is
+// refused before anything is written.
+TEST(CheckpointProxyErrorsTest, FailedOverwriteLeavesTheEarlierProxy) {
+  TempDir dir;
+  WriteCheckpoint(Config(moe::Family::kQwen3Moe, 8, 2), dir.File("in"), 20000, 3);
+  CheckpointProxyOptions o = Options(dir.File("in"), dir.File("out"));
+  ASSERT_TRUE(ProxyCheckpoint(o).ok());
+  const auto before = Files(dir.File("out"));
+  ASSERT_GT(before.size(), 4u);  // several shards, the index, config.json, clusters.json
+  o.proxy.overwrite = true;
+  o.proxy.keep_fraction = 0.5;  // another proxy: its first shard differs
+  o.progress = [](const std::string& line) {
+    TORCH_CHECK(line.rfind("wrote ", 0) != 0, "the disk is full");  // fails after the first shard
+  };
+  const absl::Status s = ProxyCheckpoint(o).status();
+  EXPECT_TRUE(Says(s, "the disk is full")) << s;
+  EXPECT_TRUE(Files(dir.File("out")) == before);
+  o.progress = nullptr;
+  ASSERT_TRUE(ProxyCheckpoint(o).ok());
+  EXPECT_FALSE(Files(dir.File("out")) == before);
+  EXPECT_EQ(Files(dir.File("out")).count(".proxy.partial"), 0u);
+  // The checkpoint as its own output, by another spelling of its path.
+  CheckpointProxyOptions self = Options(dir.File("in"), dir.File("in/../in"));
+  self.proxy.overwrite = true;
+  const auto input = Files(dir.File("in"));
+  EXPECT_TRUE(Says(ProxyCheckpoint(self).status(), "is the checkpoint")) << ProxyCheckpoint(self).status();
+  EXPECT_TRUE(Files(dir.File("in")) == input);
 }
 
 // config.json is edited in place: only the changed values' bytes differ.
