@@ -38,7 +38,16 @@ struct Failure {
   // Module paths the failure is in: the overflowing op's and the forward op's
   // behind a backward op; a finding's place.
   std::vector<std::string> modules;
+  // Which of the check's rules the finding is: "overflow", or e.g.
+  // "lost-update" and "skipped-update" of optimizer-hazards; "" (a failure
+  // carried by a proxy made before rules were recorded): not compared.
+  std::string rule;
+  // The finding's own size where the check has one to rank findings by (for
+  // load-imbalance, the busiest expert's share of the layer's slots, in
+  // [0, 1]); nullopt otherwise.
+  std::optional<double> measure;
 };
+
 
 Failure OverflowFailure(const analysis::FirstOverflow& first);
 
@@ -60,7 +69,8 @@ enum class Reproduction {
   kSamePlace,  // and in the same phase and module class
 };
 
-// How one failure a step shows (FindFailure's, say) matches `failure`.
+// How one failure a step shows (FindFailure's, say) matches `failure`: a
+// different rule (when `failure` names one) is no match.
 Reproduction Compare(const std::optional<Failure>& shown, const Failure& failure);
 
 // How a step (a replay, usually) shows `failure`: its first overflow, or the

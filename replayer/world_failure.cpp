@@ -40,6 +40,19 @@ std::string FailureKindOfFault(moe::FaultKind kind) {
   return "";
 }
 
+std::string FailureRuleOfFault(moe::FaultKind kind) {
+  switch (kind) {
+    case moe::FaultKind::kExpertOverflow:
+    case moe::FaultKind::kGradOverflow: return "overflow";
+    case moe::FaultKind::kLogprobPrecision: return "mixed-autocast";
+    case moe::FaultKind::kBadKernel: return "exp-range";
+    case moe::FaultKind::kRouterCollapse: return "load-imbalance";
+    case moe::FaultKind::kSkipUpdate: return "lost-update";
+    case moe::FaultKind::kNone: break;
+  }
+  return "";
+}
+
 llvm::json::Object FaultAnnotation(moe::FaultKind kind, int64_t rank) {
   return llvm::json::Object{{"kind", moe::FaultName(kind)}, {"rank", rank}};
 }
@@ -69,6 +82,11 @@ absl::StatusOr<WorldFailure> FindWorldFailure(const formats::WorldStep& world, c
     }
     if (!kind.empty()) return out;
   }
+  // The fault's rule, when the run's fault is judged by this check.
+  std::string rule;
+  if (const std::optional<RecordedFault> fault = FaultOfRun(world); fault && FailureKindOfFault(fault->kind) == kind) {
+    rule = FailureRuleOfFault(fault->kind);
+  }
   for (int64_t r = 0; r < static_cast<int64_t>(world.ranks.size()); ++r) {
     MOERR_ASSIGN_OR_RETURN(const formats::RankStep* rank, Readable(world, r));
     std::optional<Failure> f;
@@ -76,7 +94,10 @@ absl::StatusOr<WorldFailure> FindWorldFailure(const formats::WorldStep& world, c
       MOERR_ASSIGN_OR_RETURN(f, FindFailure(*rank->reader, world.step, *rank->trace));
     } else {
       MOERR_ASSIGN_OR_RETURN(const std::vector<Failure> all, FailuresOf(*rank->reader, world.step, *rank->trace, kind));
-      if (!all.empty()) f = all.front();
+      for (const Failure& a : all) {  // worst first: the first of the largest measure
+        if (!rule.empty() && a.rule != rule) continue;
+        if (!f || a.measure.value_or(0) > f->measure.value_or(0)) f = a;
+      }
     }
     if (f) out.ranks.push_back({r, *std::move(f)});
   }
@@ -92,7 +113,9 @@ llvm::json::Object WorldFailureJson(const WorldFailure& failure) {
                                        {"phase", f.phase},
                                        {"module_class", f.module_class},
                                        {"modules", Strings(f.modules)},
-                                       {"description", f.description}});
+                                       {"description", f.description},
+                                       {"rule", f.rule},
+                                       {"measure", f.measure ? llvm::json::Value(*f.measure) : nullptr}});
   }
   return llvm::json::Object{{"kind", failure.kind}, {"ranks", std::move(ranks)}};
 }
@@ -113,6 +136,8 @@ absl::StatusOr<WorldFailure> WorldFailureFromJson(const llvm::json::Object& json
     r.failure.phase = o->getString("phase").getValueOr("").str();
     r.failure.module_class = o->getString("module_class").getValueOr("").str();
     r.failure.description = o->getString("description").getValueOr("").str();
+    r.failure.rule = o->getString("rule").getValueOr("").str();
+    if (const auto m = o->getNumber("measure")) r.failure.measure = *m;
     if (const llvm::json::Array* modules = o->getArray("modules")) {
       for (const llvm::json::Value& m : *modules) r.failure.modules.push_back(m.getAsString().getValueOr("").str());
     }

@@ -26,6 +26,11 @@ namespace moerr::replayer {
 // for expert-overflow and grad-overflow, else the lint check that names it
 // (hazardous-patterns, load-imbalance, optimizer-hazards).
 std::string FailureKindOfFault(moe::FaultKind kind);
+// The rule of that check the fault shows as (Failure::rule): "mixed-autocast"
+// (logprob-precision), "exp-range" (bad-kernel: a naive fp16 softmax's exp),
+// "load-imbalance" (router-collapse), "lost-update" (skip-update); "overflow"
+// for the overflow faults.
+std::string FailureRuleOfFault(moe::FaultKind kind);
 
 // The fault a run was trained with, from rank 0's "fault" annotation
 // ({"kind", "rank"}; rank -1: every rank); nullopt when it names none.
@@ -53,6 +58,9 @@ struct WorldFailure {
 
 // The failure of step `world.step` (read, ReadWorldStep) as `kind` names it:
 // "overflow" or a check, or "" for FindFailure's own choice on each rank.
+// When `kind` is the check of the run's fault (FaultOfRun), only warnings of
+// the fault's rule count, and each rank's is its largest (Failure::measure),
+// else its worst.
 absl::StatusOr<WorldFailure> FindWorldFailure(const formats::WorldStep& world, const std::string& kind);
 // The kind a run is judged by: FaultOfRun's fault's, else "".
 std::string FailureKindOfRun(const formats::WorldStep& run);

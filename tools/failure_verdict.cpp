@@ -1,7 +1,9 @@
 #include "tools/failure_verdict.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -51,9 +53,33 @@ std::vector<int64_t> ProxyRanksOf(const llvm::json::Object& proxy, int64_t ranks
 
 const char* LevelName(const FailureRow& r) {
   if (r.looked_at.empty()) return "not in the proxy (its shard was not kept)";
-  if (r.shown.localised) return "reproduced, localised";
   if (r.shown.level == replayer::Reproduction::kNo) return "NOT REPRODUCED";
+  if (!r.discriminating) return "NOT DISCRIMINATING (the healthy ranks warn of it as much)";
+  if (r.shown.localised) return "reproduced, localised";
   return "reproduced, not localised";
+}
+
+// The fault's rank alone is judged (a lint check's failure; an overflow is
+// placed by causal order already); the others that warned of the same rule
+// set the bar the finding must pass.
+void KeepFaultRank(replayer::WorldFailure& recorded, FailureVerdict& v) {
+  if (!v.fault || v.fault->rank < 0 || recorded.kind.empty() || recorded.kind == "overflow") return;
+  std::vector<replayer::RankFailure> kept;
+  for (replayer::RankFailure& f : recorded.ranks) {
+    if (f.rank == v.fault->rank) kept.push_back(std::move(f));
+  }
+  for (const replayer::RankFailure& f : recorded.ranks) {
+    if (f.rank == v.fault->rank || f.failure.kind.empty() || kept.empty()) continue;
+    if (f.failure.rule != kept[0].failure.rule) continue;
+    v.healthy_ranks.push_back(f.rank);
+    const double m = f.failure.measure.value_or(std::numeric_limits<double>::infinity());
+    v.healthy_bar = std::max(v.healthy_bar.value_or(-std::numeric_limits<double>::infinity()), m);
+  }
+  recorded.ranks = std::move(kept);
+}
+
+bool StandsOut(const std::optional<double>& bar, const replayer::Failure& f) {
+  return !bar || (f.measure && *f.measure > *bar);
 }
 
 // Where a shown failure is, and in a proxy the original expert behind it.
@@ -79,13 +105,19 @@ int64_t FailureVerdict::judged() const {
 
 bool FailureVerdict::reproduced() const {
   bool ok = judged() > 0;
-  for (const FailureRow& r : rows) ok = ok && (r.looked_at.empty() || r.shown.level != replayer::Reproduction::kNo);
+  for (const FailureRow& r : rows) ok = ok && (r.looked_at.empty() || r.reproduced());
   return ok;
 }
 
 bool FailureVerdict::localised() const {
-  bool ok = judged() > 0;
+  bool ok = reproduced();
   for (const FailureRow& r : rows) ok = ok && (r.looked_at.empty() || r.shown.localised);
+  return ok;
+}
+
+bool FailureVerdict::discriminating() const {
+  bool ok = true;
+  for (const FailureRow& r : rows) ok = ok && (r.looked_at.empty() || r.discriminating);
   return ok;
 }
 
@@ -110,6 +142,7 @@ absl::StatusOr<std::optional<FailureVerdict>> JudgeFailure(const WorldReplayComp
     v.fault = replayer::FaultOfRun(c.recorded_run);
   }
   v.kind = recorded.kind;
+  KeepFaultRank(recorded, v);
   for (replayer::RankFailure& f : recorded.ranks) {
     FailureRow row;
     row.looked_at = c.proxy ? ProxyRanksOf(*c.proxy, c.plan.ranks, f) : ReplayRanksOf(c.plan, f);
@@ -125,6 +158,8 @@ absl::StatusOr<std::optional<FailureVerdict>> JudgeFailure(const WorldReplayComp
         row.shown_rank = m;
       }
     }
+    row.discriminating = StandsOut(v.healthy_bar, row.recorded.failure) &&
+                         (!row.shown.failure || StandsOut(v.healthy_bar, *row.shown.failure));
     v.rows.push_back(std::move(row));
   }
   return std::optional<FailureVerdict>(std::move(v));
@@ -132,7 +167,7 @@ absl::StatusOr<std::optional<FailureVerdict>> JudgeFailure(const WorldReplayComp
 
 void PrintFailureVerdict(const FailureVerdict& v, const WorldReplayComparison& c) {
   const bool proxy = c.proxy.has_value();
-  const std::string kind = v.kind.empty() ? "each rank's first overflow, else its worst warning" : v.kind;
+  const std::string kind = v.kind.empty() ? "the world's first overflow, else each rank's worst warning" : v.kind;
   std::string fault;
   if (v.fault) {
     fault = absl::StrFormat(", the run's fault %s%s", moe::FaultName(v.fault->kind),
@@ -157,9 +192,18 @@ void PrintFailureVerdict(const FailureVerdict& v, const WorldReplayComparison& c
   if (!absent.empty()) {
     std::printf("    %s(s) %s: not in the proxy (their shards were not kept)\n", who, absl::StrJoin(absent, ", ").c_str());
   }
+  if (!v.healthy_ranks.empty()) {
+    std::printf("    healthy rank(s) %s warn of it too (largest %s); only the fault's rank is judged\n",
+                absl::StrJoin(v.healthy_ranks, ", ").c_str(),
+                std::isfinite(*v.healthy_bar) ? absl::StrFormat("%.3f", *v.healthy_bar).c_str() : "unmeasured");
+  }
   if (v.rows.empty()) return;
   if (v.kind.empty()) {
     std::printf("  (the run names no fault: each rank's worst warning is shown, not judged)\n");
+    return;
+  }
+  if (!v.discriminating()) {
+    std::printf("  the finding does not stand out from the healthy ranks': NOT DISCRIMINATING, not reproduced\n");
     return;
   }
   std::printf("  %s\n", !v.reproduced()  ? "the failure is NOT REPRODUCED"
@@ -183,11 +227,15 @@ llvm::json::Object FailureVerdictJson(const FailureVerdict& v, const WorldReplay
                            {"modules", llvm::json::Array(r.recorded.failure.modules)},
                            {"description", r.recorded.failure.description},
                            {"looked_at", llvm::json::Array(r.looked_at)},
-                           {"reproduced", r.shown.level != replayer::Reproduction::kNo},
-                           {"localised", r.shown.localised}};
+                           {"rule", r.recorded.failure.rule},
+                           {"reproduced", r.reproduced()},
+                           {"discriminating", r.discriminating},
+                           {"localised", r.reproduced() && r.shown.localised}};
+    if (r.recorded.failure.measure) row["measure"] = *r.recorded.failure.measure;
     if (r.shown.failure) {
       const std::string module = r.shown.failure->modules.empty() ? "" : r.shown.failure->modules[0];
       llvm::json::Object shown{{"rank", r.shown_rank}, {"module", module}, {"description", r.shown.failure->description}};
+      if (r.shown.failure->measure) shown["measure"] = *r.shown.failure->measure;
       if (const auto original = c.proxy ? OriginalOf(*c.proxy, module) : std::nullopt) {
         shown["original_expert"] = original->expert;
         shown["original_rank"] = original->rank;
@@ -196,11 +244,16 @@ llvm::json::Object FailureVerdictJson(const FailureVerdict& v, const WorldReplay
     }
     rows.push_back(std::move(row));
   }
+  // A run that names no fault: its ranks' warnings are shown, not judged.
+  const auto judged = [&v](bool b) { return v.kind.empty() ? llvm::json::Value(nullptr) : llvm::json::Value(b); };
   llvm::json::Object out{{"kind", v.kind},
                          {"ranks", std::move(rows)},
                          {"judged", v.judged()},
-                         {"reproduced", v.reproduced()},
-                         {"localised", v.localised()}};
+                         {"reproduced", judged(v.reproduced())},
+                         {"localised", judged(v.localised())},
+                         {"discriminating", judged(v.discriminating())},
+                         {"healthy_ranks", llvm::json::Array(v.healthy_ranks)}};
+  if (v.healthy_bar && std::isfinite(*v.healthy_bar)) out["healthy_measure"] = *v.healthy_bar;
   if (v.fault) out["fault"] = replayer::FaultAnnotation(v.fault->kind, v.fault->rank);
   return out;
 }

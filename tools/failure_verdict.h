@@ -7,7 +7,9 @@
 // is in. Reproduced: every rank looked for shows a failure of the same kind;
 // localised: in the same phase and module class and in a module that stands
 // for the original's (the same expert, or the kept expert its cluster maps
-// to, named with its original rank).
+// to, named with its original rank). With the fault on one rank, only that
+// rank is judged, and a finding the healthy ranks give as much is "not
+// discriminating" rather than reproduced.
 #pragma once
 
 #include <cstdint>
@@ -27,15 +29,28 @@ struct FailureRow {
   std::vector<int64_t> looked_at;  // replay ranks; empty: the rank's shard is not in the proxy
   int64_t shown_rank = -1;         // the replay rank of the best match
   replayer::Shown shown;
+  // Whether the finding stands out from the original's healthy ranks (those
+  // the run's fault was not on): they show no warning of its rule, or (a
+  // rule with a measure) a smaller one than both the recorded and the shown
+  // finding. A finding every rank gives shows nothing of the fault.
+  bool discriminating = true;
+  bool reproduced() const { return !looked_at.empty() && shown.level != replayer::Reproduction::kNo && discriminating; }
 };
 
 struct FailureVerdict {
   std::string kind;                              // replayer::WorldFailure's
   std::optional<replayer::RecordedFault> fault;  // the fault the run names
+  // With the fault on one rank (fault->rank >= 0) and a lint check's
+  // failure, only that rank's row is judged; the other ranks that warned of
+  // the rule are the healthy bar: their largest measure (+inf: a rule
+  // without one), nullopt when none warned.
   std::vector<FailureRow> rows;
+  std::vector<int64_t> healthy_ranks;  // healthy ranks that warned of the rule
+  std::optional<double> healthy_bar;
   int64_t judged() const;  // rows looked for
   bool reproduced() const;
   bool localised() const;
+  bool discriminating() const;
 };
 
 // The verdict for `c` (CompareWorldReplay's). A proxy run carries its

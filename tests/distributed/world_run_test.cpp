@@ -359,6 +359,9 @@ TEST(WorldRun, AFaultWithoutAnOverflowReproducesOnFewerRanksRankByRank) {
     EXPECT_TRUE(row->getBoolean("localised").getValueOr(false)) << replay.out;
     EXPECT_EQ((*row->getArray("looked_at"))[0].getAsInteger().getValueOr(-1), rank / 2) << replay.out;
     EXPECT_EQ(row->getObject("shown")->getInteger("rank").getValueOr(-1), rank / 2) << replay.out;
+    // The fault's own warning, not another of the check's (Adam's eps, a
+    // loss-scaler skip): only it reproduces skip-update.
+    EXPECT_EQ(row->getString("rule").getValueOr(""), "lost-update") << replay.out;
   }
   EXPECT_TRUE(failure.getBoolean("reproduced").getValueOr(false)) << replay.out;
 
@@ -382,6 +385,18 @@ TEST(WorldRun, AOneRankRouterCollapseIsNamedOnItsRankOrReportedLost) {
   const TrainedRun r = Train("collapse", "replayable",
                              {"--ranks", "4", "--ep", "4", "--fault", "router-collapse", "--fault-rank", "1"});
   ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
+  // Every rank warns of load; rank 1 alone is judged, and its busiest
+  // expert's share passes every healthy rank's.
+  const Result replay = Moerr(r.dir, {"replay", r.run(), "--ranks", "2", "--json"});
+  EXPECT_NE(replay.code, 2) << replay.out << replay.err;  // 1: the collapsed router's dense ops diverge
+  const llvm::json::Object judged = FailureOf(Json(replay));
+  const llvm::json::Array* rows = judged.getArray("ranks");
+  ASSERT_TRUE(rows != nullptr && rows->size() == 1) << replay.out;
+  EXPECT_NE(RowOf(judged, 1), nullptr) << replay.out;
+  const double healthy = judged.getNumber("healthy_measure").getValueOr(1);
+  EXPECT_GT(RowOf(judged, 1)->getNumber("measure").getValueOr(0), healthy) << replay.out;
+  EXPECT_TRUE(RowOf(judged, 1)->getBoolean("discriminating").getValueOr(false)) << replay.out;
+  EXPECT_TRUE(judged.getBoolean("reproduced").getValueOr(false)) << replay.out;
   for (const char* keep : {"1/2", "1/4"}) {
     SCOPED_TRACE(std::string("--keep ") + keep);
     const std::string proxy = (r.dir / (std::string("proxy") + keep[2])).string();
@@ -399,6 +414,7 @@ TEST(WorldRun, AOneRankRouterCollapseIsNamedOnItsRankOrReportedLost) {
     EXPECT_EQ(row->getBoolean("reproduced").getValueOr(!half), half) << run.out;
     EXPECT_EQ(failure.getBoolean("reproduced").getValueOr(!half), half) << run.out;
     if (half) EXPECT_TRUE(row->getBoolean("localised").getValueOr(false)) << run.out;
+    if (half) EXPECT_GT(row->getObject("shown")->getNumber("measure").getValueOr(0), healthy) << run.out;
   }
 }
 
