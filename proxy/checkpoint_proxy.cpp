@@ -14,6 +14,7 @@
 #include "formats/file_sink.h"
 #include "formats/hf_checkpoint.h"
 #include "llvm/Support/MemoryBuffer.h"
+#include "proxy/checkpoint_layout.h"
 #include "proxy/resident_memory.h"
 #include "proxy/surgery.h"
 #include "recorder/hooks/tensor_adapter.h"
@@ -52,10 +53,17 @@ llvm::json::Object PlansJson(const std::vector<LayerPlan>& plans, const Checkpoi
 // shape (any rank, 0-dim included) that holds one element (a 0-dim tensor
 // expanded, strides 0), so no weight is read. (LibTorch's meta device lacks
 // index_select, which the surgery uses.)
+// `drop`: per tensor, one left out whatever its name (an MTP layer's).
 std::vector<formats::TensorEntry> PlanEntries(const formats::CheckpointReader& reader,
-                                              const std::vector<LayerPlan>& plans, std::vector<bool>& kept) {
+                                              const std::vector<LayerPlan>& plans, const std::vector<bool>& drop,
+                                              std::vector<bool>& kept) {
   std::vector<formats::TensorEntry> entries;
-  for (const formats::TensorLocation& t : reader.tensors()) {
+  for (size_t i = 0; i < reader.tensors().size(); ++i) {
+    const formats::TensorLocation& t = reader.tensors()[i];
+    if (drop[i]) {
+      kept.push_back(false);
+      continue;
+    }
     const at::Tensor stand_in = at::zeros({}, recorder::ToScalarType(t.dtype)).expand(t.shape);
     const auto mapped = MapTensor(t.name, stand_in, plans);
     kept.push_back(mapped.has_value());
@@ -85,10 +93,10 @@ absl::Status RemoveStaleWeights(const std::string& dir, const std::vector<std::s
 
 // Every kept tensor read, mapped and written in file order.
 absl::Status WriteTensors(const formats::CheckpointReader& reader, const std::vector<LayerPlan>& plans,
-                          const CheckpointProxyOptions& options, const std::string& dir,
-                          CheckpointProxyReport& report) {
+                          const std::vector<bool>& drop, const CheckpointProxyOptions& options,
+                          const std::string& dir, CheckpointProxyReport& report) {
   std::vector<bool> kept;
-  std::vector<formats::TensorEntry> entries = PlanEntries(reader, plans, kept);
+  std::vector<formats::TensorEntry> entries = PlanEntries(reader, plans, drop, kept);
   const std::vector<formats::TensorEntry> planned = entries;
   size_t written = 0;  // index into `planned` of the next tensor written
   formats::ShardingOptions sharding;
@@ -245,12 +253,15 @@ namespace {
 // config.json's text for the proxy: the original's with the changed keys
 // edited in place, checked to load as the proxy's config (the family's keys
 // equal to ToHfConfig(to)). Built before any work, written last.
+// With MTP layers (dropped), num_nextn_predict_layers is written as 0.
 absl::StatusOr<std::string> EditedConfigText(const CheckpointProxyOptions& options, const moe::MoeConfig& from,
-                                             const moe::MoeConfig& to, CheckpointProxyReport& report) {
+                                             const moe::MoeConfig& to, int64_t mtp_layers,
+                                             CheckpointProxyReport& report) {
   const std::string in = options.checkpoint + "/config.json";
   auto buffer = llvm::MemoryBuffer::getFile(in, /*IsText=*/true);
   if (!buffer) return absl::NotFoundError(absl::StrFormat("cannot open %s: %s", in, buffer.getError().message()));
-  const auto changed = ChangedHfKeys(from, to);
+  auto changed = ChangedHfKeys(from, to);
+  if (mtp_layers > 0) changed.emplace_back("num_nextn_predict_layers", 0);
   for (const auto& [key, value] : changed) report.changed_keys.push_back(key);
   absl::StatusOr<std::string> text = EditHfConfigText((*buffer)->getBuffer().str(), changed);
   if (!text.ok()) return Annotate(text.status(), in);
@@ -352,7 +363,9 @@ absl::StatusOr<CheckpointProxyReport> ProxyCheckpoint(const CheckpointProxyOptio
   report.top_k = config->top_k;
   report.proxy_top_k = proxy_config->top_k;
 
-  MOERR_ASSIGN_OR_RETURN(const std::string config_text, EditedConfigText(options, *config, *proxy_config, report));
+  MOERR_ASSIGN_OR_RETURN(const CheckpointLayout layout, CheckCheckpointLayout(*reader, *config, options.checkpoint));
+  MOERR_ASSIGN_OR_RETURN(const std::string config_text,
+                         EditedConfigText(options, *config, *proxy_config, layout.mtp_layers, report));
   MOERR_ASSIGN_OR_RETURN(const std::string staging, PrepareStaging(options));
   StagingGuard guard{staging};
 
@@ -372,7 +385,7 @@ absl::StatusOr<CheckpointProxyReport> ProxyCheckpoint(const CheckpointProxyOptio
   const auto write_start = Clock::now();
   MOERR_RETURN_IF_ERROR(Annotate(
       CatchTorch("writing the proxy checkpoint",
-                 [&] { return WriteTensors(*reader, report.plans, options, staging, report); }),
+                 [&] { return WriteTensors(*reader, report.plans, layout.mtp, options, staging, report); }),
       where));
   report.cluster_map = report.out_dir + "/clusters.json";
   MOERR_RETURN_IF_ERROR(formats::WriteJsonFile(staging + "/clusters.json", PlansJson(report.plans, options, report),

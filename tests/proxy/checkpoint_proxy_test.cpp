@@ -303,6 +303,40 @@ TEST(CheckpointProxyErrorsTest, FailedOverwriteLeavesTheEarlierProxy) {
   EXPECT_TRUE(Files(dir.File("in")) == input);
 }
 
+// Rewrites DIR/config.json with `changed` keys.
+void EditConfig(const std::string& dir, const std::vector<std::pair<std::string, llvm::json::Value>>& changed) {
+  auto buffer = llvm::MemoryBuffer::getFile(dir + "/config.json");
+  ASSERT_TRUE(static_cast<bool>(buffer));
+  const std::string text = EditHfConfigText((*buffer)->getBuffer().str(), changed).value();
+  std::ofstream(dir + "/config.json", std::ios::trunc) << text;
+}
+
+// A tensor outside the model config.json describes (a layer past its count)
+// or a missing one outside the layers is refused by name before any work;
+// DeepSeek-V3's MTP layers (num_nextn_predict_layers) are dropped.
+TEST(CheckpointProxyErrorsTest, TensorsOutsideTheModelRefused) {
+  TempDir dir;
+  const moe::MoeConfig config = Config(moe::Family::kDeepseekV3, 8, 3);
+  WriteCheckpoint(config, dir.File("extra"), 20000, 3);
+  EditConfig(dir.File("extra"), {{"num_hidden_layers", 2}});
+  absl::Status s = ProxyCheckpoint(Options(dir.File("extra"), dir.File("out1"))).status();
+  EXPECT_TRUE(Says(s, "unexpected tensor \"model.layers.2.")) << s;
+  EXPECT_TRUE(Says(s, dir.File("extra") + "/model-")) << s;
+  EXPECT_FALSE(std::filesystem::exists(dir.File("out1/model.safetensors.index.json")));
+  // The same layer as an MTP layer: dropped, and the key written as 0.
+  EditConfig(dir.File("extra"), {{"num_nextn_predict_layers", 1}});
+  auto report = ProxyCheckpoint(Options(dir.File("extra"), dir.File("out2")));
+  ASSERT_TRUE(report.ok()) << report.status();
+  auto proxy = formats::CheckpointReader::Open(dir.File("out2")).value();
+  for (const formats::TensorLocation& t : proxy->tensors()) EXPECT_NE(t.name.rfind("model.layers.2.", 0), 0u) << t.name;
+  EXPECT_EQ(proxy->config().getInteger("num_nextn_predict_layers").getValueOr(-1), 0);
+  EXPECT_EQ(proxy->config().getInteger("num_hidden_layers").getValueOr(-1), 2);
+  // The final norm missing.
+  WriteCheckpoint(Config(moe::Family::kQwen3Moe, 8, 2), dir.File("no_norm"), 0, 3, "model.norm.weight");
+  s = ProxyCheckpoint(Options(dir.File("no_norm"), dir.File("out3"))).status();
+  EXPECT_TRUE(Says(s, "missing tensor \"model.norm.weight\"")) << s;
+}
+
 // config.json is edited in place: only the changed values' bytes differ.
 TEST(CheckpointProxyConfigTest, EditsValuesInPlace) {
   const std::string text =
