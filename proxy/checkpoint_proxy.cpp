@@ -280,6 +280,26 @@ absl::StatusOr<std::string> EditedConfigText(const CheckpointProxyOptions& optio
   return *std::move(text);
 }
 
+// The calibration tokens [B, S], each row cut to the calibration size (a
+// longer row of a token file would cost activations [S, hidden] per layer
+// for nothing); a row longer than max_position_embeddings refused.
+absl::StatusOr<at::Tensor> BoundedTokens(const CheckpointProxyOptions& options, const moe::MoeConfig& config) {
+  const int64_t budget = options.calibration.tokens;
+  if (budget < 1 || budget > kMaxCalibrationTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("calibration tokens %d: at least 1 and at most %d", budget, kMaxCalibrationTokens));
+  }
+  MOERR_ASSIGN_OR_RETURN(at::Tensor tokens, CalibrationTokens(options.calibration, config.vocab_size));
+  if (tokens.size(1) > budget) tokens = tokens.narrow(1, 0, budget).contiguous();
+  if (tokens.size(1) > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: calibration sequences of %d tokens, longer than the model's max_position_embeddings %d",
+        options.calibration.tokens_file.empty() ? "the addition task" : options.calibration.tokens_file,
+        tokens.size(1), config.max_position_embeddings));
+  }
+  return tokens;
+}
+
 constexpr char kStaging[] = ".proxy.partial";
 
 bool IsWeightFile(const std::string& name) {
@@ -370,7 +390,7 @@ absl::StatusOr<CheckpointProxyReport> ProxyCheckpoint(const CheckpointProxyOptio
   StagingGuard guard{staging};
 
   const auto start = Clock::now();
-  MOERR_ASSIGN_OR_RETURN(const at::Tensor tokens, CalibrationTokens(options.calibration, config->vocab_size));
+  MOERR_ASSIGN_OR_RETURN(const at::Tensor tokens, BoundedTokens(options, *config));
   report.calibration_sequences = tokens.size(0);
   report.calibration_tokens = tokens.numel();
   MOERR_ASSIGN_OR_RETURN(const std::vector<LayerStats> stats,

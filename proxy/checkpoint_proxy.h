@@ -34,10 +34,15 @@
 
 namespace moerr::proxy {
 
+// The most calibration tokens a run takes (CalibrationOptions::tokens): the
+// activations of 2^20 tokens are 2^20 x hidden x 4 bytes per layer (28 GB at
+// DeepSeek-V3's hidden size 7168).
+inline constexpr int64_t kMaxCalibrationTokens = int64_t{1} << 20;
+
 struct CheckpointProxyOptions {
   std::string checkpoint;  // the original's directory
   ProxyOptions proxy;      // keep / keep_fraction, ep, cluster, out_dir, overwrite
-  CalibrationOptions calibration;
+  CalibrationOptions calibration;  // tokens: at most kMaxCalibrationTokens; each row cut to it
   // > 0: shards of at most this many bytes (even of a one-file original);
   // 0: the original's style, shards of at most its largest shard's size.
   uint64_t max_shard_bytes = 0;

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstdio>
+#include <new>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
@@ -171,7 +172,16 @@ CommandResult RunCheckpointProxy(const ProxyArgs& a) {
   options.max_shard_bytes = a.max_shard_size;
   options.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   options.calibration.progress = options.progress;
-  MOERR_ASSIGN_OR_RETURN(const proxy::CheckpointProxyReport report, proxy::ProxyCheckpoint(options));
+  absl::StatusOr<proxy::CheckpointProxyReport> made = absl::UnknownError("not run");
+  try {
+    made = proxy::ProxyCheckpoint(options);
+  } catch (const std::bad_alloc&) {
+    made = absl::ResourceExhaustedError(absl::StrFormat(
+        "proxy of %s: out of memory (the calibration holds one decoder layer in fp32 and the activations of "
+        "--calib-tokens tokens)",
+        a.checkpoint));
+  }
+  MOERR_ASSIGN_OR_RETURN(const proxy::CheckpointProxyReport report, std::move(made));
   if (a.json) {
     std::printf("%s\n", llvm::formatv("{0:2}", CheckpointProxyJson(report, a.method)).str().c_str());
   } else {
@@ -211,7 +221,8 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
                 "Of a run: train on every rank's batch shard (default: the shards of M ranks, the failing one "
                 "among them, so each proxy rank does what an original rank did)");
   cmd->add_option("--ep", opts->ep, "Expert-parallel size: keep a multiple of it in every layer")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--seed", opts->seed, "Seed of the random method and the calibration batch");
   cmd->add_flag("--no-forced-keeps", opts->no_forced,
                 "Do not force in the experts the recorded failure names or super experts");
@@ -222,9 +233,10 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   CLI::Option* calib = cmd->add_option("--calib-tokens", opts->calib_tokens,
-                  "Of --checkpoint: calibration tokens (whole sequences, at least this many)")
+                  "Of --checkpoint: calibration tokens (whole sequences, at least this many; each sequence cut to "
+                  "this many; at most 1048576)")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 24));
+      ->check(CLI::Range(int64_t{1}, proxy::kMaxCalibrationTokens));
   cmd->add_option("--tokens", opts->tokens,
                   "Of --checkpoint: calibration token ids, a safetensors file with input_ids [B, T] or a text file of "
                   "one sequence per line (default: the built-in addition task)");

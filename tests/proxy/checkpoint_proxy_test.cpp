@@ -337,6 +337,30 @@ TEST(CheckpointProxyErrorsTest, TensorsOutsideTheModelRefused) {
   EXPECT_TRUE(Says(s, "missing tensor \"model.norm.weight\"")) << s;
 }
 
+// Calibration rows are cut to the calibration size; a row longer than
+// max_position_embeddings, and a calibration size past the cap, are refused.
+TEST(CheckpointProxyErrorsTest, CalibrationTokensBounded) {
+  TempDir dir;
+  moe::MoeConfig config = Config(moe::Family::kQwen3Moe, 8, 2);
+  config.max_position_embeddings = 6;
+  WriteCheckpoint(config, dir.File("in"), 0, 3);
+  std::ofstream(dir.File("long.txt")) << "1 2 3 4 5 6 7 8 9 10\n";
+  CheckpointProxyOptions o = Options(dir.File("in"), dir.File("out1"));
+  o.calibration.tokens_file = dir.File("long.txt");
+  o.calibration.tokens = 5;
+  auto report = ProxyCheckpoint(o);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->calibration_tokens, 5);
+  o = Options(dir.File("in"), dir.File("out2"));
+  o.calibration.tokens_file = dir.File("long.txt");
+  o.calibration.tokens = 8;
+  absl::Status s = ProxyCheckpoint(o).status();
+  EXPECT_TRUE(Says(s, "longer than the model's max_position_embeddings 6")) << s;
+  EXPECT_TRUE(Says(s, "long.txt")) << s;
+  o.calibration.tokens = kMaxCalibrationTokens + 1;
+  EXPECT_TRUE(Says(ProxyCheckpoint(o).status(), "at most 1048576"));
+}
+
 // config.json is edited in place: only the changed values' bytes differ.
 TEST(CheckpointProxyConfigTest, EditsValuesInPlace) {
   const std::string text =
