@@ -25,14 +25,24 @@ struct ProxyEvalArgs {
   std::vector<std::string> keeps = {"1/2", "1/4", "1/8"}, faults;
   std::string json, family = "qwen3_moe";
   int64_t ranks = 0;  // > 0: the cost on fewer ranks (rank_cost_eval.h)
+  double child_timeout_s = RankCostOptions().child_timeout_s;
 };
 
-// --ranks N: the options of the cost on fewer ranks (every fault by default).
-RankCostOptions RankCostOptionsOf(const ProxyEvalArgs& args) {
+// --ranks N: the options of the cost on fewer ranks (every fault by default):
+// --preset and --warmup-steps only when given (RankCostOptions' defaults,
+// wide-ep and 20, otherwise); the options it does not use are refused.
+absl::StatusOr<RankCostOptions> RankCostOptionsOf(const ProxyEvalArgs& args, const CLI::App& cmd) {
+  for (const char* unused : {"--family", "--methods", "--heal", "--seeds", "--steps", "--memory-micro-batch",
+                             "--ema-window", "--slope-window", "--response-at", "--response-steps"}) {
+    if (cmd.get_option(unused)->count() > 0) {
+      return absl::InvalidArgumentError(absl::StrFormat("proxy-eval --ranks does not use %s", unused));
+    }
+  }
   RankCostOptions o;
-  o.preset = args.eval.preset;
+  if (cmd.get_option("--preset")->count() > 0) o.preset = args.eval.preset;
+  if (cmd.get_option("--warmup-steps")->count() > 0) o.warmup_steps = args.eval.warmup_steps;
+  o.child_timeout_s = args.child_timeout_s;
   o.ranks = args.ranks;
-  o.warmup_steps = args.eval.warmup_steps;
   o.keeps = args.keeps;
   o.out_dir = args.eval.out_dir;
   for (const moe::FaultKind f : moe::AllFaults()) o.faults.push_back(moe::FaultName(f));
@@ -151,8 +161,17 @@ void PrintTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval)
   }
 }
 
-CommandResult RunProxyEval(const ProxyEvalArgs& args) {
-  if (args.ranks > 0) return RunRankCost(RankCostOptionsOf(args), args.json);
+CommandResult RunProxyEval(const ProxyEvalArgs& args, const CLI::App& cmd) {
+  if (args.ranks > 0) {
+    MOERR_ASSIGN_OR_RETURN(const RankCostOptions o, RankCostOptionsOf(args, cmd));
+    std::vector<std::string> own = OwnFiles(args.json, o.out_dir);  // and a directory per fault
+    own.insert(own.end(), o.faults.begin(), o.faults.end());
+    MOERR_RETURN_IF_ERROR(ClaimWorkDir(o.out_dir, "proxy-eval", own));
+    return RunRankCost(o, args.json);
+  }
+  if (cmd.get_option("--child-timeout")->count() > 0) {
+    return absl::InvalidArgumentError("proxy-eval: --child-timeout is for --ranks");
+  }
   MOERR_ASSIGN_OR_RETURN(const proxy::EvalOptions eval, ParseEvalArgs(args));
   MOERR_RETURN_IF_ERROR(ClaimWorkDir(eval.out_dir, "proxy-eval", OwnFiles(args.json, eval.out_dir)));
   PhasedProgress bar;
@@ -217,9 +236,15 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
                   "(EP N), replay it on its N ranks and each proxy (--keep) on its fewer ranks, as child processes "
                   "of this command; devices, step time per rank and device time per step (the ranks' CPU seconds), "
                   "and whether the fault reproduces and is localised on M ranks. Uses --preset (wide-ep is the one "
-                  "made for it), --warmup-steps, --keep, --faults, -o, --json")
+                  "made for it, and its default with --ranks; --warmup-steps defaults to 20), --keep, --faults, "
+                  "--child-timeout, -o, --json, and refuses the other options")
       ->check(CLI::Range(int64_t{2}, int64_t{256}));
-  OnRun(cmd, exit_code, [opts] { return RunProxyEval(*opts); });
+  cmd->add_option("--child-timeout", opts->child_timeout_s,
+                  "With --ranks: seconds each child command (train, replay, proxy) may run before it is stopped and "
+                  "reported; train's --deadline too")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 1e6));
+  OnRun(cmd, exit_code, [opts, cmd] { return RunProxyEval(*opts, *cmd); });
 }
 
 }  // namespace moerr::tools

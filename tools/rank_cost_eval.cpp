@@ -1,11 +1,16 @@
 #include "tools/rank_cost_eval.h"
 
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -20,27 +25,70 @@
 namespace moerr::tools {
 namespace {
 
+// How a child command ended.
+struct ChildExit {
+  int code = 0;     // its exit status, when it exited
+  int signal = 0;   // the signal that ended it, else 0
+  bool timed_out = false;
+  std::string Describe() const {
+    std::string s = signal != 0 ? absl::StrFormat("was killed by signal %d (%s)", signal, ::strsignal(signal))
+                                : absl::StrFormat("exited %d", code);
+    return timed_out ? "ran past its limit and " + s : s;
+  }
+};
+
+// waitpid, retried on EINTR; WNOHANG: 0 while the child runs.
+pid_t Wait(pid_t pid, int* status, int flags) {
+  pid_t r;
+  do {
+    r = ::waitpid(pid, status, flags);
+  } while (r < 0 && errno == EINTR);
+  return r;
+}
+
 // This executable (/proc/self/exe) with `args`, stdout to `out` and stderr
-// to `err`; its exit status (a signal: 128 + the signal).
-absl::StatusOr<int> RunSelf(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
+// to `err`, stopped after `limit_s` seconds (SIGTERM, SIGKILL 5 s later);
+// killed with this process (PR_SET_PDEATHSIG).
+absl::StatusOr<ChildExit> RunSelf(const std::vector<std::string>& args, const std::string& out, const std::string& err,
+                                  double limit_s) {
   std::vector<char*> argv;
   std::string self = "moerr";
   argv.push_back(self.data());
   std::vector<std::string> copy = args;
   for (std::string& a : copy) argv.push_back(a.data());
   argv.push_back(nullptr);
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
-  if (pid < 0) return absl::UnavailableError("fork failed");
+  if (pid < 0) return absl::UnavailableError(absl::StrFormat("fork failed: %s", std::strerror(errno)));
   if (pid == 0) {
+    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(127);
     const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (o < 0 || e < 0 || ::dup2(o, 1) < 0 || ::dup2(e, 2) < 0) ::_exit(127);
     ::execv("/proc/self/exe", argv.data());
     ::_exit(127);
   }
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  const auto elapsed = [&start] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  ChildExit exit;
   int status = 0;
-  if (::waitpid(pid, &status, 0) < 0) return absl::UnavailableError("waitpid failed");
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  pid_t r = 0;
+  while ((r = Wait(pid, &status, WNOHANG)) == 0 && elapsed() < limit_s) ::usleep(50 * 1000);
+  if (r == 0) {  // past its limit
+    exit.timed_out = true;
+    ::kill(pid, SIGTERM);
+    const double term = elapsed();
+    while ((r = Wait(pid, &status, WNOHANG)) == 0 && elapsed() < term + 5) ::usleep(50 * 1000);
+    if (r == 0) {
+      ::kill(pid, SIGKILL);
+      r = Wait(pid, &status, 0);
+    }
+  }
+  if (r < 0) return absl::UnavailableError(absl::StrFormat("waitpid failed: %s", std::strerror(errno)));
+  if (WIFEXITED(status)) exit.code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) exit.signal = WTERMSIG(status);
+  return exit;
 }
 
 std::string Slurp(const std::string& path) {
@@ -50,14 +98,25 @@ std::string Slurp(const std::string& path) {
   return s.str();
 }
 
+// The last `n` lines of `text`.
+std::string Tail(const std::string& text, int n) {
+  size_t at = text.size();
+  if (at > 0 && text[at - 1] == '\n') --at;
+  for (int i = 0; i < n && at != std::string::npos && at > 0; ++i) at = text.rfind('\n', at - 1);
+  return at == std::string::npos || at == 0 ? text : text.substr(at + 1);
+}
+
 // `moerr ARGS` in `dir` (its output in dir/NAME.out and .err), accepting
 // exit statuses 0 and 1 (a finding): the command's stdout.
-absl::StatusOr<std::string> Moerr(const std::vector<std::string>& args, const std::string& dir, const std::string& name) {
+absl::StatusOr<std::string> Moerr(const std::vector<std::string>& args, const std::string& dir, const std::string& name,
+                                  double limit_s) {
   const std::string out = dir + "/" + name + ".out", err = dir + "/" + name + ".err";
-  MOERR_ASSIGN_OR_RETURN(const int code, RunSelf(args, out, err));
-  if (code != 0 && code != 1) {
-    return absl::AbortedError(absl::StrFormat("moerr %s exited %d (its output: %s, %s): %s", absl::StrJoin(args, " "),
-                                              code, out, err, Slurp(err)));
+  MOERR_ASSIGN_OR_RETURN(const ChildExit exit, RunSelf(args, out, err, limit_s));
+  if (exit.timed_out || exit.signal != 0 || (exit.code != 0 && exit.code != 1)) {
+    return absl::AbortedError(absl::StrFormat("moerr %s %s%s; the last lines of %s:\n%s", absl::StrJoin(args, " "),
+                                              exit.Describe(),
+                                              exit.timed_out ? absl::StrFormat(" (%g s)", limit_s) : "", err,
+                                              Tail(Slurp(err), 20)));
   }
   return Slurp(out);
 }
@@ -69,9 +128,16 @@ absl::Status ReadReplay(const std::string& text, const std::string& what, RankCo
   const llvm::json::Object* o = v->getAsObject();
   const llvm::json::Object* cost = o ? o->getObject("cost") : nullptr;
   if (cost == nullptr) return absl::DataLossError(what + ": no \"cost\"");
-  row.ranks = o->getInteger("ranks").getValueOr(0);
-  row.device_seconds = cost->getNumber("device_seconds").getValueOr(0);
-  row.step_seconds_per_rank = cost->getNumber("step_seconds_per_rank").getValueOr(0);
+  const auto ranks = o->getInteger("ranks");
+  const auto device = cost->getNumber("device_seconds"), per_rank = cost->getNumber("step_seconds_per_rank");
+  if (!ranks || !device || !per_rank) {
+    return absl::DataLossError(absl::StrFormat("%s: its --json has no %s", what,
+                                               !ranks ? "\"ranks\"" : !device ? "cost.device_seconds"
+                                                                               : "cost.step_seconds_per_rank"));
+  }
+  row.ranks = *ranks;
+  row.device_seconds = *device;
+  row.step_seconds_per_rank = *per_rank;
   if (const llvm::json::Object* f = o->getObject("failure")) {
     const llvm::json::Array* ranks = f->getArray("ranks");
     row.failure = f->getString("kind").getValueOr("").str();
@@ -90,27 +156,29 @@ absl::Status EvaluateFault(const RankCostOptions& o, const std::string& fault, c
   const std::string n = std::to_string(o.ranks), timeout = absl::StrFormat("%g", o.collective_timeout_s);
   std::vector<std::string> train = {"train", "--preset", o.preset, "--ranks", n, "--ep", n, "--warmup-steps",
                                     std::to_string(o.warmup_steps), "--steps", "1", "--fault", fault, "--record",
-                                    "replayable", "--collective-timeout", timeout, "--force", "-o", dir};
+                                    "replayable", "--collective-timeout", timeout, "--deadline",
+                                    absl::StrFormat("%g", o.child_timeout_s), "--force", "-o", dir};
   if (fault == "expert-overflow" || fault == "router-collapse") {
     train.insert(train.end(), {"--fault-rank", std::to_string(std::max<int64_t>(0, o.ranks - 3))});
   }
   if (progress) progress(fault + ": training on " + n + " ranks");
-  MOERR_RETURN_IF_ERROR(Moerr(train, dir, "train").status());
+  MOERR_RETURN_IF_ERROR(Moerr(train, dir, "train", o.child_timeout_s).status());
   if (progress) progress(fault + ": the original's step on its " + n + " ranks");
   RankCostRow original;
   original.fault = fault;
   original.keep = "1";
   MOERR_ASSIGN_OR_RETURN(const std::string base, Moerr({"replay", run, "--ranks", n, "--json", "--collective-timeout",
-                                                        timeout}, dir, "replay-original"));
+                                                        timeout}, dir, "replay-original", o.child_timeout_s));
   MOERR_RETURN_IF_ERROR(ReadReplay(base, fault + ", the original's replay", original));
   report.rows.push_back(original);
   for (const std::string& keep : o.keeps) {
     const std::string proxy = dir + "/proxy-" + keep.substr(0, 1) + "of" + keep.substr(keep.find('/') + 1);
     if (progress) progress(fault + ": the proxy at " + keep);
     MOERR_RETURN_IF_ERROR(
-        Moerr({"proxy", run, "--keep", keep, "--force", "-o", proxy}, dir, "proxy-" + keep.substr(2)).status());
+        Moerr({"proxy", run, "--keep", keep, "--force", "-o", proxy}, dir, "proxy-" + keep.substr(2), o.child_timeout_s)
+            .status());
     MOERR_ASSIGN_OR_RETURN(const std::string text, Moerr({"replay", proxy, "--json", "--collective-timeout", timeout},
-                                                         dir, "replay-proxy-" + keep.substr(2)));
+                                                         dir, "replay-proxy-" + keep.substr(2), o.child_timeout_s));
     RankCostRow row;
     row.fault = fault;
     row.keep = keep;
@@ -148,7 +216,14 @@ absl::StatusOr<RankCostReport> EvaluateRankCost(const RankCostOptions& o, const 
   RankCostReport report;
   report.preset = o.preset;
   report.ranks = o.ranks;
-  for (const std::string& fault : o.faults) MOERR_RETURN_IF_ERROR(EvaluateFault(o, fault, progress, report));
+  if (!(o.child_timeout_s > 0)) return absl::InvalidArgumentError("proxy-eval --ranks: --child-timeout must be positive");
+  for (const std::string& fault : o.faults) {
+    // A fault that fails keeps the rows it finished; the others still run.
+    if (absl::Status s = EvaluateFault(o, fault, progress, report); !s.ok()) {
+      report.errors.push_back(fault + ": " + std::string(s.message()));
+      if (progress) progress(fault + ": FAILED: " + std::string(s.message()));
+    }
+  }
   return report;
 }
 
@@ -187,11 +262,14 @@ llvm::json::Object RankCostJson(const RankCostReport& report) {
                                       {"reproduced", r.reproduced},
                                       {"localised", r.localised}});
   }
+  llvm::json::Array errors;
+  for (const std::string& e : report.errors) errors.push_back(e);
   const RankCostProjection p;
   return llvm::json::Object{
       {"preset", report.preset},
       {"ranks", report.ranks},
       {"rows", std::move(rows)},
+      {"errors", std::move(errors)},
       {"projection", llvm::json::Object{{"experts", p.experts},
                                         {"ep", p.ep},
                                         {"proxy_experts", p.proxy_experts},
@@ -208,6 +286,10 @@ CommandResult RunRankCost(const RankCostOptions& options, const std::string& jso
     std::ofstream out(json_path, std::ios::trunc);
     out << llvm::formatv("{0:2}", llvm::json::Value(RankCostJson(*report))).str() << "\n";
     if (!out.good()) return absl::UnavailableError("cannot write " + json_path);
+  }
+  if (!report->errors.empty()) {
+    return absl::AbortedError(absl::StrFormat("%d fault(s) failed (their rows above are partial):\n%s",
+                                              report->errors.size(), absl::StrJoin(report->errors, "\n")));
   }
   return kExitOk;
 }

@@ -34,6 +34,10 @@ struct RankCostOptions {
   std::vector<std::string> keeps = {"1/2", "1/4", "1/8"};
   std::string out_dir;  // required
   double collective_timeout_s = 60;
+  // Seconds each child command (train, replay, proxy) may run before it is
+  // stopped (SIGTERM, then SIGKILL after 5 s) and reported; train gets it as
+  // its --deadline too.
+  double child_timeout_s = 1800;
 };
 
 struct RankCostRow {
@@ -50,6 +54,9 @@ struct RankCostReport {
   std::string preset;
   int64_t ranks = 0;
   std::vector<RankCostRow> rows;
+  // Faults that failed (a child that exited 2 or more, was killed or timed
+  // out, or a replay without its cost): the rows done before stay.
+  std::vector<std::string> errors;
 };
 
 using RankCostProgress = std::function<void(const std::string& what)>;
@@ -65,7 +72,8 @@ struct RankCostProjection {
 
 void PrintRankCost(const RankCostReport& report);
 // EvaluateRankCost with its progress on stderr, the table on stdout and, with
-// `json_path`, RankCostJson there.
+// `json_path`, RankCostJson there; then the failed faults' errors (an error
+// exit).
 CommandResult RunRankCost(const RankCostOptions& options, const std::string& json_path);
 llvm::json::Object RankCostJson(const RankCostReport& report);
 

@@ -449,6 +449,26 @@ TEST(WorldRun, ProxyEvalOnRanksMeasuresTheCostOfTheWorkload) {
                                 (fs::path(::testing::TempDir()) / "moerr_rank_cost_refused").string()});
   EXPECT_EQ(refused.code, 2) << refused.out << refused.err;
   EXPECT_NE(refused.err.find("--keep 1/8 is not 1/K with K dividing the ranks"), std::string::npos) << refused.err;
+  // An option --ranks does not use is refused by name.
+  const Result unused = Moerr(fs::path(::testing::TempDir()),
+                              {"proxy-eval", "--ranks", "2", "--family", "mixtral", "-o",
+                               (fs::path(::testing::TempDir()) / "moerr_rank_cost_unused").string()});
+  EXPECT_EQ(unused.code, 2) << unused.out << unused.err;
+  EXPECT_NE(unused.err.find("does not use --family"), std::string::npos) << unused.err;
+  // A child past --child-timeout is stopped and reported, and the table and
+  // --json still come out with the fault's error.
+  const fs::path slow = fs::path(::testing::TempDir()) / "moerr_rank_cost_slow";
+  fs::remove_all(slow);
+  const Result stopped =
+      Moerr(fs::path(::testing::TempDir()), {"proxy-eval", "--ranks", "2", "--preset", "tiny", "--faults", "skip-update",
+                                             "--keep", "1/2", "--child-timeout", "1", "-o", slow.string(), "--json",
+                                             slow.string() + ".json"});
+  EXPECT_NE(stopped.code, 0) << stopped.out << stopped.err;
+  EXPECT_NE(stopped.err.find("skip-update: moerr train"), std::string::npos) << stopped.err;
+  EXPECT_NE(stopped.err.find("train.err"), std::string::npos) << stopped.err;
+  llvm::Expected<llvm::json::Value> partial = llvm::json::parse(Slurp(slow.string() + ".json"));
+  ASSERT_TRUE(bool(partial)) << llvm::toString(partial.takeError());
+  EXPECT_EQ(partial->getAsObject()->getArray("errors")->size(), 1u) << stopped.err;
   const llvm::json::Array tiny = RankCost("tiny", "tiny"), small = RankCost("small", "small");
   ASSERT_TRUE(tiny.size() == 2 && small.size() == 2);
   for (size_t i = 0; i < 2; ++i) {
