@@ -1,5 +1,6 @@
 #include "proxy/expert_stats.h"
 
+#include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -7,7 +8,9 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "moe/numerics.h"
 #include "recorder/hooks/routing_hook.h"
+#include "support/check.h"
 #include "support/status.h"
 
 namespace moerr::proxy {
@@ -44,8 +47,48 @@ void AddRouting(LayerStats& s, const RoutingEntry& r) {
   s.coactivation += onehot.t().mm(onehot);
 }
 
-void AddCalibration(LayerStats& s, moe::MoeLayer& moe, const RoutingCapture::Decision& d) {
+namespace {
+
+// The parameter of `expert` named `a` or, in Mixtral's names, `b`.
+at::Tensor Weight(moe::Expert& expert, const char* a, const char* b) {
+  const auto params = expert->named_parameters(/*recurse=*/true);
+  if (const at::Tensor* w = params.find(a)) return *w;
+  const at::Tensor* w = params.find(b);
+  MOERR_CHECK(w != nullptr);
+  return *w;
+}
+
+// One fp32 projection x [T, in] -> [T, out] by oneDNN's GEMM: the reference
+// BLAS libtorch may be linked against runs ~2.5 GFLOP/s, oneDNN ~50.
+at::Tensor Project(const at::Tensor& x, const at::Tensor& weight) {
+  return moe::Boundary(at::mkldnn_linear(x.to_mkldnn(), weight, {}).to_dense());
+}
+
+// Expert `expert`'s output [T, hidden] for `x` [T, hidden] in the weights'
+// dtype: its forward (gate, up, activation `act`, down), with the three
+// projections through oneDNN when the weights are fp32 and oneDNN is built in
+// (values within GEMM rounding of the forward's; the same from either
+// calibration path, the layer-by-layer one or the in-memory one).
+at::Tensor ExpertOutput(moe::Expert& expert, moe::Activation act, const at::Tensor& x) {
+  const at::Tensor gate = Weight(expert, "gate_proj.weight", "w1.weight");
+  if (!at::hasMKLDNN() || gate.scalar_type() != at::kFloat || at::autocast::is_cpu_enabled()) {
+    return expert->forward(x);
+  }
+  const at::Tensor g = Project(x, gate), u = Project(x, Weight(expert, "up_proj.weight", "w3.weight"));
+  at::Tensor a;
+  switch (act) {
+    case moe::Activation::kSilu: a = at::silu(g); break;
+    case moe::Activation::kGelu: a = at::gelu(g); break;
+    case moe::Activation::kGeluTanh: a = at::gelu(g, "tanh"); break;
+  }
+  return Project(moe::Boundary(a * u), Weight(expert, "down_proj.weight", "w2.weight"));
+}
+
+}  // namespace
+
+void AddCalibration(LayerStats& s, moe::MoeLayer& moe, moe::Activation act, const RoutingCapture::Decision& d) {
   const at::ScalarType dtype = moe->gate()->weight.scalar_type();
+  const at::Tensor x = d.hidden.to(dtype).contiguous();
   s.context = at::zeros({s.experts, d.hidden.size(1)}, at::kFloat);
   s.output_mean = at::zeros({s.experts, d.hidden.size(1)}, at::kFloat);
   s.max_activation = at::zeros({s.experts}, at::kDouble);
@@ -53,7 +96,8 @@ void AddCalibration(LayerStats& s, moe::MoeLayer& moe, const RoutingCapture::Dec
   for (int64_t e = 0; e < s.experts; ++e) {
     const at::Tensor chosen = d.ids.eq(e);                      // [T, k]
     const at::Tensor rows = chosen.any(1).nonzero().reshape({-1});
-    const at::Tensor all = moe->expert(e)->forward(d.hidden.to(dtype)).to(at::kFloat);  // [T, h]
+    moe::Expert expert = moe->expert(e);
+    const at::Tensor all = ExpertOutput(expert, act, x).to(at::kFloat);  // [T, h]
     s.output_mean[e] = all.mean(0);
     if (rows.numel() == 0) {
       s.max_activation[e] = all.abs().max().item<double>();
@@ -100,7 +144,7 @@ absl::StatusOr<std::vector<LayerStats>> CollectStats(const std::vector<RoutingEn
   model->SetRoutingObserver(nullptr);
   for (moe::MoeLayer& moe : model->MoeLayers()) {
     LayerStats& s = stats[moe->gate()->layer()];
-    AddCalibration(s, moe, capture.by_layer.at(s.layer));
+    AddCalibration(s, moe, model->config().hidden_act, capture.by_layer.at(s.layer));
   }
   std::vector<LayerStats> out;
   for (auto& [layer, s] : stats) out.push_back(std::move(s));

@@ -52,8 +52,8 @@ LayerStats EmptyStats(moe::MoeLayer& moe);
 void AddRouting(LayerStats& s, const RoutingEntry& r);
 // The calibration statistics of `moe` from its router input `d.hidden` and
 // choice: routed contexts, output peaks, REAP, mean outputs. Runs every
-// expert on every token.
-void AddCalibration(LayerStats& s, moe::MoeLayer& moe, const RoutingCapture::Decision& d);
+// expert on every token; `act` is the model's hidden_act (its experts').
+void AddCalibration(LayerStats& s, moe::MoeLayer& moe, moe::Activation act, const RoutingCapture::Decision& d);
 
 // `routing`: the step's recorded decisions (ids and weights);
 // `calibration` [n, S] int64 token sequences for the forward pass.

@@ -163,7 +163,7 @@ absl::StatusOr<std::vector<LayerStats>> CalibrateLayerByLayer(const formats::Che
         moe->gate()->set_observer(nullptr);
         LayerStats s = EmptyStats(moe);
         AddRouting(s, capture.Entry(l));
-        AddCalibration(s, moe, capture.by_layer.at(l));
+        AddCalibration(s, moe, config.hidden_act, capture.by_layer.at(l));
         out.push_back(std::move(s));
       }
       if (options.progress) {
