@@ -219,17 +219,33 @@ absl::StatusOr<std::string> EditHfConfigText(const std::string& original,
   }
   MOERR_ASSIGN_OR_RETURN(const auto spans, TopLevelValues(original));
   std::vector<std::tuple<size_t, size_t, std::string>> edits;  // [begin, end) -> text
-  size_t close = original.rfind('}');
+  // Keys the original lacks go after its last value, each on a line indented
+  // as that value's (one line apart in a one-line object), key JSON-escaped.
+  size_t last = original.find('{') + 1, last_begin = std::string::npos;
+  for (const auto& [key, span] : spans) {
+    if (last_begin == std::string::npos || span.first > last_begin) last = span.second, last_begin = span.first;
+  }
+  std::string separator = " ";
+  if (last_begin != std::string::npos) {
+    const size_t line = original.rfind('\n', last_begin);
+    if (line != std::string::npos) {
+      const size_t key_at = original.find_first_not_of(" \t", line + 1);
+      separator = original.substr(line, key_at - line);
+    }
+  }
+  std::string appended;
   for (const auto& [key, value] : changed) {
     const std::string text = llvm::formatv("{0}", value).str();
     auto it = spans.find(key);
     if (it != spans.end()) {
       edits.emplace_back(it->second.first, it->second.second, text);
     } else {
-      const bool empty = parsed->getAsObject()->empty() && edits.empty();
-      edits.emplace_back(close, close, absl::StrFormat("%s\"%s\": %s\n", empty ? "" : ",", key, text));
+      const bool first = spans.empty() && appended.empty();
+      appended += absl::StrFormat("%s%s%s: %s", first ? "" : ",", first ? "" : separator,
+                                  llvm::formatv("{0}", llvm::json::Value(key)).str(), text);
     }
   }
+  if (!appended.empty()) edits.emplace_back(last, last, appended);
   std::sort(edits.begin(), edits.end(), [](const auto& a, const auto& b) { return std::get<0>(a) > std::get<0>(b); });
   std::string out = original;
   for (const auto& [begin, end, text] : edits) out.replace(begin, end - begin, text);
