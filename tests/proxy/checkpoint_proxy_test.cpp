@@ -19,6 +19,7 @@
 #include "formats/hf_checkpoint.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "moe/checkpoint.h"
+#include "proxy/expert_stats.h"
 #include "proxy/resident_memory.h"
 #include "proxy/surgery.h"
 #include "recorder/hooks/tensor_adapter.h"
@@ -419,6 +420,38 @@ TEST(CheckpointProxyMemoryTest, PeakGrowthIsAFractionOfTheCheckpoint) {
   EXPECT_GT(static_cast<uint64_t>(growth), layer_fp32 / 2);  // the measure sees the layer held
   EXPECT_LT(static_cast<uint64_t>(growth) * 4, bytes);
   EXPECT_LT(static_cast<uint64_t>(growth), 2 * layer_fp32 + (8 << 20));
+}
+
+// The calibration's expert outputs (output means, routed peaks) are the experts'
+// forward within GEMM rounding, under each activation and both weight names
+// (Mixtral's w1/w3/w2 and gate_proj/up_proj/down_proj).
+TEST(ExpertCalibrationTest, OutputsAreTheExpertsForward) {
+  torch::NoGradGuard no_grad;
+  for (moe::Family family : {moe::Family::kQwen3Moe, moe::Family::kMixtral}) {
+    for (moe::Activation act : {moe::Activation::kSilu, moe::Activation::kGelu, moe::Activation::kGeluTanh}) {
+      moe::MoeConfig config = Config(family, 8, 1);
+      config.hidden_act = act;
+      torch::manual_seed(3);
+      moe::MoeTransformer model(config);
+      moe::MoeLayer moe = model->MoeLayers().front();
+      RoutingCapture::Decision d;
+      d.hidden = at::randn({20, config.hidden_size});
+      d.ids = at::randint(0, 8, {20, 2}, at::kLong);
+      d.weights = at::rand({20, 2});
+      LayerStats s = EmptyStats(moe);
+      AddCalibration(s, moe, act, d);
+      for (int64_t e = 0; e < 8; ++e) {
+        const at::Tensor y = moe->expert(e)->forward(d.hidden);
+        SCOPED_TRACE(absl::StrFormat("family %d, activation %d, expert %d", static_cast<int>(family),
+                                     static_cast<int>(act), e));
+        EXPECT_TRUE(at::allclose(s.output_mean[e], y.mean(0), 1e-4, 1e-5));
+        // The peak over the tokens routed to it (over all tokens when none is).
+        const at::Tensor rows = d.ids.eq(e).any(1).nonzero().reshape({-1});
+        const at::Tensor routed = rows.numel() ? y.index_select(0, rows) : y;
+        EXPECT_NEAR(s.max_activation[e].item<double>(), routed.abs().max().item<double>(), 1e-6);
+      }
+    }
+  }
 }
 
 }  // namespace
