@@ -190,6 +190,64 @@ CommandResult RunCheckpointProxy(const ProxyArgs& a) {
   return kExitOk;
 }
 
+// moerr proxy BUNDLE (or a run directory): the proxy of a recorded step.
+CommandResult RunBundleProxy(const ProxyArgs& a, bool calib_given, bool shard_size_given) {
+  if (a.bundle.empty()) return absl::InvalidArgumentError("give a BUNDLE, a run directory or --checkpoint DIR");
+  if (a.json || !a.tokens.empty() || calib_given || shard_size_given) {
+    return absl::InvalidArgumentError("--json, --tokens, --calib-tokens and --max-shard-size apply to --checkpoint");
+  }
+  MOERR_RETURN_IF_ERROR(CheckNotAnInput(a.out + "/proxy.moerr", {a.bundle}));
+  proxy::ProxyOptions options;
+  options.step = a.step;
+  options.out_dir = a.out;
+  options.source = a.bundle;
+  options.overwrite = a.force;
+  options.ep = a.ep;
+  options.whole_batch = a.whole_batch;
+  options.cluster.seed = a.seed;
+  options.cluster.force = !a.no_forced;
+  absl::Status parsed = ParseKeep(a.keep, options);
+  auto method = proxy::ParseMethod(a.method);
+  if (!method.ok()) parsed = method.status();
+  MOERR_RETURN_IF_ERROR(parsed);
+  options.cluster.method = *method;
+  if (a.heal > 0 && formats::IsRunDirectory(a.bundle)) {
+    return absl::InvalidArgumentError("--heal heals the proxy of one bundle, not of a run directory");
+  }
+  if (formats::IsRunDirectory(a.bundle)) {
+    MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(a.bundle));
+    options.ranks =
+        a.ranks > 0 ? a.ranks : DefaultRanks(world.manifest.world_size, options, world.manifest.experts);
+    MOERR_ASSIGN_OR_RETURN(const proxy::ProxyReport report, proxy::BuildWorldProxy(world, options));
+    PrintProxy(report, a.method);
+    std::printf("  it trains on the batch of %s\n",
+                report.shards.empty()
+                    ? "every original rank"
+                    : absl::StrFormat("original rank(s) %s", absl::StrJoin(report.shards, ", ")).c_str());
+    std::printf("wrote the proxy run %s (%lld ranks for the original's %lld; moerr replay %s), %s, %s\n",
+                report.bundle.c_str(), static_cast<long long>(report.ranks),
+                static_cast<long long>(report.original_ranks), report.bundle.c_str(), report.checkpoint.c_str(),
+                report.cluster_map.c_str());
+    return kExitOk;
+  }
+  if (a.ranks > 0) return absl::InvalidArgumentError("--ranks maps a multi-rank run directory (world.json)");
+  MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(a.bundle));
+  MOERR_ASSIGN_OR_RETURN(const proxy::ProxyReport report, proxy::BuildProxy(*reader, options));
+  PrintProxy(report, a.method);
+  if (a.heal > 0) {
+    proxy::HealOptions heal;
+    heal.steps = a.heal;
+    heal.seed = a.seed;
+    MOERR_ASSIGN_OR_RETURN(const proxy::HealReport healed, proxy::HealProxy(*reader, report, heal, a.bundle));
+    std::printf("healed %lld steps: logit KL to the original %.4f -> %.4f per token; %zu parameters of forced-keep "
+                "experts frozen\n",
+                static_cast<long long>(healed.steps), healed.kl_before, healed.kl_after, healed.frozen.size());
+  }
+  std::printf("wrote %s (moerr replay %s --model), %s, %s\n", report.bundle.c_str(), report.bundle.c_str(),
+              report.checkpoint.c_str(), report.cluster_map.c_str());
+  return kExitOk;
+}
+
 }  // namespace
 
 void AddProxyCommand(CLI::App& app, int& exit_code) {
@@ -248,60 +306,7 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--force", opts->force, "Overwrite an earlier proxy in the output directory");
   OnRun(cmd, exit_code, [opts, calib, shard_size]() -> CommandResult {
     if (!opts->checkpoint.empty()) return RunCheckpointProxy(*opts);
-    if (opts->bundle.empty()) return absl::InvalidArgumentError("give a BUNDLE, a run directory or --checkpoint DIR");
-    if (opts->json || !opts->tokens.empty() || calib->count() > 0 || shard_size->count() > 0) {
-      return absl::InvalidArgumentError("--json, --tokens, --calib-tokens and --max-shard-size apply to --checkpoint");
-    }
-    MOERR_RETURN_IF_ERROR(CheckNotAnInput(opts->out + "/proxy.moerr", {opts->bundle}));
-    proxy::ProxyOptions options;
-    options.step = opts->step;
-    options.out_dir = opts->out;
-    options.source = opts->bundle;
-    options.overwrite = opts->force;
-    options.ep = opts->ep;
-    options.whole_batch = opts->whole_batch;
-    options.cluster.seed = opts->seed;
-    options.cluster.force = !opts->no_forced;
-    absl::Status parsed = ParseKeep(opts->keep, options);
-    auto method = proxy::ParseMethod(opts->method);
-    if (!method.ok()) parsed = method.status();
-    MOERR_RETURN_IF_ERROR(parsed);
-    options.cluster.method = *method;
-    if (opts->heal > 0 && formats::IsRunDirectory(opts->bundle)) {
-      return absl::InvalidArgumentError("--heal heals the proxy of one bundle, not of a run directory");
-    }
-    if (formats::IsRunDirectory(opts->bundle)) {
-      MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(opts->bundle));
-      options.ranks =
-          opts->ranks > 0 ? opts->ranks : DefaultRanks(world.manifest.world_size, options, world.manifest.experts);
-      MOERR_ASSIGN_OR_RETURN(const proxy::ProxyReport report, proxy::BuildWorldProxy(world, options));
-      PrintProxy(report, opts->method);
-      std::printf("  it trains on the batch of %s\n",
-                  report.shards.empty()
-                      ? "every original rank"
-                      : absl::StrFormat("original rank(s) %s", absl::StrJoin(report.shards, ", ")).c_str());
-      std::printf("wrote the proxy run %s (%lld ranks for the original's %lld; moerr replay %s), %s, %s\n",
-                  report.bundle.c_str(), static_cast<long long>(report.ranks),
-                  static_cast<long long>(report.original_ranks), report.bundle.c_str(), report.checkpoint.c_str(),
-                  report.cluster_map.c_str());
-      return kExitOk;
-    }
-    if (opts->ranks > 0) return absl::InvalidArgumentError("--ranks maps a multi-rank run directory (world.json)");
-    MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
-    MOERR_ASSIGN_OR_RETURN(const proxy::ProxyReport report, proxy::BuildProxy(*reader, options));
-    PrintProxy(report, opts->method);
-    if (opts->heal > 0) {
-      proxy::HealOptions heal;
-      heal.steps = opts->heal;
-      heal.seed = opts->seed;
-      MOERR_ASSIGN_OR_RETURN(const proxy::HealReport healed, proxy::HealProxy(*reader, report, heal, opts->bundle));
-      std::printf("healed %lld steps: logit KL to the original %.4f -> %.4f per token; %zu parameters of forced-keep "
-                  "experts frozen\n",
-                  static_cast<long long>(healed.steps), healed.kl_before, healed.kl_after, healed.frozen.size());
-    }
-    std::printf("wrote %s (moerr replay %s --model), %s, %s\n", report.bundle.c_str(), report.bundle.c_str(),
-                report.checkpoint.c_str(), report.cluster_map.c_str());
-    return kExitOk;
+    return RunBundleProxy(*opts, calib->count() > 0, shard_size->count() > 0);
   });
 }
 
