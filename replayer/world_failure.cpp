@@ -57,14 +57,27 @@ llvm::json::Object FaultAnnotation(moe::FaultKind kind, int64_t rank) {
   return llvm::json::Object{{"kind", moe::FaultName(kind)}, {"rank", rank}};
 }
 
-std::optional<RecordedFault> FaultOfRun(const formats::WorldStep& run) {
-  if (run.ranks.empty() || !run.ranks[0].reader) return std::nullopt;
+absl::StatusOr<std::optional<RecordedFault>> ReadFaultOfRun(const formats::WorldStep& run) {
+  if (run.ranks.empty() || !run.ranks[0].reader) return std::optional<RecordedFault>();
   const absl::StatusOr<llvm::json::Value> v = run.ranks[0].reader->ReadAnnotation("fault");
-  const llvm::json::Object* o = v.ok() ? v->getAsObject() : nullptr;
-  if (o == nullptr) return std::nullopt;
-  const absl::StatusOr<moe::FaultKind> kind = moe::ParseFault(o->getString("kind").getValueOr("").str());
-  if (!kind.ok() || *kind == moe::FaultKind::kNone) return std::nullopt;
-  return RecordedFault{*kind, o->getInteger("rank").getValueOr(-1)};
+  if (absl::IsNotFound(v.status())) return std::optional<RecordedFault>();
+  const std::string where = absl::StrFormat("%s, rank 0: the \"fault\" annotation", run.dir);
+  if (!v.ok()) return Annotate(v.status(), where);
+  const llvm::json::Object* o = v->getAsObject();
+  const auto name = o ? o->getString("kind") : llvm::None;
+  const llvm::json::Value* rank = o ? o->get("rank") : nullptr;
+  if (!name || (rank != nullptr && !rank->getAsInteger())) {
+    return absl::DataLossError(where + " is not {\"kind\": NAME, \"rank\": INTEGER}");
+  }
+  const absl::StatusOr<moe::FaultKind> kind = moe::ParseFault(name->str());
+  if (!kind.ok()) return Annotate(kind.status(), where);
+  if (*kind == moe::FaultKind::kNone) return std::optional<RecordedFault>();
+  return std::optional<RecordedFault>(RecordedFault{*kind, rank ? *rank->getAsInteger() : -1});
+}
+
+std::optional<RecordedFault> FaultOfRun(const formats::WorldStep& run) {
+  absl::StatusOr<std::optional<RecordedFault>> fault = ReadFaultOfRun(run);
+  return fault.ok() ? *fault : std::nullopt;
 }
 
 std::string FailureKindOfRun(const formats::WorldStep& run) {
@@ -73,6 +86,7 @@ std::string FailureKindOfRun(const formats::WorldStep& run) {
 }
 
 absl::StatusOr<WorldFailure> FindWorldFailure(const formats::WorldStep& world, const std::string& kind) {
+  MOERR_RETURN_IF_ERROR(ReadFaultOfRun(world).status());  // a corrupt annotation is an error, not "no fault"
   WorldFailure out;
   out.kind = kind;
   if (kind.empty() || kind == "overflow") {

@@ -38,6 +38,10 @@ struct RecordedFault {
   moe::FaultKind kind = moe::FaultKind::kNone;
   int64_t rank = -1;
 };
+// A corrupt annotation (not {"kind": a fault's name, "rank": an integer}) is
+// an error naming the run; an absent one is no fault. FaultOfRun: nullopt
+// for both (FindWorldFailure reports the error).
+absl::StatusOr<std::optional<RecordedFault>> ReadFaultOfRun(const formats::WorldStep& run);
 std::optional<RecordedFault> FaultOfRun(const formats::WorldStep& run);
 // The annotation a recording of `kind` (rank `rank`, -1: every rank) carries.
 llvm::json::Object FaultAnnotation(moe::FaultKind kind, int64_t rank);

@@ -1,5 +1,6 @@
 #include "tools/replay_ranks.h"
 
+#include <ATen/Parallel.h>
 #include <stdlib.h>
 
 #include <cstdio>
@@ -149,7 +150,13 @@ absl::Status ReplayInProcess(const std::string& run, int64_t step, const std::st
   MOERR_ASSIGN_OR_RETURN(const formats::WorldManifest manifest, formats::ReadWorldManifest(run));
   MOERR_RETURN_IF_ERROR(MakeDirectory(out));
   MOERR_RETURN_IF_ERROR(formats::WriteWorldManifest(out, formats::ExpertParallelWorld(1, 1, manifest.experts)));
-  return ReplayPart(args, out, 0, nullptr);
+  // One intra-op thread, as each rank of an M-rank replay: its CPU seconds
+  // (the step's device time) compare like with like.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const absl::Status s = ReplayPart(args, out, 0, nullptr);
+  at::set_num_threads(threads);
+  return s;
 }
 
 CommandResult ReplayOnRanks(const ReplayRanksArgs& given) {

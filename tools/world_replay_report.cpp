@@ -36,13 +36,21 @@ ReplayedPart Summarize(const diff::WorldDiffPart& p) {
   return s;
 }
 
-// Each rank's CPU seconds in the replayed step (0 where not recorded).
-std::vector<double> RankCpuSeconds(const formats::WorldStep& w) {
+// Each rank's CPU seconds in the replayed step (its "replay_time"
+// annotation); a rank without it is an error naming the rank, not a 0.
+absl::StatusOr<std::vector<double>> RankCpuSeconds(const formats::WorldStep& w) {
   std::vector<double> out;
   for (const formats::RankStep& r : w.ranks) {
     auto t = r.reader ? r.reader->ReadAnnotation("replay_time", w.step) : absl::NotFoundError("no bundle");
     const llvm::json::Object* o = t.ok() ? t->getAsObject() : nullptr;
-    out.push_back(o ? o->getNumber("cpu_seconds").getValueOr(0) : 0);
+    const llvm::Optional<double> seconds = o ? o->getNumber("cpu_seconds") : llvm::None;
+    if (!seconds) {
+      return absl::DataLossError(absl::StrFormat("%s, rank %d, step %d: no \"replay_time\" annotation with "
+                                                 "\"cpu_seconds\"%s",
+                                                 w.dir, r.rank, w.step,
+                                                 t.ok() ? "" : ": " + std::string(t.status().message())));
+    }
+    out.push_back(*seconds);
   }
   return out;
 }
@@ -310,7 +318,7 @@ absl::StatusOr<WorldReplayComparison> CompareWorldReplay(const std::string& run,
   c.recorded_metrics = Metrics(c.recorded_run);
   c.replayed_metrics = Metrics(c.replayed_run);
   c.proxy = ProxyOfRun(c.recorded_run);
-  c.rank_cpu_seconds = RankCpuSeconds(c.replayed_run);
+  MOERR_ASSIGN_OR_RETURN(c.rank_cpu_seconds, RankCpuSeconds(c.replayed_run));
   c.replayed = analysis::FindWorldOverflow(c.replayed_run);
   if (c.proxy) return c;  // a proxy run records no ops
   diff::DiffOptions options;
