@@ -166,6 +166,10 @@ absl::StatusOr<Shown> ShowFailure(const formats::RankStep& rank, int64_t step, c
     return absl::FailedPreconditionError(absl::StrFormat("rank %d: step %d cannot be read", rank.rank, step));
   }
   MOERR_ASSIGN_OR_RETURN(const std::vector<Failure> all, FailuresOf(*rank.reader, step, *rank.trace, failure.kind));
+  return ShowFailure(all, failure, same);
+}
+
+Shown ShowFailure(const std::vector<Failure>& all, const Failure& failure, const SameModule& same) {
   Shown best;
   for (const Failure& f : all) {
     Shown here;

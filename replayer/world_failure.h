@@ -85,5 +85,8 @@ struct Shown {
 };
 absl::StatusOr<Shown> ShowFailure(const formats::RankStep& rank, int64_t step, const Failure& failure,
                                   const SameModule& same);
+// The same among `all`, a rank's FailuresOf of the failure's kind (read once
+// per rank and kind).
+Shown ShowFailure(const std::vector<Failure>& all, const Failure& failure, const SameModule& same);
 
 }  // namespace moerr::replayer

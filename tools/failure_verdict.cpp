@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -143,15 +145,24 @@ absl::StatusOr<std::optional<FailureVerdict>> JudgeFailure(const WorldReplayComp
   }
   v.kind = recorded.kind;
   KeepFaultRank(recorded, v);
+  // Each replay rank's failures of a kind, read once (a lint pass each).
+  std::map<std::pair<int64_t, std::string>, std::vector<replayer::Failure>> failures_of;
   for (replayer::RankFailure& f : recorded.ranks) {
     FailureRow row;
     row.looked_at = c.proxy ? ProxyRanksOf(*c.proxy, c.plan.ranks, f) : ReplayRanksOf(c.plan, f);
     row.recorded = std::move(f);
     for (int64_t m : row.looked_at) {
       if (m >= static_cast<int64_t>(c.replayed_run.ranks.size())) continue;
-      MOERR_ASSIGN_OR_RETURN(replayer::Shown shown,
-                             replayer::ShowFailure(c.replayed_run.ranks[static_cast<size_t>(m)], c.step,
-                                                   row.recorded.failure, same));
+      const formats::RankStep& rank = c.replayed_run.ranks[static_cast<size_t>(m)];
+      auto [it, fresh] = failures_of.try_emplace({m, row.recorded.failure.kind});
+      if (fresh) {
+        if (!rank.reader || !rank.trace) {
+          return absl::FailedPreconditionError(absl::StrFormat("replay rank %d: step %d cannot be read", m, c.step));
+        }
+        MOERR_ASSIGN_OR_RETURN(it->second,
+                               replayer::FailuresOf(*rank.reader, c.step, *rank.trace, row.recorded.failure.kind));
+      }
+      replayer::Shown shown = replayer::ShowFailure(it->second, row.recorded.failure, same);
       if (row.shown_rank < 0 ||
           std::make_pair(shown.localised, shown.level) > std::make_pair(row.shown.localised, row.shown.level)) {
         row.shown = std::move(shown);
