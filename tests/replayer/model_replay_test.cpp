@@ -194,7 +194,7 @@ TEST(ModelReplayTest, AHealthyStepShowsNoFailure) {
                                           recorder::CaptureMode::kStats, 1);
   const formats::Trace trace = formats::ReadTrace(*healthy, 0).value();
   EXPECT_FALSE(FindFailure(*healthy, 0, trace).value().has_value());
-  const Failure overflow{"overflow", "forward", "model.layers.mlp.experts", "", {}};
+  const Failure overflow{"overflow", "forward", "model.layers.mlp.experts", "", {}, "overflow", std::nullopt};
   EXPECT_EQ(Reproduces(*healthy, 0, trace, overflow).value(), Reproduction::kNo);
   EXPECT_EQ(Compare(std::nullopt, overflow), Reproduction::kNo);
 }
