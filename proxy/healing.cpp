@@ -42,7 +42,7 @@ double HeldOutKl(moe::MoeTransformer& teacher, moe::MoeTransformer& student, con
 
 }  // namespace
 
-HealReport Distil(moe::MoeTransformer& teacher, moe::MoeTransformer& student, const std::vector<std::string>& frozen,
+HealReport Distil(moe::MoeTransformer& teacher, moe::MoeTransformer& student, const Frozen& frozen,
                   const HealOptions& options) {
   at::DisableRecordFunctionGuard no_record;  // not a recorded step's ops
   HealReport report;
@@ -51,17 +51,22 @@ HealReport Distil(moe::MoeTransformer& teacher, moe::MoeTransformer& student, co
   std::mt19937_64 rng(options.seed), held_out_rng(options.seed + 99);
   const at::Tensor held_out = Sequences(64, held_out_rng);
   report.kl_before = HeldOutKl(teacher, student, held_out);
-  const std::set<std::string> frozen_set(frozen.begin(), frozen.end());
+  const std::set<std::string> frozen_set(frozen.tensors.begin(), frozen.tensors.end());
   std::vector<at::Tensor> trained;
   std::vector<std::pair<at::Tensor, bool>> restore;  // frozen tensors and their requires_grad
+  std::vector<std::pair<at::Tensor, unsigned>> hooks;  // tensors with frozen rows and their hook
   for (auto& item : student->named_parameters()) {
     at::Tensor& p = item.value();
     if (frozen_set.count(item.key())) {
       restore.emplace_back(p, p.requires_grad());
       p.set_requires_grad(false);  // no gradient, so AdamW never touches it
-    } else {
-      trained.push_back(p);
+      continue;
     }
+    trained.push_back(p);
+    const auto rows = frozen.rows.find(item.key());
+    if (rows == frozen.rows.end() || rows->second.empty()) continue;
+    const at::Tensor index = at::tensor(rows->second, at::kLong);
+    hooks.emplace_back(p, p.register_hook([index](const at::Tensor& g) { return g.index_fill(0, index, 0); }));
   }
   torch::optim::AdamW optimizer(trained, torch::optim::AdamWOptions(options.lr).weight_decay(0.0));
   for (int64_t step = 0; step < options.steps; ++step) {
@@ -77,24 +82,35 @@ HealReport Distil(moe::MoeTransformer& teacher, moe::MoeTransformer& student, co
     optimizer.step();
   }
   for (auto& [p, requires] : restore) p.set_requires_grad(requires);
+  for (auto& [p, hook] : hooks) p.remove_hook(hook);
   report.kl_after = HeldOutKl(teacher, student, held_out);
   return report;
 }
 
-std::vector<std::string> ForcedKeepParameters(const moe::MoeTransformer& proxy, const std::vector<LayerPlan>& plans) {
-  std::set<std::pair<int64_t, int64_t>> forced;  // (layer, proxy expert)
+Frozen ForcedKeepParameters(const moe::MoeTransformer& proxy, const std::vector<LayerPlan>& plans) {
+  std::map<int64_t, std::set<int64_t>> forced;  // layer -> proxy experts
   for (const LayerPlan& p : plans) {
     for (int64_t e : p.forced) {
       const auto it = std::find(p.kept.begin(), p.kept.end(), e);
-      if (it != p.kept.end()) forced.emplace(p.layer, it - p.kept.begin());
+      if (it != p.kept.end()) forced[p.layer].insert(it - p.kept.begin());
     }
   }
-  std::vector<std::string> names;
+  Frozen out;
+  const std::string mlp = proxy->config().MlpName();
   for (const auto& item : proxy->named_parameters()) {
     const auto expert = formats::ExpertOf(item.key());
-    if (expert && forced.count(*expert)) names.push_back(item.key());
+    if (expert) {
+      const auto layer = forced.find(expert->first);
+      if (layer != forced.end() && layer->second.count(expert->second)) out.tensors.push_back(item.key());
+      continue;
+    }
+    for (const auto& [layer, experts] : forced) {
+      if (item.key() == absl::StrFormat("model.layers.%d.%s.gate.weight", layer, mlp)) {
+        out.rows[item.key()] = std::vector<int64_t>(experts.begin(), experts.end());
+      }
+    }
   }
-  return names;
+  return out;
 }
 
 absl::StatusOr<HealReport> HealProxy(const formats::BundleReader& original, const ProxyReport& built,
@@ -141,11 +157,18 @@ absl::StatusOr<HealReport> HealProxy(const formats::BundleReader& original, cons
 
 llvm::json::Object ToJson(const HealReport& r) {
   llvm::json::Array frozen;
-  for (const std::string& n : r.frozen) frozen.push_back(n);
+  for (const std::string& n : r.frozen.tensors) frozen.push_back(n);
+  llvm::json::Object rows;
+  for (const auto& [name, indices] : r.frozen.rows) {
+    llvm::json::Array a;
+    for (int64_t i : indices) a.push_back(i);
+    rows[name] = std::move(a);
+  }
   return llvm::json::Object{{"steps", r.steps},
                             {"kl_before", formats::JsonNumber(r.kl_before)},
                             {"kl_after", formats::JsonNumber(r.kl_after)},
-                            {"frozen", std::move(frozen)}};
+                            {"frozen", std::move(frozen)},
+                            {"frozen_rows", std::move(rows)}};
 }
 
 }  // namespace moerr::proxy

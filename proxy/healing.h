@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -25,24 +26,34 @@ struct HealOptions {
   uint64_t seed = 0;     // of the calibration sequences
 };
 
+// What healing must leave bitwise: whole parameters by name, and rows of
+// parameters (a router's weight rows [E, hidden] of the forced-keep
+// experts, which decide the tokens those experts get).
+struct Frozen {
+  std::vector<std::string> tensors;
+  std::map<std::string, std::vector<int64_t>> rows;  // parameter name -> row indices
+};
+
 struct HealReport {
   int64_t steps = 0;
   // KL(original || proxy) per token on 64 held-out sequences, nats.
   double kl_before = 0, kl_after = 0;
-  std::vector<std::string> frozen;  // parameter names left untouched
+  Frozen frozen;  // left untouched
 };
 
 // Distils `student` towards `teacher` for `options.steps` steps: loss is the
 // KL(teacher || student) of the next-token distributions, per token, over
-// whole task sequences (prompt and answer). Parameters whose names start
-// in `frozen` are neither trained nor changed (bitwise).
-HealReport Distil(moe::MoeTransformer& teacher, moe::MoeTransformer& student, const std::vector<std::string>& frozen,
+// whole task sequences (prompt and answer). The parameters named in
+// `frozen.tensors` get no gradient; the rows in `frozen.rows` get a zero
+// gradient, which AdamW without weight decay turns into no change; both stay
+// bitwise.
+HealReport Distil(moe::MoeTransformer& teacher, moe::MoeTransformer& student, const Frozen& frozen,
                   const HealOptions& options);
 
-// The parameter names of the proxy's forced-keep experts: those of expert J
-// of layer L ("model.layers.L.mlp.experts.J.*", any family's block name)
-// where J is the proxy's index of a forced expert of L's plan.
-std::vector<std::string> ForcedKeepParameters(const moe::MoeTransformer& proxy, const std::vector<LayerPlan>& plans);
+// The proxy's forced-keep experts (J, the proxy's index of a forced expert
+// of layer L's plan): every parameter of "model.layers.L.<block>.experts.J.*"
+// (any family's block name), and row J of layer L's router weight.
+Frozen ForcedKeepParameters(const moe::MoeTransformer& proxy, const std::vector<LayerPlan>& plans);
 
 // Heals the proxy `built` (written by BuildProxy from `original`) in place:
 // its bundle's policy weights (and the reference's tensors that were the

@@ -50,14 +50,25 @@ double RatioOf(double original, double proxy, bool original_nil, bool proxy_nil)
 }  // namespace
 
 double Pearson(const std::vector<double>& a, const std::vector<double>& b) {
-  double n = 0, sa = 0, sb = 0, saa = 0, sbb = 0, sab = 0;
+  // Two passes (means first): the one-pass sums cancel on a near-constant
+  // series and give any r at all.
+  std::vector<std::pair<double, double>> xy;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) continue;
-    n += 1, sa += a[i], sb += b[i], saa += a[i] * a[i], sbb += b[i] * b[i], sab += a[i] * b[i];
+    if (std::isfinite(a[i]) && std::isfinite(b[i])) xy.emplace_back(a[i], b[i]);
   }
-  const double va = saa - sa * sa / n, vb = sbb - sb * sb / n;
-  if (n < 3 || va <= 0 || vb <= 0) return NAN;
-  return (sab - sa * sb / n) / std::sqrt(va * vb);
+  if (xy.size() < 3) return NAN;
+  double ma = 0, mb = 0;
+  for (const auto& [x, y] : xy) ma += x, mb += y;
+  ma /= double(xy.size()), mb /= double(xy.size());
+  double va = 0, vb = 0, cab = 0, scale_a = 0, scale_b = 0;
+  for (const auto& [x, y] : xy) {
+    va += (x - ma) * (x - ma), vb += (y - mb) * (y - mb), cab += (x - ma) * (y - mb);
+    scale_a = std::max(scale_a, std::abs(x)), scale_b = std::max(scale_b, std::abs(y));
+  }
+  // A series constant up to rounding has no correlation.
+  const double n = double(xy.size()), tiny = 1e-24;
+  if (va <= tiny * n * scale_a * scale_a || vb <= tiny * n * scale_b * scale_b || va <= 0 || vb <= 0) return NAN;
+  return std::clamp(cab / std::sqrt(va * vb), -1.0, 1.0);
 }
 
 std::vector<double> Ema(const std::vector<double>& x, int64_t window) {
@@ -83,11 +94,14 @@ Trend CompareTrend(const std::vector<double>& original, const std::vector<double
   const size_t n = std::min(a.size(), b.size()), w = static_cast<size_t>(std::max<int64_t>(options.slope_window, 2));
   int64_t agree = 0;
   for (size_t begin = 0; begin + w <= n; begin += w, ++t.windows) {
-    agree += SignOf(Slope(a, begin, w), w, flat) == SignOf(Slope(b, begin, w), w, flat);
+    const int sa = SignOf(Slope(a, begin, w), w, flat), sb = SignOf(Slope(b, begin, w), w, flat);
+    agree += sa != 2 && sa == sb;  // a window with a non-finite value agrees with nothing
   }
   t.slope_sign_agreement = t.windows > 0 ? double(agree) / t.windows : NAN;
   const double drift_a = n > 0 ? a[n - 1] - a[0] : NAN, drift_b = n > 0 ? b[n - 1] - b[0] : NAN;
-  t.drift_ratio = std::isfinite(drift_a) && drift_a != 0 ? drift_b / drift_a : NAN;
+  // An original that does not drift beyond its flat band (1% of its range)
+  // gives no ratio: dividing by its rounding would give any number.
+  t.drift_ratio = std::isfinite(drift_a) && std::abs(drift_a) > flat ? drift_b / drift_a : NAN;
   return t;
 }
 

@@ -33,12 +33,14 @@ struct Trend {
   // Share of the consecutive, non-overlapping windows of `slope_window`
   // steps in which the least-squares slopes of the smoothed series have the
   // same sign; a slope whose change over its window is under 1% of the
-  // original's smoothed range counts as flat (sign 0).
+  // original's smoothed range counts as flat (sign 0); a window holding a
+  // non-finite value counts as disagreeing.
   double slope_sign_agreement = 0;
   int64_t windows = 0;
   // Total drift of the smoothed series (last - first), proxy / original:
   // 1 when the proxy moves as far, negative when it moves the other way; NaN
-  // when the original does not move.
+  // when the original moves less than its flat band (1% of its smoothed
+  // range), where the ratio would divide by rounding.
   double drift_ratio = 0;
 };
 

@@ -239,9 +239,12 @@ CommandResult RunBundleProxy(const ProxyArgs& a, bool calib_given, bool shard_si
     heal.steps = a.heal;
     heal.seed = a.seed;
     MOERR_ASSIGN_OR_RETURN(const proxy::HealReport healed, proxy::HealProxy(*reader, report, heal, a.bundle));
-    std::printf("healed %lld steps: logit KL to the original %.4f -> %.4f per token; %zu parameters of forced-keep "
-                "experts frozen\n",
-                static_cast<long long>(healed.steps), healed.kl_before, healed.kl_after, healed.frozen.size());
+    size_t rows = 0;
+    for (const auto& [name, indices] : healed.frozen.rows) rows += indices.size();
+    std::printf("healed %lld steps: logit KL to the original %.4f -> %.4f per token; frozen: %zu parameters of "
+                "forced-keep experts, %zu of their router rows\n",
+                static_cast<long long>(healed.steps), healed.kl_before, healed.kl_after, healed.frozen.tensors.size(),
+                rows);
   }
   std::printf("wrote %s (moerr replay %s --model), %s, %s\n", report.bundle.c_str(), report.bundle.c_str(),
               report.checkpoint.c_str(), report.cluster_map.c_str());

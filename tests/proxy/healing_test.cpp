@@ -44,7 +44,7 @@ TEST(HealingTest, ForcedKeepExpertsStayBitwiseAndTheRestMoves) {
   HealOptions heal;
   heal.steps = 5;
   const HealReport report = HealProxy(*reader, built, heal, "f.moerr").value();
-  ASSERT_FALSE(report.frozen.empty());
+  ASSERT_FALSE(report.frozen.tensors.empty());
   EXPECT_LT(report.kl_after, report.kl_before);
   const std::map<std::string, at::Tensor> after = PolicyOf(built.bundle, built.step);
   ASSERT_EQ(before.size(), after.size());
@@ -65,12 +65,28 @@ TEST(HealingTest, ForcedKeepExpertsStayBitwiseAndTheRestMoves) {
       moved += !t.equal(after.at(name));
     }
   }
-  EXPECT_EQ(frozen, static_cast<int>(report.frozen.size()));
+  EXPECT_EQ(frozen, static_cast<int>(report.frozen.tensors.size()));
+  // The router rows of the forced keeps (which decide the tokens they get)
+  // stay bitwise; the router's other rows are trained.
+  ASSERT_FALSE(report.frozen.rows.empty());
+  int frozen_rows = 0;
+  for (const auto& [layer, j] : implicated_in_proxy) {
+    const std::string gate = "model.layers." + std::to_string(layer) + ".mlp.gate.weight";
+    ASSERT_TRUE(before.count(gate)) << gate;
+    EXPECT_TRUE(before.at(gate)[j].equal(after.at(gate)[j])) << gate << " row " << j << " changed";
+    EXPECT_FALSE(before.at(gate).equal(after.at(gate))) << gate << " was not trained at all";
+    ++frozen_rows;
+  }
+  size_t reported_rows = 0;
+  for (const auto& [name, rows] : report.frozen.rows) reported_rows += rows.size();
+  EXPECT_EQ(reported_rows, static_cast<size_t>(frozen_rows));
   EXPECT_GT(moved, 10);  // the backbone and the other experts were trained
   // The checkpoint is the healed policy.
   moe::MoeTransformer checkpoint = moe::LoadCheckpoint(built.checkpoint).value();
   for (const auto& [name, t] : checkpoint->NamedTensors()) {
-    if (after.count(name)) EXPECT_TRUE(t.equal(after.at(name))) << name;
+    if (after.count(name)) {
+      EXPECT_TRUE(t.equal(after.at(name))) << name;
+    }
   }
 }
 

@@ -67,6 +67,35 @@ TEST(TrendFidelityTest, SmoothingRecoversTheTrendOfANoisyCopy) {
   EXPECT_NEAR(t.drift_ratio, 1.0, 0.5);
 }
 
+TEST(TrendFidelityTest, AConstantSeriesHasNoCorrelation) {
+  // 0.7 summed 30 times is not 30 * 0.7 in doubles: one-pass sums leave a
+  // variance of rounding and an arbitrary r.
+  const std::vector<double> flat(30, 0.7);
+  const std::vector<double> b = Wave(30);
+  EXPECT_TRUE(std::isnan(Pearson(flat, b)));
+  EXPECT_TRUE(std::isnan(Pearson(b, flat)));
+  EXPECT_TRUE(std::isnan(CompareTrend(flat, b).smoothed_corr));
+}
+
+TEST(TrendFidelityTest, AnOriginalThatComesBackHasNoDriftRatio) {
+  // A bump that has decayed by the end: the smoothed original ends within
+  // rounding of where it began, so proxy / original drift is undefined.
+  std::vector<double> a(40, 1.0), b(40);
+  for (int i = 5; i < 10; ++i) a[i] = 3.0;
+  for (int i = 0; i < 40; ++i) b[i] = 1.0 + 0.05 * i;
+  const Trend t = CompareTrend(a, b);
+  EXPECT_TRUE(std::isnan(t.drift_ratio)) << t.drift_ratio;
+  EXPECT_NEAR(CompareTrend(b, b).drift_ratio, 1.0, 1e-12);
+}
+
+TEST(TrendFidelityTest, NonFiniteWindowsDoNotAgree) {
+  std::vector<double> a = Wave(30), b = a;
+  for (int i = 0; i < 6; ++i) a[i] = b[i] = NAN;  // the first window is all NaN in both
+  const Trend t = CompareTrend(a, b);
+  ASSERT_EQ(t.windows, 5);
+  EXPECT_NEAR(t.slope_sign_agreement, 4.0 / 5.0, 1e-12);
+}
+
 TEST(TrendFidelityTest, ALaggingTrajectoryLosesSlopeAgreement) {
   // Half a period late: the smoothed curves move against each other.
   const std::vector<double> a = Wave(45);
