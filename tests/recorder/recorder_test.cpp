@@ -1,67 +1,31 @@
 #include "recorder/recorder.h"
 
 #include <gtest/gtest.h>
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <torch/torch.h>
 
-#include <chrono>
-#include <cstring>
+#include <atomic>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "formats/bundle_reader.h"
-#include "formats/salvage.h"
 #include "formats/trace.h"
 #include "moe/grpo_trainer.h"
 #include "recorder/fingerprint.h"
 #include "recorder/hooks/tensor_adapter.h"
+#include "tests/recorder/tiny_recording.h"
 #include "tests/testing/test_util.h"
-#include "xxhash.h"
-
-extern char** environ;
 
 namespace moerr::recorder {
 namespace {
 
 using formats::testing::TempDir;
-
-struct Models {
-  moe::MoeTransformer policy{nullptr}, reference{nullptr};
-};
-
-Models TinyModels() {
-  torch::manual_seed(0);
-  const moe::MoeConfig config = moe::Preset("tiny").value();
-  return {moe::MoeTransformer(config), moe::MoeTransformer(config)};
-}
-
-// Records `steps` GRPO steps of the tiny model; returns the bundle's reader.
-std::unique_ptr<formats::BundleReader> RecordSteps(const std::string& path, CaptureMode mode, int steps,
-                                                   Models* models = nullptr) {
-  Models local = TinyModels();
-  Models& m = models ? *models : local;
-  auto rec = Recorder::Start(RecordOptions(path).set_mode(mode).set_crash_handler(false)).value();
-  std::vector<std::pair<std::string, at::Tensor>> named = m.policy->NamedTensors();
-  for (auto& [name, t] : m.reference->NamedTensors()) named.emplace_back("reference." + name, t);
-  rec->NameTensors(named);
-  m.policy->SetRoutingObserver(rec.get());
-  moe::GrpoTrainer trainer(m.policy, m.reference, moe::AdditionTask(), moe::GrpoOptions(), 1);
-  for (int s = 0; s < steps; ++s) {
-    EXPECT_TRUE(rec->StepBegin(s).ok());
-    const moe::StepMetrics metrics = trainer.Step();
-    EXPECT_TRUE(rec->StepEnd(s, {metrics.loss, metrics.grad_norm}).ok());
-  }
-  EXPECT_TRUE(rec->Stop().ok());
-  m.policy->SetRoutingObserver(nullptr);
-  return formats::BundleReader::Open(path).value();
-}
+using testing::Models;
+using testing::RecordSteps;
+using testing::TinyModels;
 
 TEST(RecorderTest, RecordsATinyStepInEachMode) {
   TempDir dir;
@@ -120,175 +84,6 @@ TEST(RecorderTest, BackwardOpsPointAtTheirForwardOps) {
   EXPECT_GT(backward, 100);
   EXPECT_GT(attributed, backward * 8 / 10);
   EXPECT_GT(expert, 0);
-}
-
-// Every recorded tensor's fingerprint equals one computed independently, with
-// ATen reductions and xxHash, from the bytes stored in a full-mode bundle:
-// exactly, but for the float rounding of mean and L2.
-TEST(RecorderTest, FingerprintsMatchAnIndependentComputation) {
-  TempDir dir;
-  auto reader = RecordSteps(dir.File("full.moerr"), CaptureMode::kFull, 1);
-  const formats::Trace trace = formats::ReadTrace(*reader, 0).value();
-  int checked = 0;
-  for (const formats::TensorMeta& meta : trace.tensors) {
-    if (meta.leaf.empty()) continue;
-    const formats::OwnedTensor owned = reader->ReadTensor(meta.leaf, 0).value();
-    const at::Tensor t = ToTensor(owned.view()).to(at::kDouble);
-    const formats::Fingerprint& f = meta.fingerprint;
-    SCOPED_TRACE(meta.leaf);
-    ASSERT_EQ(f.numel, static_cast<uint64_t>(t.numel()));
-    EXPECT_EQ(f.hash, owned.bytes.empty() ? 0 : XXH3_64bits(owned.bytes.data(), owned.bytes.size()));
-    if (t.numel() == 0) continue;
-    const at::Tensor finite = t.masked_select(t.isfinite());
-    EXPECT_EQ(f.nan, t.isnan().sum().item<int64_t>());
-    EXPECT_EQ(f.pos_inf, t.isposinf().sum().item<int64_t>());
-    EXPECT_EQ(f.neg_inf, t.isneginf().sum().item<int64_t>());
-    EXPECT_EQ(f.beyond_f16, finite.abs().gt(65504.0).sum().item<int64_t>());
-    const at::Tensor not_nan = t.masked_select(t.isnan().logical_not());
-    if (not_nan.numel() > 0) {
-      EXPECT_EQ(f.min, not_nan.min().item<double>());
-      EXPECT_EQ(f.max, not_nan.max().item<double>());
-    }
-    if (finite.numel() > 0) {
-      EXPECT_EQ(f.abs_max, finite.abs().max().item<double>());
-      // Sums are reduced in float within 256-element chunks (fingerprint.cpp).
-      EXPECT_NEAR(f.mean, finite.mean().item<double>(), 1e-5 * (1e-3 + finite.abs().mean().item<double>()));
-      EXPECT_NEAR(f.l2, finite.norm().item<double>(), 1e-5 * (1e-3 + f.l2));
-    }
-    ++checked;
-  }
-  EXPECT_GT(checked, 1000);
-}
-
-// Strided tensors (transposed, expanded, sliced; larger than a block, with
-// NaN and Inf) are fingerprinted from their elements in row-major order: the
-// same fingerprint as their contiguous copy, the hash of its bytes.
-TEST(RecorderTest, StridedFingerprintsEqualTheirContiguousCopies) {
-  torch::manual_seed(3);
-  at::Tensor big = torch::randn({3, 40000});
-  big[1][7] = NAN;
-  big[2][39999] = INFINITY;
-  for (const at::Tensor& t : {big.t(), big.t().to(at::kBFloat16), big.narrow(1, 5, 30000), big.select(1, 2),
-                              torch::randn({1, 5}).expand({9000, 5}), big.slice(1, 0, 40000, 3)}) {
-    ASSERT_FALSE(t.is_contiguous());
-    const at::Tensor c = t.contiguous();
-    const formats::Fingerprint a = ComputeFingerprint(t), b = ComputeFingerprint(c);
-    SCOPED_TRACE(t.sizes());
-    EXPECT_EQ(a.hash, XXH3_64bits(c.data_ptr(), c.numel() * c.element_size()));
-    EXPECT_EQ(a.hash, b.hash);
-    EXPECT_EQ(a.numel, b.numel);
-    EXPECT_EQ(a.min, b.min);
-    EXPECT_EQ(a.max, b.max);
-    EXPECT_EQ(a.mean, b.mean);
-    EXPECT_EQ(a.l2, b.l2);
-    EXPECT_EQ(a.abs_max, b.abs_max);
-    EXPECT_EQ(a.nan, b.nan);
-    EXPECT_EQ(a.pos_inf, b.pos_inf);
-    EXPECT_EQ(a.beyond_f16, b.beyond_f16);
-  }
-}
-
-// The AVX2 kernels and the portable loops give the same fingerprint, to the
-// bit (a bundle recorded on one machine is replayed on another): every float
-// dtype, lengths that are not a multiple of the 8 lanes, values past f16
-// range, NaN and Inf (which send a chunk down the careful path), and a
-// transposed view (gathered in blocks).
-TEST(RecorderTest, SimdFingerprintsEqualPortableOnes) {
-  SetFingerprintSimd(true);
-  // The second call returns what the first set: false where the CPU has no AVX2.
-  if (!SetFingerprintSimd(true)) GTEST_SKIP() << "no AVX2 on this CPU: only the portable loops run";
-  torch::manual_seed(5);
-  at::Tensor base = torch::randn({70001}) * 3e4;
-  base[17] = NAN;
-  base[40000] = -INFINITY;
-  const at::Tensor tail = torch::randn({1003});
-  const at::Tensor transposed = base.narrow(0, 0, 70000).view({7, 10000}).t();
-  for (const at::Tensor& t : {base, base.narrow(0, 300, 60000), tail, tail.to(at::kBFloat16), base.to(at::kBFloat16),
-                              tail.to(at::kHalf), (tail * 1e5).to(at::kHalf), transposed}) {
-    SCOPED_TRACE(c10::toString(t.scalar_type()));
-    SetFingerprintSimd(true);
-    const formats::Fingerprint simd = ComputeFingerprint(t);
-    SetFingerprintSimd(false);
-    const formats::Fingerprint portable = ComputeFingerprint(t);
-    SetFingerprintSimd(true);
-    EXPECT_EQ(simd.hash, portable.hash);
-    EXPECT_EQ(simd.numel, portable.numel);
-    EXPECT_EQ(std::memcmp(&simd.min, &portable.min, sizeof(double)), 0);
-    EXPECT_EQ(std::memcmp(&simd.max, &portable.max, sizeof(double)), 0);
-    EXPECT_EQ(std::memcmp(&simd.mean, &portable.mean, sizeof(double)), 0) << simd.mean << " " << portable.mean;
-    EXPECT_EQ(std::memcmp(&simd.l2, &portable.l2, sizeof(double)), 0) << simd.l2 << " " << portable.l2;
-    EXPECT_EQ(std::memcmp(&simd.abs_max, &portable.abs_max, sizeof(double)), 0);
-    EXPECT_EQ(simd.nan, portable.nan);
-    EXPECT_EQ(simd.pos_inf, portable.pos_inf);
-    EXPECT_EQ(simd.neg_inf, portable.neg_inf);
-    EXPECT_EQ(simd.beyond_f16, portable.beyond_f16);
-    EXPECT_EQ(simd.beyond_bf16, portable.beyond_bf16);
-  }
-}
-
-// Views of an input's elements get the input's statistics without a pass over
-// their bytes (op_tracer.cpp, OutputId). Full mode computes every output from
-// its bytes; the same deterministic step recorded both ways must agree.
-TEST(RecorderTest, DerivedViewFingerprintsMatchComputedOnes) {
-  TempDir dir;
-  auto derived = RecordSteps(dir.File("r.moerr"), CaptureMode::kReplayable, 1);
-  auto computed = RecordSteps(dir.File("f.moerr"), CaptureMode::kFull, 1);
-  const formats::Trace a = formats::ReadTrace(*derived, 0).value();
-  const formats::Trace b = formats::ReadTrace(*computed, 0).value();
-  ASSERT_EQ(a.ops.size(), b.ops.size());
-  std::map<uint64_t, std::string> op_name;  // by seq
-  for (const auto& op : a.ops) op_name[op.seq] = op.name;
-  // The values of an uninitialised allocation (empty, empty_like, ...) are
-  // whatever memory held: they differ between the two recordings.
-  auto uninitialised = [&](const formats::TensorMeta* m) {
-    const std::string& name = op_name[static_cast<uint64_t>(m->producer)];
-    return name.rfind("aten::empty", 0) == 0 || name.rfind("aten::new_empty", 0) == 0;
-  };
-  int views = 0;
-  for (size_t i = 0; i < a.ops.size(); ++i) {
-    ASSERT_EQ(a.ops[i].name, b.ops[i].name) << i;
-    ASSERT_EQ(a.ops[i].outputs.size(), b.ops[i].outputs.size());
-    for (size_t o = 0; o < a.ops[i].outputs.size(); ++o) {
-      const formats::TensorMeta* x = a.Find(a.ops[i].outputs[o]);
-      const formats::TensorMeta* y = b.Find(b.ops[i].outputs[o]);
-      if (x == nullptr || y == nullptr || x->view_of == 0 || x->producer != static_cast<int64_t>(a.ops[i].seq)) continue;
-      if (const formats::TensorMeta* base = a.Find(x->view_of); base == nullptr || uninitialised(base)) continue;
-      ++views;
-      const formats::Fingerprint& f = x->fingerprint;
-      const formats::Fingerprint& g = y->fingerprint;
-      SCOPED_TRACE(a.ops[i].name);
-      EXPECT_EQ(f.numel, g.numel);
-      EXPECT_EQ(f.nan, g.nan);
-      EXPECT_EQ(f.pos_inf, g.pos_inf);
-      EXPECT_EQ(f.beyond_f16, g.beyond_f16);
-      if (g.numel > 0 && g.Finite()) {
-        EXPECT_EQ(f.min, g.min);
-        EXPECT_EQ(f.max, g.max);
-        EXPECT_EQ(f.abs_max, g.abs_max);
-        EXPECT_NEAR(f.l2, g.l2, 1e-5 * (1e-3 + g.l2));
-      }
-      auto contiguous = [](const formats::TensorMeta& m) {
-        int64_t expect = 1;
-        for (size_t d = m.shape.size(); d-- > 0;) {
-          if (m.shape[d] != 1 && m.strides[d] != expect) return false;
-          expect *= m.shape[d];
-        }
-        return true;
-      };
-      // Along a chain of contiguous views of a contiguous tensor with a
-      // computed hash, the hash is that of the same bytes.
-      const formats::TensorMeta* base = x;
-      bool chain_contiguous = contiguous(*x);
-      while (base->view_of != 0 && chain_contiguous) {
-        base = a.Find(base->view_of);
-        chain_contiguous = base != nullptr && contiguous(*base);
-      }
-      if (chain_contiguous) {
-        EXPECT_EQ(f.hash, g.hash) << "a contiguous view of a contiguous tensor holds the same bytes";
-      }
-    }
-  }
-  EXPECT_GT(views, 500);
 }
 
 // The leaves of a step are exactly what it read from outside: parameters
@@ -544,86 +339,6 @@ TEST(RecorderTest, AnomalyTriggerWritesOnlyTheFailingWindow) {
   ASSERT_TRUE(rec->Stop().ok());
   auto reader = formats::BundleReader::Open(dir.File("a.moerr")).value();
   EXPECT_EQ(reader->CompleteSteps(), (std::vector<int64_t>{3, 4, 5}));  // the ring at step 4, then step 5 (still non-finite)
-}
-
-// ---- crash safety, with a child process -------------------------------------
-
-pid_t Spawn(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
-  EXPECT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&actions);
-  return pid;
-}
-
-uint64_t FileSize(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 ? st.st_size : 0;
-}
-
-TEST(RecorderCrashTest, SalvageRecoversEveryCompleteStepAfterSigkill) {
-  TempDir dir;
-  constexpr int kSteps = 6;
-  const std::string ref = dir.File("ref.moerr");
-  int status = 0;
-  waitpid(Spawn({RECORD_CHILD, ref, std::to_string(kSteps), "stats"}), &status, 0);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  auto reference = formats::BundleReader::Open(ref).value();
-  // Where each step's end (and its checkpoint) lies in the file.
-  std::map<int64_t, uint64_t> step_end;
-  const std::vector<std::byte> bytes = formats::testing::ReadFile(ref);
-  const formats::ScanResult scan = formats::ScanFrames(absl::MakeConstSpan(bytes).subspan(0, bytes.size() - formats::kFooterSize));
-  for (const formats::RecordRef& r : reference->index().records) {
-    if (r.kind == static_cast<uint16_t>(formats::RecordKind::kStepEnd)) step_end[r.step] = r.offset + r.length;
-  }
-  std::map<int64_t, size_t> ref_ops;
-  for (int64_t s = 0; s < kSteps; ++s) ref_ops[s] = formats::ReadTrace(*reference, s)->ops.size();
-
-  constexpr int kKillPoints = 20;
-  for (int k = 0; k < kKillPoints; ++k) {
-    const uint64_t threshold = reference->file_size() * (k + 0.5) / kKillPoints;
-    SCOPED_TRACE(::testing::Message() << "kill at >= " << threshold << " bytes");
-    const std::string path = dir.File("kill" + std::to_string(k) + ".moerr");
-    const pid_t child = Spawn({RECORD_CHILD, path, std::to_string(kSteps), "stats"});
-    while (FileSize(path + ".partial") < threshold && waitpid(child, &status, WNOHANG) == 0) {
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    kill(child, SIGKILL);
-    waitpid(child, &status, 0);
-    const std::string partial = FileSize(path + ".partial") > 0 ? path + ".partial" : path;
-    auto report = formats::Salvage(partial, dir.File("fixed" + std::to_string(k) + ".moerr"), true);
-    ASSERT_TRUE(report.ok()) << report.status();
-    std::set<int64_t> complete(report->complete_steps.begin(), report->complete_steps.end());
-    for (const auto& [s, end] : step_end) {
-      if (end <= threshold) {
-        EXPECT_TRUE(complete.count(s)) << "step " << s << " was complete before the kill";
-      }
-    }
-    auto fixed = formats::BundleReader::Open(dir.File("fixed" + std::to_string(k) + ".moerr")).value();
-    ASSERT_TRUE(fixed->Verify().ok());
-    for (int64_t s : complete) EXPECT_EQ(formats::ReadTrace(*fixed, s)->ops.size(), ref_ops[s]) << "step " << s;
-  }
-}
-
-TEST(RecorderCrashTest, SigsegvLeavesASalvageableBundleWithTheCrashRecorded) {
-  TempDir dir;
-  const std::string path = dir.File("segv.moerr");
-  int status = 0;
-  waitpid(Spawn({RECORD_CHILD, path, "5", "replayable", "2"}), &status, 0);
-  ASSERT_TRUE(WIFSIGNALED(status));
-  EXPECT_EQ(WTERMSIG(status), SIGSEGV);
-  auto report = formats::Salvage(path + ".partial", dir.File("fixed.moerr"), false);
-  ASSERT_TRUE(report.ok()) << report.status();
-  EXPECT_EQ(report->complete_steps, (std::vector<int64_t>{0, 1, 2}));
-  auto fixed = formats::BundleReader::Open(dir.File("fixed.moerr")).value();
-  auto crash = fixed->ReadAnnotation("crash");
-  ASSERT_TRUE(crash.ok()) << crash.status();
-  EXPECT_EQ(*crash->getAsObject()->getString("name"), "SIGSEGV");
 }
 
 }  // namespace
