@@ -17,9 +17,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "formats/collective_op.h"
-#include "moe/numerics.h"
 #include "recorder/fingerprint.h"
 #include "recorder/hooks/tensor_adapter.h"
+#include "replayer/policy_casts.h"
 #include "replayer/reference_run.h"
 #include "support/status.h"
 #include "recorder/hooks/torch_boundary.h"
@@ -28,44 +28,6 @@ namespace moerr::replayer {
 namespace {
 
 using formats::OpArg;
-
-at::ScalarType UpcastType(PolicyRule::Action action) {
-  return action == PolicyRule::Action::kFp64 ? at::kDouble : at::kFloat;
-}
-
-// Bits of precision of a floating type, to tell which of two is lower.
-int Precision(at::ScalarType t) {
-  switch (t) {
-    case at::kDouble: return 53;
-    case at::kFloat: return 24;
-    case at::kHalf: return 11;
-    case at::kBFloat16: return 8;
-    default: return 0;
-  }
-}
-
-// A floating input as the op should see it: upcast under an upcast rule,
-// otherwise in the dtype it was recorded with (a value leaving an upcast
-// region is rounded back here).
-at::Tensor Coerce(const at::Tensor& t, const formats::TensorMeta* meta, const PolicyRule* rule) {
-  if (!t.defined() || !t.is_floating_point()) return t;
-  const at::ScalarType want = rule != nullptr && rule->Upcast()
-                                  ? UpcastType(rule->action)
-                                  : (meta != nullptr ? recorder::ToScalarType(meta->dtype) : t.scalar_type());
-  return t.scalar_type() == want ? t : t.to(want);
-}
-
-// Rounds a floating output as a lower-precision device would store it; fp16
-// exactly as the reference model's fp16 emulation does.
-at::Tensor Round(const at::Tensor& t, PolicyRule::Action action) {
-  if (!t.defined() || !t.is_floating_point()) return t;
-  switch (action) {
-    case PolicyRule::Action::kRoundFp16: return moe::RoundToFp16(t, /*saturate=*/false);
-    case PolicyRule::Action::kRoundFp16Saturate: return moe::RoundToFp16(t, /*saturate=*/true);
-    case PolicyRule::Action::kRoundBf16: return t.to(at::kBFloat16).to(t.scalar_type());
-    default: return t;
-  }
-}
 
 // How an output is judged against the record: bitwise; within the dtype's
 // tolerance (an op recorded on another device type); or within tolerance,
@@ -79,12 +41,6 @@ enum class Judge { kBitwise, kTolerance, kReference };
 // ("recv/<id>"). One predicate decides, for every kind of op that cannot run
 // here.
 bool ServedFromRecord(const formats::OpEvent& op, bool known) { return !known || formats::IsCollective(op); }
-
-bool IsScalarTypeArgument(const c10::Argument& arg) {
-  c10::TypePtr type = arg.real_type();  // type() says int: ScalarType travels as one
-  if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
-  return type->kind() == c10::TypeKind::ScalarTypeType;
-}
 
 class Replay {
  public:
@@ -159,7 +115,7 @@ class Replay {
       return at::zeros(meta->shape, at::TensorOptions().dtype(recorder::ToScalarType(meta->dtype)));
     }
     MOERR_ASSIGN_OR_RETURN(at::Tensor t, Value(id));
-    return Coerce(t, trace_.Find(id), rule);
+    return CoerceInput(t, trace_.Find(id), rule);
   }
 
   absl::StatusOr<c10::IValue> ToIValue(const OpArg& a, const c10::Argument* schema_arg, const PolicyRule* rule,
@@ -191,17 +147,7 @@ class Replay {
         }
         return c10::IValue(list);
       }
-      case OpArg::Kind::kInt: {
-        // An upcast op converts to the upcast type where it would have
-        // converted to a lower-precision one (.to(half) under fp16 emulation).
-        if (rule != nullptr && rule->Upcast() && schema_arg != nullptr && IsScalarTypeArgument(*schema_arg) &&
-            a.i >= 0 && a.i < static_cast<int64_t>(c10::ScalarType::NumOptions)) {
-          const auto type = static_cast<at::ScalarType>(a.i);
-          const at::ScalarType upcast = UpcastType(rule->action);
-          if (at::isFloatingType(type) && Precision(type) < Precision(upcast)) return c10::IValue(upcast);
-        }
-        return c10::IValue(a.i);
-      }
+      case OpArg::Kind::kInt: return c10::IValue(CoerceIntArgument(a.i, schema_arg, rule));
       case OpArg::Kind::kFloat: return c10::IValue(a.f);
       case OpArg::Kind::kBool: return c10::IValue(a.i != 0);
       case OpArg::Kind::kText: return c10::IValue(a.text);
@@ -318,13 +264,13 @@ class Replay {
     if (!written.empty()) stack = std::move(written);
     for (const c10::IValue& v : stack) {
       if (v.isTensor()) {
-        const at::Tensor t = round ? Round(v.toTensor(), rule->action) : v.toTensor();
+        const at::Tensor t = round ? RoundOutput(v.toTensor(), rule->action) : v.toTensor();
         if (o < op.outputs.size()) {
           MOERR_RETURN_IF_ERROR(Output(index, op, op.outputs[o++], t, sources, report, judge));
         }
       } else if (v.isTensorList()) {
         for (const at::Tensor& element : v.toTensorVector()) {
-          const at::Tensor t = round ? Round(element, rule->action) : element;
+          const at::Tensor t = round ? RoundOutput(element, rule->action) : element;
           if (o < op.outputs.size()) {
             MOERR_RETURN_IF_ERROR(Output(index, op, op.outputs[o++], t, sources, report, judge));
           }
