@@ -1,5 +1,8 @@
+#include <stdlib.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <new>
 
 #include "absl/strings/numbers.h"
@@ -12,6 +15,7 @@
 #include "proxy/checkpoint_proxy.h"
 #include "proxy/healing.h"
 #include "proxy/proxy_builder.h"
+#include "replayer/hf_world_replay.h"
 #include "support/status.h"
 #include "tools/command.h"
 
@@ -190,9 +194,51 @@ CommandResult RunCheckpointProxy(const ProxyArgs& a) {
   return kExitOk;
 }
 
+// moerr proxy RUN of a Python loop recorded with moerr.record(model=,
+// hf_config=) (replayer/hf_world_replay.h): the union of its ranks'
+// parameters written as an HF checkpoint to a temporary directory and
+// proxied as --checkpoint's, the calibration on every rank's recorded batch
+// (unless --tokens names others).
+CommandResult RunHfRunProxy(ProxyArgs a, const formats::WorldStep& world, bool calib_given) {
+  if (a.step >= 0 || a.ranks > 0 || a.whole_batch || a.heal > 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s was recorded from a Python loop (moerr.record(model=, hf_config=)): its proxy is an HF checkpoint, as "
+        "--checkpoint's, to which --step, --ranks, --whole-batch and --heal do not apply",
+        a.bundle));
+  }
+  MOERR_ASSIGN_OR_RETURN(const replayer::HfWorldRecord record, replayer::ReadHfWorld(world));
+  char dir[] = "/tmp/moerr-hf-proxy-XXXXXX";
+  if (::mkdtemp(dir) == nullptr) return absl::UnavailableError("cannot create a temporary directory");
+  const std::string tmp = dir;
+  absl::Status s = replayer::WriteHfCheckpoint(record, tmp + "/checkpoint");
+  absl::StatusOr<int64_t> tokens = s.ok() ? replayer::WriteHfBatch(record, tmp + "/batch.safetensors")
+                                          : absl::StatusOr<int64_t>(s);
+  CommandResult result = absl::UnknownError("not run");
+  if (!tokens.ok()) {
+    result = tokens.status();
+  } else {
+    const std::string run = a.bundle;
+    a.bundle.clear();
+    a.checkpoint = tmp + "/checkpoint";
+    if (a.tokens.empty()) {
+      a.tokens = tmp + "/batch.safetensors";
+      if (!calib_given) a.calib_tokens = *tokens;
+    }
+    if (!a.json) std::printf("%s: the Python loop's model (%d ranks' parameters) as an HF checkpoint\n", run.c_str(),
+                             static_cast<int>(record.ranks.size()));
+    result = RunCheckpointProxy(a);
+  }
+  std::filesystem::remove_all(tmp);
+  return result;
+}
+
 // moerr proxy BUNDLE (or a run directory): the proxy of a recorded step.
 CommandResult RunBundleProxy(const ProxyArgs& a, bool calib_given, bool shard_size_given) {
   if (a.bundle.empty()) return absl::InvalidArgumentError("give a BUNDLE, a run directory or --checkpoint DIR");
+  if (formats::IsRunDirectory(a.bundle)) {
+    MOERR_ASSIGN_OR_RETURN(const formats::WorldStep world, formats::OpenWorld(a.bundle));
+    if (replayer::HasHfModel(world)) return RunHfRunProxy(a, world, calib_given);
+  }
   if (a.json || !a.tokens.empty() || calib_given || shard_size_given) {
     return absl::InvalidArgumentError("--json, --tokens, --calib-tokens and --max-shard-size apply to --checkpoint");
   }

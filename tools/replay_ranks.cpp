@@ -10,10 +10,12 @@
 #include "distributed/process_group.h"
 #include "formats/world_manifest.h"
 #include "formats/world_run.h"
+#include "replayer/hf_world_replay.h"
 #include "replayer/world_replay.h"
 #include "support/filesystem.h"
 #include "support/status.h"
 #include "tools/failure_verdict.h"
+#include "tools/hf_replay_ranks.h"
 #include "tools/run_directory.h"
 #include "tools/train_ranks.h"
 #include "tools/world_replay_report.h"
@@ -52,6 +54,10 @@ CommandResult ReplayAsRank(const ReplayRanksArgs& args, const distributed::RankE
     return absl::InvalidArgumentError(absl::StrFormat(
         "RANK is set but %s is not: replay --ranks starts its own ranks; run it without RANK", kOutEnv));
   }
+  {
+    MOERR_ASSIGN_OR_RETURN(const formats::WorldStep world, formats::OpenWorld(args.run));
+    if (replayer::HasHfModel(world)) return ReplayHfAsRank(args, env, out);
+  }
   MOERR_ASSIGN_OR_RETURN(const formats::WorldManifest manifest, formats::ReadWorldManifest(args.run));
   MOERR_ASSIGN_OR_RETURN(const replayer::WorldReplayPlan plan, replayer::PlanWorldReplay(manifest, args.ranks));
   RanksOptions world;
@@ -83,16 +89,18 @@ absl::StatusOr<std::string> ClaimOut(const ReplayRanksArgs& args) {
 }
 
 // Replay on other ranks rebuilds moerr's reference model and trainer from
-// rank 0's bundle: a run another training loop recorded (moerr.record in
-// Python) has no model moerr can rebuild, which is said before any rank starts.
+// rank 0's bundle (moerr train), or a Python loop's HF-layout model from its
+// capture (hf_replay_ranks.h): a run with neither has no model moerr can
+// rebuild, which is said before any rank starts.
 absl::Status CheckRebuildable(const formats::WorldStep& world) {
   const formats::RankStep& r = world.ranks[0];
   if (!r.reader) return absl::Status(r.error.code(), absl::StrFormat("%s, rank 0: %s", world.dir, r.error.message()));
   if (r.reader->ReadAnnotation("model_config").ok()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrFormat(
-      "%s was not recorded by moerr train (rank 0's bundle has no model_config): replay on other ranks rebuilds "
-      "moerr's reference model and trainer, and cannot rebuild another loop's model; moerr replay %s --rank K "
-      "replays rank K's recorded ops instead",
+      "%s: replay on other ranks cannot rebuild this run's model: rank 0's bundle has neither model_config (moerr "
+      "train) nor hf_model (a Python loop recorded with moerr.record(RUN, model=model, hf_config=config), the model "
+      "one of qwen2_moe, qwen3_moe, mixtral, deepseek_v3 in HF's parameter names); moerr replay %s --rank K replays "
+      "rank K's recorded ops instead",
       world.dir, world.dir));
 }
 
@@ -100,9 +108,10 @@ absl::Status CheckRebuildable(const formats::WorldStep& world) {
 // compare, and remove a temporary output.
 CommandResult LaunchReplay(const ReplayRanksArgs& args) {
   MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(args.run));
+  if (replayer::HasHfModel(world)) return LaunchHfReplay(args, world, [&] { return ClaimOut(args); });
+  MOERR_RETURN_IF_ERROR(CheckRebuildable(world));
   MOERR_ASSIGN_OR_RETURN(const replayer::WorldReplayPlan plan, replayer::PlanWorldReplay(world.manifest, args.ranks));
   MOERR_ASSIGN_OR_RETURN(const int64_t step, StepToReplay(world, args));
-  MOERR_RETURN_IF_ERROR(CheckRebuildable(world));
   MOERR_ASSIGN_OR_RETURN(const std::string out, ClaimOut(args));
   const auto cleanup = [&] {
     if (args.out.empty()) std::filesystem::remove_all(out);

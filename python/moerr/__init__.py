@@ -72,8 +72,9 @@ class _Step:
 class Recording:
     """A recording in progress; `record` makes one."""
 
-    def __init__(self, recorder, path, window):
+    def __init__(self, recorder, path, window, hf=None):
         self._rec = recorder
+        self._hf = hf  # the model's capture (_hf.Capture), when record was given one
         self._path = str(path)
         self._window = window  # (first, last): the steps recorded
         self._step = -1
@@ -110,6 +111,8 @@ class Recording:
         self._rec.step_begin(self._step)
         self._ops_at_begin = self._rec.ops_recorded()
         self._in_step = True
+        if self._hf is not None and self._window[0] <= self._step <= self._window[1]:
+            self._hf.begin()
         return self._step
 
     def _end(self, warn):
@@ -117,6 +120,8 @@ class Recording:
         loss, grad_norm = self._outcome
         self._rec.step_end(self._step, loss, grad_norm)
         first, last = self._window
+        if self._hf is not None and first <= self._step <= last:
+            self._hf.end(self._rec, self._step, write=warn)
         if warn and first <= self._step <= last and self._rec.ops_recorded() == self._ops_at_begin:
             warnings.warn(f"{self._path}: step {self._step} recorded no ops: run the model's forward and backward "
                           "inside `with rec.step():`", RecordingWarning, stacklevel=3)
@@ -148,7 +153,7 @@ class Recording:
 
 @contextlib.contextmanager
 def record(path, mode="replayable", trigger="always", steps=None, ring=2, spike=10.0, overwrite=False,
-           ep_size=None, experts=None):
+           ep_size=None, experts=None, model=None, hf_config=None):
     """Records the steps run inside into the bundle `path`.
 
     mode: "stats", "replayable" or "full". trigger: "always", "window"
@@ -168,6 +173,19 @@ def record(path, mode="replayable", trigger="always", steps=None, ring=2, spike=
     a name imported before `record` is not seen); async_op=True is waited
     on at once.
 
+    `model` and `hf_config` (config.json's keys, a dict) make the run one
+    `moerr replay RUN --ranks M` rebuilds: at the first step recorded each
+    rank writes what it holds of the model under HF names, the step's input
+    ids, layer outputs, loss and gradients (python/moerr/_hf.py has the
+    details; docs/DISTRIBUTED.md, "Python"). The model must be one of the
+    families moerr rebuilds (qwen2_moe, qwen3_moe, mixtral, deepseek_v3) in
+    HF's names, its forward take the input ids [B, S] as first argument and
+    return the logits, the objective causal-LM next-token cross entropy; an
+    expert-parallel block holding experts [o, o + L) of the layer sets
+    `expert_offset = o`. A model outside the families raises ValueError
+    naming the offending parameters. Needs torch.distributed; not with
+    trigger="anomaly".
+
     An existing `path` (with torch.distributed, an existing bundle of this
     rank or world.json) raises FileExistsError unless overwrite=True. One
     recording at a time: a `record` inside another raises RuntimeError.
@@ -179,6 +197,16 @@ def record(path, mode="replayable", trigger="always", steps=None, ring=2, spike=
         raise RuntimeError(f"moerr.record({str(path)!r}) inside moerr.record({_active._path!r}): "
                            "one recording at a time; close the first")
     collectives = None
+    hf = None
+    if (model is None) != (hf_config is None):
+        raise ValueError("model and hf_config go together: pass both, or neither")
+    if model is not None:
+        if not _distributed_active():
+            raise ValueError("model= records for `moerr replay RUN --ranks M`: initialise torch.distributed first")
+        if trigger == "anomaly":
+            raise ValueError("model= captures the first step recorded; with trigger=\"anomaly\" it is not known")
+        from . import _hf
+        hf = _hf.Capture(model, hf_config, path, torch.distributed.get_rank())
     if _distributed_active():
         from . import _distributed
         path = _distributed.prepare_run(path, overwrite, ep_size, experts)
@@ -190,7 +218,7 @@ def record(path, mode="replayable", trigger="always", steps=None, ring=2, spike=
     if steps is not None and trigger == "always":
         trigger = "window"
     rec = Recording(_Recorder(str(path), mode, trigger, first, last, ring, spike, overwrite), path,
-                    (first, last) if trigger == "window" else (-2**62, 2**62))
+                    (first, last) if trigger == "window" else (-2**62, 2**62), hf)
     _active = rec
     if _distributed_active():
         collectives = _distributed.Collectives(rec._rec)

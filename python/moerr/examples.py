@@ -200,6 +200,205 @@ def expert_parallel_main(run_dir, steps=1, experts=4, init_method=None):
         dist.destroy_process_group()
 
 
+
+# An HF-layout model moerr rebuilds: Mixtral's names and numerics (HF
+# MixtralForCausalLM: RMSNorm, GQA attention with rotary embeddings, a
+# softmax top-k router renormalised over the top k, SwiGLU experts w1/w3/w2),
+# tiny, with its experts spread over the ranks of the default group.
+# `moerr.record(RUN, model=..., hf_config=MIXTRAL_TINY)` makes its run one
+# `moerr replay RUN --ranks M` rebuilds (docs/DISTRIBUTED.md, "Python").
+
+MIXTRAL_TINY = {"model_type": "mixtral", "vocab_size": 32, "hidden_size": 16, "intermediate_size": 16,
+                "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 4,
+                "num_local_experts": 8, "num_experts_per_tok": 2, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                "max_position_embeddings": 64, "sliding_window": None, "hidden_act": "silu",
+                "tie_word_embeddings": False}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        xf = x.float()
+        return (self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps))).to(x.dtype)
+
+
+def rotary(x, theta):
+    """HF's rotate-half rotary embedding of x [B, heads, S, head_dim]."""
+    seq, dim = x.shape[2], x.shape[3]
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim // 2, dtype=torch.float) * 2.0 / dim)
+    emb = torch.cat([torch.outer(torch.arange(seq, dtype=torch.float), inv_freq)] * 2, -1)
+    rotated = torch.cat([-x[..., dim // 2:], x[..., :dim // 2]], -1)
+    return x * emb.cos().to(x.dtype) + rotated * emb.sin().to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim, self.theta = (c["num_attention_heads"], c["num_key_value_heads"],
+                                                                c["head_dim"], c["rope_theta"])
+        d = c["hidden_size"]
+        self.q_proj = nn.Linear(d, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(d, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, d, bias=False)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = rotary(q, self.theta), rotary(k, self.theta)
+        groups = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        scores = q @ k.transpose(-2, -1) / self.head_dim ** 0.5
+        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+        out = torch.softmax(scores.float(), -1).to(v.dtype) @ v
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class MixtralExpert(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.w1, self.w3 = nn.Linear(d, h, bias=False), nn.Linear(d, h, bias=False)
+        self.w2 = nn.Linear(h, d, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class SparseMoeBlock(nn.Module):
+    """Mixtral's block_sparse_moe, expert-parallel over the default group's
+    `world` ranks: this rank holds experts [expert_offset, expert_offset +
+    experts / world) as `experts` (the HF layout moerr.instrument and
+    moerr.record read; expert_offset maps a local index to the global one).
+    Dispatch as ExpertParallelMoe's; with world 1, no collective."""
+
+    def __init__(self, c, rank, world):
+        super().__init__()
+        d, self.total, self.top_k, self.world = c["hidden_size"], c["num_local_experts"], c["num_experts_per_tok"], world
+        self.norm_topk_prob = True
+        self.per_rank = self.total // world
+        self.expert_offset = rank * self.per_rank
+        self.gate = nn.Linear(d, self.total, bias=False)
+        every = [MixtralExpert(d, c["intermediate_size"]) for _ in range(self.total)]  # same seed, same weights
+        self.experts = nn.ModuleList(every[self.expert_offset:self.expert_offset + self.per_rank])
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.shape[-1])
+        probs = torch.softmax(F.linear(flat.float(), self.gate.weight.float()), -1)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        weights = (weights / (weights.sum(-1, keepdim=True) + 1e-20)).to(flat.dtype)
+        slot_expert = ids.reshape(-1)
+        order = torch.argsort(slot_expert, stable=True)
+        slot_token = torch.arange(flat.shape[0]).repeat_interleave(self.top_k)[order]
+        counts = torch.bincount(slot_expert, minlength=self.total).view(self.world, self.per_rank)
+        if self.world > 1:
+            import torch.distributed as dist
+            arrived = torch.empty_like(counts)
+            dist.all_to_all_single(arrived, counts)
+            send, recv = counts.sum(1).tolist(), arrived.sum(1).tolist()
+            rows = AllToAll.apply(flat[slot_token], send, recv)
+        else:
+            arrived, rows = counts, flat[slot_token]
+        local_ids = torch.arange(self.per_rank).repeat(self.world).repeat_interleave(arrived.reshape(-1))
+        out = torch.zeros_like(rows)
+        for e, expert in enumerate(self.experts):
+            row = (local_ids == e).nonzero(as_tuple=True)[0]
+            if len(row):
+                out = out.index_add(0, row, expert(rows[row]))
+        back = AllToAll.apply(out, recv, send) if self.world > 1 else out
+        combined = torch.zeros_like(flat).index_add(0, slot_token, back * weights.reshape(-1)[order].unsqueeze(1))
+        return combined.view_as(x)
+
+
+class MixtralLayer(nn.Module):
+    def __init__(self, c, rank, world):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+        self.block_sparse_moe = SparseMoeBlock(c, rank, world)
+
+    def forward(self, x):
+        h = x + self.self_attn(self.input_layernorm(x))
+        return h + self.block_sparse_moe(self.post_attention_layernorm(h))
+
+
+class MixtralModel(nn.Module):
+    def __init__(self, c, rank, world):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
+        self.layers = nn.ModuleList(MixtralLayer(c, rank, world) for _ in range(c["num_hidden_layers"]))
+        self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+
+
+class MixtralForCausalLM(nn.Module):
+    """Parameters named as HF's (model.layers.0.block_sparse_moe.experts.<j>.w1.weight, ...)."""
+
+    def __init__(self, c=MIXTRAL_TINY, rank=0, world=1):
+        super().__init__()
+        self.model = MixtralModel(c, rank, world)
+        self.lm_head = nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
+
+    def forward(self, input_ids):
+        h = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            h = layer(h)
+        return self.lm_head(self.model.norm(h))
+
+
+def causal_lm_loss(logits, input_ids):
+    """Next-token cross entropy, the mean over the B*(S-1) predictions."""
+    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), input_ids[:, 1:].reshape(-1))
+
+
+def hf_expert_parallel_main(run_dir, steps=1, config=MIXTRAL_TINY, init_method=None, batch=(2, 8)):
+    """MixtralForCausalLM's expert-parallel training step in one rank
+    process (as expert_parallel_main), recorded with model= and hf_config=,
+    so that `moerr replay run_dir --ranks M` rebuilds it. The loss is the
+    objective moerr replays (causal_lm_loss); dense gradients are averaged
+    over the world, an expert's summed over the ranks whose tokens reached
+    it (the all_to_all's backward). Prints each rank's loss of each step."""
+    import os
+    import torch.distributed as dist
+    import moerr
+    if init_method is None:
+        dist.init_process_group("gloo")
+    else:
+        dist.init_process_group("gloo", init_method=init_method, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]))
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        torch.manual_seed(0)
+        model = MixtralForCausalLM(config, rank, world)
+        moerr.instrument(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        gen = torch.Generator().manual_seed(100 + rank)
+        with moerr.record(run_dir, ep_size=world, experts=config["num_local_experts"], overwrite=True,
+                          model=model, hf_config=config) as rec:
+            for step in range(steps):
+                tokens = torch.randint(0, config["vocab_size"], batch, generator=gen)
+                with rec.step():
+                    loss = causal_lm_loss(model(tokens), tokens)
+                    loss.backward()
+                    for name, p in model.named_parameters():
+                        if p.grad is not None and ".experts." not in name:
+                            dist.all_reduce(p.grad)
+                            p.grad.div_(world)
+                    with moerr.scope("optimizer"):
+                        opt.step()
+                        opt.zero_grad(set_to_none=True)
+                    rec.outcome(loss=loss.item())
+                print(f"rank {rank} step {step}: loss {loss.item():.6f}", flush=True)
+    finally:
+        dist.destroy_process_group()
+
 if __name__ == "__main__":
     import sys
-    expert_parallel_main(sys.argv[1] if len(sys.argv) > 1 else "ep_run")
+    if len(sys.argv) > 2 and sys.argv[2] == "mixtral":
+        hf_expert_parallel_main(sys.argv[1])
+    else:
+        expert_parallel_main(sys.argv[1] if len(sys.argv) > 1 else "ep_run")

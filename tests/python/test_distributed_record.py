@@ -91,7 +91,8 @@ def test_fewer_ranks_say_the_loop_cannot_be_rebuilt(ep_run):
     for args in (["--ranks", 1], ["--ranks", 2]):
         rc, out = moerr_cli("replay", ep_run, *args)
         assert rc == 2, out
-        assert "was not recorded by moerr train" in out and f"moerr replay {ep_run} --rank K" in out, out
+        assert "cannot rebuild this run's model" in out and f"moerr replay {ep_run} --rank K" in out, out
+        assert "moerr.record(RUN, model=model, hf_config=config)" in out, out
         assert "launching" not in out, out
     rc, out = moerr_cli("proxy", ep_run, "--keep", "1/2", "-o", ep_run.parent / "proxy")
     assert rc == 2 and "model replay needs a bundle recorded from the reference trainer" in out, out

@@ -1,0 +1,210 @@
+"""moerr.record(..., model=, hf_config=): what `moerr replay RUN --ranks M`
+needs to rebuild a Python loop's model (docs/DISTRIBUTED.md, "Python").
+
+At the first step recorded, each rank writes RUN/hf/rank<K>.safetensors:
+  param/<HF name>   the parameters this rank holds as the step begins, a
+                    local expert under its global index (the block's
+                    `expert_offset` plus its index in `experts`);
+  batch/input_ids   the model's input [B, S] int64 (the root module's
+                    first argument);
+  out/<module>      each decoder layer's output (`model.layers.<i>`) and
+                    the logits (`out/logits`), fp32;
+  out/loss          the objective on those logits: causal-LM next-token
+                    cross entropy, mean over the B*(S-1) predictions;
+  grad/<HF name>    what the step's backward gave each parameter (its
+                    gradient hooks, summed), before any collective: a dense
+                    parameter's gradient of this rank's loss, an expert's
+                    of every loss whose rows reached it;
+and the bundle's annotation "hf_model" names the file, the step, the HF
+config and the objective. Only that objective is supported: a loop whose
+loss is another is reported by the replay's gradient comparison.
+"""
+import ctypes
+import json
+import os
+import re
+import struct
+import warnings
+
+import torch
+
+FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral", "deepseek_v3")
+OBJECTIVE = "causal-lm-cross-entropy"
+
+_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64"}
+
+# Parameter names of the families (HF's), a layer's number and an expert's as \d+.
+_COMMON = [r"model\.embed_tokens\.weight", r"model\.norm\.weight", r"lm_head\.weight",
+           r"model\.layers\.\d+\.(input_layernorm|post_attention_layernorm)\.weight",
+           r"model\.layers\.\d+\.self_attn\.(q|k|v)_proj\.(weight|bias)", r"model\.layers\.\d+\.self_attn\.o_proj\.weight"]
+_NAMES = {
+    "mixtral": [r"model\.layers\.\d+\.block_sparse_moe\.gate\.weight",
+                r"model\.layers\.\d+\.block_sparse_moe\.experts\.\d+\.w[123]\.weight"],
+    "qwen2_moe": [r"model\.layers\.\d+\.mlp\.gate\.weight",
+                  r"model\.layers\.\d+\.mlp\.(experts\.\d+\.|shared_expert\.)?(gate|up|down)_proj\.weight",
+                  r"model\.layers\.\d+\.mlp\.shared_expert_gate\.weight"],
+    "qwen3_moe": [r"model\.layers\.\d+\.self_attn\.(q|k)_norm\.weight", r"model\.layers\.\d+\.mlp\.gate\.weight",
+                  r"model\.layers\.\d+\.mlp\.(experts\.\d+\.)?(gate|up|down)_proj\.weight"],
+    "deepseek_v3": [r"model\.layers\.\d+\.self_attn\.(q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj)\.weight",
+                    r"model\.layers\.\d+\.self_attn\.(q_a_layernorm|kv_a_layernorm)\.weight",
+                    r"model\.layers\.\d+\.mlp\.gate\.(weight|e_score_correction_bias)",
+                    r"model\.layers\.\d+\.mlp\.(experts\.\d+\.|shared_experts\.)?(gate|up|down)_proj\.weight"],
+}
+_LAYER = re.compile(r"model\.layers\.\d+")
+
+
+def hf_names(model):
+    """(HF name, parameter) of `model`: a local expert `...experts.<j>...` of
+    a block with `expert_offset` named `...experts.<expert_offset + j>...`."""
+    offsets = {name: int(getattr(m, "expert_offset", 0)) for name, m in model.named_modules()
+               if isinstance(getattr(m, "experts", None), torch.nn.ModuleList)}
+    named = []
+    for name, p in model.named_parameters():
+        for block, offset in offsets.items():
+            prefix = (block + "." if block else "") + "experts."
+            if offset and name.startswith(prefix):
+                local, rest = name[len(prefix):].split(".", 1)
+                name = f"{prefix}{int(local) + offset}.{rest}"
+                break
+        named.append((name, p))
+    return named
+
+
+def check_model(model, hf_config):
+    """Raises ValueError naming what keeps moerr from rebuilding `model` under
+    `hf_config`: an unknown model_type, or parameters outside the family's names."""
+    if not isinstance(hf_config, dict):
+        raise ValueError(f"hf_config must be a dict (config.json's keys), not {type(hf_config).__name__}")
+    family = hf_config.get("model_type")
+    if family not in FAMILIES:
+        raise ValueError(f"hf_config model_type {family!r}: moerr rebuilds {', '.join(FAMILIES)} only")
+    patterns = [re.compile(p) for p in _COMMON + _NAMES[family]]
+    bad = [n for n, _ in hf_names(model) if not any(p.fullmatch(n) for p in patterns)]
+    if bad:
+        shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+        raise ValueError(f"model: {len(bad)} parameters are not {family} names (HF's, e.g. "
+                         f"model.layers.0.self_attn.q_proj.weight): {shown}")
+    experts = hf_config.get("num_local_experts", hf_config.get("num_experts", hf_config.get("n_routed_experts")))
+    for n, _ in hf_names(model):
+        m = re.search(r"\.experts\.(\d+)\.", n)
+        if m and experts is not None and int(m.group(1)) >= int(experts):
+            raise ValueError(f"model: {n}: expert {m.group(1)} of {experts} (is the block's expert_offset right?)")
+
+
+def write_safetensors(path, tensors, metadata):
+    """`tensors` (name -> CPU tensor) in the safetensors format, through a
+    .partial file and a rename."""
+    header, blobs, offset = {"__metadata__": metadata}, [], 0
+    for name, t in tensors.items():
+        t = t.detach().contiguous().cpu()
+        if t.dtype not in _DTYPES:
+            raise ValueError(f"{path}: {name} is {t.dtype}; moerr writes {', '.join(map(str, _DTYPES))}")
+        data = ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())  # t is contiguous, on the CPU
+        header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path + ".partial", "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+    os.replace(path + ".partial", path)
+
+
+class Capture:
+    """Captures the first recorded step of `model` on this rank (module
+    docstring) and writes it when the step ends."""
+
+    def __init__(self, model, hf_config, run_dir, rank):
+        check_model(model, hf_config)
+        self._model, self._config = model, hf_config
+        self._file = os.path.join("hf", f"rank{rank}.safetensors")
+        self._path = os.path.join(str(run_dir), self._file)
+        self._hooks, self._done, self._forwards = [], False, 0
+        self._tensors = {}
+
+    def begin(self):
+        if self._done:
+            return
+        with _untraced():
+            self._begin()
+
+    def _begin(self):
+        t = self._tensors
+        for name, p in hf_names(self._model):
+            t["param/" + name] = p.detach().clone()
+            self._hooks.append(p.register_hook(self._grad_hook("grad/" + name)))
+        self._hooks.append(self._model.register_forward_pre_hook(self._input_hook))
+        self._hooks.append(self._model.register_forward_hook(self._loss_hook))
+        for name, m in self._model.named_modules():
+            if _LAYER.fullmatch(name):
+                self._hooks.append(m.register_forward_hook(self._output_hook("out/" + name)))
+
+    def end(self, rec, step, write=True):
+        """Writes the capture (unless the step raised: `write` False) and
+        annotates the bundle; returns True when it did."""
+        if self._done:
+            return False
+        for h in self._hooks:
+            h.remove()
+        self._hooks, self._done = [], True
+        if not write:
+            return False
+        why = None
+        if self._forwards != 1:
+            why = f"the model's forward ran {self._forwards} times in step {step}; the replay rebuilds one"
+        elif not any(k.startswith("grad/") for k in self._tensors):
+            why = f"no backward reached the model's parameters in step {step}"
+        if why is not None:
+            warnings.warn(f"{self._path} not written: {why}", UserWarning, stacklevel=4)
+            return False
+        os.makedirs(os.path.dirname(self._path), exist_ok=True)
+        write_safetensors(self._path, self._tensors, {"step": str(step), "objective": OBJECTIVE})
+        rec.annotate("hf_model", json.dumps({"file": self._file, "step": step, "objective": OBJECTIVE,
+                                             "config": self._config}))
+        self._tensors = {}
+        return True
+
+    def _grad_hook(self, key):
+        def hook(grad):
+            with torch.no_grad(), _untraced():
+                got = self._tensors.get(key)
+                self._tensors[key] = grad.detach().clone() if got is None else got + grad
+        return hook
+
+    def _input_hook(self, module, args):
+        self._forwards += 1
+        if self._forwards == 1:
+            ids = args[0] if args else None
+            if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype != torch.long:
+                raise ValueError("moerr.record(model=...): the model's first argument must be the input ids [B, S] "
+                                 f"int64, not {getattr(ids, 'dtype', type(ids).__name__)}")
+            with _untraced():
+                self._tensors["batch/input_ids"] = ids.detach().clone()
+
+    def _output_hook(self, key):
+        def hook(module, args, output):
+            if self._forwards == 1:
+                out = output[0] if isinstance(output, tuple) else output
+                with _untraced():
+                    self._tensors[key] = out.detach().float().clone()
+        return hook
+
+    def _loss_hook(self, module, args, output):
+        if self._forwards != 1:
+            return
+        logits = output[0] if isinstance(output, tuple) else getattr(output, "logits", output)
+        ids = self._tensors["batch/input_ids"]
+        with torch.no_grad(), _untraced():
+            logits = logits.detach().float()
+            self._tensors["out/logits"] = logits.clone()
+            self._tensors["out/loss"] = torch.nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
+def _untraced():
+    """The capture's own copies are no ops of the step: the recorder records
+    nothing inside this scope (recorder/op_tracer.h)."""
+    return torch.autograd.profiler.record_function("generate")

@@ -1,0 +1,329 @@
+#include "replayer/hf_world_replay.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "formats/hf_checkpoint.h"
+#include "formats/module_path.h"
+#include "moe/checkpoint.h"
+#include "moe/moe_transformer.h"
+#include "recorder/hooks/tensor_adapter.h"
+#include "recorder/hooks/torch_boundary.h"
+#include "support/status.h"
+
+namespace moerr::replayer {
+namespace {
+
+constexpr char kParam[] = "param/";
+constexpr char kGrad[] = "grad/";
+constexpr char kOut[] = "out/";
+constexpr char kInputIds[] = "batch/input_ids";
+constexpr char kObjective[] = "causal-lm-cross-entropy";
+
+const formats::TensorView* Find(const formats::SafetensorsFile& f, const std::string& name) {
+  for (const auto& [n, v] : f.tensors) {
+    if (n == name) return &v;
+  }
+  return nullptr;
+}
+
+bool IsExpertParameter(absl::string_view name) { return formats::ExpertOf(name).has_value(); }
+
+// Rank `rank`'s capture: its annotation and file, checked against rank 0's step.
+absl::Status ReadRank(const formats::WorldStep& world, int64_t rank, HfWorldRecord& record) {
+  const formats::RankStep& r = world.ranks.at(static_cast<size_t>(rank));
+  if (!r.reader) return absl::Status(r.error.code(), absl::StrFormat("%s, rank %d: %s", world.dir, rank, r.error.message()));
+  absl::StatusOr<llvm::json::Value> a = r.reader->ReadAnnotation(kHfModelAnnotation);
+  const llvm::json::Object* o = a.ok() ? a->getAsObject() : nullptr;
+  if (o == nullptr) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s, rank %d: no \"%s\" annotation (rank 0 has one): every rank must pass model= and hf_config= to "
+        "moerr.record",
+        world.dir, rank, kHfModelAnnotation));
+  }
+  const auto file = o->getString("file");
+  const auto step = o->getInteger("step");
+  const auto objective = o->getString("objective");
+  if (!file || !step || file->find("..") != llvm::StringRef::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s, rank %d: the \"%s\" annotation lacks its file or step", world.dir, rank, kHfModelAnnotation));
+  }
+  if (!objective || *objective != kObjective) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s, rank %d: objective \"%s\": the replay knows \"%s\" only",
+                                                      world.dir, rank, objective ? objective->str() : "", kObjective));
+  }
+  if (rank == 0) {
+    record.step = *step;
+    const llvm::json::Object* config = o->getObject("config");
+    if (config == nullptr) return absl::InvalidArgumentError(world.dir + ", rank 0: the hf_model annotation has no config");
+    record.hf_config = *config;
+    absl::StatusOr<moe::MoeConfig> c = moe::FromHfConfig(*config);
+    if (!c.ok()) {
+      return absl::Status(c.status().code(), absl::StrFormat("%s: the hf_config passed to moerr.record: %s", world.dir,
+                                                             c.status().message()));
+    }
+    record.config = *c;
+  } else if (*step != record.step) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: rank %d captured step %d, rank 0 step %d", world.dir, rank,
+                                                      *step, record.step));
+  }
+  const std::string path = world.dir + "/" + file->str();
+  MOERR_ASSIGN_OR_RETURN(formats::SafetensorsFile f, formats::ReadSafetensors(path));
+  for (const std::string need : {kInputIds, "out/loss", "out/logits"}) {
+    if (Find(f, need) == nullptr) return absl::InvalidArgumentError(absl::StrFormat("%s: no \"%s\"", path, need));
+  }
+  record.ranks.push_back(std::move(f));
+  return absl::OkStatus();
+}
+
+at::Tensor ReadNamed(const formats::SafetensorsFile& f, const std::string& name) {
+  const formats::TensorView* v = Find(f, name);
+  return v == nullptr ? at::Tensor() : recorder::ToTensor(*v);
+}
+
+// The union of the ranks' parameters, each from the lowest rank holding it.
+std::map<std::string, formats::TensorView> UnionOfParameters(const HfWorldRecord& record) {
+  std::map<std::string, formats::TensorView> weights;
+  for (const formats::SafetensorsFile& f : record.ranks) {
+    for (const auto& [name, view] : f.tensors) {
+      if (absl::StartsWith(name, kParam)) weights.emplace(name.substr(sizeof(kParam) - 1), view);
+    }
+  }
+  return weights;
+}
+
+// The model from the config and the union of the ranks' parameters;
+// LoadWeights names a missing or extra one.
+absl::StatusOr<moe::MoeTransformer> BuildModel(const HfWorldRecord& record) {
+  const std::map<std::string, formats::TensorView> weights = UnionOfParameters(record);
+  moe::MoeTransformer model(record.config);
+  const absl::Status s = moe::LoadWeights(model, weights);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrFormat("%s: the union of the ranks' parameters (hf/rank<K>.safetensors) "
+                                                  "is not the model hf_config describes: %s",
+                                                  record.dir, s.message()));
+  }
+  return model;
+}
+
+void Put(std::vector<std::pair<std::string, at::Tensor>>& out, std::string name, const at::Tensor& t) {
+  out.emplace_back(std::move(name), t.detach().to(at::kFloat).contiguous().clone());
+}
+
+// One original rank's pass: forward and backward of its objective. Dense
+// gradients are cleared first; experts' accumulate.
+void Pass(moe::MoeTransformer& model, const at::Tensor& ids, int64_t rank,
+          std::vector<std::pair<std::string, at::Tensor>>& out) {
+  for (auto& p : model->named_parameters()) {
+    if (!IsExpertParameter(p.key())) p.value().mutable_grad() = at::Tensor();
+  }
+  moe::ForwardOutput f = model->Forward(ids, /*keep_hidden=*/true);
+  const int64_t s = ids.size(1), vocab = f.logits.size(-1);
+  const at::Tensor loss = at::cross_entropy_loss(f.logits.narrow(1, 0, s - 1).reshape({-1, vocab}),
+                                                 ids.narrow(1, 1, s - 1).reshape({-1}));
+  loss.backward();
+  const std::string prefix = absl::StrFormat("rank%d/", rank);
+  for (size_t l = 0; l < f.hidden.size(); ++l) Put(out, prefix + kOut + "model.layers." + std::to_string(l), f.hidden[l]);
+  Put(out, prefix + kOut + "logits", f.logits);
+  Put(out, prefix + kOut + "loss", loss);
+  for (const auto& p : model->named_parameters()) {
+    if (!IsExpertParameter(p.key()) && p.value().grad().defined()) Put(out, prefix + kGrad + p.key(), p.value().grad());
+  }
+}
+
+}  // namespace
+
+bool HasHfModel(const formats::WorldStep& world) {
+  return !world.ranks.empty() && world.ranks[0].reader &&
+         world.ranks[0].reader->ReadAnnotation(kHfModelAnnotation).ok();
+}
+
+absl::StatusOr<HfWorldRecord> ReadHfWorld(const formats::WorldStep& world) {
+  HfWorldRecord record;
+  record.dir = world.dir;
+  for (int64_t r = 0; r < static_cast<int64_t>(world.ranks.size()); ++r) MOERR_RETURN_IF_ERROR(ReadRank(world, r, record));
+  return record;
+}
+
+absl::Status WriteHfCheckpoint(const HfWorldRecord& record, const std::string& dir) {
+  MOERR_RETURN_IF_ERROR(BuildModel(record).status());  // the union is the model's: no tensor missing or extra
+  const std::map<std::string, formats::TensorView> weights = UnionOfParameters(record);
+  return formats::SaveHfCheckpoint(dir, record.hf_config, {weights.begin(), weights.end()}, /*overwrite=*/true);
+}
+
+absl::StatusOr<int64_t> WriteHfBatch(const HfWorldRecord& record, const std::string& path) {
+  at::Tensor ids;
+  MOERR_RETURN_IF_ERROR(CatchTorch("the recorded batches", [&]() -> absl::Status {
+    std::vector<at::Tensor> rows;
+    for (const formats::SafetensorsFile& f : record.ranks) rows.push_back(ReadNamed(f, kInputIds).to(at::kLong));
+    ids = at::cat(rows, 0).contiguous();
+    return absl::OkStatus();
+  }));
+  MOERR_ASSIGN_OR_RETURN(formats::TensorView v, recorder::ViewOf(ids));
+  MOERR_RETURN_IF_ERROR(formats::WriteSafetensors(path, {{"input_ids", std::move(v)}}, {}, /*overwrite=*/true));
+  return ids.numel();
+}
+
+absl::StatusOr<WorldReplayPlan> PlanHfReplay(const formats::WorldManifest& manifest, const moe::MoeConfig& config,
+                                             int64_t ranks) {
+  formats::WorldManifest m = manifest;
+  if (m.experts <= 0) m.experts = config.num_experts;
+  if (m.experts != config.num_experts) {
+    return absl::InvalidArgumentError(absl::StrFormat("world.json has %d experts per layer, the hf_config %d",
+                                                      m.experts, config.num_experts));
+  }
+  return PlanWorldReplay(m, ranks);
+}
+
+absl::Status ReplayHfRank(const HfWorldRecord& record, const WorldReplayPlan& plan, int64_t rank,
+                          moe::Parallel* parallel, const std::string& out_file) {
+  MOERR_ASSIGN_OR_RETURN(moe::MoeTransformer model, BuildModel(record));
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  MOERR_RETURN_IF_ERROR(CatchTorch("the replay's forward and backward", [&]() -> absl::Status {
+    if (parallel != nullptr) model->SetParallel(parallel);
+    for (int64_t r = rank * plan.covers(); r < (rank + 1) * plan.covers(); ++r) {
+      const at::Tensor ids = ReadNamed(record.ranks.at(static_cast<size_t>(r)), kInputIds).to(at::kLong);
+      if (ids.dim() != 2 || ids.size(1) < 2) {
+        return absl::InvalidArgumentError(absl::StrFormat("%s, rank %d: batch/input_ids must be [B, S >= 2]", record.dir, r));
+      }
+      Pass(model, ids, r, out);
+    }
+    const moe::ParallelLayout layout = parallel != nullptr ? parallel->layout() : moe::ParallelLayout{};
+    const int64_t first = layout.first_local_expert(record.config.num_experts);
+    const int64_t count = layout.local_experts(record.config.num_experts);
+    for (const auto& p : model->named_parameters()) {
+      const auto e = formats::ExpertOf(p.key());
+      if (e && e->second >= first && e->second < first + count && p.value().grad().defined()) {
+        Put(out, kGrad + p.key(), p.value().grad());
+      }
+    }
+    return absl::OkStatus();
+  }));
+  std::vector<std::pair<std::string, formats::TensorView>> views;
+  for (const auto& [name, t] : out) {
+    MOERR_ASSIGN_OR_RETURN(formats::TensorView v, recorder::ViewOf(t));
+    views.emplace_back(name, std::move(v));
+  }
+  return formats::WriteSafetensors(out_file, views, {}, /*overwrite=*/true);
+}
+
+double HfDeviation::relative() const { return max_abs / std::max(scale, kHfFloor); }
+
+const HfDeviation* HfReplayComparison::Worst(const std::string& kind) const {
+  const HfDeviation* worst = nullptr;
+  for (const HfDeviation& d : rows) {
+    if (d.kind == kind && (worst == nullptr || d.relative() > worst->relative())) worst = &d;
+  }
+  return worst;
+}
+
+bool HfReplayComparison::ok() const {
+  return std::all_of(rows.begin(), rows.end(), [&](const HfDeviation& d) { return d.relative() <= tolerance; });
+}
+
+namespace {
+
+HfDeviation Deviation(std::string kind, std::string name, int64_t rank, const at::Tensor& replay,
+                      const at::Tensor& recorded) {
+  HfDeviation d{std::move(kind), std::move(name), rank};
+  const at::Tensor b = recorded.to(at::kDouble), a = replay.to(at::kDouble);
+  d.scale = b.numel() == 0 ? 0.0 : b.abs().max().item<double>();
+  d.max_abs = b.numel() == 0 ? 0.0 : (a - b).abs().max().item<double>();
+  return d;
+}
+
+// Sums `name` over `files` (an expert's gradient over its replicas); undefined when none holds it.
+at::Tensor Sum(const std::vector<formats::SafetensorsFile>& files, const std::string& name) {
+  at::Tensor sum;
+  for (const formats::SafetensorsFile& f : files) {
+    const at::Tensor t = ReadNamed(f, name);
+    if (t.defined()) sum = sum.defined() ? sum + t.to(at::kDouble) : t.to(at::kDouble);
+  }
+  return sum;
+}
+
+// Original rank `rank`'s outputs and dense gradients against the replay's.
+absl::Status CompareRank(const HfWorldRecord& record, int64_t rank, const formats::SafetensorsFile& replay,
+                         const std::string& replay_path, HfReplayComparison& c) {
+  const std::string prefix = absl::StrFormat("rank%d/", rank);
+  for (const auto& [name, view] : record.ranks.at(static_cast<size_t>(rank)).tensors) {
+    const bool out = absl::StartsWith(name, kOut), grad = absl::StartsWith(name, kGrad);
+    if (!out && !(grad && !IsExpertParameter(name.substr(sizeof(kGrad) - 1)))) continue;
+    at::Tensor got = ReadNamed(replay, prefix + name);
+    const at::Tensor want = recorder::ToTensor(view);
+    if (!got.defined() && grad) got = at::zeros_like(want, at::kFloat);  // the replay's backward did not reach it
+    if (!got.defined() || got.sizes() != want.sizes()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s, rank %d: \"%s\" has no counterpart of its shape in the replay (%s): the model's module names must be "
+          "HF's (model.layers.<i>)",
+          record.dir, rank, name, replay_path));
+    }
+    const std::string what = name.substr(name.find('/') + 1);
+    c.rows.push_back(Deviation(out ? (what == "loss" ? "loss" : "output") : "dense gradient", what, rank, got, want));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<HfReplayComparison> CompareHfReplay(const HfWorldRecord& record, const std::string& out_dir,
+                                                   const WorldReplayPlan& plan) {
+  HfReplayComparison c;
+  c.run = record.dir;
+  c.step = record.step;
+  c.original_ranks = plan.original_ranks;
+  c.ranks = plan.ranks;
+  std::vector<formats::SafetensorsFile> replay;
+  for (int64_t m = 0; m < plan.ranks; ++m) {
+    MOERR_ASSIGN_OR_RETURN(formats::SafetensorsFile f,
+                           formats::ReadSafetensors(absl::StrFormat("%s/rank%d.safetensors", out_dir, m)));
+    replay.push_back(std::move(f));
+  }
+  MOERR_RETURN_IF_ERROR(CatchTorch("comparing the replay", [&]() -> absl::Status {
+    for (int64_t r = 0; r < plan.original_ranks; ++r) {
+      const int64_t m = r / plan.covers();
+      MOERR_RETURN_IF_ERROR(CompareRank(record, r, replay[static_cast<size_t>(m)],
+                                        absl::StrFormat("%s/rank%d.safetensors", out_dir, m), c));
+    }
+    std::map<std::string, bool> experts;  // every expert parameter either side has a gradient of
+    const std::vector<formats::SafetensorsFile>* sides[] = {&record.ranks, &replay};
+    for (const auto* files : sides) {
+      for (const formats::SafetensorsFile& f : *files) {
+        for (const auto& [name, v] : f.tensors) {
+          if (absl::StartsWith(name, kGrad) && IsExpertParameter(name.substr(sizeof(kGrad) - 1))) experts[name] = true;
+        }
+      }
+    }
+    for (const auto& [name, unused] : experts) {
+      at::Tensor want = Sum(record.ranks, name), got = Sum(replay, name);
+      if (!want.defined()) want = at::zeros_like(got);
+      if (!got.defined()) got = at::zeros_like(want);
+      c.rows.push_back(Deviation("expert gradient", name.substr(sizeof(kGrad) - 1), -1, got, want));
+    }
+    return absl::OkStatus();
+  }));
+  return c;
+}
+
+llvm::json::Object HfReplayJson(const HfReplayComparison& c) {
+  llvm::json::Array rows;
+  for (const HfDeviation& d : c.rows) {
+    rows.push_back(llvm::json::Object{{"kind", d.kind},
+                                      {"name", d.name},
+                                      {"rank", d.rank >= 0 ? llvm::json::Value(d.rank) : nullptr},
+                                      {"max_abs", d.max_abs},
+                                      {"scale", d.scale},
+                                      {"relative", d.relative()}});
+  }
+  return llvm::json::Object{{"run", c.run},       {"step", c.step},           {"original_ranks", c.original_ranks},
+                            {"ranks", c.ranks},   {"tolerance", c.tolerance}, {"ok", c.ok()},
+                            {"compared", std::move(rows)}};
+}
+
+}  // namespace moerr::replayer

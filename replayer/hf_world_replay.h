@@ -1,0 +1,101 @@
+// Replay on M ranks of a step a plain-PyTorch torch.distributed loop
+// recorded with moerr.record(RUN, model=..., hf_config=...) (python/moerr/_hf.py;
+// docs/DISTRIBUTED.md, "Python"). Each original rank K wrote
+// RUN/hf/rank<K>.safetensors: the parameters it held under HF names (an
+// expert under its global index), its batch (batch/input_ids), its decoder
+// layers' outputs, logits and loss (out/...) and the gradients its backward
+// gave (grad/...); its bundle's "hf_model" annotation names the file, the
+// step and the HF config.
+//
+// The replay rebuilds moerr's model (moe/) from the config and the union of
+// the ranks' parameters (each from the lowest rank holding it: an expert
+// from the rank that hosted it). Replay rank m (of the plan's M, as in
+// world_replay.h) stands for original ranks [m*k, (m+1)*k) and runs, for
+// each in rank order, forward and backward of the recorded objective
+// (causal-LM next-token cross entropy, the mean over the rank's
+// predictions) on that rank's batch, its experts spread over its EP group
+// through c10d all_to_all. A dense parameter's gradient is taken per
+// original rank; an expert's sums over every pass of every rank, which is
+// what the record's expert gradients sum to over their replicas.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "formats/safetensors.h"
+#include "formats/world_run.h"
+#include "llvm/Support/JSON.h"
+#include "moe/moe_config.h"
+#include "moe/parallel.h"
+#include "replayer/world_replay.h"
+
+namespace moerr::replayer {
+
+inline constexpr char kHfModelAnnotation[] = "hf_model";
+// The largest deviation a compared tensor may have, relative to its
+// recorded magnitude: max|replay - record| / max(max|record|, kHfFloor).
+inline constexpr double kHfTolerance = 1e-4;
+inline constexpr double kHfFloor = 1e-6;
+
+struct HfWorldRecord {
+  std::string dir;
+  int64_t step = 0;
+  llvm::json::Object hf_config;
+  moe::MoeConfig config;
+  std::vector<formats::SafetensorsFile> ranks;  // by original rank
+};
+
+// True when rank 0's bundle carries the "hf_model" annotation.
+bool HasHfModel(const formats::WorldStep& world);
+
+// Every rank's capture of step `world.step`; an error names the run, the
+// rank and what is missing or malformed (a config moerr cannot build is
+// FromHfConfig's error, naming the key).
+absl::StatusOr<HfWorldRecord> ReadHfWorld(const formats::WorldStep& world);
+
+// The plan (world_replay.h) for `ranks` replay ranks; the experts per layer
+// from the config when world.json has none.
+absl::StatusOr<WorldReplayPlan> PlanHfReplay(const formats::WorldManifest& manifest, const moe::MoeConfig& config,
+                                             int64_t ranks);
+
+// The union of the ranks' parameters (as the replay's model takes them) as
+// an HF checkpoint in `dir` (config.json: the hf_config), for `moerr proxy`.
+absl::Status WriteHfCheckpoint(const HfWorldRecord& record, const std::string& dir);
+// Every rank's batch/input_ids, in rank order, as input_ids [B, S] int64 in
+// the safetensors file `path` (calibration tokens); returns the token count.
+absl::StatusOr<int64_t> WriteHfBatch(const HfWorldRecord& record, const std::string& path);
+
+// Replay rank `rank`'s part over `parallel` (null when plan.ranks == 1),
+// written to `out_file` (safetensors): rank<K>/out/<what> and
+// rank<K>/grad/<dense parameter> for each original rank K it stands for,
+// grad/<expert parameter> for the experts it hosts. Every rank of the plan
+// makes this call at once.
+absl::Status ReplayHfRank(const HfWorldRecord& record, const WorldReplayPlan& plan, int64_t rank,
+                          moe::Parallel* parallel, const std::string& out_file);
+
+struct HfDeviation {
+  std::string kind;  // "output", "loss", "dense gradient", "expert gradient"
+  std::string name;  // "model.layers.0", "logits", a parameter
+  int64_t rank = -1;  // the original rank; -1 for an expert gradient (every rank's)
+  double max_abs = 0, scale = 0;
+  double relative() const;
+};
+
+struct HfReplayComparison {
+  std::string run;
+  int64_t step = 0, original_ranks = 0, ranks = 0;
+  double tolerance = kHfTolerance;
+  std::vector<HfDeviation> rows;
+  const HfDeviation* Worst(const std::string& kind) const;  // null when none of the kind
+  bool ok() const;
+};
+
+// The replay in `out_dir` (replay rank m's part in rank<m>.safetensors)
+// against the record, tensor by tensor.
+absl::StatusOr<HfReplayComparison> CompareHfReplay(const HfWorldRecord& record, const std::string& out_dir,
+                                                   const WorldReplayPlan& plan);
+llvm::json::Object HfReplayJson(const HfReplayComparison& c);
+
+}  // namespace moerr::replayer

@@ -1,0 +1,126 @@
+"""A plain-PyTorch torch.distributed loop over an HF-layout MoE model
+(examples.py's MixtralForCausalLM, experts spread over 4 ranks), recorded
+with moerr.record(model=, hf_config=), and `moerr replay RUN --ranks M`
+rebuilding moerr's model from it: on 2 ranks (c10d Gloo) and on 1, every
+layer output, loss and gradient within the tolerance docs/DISTRIBUTED.md
+states. A model outside moerr's families is refused when recording, and a
+run recorded without model= is refused by replay --ranks, naming what to pass.
+
+Run by ctest with PYTHONPATH=BUILD/python and MOERR_BIN=the moerr binary."""
+import json
+
+import pytest
+
+from test_distributed_record import moerr_cli, run_ranks
+
+WORLD = 4
+
+
+@pytest.fixture(scope="module")
+def hf_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("hf") / "run"
+    out = run_ranks("from moerr.examples import hf_expert_parallel_main\n"
+                    "hf_expert_parallel_main(RUN, init_method=INIT)\n", run, world=WORLD)
+    assert all("step 0: loss" in o for o in out), out
+    return run
+
+
+def header_of(path):
+    """A safetensors file's header (its JSON object)."""
+    blob = open(path, "rb").read()
+    return json.loads(blob[8:8 + int.from_bytes(blob[:8], "little")]), blob
+
+
+def test_each_rank_writes_its_part_of_the_model(hf_run):
+    import moerr
+    for r in range(WORLD):
+        b = moerr.Bundle(hf_run / f"rank{r}.moerr")
+        a = b.annotation("hf_model")
+        assert a["step"] == 0 and a["objective"] == "causal-lm-cross-entropy" and a["config"]["model_type"] == "mixtral"
+        # The rank's experts under their global index: 8 experts over 4 ranks, 2 each.
+        header, _ = header_of(hf_run / a["file"])
+        experts = sorted({int(n.split(".experts.")[1].split(".")[0]) for n in header if n.startswith("param/")
+                          and ".experts." in n})
+        assert experts == [2 * r, 2 * r + 1], experts
+        assert "batch/input_ids" in header and "out/model.layers.1" in header and "out/loss" in header
+        assert "grad/model.layers.0.block_sparse_moe.gate.weight" in header
+
+
+@pytest.mark.parametrize("ranks", [2, 1])
+def test_replay_on_fewer_ranks_agrees_with_the_record(hf_run, ranks):
+    rc, out = moerr_cli("replay", hf_run, "--ranks", ranks, "--json")
+    assert rc == 0, out
+    report = json.loads(out[out.index("{"):])
+    assert report["ok"] and report["original_ranks"] == WORLD and report["ranks"] == ranks, out
+    kinds = {}
+    for row in report["compared"]:
+        kinds.setdefault(row["kind"], []).append(row)
+        assert row["relative"] <= report["tolerance"], row
+    # Every rank's two layer outputs and logits, its loss, its dense
+    # gradients; every expert's gradient (3 matrices x 8 experts x 2 layers,
+    # less any expert no token reached).
+    assert len(kinds["output"]) == WORLD * 3 and len(kinds["loss"]) == WORLD, kinds.keys()
+    assert len(kinds["dense gradient"]) == WORLD * 17, len(kinds["dense gradient"])
+    assert 30 <= len(kinds["expert gradient"]) <= 48, len(kinds["expert gradient"])
+    # Not vacuous: the gradients compared are not zero.
+    assert all(r["scale"] > 0 for r in kinds["expert gradient"])
+
+
+def test_replay_text_names_the_largest_deviation(hf_run):
+    rc, out = moerr_cli("replay", hf_run, "--ranks", 1)
+    assert rc == 0, out
+    assert "the Python loop's mixtral model rebuilt from its hf_config, 4 ranks replayed on 1" in out, out
+    assert "expert gradient" in out and "agrees with the record within the tolerance" in out, out
+
+
+def test_a_damaged_capture_is_reported(hf_run, tmp_path):
+    # Rank 2's recorded loss changed: the replay says it differs, rank 2's loss.
+    import shutil
+    import torch
+    from moerr import _hf
+    run = tmp_path / "run"
+    shutil.copytree(hf_run, run)
+    path = run / "hf" / "rank2.safetensors"
+    header, blob = header_of(path)
+    del header["__metadata__"]
+    start = 8 + int.from_bytes(blob[:8], "little")
+    tensors = {}
+    for name, e in header.items():
+        lo, hi = e["data_offsets"]
+        dtype = {"F32": torch.float32, "I64": torch.int64}[e["dtype"]]
+        tensors[name] = torch.frombuffer(bytearray(blob[start + lo:start + hi]), dtype=dtype).reshape(e["shape"])
+    tensors["out/loss"] = tensors["out/loss"] + 0.01
+    _hf.write_safetensors(str(path), tensors, {"step": "0"})
+    rc, out = moerr_cli("replay", run, "--ranks", 2)
+    assert rc == 1, out
+    assert "DIFFERS: 1 tensors past the tolerance" in out and "loss, rank 2" in out, out
+
+
+def test_a_model_outside_the_families_is_refused_when_recording(tmp_path):
+    out = run_ranks("""
+        import torch, torch.distributed as dist, moerr
+        from moerr.examples import TinyMoe, MIXTRAL_TINY
+        dist.init_process_group("gloo", init_method=INIT, rank=0, world_size=1)
+        try:
+            moerr.record(RUN, model=TinyMoe(), hf_config=MIXTRAL_TINY).__enter__()
+        except ValueError as e:
+            print("refused:", e)
+        dist.destroy_process_group()
+        """, tmp_path / "run", world=1)
+    assert "refused: model: " in out[0] and "are not mixtral names" in out[0], out
+    assert "layers.0.mlp.experts.0.gate_proj.weight" in out[0], out
+
+
+def test_proxy_of_the_run_is_an_hf_checkpoint_moerr_runs(hf_run, tmp_path):
+    # The ranks' parameters assembled, proxied to half the experts with the
+    # recorded batches (4 ranks x 2 x 8 tokens) as calibration; `moerr forward` runs it.
+    proxy = tmp_path / "proxy"
+    rc, out = moerr_cli("proxy", hf_run, "--keep", "1/2", "-o", proxy)
+    assert rc == 0, out
+    assert "the Python loop's model (4 ranks' parameters) as an HF checkpoint" in out, out
+    assert "8 experts per MoE layer -> 4" in out and "calibration: 64 tokens (8 sequences)" in out, out
+    assert json.load(open(proxy / "config.json"))["num_local_experts"] == 4
+    rc, out = moerr_cli("forward", "--checkpoint", proxy, "--prompt-ids", "1,2,3", "--json")
+    assert rc == 0, out
+    rc, out = moerr_cli("proxy", hf_run, "--keep", "1/2", "--ranks", 2, "-o", tmp_path / "p2")
+    assert rc == 2 and "its proxy is an HF checkpoint" in out and "--ranks" in out, out
