@@ -2,9 +2,11 @@
 
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <cmath>
 #include <map>
 
 #include "absl/strings/str_format.h"
+#include "support/check.h"
 #include "support/enum_table.h"
 
 namespace moerr::moe {
@@ -75,6 +77,34 @@ void InjectExpertOverflow(MoeTransformer& policy, GrpoOptions& options, const at
                                     out.module);
 }
 
+// The naive fp16 softmax fails only where a logit passes ln(fp16 max) ~
+// 11.09, as a confident model's do. A policy none of whose logits on the
+// calibration batch pass it (a short warm-up) has its final norm's weight
+// scaled so the largest lands at 2x that bound: every logit is multiplied by
+// that factor (lm_head has no bias), the argmax stays, a max-subtracting
+// log_softmax stays finite, and the naive kernel's exp overflows. With the
+// fault on one rank, the others run the naive kernel on their own logits.
+void InjectBadKernel(MoeTransformer& policy, GrpoOptions& options, const at::Tensor& calibration,
+                     const FaultPlace& place, InjectedFault& out) {
+  options.naive_fp16_softmax = true;
+  out.module = "lm_head";
+  out.description = "training log-softmax replaced by a naive fp16 softmax without max subtraction";
+  if (!place.weights) return;
+  const double bound = std::log(kFp16Max);
+  const double peak = policy->forward(calibration).max().item<double>();
+  if (peak > bound || peak <= 0) {  // it bites already; or no scale can make it
+    out.description += absl::StrFormat("; the largest logit on the calibration batch is %.3g", peak);
+    return;
+  }
+  const double scale = 2 * bound / peak;
+  at::Tensor* norm = policy->named_parameters().find("model.norm.weight");
+  MOERR_CHECK(norm != nullptr) << "the model has no final norm";
+  norm->mul_(scale);
+  out.description += absl::StrFormat(
+      "; the final norm's weight scaled %.3gx, so the largest logit on the calibration batch, %.3g, is %.3g",
+      scale, peak, 2 * bound);
+}
+
 // The router aux loss off, and rows 0 and 1 of every router given a large
 // copy of the mean direction of that router's inputs (on the calibration
 // batch), so nearly every token scores them highest.
@@ -136,12 +166,7 @@ absl::StatusOr<InjectedFault> InjectFault(FaultKind kind, MoeTransformer& policy
       out.description = "rollout log-probs computed in bf16, training log-probs in fp32";
       break;
     }
-    case FaultKind::kBadKernel: {
-      options.naive_fp16_softmax = true;
-      out.module = "lm_head";
-      out.description = "training log-softmax replaced by a naive fp16 softmax without max subtraction";
-      break;
-    }
+    case FaultKind::kBadKernel: InjectBadKernel(policy, options, calibration, place, out); break;
     case FaultKind::kRouterCollapse: InjectRouterCollapse(policy, options, calibration, place, out); break;
     case FaultKind::kSkipUpdate: {
       options.skip_update = true;

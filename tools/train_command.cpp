@@ -104,10 +104,11 @@ CommandResult RunTrain(TrainArgs& o) {
   MOERR_ASSIGN_OR_RETURN(const auto rank_env, distributed::RankFromEnvironment());
   if (o.train.fault_rank >= 0) {
     const int64_t world = rank_env.has_value() ? rank_env->world_size : o.ranks.ranks;
-    if (o.train.fault != moe::FaultKind::kExpertOverflow && o.train.fault != moe::FaultKind::kRouterCollapse) {
+    if (o.train.fault != moe::FaultKind::kExpertOverflow && o.train.fault != moe::FaultKind::kRouterCollapse &&
+        o.train.fault != moe::FaultKind::kBadKernel) {
       return absl::InvalidArgumentError(
-          "--fault-rank needs a fault in one rank's weights: expert-overflow or router-collapse (the others change "
-          "what every rank shares: numerics, options)");
+          "--fault-rank needs a fault in one rank's weights: expert-overflow, router-collapse or bad-kernel (the "
+          "others change only what every rank shares: numerics, options)");
     }
     if (world <= 1) return absl::InvalidArgumentError("--fault-rank applies to several ranks: pass --ranks N (N > 1)");
     if (o.train.fault_rank >= world) {
@@ -206,8 +207,9 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::IsMember({"file", "tcp"}));
   cmd->add_option("--fault-rank", opts->train.fault_rank,
-                  "With --ranks and --fault expert-overflow or router-collapse: only rank K's weights get the fault "
-                  "(expert-overflow breaks an expert rank K hosts); the numerics the fault needs change on every rank");
+                  "With --ranks and --fault expert-overflow, router-collapse or bad-kernel: only rank K's weights get "
+                  "the fault (expert-overflow breaks an expert rank K hosts; bad-kernel raises rank K's logits); the "
+                  "numerics and options the fault needs change on every rank (bad-kernel's naive softmax)");
   cmd->add_option("--rank-fault", opts->ranks.rank_fault,
                   "A multi-rank fault in step 0: kill:K (rank K is killed by SIGKILL as the step starts), stall:K "
                   "(rank K stops there, the others time out in their collective), corrupt:K (rank K's first "

@@ -418,6 +418,44 @@ TEST(WorldRun, AOneRankRouterCollapseIsNamedOnItsRankOrReportedLost) {
   }
 }
 
+// bad-kernel on rank 1 alone: every rank runs the naive fp16 softmax, and
+// rank 1's logits alone were raised past its range (tiny's three warm-up
+// steps leave them below ln(65504)), so only rank 1's step warns of its exp
+// (exp-range) and only rank 1 is judged. A proxy on one rank trains on rank
+// 1's shard with its dense state and shows the exp in the same module.
+TEST(WorldRun, AOneRankBadKernelWarnsOnItsRankAndReproducesInAProxy) {
+  const TrainedRun r =
+      Train("badkernel", "replayable", {"--ranks", "4", "--ep", "4", "--fault", "bad-kernel", "--fault-rank", "1"});
+  ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
+  const Result lint = Moerr(r.dir, {"lint", r.run(), "--only", "hazardous-patterns", "--json"});
+  const llvm::json::Value findings = Json(lint);
+  ASSERT_NE(findings.getAsArray(), nullptr) << lint.out << lint.err;
+  std::vector<int64_t> exp_ranks;
+  for (const llvm::json::Value& f : *findings.getAsArray()) {
+    const llvm::json::Object& o = *f.getAsObject();
+    if (o.getString("op").getValueOr("") == "aten::exp" && o.getString("where").getValueOr("") == "lm_head.log_softmax") {
+      exp_ranks.push_back(o.getInteger("rank").getValueOr(-1));
+    }
+  }
+  EXPECT_EQ(exp_ranks, std::vector<int64_t>{1}) << lint.out;
+
+  const std::string proxy = (r.dir / "proxy").string();
+  const Result made = Moerr(r.dir, {"proxy", r.run(), "--keep", "1/4", "--ranks", "1", "-o", proxy});
+  ASSERT_EQ(made.code, 0) << made.out << made.err;
+  EXPECT_NE(made.out.find("it trains on the batch of original rank(s) 1"), std::string::npos) << made.out;
+  const Result run = Moerr(r.dir, {"replay", proxy, "--json"});
+  EXPECT_EQ(run.code, 1) << run.out << run.err;
+  const llvm::json::Object failure = FailureOf(Json(run));
+  EXPECT_EQ(failure.getString("kind").getValueOr(""), "hazardous-patterns") << run.out;
+  EXPECT_EQ(failure.getInteger("judged").getValueOr(-1), 1) << run.out;
+  const llvm::json::Object* row = RowOf(failure, 1);
+  ASSERT_NE(row, nullptr) << run.out;
+  EXPECT_EQ(row->getString("rule").getValueOr(""), "exp-range") << run.out;
+  EXPECT_TRUE(row->getBoolean("discriminating").getValueOr(false)) << run.out;
+  EXPECT_TRUE(row->getBoolean("reproduced").getValueOr(false)) << run.out;
+  EXPECT_TRUE(row->getBoolean("localised").getValueOr(false)) << run.out;
+}
+
 // `proxy-eval --ranks 2 --json FILE` of one fault at 1/2: its rows.
 llvm::json::Array RankCost(const std::string& name, const std::string& preset) {
   const fs::path dir = fs::path(::testing::TempDir()) / ("moerr_rank_cost_" + name);
