@@ -1,6 +1,7 @@
 #include "replayer/hf_world_replay.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <torch/autograd.h>
 
 #include <algorithm>
@@ -112,8 +113,43 @@ absl::StatusOr<moe::MoeTransformer> BuildModel(const HfWorldRecord& record) {
   return model;
 }
 
+// Serves the recorded decisions of the pass's original rank, in place of
+// the router's own, counting agreement; a decision not recorded (or of
+// another shape) is routed live and counted.
+class PassRouting : public recorder::RoutingSource {
+ public:
+  void Serve(const RoutingQueues* queues) {
+    queues_ = queues;
+    next_.clear();
+  }
+  at::Tensor Route(int64_t layer, const at::Tensor& live, int64_t num_experts) override {
+    at::DisableRecordFunctionGuard no_record;
+    const auto it = queues_ == nullptr ? RoutingQueues::const_iterator() : queues_->find(layer);
+    size_t& next = next_[layer];
+    if (queues_ == nullptr || it == queues_->end() || next >= it->second.size() ||
+        it->second[next].sizes() != live.sizes()) {
+      ++live_;
+      return live;
+    }
+    const at::Tensor ids = it->second[next++];
+    if (ids.numel() > 0 && (ids.min().item<int64_t>() < 0 || ids.max().item<int64_t>() >= num_experts)) {
+      ++live_;
+      return live;
+    }
+    slots_ += live.numel();
+    alike_ += live.unsqueeze(2).eq(ids.unsqueeze(1)).any(2).sum().item<int64_t>();
+    return ids;
+  }
+  at::Tensor Counts() const { return at::tensor(std::vector<int64_t>{slots_, alike_, live_}, at::kLong); }
+
+ private:
+  const RoutingQueues* queues_ = nullptr;
+  std::map<int64_t, size_t> next_;
+  int64_t slots_ = 0, alike_ = 0, live_ = 0;
+};
+
 void Put(std::vector<std::pair<std::string, at::Tensor>>& out, std::string name, const at::Tensor& t) {
-  out.emplace_back(std::move(name), t.detach().to(at::kFloat).contiguous().clone());
+  out.emplace_back(std::move(name), t.detach().to(t.is_floating_point() ? at::kFloat : at::kLong).contiguous().clone());
 }
 
 // One original rank's pass: forward and backward of its objective. Dense
@@ -144,10 +180,19 @@ bool HasHfModel(const formats::WorldStep& world) {
          world.ranks[0].reader->ReadAnnotation(kHfModelAnnotation).ok();
 }
 
-absl::StatusOr<HfWorldRecord> ReadHfWorld(const formats::WorldStep& world) {
+absl::StatusOr<HfWorldRecord> ReadHfWorld(formats::WorldStep& world) {
   HfWorldRecord record;
   record.dir = world.dir;
   for (int64_t r = 0; r < static_cast<int64_t>(world.ranks.size()); ++r) MOERR_RETURN_IF_ERROR(ReadRank(world, r, record));
+  MOERR_RETURN_IF_ERROR(formats::ReadWorldStep(world, record.step));
+  for (const formats::RankStep& r : world.ranks) {
+    if (!r.reader || !r.trace) {
+      return absl::FailedPreconditionError(absl::StrFormat("%s, rank %d: step %d: %s", world.dir, r.rank, record.step,
+                                                           r.error.ok() ? "not recorded" : r.error.message()));
+    }
+    MOERR_ASSIGN_OR_RETURN(RoutingQueues q, ReadRouting(*r.reader, *r.trace, record.step));
+    record.routing.push_back(std::move(q));
+  }
   return record;
 }
 
@@ -185,9 +230,12 @@ absl::Status ReplayHfRank(const HfWorldRecord& record, const WorldReplayPlan& pl
                           moe::Parallel* parallel, const std::string& out_file) {
   MOERR_ASSIGN_OR_RETURN(moe::MoeTransformer model, BuildModel(record));
   std::vector<std::pair<std::string, at::Tensor>> out;
+  PassRouting routing;
   MOERR_RETURN_IF_ERROR(CatchTorch("the replay's forward and backward", [&]() -> absl::Status {
     if (parallel != nullptr) model->SetParallel(parallel);
+    model->SetRoutingSource(&routing);
     for (int64_t r = rank * plan.covers(); r < (rank + 1) * plan.covers(); ++r) {
+      routing.Serve(&record.routing.at(static_cast<size_t>(r)));
       const at::Tensor ids = ReadNamed(record.ranks.at(static_cast<size_t>(r)), kInputIds).to(at::kLong);
       if (ids.dim() != 2 || ids.size(1) < 2) {
         return absl::InvalidArgumentError(absl::StrFormat("%s, rank %d: batch/input_ids must be [B, S >= 2]", record.dir, r));
@@ -203,8 +251,10 @@ absl::Status ReplayHfRank(const HfWorldRecord& record, const WorldReplayPlan& pl
         Put(out, kGrad + p.key(), p.value().grad());
       }
     }
+    Put(out, "routing", routing.Counts());
     return absl::OkStatus();
   }));
+  model->SetRoutingSource(nullptr);
   std::vector<std::pair<std::string, formats::TensorView>> views;
   for (const auto& [name, t] : out) {
     MOERR_ASSIGN_OR_RETURN(formats::TensorView v, recorder::ViewOf(t));
@@ -286,6 +336,13 @@ absl::StatusOr<HfReplayComparison> CompareHfReplay(const HfWorldRecord& record, 
     replay.push_back(std::move(f));
   }
   MOERR_RETURN_IF_ERROR(CatchTorch("comparing the replay", [&]() -> absl::Status {
+    for (const formats::SafetensorsFile& f : replay) {
+      const at::Tensor counts = ReadNamed(f, "routing");
+      if (!counts.defined() || counts.numel() != 3) return absl::InvalidArgumentError(out_dir + ": a replay rank wrote no routing counts");
+      c.routed_slots += counts[0].item<int64_t>();
+      c.routed_alike += counts[1].item<int64_t>();
+      c.routed_live += counts[2].item<int64_t>();
+    }
     for (int64_t r = 0; r < plan.original_ranks; ++r) {
       const int64_t m = r / plan.covers();
       MOERR_RETURN_IF_ERROR(CompareRank(record, r, replay[static_cast<size_t>(m)],
@@ -323,6 +380,9 @@ llvm::json::Object HfReplayJson(const HfReplayComparison& c) {
   }
   return llvm::json::Object{{"run", c.run},       {"step", c.step},           {"original_ranks", c.original_ranks},
                             {"ranks", c.ranks},   {"tolerance", c.tolerance}, {"ok", c.ok()},
+                            {"routing", llvm::json::Object{{"served_slots", c.routed_slots},
+                                                           {"router_agrees", c.routed_alike},
+                                                           {"decisions_routed_live", c.routed_live}}},
                             {"compared", std::move(rows)}};
 }
 

@@ -14,7 +14,10 @@
 // each in rank order, forward and backward of the recorded objective
 // (causal-LM next-token cross entropy, the mean over the rank's
 // predictions) on that rank's batch, its experts spread over its EP group
-// through c10d all_to_all. A dense parameter's gradient is taken per
+// through c10d all_to_all. Its routers are served the rank's recorded
+// decisions (moerr.instrument's routing hooks), and count how many slots
+// their own choice agrees on; a loop that recorded none routes live. A
+// dense parameter's gradient is taken per
 // original rank; an expert's sums over every pass of every rank, which is
 // what the record's expert gradients sum to over their replicas.
 #pragma once
@@ -29,6 +32,7 @@
 #include "llvm/Support/JSON.h"
 #include "moe/moe_config.h"
 #include "moe/parallel.h"
+#include "replayer/model_replay.h"
 #include "replayer/world_replay.h"
 
 namespace moerr::replayer {
@@ -45,15 +49,16 @@ struct HfWorldRecord {
   llvm::json::Object hf_config;
   moe::MoeConfig config;
   std::vector<formats::SafetensorsFile> ranks;  // by original rank
+  std::vector<RoutingQueues> routing;            // by original rank; empty queues: none recorded
 };
 
 // True when rank 0's bundle carries the "hf_model" annotation.
 bool HasHfModel(const formats::WorldStep& world);
 
-// Every rank's capture of step `world.step`; an error names the run, the
-// rank and what is missing or malformed (a config moerr cannot build is
-// FromHfConfig's error, naming the key).
-absl::StatusOr<HfWorldRecord> ReadHfWorld(const formats::WorldStep& world);
+// Every rank's capture and routing (reading the captured step into
+// `world`); an error names the run, the rank and what is missing or
+// malformed (a config moerr cannot build is FromHfConfig's error, naming the key).
+absl::StatusOr<HfWorldRecord> ReadHfWorld(formats::WorldStep& world);
 
 // The plan (world_replay.h) for `ranks` replay ranks; the experts per layer
 // from the config when world.json has none.
@@ -70,7 +75,9 @@ absl::StatusOr<int64_t> WriteHfBatch(const HfWorldRecord& record, const std::str
 // Replay rank `rank`'s part over `parallel` (null when plan.ranks == 1),
 // written to `out_file` (safetensors): rank<K>/out/<what> and
 // rank<K>/grad/<dense parameter> for each original rank K it stands for,
-// grad/<expert parameter> for the experts it hosts. Every rank of the plan
+// grad/<expert parameter> for the experts it hosts, routing [3] int64
+// (slots served, of them chosen alike by the replay's router, decisions
+// routed live for want of a recorded one). Every rank of the plan
 // makes this call at once.
 absl::Status ReplayHfRank(const HfWorldRecord& record, const WorldReplayPlan& plan, int64_t rank,
                           moe::Parallel* parallel, const std::string& out_file);
@@ -88,6 +95,7 @@ struct HfReplayComparison {
   int64_t step = 0, original_ranks = 0, ranks = 0;
   double tolerance = kHfTolerance;
   std::vector<HfDeviation> rows;
+  int64_t routed_slots = 0, routed_alike = 0, routed_live = 0;  // summed over the replay ranks
   const HfDeviation* Worst(const std::string& kind) const;  // null when none of the kind
   bool ok() const;
 };

@@ -20,7 +20,7 @@ struct HfSetup {
   replayer::WorldReplayPlan plan;
 };
 
-absl::StatusOr<HfSetup> Setup(const ReplayRanksArgs& args, const formats::WorldStep& world) {
+absl::StatusOr<HfSetup> Setup(const ReplayRanksArgs& args, formats::WorldStep& world) {
   HfSetup s;
   MOERR_ASSIGN_OR_RETURN(s.record, replayer::ReadHfWorld(world));
   if (args.steps.size() > 1 || (args.steps.size() == 1 && args.steps[0] != s.record.step)) {
@@ -46,6 +46,14 @@ void Print(const replayer::HfReplayComparison& c, const std::string& family) {
     if (w == nullptr) continue;
     absl::PrintF("    %-16s %.3e  (max |diff| %.3e; %s)\n", kind, w->relative(), w->max_abs, Where(*w));
   }
+  if (c.routed_live == 0) {
+    absl::PrintF("  routing: the recorded decisions served, %d slots; the replay's router chose %d of them alike\n",
+                 c.routed_slots, c.routed_alike);
+  } else {
+    absl::PrintF("  routing: %d decisions routed live, none recorded for them (moerr.instrument(model) records "
+                 "them); %d slots served from the record\n",
+                 c.routed_live, c.routed_slots);
+  }
   int64_t past = 0, bitwise = 0;
   for (const auto& d : c.rows) {
     past += d.relative() > c.tolerance;
@@ -61,7 +69,7 @@ void Print(const replayer::HfReplayComparison& c, const std::string& family) {
 
 }  // namespace
 
-CommandResult LaunchHfReplay(const ReplayRanksArgs& args, const formats::WorldStep& world,
+CommandResult LaunchHfReplay(const ReplayRanksArgs& args, formats::WorldStep& world,
                              const std::function<absl::StatusOr<std::string>()>& claim_out) {
   MOERR_ASSIGN_OR_RETURN(const HfSetup setup, Setup(args, world));
   const replayer::WorldReplayPlan& plan = setup.plan;
@@ -98,7 +106,7 @@ CommandResult LaunchHfReplay(const ReplayRanksArgs& args, const formats::WorldSt
 }
 
 CommandResult ReplayHfAsRank(const ReplayRanksArgs& args, const distributed::RankEnv& env, const std::string& out) {
-  MOERR_ASSIGN_OR_RETURN(const formats::WorldStep world, formats::OpenWorld(args.run));
+  MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(args.run));
   MOERR_ASSIGN_OR_RETURN(const HfSetup setup, Setup(args, world));
   RanksOptions options;
   options.ranks = setup.plan.ranks;

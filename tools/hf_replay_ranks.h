@@ -17,7 +17,7 @@ namespace moerr::tools {
 
 // Reads the capture, plans, claims the output (`claim_out`), replays in
 // this process (M = 1) or on M launched ranks, compares and prints.
-CommandResult LaunchHfReplay(const ReplayRanksArgs& args, const formats::WorldStep& world,
+CommandResult LaunchHfReplay(const ReplayRanksArgs& args, formats::WorldStep& world,
                              const std::function<absl::StatusOr<std::string>()>& claim_out);
 
 // A launched rank's part, written to `out`/rank<m>.safetensors.

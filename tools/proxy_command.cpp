@@ -199,7 +199,7 @@ CommandResult RunCheckpointProxy(const ProxyArgs& a) {
 // parameters written as an HF checkpoint to a temporary directory and
 // proxied as --checkpoint's, the calibration on every rank's recorded batch
 // (unless --tokens names others).
-CommandResult RunHfRunProxy(ProxyArgs a, const formats::WorldStep& world, bool calib_given) {
+CommandResult RunHfRunProxy(ProxyArgs a, formats::WorldStep& world, bool calib_given) {
   if (a.step >= 0 || a.ranks > 0 || a.whole_batch || a.heal > 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s was recorded from a Python loop (moerr.record(model=, hf_config=)): its proxy is an HF checkpoint, as "
@@ -236,7 +236,7 @@ CommandResult RunHfRunProxy(ProxyArgs a, const formats::WorldStep& world, bool c
 CommandResult RunBundleProxy(const ProxyArgs& a, bool calib_given, bool shard_size_given) {
   if (a.bundle.empty()) return absl::InvalidArgumentError("give a BUNDLE, a run directory or --checkpoint DIR");
   if (formats::IsRunDirectory(a.bundle)) {
-    MOERR_ASSIGN_OR_RETURN(const formats::WorldStep world, formats::OpenWorld(a.bundle));
+    MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(a.bundle));
     if (replayer::HasHfModel(world)) return RunHfRunProxy(a, world, calib_given);
   }
   if (a.json || !a.tokens.empty() || calib_given || shard_size_given) {

@@ -288,7 +288,7 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x):
         flat = x.reshape(-1, x.shape[-1])
-        probs = torch.softmax(F.linear(flat.float(), self.gate.weight.float()), -1)
+        probs = torch.softmax(self.gate(flat).float(), -1)  # through the module: moerr.instrument sees the routing
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         weights = (weights / (weights.sum(-1, keepdim=True) + 1e-20)).to(flat.dtype)
         slot_expert = ids.reshape(-1)

@@ -64,6 +64,8 @@ def test_replay_on_fewer_ranks_agrees_with_the_record(hf_run, ranks):
     assert 30 <= len(kinds["expert gradient"]) <= 48, len(kinds["expert gradient"])
     # Not vacuous: the gradients compared are not zero.
     assert all(r["scale"] > 0 for r in kinds["expert gradient"])
+    # The routers were served every recorded decision: 4 ranks x 16 tokens x top-2, 2 layers.
+    assert report["routing"] == {"served_slots": 256, "router_agrees": 256, "decisions_routed_live": 0}, out
 
 
 def test_replay_text_names_the_largest_deviation(hf_run):
@@ -71,6 +73,7 @@ def test_replay_text_names_the_largest_deviation(hf_run):
     assert rc == 0, out
     assert "the Python loop's mixtral model rebuilt from its hf_config, 4 ranks replayed on 1" in out, out
     assert "expert gradient" in out and "agrees with the record within the tolerance" in out, out
+    assert "routing: the recorded decisions served, 256 slots; the replay's router chose 256 of them alike" in out, out
 
 
 def test_a_damaged_capture_is_reported(hf_run, tmp_path):
