@@ -20,7 +20,23 @@ constexpr EnumName<FaultKind> kFaults[] = {
     {FaultKind::kBadKernel, "bad-kernel"},
     {FaultKind::kRouterCollapse, "router-collapse"},
     {FaultKind::kSkipUpdate, "skip-update"},
+    {FaultKind::kLrDivergence, "lr-divergence"},
+    {FaultKind::kRouterCollapseFree, "router-collapse-free"},
+    {FaultKind::kLossScaleGrowth, "loss-scale-growth"},
+    {FaultKind::kTrainedPrecision, "trained-precision"},
 };
+
+// The dynamics faults' settings. lr-divergence: the learning rate's factor
+// (1e-4 -> 1: on the tiny preset the first overflow comes 2 to 4 steps in;
+// at 1000x the reward collapses but nothing overflows within 10 steps);
+// router-collapse-free: the same for the unbalanced routers' drift;
+// trained-precision: the experts' activation range, FP6 E2M3's largest value
+// (OCP MX formats, here without block scaling). The largest expert
+// activation on 64 task sequences is 0.05 for an untrained tiny model and
+// 6 to 33 after 100 to 600 warm-up steps (small: 0.26, then 41 to 324).
+constexpr double kDivergenceLrFactor = 10000;
+constexpr double kCollapseLrFactor = 30;
+constexpr double kTrainedActivationMax = 7.5;
 
 // The first MoE layer's most used expert on `calibration`, and the inputs the
 // router sent it (rows of hidden states): an overflow there reaches every
@@ -131,7 +147,42 @@ void InjectRouterCollapse(MoeTransformer& policy, GrpoOptions& options, const at
   out.description = "router aux loss off; experts 0 and 1 favoured by every router";
 }
 
+// The dynamics faults (fault.h): options only, no weight is touched.
+void InjectDynamicsFault(FaultKind kind, GrpoOptions& options, InjectedFault& out) {
+  switch (kind) {
+    case FaultKind::kLrDivergence:
+      options.numerics.precision = options.rollout_numerics.precision = Precision::kFp16Emu;
+      options.lr *= kDivergenceLrFactor;
+      out.description = absl::StrFormat("fp16 emulation with a learning rate of %g (%gx): activations grow until "
+                                        "they overflow", options.lr, kDivergenceLrFactor);
+      break;
+    case FaultKind::kRouterCollapseFree:
+      options.aux_loss_coef = 0;
+      options.lr *= kCollapseLrFactor;
+      out.description = absl::StrFormat("router aux loss off, learning rate %g (%gx), no router bias: the load "
+                                        "concentrates as training goes", options.lr, kCollapseLrFactor);
+      break;
+    case FaultKind::kLossScaleGrowth:
+      options.numerics.precision = options.rollout_numerics.precision = Precision::kFp16Emu;
+      options.scale_growth_interval = 1;
+      out.description = absl::StrFormat("fp16 emulation, loss scale %g doubled after every finite step: the "
+                                        "scaled gradients overflow once it outgrows them", options.initial_loss_scale);
+      break;
+    case FaultKind::kTrainedPrecision:
+      options.numerics.expert_activation_max = options.rollout_numerics.expert_activation_max = kTrainedActivationMax;
+      out.description = absl::StrFormat("the experts' activations held in a format of range %g (FP6 E2M3 "
+                                        "without block scaling): +-Inf past it", kTrainedActivationMax);
+      break;
+    default: MOERR_CHECK(false) << "not a dynamics fault: " << FaultName(kind);
+  }
+}
+
 }  // namespace
+
+bool OnsetFromDynamics(FaultKind kind) {
+  return kind == FaultKind::kLrDivergence || kind == FaultKind::kRouterCollapseFree ||
+         kind == FaultKind::kLossScaleGrowth || kind == FaultKind::kTrainedPrecision;
+}
 
 absl::StatusOr<FaultKind> ParseFault(const std::string& name) { return ParseEnum(kFaults, "fault", name); }
 
@@ -173,6 +224,10 @@ absl::StatusOr<InjectedFault> InjectFault(FaultKind kind, MoeTransformer& policy
       out.description = "the optimizer update is silently omitted";
       break;
     }
+    case FaultKind::kLrDivergence:
+    case FaultKind::kRouterCollapseFree:
+    case FaultKind::kLossScaleGrowth:
+    case FaultKind::kTrainedPrecision: InjectDynamicsFault(kind, options, out); break;
   }
   return out;
 }

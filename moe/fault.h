@@ -12,6 +12,20 @@
 //   router-collapse    aux loss off and routers biased to two experts:
 //                      load collapses
 //   skip-update        the optimizer update is silently omitted
+//
+// Faults whose onset comes from the model's own training dynamics, some steps
+// after injection, not from one broken part (OnsetFromDynamics):
+//   lr-divergence        fp16 emulation and a learning rate 10^4x too high
+//                        (1): weights and activations grow step by step
+//                        until one overflows fp16
+//   router-collapse-free the aux loss off (no router bias) and a raised
+//                        learning rate: the routers' rich-get-richer dynamics
+//                        concentrate the load
+//   loss-scale-growth    fp16 emulation whose loss scale doubles after every
+//                        finite step until the scaled gradients overflow
+//   trained-precision    the experts' activations held in a narrow format
+//                        (Numerics::expert_activation_max): fresh experts stay
+//                        inside its range, trained ones leave it
 #pragma once
 
 #include <string>
@@ -22,11 +36,26 @@
 
 namespace moerr::moe {
 
-enum class FaultKind { kNone, kExpertOverflow, kGradOverflow, kLogprobPrecision, kBadKernel, kRouterCollapse, kSkipUpdate };
+enum class FaultKind {
+  kNone,
+  kExpertOverflow,
+  kGradOverflow,
+  kLogprobPrecision,
+  kBadKernel,
+  kRouterCollapse,
+  kSkipUpdate,
+  kLrDivergence,
+  kRouterCollapseFree,
+  kLossScaleGrowth,
+  kTrainedPrecision,
+};
 
 absl::StatusOr<FaultKind> ParseFault(const std::string& name);
 std::string FaultName(FaultKind kind);
 std::vector<FaultKind> AllFaults();
+// Whether `kind`'s failure first shows steps after injection, when training
+// has moved the model there (the dynamics faults above), rather than at once.
+bool OnsetFromDynamics(FaultKind kind);
 
 struct InjectedFault {
   FaultKind kind = FaultKind::kNone;

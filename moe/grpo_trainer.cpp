@@ -42,6 +42,8 @@ llvm::json::Object ToJson(const GrpoOptions& o) {
                             {"fp16_saturate", o.numerics.saturate},
                             {"rollout_precision", PrecisionName(o.rollout_numerics.precision)},
                             {"rollout_fp16_saturate", o.rollout_numerics.saturate},
+                            {"expert_activation_max", o.numerics.expert_activation_max},
+                            {"rollout_expert_activation_max", o.rollout_numerics.expert_activation_max},
                             {"initial_loss_scale", o.initial_loss_scale},
                             {"scale_growth_interval", o.scale_growth_interval},
                             {"naive_fp16_softmax", o.naive_fp16_softmax},
@@ -73,6 +75,9 @@ absl::StatusOr<GrpoOptions> GrpoOptionsFromJson(const llvm::json::Object& json) 
                   m.map("precision", precision) && m.map("fp16_saturate", o.numerics.saturate) &&
                   m.map("rollout_precision", rollout_precision) &&
                   m.map("rollout_fp16_saturate", o.rollout_numerics.saturate) &&
+                  // absent before the trained-precision fault existed
+                  m.mapOptional("expert_activation_max", o.numerics.expert_activation_max) &&
+                  m.mapOptional("rollout_expert_activation_max", o.rollout_numerics.expert_activation_max) &&
                   m.map("initial_loss_scale", o.initial_loss_scale) &&
                   m.map("scale_growth_interval", o.scale_growth_interval) &&
                   m.map("naive_fp16_softmax", o.naive_fp16_softmax) && m.map("skip_update", o.skip_update);

@@ -143,7 +143,7 @@ ExpertImpl::ExpertImpl(int64_t hidden, int64_t intermediate, bool mixtral_names,
 at::Tensor ExpertImpl::forward(const at::Tensor& x) {
   RECORD_USER_SCOPE(path_);
   // One expression, as before hidden_act: the order of the gate and up ops in a trace stays.
-  const at::Tensor act = Boundary(Activate(Boundary(gate_(x))) * Boundary(up_(x)));
+  const at::Tensor act = ExpertActivationRange(Boundary(Activate(Boundary(gate_(x))) * Boundary(up_(x))));
   return Boundary(down_(act));
 }
 

@@ -3,6 +3,8 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <limits>
+
 #include "absl/strings/str_format.h"
 #include "support/enum_table.h"
 
@@ -58,6 +60,16 @@ NumericsScope::~NumericsScope() {
   at::autocast::set_cpu_enabled(previous_autocast_);
   at::autocast::set_autocast_cpu_dtype(previous_autocast_dtype_);
   at::autocast::clear_cache();
+}
+
+at::Tensor ExpertActivationRange(const at::Tensor& act) {
+  const double max = current_numerics.expert_activation_max;
+  if (max <= 0) return act;
+  // Past the range: +-Inf forward, as an overflow from finite inputs (a
+  // value out of range times the largest float), so a trace's first
+  // overflow is the op that left the range; values inside it are unchanged.
+  const at::Tensor out_of_range = act.abs().gt(max).to(act.scalar_type());
+  return act + act * out_of_range * std::numeric_limits<float>::max();
 }
 
 at::Tensor Boundary(const at::Tensor& x) {

@@ -28,6 +28,10 @@ at::Tensor RoundToFp16(const at::Tensor& x, bool saturate);
 struct Numerics {
   Precision precision = Precision::kFp32;
   bool saturate = false;  // fp16 overflow saturates instead of giving Inf
+  // > 0: the experts' activation act(gate) * up is held in a format whose
+  // largest finite value this is (as FP6 E2M3's 7.5 without block
+  // scaling); a value past it becomes +-Inf (ExpertActivationRange). 0: none.
+  double expert_activation_max = 0;
 };
 const Numerics& CurrentNumerics();
 
@@ -44,6 +48,11 @@ class NumericsScope {
   bool previous_autocast_;
   at::ScalarType previous_autocast_dtype_;
 };
+
+// The current numerics' expert_activation_max applied to `act` (identity when
+// 0): values past it +-Inf, made by an op of finite inputs so that a trace's
+// first overflow is that op, in the expert's module.
+at::Tensor ExpertActivationRange(const at::Tensor& act);
 
 // A module boundary: identity except under fp16 emulation, where the value is
 // rounded to fp16 forward and its gradient rounded to fp16 backward.

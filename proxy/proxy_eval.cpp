@@ -20,6 +20,7 @@
 #include "recorder/recorder.h"
 #include "replayer/model_replay.h"
 #include "replayer/step_failure.h"
+#include "replayer/world_failure.h"
 #include "support/check.h"
 #include "support/filesystem.h"
 #include "support/status.h"
@@ -41,19 +42,26 @@ absl::Status Record(moe::GrpoTrainer& trainer, const std::string& path, int64_t 
   return rec->Stop();
 }
 
-
-// The lint check that names each fault.
-const char* CheckFor(moe::FaultKind f) {
-  switch (f) {
-    case moe::FaultKind::kExpertOverflow:
-    case moe::FaultKind::kGradOverflow: return "dtype-headroom";
-    case moe::FaultKind::kBadKernel:
-    case moe::FaultKind::kLogprobPrecision: return "hazardous-patterns";
-    case moe::FaultKind::kRouterCollapse: return "load-imbalance";
-    case moe::FaultKind::kSkipUpdate: return "optimizer-hazards";
-    case moe::FaultKind::kNone: break;
+// How step `step` of `reader` shows `fault`: its failure of the fault's kind
+// and rule (replayer/world_failure.h, the table the multi-rank verdict
+// judges by), of several the largest measure; nullopt when none.
+absl::StatusOr<std::optional<replayer::Failure>> FaultFailure(const formats::BundleReader& reader, int64_t step,
+                                                              moe::FaultKind fault) {
+  MOERR_ASSIGN_OR_RETURN(const formats::Trace trace, formats::ReadTrace(reader, step));
+  MOERR_ASSIGN_OR_RETURN(const std::vector<replayer::Failure> all,
+                         replayer::FailuresOf(reader, step, trace, replayer::FailureKindOfFault(fault)));
+  std::optional<replayer::Failure> out;
+  for (const replayer::Failure& f : all) {  // worst first: the first of the largest measure
+    if (f.rule != replayer::FailureRuleOfFault(fault)) continue;
+    if (!out || f.measure.value_or(0) > out->measure.value_or(0)) out = f;
   }
-  return "";
+  return out;
+}
+
+// Steps after injection a fault is followed for: longer for one whose
+// onset comes from the dynamics.
+int64_t StepsAfter(moe::FaultKind fault, const EvalOptions& options) {
+  return moe::OnsetFromDynamics(fault) ? options.dynamics_steps : options.response_steps;
 }
 
 // A copy of `t` in memory of its own, not from LibTorch's allocator: a log
@@ -303,7 +311,7 @@ absl::StatusOr<Baseline> MeasureBaseline(const moe::MoeTransformer& warm, const 
   b.peak_bytes = MicroBatchedPeakMemory(warm, options.memory_micro_batch);
   for (moe::FaultKind fault : options.faults) {
     MOERR_ASSIGN_OR_RETURN(const auto run,
-                           FaultResponseRun(warm, fault, options.response_at, options.response_steps, 5));
+                           FaultResponseRun(warm, fault, options.response_at, StepsAfter(fault, options), 5));
     b.responses[fault] = MeasureResponse(run, options.response_at);
   }
   return b;
@@ -363,9 +371,9 @@ absl::StatusOr<EvalRow> EvaluateConfiguration(moe::MoeTransformer& warm, const B
   CompareTrends(original, t, false, options.trend, row);
   CompareTrends(original, replayed, true, options.trend, row);
   for (const auto& [fault, response] : base.responses) {
-    MOERR_ASSIGN_OR_RETURN(const auto run,
-                           FaultResponseRun(proxy, fault, options.response_at, options.response_steps, 5));
-    FaultResponseRow r{fault, response, MeasureResponse(run, options.response_at), {}};
+    const int64_t after = StepsAfter(fault, options);
+    MOERR_ASSIGN_OR_RETURN(const auto run, FaultResponseRun(proxy, fault, options.response_at, after, 5));
+    FaultResponseRow r{fault, response, MeasureResponse(run, options.response_at), {}, options.response_at + after};
     r.comparison = CompareResponse(r.original, r.proxy);
     row.responses.push_back(std::move(r));
   }
@@ -375,8 +383,9 @@ absl::StatusOr<EvalRow> EvaluateConfiguration(moe::MoeTransformer& warm, const B
   return row;
 }
 
-// Two steps of copies of `warm` with `fault` injected, recorded at `path`.
-absl::Status RecordFault(const moe::MoeTransformer& warm, moe::FaultKind fault, int64_t seed, const std::string& path) {
+// `steps` steps of copies of `warm` with `fault` injected, recorded at `path`.
+absl::Status RecordFault(const moe::MoeTransformer& warm, moe::FaultKind fault, int64_t seed, int64_t steps,
+                         const std::string& path) {
   moe::MoeTransformer policy = moe::CopyOf(warm), reference = moe::CopyOf(warm);
   moe::GrpoOptions grpo;
   const moe::AdditionTask task;
@@ -385,22 +394,26 @@ absl::Status RecordFault(const moe::MoeTransformer& warm, moe::FaultKind fault, 
   MOERR_ASSIGN_OR_RETURN(moe::InjectedFault injected,
                          moe::InjectFault(fault, policy, grpo, at::cat({calib.prompts, calib.answers}, 1)));
   moe::GrpoTrainer trainer(policy, reference, task, grpo, 100 + seed);
-  return Annotate(Record(trainer, path, 2), path);
+  return Annotate(Record(trainer, path, steps), path);
 }
 
-// One fault case: recorded on the original, mapped to every configuration
-// of `rows`, model-replayed and judged (replayer::Reproduces).
+// One fault case: recorded on the original (2 steps, a dynamics fault
+// `dynamics_steps`), its first failing step's failure (FaultFailure) the
+// case; each configuration of `rows` built from each recorded step in turn,
+// model-replayed and judged by replayer::Reproduces (the same kind and rule;
+// localised: also the same phase and module class, since a proxy renumbers
+// experts) until one reproduces it: the proxy's onset.
 absl::Status ReproduceFault(const moe::MoeTransformer& warm, moe::FaultKind fault, int64_t seed,
                             const EvalOptions& options, std::vector<EvalRow>& rows) {
   const std::string path = options.out_dir + "/fault.moerr";
-  MOERR_RETURN_IF_ERROR(RecordFault(warm, fault, seed, path));
+  const int64_t recorded = moe::OnsetFromDynamics(fault) ? options.dynamics_steps : 2;
+  MOERR_RETURN_IF_ERROR(RecordFault(warm, fault, seed, recorded, path));
   MOERR_ASSIGN_OR_RETURN(auto reader, formats::BundleReader::Open(path));
   const std::vector<int64_t> steps = reader->CompleteSteps();
   std::optional<replayer::Failure> original;
   int64_t onset = -1;
   for (int64_t s : steps) {
-    MOERR_ASSIGN_OR_RETURN(formats::Trace trace, formats::ReadTrace(*reader, s));
-    MOERR_ASSIGN_OR_RETURN(original, replayer::FindFailure(*reader, s, trace, CheckFor(fault)));
+    MOERR_ASSIGN_OR_RETURN(original, FaultFailure(*reader, s, fault));
     if (original) {
       onset = s;
       break;
@@ -416,11 +429,9 @@ absl::Status ReproduceFault(const moe::MoeTransformer& warm, moe::FaultKind faul
       replay.record_path = options.out_dir + "/proxy-replay.moerr";
       replay.overwrite = true;
       MOERR_ASSIGN_OR_RETURN(replayer::ReplayedStep replayed, replayer::ReplayModelStepTrace(*proxy_reader, s, replay));
-      // The replay's worst warning of the fault's check, as in the original.
       const replayer::StepTrace& r = replayed.recording;
-      MOERR_ASSIGN_OR_RETURN(const std::optional<replayer::Failure> symptom,
-                             replayer::FindFailure(*r.reader, s, r.trace, original->kind));
-      const replayer::Reproduction shown = replayer::Compare(symptom, *original);
+      MOERR_ASSIGN_OR_RETURN(const replayer::Reproduction shown,
+                             replayer::Reproduces(*r.reader, s, r.trace, *original));
       if (shown == replayer::Reproduction::kNo) continue;
       ++row.reproduced;
       row.localised += shown == replayer::Reproduction::kSamePlace;
@@ -471,6 +482,7 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
     for (EvalRow& row : report.rows) {
       if (row.reproduced > 0) row.onset_delta /= row.reproduced;
     }
+    CompareWithRandom(report.rows);
     report_progress("fault reproduction", cases, cases);
     return absl::OkStatus();
   }));
@@ -518,7 +530,9 @@ llvm::json::Object ToJson(const EvalReport& report) {
         {"peak_memory_ratio", num(r.peak_memory_ratio)},
         {"whole_batch_peak_memory_ratio", num(r.whole_batch_peak_memory_ratio)}, {"fault_cases", r.cases},
         {"reproduced", r.reproduced}, {"localised", r.localised}, {"onset_delta", num(r.onset_delta)}, {"params_ratio", num(r.params_ratio)},
-        {"step_time_ratio", num(r.step_time_ratio)}};
+        {"step_time_ratio", num(r.step_time_ratio)}, {"response_onset_error", num(r.response_error.onset)},
+        {"response_magnitude_error", num(r.response_error.magnitude)}, {"onset_vs_random", num(r.onset_vs_random)},
+        {"magnitude_vs_random", num(r.magnitude_vs_random)}};
     AddDynamicsJson(r, row);
     rows.push_back(std::move(row));
   }

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -40,6 +41,7 @@
 #include "proxy/clustering.h"
 #include "proxy/expert_diversity.h"
 #include "proxy/healing.h"
+#include "proxy/response_error.h"
 #include "proxy/trend_fidelity.h"
 
 namespace moerr::proxy {
@@ -63,6 +65,10 @@ struct EvalOptions {
   int64_t response_at = 3;     // healthy steps before a fault is injected (the response runs)
   int64_t response_steps = 5;  // steps after it
   int64_t heal_steps = 0;      // > 0: each configuration also with its proxies healed this long
+  // Steps recorded per fault case of a fault whose onset comes from the
+  // dynamics (moe::OnsetFromDynamics; the others: 2), and steps after it in
+  // its fault response (the others: response_steps).
+  int64_t dynamics_steps = 8;
 };
 
 // One fault's response in the original and in a proxy (trend_fidelity.h).
@@ -70,6 +76,7 @@ struct FaultResponseRow {
   moe::FaultKind fault = moe::FaultKind::kNone;
   FaultResponse original, proxy;
   ResponseComparison comparison;
+  int64_t end = 0;  // one past both runs' last step
 };
 
 struct EvalRow {
@@ -87,6 +94,13 @@ struct EvalRow {
   Trend trend_loss, trend_reward, trend_kl, trend_grad_norm;
   Trend replayed_trend_loss, replayed_trend_kl, replayed_trend_grad_norm;
   std::vector<FaultResponseRow> responses;
+  // The fault responses' distance from the original's (response_error.h),
+  // and random pruning's (the row of method "random" at the same keep and
+  // healing) minus this row's: > 0 nearer the original than random; NaN
+  // without a random row (CompareWithRandom).
+  ResponseError response_error;
+  double onset_vs_random = std::numeric_limits<double>::quiet_NaN();
+  double magnitude_vs_random = std::numeric_limits<double>::quiet_NaN();
   // Original / proxy. Peak memory: micro-batched steps, and the whole-batch run.
   double params_ratio = 0, peak_memory_ratio = 0, whole_batch_peak_memory_ratio = 0, step_time_ratio = 0;
 };
@@ -134,6 +148,10 @@ int64_t MicroBatchedPeakMemory(const moe::MoeTransformer& model, int64_t micro_b
 // step's metrics.
 absl::StatusOr<std::vector<moe::StepMetrics>> FaultResponseRun(const moe::MoeTransformer& model, moe::FaultKind fault,
                                                int64_t healthy, int64_t after, uint64_t seed);
+
+// Each row's response_error from its responses, then its onset_vs_random
+// and magnitude_vs_random.
+void CompareWithRandom(std::vector<EvalRow>& rows);
 
 using EvalProgress = std::function<void(const std::string& phase, int64_t done, int64_t total)>;
 

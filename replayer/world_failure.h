@@ -23,8 +23,11 @@
 namespace moerr::replayer {
 
 // The failure that shows a catalogue fault: "overflow" (the first overflow)
-// for expert-overflow and grad-overflow, else the lint check that names it
-// (hazardous-patterns, load-imbalance, optimizer-hazards).
+// for expert-overflow, grad-overflow and the dynamics faults lr-divergence,
+// loss-scale-growth and trained-precision, else the lint check that names it
+// (hazardous-patterns, load-imbalance for router-collapse and
+// router-collapse-free, optimizer-hazards). One table: the multi-rank verdict
+// and proxy-eval's fault cases both judge by it.
 std::string FailureKindOfFault(moe::FaultKind kind);
 // The rule of that check the fault shows as (Failure::rule): "mixed-autocast"
 // (logprob-precision), "exp-range" (bad-kernel: a naive fp16 softmax's exp),

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -33,7 +34,8 @@ struct ProxyEvalArgs {
 // wide-ep and 20, otherwise); the options it does not use are refused.
 absl::StatusOr<RankCostOptions> RankCostOptionsOf(const ProxyEvalArgs& args, const CLI::App& cmd) {
   for (const char* unused : {"--family", "--methods", "--heal", "--seeds", "--steps", "--memory-micro-batch",
-                             "--ema-window", "--slope-window", "--response-at", "--response-steps"}) {
+                             "--ema-window", "--slope-window", "--response-at", "--response-steps",
+                             "--dynamics-steps"}) {
     if (cmd.get_option(unused)->count() > 0) {
       return absl::InvalidArgumentError(absl::StrFormat("proxy-eval --ranks does not use %s", unused));
     }
@@ -45,7 +47,10 @@ absl::StatusOr<RankCostOptions> RankCostOptionsOf(const ProxyEvalArgs& args, con
   o.ranks = args.ranks;
   o.keeps = args.keeps;
   o.out_dir = args.eval.out_dir;
-  for (const moe::FaultKind f : moe::AllFaults()) o.faults.push_back(moe::FaultName(f));
+  // A step or two per fault there: the faults that fail at once.
+  for (const moe::FaultKind f : moe::AllFaults()) {
+    if (!moe::OnsetFromDynamics(f)) o.faults.push_back(moe::FaultName(f));
+  }
   if (!args.faults.empty()) o.faults = args.faults;
   return o;
 }
@@ -97,10 +102,10 @@ std::string MethodCell(const proxy::EvalRow& r) {
 void PrintDynamicsTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval) {
   std::printf("\ntrends over %lld healthy RL steps: smoothed r (EMA span %lld steps), slope-sign agreement over "
               "windows of %lld steps, drift ratio (proxy / original); fault response: each fault injected after "
-              "%lld healthy steps, %lld steps more\n\n",
+              "%lld healthy steps, %lld steps more (%lld for a fault whose onset comes from the dynamics)\n\n",
               static_cast<long long>(eval.steps), static_cast<long long>(eval.trend.ema_window),
               static_cast<long long>(eval.trend.slope_window), static_cast<long long>(eval.response_at),
-              static_cast<long long>(eval.response_steps));
+              static_cast<long long>(eval.response_steps), static_cast<long long>(eval.dynamics_steps));
   std::printf("| keep | method | smoothed r(reward) | smoothed r(loss) | smoothed r(KL) | smoothed r(grad norm) | "
               "slope agr. (reward/loss/KL/grad) | drift ratio (reward/loss/KL/grad) | replayed smoothed r "
               "(loss/KL/grad) | responding alike | magnitude within 2x | same outcome | onset diff |\n");
@@ -128,6 +133,27 @@ void PrintDynamicsTable(const proxy::EvalReport& report, const proxy::EvalOption
                 Cell(r.replayed_trend_grad_norm.smoothed_corr).c_str(), static_cast<long long>(alike), n,
                 static_cast<long long>(within), n, static_cast<long long>(same), n,
                 Cell(onset_cases > 0 ? onset / onset_cases : NAN, 2).c_str());
+  }
+}
+
+// Each row's fault-response error and random pruning's minus it
+// (proxy/response_error.h): > 0, nearer the original's response than random.
+void PrintVersusRandomTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval) {
+  std::printf("\nfault response against random pruning: onset error = mean |proxy onset - original onset| over the "
+              "faults (a missing onset counted one step past the run), magnitude error = mean |log2 ratio| of the "
+              "grad-norm spike, loss-scale drops and reward collapse (ratios capped at %gx); vs random = random's "
+              "error minus the method's at the same keep (> 0: better than random)\n\n",
+              proxy::kMagnitudeRatioCap);
+  if (std::find(eval.methods.begin(), eval.methods.end(), "random") == eval.methods.end()) {
+    std::printf("random is not among --methods: the vs-random columns need it (add random to --methods)\n\n");
+  }
+  std::printf("| keep | method | onset error | magnitude error | onset vs random | magnitude vs random |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (const proxy::EvalRow& r : report.rows) {
+    std::printf("| %lld/%lld | %s | %s | %s | %s | %s |\n", static_cast<long long>(r.kept),
+                static_cast<long long>(report.experts), MethodCell(r).c_str(), Cell(r.response_error.onset, 2).c_str(),
+                Cell(r.response_error.magnitude, 2).c_str(), Cell(r.onset_vs_random, 2).c_str(),
+                Cell(r.magnitude_vs_random, 2).c_str());
   }
 }
 
@@ -182,6 +208,7 @@ CommandResult RunProxyEval(const ProxyEvalArgs& args, const CLI::App& cmd) {
   if (!report.ok()) return report.status();
   PrintTable(*report, eval);
   PrintDynamicsTable(*report, eval);
+  PrintVersusRandomTable(*report, eval);
   if (!args.json.empty()) {
     std::ofstream out(args.json, std::ios::trunc);
     out << llvm::formatv("{0:2}", llvm::json::Value(proxy::ToJson(*report))).str() << "\n";
@@ -208,7 +235,9 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--seeds", opts->eval.seeds, "Seeds per fault")->capture_default_str();
   cmd->add_option("--keep", opts->keeps, "Kept fractions (1/2 1/4 1/8)");
   cmd->add_option("--methods", opts->eval.methods, "cluster, cluster-unforced, cluster-saliency, frequency, random, reap, hc-medoid");
-  cmd->add_option("--faults", opts->faults, "Faults (default: the whole catalogue)");
+  cmd->add_option("--faults", opts->faults,
+                  "Faults (default: the whole catalogue; with --ranks, the faults that fail at once, without the "
+                  "dynamics faults lr-divergence, router-collapse-free, loss-scale-growth, trained-precision)");
   cmd->add_option("--memory-micro-batch", opts->eval.memory_micro_batch,
                   "Sequences per training forward in the peak-memory steps (the whole-batch peak is reported too)")
       ->capture_default_str()
@@ -225,6 +254,12 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--response-steps", opts->eval.response_steps, "Steps after the fault is injected")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--dynamics-steps", opts->eval.dynamics_steps,
+                  "For a fault whose onset comes from the dynamics (lr-divergence, router-collapse-free, "
+                  "loss-scale-growth, trained-precision): steps after it is injected in the fault response, and steps "
+                  "recorded per fault case")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 10));
   cmd->add_option("--heal", opts->eval.heal_steps,
                   "Also evaluate every configuration with its proxies healed for N distillation steps (moerr proxy "
                   "--heal), beside the unhealed rows; 0: off")

@@ -163,7 +163,8 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--fault", opts->fault,
                   "Fault to inject: none, expert-overflow, grad-overflow, logprob-precision, bad-kernel, "
-                  "router-collapse, skip-update")
+                  "router-collapse, skip-update, and the dynamics faults (failing steps later) lr-divergence, "
+                  "router-collapse-free, loss-scale-growth, trained-precision")
       ->capture_default_str();
   cmd->add_option("--steps", opts->train.steps, "GRPO steps")->capture_default_str();
   cmd->add_option("--warmup-steps", opts->train.warmup_steps, "Supervised warm-up steps")->capture_default_str();

@@ -97,7 +97,7 @@ TEST(ProgramReplayTest, AFaultyStepReplaysToTheSameFailure) {
 
 // Every catalogue fault: each recorded step replays bitwise, and its first
 // overflow (if any) is at the same op in the replay. The faults that
-// overflow do so in at least one step.
+// overflow at once do so in at least one step.
 class FaultReplayTest : public ::testing::TestWithParam<moe::FaultKind> {};
 
 TEST_P(FaultReplayTest, ReplaysToTheSameFailure) {
@@ -126,6 +126,8 @@ TEST_P(FaultReplayTest, ReplaysToTheSameFailure) {
     }
     overflowing += recorded.has_value();
   }
+  // When a dynamics fault fails is up to the run (tests/proxy/dynamics_fault_test.cpp).
+  if (moe::OnsetFromDynamics(kind)) return;
   const bool overflows = kind == moe::FaultKind::kExpertOverflow || kind == moe::FaultKind::kGradOverflow ||
                          kind == moe::FaultKind::kBadKernel;
   EXPECT_EQ(overflowing > 0, overflows);
