@@ -135,7 +135,8 @@ class Capture:
         t = self._tensors
         for name, p in hf_names(self._model):
             t["param/" + name] = p.detach().clone()
-            self._hooks.append(p.register_hook(self._grad_hook("grad/" + name)))
+            if p.requires_grad:  # a frozen parameter has no gradient to record
+                self._hooks.append(p.register_hook(self._grad_hook("grad/" + name)))
         self._hooks.append(self._model.register_forward_pre_hook(self._input_hook))
         self._hooks.append(self._model.register_forward_hook(self._loss_hook))
         for name, m in self._model.named_modules():
