@@ -307,7 +307,8 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
       "pruning): a proxy bundle that `moerr replay --model` runs, its HF checkpoint and the cluster map");
   cmd->add_option("BUNDLE", opts->bundle,
                   "A replayable or full bundle of the reference trainer, or a multi-rank run directory recorded by "
-                  "moerr train --ranks N --record replayable")
+                  "moerr train --ranks N --record replayable, or by a Python loop with moerr.record(model=, hf_config=) "
+                  "(its model proxied as --checkpoint's, calibrated on the recorded batches)")
 ;
   cmd->add_option("--checkpoint", opts->checkpoint,
                   "Instead of a bundle: an HF checkpoint directory (model.safetensors, or an index and shards), "
@@ -318,7 +319,7 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
       ->required();
   cmd->add_option("--keep", opts->keep, "Experts kept per MoE layer: a fraction (1/2, 1/4, 1/8) or a count")
       ->capture_default_str();
-  cmd->add_option("--method", opts->method, "cluster, cluster-saliency, frequency, random, reap or hc-medoid")->capture_default_str();
+  cmd->add_option("--method", opts->method, "cluster, cluster-frequency, frequency, random, reap or hc-medoid")->capture_default_str();
   cmd->add_option("--step", opts->step, "Step to map (default: the first that overflowed, else the first)");
   cmd->add_option("--ranks", opts->ranks,
                   "Of a run: the proxy's ranks M (dividing the run's N; EP M; default N times the kept fraction, so "

@@ -386,7 +386,9 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
                   "in this process), each hosting the experts of the ranks it stands for, with the recorded routing "
                   "and batch; compare every expert's ops, the step's metrics, the first overflow and the run's failure "
                   "(rank by rank) with the record. "
-                  "One step (--step, default the first rank 0 completed); --out DIR keeps the replay's run")
+                  "One step (--step, default the first rank 0 completed); --out DIR keeps the replay's run. "
+                  "A Python loop recorded with moerr.record(model=, hf_config=): its HF-layout model rebuilt, each "
+                  "rank's layer outputs, loss and gradients compared within a relative 1e-4 (docs/DISTRIBUTED.md)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--collective-timeout", opts->collective_timeout_s,
                   "With --ranks (or a proxy run): seconds a collective (and the rendezvous) may take before the "
