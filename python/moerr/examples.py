@@ -355,13 +355,15 @@ def causal_lm_loss(logits, input_ids):
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), input_ids[:, 1:].reshape(-1))
 
 
-def hf_expert_parallel_main(run_dir, steps=1, config=MIXTRAL_TINY, init_method=None, batch=(2, 8)):
+def hf_expert_parallel_main(run_dir, steps=1, config=MIXTRAL_TINY, init_method=None, batch=(2, 8), instrument=True):
     """MixtralForCausalLM's expert-parallel training step in one rank
     process (as expert_parallel_main), recorded with model= and hf_config=,
     so that `moerr replay run_dir --ranks M` rebuilds it. The loss is the
     objective moerr replays (causal_lm_loss); dense gradients are averaged
     over the world, an expert's summed over the ranks whose tokens reached
-    it (the all_to_all's backward). Prints each rank's loss of each step."""
+    it (the all_to_all's backward). `instrument`: moerr.instrument(model),
+    which records the routing the replay serves. Prints each rank's loss of
+    each step."""
     import os
     import torch.distributed as dist
     import moerr
@@ -374,7 +376,8 @@ def hf_expert_parallel_main(run_dir, steps=1, config=MIXTRAL_TINY, init_method=N
         rank, world = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(0)
         model = MixtralForCausalLM(config, rank, world)
-        moerr.instrument(model)
+        if instrument:
+            moerr.instrument(model)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         gen = torch.Generator().manual_seed(100 + rank)
         with moerr.record(run_dir, ep_size=world, experts=config["num_local_experts"], overwrite=True,

@@ -99,6 +99,18 @@ def test_a_damaged_capture_is_reported(hf_run, tmp_path):
     assert "DIFFERS: 1 tensors past the tolerance" in out and "loss, rank 2" in out, out
 
 
+def test_a_loop_without_instrument_is_routed_live_and_says_so(tmp_path):
+    # Two ranks, no moerr.instrument: no routing recorded, the replay's
+    # routers choose live (2 ranks x 2 layers decisions), and the step still agrees.
+    run = tmp_path / "run"
+    run_ranks("from moerr.examples import hf_expert_parallel_main\n"
+              "hf_expert_parallel_main(RUN, init_method=INIT, instrument=False)\n", run, world=2)
+    rc, out = moerr_cli("replay", run, "--ranks", 1)
+    assert rc == 0, out
+    assert "routing: 4 decisions routed live, none recorded for them (moerr.instrument(model) records them)" in out, out
+    assert "agrees with the record within the tolerance" in out, out
+
+
 def test_a_model_outside_the_families_is_refused_when_recording(tmp_path):
     out = run_ranks("""
         import torch, torch.distributed as dist, moerr
