@@ -89,6 +89,33 @@ def check_model(model, hf_config):
         m = re.search(r"\.experts\.(\d+)\.", n)
         if m and experts is not None and int(m.group(1)) >= int(experts):
             raise ValueError(f"model: {n}: expert {m.group(1)} of {experts} (is the block's expert_offset right?)")
+    wrong = [f"{n} {list(p.shape)} (the config: {want})" for n, p in hf_names(model)
+             for want in [_expected_shape(n, hf_config)] if want is not None and list(p.shape) != want]
+    if wrong:
+        raise ValueError(f"model: {len(wrong)} parameters have shapes the hf_config does not give them: "
+                         + ", ".join(wrong[:8]) + (f" and {len(wrong) - 8} more" if len(wrong) > 8 else ""))
+
+
+def _expected_shape(name, c):
+    """The shape `c` gives the parameter `name`, for the tensors every GQA
+    family shares and the routed experts (None: not checked here; the
+    replay's strict load checks every tensor)."""
+    if c["model_type"] == "deepseek_v3":
+        return None
+    d, heads = c["hidden_size"], c["num_attention_heads"]
+    hd, kv = c.get("head_dim") or d // heads, c.get("num_key_value_heads", heads)
+    expert_width = c.get("moe_intermediate_size", c.get("intermediate_size"))
+    experts = c.get("num_local_experts", c.get("num_experts"))
+    rules = [(r"model\.embed_tokens\.weight|lm_head\.weight", [c["vocab_size"], d]),
+             (r"model\.norm\.weight|model\.layers\.\d+\.(input|post_attention)_layernorm\.weight", [d]),
+             (r".*self_attn\.q_proj\.weight", [heads * hd, d]), (r".*self_attn\.(k|v)_proj\.weight", [kv * hd, d]),
+             (r".*self_attn\.o_proj\.weight", [d, heads * hd]), (r".*(mlp|block_sparse_moe)\.gate\.weight", [experts, d]),
+             (r".*\.experts\.\d+\.(w1|w3|gate_proj|up_proj)\.weight", [expert_width, d]),
+             (r".*\.experts\.\d+\.(w2|down_proj)\.weight", [d, expert_width])]
+    for pattern, shape in rules:
+        if re.fullmatch(pattern, name):
+            return shape
+    return None
 
 
 def write_safetensors(path, tensors, metadata):

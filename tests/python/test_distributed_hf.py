@@ -116,14 +116,20 @@ def test_a_model_outside_the_families_is_refused_when_recording(tmp_path):
         import torch, torch.distributed as dist, moerr
         from moerr.examples import TinyMoe, MIXTRAL_TINY
         dist.init_process_group("gloo", init_method=INIT, rank=0, world_size=1)
-        try:
-            moerr.record(RUN, model=TinyMoe(), hf_config=MIXTRAL_TINY).__enter__()
-        except ValueError as e:
-            print("refused:", e)
+        from moerr.examples import MixtralForCausalLM
+        for model, config in ((TinyMoe(), MIXTRAL_TINY), (MixtralForCausalLM(), dict(MIXTRAL_TINY, intermediate_size=24))):
+            try:
+                moerr.record(RUN, model=model, hf_config=config).__enter__()
+            except ValueError as e:
+                print("refused:", e)
         dist.destroy_process_group()
         """, tmp_path / "run", world=1)
     assert "refused: model: " in out[0] and "are not mixtral names" in out[0], out
     assert "layers.0.mlp.experts.0.gate_proj.weight" in out[0], out
+    # Mixtral's names, but experts 16 wide where the config says 24: named with both shapes.
+    assert ("refused: model: 48 parameters have shapes the hf_config does not give them: "
+            "model.layers.0.block_sparse_moe.experts.0.w1.weight [16, 16] (the config: [24, 16])") in out[0], out
+    assert not (tmp_path / "run").exists(), "a refused recording writes nothing"
 
 
 def test_proxy_of_the_run_is_an_hf_checkpoint_moerr_runs(hf_run, tmp_path):
