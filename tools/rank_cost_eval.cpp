@@ -158,7 +158,7 @@ absl::Status EvaluateFault(const RankCostOptions& o, const std::string& fault, c
                                     std::to_string(o.warmup_steps), "--steps", "1", "--fault", fault, "--record",
                                     "replayable", "--collective-timeout", timeout, "--deadline",
                                     absl::StrFormat("%g", o.child_timeout_s), "--force", "-o", dir};
-  if (fault == "expert-overflow" || fault == "router-collapse") {
+  if (fault == "expert-overflow" || fault == "router-collapse" || fault == "bad-kernel") {
     train.insert(train.end(), {"--fault-rank", std::to_string(std::max<int64_t>(0, o.ranks - 3))});
   }
   if (progress) progress(fault + ": training on " + n + " ranks");

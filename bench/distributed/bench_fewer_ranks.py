@@ -74,7 +74,7 @@ def main():
         shutil.rmtree(work, ignore_errors=True)
         train = [moerr, "train", "--preset", args.preset, "--warmup-steps", str(args.warmup_steps), "--steps", "1",
                  "--record", "replayable", "--ranks", str(n), "--ep", str(n), "--fault", fault, "-o", work]
-        if fault in ("expert-overflow", "router-collapse"):
+        if fault in ("expert-overflow", "router-collapse", "bad-kernel"):
             train += ["--fault-rank", str(n - 3)]
         run(train)
         rundir = os.path.join(work, "run")
