@@ -53,7 +53,8 @@ absl::Status ReadRank(const formats::WorldStep& world, int64_t rank, HfWorldReco
   const auto objective = o->getString("objective");
   if (!file || !step || file->find("..") != llvm::StringRef::npos) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("%s, rank %d: the \"%s\" annotation lacks its file or step", world.dir, rank, kHfModelAnnotation));
+        absl::StrFormat("%s, rank %d: the \"%s\" annotation lacks its file or step, or names a file outside the run",
+                        world.dir, rank, kHfModelAnnotation));
   }
   if (!objective || *objective != kObjective) {
     return absl::InvalidArgumentError(absl::StrFormat("%s, rank %d: objective \"%s\": the replay knows \"%s\" only",
