@@ -77,13 +77,93 @@ void HcMedoids(const LayerStats& s, const std::vector<int64_t>& ids, int64_t kee
   }
 }
 
+// The kept id of `medoids` nearest `e` (ties: the lower id).
+int64_t Nearest(const at::TensorAccessor<double, 2>& dist, const std::vector<int64_t>& medoids, int64_t e) {
+  int64_t best = medoids.front();
+  for (int64_t m : medoids) {
+    if (dist[e][m] < dist[e][best] || (dist[e][m] == dist[e][best] && m < best)) best = m;
+  }
+  return best;
+}
+
+// Each member's weight in the medoids' cost, per original id: its routed
+// slots + 1 (cluster-frequency), times its REAP saliency over the layer's
+// mean plus kSaliencyFloor (cluster: its saliency mass, so an expert the
+// calibration never routed to still counts a little).
+constexpr double kSaliencyFloor = 1e-3;
+std::vector<double> MemberWeights(const LayerStats& s, const std::vector<int64_t>& ids, bool salient) {
+  const at::Tensor f = s.frequency.to(at::kDouble).contiguous(), reap = s.reap.to(at::kDouble).contiguous();
+  const double mean_reap = salient ? std::max(reap.mean().item<double>(), 1e-30) : 1.0;
+  std::vector<double> w(static_cast<size_t>(s.experts), 0.0);
+  for (int64_t e : ids) {
+    w[e] = (f.data_ptr<double>()[e] + 1) * (salient ? reap.data_ptr<double>()[e] / mean_reap + kSaliencyFloor : 1.0);
+  }
+  return w;
+}
+
+// Greedy facility location (cluster): after `medoids` (the forced keeps),
+// adds until `keep` the expert whose addition lowers the cost
+// sum_j w_j min_m dist[j][m] the most: a salient expert that a kept one
+// already stands for adds little, one far from every kept one much (ties:
+// the lower id).
+void GreedyMedoids(const at::Tensor& d, const std::vector<int64_t>& ids, const std::vector<double>& w, int64_t keep,
+                   std::vector<int64_t>& medoids) {
+  const auto dist = d.accessor<double, 2>();
+  const double far = d.max().item<double>();  // the cost of an expert before any medoid
+  std::vector<double> cur(w.size(), far);
+  for (int64_t m : medoids) {
+    for (int64_t j : ids) cur[j] = std::min(cur[j], dist[j][m]);
+  }
+  while (static_cast<int64_t>(medoids.size()) < keep) {
+    int64_t best = -1;
+    double best_gain = -1;
+    for (int64_t c : ids) {
+      if (std::find(medoids.begin(), medoids.end(), c) != medoids.end()) continue;
+      double gain = 0;
+      for (int64_t j : ids) gain += w[j] * std::max(0.0, cur[j] - dist[j][c]);
+      if (gain > best_gain) best_gain = gain, best = c;
+    }
+    medoids.push_back(best);
+    for (int64_t j : ids) cur[j] = std::min(cur[j], dist[j][best]);
+  }
+}
+
+// k-medoids (Voronoi iteration): each medoid after the first `fixed` (the
+// forced keeps) moves to the member of its cluster with the least weighted
+// distance to the cluster, until nothing moves (at most 50 rounds).
+void RefineMedoids(const at::Tensor& d, const std::vector<int64_t>& ids, const std::vector<double>& w, size_t fixed,
+                   std::vector<int64_t>& medoids) {
+  const auto dist = d.accessor<double, 2>();
+  for (int iteration = 0; iteration < 50; ++iteration) {
+    bool changed = false;
+    for (size_t c = fixed; c < medoids.size(); ++c) {
+      std::vector<int64_t> members;  // the ids whose nearest medoid is medoids[c]
+      for (int64_t e : ids) {
+        if (Nearest(dist, medoids, e) == medoids[c]) members.push_back(e);
+      }
+      int64_t best = medoids[c];
+      double best_cost = 0;
+      for (int64_t j : members) best_cost += w[j] * dist[best][j];
+      for (int64_t m : members) {
+        double cost = 0;
+        for (int64_t j : members) cost += w[j] * dist[m][j];
+        if (cost < best_cost - 1e-12) best = m, best_cost = cost;
+      }
+      if (best != medoids[c]) medoids[c] = best, changed = true;
+    }
+    if (!changed) break;
+  }
+}
+
 // Chooses `keep` of `ids` (one routing group, or the whole layer), `forced`
 // among them first. Returns the kept ids and, per id, the kept id it maps to.
 void PlanGroup(const LayerStats& s, const at::Tensor& d, const std::vector<int64_t>& ids, int64_t keep,
                const std::vector<int64_t>& forced, const ClusterOptions& options, std::vector<int64_t>& kept,
                std::vector<int64_t>& medoid_of) {
-  const auto dist = d.accessor<double, 2>();
-  const auto f = s.frequency.accessor<double, 1>();
+  if (options.method == Method::kHcMedoid) {
+    HcMedoids(s, ids, keep, forced, kept, medoid_of);
+    return;
+  }
   std::vector<int64_t> medoids(forced.begin(), forced.end());
   auto add_until_full = [&](const std::vector<int64_t>& candidates) {
     for (int64_t e : candidates) {
@@ -91,61 +171,29 @@ void PlanGroup(const LayerStats& s, const at::Tensor& d, const std::vector<int64
       if (std::find(medoids.begin(), medoids.end(), e) == medoids.end()) medoids.push_back(e);
     }
   };
-  if (options.method == Method::kHcMedoid) {
-    HcMedoids(s, ids, keep, forced, kept, medoid_of);
-    return;
-  }
-  if (options.method == Method::kRandom) {
-    std::vector<int64_t> shuffled = ids;
-    std::mt19937_64 rng(options.seed * 1000003 + s.layer);
-    std::shuffle(shuffled.begin(), shuffled.end(), rng);
-    add_until_full(shuffled);
-  } else if (options.method == Method::kReap || options.method == Method::kClusterSaliency) {
-    add_until_full(ByScore(s.reap, ids));  // by saliency, descending
-  } else {
-    add_until_full(ByScore(s.frequency, ids));
-  }
-  auto nearest = [&](int64_t e) {
-    int64_t best = medoids.front();
-    for (int64_t m : medoids) {
-      if (dist[e][m] < dist[e][best] || (dist[e][m] == dist[e][best] && m < best)) best = m;
+  const std::vector<double> w = MemberWeights(s, ids, options.method == Method::kCluster);
+  switch (options.method) {
+    case Method::kCluster:
+      GreedyMedoids(d, ids, w, keep, medoids);
+      break;
+    case Method::kRandom: {
+      std::vector<int64_t> shuffled = ids;
+      std::mt19937_64 rng(options.seed * 1000003 + s.layer);
+      std::shuffle(shuffled.begin(), shuffled.end(), rng);
+      add_until_full(shuffled);
+      break;
     }
-    return best;
-  };
-  // A member's weight in its medoid's cost: its routed slots (+1), times
-  // its REAP saliency over the layer's mean for cluster-saliency.
-  const bool salient = options.method == Method::kClusterSaliency;
-  std::vector<double> weights(static_cast<size_t>(s.experts), 1.0);
-  const at::Tensor reap = s.reap.to(at::kDouble).contiguous();
-  const double mean_reap = salient ? std::max(reap.mean().item<double>(), 1e-30) : 1.0;
-  for (int64_t e : ids) {
-    weights[e] = (f[e] + 1) * (salient ? reap.data_ptr<double>()[e] / mean_reap + 1e-3 : 1.0);
+    case Method::kReap:
+      add_until_full(ByScore(s.reap, ids));  // by saliency, descending
+      break;
+    default:  // frequency, cluster-frequency
+      add_until_full(ByScore(s.frequency, ids));
   }
-  const auto weight = [&](int64_t j) { return weights[static_cast<size_t>(j)]; };
-  if (options.method == Method::kCluster || salient) {
-    const size_t fixed = forced.size();
-    for (int iteration = 0; iteration < 50; ++iteration) {
-      bool changed = false;
-      for (size_t c = fixed; c < medoids.size(); ++c) {
-        // Members: the ids whose nearest medoid is medoids[c].
-        std::vector<int64_t> members;
-        for (int64_t e : ids) {
-          if (nearest(e) == medoids[c]) members.push_back(e);
-        }
-        int64_t best = medoids[c];
-        double best_cost = 0;
-        for (int64_t j : members) best_cost += weight(j) * dist[best][j];
-        for (int64_t m : members) {
-          double cost = 0;
-          for (int64_t j : members) cost += weight(j) * dist[m][j];
-          if (cost < best_cost - 1e-12) best = m, best_cost = cost;
-        }
-        if (best != medoids[c]) medoids[c] = best, changed = true;
-      }
-      if (!changed) break;
-    }
+  if (options.method == Method::kCluster || options.method == Method::kClusterFrequency) {
+    RefineMedoids(d, ids, w, forced.size(), medoids);
   }
-  for (int64_t e : ids) medoid_of[e] = nearest(e);
+  const auto dist = d.accessor<double, 2>();
+  for (int64_t e : ids) medoid_of[e] = Nearest(dist, medoids, e);
   kept.insert(kept.end(), medoids.begin(), medoids.end());
 }
 
@@ -156,7 +204,7 @@ constexpr EnumName<Method> kMethods[] = {{Method::kCluster, "cluster"},
                                          {Method::kRandom, "random"},
                                          {Method::kReap, "reap"},
                                          {Method::kHcMedoid, "hc-medoid"},
-                                         {Method::kClusterSaliency, "cluster-saliency"}};
+                                         {Method::kClusterFrequency, "cluster-frequency"}};
 
 absl::StatusOr<Method> ParseMethod(const std::string& name) { return ParseEnum(kMethods, "method", name); }
 

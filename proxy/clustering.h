@@ -1,14 +1,17 @@
 // Which experts a proxy keeps (DESIGN.md, "Proxy").
 //
-// cluster (default): distances between experts fused from router-row cosine,
-//   co-activation and routed-context cosine; k-medoids initialised with the
-//   forced keeps and then the most frequent experts, each medoid updated to
-//   the member with the least frequency-weighted distance to its cluster;
-//   forced keeps stay medoids. Every expert maps to its cluster's medoid.
-// cluster-saliency: cluster's distances and k-medoids, initialised with the
-//   forced keeps and then the experts of highest REAP saliency, each member
-//   weighted by its saliency mass (frequency x REAP saliency), so a medoid
-//   moves to where the salient tokens are.
+// cluster (default): saliency-weighted k-medoids. Distances between experts
+//   fused from router-row cosine, co-activation and routed-context cosine;
+//   each expert weighted by its saliency mass (routed slots x REAP saliency
+//   over the layer's mean); medoids chosen greedily after the forced keeps,
+//   each time the expert that most lowers the weighted distance of every
+//   expert to its nearest medoid (so a salient expert a kept one already
+//   stands for is skipped), then refined by k-medoids under the same
+//   weights; forced keeps stay medoids. Every expert maps to its nearest
+//   medoid.
+// cluster-frequency: the same distances and k-medoids, initialised with the
+//   forced keeps and then the most frequent experts, each member weighted by
+//   its routed slots alone (moerr's default before saliency).
 // frequency: the most frequently selected experts.
 // random: a seeded random subset.
 // reap: the experts of highest router-weighted output norm (REAP saliency).
@@ -32,7 +35,7 @@
 
 namespace moerr::proxy {
 
-enum class Method { kCluster, kFrequency, kRandom, kReap, kHcMedoid, kClusterSaliency };
+enum class Method { kCluster, kFrequency, kRandom, kReap, kHcMedoid, kClusterFrequency };
 absl::StatusOr<Method> ParseMethod(const std::string& name);
 std::string MethodName(Method m);
 

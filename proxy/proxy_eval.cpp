@@ -118,9 +118,9 @@ void StaticFidelity(moe::MoeTransformer& original, moe::MoeTransformer& proxy, c
 
 }  // namespace
 
-absl::Status RecordHealthyStep(const moe::MoeTransformer& warm, const std::string& path) {
+absl::Status RecordHealthyStep(const moe::MoeTransformer& warm, const std::string& path, uint64_t seed) {
   moe::MoeTransformer policy = moe::CopyOf(warm), reference = moe::CopyOf(warm);
-  moe::GrpoTrainer trainer(policy, reference, moe::AdditionTask(), moe::GrpoOptions(), 0);
+  moe::GrpoTrainer trainer(policy, reference, moe::AdditionTask(), moe::GrpoOptions(), seed);
   return Record(trainer, path, 1);
 }
 
@@ -233,14 +233,15 @@ int64_t MicroBatchedPeakMemory(const moe::MoeTransformer& model, int64_t micro_b
 namespace {
 
 ProxyOptions Configure(double keep, const std::string& method, const std::string& out_dir, int64_t step,
-                       const std::string& source) {
+                       const std::string& source, uint64_t seed) {
   ProxyOptions o;
+  o.cluster.seed = seed;  // the calibration batch, and random's choice
   o.keep_fraction = keep;
   o.step = step;
   o.out_dir = out_dir;
   o.overwrite = true;
   o.source = source;
-  o.cluster.force = method == "cluster" || method == "cluster-saliency";  // the baselines run unforced
+  o.cluster.force = method == "cluster" || method == "cluster-frequency";  // the baselines run unforced
   o.cluster.method = ParseMethod(method == "cluster-unforced" ? "cluster" : method).value();
   return o;
 }
@@ -251,7 +252,7 @@ absl::Status Prepare(const EvalOptions& options) {
   for (const std::string& m : options.methods) {
     if (m != "cluster-unforced" && !ParseMethod(m).ok()) {
       return absl::InvalidArgumentError(absl::StrFormat(
-          "unknown method \"%s\" (cluster, cluster-unforced, cluster-saliency, frequency, random, reap, hc-medoid)", m));
+          "unknown method \"%s\" (cluster, cluster-unforced, cluster-frequency, frequency, random, reap, hc-medoid)", m));
     }
   }
   for (const std::string& dir : {options.out_dir, options.out_dir + "/warmup"}) {
@@ -302,11 +303,13 @@ struct Baseline {
 absl::StatusOr<Baseline> MeasureBaseline(const moe::MoeTransformer& warm, const EvalOptions& options) {
   Baseline b;
   b.healthy_path = options.out_dir + "/healthy.moerr";
-  MOERR_RETURN_IF_ERROR(Annotate(RecordHealthyStep(warm, b.healthy_path), b.healthy_path));
+  MOERR_RETURN_IF_ERROR(
+      Annotate(RecordHealthyStep(warm, b.healthy_path, options.sample_seed), b.healthy_path));
   MOERR_ASSIGN_OR_RETURN(b.healthy, formats::BundleReader::Open(b.healthy_path));
-  std::mt19937_64 rng(99);
+  std::mt19937_64 rng(99 + options.sample_seed);
   const moe::AdditionTask::Batch held_out = moe::AdditionTask().Sample(64, rng);
   b.tokens = at::cat({held_out.prompts, held_out.answers}, 1);
+  if (options.static_only) return b;
   b.trajectory = Train(warm, options.steps, 5);
   b.peak_bytes = MicroBatchedPeakMemory(warm, options.memory_micro_batch);
   for (moe::FaultKind fault : options.faults) {
@@ -322,7 +325,8 @@ absl::StatusOr<Baseline> MeasureBaseline(const moe::MoeTransformer& warm, const 
 absl::StatusOr<ProxyReport> BuildRowProxy(const formats::BundleReader& reader, const std::string& path, int64_t step,
                                           const EvalRow& row, const EvalOptions& options, HealReport* healed = nullptr) {
   MOERR_ASSIGN_OR_RETURN(ProxyReport built,
-                         BuildProxy(reader, Configure(row.keep, row.method, options.out_dir + "/proxy", step, path)));
+                         BuildProxy(reader, Configure(row.keep, row.method, options.out_dir + "/proxy", step, path,
+                                                      options.sample_seed)));
   if (row.heal_steps > 0) {
     HealOptions heal;
     heal.steps = row.heal_steps;
@@ -357,7 +361,8 @@ absl::StatusOr<EvalRow> EvaluateConfiguration(moe::MoeTransformer& warm, const B
   row.params_ratio = double(built.params_original) / built.params_proxy;
   MOERR_ASSIGN_OR_RETURN(moe::MoeTransformer proxy, moe::LoadCheckpoint(built.checkpoint));
   StaticFidelity(warm, proxy, built.plans, base.tokens, row);
-  row.accuracy = moe::Accuracy(proxy, moe::AdditionTask(), 256, 1);
+  row.accuracy = moe::Accuracy(proxy, moe::AdditionTask(), 256, 1 + options.sample_seed);
+  if (options.static_only) return row;
   const Trajectory& original = base.trajectory;
   const Trajectory t = Train(proxy, options.steps, 5);
   row.corr_loss = Pearson(original.loss, t.loss);
@@ -450,12 +455,13 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
     if (progress) progress(phase, done, total);
   };
   EvalReport report;
+  report.static_only = options.static_only;
   report.preset = options.preset;
   report.family = moe::FamilyName(options.family);
   MOERR_RETURN_IF_ERROR(CatchTorch("proxy evaluation", [&]() -> absl::Status {
     MOERR_ASSIGN_OR_RETURN(moe::MoeTransformer warm, WarmModel(options, report_progress, report));
     report.experts = warm->config().num_experts;
-    report.original_accuracy = moe::Accuracy(warm, moe::AdditionTask(), 256, 1);
+    report.original_accuracy = moe::Accuracy(warm, moe::AdditionTask(), 256, 1 + options.sample_seed);
     MOERR_ASSIGN_OR_RETURN(const Baseline base, MeasureBaseline(warm, options));
 
     std::vector<int64_t> heals = {0};
@@ -465,11 +471,16 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
     for (double keep : options.keeps) {
       for (const std::string& method : options.methods) {
         for (int64_t heal : heals) {
-          report_progress("static fidelity, dynamics and fault response", done++, configs);
+          report_progress(options.static_only ? "static fidelity" : "static fidelity, dynamics and fault response",
+                          done++, configs);
           MOERR_ASSIGN_OR_RETURN(EvalRow row, EvaluateConfiguration(warm, base, keep, method, heal, options));
           report.rows.push_back(std::move(row));
         }
       }
+    }
+    if (options.static_only) {
+      report_progress("static fidelity", configs, configs);
+      return absl::OkStatus();
     }
     const int64_t cases = options.faults.size() * options.seeds;
     int64_t case_index = 0;
@@ -515,12 +526,35 @@ void AddDynamicsJson(const EvalRow& r, llvm::json::Object& row) {
   }
 }
 
+// A row of a static-only report: what was measured, nothing else.
+llvm::json::Object StaticRowJson(const EvalRow& r) {
+  const auto& num = formats::JsonNumber;
+  llvm::json::Object row{{"keep", r.keep},
+                         {"method", r.method},
+                         {"kept", r.kept},
+                         {"hidden_cosine", num(r.hidden_cosine)},
+                         {"logit_kl", num(r.logit_kl)},
+                         {"routing_agreement", num(r.routing_agreement)},
+                         {"accuracy", num(r.accuracy)},
+                         {"params_ratio", num(r.params_ratio)},
+                         {"heal_steps", r.heal_steps}};
+  if (r.heal_steps > 0) {
+    row["heal_kl_before"] = num(r.heal_kl_before);
+    row["heal_kl_after"] = num(r.heal_kl_after);
+  }
+  return row;
+}
+
 }  // namespace
 
 llvm::json::Object ToJson(const EvalReport& report) {
   const auto& num = formats::JsonNumber;
   llvm::json::Array rows;
   for (const EvalRow& r : report.rows) {
+    if (report.static_only) {
+      rows.push_back(StaticRowJson(r));
+      continue;
+    }
     llvm::json::Object row{
         {"keep", r.keep}, {"method", r.method}, {"kept", r.kept}, {"hidden_cosine", num(r.hidden_cosine)},
         {"logit_kl", num(r.logit_kl)}, {"routing_agreement", num(r.routing_agreement)}, {"accuracy", num(r.accuracy)},
@@ -538,6 +572,7 @@ llvm::json::Object ToJson(const EvalReport& report) {
   }
   return llvm::json::Object{{"preset", report.preset},
                             {"family", report.family},
+                            {"static_only", report.static_only},
                             {"experts", report.experts},
                             {"original_accuracy", report.original_accuracy},
                             {"expert_diversity", llvm::json::Object{{"initial", ToJson(report.initial)},

@@ -56,7 +56,7 @@ struct EvalOptions {
   int64_t steps = 30;                   // healthy RL steps for the dynamics
   int64_t seeds = 3;                    // per fault
   std::vector<double> keeps = {0.5, 0.25, 0.125};
-  // "cluster", "cluster-unforced", "cluster-saliency" (not run by default), and the baselines
+  // "cluster", "cluster-unforced", "cluster-frequency" (not run by default), and the baselines
   // "frequency", "random", "reap", "hc-medoid".
   std::vector<std::string> methods = {"cluster", "cluster-unforced", "frequency", "random", "reap", "hc-medoid"};
   std::vector<moe::FaultKind> faults = moe::AllFaults();
@@ -69,6 +69,13 @@ struct EvalOptions {
   // dynamics (moe::OnsetFromDynamics; the others: 2), and steps after it in
   // its fault response (the others: response_steps).
   int64_t dynamics_steps = 8;
+  // Static fidelity only: no RL dynamics, fault response, fault reproduction
+  // or cost beyond the parameter ratio (the quick way to compare methods).
+  bool static_only = false;
+  // Seed of the static fidelity's samples: the healthy step the proxies are
+  // built from, their calibration batch, the held-out batch and the accuracy
+  // problems (the original's accuracy is measured on the same problems).
+  uint64_t sample_seed = 0;
 };
 
 // One fault's response in the original and in a proxy (trend_fidelity.h).
@@ -107,15 +114,17 @@ struct EvalRow {
 
 struct EvalReport {
   std::string preset, family;
+  bool static_only = false;  // the rows hold static fidelity and the parameter ratio only
   double original_accuracy = 0;
   int64_t experts = 0;
   ExpertDiversity initial, warm;  // the preset's experts before and after the warm-up
   std::vector<EvalRow> rows;
 };
 
-// One healthy RL step of copies of `warm` (GRPO defaults), recorded
-// replayable at `path`: what a proxy for healthy dynamics is built from.
-absl::Status RecordHealthyStep(const moe::MoeTransformer& warm, const std::string& path);
+// One healthy RL step of copies of `warm` (GRPO defaults, trainer seed
+// `seed`), recorded replayable at `path`: what a proxy for healthy dynamics
+// is built from.
+absl::Status RecordHealthyStep(const moe::MoeTransformer& warm, const std::string& path, uint64_t seed = 0);
 
 // Healthy RL steps of copies of `model` (GRPO defaults, `seed`): the metric
 // trajectories, what each step trained on, the time and the peak tensor memory.

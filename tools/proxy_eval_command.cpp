@@ -34,8 +34,8 @@ struct ProxyEvalArgs {
 // wide-ep and 20, otherwise); the options it does not use are refused.
 absl::StatusOr<RankCostOptions> RankCostOptionsOf(const ProxyEvalArgs& args, const CLI::App& cmd) {
   for (const char* unused : {"--family", "--methods", "--heal", "--seeds", "--steps", "--memory-micro-batch",
-                             "--ema-window", "--slope-window", "--response-at", "--response-steps",
-                             "--dynamics-steps"}) {
+                             "--ema-window", "--slope-window", "--response-at", "--response-steps", "--static-only",
+                             "--sample-seed", "--dynamics-steps"}) {
     if (cmd.get_option(unused)->count() > 0) {
       return absl::InvalidArgumentError(absl::StrFormat("proxy-eval --ranks does not use %s", unused));
     }
@@ -157,6 +157,22 @@ void PrintVersusRandomTable(const proxy::EvalReport& report, const proxy::EvalOp
   }
 }
 
+// --static-only: static fidelity and the parameter ratio of every row.
+void PrintStaticTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval) {
+  std::printf("preset `%s` (%s), %lld experts per MoE layer; original accuracy %.3f (256 problems, sample seed %llu); "
+              "static fidelity only\n\n",
+              report.preset.c_str(), report.family.c_str(), static_cast<long long>(report.experts),
+              report.original_accuracy, static_cast<unsigned long long>(eval.sample_seed));
+  std::printf("| keep | method | hidden cos | logit KL | routing agr. | accuracy | params ratio |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (const proxy::EvalRow& r : report.rows) {
+    std::printf("| %lld/%lld | %s | %s | %s | %s | %s | %s |\n", static_cast<long long>(r.kept),
+                static_cast<long long>(report.experts), MethodCell(r).c_str(), Cell(r.hidden_cosine).c_str(),
+                Cell(r.logit_kl, 4).c_str(), Cell(r.routing_agreement).c_str(), Cell(r.accuracy).c_str(),
+                Cell(r.params_ratio, 2, "x").c_str());
+  }
+}
+
 void PrintTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval) {
   std::printf("preset `%s` (%s), %lld experts per MoE layer; original accuracy %.3f; %lld healthy RL steps; "
               "faults x %lld seeds; peak memory in micro-batches of %lld sequences\n\n",
@@ -198,6 +214,12 @@ CommandResult RunProxyEval(const ProxyEvalArgs& args, const CLI::App& cmd) {
   if (cmd.get_option("--child-timeout")->count() > 0) {
     return absl::InvalidArgumentError("proxy-eval: --child-timeout is for --ranks");
   }
+  for (const char* unused : {"--seeds", "--steps", "--faults", "--memory-micro-batch", "--ema-window",
+                             "--slope-window", "--response-at", "--response-steps", "--dynamics-steps"}) {
+    if (args.eval.static_only && cmd.get_option(unused)->count() > 0) {
+      return absl::InvalidArgumentError(absl::StrFormat("proxy-eval --static-only does not use %s", unused));
+    }
+  }
   MOERR_ASSIGN_OR_RETURN(const proxy::EvalOptions eval, ParseEvalArgs(args));
   MOERR_RETURN_IF_ERROR(ClaimWorkDir(eval.out_dir, "proxy-eval", OwnFiles(args.json, eval.out_dir)));
   PhasedProgress bar;
@@ -206,9 +228,13 @@ CommandResult RunProxyEval(const ProxyEvalArgs& args, const CLI::App& cmd) {
   });
   bar.Finish();
   if (!report.ok()) return report.status();
-  PrintTable(*report, eval);
-  PrintDynamicsTable(*report, eval);
-  PrintVersusRandomTable(*report, eval);
+  if (eval.static_only) {
+    PrintStaticTable(*report, eval);
+  } else {
+    PrintTable(*report, eval);
+    PrintDynamicsTable(*report, eval);
+    PrintVersusRandomTable(*report, eval);
+  }
   if (!args.json.empty()) {
     std::ofstream out(args.json, std::ios::trunc);
     out << llvm::formatv("{0:2}", llvm::json::Value(proxy::ToJson(*report))).str() << "\n";
@@ -234,7 +260,7 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--steps", opts->eval.steps, "Healthy RL steps for the dynamics")->capture_default_str();
   cmd->add_option("--seeds", opts->eval.seeds, "Seeds per fault")->capture_default_str();
   cmd->add_option("--keep", opts->keeps, "Kept fractions (1/2 1/4 1/8)");
-  cmd->add_option("--methods", opts->eval.methods, "cluster, cluster-unforced, cluster-saliency, frequency, random, reap, hc-medoid");
+  cmd->add_option("--methods", opts->eval.methods, "cluster, cluster-unforced, cluster-frequency, frequency, random, reap, hc-medoid");
   cmd->add_option("--faults", opts->faults,
                   "Faults (default: the whole catalogue; with --ranks, the faults that fail at once, without the "
                   "dynamics faults lr-divergence, router-collapse-free, loss-scale-growth, trained-precision)");
@@ -265,6 +291,13 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
                   "--heal), beside the unhealed rows; 0: off")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
+  cmd->add_flag("--static-only", opts->eval.static_only,
+                "Static fidelity only (hidden cosine, logit KL, routing agreement, accuracy): no RL dynamics, fault "
+                "response or reproduction; minutes instead of an hour, to compare methods");
+  cmd->add_option("--sample-seed", opts->eval.sample_seed,
+                  "Seed of the static fidelity's samples: the healthy step the proxies are built from, their "
+                  "calibration batch, the held-out batch and the 256 accuracy problems (the original's too)")
+      ->capture_default_str();
   cmd->add_option("--json", opts->json, "Also write the report as JSON here");
   cmd->add_option("--ranks", opts->ranks,
                   "N > 1: the cost on fewer ranks instead: for each fault, train an N-rank expert-parallel step "

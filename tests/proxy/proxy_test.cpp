@@ -184,7 +184,8 @@ TEST(ClusteringTest, IsDeterministicUnderASeed) {
   s.max_activation[6] = 100.0;  // a super expert
   s.reap = at::rand({8}, at::kDouble);
   s.output_mean = at::randn({8, 16});
-  for (Method method : {Method::kCluster, Method::kFrequency, Method::kRandom, Method::kReap, Method::kHcMedoid}) {
+  for (Method method : {Method::kCluster, Method::kClusterFrequency, Method::kFrequency, Method::kRandom, Method::kReap,
+                        Method::kHcMedoid}) {
     ClusterOptions options;
     options.method = method;
     options.seed = 11;
@@ -377,6 +378,35 @@ TEST(ProxyEvalTest, MeasuresEveryConfiguration) {
   EXPECT_EQ(report.rows[0].reproduced, 2);  // cluster keeps the broken expert
   EXPECT_NE(llvm::formatv("{0}", llvm::json::Value(ToJson(report))).str().find("\"routing_agreement\""),
             std::string::npos);
+}
+
+// --static-only: the static fidelity of each configuration and nothing
+// else, in the rows and in the JSON; another sample seed is another sample.
+TEST(ProxyEvalTest, StaticOnlyMeasuresStaticFidelityAlone) {
+  TempDir dir;
+  EvalOptions options = TinyEval(dir);
+  options.static_only = true;
+  options.methods = {"cluster", "reap"};
+  const EvalReport report = EvaluateProxies(options).value();
+  ASSERT_EQ(report.rows.size(), 2u);
+  for (const EvalRow& row : report.rows) {
+    SCOPED_TRACE(row.method);
+    EXPECT_GT(row.hidden_cosine, 0.5);
+    EXPECT_GE(row.logit_kl, 0.0);
+    EXPECT_GE(row.accuracy, 0.0);
+    EXPECT_GT(row.params_ratio, 1.0);
+    EXPECT_EQ(row.cases, 0);  // no fault reproduction
+    EXPECT_TRUE(row.responses.empty());
+    EXPECT_EQ(row.step_time_ratio, 0.0);  // no RL steps
+  }
+  const std::string json = llvm::formatv("{0}", llvm::json::Value(ToJson(report))).str();
+  EXPECT_NE(json.find("\"static_only\":true"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"logit_kl\""), std::string::npos);
+  EXPECT_EQ(json.find("\"corr_loss\""), std::string::npos);
+  EXPECT_EQ(json.find("\"fault_cases\""), std::string::npos);
+  options.sample_seed = 1;
+  const EvalReport other = EvaluateProxies(options).value();
+  EXPECT_NE(other.rows[0].logit_kl, report.rows[0].logit_kl);  // another held-out batch
 }
 
 // A work directory keeps one warm-up per preset, family and length: a run

@@ -1,6 +1,7 @@
-// cluster-saliency: the k-medoids of `cluster` with each member weighted by
-// its saliency mass, so a medoid moves to the salient expert that plain
-// frequency weighting leaves.
+// cluster (the default): medoids chosen and moved by saliency mass, so a
+// proxy keeps the salient experts (REAP's criterion) but not two that stand
+// for each other (the clustering's); cluster-frequency, the frequency-weighted
+// k-medoids, keeps neither promise.
 #include <gtest/gtest.h>
 
 #include "proxy/clustering.h"
@@ -9,8 +10,7 @@ namespace moerr::proxy {
 namespace {
 
 // Four experts of one layer: 0, 1, 2 alike (router rows near (1, 0)), 3 apart
-// and the most salient by 100x; 3 is also selected a little more often, so
-// both methods start from it.
+// and the most salient by 100x; 3 is also selected a little more often.
 LayerStats FourExperts() {
   LayerStats s;
   s.layer = 0;
@@ -26,18 +26,51 @@ LayerStats FourExperts() {
   return s;
 }
 
-TEST(SaliencyClusterTest, SaliencyMassMovesTheMedoidToTheSalientExpert) {
+TEST(SaliencyClusterTest, TheDefaultKeepsTheSalientExpert) {
   ClusterOptions options;
-  options.method = Method::kCluster;
+  ASSERT_EQ(options.method, Method::kCluster);
+  const LayerPlan salient = PlanLayer(FourExperts(), 1, {}, options).value();
+  EXPECT_EQ(salient.kept, (std::vector<int64_t>{3}));
+  for (int64_t m : salient.medoid_of) EXPECT_EQ(m, 3);
+  options.method = Method::kClusterFrequency;
   const LayerPlan plain = PlanLayer(FourExperts(), 1, {}, options).value();
   ASSERT_EQ(plain.kept.size(), 1u);
   EXPECT_NE(plain.kept[0], 3);  // frequency weights: a medoid among the alike 0, 1, 2
-  options.method = Method::kClusterSaliency;
-  const LayerPlan salient = PlanLayer(FourExperts(), 1, {}, options).value();
-  ASSERT_EQ(salient.kept.size(), 1u);
-  EXPECT_EQ(salient.kept[0], 3);
-  for (int64_t m : salient.medoid_of) EXPECT_EQ(m, 3);
-  EXPECT_EQ(ParseMethod("cluster-saliency").value(), Method::kClusterSaliency);
+  EXPECT_EQ(ParseMethod("cluster-frequency").value(), Method::kClusterFrequency);
+  EXPECT_EQ(MethodName(Method::kCluster), "cluster");
+}
+
+// Three experts: 0 and 1 the most salient and interchangeable (the same
+// router row and context, always chosen together), 2 apart and half as
+// salient. Keeping two, REAP keeps 0 and 1; the default keeps 0, which also
+// stands for 1, and 2.
+LayerStats TwinsAndAnother() {
+  LayerStats s;
+  s.layer = 0;
+  s.experts = 3;
+  s.frequency = at::tensor({10.0, 10.0, 10.0}, at::kDouble);
+  s.weight_mass = s.frequency.clone();
+  s.coactivation = at::tensor({10.0, 10.0, 0.0, 10.0, 10.0, 0.0, 0.0, 0.0, 10.0}, at::kDouble).view({3, 3});
+  s.router_rows = at::tensor({1.0f, 0.0f, 1.0f, 0.01f, 0.0f, 1.0f}).view({3, 2});
+  s.context = s.router_rows.clone();
+  s.max_activation = at::ones({3}, at::kDouble);
+  s.reap = at::tensor({10.0, 9.0, 5.0}, at::kDouble);
+  s.output_mean = s.router_rows.clone();
+  return s;
+}
+
+TEST(SaliencyClusterTest, TheDefaultSkipsASalientExpertAKeptOneStandsFor) {
+  ClusterOptions options;
+  const LayerPlan plan = PlanLayer(TwinsAndAnother(), 2, {}, options).value();
+  EXPECT_EQ(plan.kept, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(plan.medoid_of, (std::vector<int64_t>{0, 0, 2}));
+  options.method = Method::kReap;
+  EXPECT_EQ(PlanLayer(TwinsAndAnother(), 2, {}, options).value().kept, (std::vector<int64_t>{0, 1}));
+  // A forced keep stays: with 1 implicated, 1 stands for 0 and 2 is kept.
+  options.method = Method::kCluster;
+  const LayerPlan forced = PlanLayer(TwinsAndAnother(), 2, {1}, options).value();
+  EXPECT_EQ(forced.kept, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(forced.medoid_of, (std::vector<int64_t>{1, 1, 2}));
 }
 
 }  // namespace
