@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "formats/hf_checkpoint.h"
 #include "formats/module_path.h"
 #include "moe/checkpoint.h"
@@ -36,18 +37,75 @@ const formats::TensorView* Find(const formats::SafetensorsFile& f, const std::st
 
 bool IsExpertParameter(absl::string_view name) { return formats::ExpertOf(name).has_value(); }
 
-// Rank `rank`'s capture: its annotation and file, checked against rank 0's step.
+// The rank's batch as the replay and the proxy's calibration run it:
+// [B, S >= 2] integer ids within the config's vocabulary.
+absl::Status CheckBatch(const std::string& path, const formats::SafetensorsFile& f, int64_t vocab) {
+  const formats::TensorView* v = Find(f, kInputIds);
+  if ((v->dtype != formats::DType::kI64 && v->dtype != formats::DType::kI32) || v->shape.size() != 2 ||
+      v->shape[1] < 2) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: %s is %s [%s]; the replay needs [B, S >= 2] int64", path,
+                                                      kInputIds, formats::DTypeName(v->dtype),
+                                                      absl::StrJoin(v->shape, ", ")));
+  }
+  return CatchTorch(path, [&]() -> absl::Status {
+    const at::Tensor ids = recorder::ToTensor(*v);
+    if (ids.numel() == 0) return absl::InvalidArgumentError(absl::StrFormat("%s: %s is empty", path, kInputIds));
+    const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
+    if (lo < 0 || hi >= vocab) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s: %s holds token id %d, outside the hf_config's vocabulary "
+                                                        "[0, %d)",
+                                                        path, kInputIds, lo < 0 ? lo : hi, vocab));
+    }
+    return absl::OkStatus();
+  });
+}
+
+// The "hf_model" annotation of a rank that has none: why its capture was
+// not written (moerr.record's "hf_model_unwritten"), or that model= was not passed.
+absl::Status NoCapture(const formats::WorldStep& world, int64_t rank) {
+  const std::string why = WhyNoCapture(world.ranks.at(static_cast<size_t>(rank)));
+  if (!why.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s, rank %d: moerr.record(model=) wrote no capture: %s", world.dir, rank, why));
+  }
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "%s, rank %d: no \"%s\" annotation (rank 0 has one): every rank must pass model= and hf_config= to "
+      "moerr.record",
+      world.dir, rank, kHfModelAnnotation));
+}
+
+// Rank 0's config, the model built from it; another rank's must be the same.
+absl::Status ReadConfig(const formats::WorldStep& world, int64_t rank, const llvm::json::Object& o,
+                        HfWorldRecord& record) {
+  const llvm::json::Object* config = o.getObject("config");
+  if (config == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s, rank %d: the hf_model annotation has no config", world.dir,
+                                                      rank));
+  }
+  if (rank > 0) {
+    if (*config == record.hf_config) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s, rank %d: its hf_config is not rank 0's (every rank must pass the same config to moerr.record)",
+        world.dir, rank));
+  }
+  record.hf_config = *config;
+  absl::StatusOr<moe::MoeConfig> c = moe::FromHfConfig(*config);
+  if (!c.ok()) {
+    return absl::Status(c.status().code(), absl::StrFormat("%s: the hf_config passed to moerr.record: %s", world.dir,
+                                                           c.status().message()));
+  }
+  record.config = *c;
+  return absl::OkStatus();
+}
+
+// Rank `rank`'s capture: its annotation and file, checked against rank 0's
+// step and config.
 absl::Status ReadRank(const formats::WorldStep& world, int64_t rank, HfWorldRecord& record) {
   const formats::RankStep& r = world.ranks.at(static_cast<size_t>(rank));
   if (!r.reader) return absl::Status(r.error.code(), absl::StrFormat("%s, rank %d: %s", world.dir, rank, r.error.message()));
   absl::StatusOr<llvm::json::Value> a = r.reader->ReadAnnotation(kHfModelAnnotation);
   const llvm::json::Object* o = a.ok() ? a->getAsObject() : nullptr;
-  if (o == nullptr) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s, rank %d: no \"%s\" annotation (rank 0 has one): every rank must pass model= and hf_config= to "
-        "moerr.record",
-        world.dir, rank, kHfModelAnnotation));
-  }
+  if (o == nullptr) return NoCapture(world, rank);
   const auto file = o->getString("file");
   const auto step = o->getInteger("step");
   const auto objective = o->getString("objective");
@@ -60,26 +118,18 @@ absl::Status ReadRank(const formats::WorldStep& world, int64_t rank, HfWorldReco
     return absl::InvalidArgumentError(absl::StrFormat("%s, rank %d: objective \"%s\": the replay knows \"%s\" only",
                                                       world.dir, rank, objective ? objective->str() : "", kObjective));
   }
-  if (rank == 0) {
-    record.step = *step;
-    const llvm::json::Object* config = o->getObject("config");
-    if (config == nullptr) return absl::InvalidArgumentError(world.dir + ", rank 0: the hf_model annotation has no config");
-    record.hf_config = *config;
-    absl::StatusOr<moe::MoeConfig> c = moe::FromHfConfig(*config);
-    if (!c.ok()) {
-      return absl::Status(c.status().code(), absl::StrFormat("%s: the hf_config passed to moerr.record: %s", world.dir,
-                                                             c.status().message()));
-    }
-    record.config = *c;
-  } else if (*step != record.step) {
+  if (rank == 0) record.step = *step;
+  if (*step != record.step) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: rank %d captured step %d, rank 0 step %d", world.dir, rank,
                                                       *step, record.step));
   }
+  MOERR_RETURN_IF_ERROR(ReadConfig(world, rank, *o, record));
   const std::string path = world.dir + "/" + file->str();
   MOERR_ASSIGN_OR_RETURN(formats::SafetensorsFile f, formats::ReadSafetensors(path));
   for (const std::string need : {kInputIds, "out/loss", "out/logits"}) {
     if (Find(f, need) == nullptr) return absl::InvalidArgumentError(absl::StrFormat("%s: no \"%s\"", path, need));
   }
+  MOERR_RETURN_IF_ERROR(CheckBatch(path, f, record.config.vocab_size));
   record.ranks.push_back(std::move(f));
   return absl::OkStatus();
 }
@@ -176,6 +226,14 @@ void Pass(moe::MoeTransformer& model, const at::Tensor& ids, int64_t rank,
 
 }  // namespace
 
+std::string WhyNoCapture(const formats::RankStep& rank) {
+  if (!rank.reader) return "";
+  absl::StatusOr<llvm::json::Value> a = rank.reader->ReadAnnotation(kHfModelUnwrittenAnnotation);
+  if (!a.ok()) return "";
+  const auto why = a->getAsString();
+  return why ? why->str() : "";
+}
+
 bool HasHfModel(const formats::WorldStep& world) {
   return !world.ranks.empty() && world.ranks[0].reader &&
          world.ranks[0].reader->ReadAnnotation(kHfModelAnnotation).ok();
@@ -204,6 +262,15 @@ absl::Status WriteHfCheckpoint(const HfWorldRecord& record, const std::string& d
 }
 
 absl::StatusOr<int64_t> WriteHfBatch(const HfWorldRecord& record, const std::string& path) {
+  for (size_t r = 1; r < record.ranks.size(); ++r) {
+    const std::vector<int64_t>& first = Find(record.ranks[0], kInputIds)->shape;
+    const std::vector<int64_t>& other = Find(record.ranks[r], kInputIds)->shape;
+    if (other[1] != first[1]) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: rank 0's batch is [%s], rank %d's [%s]: the calibration batch is one [B, S]; pass --tokens FILE",
+          record.dir, absl::StrJoin(first, ", "), r, absl::StrJoin(other, ", ")));
+    }
+  }
   at::Tensor ids;
   MOERR_RETURN_IF_ERROR(CatchTorch("the recorded batches", [&]() -> absl::Status {
     std::vector<at::Tensor> rows;

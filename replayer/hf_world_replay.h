@@ -38,6 +38,9 @@
 namespace moerr::replayer {
 
 inline constexpr char kHfModelAnnotation[] = "hf_model";
+// Written instead by a rank whose capture was not (its forward ran other
+// than once, or no backward reached the model): why, a JSON string.
+inline constexpr char kHfModelUnwrittenAnnotation[] = "hf_model_unwritten";
 // The largest deviation a compared tensor may have, relative to its
 // recorded magnitude: max|replay - record| / max(max|record|, kHfFloor).
 inline constexpr double kHfTolerance = 1e-4;
@@ -54,10 +57,15 @@ struct HfWorldRecord {
 
 // True when rank 0's bundle carries the "hf_model" annotation.
 bool HasHfModel(const formats::WorldStep& world);
+// Why moerr.record(model=) wrote no capture on `rank` (its
+// "hf_model_unwritten" annotation); empty when it says nothing.
+std::string WhyNoCapture(const formats::RankStep& rank);
 
 // Every rank's capture and routing (reading the captured step into
 // `world`); an error names the run, the rank and what is missing or
-// malformed (a config moerr cannot build is FromHfConfig's error, naming the key).
+// malformed: a config moerr cannot build (FromHfConfig's error, naming the
+// key), a rank's config other than rank 0's, a batch not [B, S >= 2] ids
+// within the vocabulary.
 absl::StatusOr<HfWorldRecord> ReadHfWorld(formats::WorldStep& world);
 
 // The plan (world_replay.h) for `ranks` replay ranks; the experts per layer

@@ -96,6 +96,12 @@ absl::Status CheckRebuildable(const formats::WorldStep& world) {
   const formats::RankStep& r = world.ranks[0];
   if (!r.reader) return absl::Status(r.error.code(), absl::StrFormat("%s, rank 0: %s", world.dir, r.error.message()));
   if (r.reader->ReadAnnotation("model_config").ok()) return absl::OkStatus();
+  const std::string why = replayer::WhyNoCapture(r);
+  if (!why.empty()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s, rank 0: moerr.record(model=) wrote no capture, so replay on other ranks cannot rebuild the model: %s",
+        world.dir, why));
+  }
   return absl::FailedPreconditionError(absl::StrFormat(
       "%s: replay on other ranks cannot rebuild this run's model: rank 0's bundle has neither model_config (moerr "
       "train) nor hf_model (a Python loop recorded with moerr.record(RUN, model=model, hf_config=config), the model "

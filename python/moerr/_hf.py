@@ -16,8 +16,11 @@ At the first step recorded, each rank writes RUN/hf/rank<K>.safetensors:
                     parameter's gradient of this rank's loss, an expert's
                     of every loss whose rows reached it;
 and the bundle's annotation "hf_model" names the file, the step, the HF
-config and the objective. Only that objective is supported: a loop whose
-loss is another is reported by the replay's gradient comparison.
+config and the objective; a step it cannot capture (the forward ran other
+than once, no backward reached the model) warns and annotates
+"hf_model_unwritten" with why, which `replay --ranks` reports. Only that
+objective is supported: a loop whose loss is another is reported by the
+replay's gradient comparison.
 """
 import ctypes
 import json
@@ -75,6 +78,10 @@ def check_model(model, hf_config):
     `hf_config`: an unknown model_type, or parameters outside the family's names."""
     if not isinstance(hf_config, dict):
         raise ValueError(f"hf_config must be a dict (config.json's keys), not {type(hf_config).__name__}")
+    try:
+        json.dumps(hf_config)  # written into the bundle's annotation at the step's end
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"hf_config must be config.json's keys, JSON values only: {e}") from None
     family = hf_config.get("model_type")
     if family not in FAMILIES:
         raise ValueError(f"hf_config model_type {family!r}: moerr rebuilds {', '.join(FAMILIES)} only")
@@ -187,6 +194,7 @@ class Capture:
             why = f"no backward reached the model's parameters in step {step}"
         if why is not None:
             warnings.warn(f"{self._path} not written: {why}", UserWarning, stacklevel=4)
+            rec.annotate("hf_model_unwritten", json.dumps(why))  # what replay --ranks says instead
             return False
         os.makedirs(os.path.dirname(self._path), exist_ok=True)
         write_safetensors(self._path, self._tensors, {"step": str(step), "objective": OBJECTIVE})

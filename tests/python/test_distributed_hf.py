@@ -117,7 +117,8 @@ def test_a_model_outside_the_families_is_refused_when_recording(tmp_path):
         from moerr.examples import TinyMoe, MIXTRAL_TINY
         dist.init_process_group("gloo", init_method=INIT, rank=0, world_size=1)
         from moerr.examples import MixtralForCausalLM
-        for model, config in ((TinyMoe(), MIXTRAL_TINY), (MixtralForCausalLM(), dict(MIXTRAL_TINY, intermediate_size=24))):
+        for model, config in ((TinyMoe(), MIXTRAL_TINY), (MixtralForCausalLM(), dict(MIXTRAL_TINY, intermediate_size=24)),
+                              (MixtralForCausalLM(), dict(MIXTRAL_TINY, torch_dtype=torch.float32))):
             try:
                 moerr.record(RUN, model=model, hf_config=config).__enter__()
             except ValueError as e:
@@ -129,7 +130,64 @@ def test_a_model_outside_the_families_is_refused_when_recording(tmp_path):
     # Mixtral's names, but experts 16 wide where the config says 24: named with both shapes.
     assert ("refused: model: 48 parameters have shapes the hf_config does not give them: "
             "model.layers.0.block_sparse_moe.experts.0.w1.weight [16, 16] (the config: [24, 16])") in out[0], out
+    assert "refused: hf_config must be config.json's keys, JSON values only" in out[0], out
     assert not (tmp_path / "run").exists(), "a refused recording writes nothing"
+
+
+def test_a_batch_outside_the_vocabulary_is_named(hf_run, tmp_path):
+    # Rank 3's recorded batch holds token 1000 (the vocabulary is 32): the
+    # replay and the proxy name the file and the id before any rank starts.
+    import shutil
+    import torch
+    from moerr import _hf
+    run = tmp_path / "run"
+    shutil.copytree(hf_run, run)
+    path = run / "hf" / "rank3.safetensors"
+    header, blob = header_of(path)
+    meta = header.pop("__metadata__")
+    start = 8 + int.from_bytes(blob[:8], "little")
+    tensors = {}
+    for name, e in header.items():
+        lo, hi = e["data_offsets"]
+        dtype = {"F32": torch.float32, "I64": torch.int64}[e["dtype"]]
+        tensors[name] = torch.frombuffer(bytearray(blob[start + lo:start + hi]), dtype=dtype).reshape(e["shape"])
+    tensors["batch/input_ids"][0, 3] = 1000
+    _hf.write_safetensors(str(path), tensors, meta)
+    want = f"{path}: batch/input_ids holds token id 1000, outside the hf_config's vocabulary [0, 32)"
+    for args in (("replay", run, "--ranks", 2), ("proxy", run, "--keep", "1/2", "-o", tmp_path / "p")):
+        rc, out = moerr_cli(*args)
+        assert rc == 2 and want in out, out
+
+
+def test_a_rank_whose_config_differs_is_refused(tmp_path):
+    # Rank 1 passes another rope_theta to moerr.record: the replay builds one
+    # model, so it refuses rather than use rank 0's config for rank 1's step.
+    run = tmp_path / "run"
+    run_ranks("from moerr.examples import hf_expert_parallel_main, MIXTRAL_TINY\n"
+              "config = dict(MIXTRAL_TINY, rope_theta=500.0) if os.environ['RANK'] == '1' else MIXTRAL_TINY\n"
+              "hf_expert_parallel_main(RUN, init_method=INIT, config=config)\n", run, world=2)
+    rc, out = moerr_cli("replay", run, "--ranks", 1)
+    assert rc == 2 and f"{run}, rank 1: its hf_config is not rank 0's" in out, out
+
+
+def test_a_step_not_captured_says_why(tmp_path):
+    # The model's forward ran twice in the captured step: moerr.record warns,
+    # writes no capture, and replay --ranks gives that reason, not "pass model=".
+    run = tmp_path / "run"
+    out = run_ranks("""
+        import torch, torch.distributed as dist, moerr
+        from moerr.examples import MixtralForCausalLM, MIXTRAL_TINY, causal_lm_loss
+        dist.init_process_group("gloo", init_method=INIT, rank=0, world_size=1)
+        model, tokens = MixtralForCausalLM(), torch.randint(0, 32, (2, 8))
+        with moerr.record(RUN, model=model, hf_config=MIXTRAL_TINY) as rec:
+            with rec.step():
+                (causal_lm_loss(model(tokens), tokens) + causal_lm_loss(model(tokens), tokens)).backward()
+        dist.destroy_process_group()
+        """, run, world=1)
+    assert "not written: the model's forward ran 2 times in step 0" in out[0], out
+    rc, out = moerr_cli("replay", run, "--ranks", 1)
+    assert rc == 2 and (f"{run}, rank 0: moerr.record(model=) wrote no capture, so replay on other ranks cannot "
+                        "rebuild the model: the model's forward ran 2 times in step 0") in out, out
 
 
 def test_proxy_of_the_run_is_an_hf_checkpoint_moerr_runs(hf_run, tmp_path):
