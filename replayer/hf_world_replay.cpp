@@ -5,6 +5,7 @@
 #include <torch/autograd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <utility>
 
@@ -150,6 +151,44 @@ std::map<std::string, formats::TensorView> UnionOfParameters(const HfWorldRecord
   return weights;
 }
 
+// Every parameter's copy on a later rank against the lowest rank's: same
+// shape (an error), same bytes (else listed in `record.diverged`).
+absl::Status CheckReplicas(HfWorldRecord& record) {
+  std::map<std::string, std::pair<int64_t, const formats::TensorView*>> first;
+  for (size_t r = 0; r < record.ranks.size(); ++r) {
+    for (const auto& [name, view] : record.ranks[r].tensors) {
+      if (!absl::StartsWith(name, kParam)) continue;
+      const auto [it, inserted] = first.emplace(name, std::make_pair(static_cast<int64_t>(r), &view));
+      if (inserted) continue;
+      const formats::TensorView& a = *it->second.second;
+      if (a.shape != view.shape || a.dtype != view.dtype) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "%s: %s is %s [%s] on rank %d, %s [%s] on rank %d", record.dir, name, formats::DTypeName(a.dtype),
+            absl::StrJoin(a.shape, ", "), it->second.first, formats::DTypeName(view.dtype),
+            absl::StrJoin(view.shape, ", "), r));
+      }
+      const absl::StatusOr<int64_t> n = formats::CheckedNumel(view.shape, formats::ItemSize(view.dtype));  // bytes
+      const size_t bytes = n.ok() ? static_cast<size_t>(*n) : 0;
+      if (a.IsContiguous() && view.IsContiguous() && std::memcmp(a.data, view.data, bytes) != 0) {
+        record.diverged.push_back(absl::StrFormat("%s (rank %d)", name.substr(sizeof(kParam) - 1), r));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Original rank `f`'s own copies of the dense parameters it holds, into `model`.
+void LoadDenseCopies(moe::MoeTransformer& model, const formats::SafetensorsFile& f) {
+  at::NoGradGuard no_grad;
+  auto params = model->named_parameters();
+  for (const auto& [name, view] : f.tensors) {
+    if (!absl::StartsWith(name, kParam)) continue;
+    const std::string p = name.substr(sizeof(kParam) - 1);
+    at::Tensor* t = IsExpertParameter(p) ? nullptr : params.find(p);
+    if (t != nullptr) t->copy_(recorder::ToTensor(view));
+  }
+}
+
 // The model from the config and the union of the ranks' parameters;
 // LoadWeights names a missing or extra one.
 absl::StatusOr<moe::MoeTransformer> BuildModel(const HfWorldRecord& record) {
@@ -243,6 +282,7 @@ absl::StatusOr<HfWorldRecord> ReadHfWorld(formats::WorldStep& world) {
   HfWorldRecord record;
   record.dir = world.dir;
   for (int64_t r = 0; r < static_cast<int64_t>(world.ranks.size()); ++r) MOERR_RETURN_IF_ERROR(ReadRank(world, r, record));
+  MOERR_RETURN_IF_ERROR(CheckReplicas(record));
   MOERR_RETURN_IF_ERROR(formats::ReadWorldStep(world, record.step));
   for (const formats::RankStep& r : world.ranks) {
     if (!r.reader || !r.trace) {
@@ -308,6 +348,7 @@ absl::Status ReplayHfRank(const HfWorldRecord& record, const WorldReplayPlan& pl
       if (ids.dim() != 2 || ids.size(1) < 2) {
         return absl::InvalidArgumentError(absl::StrFormat("%s, rank %d: batch/input_ids must be [B, S >= 2]", record.dir, r));
       }
+      LoadDenseCopies(model, record.ranks.at(static_cast<size_t>(r)));
       Pass(model, ids, r, out);
     }
     const moe::ParallelLayout layout = parallel != nullptr ? parallel->layout() : moe::ParallelLayout{};
@@ -397,6 +438,7 @@ absl::StatusOr<HfReplayComparison> CompareHfReplay(const HfWorldRecord& record, 
   c.step = record.step;
   c.original_ranks = plan.original_ranks;
   c.ranks = plan.ranks;
+  c.diverged = record.diverged;
   std::vector<formats::SafetensorsFile> replay;
   for (int64_t m = 0; m < plan.ranks; ++m) {
     MOERR_ASSIGN_OR_RETURN(formats::SafetensorsFile f,
@@ -451,6 +493,7 @@ llvm::json::Object HfReplayJson(const HfReplayComparison& c) {
                             {"routing", llvm::json::Object{{"served_slots", c.routed_slots},
                                                            {"router_agrees", c.routed_alike},
                                                            {"decisions_routed_live", c.routed_live}}},
+                            {"diverged_parameters", llvm::json::Array(c.diverged)},
                             {"compared", std::move(rows)}};
 }
 

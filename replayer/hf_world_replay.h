@@ -14,7 +14,8 @@
 // each in rank order, forward and backward of the recorded objective
 // (causal-LM next-token cross entropy, the mean over the rank's
 // predictions) on that rank's batch, its experts spread over its EP group
-// through c10d all_to_all. Its routers are served the rank's recorded
+// through c10d all_to_all, its dense parameters that rank's own copies
+// (a replica that diverged runs as it ran). Its routers are served the rank's recorded
 // decisions (moerr.instrument's routing hooks), and count how many slots
 // their own choice agrees on; a loop that recorded none routes live. A
 // dense parameter's gradient is taken per
@@ -53,6 +54,9 @@ struct HfWorldRecord {
   moe::MoeConfig config;
   std::vector<formats::SafetensorsFile> ranks;  // by original rank
   std::vector<RoutingQueues> routing;            // by original rank; empty queues: none recorded
+  // Parameters whose copy on a rank differs from the lowest rank's holding
+  // them, as "NAME (rank K)": each rank's pass runs its own dense copies.
+  std::vector<std::string> diverged;
 };
 
 // True when rank 0's bundle carries the "hf_model" annotation.
@@ -104,6 +108,7 @@ struct HfReplayComparison {
   double tolerance = kHfTolerance;
   std::vector<HfDeviation> rows;
   int64_t routed_slots = 0, routed_alike = 0, routed_live = 0;  // summed over the replay ranks
+  std::vector<std::string> diverged;                              // HfWorldRecord's
   const HfDeviation* Worst(const std::string& kind) const;  // null when none of the kind
   bool ok() const;
 };

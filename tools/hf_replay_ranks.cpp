@@ -54,6 +54,11 @@ void Print(const replayer::HfReplayComparison& c, const std::string& family) {
                  "them); %d slots served from the record\n",
                  c.routed_live, c.routed_slots);
   }
+  if (!c.diverged.empty()) {
+    absl::PrintF("  parameters differing from the lowest rank's copy: %d, first %s; each rank's pass ran its own "
+                 "dense copies, an expert its lowest host's\n",
+                 c.diverged.size(), c.diverged[0]);
+  }
   int64_t past = 0, bitwise = 0;
   for (const auto& d : c.rows) {
     past += d.relative() > c.tolerance;

@@ -226,6 +226,11 @@ CommandResult RunHfRunProxy(ProxyArgs a, formats::WorldStep& world, bool calib_g
     }
     if (!a.json) std::printf("%s: the Python loop's model (%d ranks' parameters) as an HF checkpoint\n", run.c_str(),
                              static_cast<int>(record.ranks.size()));
+    if (!record.diverged.empty()) {
+      std::fprintf(stderr, "moerr: warning: %s: %d parameters differ from the lowest rank's copy (first %s); the "
+                   "checkpoint holds the lowest rank's\n", run.c_str(), static_cast<int>(record.diverged.size()),
+                   record.diverged[0].c_str());
+    }
     result = RunCheckpointProxy(a);
   }
   std::filesystem::remove_all(tmp);

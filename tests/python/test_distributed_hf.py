@@ -66,6 +66,7 @@ def test_replay_on_fewer_ranks_agrees_with_the_record(hf_run, ranks):
     assert all(r["scale"] > 0 for r in kinds["expert gradient"])
     # The routers were served every recorded decision: 4 ranks x 16 tokens x top-2, 2 layers.
     assert report["routing"] == {"served_slots": 256, "router_agrees": 256, "decisions_routed_live": 0}, out
+    assert report["diverged_parameters"] == [], out
 
 
 def test_replay_text_names_the_largest_deviation(hf_run):
@@ -97,6 +98,27 @@ def test_a_damaged_capture_is_reported(hf_run, tmp_path):
     rc, out = moerr_cli("replay", run, "--ranks", 2)
     assert rc == 1, out
     assert "DIFFERS: 1 tensors past the tolerance" in out and "loss, rank 2" in out, out
+
+
+def test_a_rank_whose_dense_copy_diverged_replays_as_it_ran(tmp_path):
+    # Rank 1's final norm is 1.5x rank 0's in the loop itself: its pass runs
+    # its own copy (rank 0's would differ from its record), and the report
+    # names the copy that diverged.
+    run = tmp_path / "run"
+    run_ranks("""
+        import torch, moerr.examples as ex
+        class Diverged(ex.MixtralForCausalLM):
+            def __init__(self, *args):
+                super().__init__(*args)
+                if os.environ["RANK"] == "1":
+                    with torch.no_grad():
+                        self.model.norm.weight.mul_(1.5)
+        ex.MixtralForCausalLM = Diverged
+        ex.hf_expert_parallel_main(RUN, init_method=INIT)
+        """, run, world=2)
+    rc, out = moerr_cli("replay", run, "--ranks", 1)
+    assert rc == 0 and "agrees with the record within the tolerance" in out, out
+    assert "parameters differing from the lowest rank's copy: 1, first model.norm.weight (rank 1)" in out, out
 
 
 def test_a_loop_without_instrument_is_routed_live_and_says_so(tmp_path):
