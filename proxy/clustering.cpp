@@ -89,10 +89,15 @@ int64_t Nearest(const at::TensorAccessor<double, 2>& dist, const std::vector<int
 // Each member's weight in the medoids' cost, per original id: its routed
 // slots + 1 (cluster-frequency), times its REAP saliency over the layer's
 // mean plus kSaliencyFloor (cluster: its saliency mass, so an expert the
-// calibration never routed to still counts a little).
+// calibration never routed to still counts a little). A saliency that is
+// not finite (an overflowing expert's) counts as the layer's largest finite
+// one, NaN as 0, so every weight and gain stays finite.
 constexpr double kSaliencyFloor = 1e-3;
 std::vector<double> MemberWeights(const LayerStats& s, const std::vector<int64_t>& ids, bool salient) {
-  const at::Tensor f = s.frequency.to(at::kDouble).contiguous(), reap = s.reap.to(at::kDouble).contiguous();
+  const at::Tensor f = s.frequency.to(at::kDouble).contiguous(), raw = s.reap.to(at::kDouble);
+  const at::Tensor finite = raw.isfinite();
+  const double top = finite.any().item<bool>() ? raw.masked_select(finite).max().item<double>() : 0.0;
+  const at::Tensor reap = raw.nan_to_num(0.0, top, 0.0).contiguous();
   const double mean_reap = salient ? std::max(reap.mean().item<double>(), 1e-30) : 1.0;
   std::vector<double> w(static_cast<size_t>(s.experts), 0.0);
   for (int64_t e : ids) {

@@ -4,6 +4,9 @@
 // k-medoids, keeps neither promise.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "proxy/clustering.h"
 
 namespace moerr::proxy {
@@ -71,6 +74,17 @@ TEST(SaliencyClusterTest, TheDefaultSkipsASalientExpertAKeptOneStandsFor) {
   const LayerPlan forced = PlanLayer(TwinsAndAnother(), 2, {1}, options).value();
   EXPECT_EQ(forced.kept, (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(forced.medoid_of, (std::vector<int64_t>{1, 1, 2}));
+}
+
+// An overflowing expert's saliency (Inf) or a NaN one still gives a plan of
+// kept experts that every expert maps onto.
+TEST(SaliencyClusterTest, ANonFiniteSaliencyStillPlans) {
+  LayerStats s = FourExperts();
+  s.reap = at::tensor({1.0, NAN, INFINITY, 100.0}, at::kDouble);
+  const LayerPlan plan = PlanLayer(s, 2, {}, ClusterOptions()).value();
+  ASSERT_EQ(plan.kept.size(), 2u);
+  for (int64_t e : plan.kept) EXPECT_TRUE(e >= 0 && e < 4) << e;
+  for (int64_t m : plan.medoid_of) EXPECT_TRUE(std::count(plan.kept.begin(), plan.kept.end(), m)) << m;
 }
 
 }  // namespace
