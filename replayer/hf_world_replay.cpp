@@ -99,6 +99,20 @@ absl::Status ReadConfig(const formats::WorldStep& world, int64_t rank, const llv
   return absl::OkStatus();
 }
 
+// The first sign in a rank's capture that the loop did not run in fp32: a
+// parameter stored in another dtype, or logits computed in one.
+void NoteLoopPrecision(const formats::SafetensorsFile& f, llvm::Optional<llvm::StringRef> logits_dtype,
+                       HfWorldRecord& record) {
+  if (!record.loop_precision.empty()) return;
+  for (const auto& [name, view] : f.tensors) {
+    if (absl::StartsWith(name, kParam) && view.dtype != formats::DType::kF32) {
+      record.loop_precision = absl::StrFormat("%s parameters", formats::DTypeName(view.dtype));
+      return;
+    }
+  }
+  if (logits_dtype && *logits_dtype != "float32") record.loop_precision = logits_dtype->str() + " logits";
+}
+
 // Rank `rank`'s capture: its annotation and file, checked against rank 0's
 // step and config.
 absl::Status ReadRank(const formats::WorldStep& world, int64_t rank, HfWorldRecord& record) {
@@ -131,6 +145,7 @@ absl::Status ReadRank(const formats::WorldStep& world, int64_t rank, HfWorldReco
     if (Find(f, need) == nullptr) return absl::InvalidArgumentError(absl::StrFormat("%s: no \"%s\"", path, need));
   }
   MOERR_RETURN_IF_ERROR(CheckBatch(path, f, record.config.vocab_size));
+  NoteLoopPrecision(f, o->getString("logits_dtype"), record);
   record.ranks.push_back(std::move(f));
   return absl::OkStatus();
 }
@@ -439,6 +454,7 @@ absl::StatusOr<HfReplayComparison> CompareHfReplay(const HfWorldRecord& record, 
   c.original_ranks = plan.original_ranks;
   c.ranks = plan.ranks;
   c.diverged = record.diverged;
+  c.loop_precision = record.loop_precision;
   std::vector<formats::SafetensorsFile> replay;
   for (int64_t m = 0; m < plan.ranks; ++m) {
     MOERR_ASSIGN_OR_RETURN(formats::SafetensorsFile f,
@@ -494,6 +510,8 @@ llvm::json::Object HfReplayJson(const HfReplayComparison& c) {
                                                            {"router_agrees", c.routed_alike},
                                                            {"decisions_routed_live", c.routed_live}}},
                             {"diverged_parameters", llvm::json::Array(c.diverged)},
+                            {"loop_precision", c.loop_precision.empty() ? llvm::json::Value("fp32")
+                                                                        : llvm::json::Value(c.loop_precision)},
                             {"compared", std::move(rows)}};
 }
 

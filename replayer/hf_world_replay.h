@@ -57,6 +57,9 @@ struct HfWorldRecord {
   // Parameters whose copy on a rank differs from the lowest rank's holding
   // them, as "NAME (rank K)": each rank's pass runs its own dense copies.
   std::vector<std::string> diverged;
+  // The precision the loop ran in when not fp32 ("bf16 parameters",
+  // "bfloat16 logits"); empty for fp32. moerr's model runs fp32.
+  std::string loop_precision;
 };
 
 // True when rank 0's bundle carries the "hf_model" annotation.
@@ -109,6 +112,7 @@ struct HfReplayComparison {
   std::vector<HfDeviation> rows;
   int64_t routed_slots = 0, routed_alike = 0, routed_live = 0;  // summed over the replay ranks
   std::vector<std::string> diverged;                              // HfWorldRecord's
+  std::string loop_precision;                                     // HfWorldRecord's
   const HfDeviation* Worst(const std::string& kind) const;  // null when none of the kind
   bool ok() const;
 };

@@ -59,6 +59,11 @@ void Print(const replayer::HfReplayComparison& c, const std::string& family) {
                  "dense copies, an expert its lowest host's\n",
                  c.diverged.size(), c.diverged[0]);
   }
+  if (!c.loop_precision.empty()) {
+    absl::PrintF("  the loop ran with %s: moerr's model runs fp32, so the deviations include the loop's own "
+                 "rounding (the tolerance is an fp32 loop's)\n",
+                 c.loop_precision);
+  }
   int64_t past = 0, bitwise = 0;
   for (const auto& d : c.rows) {
     past += d.relative() > c.tolerance;

@@ -96,8 +96,11 @@ def check_model(model, hf_config):
         m = re.search(r"\.experts\.(\d+)\.", n)
         if m and experts is not None and int(m.group(1)) >= int(experts):
             raise ValueError(f"model: {n}: expert {m.group(1)} of {experts} (is the block's expert_offset right?)")
-    wrong = [f"{n} {list(p.shape)} (the config: {want})" for n, p in hf_names(model)
-             for want in [_expected_shape(n, hf_config)] if want is not None and list(p.shape) != want]
+    try:
+        wrong = [f"{n} {list(p.shape)} (the config: {want})" for n, p in hf_names(model)
+                 for want in [_expected_shape(n, hf_config)] if want is not None and list(p.shape) != want]
+    except KeyError as e:
+        raise ValueError(f"hf_config lacks {e.args[0]!r}, which {family} needs") from None
     if wrong:
         raise ValueError(f"model: {len(wrong)} parameters have shapes the hf_config does not give them: "
                          + ", ".join(wrong[:8]) + (f" and {len(wrong) - 8} more" if len(wrong) > 8 else ""))
@@ -158,6 +161,7 @@ class Capture:
         self._path = os.path.join(str(run_dir), self._file)
         self._hooks, self._done, self._forwards = [], False, 0
         self._tensors = {}
+        self._logits_dtype = None  # the logits' dtype as the loop computed them ("float32", "bfloat16", ...)
 
     def begin(self):
         if self._done:
@@ -199,6 +203,7 @@ class Capture:
         os.makedirs(os.path.dirname(self._path), exist_ok=True)
         write_safetensors(self._path, self._tensors, {"step": str(step), "objective": OBJECTIVE})
         rec.annotate("hf_model", json.dumps({"file": self._file, "step": step, "objective": OBJECTIVE,
+                                             "logits_dtype": self._logits_dtype,
                                              "config": self._config}))
         self._tensors = {}
         return True
@@ -234,6 +239,7 @@ class Capture:
         logits = output[0] if isinstance(output, tuple) else getattr(output, "logits", output)
         ids = self._tensors["batch/input_ids"]
         with torch.no_grad(), _untraced():
+            self._logits_dtype = str(logits.dtype).replace("torch.", "")
             logits = logits.detach().float()
             self._tensors["out/logits"] = logits.clone()
             self._tensors["out/loss"] = torch.nn.functional.cross_entropy(

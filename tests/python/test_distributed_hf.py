@@ -66,7 +66,7 @@ def test_replay_on_fewer_ranks_agrees_with_the_record(hf_run, ranks):
     assert all(r["scale"] > 0 for r in kinds["expert gradient"])
     # The routers were served every recorded decision: 4 ranks x 16 tokens x top-2, 2 layers.
     assert report["routing"] == {"served_slots": 256, "router_agrees": 256, "decisions_routed_live": 0}, out
-    assert report["diverged_parameters"] == [], out
+    assert report["diverged_parameters"] == [] and report["loop_precision"] == "fp32", out
 
 
 def test_replay_text_names_the_largest_deviation(hf_run):
@@ -119,6 +119,25 @@ def test_a_rank_whose_dense_copy_diverged_replays_as_it_ran(tmp_path):
     rc, out = moerr_cli("replay", run, "--ranks", 1)
     assert rc == 0 and "agrees with the record within the tolerance" in out, out
     assert "parameters differing from the lowest rank's copy: 1, first model.norm.weight (rank 1)" in out, out
+
+
+def test_a_bf16_loop_is_said_to_differ_by_its_precision(tmp_path):
+    # moerr's model runs fp32: a loop in bf16 differs past the fp32
+    # tolerance, and the report says that the loop's precision is the cause.
+    run = tmp_path / "run"
+    run_ranks("""
+        import torch, torch.distributed as dist, moerr
+        from moerr.examples import MixtralForCausalLM, MIXTRAL_TINY, causal_lm_loss
+        dist.init_process_group("gloo", init_method=INIT, rank=0, world_size=1)
+        model, tokens = MixtralForCausalLM().to(torch.bfloat16), torch.randint(0, 32, (2, 8))
+        with moerr.record(RUN, model=model, hf_config=MIXTRAL_TINY) as rec:
+            with rec.step():
+                causal_lm_loss(model(tokens).float(), tokens).backward()
+        dist.destroy_process_group()
+        """, run, world=1)
+    rc, out = moerr_cli("replay", run, "--ranks", 1, "--json")
+    report = json.loads(out[out.index("{"):])
+    assert rc == 1 and not report["ok"] and report["loop_precision"] == "bf16 parameters", out
 
 
 def test_a_loop_without_instrument_is_routed_live_and_says_so(tmp_path):
