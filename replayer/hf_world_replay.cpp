@@ -5,6 +5,7 @@
 #include <torch/autograd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -407,8 +408,15 @@ HfDeviation Deviation(std::string kind, std::string name, int64_t rank, const at
                       const at::Tensor& recorded) {
   HfDeviation d{std::move(kind), std::move(name), rank};
   const at::Tensor b = recorded.to(at::kDouble), a = replay.to(at::kDouble);
-  d.scale = b.numel() == 0 ? 0.0 : b.abs().max().item<double>();
-  d.max_abs = b.numel() == 0 ? 0.0 : (a - b).abs().max().item<double>();
+  if (b.numel() == 0) return d;
+  // A non-finite element agrees with the same value only (a NaN step
+  // reproduced is no deviation); against anything else it deviates by inf.
+  const at::Tensor same = (a.isnan() & b.isnan()) | (a == b);
+  const at::Tensor diff = (a - b).abs().nan_to_num(/*nan=*/INFINITY).masked_fill(same, 0.0);
+  const at::Tensor finite = b.isfinite();
+  d.scale = finite.any().item<bool>() ? b.masked_select(finite).abs().max().item<double>() : 0.0;
+  d.max_abs = diff.max().item<double>();
+  d.nonfinite = b.numel() - finite.sum().item<int64_t>();
   return d;
 }
 
@@ -494,15 +502,23 @@ absl::StatusOr<HfReplayComparison> CompareHfReplay(const HfWorldRecord& record, 
   return c;
 }
 
+namespace {
+
+// JSON has no inf: a non-finite deviation is written as null.
+llvm::json::Value Finite(double x) { return std::isfinite(x) ? llvm::json::Value(x) : llvm::json::Value(nullptr); }
+
+}  // namespace
+
 llvm::json::Object HfReplayJson(const HfReplayComparison& c) {
   llvm::json::Array rows;
   for (const HfDeviation& d : c.rows) {
     rows.push_back(llvm::json::Object{{"kind", d.kind},
                                       {"name", d.name},
                                       {"rank", d.rank >= 0 ? llvm::json::Value(d.rank) : nullptr},
-                                      {"max_abs", d.max_abs},
+                                      {"max_abs", Finite(d.max_abs)},
                                       {"scale", d.scale},
-                                      {"relative", d.relative()}});
+                                      {"relative", Finite(d.relative())},
+                                      {"nonfinite", d.nonfinite}});
   }
   return llvm::json::Object{{"run", c.run},       {"step", c.step},           {"original_ranks", c.original_ranks},
                             {"ranks", c.ranks},   {"tolerance", c.tolerance}, {"ok", c.ok()},

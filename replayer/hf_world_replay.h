@@ -101,7 +101,11 @@ struct HfDeviation {
   std::string kind;  // "output", "loss", "dense gradient", "expert gradient"
   std::string name;  // "model.layers.0", "logits", a parameter
   int64_t rank = -1;  // the original rank; -1 for an expert gradient (every rank's)
+  // max|replay - record| (inf where one side is non-finite and the other
+  // is not, 0 where both are the same non-finite value) and max|record|
+  // over its finite elements; `nonfinite` counts the record's others.
   double max_abs = 0, scale = 0;
+  int64_t nonfinite = 0;
   double relative() const;
 };
 

@@ -66,7 +66,7 @@ void Print(const replayer::HfReplayComparison& c, const std::string& family) {
   }
   int64_t past = 0, bitwise = 0;
   for (const auto& d : c.rows) {
-    past += d.relative() > c.tolerance;
+    past += !(d.relative() <= c.tolerance);  // as HfReplayComparison::ok()
     bitwise += d.max_abs == 0;
   }
   absl::PrintF("  %d of the %d bitwise equal\n", bitwise, c.rows.size());

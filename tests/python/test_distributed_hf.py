@@ -31,6 +31,22 @@ def header_of(path):
     return json.loads(blob[8:8 + int.from_bytes(blob[:8], "little")]), blob
 
 
+def edit_capture(path, edit):
+    """Rewrites the capture `path` with edit(tensors) applied."""
+    import torch
+    from moerr import _hf
+    header, blob = header_of(path)
+    meta = header.pop("__metadata__")
+    start = 8 + int.from_bytes(blob[:8], "little")
+    tensors = {}
+    for name, e in header.items():
+        lo, hi = e["data_offsets"]
+        dtype = {"F32": torch.float32, "I64": torch.int64}[e["dtype"]]
+        tensors[name] = torch.frombuffer(bytearray(blob[start + lo:start + hi]), dtype=dtype).reshape(e["shape"])
+    edit(tensors)
+    _hf.write_safetensors(str(path), tensors, meta)
+
+
 def test_each_rank_writes_its_part_of_the_model(hf_run):
     import moerr
     for r in range(WORLD):
@@ -78,26 +94,45 @@ def test_replay_text_names_the_largest_deviation(hf_run):
 
 
 def test_a_damaged_capture_is_reported(hf_run, tmp_path):
-    # Rank 2's recorded loss changed: the replay says it differs, rank 2's loss.
+    # Rank 2's recorded loss changed: the replay says it differs, rank 2's
+    # loss; made NaN, it differs too (a NaN agrees with a NaN only).
     import shutil
-    import torch
-    from moerr import _hf
+    for damage, shown in ((lambda t: t["out/loss"].add_(0.01), "loss"), (lambda t: t["out/loss"].fill_(float("nan")), "inf")):
+        run = tmp_path / shown
+        shutil.copytree(hf_run, run)
+        edit_capture(run / "hf" / "rank2.safetensors", damage)
+        rc, out = moerr_cli("replay", run, "--ranks", 2)
+        assert rc == 1, out
+        assert "DIFFERS: 1 tensors past the tolerance" in out and "loss, rank 2" in out, out
+    rc, out = moerr_cli("replay", run, "--ranks", 1, "--json")
+    rows = [r for r in json.loads(out[out.index("{"):])["compared"] if r["relative"] is None]
+    assert rc == 1 and [(r["kind"], r["rank"], r["nonfinite"]) for r in rows] == [("loss", 2, 1)], out
+
+
+def test_a_nan_step_reproduced_agrees(tmp_path):
+    # An inf in one embedding row makes the loss and most gradients NaN;
+    # the replay reproduces them at the same elements, which is agreement.
     run = tmp_path / "run"
-    shutil.copytree(hf_run, run)
-    path = run / "hf" / "rank2.safetensors"
-    header, blob = header_of(path)
-    del header["__metadata__"]
-    start = 8 + int.from_bytes(blob[:8], "little")
-    tensors = {}
-    for name, e in header.items():
-        lo, hi = e["data_offsets"]
-        dtype = {"F32": torch.float32, "I64": torch.int64}[e["dtype"]]
-        tensors[name] = torch.frombuffer(bytearray(blob[start + lo:start + hi]), dtype=dtype).reshape(e["shape"])
-    tensors["out/loss"] = tensors["out/loss"] + 0.01
-    _hf.write_safetensors(str(path), tensors, {"step": "0"})
-    rc, out = moerr_cli("replay", run, "--ranks", 2)
-    assert rc == 1, out
-    assert "DIFFERS: 1 tensors past the tolerance" in out and "loss, rank 2" in out, out
+    out = run_ranks("""
+        import torch, torch.distributed as dist, moerr
+        from moerr.examples import MixtralForCausalLM, MIXTRAL_TINY, causal_lm_loss
+        dist.init_process_group("gloo", init_method=INIT, rank=0, world_size=1)
+        model, tokens = MixtralForCausalLM(), torch.arange(1, 17).view(2, 8)
+        moerr.instrument(model)
+        with torch.no_grad():
+            model.model.embed_tokens.weight[5, 3] = float("inf")
+        with moerr.record(RUN, model=model, hf_config=MIXTRAL_TINY) as rec:
+            with rec.step():
+                loss = causal_lm_loss(model(tokens), tokens)
+                loss.backward()
+        print("loss", loss.item())
+        dist.destroy_process_group()
+        """, run, world=1)
+    assert "loss nan" in out[0], out
+    rc, out = moerr_cli("replay", run, "--ranks", 1, "--json")
+    report = json.loads(out[out.index("{"):])
+    assert rc == 0 and report["ok"], out
+    assert sum(r["nonfinite"] > 0 for r in report["compared"]) > 10, out
 
 
 def test_a_rank_whose_dense_copy_diverged_replays_as_it_ran(tmp_path):
@@ -179,21 +214,10 @@ def test_a_batch_outside_the_vocabulary_is_named(hf_run, tmp_path):
     # Rank 3's recorded batch holds token 1000 (the vocabulary is 32): the
     # replay and the proxy name the file and the id before any rank starts.
     import shutil
-    import torch
-    from moerr import _hf
     run = tmp_path / "run"
     shutil.copytree(hf_run, run)
     path = run / "hf" / "rank3.safetensors"
-    header, blob = header_of(path)
-    meta = header.pop("__metadata__")
-    start = 8 + int.from_bytes(blob[:8], "little")
-    tensors = {}
-    for name, e in header.items():
-        lo, hi = e["data_offsets"]
-        dtype = {"F32": torch.float32, "I64": torch.int64}[e["dtype"]]
-        tensors[name] = torch.frombuffer(bytearray(blob[start + lo:start + hi]), dtype=dtype).reshape(e["shape"])
-    tensors["batch/input_ids"][0, 3] = 1000
-    _hf.write_safetensors(str(path), tensors, meta)
+    edit_capture(path, lambda t: t["batch/input_ids"].__setitem__((0, 3), 1000))
     want = f"{path}: batch/input_ids holds token id 1000, outside the hf_config's vocabulary [0, 32)"
     for args in (("replay", run, "--ranks", 2), ("proxy", run, "--keep", "1/2", "-o", tmp_path / "p")):
         rc, out = moerr_cli(*args)
