@@ -211,8 +211,9 @@ CommandResult RunHfRunProxy(ProxyArgs a, formats::WorldStep& world, bool calib_g
   if (::mkdtemp(dir) == nullptr) return absl::UnavailableError("cannot create a temporary directory");
   const std::string tmp = dir;
   absl::Status s = replayer::WriteHfCheckpoint(record, tmp + "/checkpoint");
-  absl::StatusOr<int64_t> tokens = s.ok() ? replayer::WriteHfBatch(record, tmp + "/batch.safetensors")
-                                          : absl::StatusOr<int64_t>(s);
+  absl::StatusOr<int64_t> tokens = !s.ok()             ? absl::StatusOr<int64_t>(s)
+                                   : a.tokens.empty() ? replayer::WriteHfBatch(record, tmp + "/batch.safetensors")
+                                                      : absl::StatusOr<int64_t>(0);  // --tokens: not needed
   CommandResult result = absl::UnknownError("not run");
   if (!tokens.ok()) {
     result = tokens.status();

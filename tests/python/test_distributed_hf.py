@@ -97,7 +97,8 @@ def test_a_damaged_capture_is_reported(hf_run, tmp_path):
     # Rank 2's recorded loss changed: the replay says it differs, rank 2's
     # loss; made NaN, it differs too (a NaN agrees with a NaN only).
     import shutil
-    for damage, shown in ((lambda t: t["out/loss"].add_(0.01), "loss"), (lambda t: t["out/loss"].fill_(float("nan")), "inf")):
+    for damage, shown in ((lambda t: t["out/loss"].add_(0.01), "loss"),
+                          (lambda t: t["out/loss"].fill_(float("nan")), "inf")):
         run = tmp_path / shown
         shutil.copytree(hf_run, run)
         edit_capture(run / "hf" / "rank2.safetensors", damage)
@@ -222,6 +223,25 @@ def test_a_batch_outside_the_vocabulary_is_named(hf_run, tmp_path):
     for args in (("replay", run, "--ranks", 2), ("proxy", run, "--keep", "1/2", "-o", tmp_path / "p")):
         rc, out = moerr_cli(*args)
         assert rc == 2 and want in out, out
+
+
+def test_ranks_with_batches_of_other_lengths(tmp_path):
+    # Rank 0's sequences are 8 long, rank 1's 6: the replay runs each as it
+    # was; the proxy's calibration batch is one [B, S], so it asks for --tokens.
+    import torch
+    from moerr import _hf
+    run = tmp_path / "run"
+    run_ranks("from moerr.examples import hf_expert_parallel_main\n"
+              "hf_expert_parallel_main(RUN, init_method=INIT, batch=(2, 8 if os.environ['RANK'] == '0' else 6))\n",
+              run, world=2)
+    rc, out = moerr_cli("replay", run, "--ranks", 1)
+    assert rc == 0 and "agrees with the record within the tolerance" in out, out
+    rc, out = moerr_cli("proxy", run, "--keep", "1/2", "-o", tmp_path / "p")
+    assert rc == 2 and f"{run}: rank 0's batch is [2, 8], rank 1's [2, 6]" in out and "--tokens" in out, out
+    tokens = tmp_path / "tokens.safetensors"
+    _hf.write_safetensors(str(tokens), {"input_ids": torch.arange(32).view(4, 8)}, {})
+    rc, out = moerr_cli("proxy", run, "--keep", "1/2", "--tokens", tokens, "-o", tmp_path / "p")
+    assert rc == 0 and "calibration: 32 tokens" in out, out
 
 
 def test_a_rank_whose_config_differs_is_refused(tmp_path):
