@@ -260,7 +260,14 @@ absl::StatusOr<LayerPlan> PlanLayer(const LayerStats& s, int64_t keep, const std
   }
   plan.forced = forced;
   plan.medoid_of.assign(s.experts, -1);
-  const at::Tensor d = FusedDistance(s, options);
+  // A NaN distance (an expert whose routed context overflowed, as in a
+  // faulty step) counts as the layer's largest finite one: left NaN, it
+  // makes every greedy gain and k-medoids cost it enters NaN, and the plan
+  // falls back to the lowest ids.
+  at::Tensor d = FusedDistance(s, options);
+  const at::Tensor finite = d.isfinite();
+  const double far = finite.any().item<bool>() ? d.masked_select(finite).max().item<double>() : 1.0;
+  d = d.nan_to_num(far, far, 0.0).contiguous();
   for (int64_t g = 0; g < groups; ++g) {
     std::vector<int64_t> ids(per_group), group_forced;
     std::iota(ids.begin(), ids.end(), g * per_group);

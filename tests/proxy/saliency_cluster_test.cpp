@@ -87,5 +87,16 @@ TEST(SaliencyClusterTest, ANonFiniteSaliencyStillPlans) {
   for (int64_t m : plan.medoid_of) EXPECT_TRUE(std::count(plan.kept.begin(), plan.kept.end(), m)) << m;
 }
 
+// An expert whose routed context overflowed has NaN distances to every
+// other; the greedy medoids still choose by saliency among the rest.
+TEST(SaliencyClusterTest, ANaNDistanceStillKeepsTheSalientExpert) {
+  LayerStats s = FourExperts();
+  s.context[1][0] = INFINITY;
+  ASSERT_TRUE(FusedDistance(s, ClusterOptions())[1][0].isnan().item<bool>());
+  const LayerPlan plan = PlanLayer(s, 1, {}, ClusterOptions()).value();
+  EXPECT_EQ(plan.kept, (std::vector<int64_t>{3}));
+  for (int64_t m : plan.medoid_of) EXPECT_EQ(m, 3);
+}
+
 }  // namespace
 }  // namespace moerr::proxy
