@@ -213,6 +213,20 @@ TEST(GrpoJsonTest, ErrorsNameTheFieldPath) {
   back = GrpoOptionsFromJson(json);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->micro_batch, 0);
+  // The experts' activation range (trained-precision) round-trips; a bundle
+  // written before it existed reads as none.
+  options.numerics.expert_activation_max = 7.5;
+  back = GrpoOptionsFromJson(ToJson(options));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->numerics.expert_activation_max, 7.5);
+  EXPECT_EQ(back->rollout_numerics.expert_activation_max, 0.0);
+  options.numerics.expert_activation_max = 0;
+  json.erase("expert_activation_max");
+  json.erase("rollout_expert_activation_max");
+  back = GrpoOptionsFromJson(json);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->numerics.expert_activation_max, 0.0);
+  EXPECT_EQ(back->rollout_numerics.expert_activation_max, 0.0);
   json.erase("lr");
   EXPECT_EQ(GrpoOptionsFromJson(json).status().message(), "GRPO options: missing value at options.lr");
   json = ToJson(options);

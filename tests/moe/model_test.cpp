@@ -149,5 +149,23 @@ TEST(NumericsTest, Fp16EmulationOverflowsOrSaturates) {
   EXPECT_TRUE(std::isinf(y.grad()[0].item<float>()));
 }
 
+// The experts' activation range (trained-precision): off by default, and
+// then the same tensor; within it values and gradients are bitwise
+// unchanged; past it +-Inf.
+TEST(NumericsTest, ExpertActivationRangeChangesNothingWithinIt) {
+  const at::Tensor act = at::tensor({0.5f, -7.5f, 7.25f, -0.0f, 8.0f, -9.0f});
+  EXPECT_TRUE(ExpertActivationRange(act).is_same(act)) << "no range: the same tensor, no op";
+  at::Tensor x = act.slice(0, 0, 4).clone().requires_grad_();
+  NumericsScope scope({Precision::kFp32, false, 7.5});
+  const at::Tensor in = ExpertActivationRange(x);
+  EXPECT_TRUE(at::equal(in, x.detach()));
+  EXPECT_TRUE(std::signbit(in[3].item<float>()));
+  in.sum().backward();
+  EXPECT_TRUE(at::equal(x.grad(), at::ones({4})));
+  const at::Tensor out = ExpertActivationRange(act);
+  EXPECT_EQ(out[4].item<float>(), INFINITY);
+  EXPECT_EQ(out[5].item<float>(), -INFINITY);
+}
+
 }  // namespace
 }  // namespace moerr::moe
