@@ -28,8 +28,10 @@ struct Onset {
 };
 
 // `steps` RL steps of the tiny model, warmed up `warmup` steps, with `kind`
-// injected before step 0, recorded; where the fault first shows.
-Onset OnsetOf(moe::FaultKind kind, int64_t warmup, int steps) {
+// injected before step 0, recorded; where `judged` (default: `kind`) first
+// shows.
+Onset OnsetOf(moe::FaultKind kind, int64_t warmup, int steps, moe::FaultKind judged = moe::FaultKind::kNone) {
+  if (judged == moe::FaultKind::kNone) judged = kind;
   formats::testing::TempDir dir;
   moe::InjectedFault injected;
   bool finite = true;
@@ -38,11 +40,11 @@ Onset OnsetOf(moe::FaultKind kind, int64_t warmup, int steps) {
   EXPECT_EQ(static_cast<int>(reader->CompleteSteps().size()), steps);
   for (int64_t step : reader->CompleteSteps()) {
     const formats::Trace trace = formats::ReadTrace(*reader, step).value();
-    const auto failures = replayer::FailuresOf(*reader, step, trace, replayer::FailureKindOfFault(kind));
+    const auto failures = replayer::FailuresOf(*reader, step, trace, replayer::FailureKindOfFault(judged));
     EXPECT_TRUE(failures.ok()) << failures.status();
     if (!failures.ok()) return {};
     for (const replayer::Failure& f : *failures) {
-      if (f.rule == replayer::FailureRuleOfFault(kind)) return {step, f.description};
+      if (f.rule == replayer::FailureRuleOfFault(judged)) return {step, f.description};
     }
   }
   return {};
@@ -59,6 +61,13 @@ TEST_P(DynamicsFaultTest, ShowsAsItsRuleStepsAfterInjection) {
   RecordProperty("onset", static_cast<int>(onset.step));
   std::printf("%s: onset at step %lld: %s\n", moe::FaultName(kind).c_str(), static_cast<long long>(onset.step),
               onset.description.c_str());
+}
+
+// The same run without the fault shows none of the rules within the
+// window: the onset above is the fault's, not the healthy dynamics'.
+TEST_P(DynamicsFaultTest, TheHealthyRunDoesNotShowItsRule) {
+  const Onset healthy = OnsetOf(moe::FaultKind::kNone, 0, 8, GetParam());
+  EXPECT_EQ(healthy.step, -1) << healthy.description;
 }
 
 INSTANTIATE_TEST_SUITE_P(Catalogue, DynamicsFaultTest,
