@@ -52,6 +52,17 @@ absl::StatusOr<RankCostOptions> RankCostOptionsOf(const ProxyEvalArgs& args, con
     if (!moe::OnsetFromDynamics(f)) o.faults.push_back(moe::FaultName(f));
   }
   if (!args.faults.empty()) o.faults = args.faults;
+  // Each fault's run there is one step: a dynamics fault would not show in
+  // it, and every row would read as a fault not reproduced.
+  for (const std::string& fault : o.faults) {
+    const absl::StatusOr<moe::FaultKind> f = moe::ParseFault(fault);
+    if (f.ok() && moe::OnsetFromDynamics(*f)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "proxy-eval --ranks: %s fails only steps after injection, and --ranks trains one step per fault; "
+          "evaluate it without --ranks",
+          fault));
+    }
+  }
   return o;
 }
 

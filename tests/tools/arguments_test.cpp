@@ -62,6 +62,8 @@ TEST_F(ArgumentsTest, AValueASubcommandCannotUseExits2NamingIt) {
       {{"proxy-eval", "-o", "out/eval", "--keep", "3"}, "--keep 3: a fraction like 1/4"},
       {{"proxy-eval", "-o", "out/eval", "--faults", "no-such-fault"}, "no-such-fault"},
       {{"proxy-eval", "-o", "out/eval", "--family", "no-such-family"}, "no-such-family"},
+      {{"proxy-eval", "-o", "out/eval", "--ranks", "2", "--keep", "1/2", "--faults", "lr-divergence"},
+       "lr-divergence fails only steps after injection"},
       {{"diff", "run/run.moerr", "run/run.moerr", "--threshold", "f32"}, "f32"},
       {{"replay", "run/run.moerr", "--model", "--precision", "fp8"}, "fp8"},
       {{"replay", "run/run.moerr", "--model", "--isolated"}, "does not combine"},
