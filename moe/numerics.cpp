@@ -66,10 +66,18 @@ at::Tensor ExpertActivationRange(const at::Tensor& act) {
   const double max = current_numerics.expert_activation_max;
   if (max <= 0) return act;
   // Past the range: +-Inf forward, as an overflow from finite inputs (a
-  // value out of range times the largest float), so a trace's first
-  // overflow is the op that left the range; values inside it are unchanged.
-  const at::Tensor out_of_range = act.abs().gt(max).to(act.scalar_type());
-  return act + act * out_of_range * std::numeric_limits<float>::max();
+  // value out of range times the largest value of act's dtype), so a
+  // trace's first overflow is the op that left the range; values inside it
+  // are unchanged. The factor is the dtype's own largest: float's would
+  // round to Inf in bf16 or fp16 (autocast) and make 0 * Inf = NaN of
+  // every value in range.
+  const at::ScalarType dtype = act.scalar_type();
+  const double largest = dtype == at::kBFloat16 ? static_cast<float>(std::numeric_limits<c10::BFloat16>::max())
+                         : dtype == at::kHalf   ? static_cast<float>(std::numeric_limits<c10::Half>::max())
+                         : dtype == at::kDouble ? std::numeric_limits<double>::max()
+                                                : std::numeric_limits<float>::max();
+  const at::Tensor out_of_range = act.abs().gt(max).to(dtype);
+  return act + act * out_of_range * largest;
 }
 
 at::Tensor Boundary(const at::Tensor& x) {

@@ -165,6 +165,13 @@ TEST(NumericsTest, ExpertActivationRangeChangesNothingWithinIt) {
   const at::Tensor out = ExpertActivationRange(act);
   EXPECT_EQ(out[4].item<float>(), INFINITY);
   EXPECT_EQ(out[5].item<float>(), -INFINITY);
+  // In bf16 and fp16 (autocast) and double alike: no NaN within the range.
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kDouble}) {
+    const at::Tensor typed = ExpertActivationRange(act.to(dtype)).to(at::kFloat);
+    EXPECT_TRUE(at::equal(typed.slice(0, 0, 4), act.slice(0, 0, 4).to(dtype).to(at::kFloat))) << dtype;
+    EXPECT_EQ(typed[4].item<float>(), INFINITY) << dtype;
+    EXPECT_EQ(typed[5].item<float>(), -INFINITY) << dtype;
+  }
 }
 
 }  // namespace
