@@ -9,6 +9,8 @@
 //                      ratio drifts from 1 on-policy
 //   bad-kernel         the training log-softmax is a naive fp16 softmax
 //                      without max subtraction: NaN once a logit > ~11.09
+//                      (a policy whose logits stay below that has its final
+//                      norm scaled so they pass it, as a confident model's do)
 //   router-collapse    aux loss off and routers biased to two experts:
 //                      load collapses
 //   skip-update        the optimizer update is silently omitted
