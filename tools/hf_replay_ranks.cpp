@@ -13,8 +13,6 @@
 namespace moerr::tools {
 namespace {
 
-constexpr char kOutEnv[] = "MOERR_REPLAY_OUT";  // as replay_ranks.cpp's launcher sets it
-
 struct HfSetup {
   replayer::HfWorldRecord record;
   replayer::WorldReplayPlan plan;
@@ -92,15 +90,7 @@ CommandResult LaunchHfReplay(const ReplayRanksArgs& args, formats::WorldStep& wo
     s = replayer::ReplayHfRank(setup.record, plan, 0, nullptr, out + "/rank0.safetensors");
     at::set_num_threads(threads);
   } else {
-    RanksOptions ranks;
-    ranks.ranks = plan.ranks;
-    ranks.ep = plan.ep_size;
-    ranks.collective_timeout_s = args.collective_timeout_s;
-    ranks.env = {{kOutEnv, out}};
-    ranks.quiet = args.json;
-    absl::StatusOr<int> code = LaunchRanks(ranks);
-    if (!code.ok()) s = code.status();
-    if (s.ok() && *code != kExitOk) s = absl::AbortedError("the replay's ranks failed (above)");
+    s = LaunchReplayRanks(args, plan.ranks, plan.ep_size, out);
   }
   absl::StatusOr<replayer::HfReplayComparison> c =
       s.ok() ? replayer::CompareHfReplay(setup.record, out, plan) : absl::StatusOr<replayer::HfReplayComparison>(s);

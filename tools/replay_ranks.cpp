@@ -125,17 +125,7 @@ CommandResult LaunchReplay(const ReplayRanksArgs& args) {
   absl::Status s = plan.ranks == 1 ? ReplayInProcess(args.run, step, out)
                                    : formats::WriteWorldManifest(
                                          out, formats::ExpertParallelWorld(plan.ranks, plan.ep_size, plan.experts));
-  if (s.ok() && plan.ranks > 1) {
-    RanksOptions ranks;
-    ranks.ranks = plan.ranks;
-    ranks.ep = plan.ep_size;
-    ranks.collective_timeout_s = args.collective_timeout_s;
-    ranks.env = {{kOutEnv, out}};
-    ranks.quiet = args.json;
-    absl::StatusOr<int> code = LaunchRanks(ranks);
-    if (!code.ok()) s = code.status();
-    if (s.ok() && *code != kExitOk) s = absl::AbortedError("the replay's ranks failed (above)");
-  }
+  if (s.ok() && plan.ranks > 1) s = LaunchReplayRanks(args, plan.ranks, plan.ep_size, out);
   absl::StatusOr<WorldReplayComparison> c =
       s.ok() ? CompareWorldReplay(args.run, out, step, plan) : absl::StatusOr<WorldReplayComparison>(s);
   absl::StatusOr<std::optional<FailureVerdict>> failure =
@@ -172,6 +162,18 @@ absl::Status ReplayInProcess(const std::string& run, int64_t step, const std::st
   const absl::Status s = ReplayPart(args, out, 0, nullptr);
   at::set_num_threads(threads);
   return s;
+}
+
+absl::Status LaunchReplayRanks(const ReplayRanksArgs& args, int64_t ranks, int64_t ep, const std::string& out) {
+  RanksOptions options;
+  options.ranks = ranks;
+  options.ep = ep;
+  options.collective_timeout_s = args.collective_timeout_s;
+  options.env = {{kOutEnv, out}};
+  options.quiet = args.json;
+  MOERR_ASSIGN_OR_RETURN(const int code, LaunchRanks(options));
+  if (code != kExitOk) return absl::AbortedError("the replay's ranks failed (above)");
+  return absl::OkStatus();
 }
 
 CommandResult ReplayOnRanks(const ReplayRanksArgs& given) {

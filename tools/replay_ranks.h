@@ -32,4 +32,9 @@ CommandResult ReplayOnRanks(const ReplayRanksArgs& args);
 // that read a proxy run's ops (bisect).
 absl::Status ReplayInProcess(const std::string& run, int64_t step, const std::string& out);
 
+// Starts `ranks` ranks of this command (EP size `ep`) replaying into `out`,
+// each told `out` through the environment, and waits for them: OK when
+// every rank exited 0, else why not (each failed rank's fate printed above).
+absl::Status LaunchReplayRanks(const ReplayRanksArgs& args, int64_t ranks, int64_t ep, const std::string& out);
+
 }  // namespace moerr::tools

@@ -167,19 +167,28 @@ def expert_parallel_step(model, opt, tokens):
     return float(sum(losses)) / world
 
 
-def expert_parallel_main(run_dir, steps=1, experts=4, init_method=None):
-    """The step in one rank process (RANK and WORLD_SIZE in the
-    environment; MASTER_ADDR and MASTER_PORT too unless `init_method` names
-    the rendezvous, e.g. "file:///tmp/store"), recorded into the run
-    directory `run_dir`. Prints the world's loss of each step on rank 0."""
+
+def _init_gloo(init_method):
+    """torch.distributed's gloo group for this rank process: from RANK,
+    WORLD_SIZE, MASTER_ADDR and MASTER_PORT, or at `init_method` (e.g.
+    "file:///tmp/store") with RANK and WORLD_SIZE."""
     import os
     import torch.distributed as dist
-    import moerr
     if init_method is None:
         dist.init_process_group("gloo")
     else:
         dist.init_process_group("gloo", init_method=init_method, rank=int(os.environ["RANK"]),
                                 world_size=int(os.environ["WORLD_SIZE"]))
+
+
+def expert_parallel_main(run_dir, steps=1, experts=4, init_method=None):
+    """The step in one rank process (RANK and WORLD_SIZE in the
+    environment; MASTER_ADDR and MASTER_PORT too unless `init_method` names
+    the rendezvous, e.g. "file:///tmp/store"), recorded into the run
+    directory `run_dir`. Prints the world's loss of each step on rank 0."""
+    import torch.distributed as dist
+    import moerr
+    _init_gloo(init_method)
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(0)  # one model on every rank
@@ -364,14 +373,9 @@ def hf_expert_parallel_main(run_dir, steps=1, config=MIXTRAL_TINY, init_method=N
     it (the all_to_all's backward). `instrument`: moerr.instrument(model),
     which records the routing the replay serves. Prints each rank's loss of
     each step."""
-    import os
     import torch.distributed as dist
     import moerr
-    if init_method is None:
-        dist.init_process_group("gloo")
-    else:
-        dist.init_process_group("gloo", init_method=init_method, rank=int(os.environ["RANK"]),
-                                world_size=int(os.environ["WORLD_SIZE"]))
+    _init_gloo(init_method)
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(0)
