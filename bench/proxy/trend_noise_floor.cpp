@@ -13,9 +13,11 @@
 // to track the original more closely than these variants do.
 //
 //   trend_noise_floor WARM_CHECKPOINT_DIR [--steps N] [--noise REL]... [--noise-seeds N] [--seed S]...
+//   trend_noise_floor --preset NAME [...]   (a fresh model of the preset, torch seed 0)
 //   (WARM_CHECKPOINT_DIR: proxy-eval's OUT/warmup/PRESET-FAMILY-STEPS)
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/utils.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -67,16 +69,17 @@ void PrintRow(const std::string& name, double kl, const Trajectory& o, const Tra
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
+  const bool fresh = argc >= 3 && std::string(argv[1]) == "--preset";
+  if (argc < 2 || (std::string(argv[1]) == "--preset" && !fresh)) {
     std::fprintf(stderr,
-                 "usage: trend_noise_floor WARM_CHECKPOINT_DIR [--steps N] [--noise REL]... [--noise-seeds N] "
-                 "[--seed S]...\n");
+                 "usage: trend_noise_floor WARM_CHECKPOINT_DIR|--preset NAME [--steps N] [--noise REL]... "
+                 "[--noise-seeds N] [--seed S]...\n");
     return 2;
   }
   int64_t steps = 30, noise_seeds = 1;
   std::vector<double> noises;
   std::vector<uint64_t> seeds;
-  for (int i = 2; i + 1 < argc; i += 2) {
+  for (int i = fresh ? 3 : 2; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--steps") steps = std::atol(argv[i + 1]);
     else if (flag == "--noise") noises.push_back(std::atof(argv[i + 1]));
@@ -87,7 +90,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  auto loaded = moerr::moe::LoadCheckpoint(argv[1]);
+  torch::manual_seed(0);
+  absl::StatusOr<MoeTransformer> loaded = absl::InvalidArgumentError("unreachable");
+  if (fresh) {
+    const auto config = moerr::moe::Preset(argv[2]);
+    loaded = config.ok() ? absl::StatusOr<MoeTransformer>(MoeTransformer(*config)) : config.status();
+  } else {
+    loaded = moerr::moe::LoadCheckpoint(argv[1]);
+  }
   if (!loaded.ok()) {
     std::fprintf(stderr, "%s\n", std::string(loaded.status().message()).c_str());
     return 1;
