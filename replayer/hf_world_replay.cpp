@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "formats/hf_checkpoint.h"
+#include "formats/json_number.h"
 #include "formats/module_path.h"
 #include "moe/checkpoint.h"
 #include "moe/moe_transformer.h"
@@ -502,22 +503,15 @@ absl::StatusOr<HfReplayComparison> CompareHfReplay(const HfWorldRecord& record, 
   return c;
 }
 
-namespace {
-
-// JSON has no inf: a non-finite deviation is written as null.
-llvm::json::Value Finite(double x) { return std::isfinite(x) ? llvm::json::Value(x) : llvm::json::Value(nullptr); }
-
-}  // namespace
-
 llvm::json::Object HfReplayJson(const HfReplayComparison& c) {
   llvm::json::Array rows;
   for (const HfDeviation& d : c.rows) {
     rows.push_back(llvm::json::Object{{"kind", d.kind},
                                       {"name", d.name},
                                       {"rank", d.rank >= 0 ? llvm::json::Value(d.rank) : nullptr},
-                                      {"max_abs", Finite(d.max_abs)},
+                                      {"max_abs", formats::JsonNumber(d.max_abs)},
                                       {"scale", d.scale},
-                                      {"relative", Finite(d.relative())},
+                                      {"relative", formats::JsonNumber(d.relative())},
                                       {"nonfinite", d.nonfinite}});
   }
   return llvm::json::Object{{"run", c.run},       {"step", c.step},           {"original_ranks", c.original_ranks},
