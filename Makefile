@@ -2,23 +2,25 @@
 #   make demo   install what is missing, build, run the end-to-end demo
 #   make test   install what is missing, build, run every test
 #   make bench  install what is missing, build, run the benchmarks
-#   make install PREFIX=/usr/local   build, then install moerr under PREFIX
-#   make package  build, then the Debian package BUILD/moerr_VERSION_ARCH.deb
-.PHONY: deps build build-asan demo test bench install package clean
+#   make install PREFIX=/usr/local   build, then install the command under PREFIX
+#   make wheel    the wheel `pip install` takes, in BUILD/wheel (README, Install)
+.PHONY: deps build build-asan demo test bench install wheel clean
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
-PYTHON     ?= /usr/bin/python3
 FUZZ_SECONDS ?= 60
 PREFIX     ?= /usr/local
 
-# Debian packages moerr needs (DESIGN.md, "Dependencies").
-PACKAGES = cmake ninja-build g++ clang libclang-rt-14-dev pkg-config dpkg-dev \
-  libtorch-dev libcapnp-dev capnproto libzstd-dev llvm-dev libabsl-dev \
+# Debian packages moerr needs: the toolchain and the C++ libraries. The
+# Python side, torch (and its LibTorch) included, is requirements.txt, in
+# the environment packaging/venv.sh makes outside the clone.
+PACKAGES = cmake ninja-build g++ clang libclang-rt-14-dev pkg-config \
+  libcapnp-dev capnproto libzstd-dev llvm-dev libabsl-dev \
   libgtest-dev libbenchmark-dev libxxhash-dev libcli11-dev libgloo-dev \
-  python3-torch python3-numpy python3-dev pybind11-dev python3-pytest \
-  chromium
+  python3-dev python3-venv chromium
+# The interpreter of that environment (made by `deps` when missing).
+PYTHON = $$(packaging/venv.sh)/bin/python
 
 SUDO = $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
@@ -29,10 +31,12 @@ deps:
 	  echo "installing: $$missing"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
 	fi
+	@packaging/venv.sh > /dev/null
 
-# Configured again when this file (and so the flags) changes.
-$(BUILD)/build.ninja: Makefile
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
+# Configured again when this file (and so the flags) or the environment's
+# pins change.
+$(BUILD)/build.ninja: Makefile requirements.txt
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOERR_PYTHON=$(PYTHON)
 	touch $@
 
 build: deps $(BUILD)/build.ninja
@@ -40,8 +44,8 @@ build: deps $(BUILD)/build.ninja
 
 # The sanitizer suite (formats/, diff/, report/, the model, the recorder,
 # replayer, lint and proxy) under ASan+UBSan with clang, plus the libFuzzer target.
-$(ASAN_BUILD)/build.ninja: Makefile
-	CC=clang CXX=clang++ cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+$(ASAN_BUILD)/build.ninja: Makefile requirements.txt
+	CC=clang CXX=clang++ cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOERR_PYTHON=$(PYTHON) \
 	  -DMOERR_SANITIZER_SUITE=ON -DMOERR_SANITIZE=ON -DMOERR_FUZZ=ON -DMOERR_FUZZ_SECONDS=$(FUZZ_SECONDS)
 	touch $@
 
@@ -60,16 +64,15 @@ test: build build-asan
 bench: build
 	PYTHON=$(PYTHON) BUILD=$(BUILD) bench/run_all.sh
 
-# The command in PREFIX/bin, the Python package where /usr/bin/python3 finds
-# it (PREFIX/lib/python3/dist-packages for /usr, PREFIX/lib/python3.X/
-# dist-packages otherwise), the docs in PREFIX/share/doc/moerr.
+# The command in PREFIX/bin and the op references in PREFIX/share/moerr;
+# the Python package installs with pip (make wheel).
 install: build
 	cmake --install $(BUILD) --prefix $(PREFIX)
 
-# CPack (packaging/debian.cmake): the same files under /usr, depending on
-# Debian's packages of the libraries they load.
-package: build
-	cd $(BUILD) && cpack
+# The wheel of the command and the package, built against the environment's
+# torch (pyproject.toml): `pip install BUILD/wheel/moerr-*.whl` beside it.
+wheel: deps
+	$(PYTHON) -m build --wheel --no-isolation --outdir $(BUILD)/wheel .
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -39,11 +39,13 @@ class GlooParallel : public moe::Parallel {
 
   void AllReduceSum(at::Tensor& t, moe::CommGroup group) override {
     MOERR_CHECK(t.is_contiguous()) << "all_reduce of a contiguous tensor";
-    // Gloo has no bf16 arithmetic: summed in fp32, rounded once at the end.
+    // A bf16 sum is made in fp32 and rounded once at the end (Gloo would
+    // round after every rank's addend), so N ranks match one process's
+    // fp32-accumulated reduction up to order.
     const bool bf16 = t.scalar_type() == at::kBFloat16;
     std::vector<at::Tensor> tensors{bf16 ? t.to(at::kFloat).view({-1}) : t.view({-1})};
     Run(Call("all_reduce"), group, tensors, tensors, true,
-        [&](c10d::ProcessGroup& pg) { return pg.allreduce(tensors); });
+        [&](c10d::Backend& pg) { return pg.allreduce(tensors); });
     if (bf16) t.copy_(tensors[0].view_as(t));
   }
 
@@ -51,20 +53,20 @@ class GlooParallel : public moe::Parallel {
                       const std::vector<int64_t>& recv_rows) override;
 
   void Broadcast(at::Tensor& t, moe::CommGroup group, int64_t root) override {
-    std::vector<at::Tensor> tensors{Transportable(t)};
+    std::vector<at::Tensor> tensors{t};
     c10d::BroadcastOptions options;
     options.rootRank = root;
     recorder::CollectiveCall call = Call("broadcast");
     call.root = root;
     Run(std::move(call), group, tensors, tensors, true,
-        [&](c10d::ProcessGroup& pg) { return pg.broadcast(tensors, options); });
+        [&](c10d::Backend& pg) { return pg.broadcast(tensors, options); });
   }
 
   // The all_to_all itself, without autograd: rows of `input` by send_rows,
   // received by recv_rows.
   at::Tensor RawAllToAll(const at::Tensor& input, const std::vector<int64_t>& send_rows,
                          const std::vector<int64_t>& recv_rows) {
-    at::Tensor in = Transportable(input.contiguous());
+    at::Tensor in = input.contiguous();
     std::vector<int64_t> shape = in.sizes().vec();
     shape[0] = std::accumulate(recv_rows.begin(), recv_rows.end(), int64_t{0});
     at::Tensor out = at::empty(shape, in.options());
@@ -73,20 +75,14 @@ class GlooParallel : public moe::Parallel {
     call.send_rows = send_rows;
     call.recv_rows = recv_rows;
     Run(std::move(call), moe::CommGroup::kExpertParallel, {in}, {out}, false,
-        [&](c10d::ProcessGroup& pg) { return pg.alltoall_base(out, in, recv, send); });
-    return out.view(input.scalar_type());
+        [&](c10d::Backend& pg) { return pg.alltoall_base(out, in, recv, send); });
+    return out;
   }
 
   void set_group(moe::CommGroup g, c10::intrusive_ptr<c10d::ProcessGroupGloo> pg) { groups_[Index(g)] = std::move(pg); }
 
  private:
   static size_t Index(moe::CommGroup g) { return static_cast<size_t>(g); }
-
-  // Gloo moves no bf16: bf16 travels as the same bytes viewed as fp16 (a
-  // copy or a broadcast does no arithmetic, so it is bitwise).
-  static at::Tensor Transportable(const at::Tensor& t) {
-    return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t;
-  }
 
   static recorder::CollectiveCall Call(const char* kind) {
     recorder::CollectiveCall call;

@@ -108,13 +108,8 @@ absl::StatusOr<c10::IValue> LoadPickle(const std::string& path) {
   } catch (const std::exception& e) {
     // LibTorch's message ends with a backtrace; its first line says what failed.
     const std::string what = e.what();
-    // Python pickles a dict of one entry with SETITEM (0x73), which
-    // LibTorch 1.13's unpickler does not know.
-    const bool setitem = what.find("at 0x73") != std::string::npos;
     return Bad(path, absl::StrCat("not a file torch.save wrote that LibTorch can read: ",
-                                  what.substr(0, what.find('\n')),
-                                  setitem ? " (LibTorch cannot read a dict of exactly one entry: save two or more)"
-                                          : ""));
+                                  what.substr(0, what.find('\n'))));
   }
 }
 

@@ -46,7 +46,7 @@ void DeleteCounted(void* ptr) {
 
 class CountingAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) override {
     c10::DataPtr inner = g_base->allocate(n);
     if (!g_open.load() || inner.get() == nullptr) return inner;
     MOERR_CHECK(inner.get() == inner.get_context()) << "the CPU allocator's context is its data pointer";
@@ -63,6 +63,9 @@ class CountingAllocator final : public c10::Allocator {
     return c10::DataPtr(data, data, &DeleteCounted, device);
   }
   c10::DeleterFnPtr raw_deleter() const override { return &DeleteCounted; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    g_base->copy_data(dest, src, count);
+  }
 };
 
 void InstallOnce() {

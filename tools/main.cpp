@@ -1,3 +1,5 @@
+#include <torch/version.h>
+
 #include "absl/strings/str_format.h"
 #include "formats/frame.h"
 #include "support/version.h"
@@ -11,10 +13,11 @@ int main(int argc, char** argv) {
   app.footer("Exit codes: 0 ok; 1 the check ran and found a problem; 2 bad input or usage; 3 internal error (a bug)");
   // A reader opens every minor version of its major format version.
   app.set_version_flag("--version",
-                       absl::StrFormat("moerr %s\nbundle format: writes %d.%d, reads %d.x", moerr::Version(),
-                                       moerr::formats::kMajorVersion, moerr::formats::kMinorVersion,
-                                       moerr::formats::kMajorVersion),
-                       "Print moerr's version and the bundle format versions it writes and reads");
+                       absl::StrFormat("moerr %s\nbundle format: writes %d.%d, reads %d.x\ntorch: built against %s",
+                                       moerr::Version(), moerr::formats::kMajorVersion,
+                                       moerr::formats::kMinorVersion, moerr::formats::kMajorVersion, TORCH_VERSION),
+                       "Print moerr's version, the bundle format versions it writes and reads, and the torch "
+                       "it was built against");
   int exit_code = kExitOk;
   AddDemoCommand(app, exit_code);
   AddInspectCommand(app, exit_code);

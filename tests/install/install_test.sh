@@ -1,17 +1,19 @@
 #!/bin/bash
-# moerr installed into a temporary prefix and used from there, with the build
-# tree on no path (env -i, a scratch working directory): `moerr --version`, a
-# record, inspect, replay and bisect of the tiny preset, and `import moerr`
-# with only the prefix's site directory on PYTHONPATH, which records a step the
-# installed command then reads. Also: no installed file names the build tree,
-# no installed binary has an RPATH or RUNPATH, and every shared library they
-# load resolves to a file of an installed Debian package.
+# The C++ side installed by `cmake --install` into a temporary prefix and
+# used from there, with the build tree on no path (env -i, a scratch working
+# directory): `moerr --version`, a record, inspect, replay and bisect of the
+# tiny preset. Also: no installed file names the build tree, the command's
+# only RPATH is the directory of the torch it was built against, and every
+# shared library it loads resolves to a file of that torch wheel (its
+# LibTorch and the CUDA libraries it brings) or of an installed Debian
+# package. The Python package installs with pip (wheel_test.sh).
 #
-# install_test.sh CMAKE BUILD_DIR VERSION PYTHON SITE
-#   SITE: the Python package's directory under a prefix other than /usr
-#   (lib/python3.X/dist-packages), or "" when the binding is not built.
+# install_test.sh CMAKE BUILD_DIR VERSION PYTHON TORCH_LIB_DIR
 set -euo pipefail
-cmake=$1 build=$(cd "$2" && pwd -P) version=$3 python=$4 site=$5
+cmake=$1 build=$(cd "$2" && pwd -P) version=$3 python=$4 torch_lib=$(cd "$5" && pwd -P)
+# The wheel's packages: torch/ and the nvidia/ and cuda libraries beside it.
+site_packages=$(dirname "$torch_lib")
+site_packages=$(dirname "$site_packages")
 work=$(mktemp -d "${TMPDIR:-/tmp}/moerr-install.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
@@ -36,16 +38,22 @@ elves=$(find "$prefix" -type f -exec sh -c 'head -c4 "$1" | grep -q ELF' _ {} \;
 test -n "$elves" || fail "no ELF file installed"
 loaded=""
 for f in $elves; do
-  if readelf -d "$f" | grep -E '\((RPATH|RUNPATH)\)'; then fail "$f has an RPATH or RUNPATH"; fi
+  rpath=$(readelf -d "$f" | sed -n 's/.*(\(RPATH\|RUNPATH\)).*\[\(.*\)\]/\2/p')
+  test -z "$rpath" || test "$(cd "$rpath" && pwd -P)" = "$torch_lib" || fail "$f has the RPATH $rpath, not $torch_lib"
   libs=$(env -i ldd "$f")
   if grep -q 'not found' <<<"$libs"; then fail "$f: unresolved libraries: $libs"; fi
   # "name => /path (address)", or "/path (address)" for the dynamic loader.
   loaded+=$(awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' <<<"$libs")$'\n'
 done
 loaded=$(sort -u <<<"$loaded" | sed '/^$/d')
+from_wheel=""
 for lib in $loaded; do
   case $(realpath "$lib") in "$prefix"/*|"$build"/*) fail "an installed binary loads $lib";; esac
+  case $(realpath "$lib") in "$site_packages"/*) from_wheel+="$lib"$'\n';; esac
 done
+n_wheel=$(sed '/^$/d' <<<"$from_wheel" | wc -l)
+test "$n_wheel" -gt 0 || fail "the command loads no library of the torch wheel in $site_packages"
+loaded=$(grep -vxF -f <(sed '/^$/d' <<<"$from_wheel") <<<"$loaded" || true)
 # ldd names a library by the directory ld.so.cache lists it in, /lib/... or
 # /usr/lib/... (one directory on a merged /usr), or by an alternatives link;
 # its package by the path it ships. One dpkg query for all.
@@ -54,7 +62,7 @@ owned=$(for lib in $loaded; do names "$lib"; done | sort -u | xargs dpkg -S 2>/d
 for lib in $loaded; do
   grep -qxF -f <(names "$lib") <<<"$owned" || fail "an installed binary loads $lib, which no Debian package installed"
 done
-echo "$(wc -w <<<"$loaded") libraries loaded, each a Debian package's"
+echo "$(wc -w <<<"$loaded") libraries loaded from Debian's packages, $n_wheel from the torch wheel"
 
 # The version and the bundle format versions.
 test "$(run sh -c 'command -v moerr')" = "$prefix/bin/moerr" || fail "moerr on PATH is not the installed one"
@@ -78,22 +86,4 @@ echo "$out"
 test "$rc" = 1 || fail "bisect exited with $rc"
 grep -q "first overflowing op" <<<"$out" || fail "bisect found no overflow"
 
-# The Python package, with only the prefix's site directory on PYTHONPATH.
-if [ -n "$site" ]; then
-  run env PYTHONPATH="$prefix/$site" "$python" -s - "$prefix" "$version" <<'PY' || fail "import moerr"
-import sys
-import torch
-import moerr
-prefix, version = sys.argv[1:]
-assert moerr.__file__.startswith(prefix + "/"), moerr.__file__
-assert moerr.__version__ == version, moerr.__version__
-assert moerr.Bundle("run/run.moerr").steps == [0]
-model = torch.nn.Linear(4, 2)
-with moerr.record("py.moerr", mode="stats") as rec:
-    with rec.step():
-        model(torch.ones(3, 4)).sum().backward()
-print("import moerr:", moerr.__version__, "from", moerr.__file__)
-PY
-  run moerr inspect py.moerr | grep -q "written by moerr $version$" || fail "the Python recording names no writer"
-fi
 echo "installed moerr $version works from $prefix"

@@ -9,7 +9,7 @@
 namespace moerr::moe {
 namespace {
 
-// A tiny model warmed up once for the suite (~8 s) until it is confident
+// A tiny model warmed up once for the suite (~10 s) until it is confident
 // (logits above 11, which is where a naive fp16 softmax breaks).
 class GrpoTest : public ::testing::Test {
  protected:
@@ -18,7 +18,7 @@ class GrpoTest : public ::testing::Test {
     warmed_ = new MoeTransformer(Preset("tiny").value());
     WarmupOptions options;
     options.steps = 600;
-    options.batch = 32;
+    options.batch = 64;
     report_ = Warmup(*warmed_, AdditionTask(), options);
   }
   static void TearDownTestSuite() { delete warmed_; }
@@ -113,10 +113,13 @@ TEST_F(GrpoTest, RouterCollapseConcentratesLoad) {
   const auto [healthy, f0] = StepWith(FaultKind::kNone);
   const auto [m, f1] = StepWith(FaultKind::kRouterCollapse);
   // Top-2 of 8: uniform load gives each expert 1/8 of the slots, full
-  // collapse onto two experts 1/2 each.
-  EXPECT_GT(m.top_expert_share, 0.35) << healthy.top_expert_share << " -> " << m.top_expert_share;
-  EXPECT_GT(m.top_expert_share, 1.8 * healthy.top_expert_share);
-  EXPECT_LT(m.load_entropy, 0.75 * healthy.load_entropy) << healthy.load_entropy << " -> " << m.load_entropy;
+  // collapse onto two experts 1/2 each. Measured with MKL's three code
+  // paths (default, MKL_CBWR=COMPATIBLE, AVX2) and one thread: the top
+  // share goes from 0.20-0.22 to 0.34-0.40, the load entropy from 0.95 to
+  // 0.72-0.76 of its maximum; the bounds hold on each with a margin.
+  EXPECT_GT(m.top_expert_share, 0.3) << healthy.top_expert_share << " -> " << m.top_expert_share;
+  EXPECT_GT(m.top_expert_share, 1.45 * healthy.top_expert_share);
+  EXPECT_LT(m.load_entropy, 0.85 * healthy.load_entropy) << healthy.load_entropy << " -> " << m.load_entropy;
 }
 
 TEST_F(GrpoTest, SkipUpdateLeavesParametersUnchanged) {
