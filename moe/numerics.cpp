@@ -47,18 +47,18 @@ const Numerics& CurrentNumerics() { return current_numerics; }
 
 NumericsScope::NumericsScope(Numerics numerics)
     : previous_(current_numerics),
-      previous_autocast_(at::autocast::is_cpu_enabled()),
-      previous_autocast_dtype_(at::autocast::get_autocast_cpu_dtype()) {
+      previous_autocast_(at::autocast::is_autocast_enabled(at::kCPU)),
+      previous_autocast_dtype_(at::autocast::get_autocast_dtype(at::kCPU)) {
   current_numerics = numerics;
   const bool bf16 = numerics.precision == Precision::kBf16;
-  at::autocast::set_cpu_enabled(bf16);
-  if (bf16) at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCPU, bf16);
+  if (bf16) at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
 }
 
 NumericsScope::~NumericsScope() {
   current_numerics = previous_;
-  at::autocast::set_cpu_enabled(previous_autocast_);
-  at::autocast::set_autocast_cpu_dtype(previous_autocast_dtype_);
+  at::autocast::set_autocast_enabled(at::kCPU, previous_autocast_);
+  at::autocast::set_autocast_dtype(at::kCPU, previous_autocast_dtype_);
   at::autocast::clear_cache();
 }
 

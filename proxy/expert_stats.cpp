@@ -71,7 +71,7 @@ at::Tensor Project(const at::Tensor& x, const at::Tensor& weight) {
 // calibration path, the layer-by-layer one or the in-memory one).
 at::Tensor ExpertOutput(moe::Expert& expert, moe::Activation act, const at::Tensor& x) {
   const at::Tensor gate = Weight(expert, "gate_proj.weight", "w1.weight");
-  if (!at::hasMKLDNN() || gate.scalar_type() != at::kFloat || at::autocast::is_cpu_enabled()) {
+  if (!at::hasMKLDNN() || gate.scalar_type() != at::kFloat || at::autocast::is_autocast_enabled(at::kCPU)) {
     return expert->forward(x);
   }
   const at::Tensor g = Project(x, gate), u = Project(x, Weight(expert, "up_proj.weight", "w3.weight"));

@@ -308,8 +308,8 @@ void OpTracer::BeginEvent(const at::RecordFunction& fn, const c10::OperatorName&
   op.outputs.clear();
   op.autocast = -1;
   op.device.assign(DeviceOf(fn));
-  if (at::autocast::is_cpu_enabled()) {
-    auto dtype = moerr::recorder::ToDType(at::autocast::get_autocast_cpu_dtype());
+  if (at::autocast::is_autocast_enabled(at::kCPU)) {
+    auto dtype = moerr::recorder::ToDType(at::autocast::get_autocast_dtype(at::kCPU));
     op.autocast = dtype.ok() ? static_cast<int8_t>(*dtype) : -1;
   }
   PlaceEvent(where, op);

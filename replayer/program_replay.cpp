@@ -237,9 +237,9 @@ class Replay {
     // The CPU autocast state the op ran under (bf16 training casts inside
     // ops); an upcast op runs without it.
     const bool autocast = op.autocast >= 0 && !(rule != nullptr && rule->Upcast());
-    at::autocast::set_cpu_enabled(autocast);
+    at::autocast::set_autocast_enabled(at::kCPU, autocast);
     if (autocast) {
-      at::autocast::set_autocast_cpu_dtype(recorder::ToScalarType(static_cast<formats::DType>(op.autocast)));
+      at::autocast::set_autocast_dtype(at::kCPU, recorder::ToScalarType(static_cast<formats::DType>(op.autocast)));
     }
     // An op that returns nothing (in-place `_foreach_*_`) has the tensors
     // it writes as its outputs, in argument order, as the recorder lists them.
@@ -286,11 +286,11 @@ class Replay {
     at::DisableRecordFunctionGuard no_record;  // a replay is not a recording
     c10::NoGradGuard no_grad;
     struct AutocastRestore {
-      bool enabled = at::autocast::is_cpu_enabled();
-      at::ScalarType dtype = at::autocast::get_autocast_cpu_dtype();
+      bool enabled = at::autocast::is_autocast_enabled(at::kCPU);
+      at::ScalarType dtype = at::autocast::get_autocast_dtype(at::kCPU);
       ~AutocastRestore() {
-        at::autocast::set_cpu_enabled(enabled);
-        at::autocast::set_autocast_cpu_dtype(dtype);
+        at::autocast::set_autocast_enabled(at::kCPU, enabled);
+        at::autocast::set_autocast_dtype(at::kCPU, dtype);
         at::autocast::clear_cache();
       }
     } restore;
@@ -492,7 +492,7 @@ class Replay {
   std::string ProbeReference(const formats::OpEvent& op) {
     at::DisableRecordFunctionGuard no_record;
     c10::NoGradGuard no_grad;
-    const bool autocast = at::autocast::is_cpu_enabled();  // RunReferenceOf turns it off
+    const bool autocast = at::autocast::is_autocast_enabled(at::kCPU);  // RunReferenceOf turns it off
     probing_ = true;
     const absl::Status status = CatchTorch("probe", [&] {
       std::vector<c10::IValue> args;
@@ -501,7 +501,7 @@ class Replay {
       return RunReferenceOf(*options_.references, op, args).status();
     });
     probing_ = false;
-    at::autocast::set_cpu_enabled(autocast);
+    at::autocast::set_autocast_enabled(at::kCPU, autocast);
     return status.ok() ? "" : RefusalReason(status);
   }
 

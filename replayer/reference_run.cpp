@@ -15,7 +15,7 @@ namespace moerr::replayer {
 
 absl::StatusOr<std::vector<at::Tensor>> RunReferenceOf(const OpReferences& references, const formats::OpEvent& op,
                                                        const std::vector<c10::IValue>& args) {
-  at::autocast::set_cpu_enabled(false);
+  at::autocast::set_autocast_enabled(at::kCPU, false);
   MOERR_ASSIGN_OR_RETURN(std::vector<at::Tensor> outputs, references.Run(op.name, args));
   // A reference of a newer schema may return outputs the recorded version
   // lacked; such a trailing output is empty when the call passes none of

@@ -166,6 +166,43 @@ def test_subgroups_async_and_refusal(tmp_path):
     assert out.count("0 differ") == 2 and "every rank received what was sent" in out, out
 
 
+TENSOR_COLLECTIVES = """
+import torch, torch.distributed as dist, moerr
+dist.init_process_group("gloo", init_method=INIT, rank=int(os.environ["RANK"]), world_size=2)
+rank = dist.get_rank()
+with moerr.record(RUN, overwrite=True) as rec:
+    with rec.step():
+        x = torch.arange(8.0).reshape(4, 2) * (rank + 1)
+        half = torch.empty(2, 2)
+        dist.reduce_scatter_tensor(half, x)                  # rows 2r, 2r+1 summed
+        listed = torch.empty(2, 2)
+        dist.reduce_scatter(listed, list((x + 1).chunk(2)))
+        both = torch.empty(4, 2)
+        dist.all_gather_into_tensor(both, half + listed)
+        b = (both * 0.5).to(torch.bfloat16)
+        dist.all_reduce(b)                                   # bf16 over Gloo, as bf16
+        print("result", rank, half.tolist(), listed.tolist(), b.dtype, b.float().sum().item())
+dist.destroy_process_group()
+"""
+
+
+def test_reduce_scatter_all_gather_into_tensor_and_bf16_are_recorded(tmp_path):
+    run = tmp_path / "run"
+    outputs = run_ranks(TENSOR_COLLECTIVES, run)
+    x = [[[float((2 * i + j) * (r + 1)) for j in range(2)] for i in range(4)] for r in range(2)]
+    for rank, out in enumerate(outputs):
+        summed = [[x[0][i][j] + x[1][i][j] for j in range(2)] for i in range(4)]
+        assert f"result {rank} {summed[2 * rank:2 * rank + 2]}" in out, out
+        assert "torch.bfloat16" in out, out
+    kinds = {rank: [op["name"] for op in moerr.Bundle(run / f"rank{rank}.moerr").ops(0)
+                    if op["name"].startswith("c10d::")] for rank in (0, 1)}
+    assert kinds[0] == kinds[1] == ["c10d::reduce_scatter", "c10d::reduce_scatter", "c10d::all_gather",
+                                    "c10d::all_reduce"], kinds
+    rc, out = moerr_cli("replay", run)
+    assert rc == 0, out
+    assert out.count("0 differ") == 2 and "every rank received what was sent" in out, out
+
+
 def test_ep_layout_needs_torch_distributed(tmp_path):
     with pytest.raises(ValueError, match="torch.distributed"):
         with moerr.record(tmp_path / "x.moerr", ep_size=2, experts=4):
