@@ -7,8 +7,13 @@
 
 namespace moerr::diff {
 
+std::string_view OutOfPlaceName(std::string_view name) {
+  const bool dunder = name.size() >= 2 && name[name.size() - 2] == '_';
+  return !name.empty() && name.back() == '_' && !dunder ? name.substr(0, name.size() - 1) : name;
+}
+
 uint64_t AlignmentKey(const formats::OpEvent& op) {
-  return absl::HashOf(op.name, op.overload, op.module, static_cast<int>(op.phase));
+  return absl::HashOf(OutOfPlaceName(op.name), op.overload, op.module, static_cast<int>(op.phase));
 }
 
 absl::StatusOr<std::vector<AlignedPair>> AlignKeys(const std::vector<uint64_t>& a, const std::vector<uint64_t>& b,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -17,7 +18,15 @@ struct AlignedPair {
   int64_t a = -1, b = -1;
 };
 
-// The key ops are matched by: name, overload, module path and phase.
+// An in-place op's name as its out-of-place form's ("aten::add_" ->
+// "aten::add"; "aten::__and__" stays): autograd's engine sums a gradient
+// that reaches a node twice in place only when nothing else holds the first
+// addend (torch 2.x's InputBuffer), so a recorder that still holds it sees
+// aten::add where a replay sees aten::add_, with the same values.
+std::string_view OutOfPlaceName(std::string_view name);
+
+// The key ops are matched by: name (its out-of-place form), overload, module
+// path and phase.
 uint64_t AlignmentKey(const formats::OpEvent& op);
 
 // A shortest edit script between the key sequences (Myers' O(ND) algorithm,

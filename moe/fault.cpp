@@ -134,16 +134,11 @@ void InjectRouterCollapse(MoeTransformer& policy, GrpoOptions& options, const at
       by_layer[e.layer] = (unit / unit.norm(2, -1, true).clamp_min(1e-12)).mean(0);
     }
   } capture;
-  // Layer by layer, each router's direction taken from the hidden states
-  // that reach it once the routers before it favour experts 0 and 1 (taken
-  // all before any change, a later layer's direction no longer matched what
-  // reached it, and whether its load collapsed depended on the BLAS's
-  // rounding).
+  policy->SetRoutingObserver(&capture);
+  policy->forward(calibration);
+  policy->SetRoutingObserver(nullptr);
   for (MoeLayer& moe : policy->MoeLayers()) {
     if (!place.weights) break;
-    policy->SetRoutingObserver(&capture);
-    policy->forward(calibration);
-    policy->SetRoutingObserver(nullptr);
     const at::Tensor& mean = capture.by_layer.at(moe->gate()->layer());
     const at::Tensor direction = mean / mean.norm().clamp_min(1e-12);
     moe->gate()->weight.narrow(0, 0, 2).add_(direction.unsqueeze(0) * 8.0);

@@ -87,3 +87,22 @@ TEST(TraceAlignmentTest, RefusesUnrelatedTraces) {
 
 }  // namespace
 }  // namespace moerr::diff
+
+namespace moerr::diff {
+namespace {
+
+// An in-place op aligns with its out-of-place form; a dunder op keeps its name.
+TEST(TraceAlignmentTest, InPlaceOpsAlignWithTheirOutOfPlaceForm) {
+  EXPECT_EQ(OutOfPlaceName("aten::add_"), "aten::add");
+  EXPECT_EQ(OutOfPlaceName("aten::add"), "aten::add");
+  EXPECT_EQ(OutOfPlaceName("aten::__and__"), "aten::__and__");
+  EXPECT_EQ(OutOfPlaceName(""), "");
+  formats::OpEvent a, b;
+  a.name = "aten::add", b.name = "aten::add_";
+  EXPECT_EQ(AlignmentKey(a), AlignmentKey(b));
+  b.name = "aten::mul_";
+  EXPECT_NE(AlignmentKey(a), AlignmentKey(b));
+}
+
+}  // namespace
+}  // namespace moerr::diff
