@@ -2,11 +2,7 @@
 
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
-#include <torch/nn/utils/clip_grad.h>
 #include <torch/optim/adamw.h>
-
-#include <algorithm>
-#include <cmath>
 
 #include "moe/numerics.h"
 #include "moe/parallel.h"
@@ -65,16 +61,6 @@ WarmupReport Warmup(MoeTransformer& model, const AdditionTask& task, const Warmu
   std::mt19937_64 rng(options.seed);
   WarmupReport report;
   for (int64_t step = 0; step < options.steps; ++step) {
-    // A linear ramp over the first tenth, then a cosine decay to a tenth of
-    // the rate, and the gradient clipped to norm 1: the loss then falls the
-    // same way whatever BLAS rounds the matmuls (at a constant rate and
-    // unclipped, one BLAS's spikes left the tiny model at 22% accuracy where
-    // another's reached 60%).
-    const double ramp = std::max<double>(1, options.steps / 10);
-    const double progress = static_cast<double>(step) / std::max<int64_t>(1, options.steps - 1);
-    const double rate = step < ramp ? options.lr * (step + 1) / ramp
-                                    : options.lr * (0.1 + 0.45 * (1 + std::cos(M_PI * progress)));
-    for (auto& group : optimizer.param_groups()) group.options().set_lr(rate);
     const AdditionTask::Batch batch = task.Sample(options.batch, rng);
     const at::Tensor seq = at::cat({batch.prompts, batch.answers}, 1);
     const at::Tensor logits = model->forward(seq.narrow(1, 0, seq.size(1) - 1));
@@ -82,7 +68,6 @@ WarmupReport Warmup(MoeTransformer& model, const AdditionTask& task, const Warmu
     const at::Tensor loss = -logp.mean() + model->config().router_aux_loss_coef * model->AuxLoss();
     optimizer.zero_grad();
     loss.backward();
-    torch::nn::utils::clip_grad_norm_(model->parameters(), 1.0);
     optimizer.step();
     report.final_loss = loss.item<double>();
     if (on_step) on_step(step, report.final_loss);

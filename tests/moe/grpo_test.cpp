@@ -113,12 +113,12 @@ TEST_F(GrpoTest, RouterCollapseConcentratesLoad) {
   const auto [healthy, f0] = StepWith(FaultKind::kNone);
   const auto [m, f1] = StepWith(FaultKind::kRouterCollapse);
   // Top-2 of 8: uniform load gives each expert 1/8 of the slots, full
-  // collapse onto two experts 1/2 each. Measured with MKL's three code
-  // paths (default, MKL_CBWR=COMPATIBLE, AVX2) and one thread: the top
-  // share goes from 0.20-0.22 to 0.34-0.40, the load entropy from 0.95 to
-  // 0.72-0.76 of its maximum; the bounds hold on each with a margin.
-  EXPECT_GT(m.top_expert_share, 0.3) << healthy.top_expert_share << " -> " << m.top_expert_share;
-  EXPECT_GT(m.top_expert_share, 1.45 * healthy.top_expert_share);
+  // collapse onto two experts 1/2 each. Measured with MKL's default,
+  // COMPATIBLE, AVX2 and SSE4_2 code paths (MKL_CBWR) and one thread: the
+  // top share goes from 0.15-0.22 to 0.29-0.42 (1.7-2.9x), the load entropy
+  // to 0.58-0.81 of the healthy step's.
+  EXPECT_GT(m.top_expert_share, 0.25) << healthy.top_expert_share << " -> " << m.top_expert_share;
+  EXPECT_GT(m.top_expert_share, 1.5 * healthy.top_expert_share);
   EXPECT_LT(m.load_entropy, 0.85 * healthy.load_entropy) << healthy.load_entropy << " -> " << m.load_entropy;
 }
 
