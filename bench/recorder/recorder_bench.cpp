@@ -399,7 +399,7 @@ void PrintTable(const std::map<std::string, Result>& results) {
   }
 }
 
-// The figures the targets are stated in (README, "Recorder cost per op"),
+// The figures the targets are stated in (docs/guide/benchmarks.md, "Recorder cost per op"),
 // on one line per preset, and the notes under the table.
 void PrintSummary(const std::string& preset, const OpTiming& timing, const std::map<std::string, Result>& results) {
   const Result& base = results.at("none");
