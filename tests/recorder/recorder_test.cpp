@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "diff/trace_alignment.h"
 #include "formats/bundle_reader.h"
 #include "formats/trace.h"
 #include "moe/grpo_trainer.h"
@@ -277,9 +278,12 @@ TEST(RecorderTest, RecordingDoesNotChangeTheOpsThatRun) {
   }
 }
 
-// What identifies a recorded op: everything but its position in the run.
+// What identifies a recorded op: everything but its position in the run,
+// and an in-place name as its out-of-place form's (autograd sums two
+// gradient contributions in place only when nothing else holds the first:
+// diff::OutOfPlaceName).
 std::string Describe(const formats::OpEvent& op) {
-  std::string s = absl::StrCat(op.name, ".", op.overload, " ", op.module, " ", static_cast<int>(op.phase), " ",
+  std::string s = absl::StrCat(std::string(diff::OutOfPlaceName(op.name)), ".", op.overload, " ", op.module, " ", static_cast<int>(op.phase), " ",
                                op.forward_seq, " ->");
   for (uint64_t out : op.outputs) absl::StrAppend(&s, " ", out);
   for (const formats::OpArg& a : op.args) {
