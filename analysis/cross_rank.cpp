@@ -163,6 +163,7 @@ std::vector<RankFate> RankFates(const formats::WorldStep& world) {
       if (r.partial) {
         f.detail = "its bundle was never finished";
         if (!r.salvage.stop_reason.empty()) f.detail += " (salvaged up to: " + r.salvage.stop_reason + ")";
+        if (!r.ring_steps.empty()) f.detail += "; its anomaly ring kept steps " + absl::StrJoin(r.ring_steps, ", ");
       }
     }
     out.push_back(std::move(f));

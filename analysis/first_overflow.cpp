@@ -71,7 +71,7 @@ std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, cons
       }
       // A non-finite scalar is an input too: masked_fill(scores, mask, -inf)
       // makes infinities on purpose.
-      if (a.kind == formats::OpArg::Kind::kFloat) inputs_finite = inputs_finite && std::isfinite(a.f);
+      if (a.kind == formats::OpArg::Kind::kFloat || a.kind == formats::OpArg::Kind::kWrappedFloat) inputs_finite = inputs_finite && std::isfinite(a.f);
       if (a.kind == formats::OpArg::Kind::kFloats) {
         for (double f : a.floats) inputs_finite = inputs_finite && std::isfinite(f);
       }

@@ -181,6 +181,17 @@ void Judge(const StepIndex& step, Peers& peers, CauseLink& link) {
   // NaN compares false: no computed input, never exploded; no peers, no veto.
   link.exploded = link.abs_max > 0 && link.input_rise_bits >= kInputRiseBits &&
                   (std::isnan(link.peer_rise_bits) || link.peer_rise_bits >= kPeerRiseBits);
+  if (std::isnan(computed) && std::isnan(link.peer_rise_bits)) {
+    // A lone op on step inputs alone (a one-off rescale of a weight, a loss
+    // scale on a leaf): judged against those inputs, by the wider margin.
+    double largest = kNaN;
+    for (const formats::TensorMeta* in : step.Inputs(link.op_index)) {
+      const double b = std::log2(in->fingerprint.abs_max);
+      largest = std::isnan(largest) ? b : std::max(largest, b);
+    }
+    link.input_rise_bits = bits - largest;
+    link.exploded = link.abs_max > 0 && link.input_rise_bits >= kLoneRiseBits;
+  }
 }
 
 }  // namespace

@@ -23,7 +23,9 @@
 //     other experts and layers) and phase, in this step and in the earlier
 //     steps passed in. An op without peers is judged by its inputs alone.
 // An op with no computed input (a view or cast of a weight, an op on the
-// batch alone) is never named. The cause is the exploded op nearest the
+// batch alone) is named only when it also has no peers and its output
+// rises kLoneRiseBits above its largest input, step inputs included: a
+// one-off in-place rescale of a weight (`weight.mul_(1e38)`, +126 bits). The cause is the exploded op nearest the
 // first overflow on the chain (the op that made the large value, not the
 // ops after it that only carried it on); when none exploded, the first
 // overflowing op is its own cause.
@@ -49,6 +51,10 @@ namespace moerr::analysis {
 // overflow needs ~16 bits from unit scale in fp16 and ~128 in fp32.
 inline constexpr double kInputRiseBits = 12;
 inline constexpr double kPeerRiseBits = 12;
+// The margin of a lone op (no peers, no computed input), judged on its
+// inputs alone: twice the others, past a 2^16 loss scale and any healthy
+// rescale, far below a value pushed to overflow from unit scale in fp32.
+inline constexpr double kLoneRiseBits = 24;
 
 // One op of the chain, with the output the chain passed through.
 struct CauseLink {
@@ -57,7 +63,8 @@ struct CauseLink {
   uint64_t output = 0;                   // tensor id
   double abs_max = 0;                    // the output's finite abs-max
   // log2(abs_max) minus log2 of the largest computed input's abs-max; NaN
-  // when the op has no computed input (it is then never named).
+  // when the op has no computed input (then never named, unless it is a
+  // lone op: against its largest input of any kind, kLoneRiseBits).
   double input_rise_bits = 0;
   // log2(abs_max) minus the median log2 abs-max of the peers' outputs; NaN
   // when the op has no peers.

@@ -123,6 +123,13 @@ struct Arg {
     device @10 :Text;
     unsupported @11 :Text;      # the argument's kind; the op cannot be re-dispatched as recorded
     optionalTensors @12 :List(Int64);  # tensor ids, -1 for None
+    # A Python number passed where the schema takes a Tensor: a 0-dim CPU
+    # tensor flagged as a wrapped number (f64, i64 or bool), which type
+    # promotion ranks below every dimensioned or 0-dim tensor. Rebuilt so at
+    # replay; a plain 0-dim f64 tensor would promote the op to f64.
+    wrappedFloat @13 :Float64;
+    wrappedInt @14 :Int64;
+    wrappedBool @15 :Bool;
   }
 }
 

@@ -128,6 +128,9 @@ void SetArg(const OpArg& in, schema::Arg::Builder out) {
     case K::kDevice: out.setDevice(TextOf(in.text)); break;
     case K::kUnsupported: out.setUnsupported(TextOf(in.text)); break;
     case K::kOptionalTensors: SetList(out.initOptionalTensors(in.ints.size()), in.ints); break;
+    case K::kWrappedFloat: out.setWrappedFloat(in.f); break;
+    case K::kWrappedInt: out.setWrappedInt(in.i); break;
+    case K::kWrappedBool: out.setWrappedBool(in.i != 0); break;
   }
 }
 
@@ -276,6 +279,9 @@ OpArg GetArg(schema::Arg::Reader in) {
     case schema::Arg::DEVICE: a.kind = K::kDevice, a.text = std::string(View(in.getDevice())); break;
     case schema::Arg::UNSUPPORTED: a.kind = K::kUnsupported, a.text = std::string(View(in.getUnsupported())); break;
     case schema::Arg::OPTIONAL_TENSORS: a.kind = K::kOptionalTensors, a.ints = GetList<int64_t>(in.getOptionalTensors()); break;
+    case schema::Arg::WRAPPED_FLOAT: a.kind = K::kWrappedFloat, a.f = in.getWrappedFloat(); break;
+    case schema::Arg::WRAPPED_INT: a.kind = K::kWrappedInt, a.i = in.getWrappedInt(); break;
+    case schema::Arg::WRAPPED_BOOL: a.kind = K::kWrappedBool, a.i = in.getWrappedBool(); break;
     default: a.kind = K::kUnsupported, a.text = "argument kind from a newer writer";
   }
   return a;

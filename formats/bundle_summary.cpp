@@ -1,7 +1,12 @@
 #include "formats/bundle_summary.h"
 
+#include <algorithm>
+#include <cmath>
+#include <set>
+
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "formats/json_number.h"
 #include "support/status.h"
 
 namespace moerr::formats {
@@ -49,19 +54,85 @@ absl::StatusOr<BundleSummary> Summarize(const BundleReader& reader) {
       MOERR_ASSIGN_OR_RETURN(Record record, reader.ReadRecord(r));
       s.ops += record.ops.ops.size();
     }
-    if (r.kind == static_cast<uint16_t>(RecordKind::kAnnotation) && r.step < 0) {
+    if (r.kind == static_cast<uint16_t>(RecordKind::kAnnotation)) {
       MOERR_ASSIGN_OR_RETURN(Record record, reader.ReadRecord(r));
-      s.annotations.insert_or_assign(record.key, std::move(record.value));
+      if (r.step < 0) {
+        s.annotations.insert_or_assign(record.key, std::move(record.value));
+      } else if (record.key == "outcome") {
+        s.outcomes[r.step] = OutcomeMetrics(record.value);
+      }
     }
   }
   s.complete_steps = reader.CompleteSteps();
+  MOERR_ASSIGN_OR_RETURN(s.raised, ReadRaisedSteps(reader));
   return s;
 }
+
+std::vector<std::pair<std::string, double>> OutcomeMetrics(const llvm::json::Value& value) {
+  std::vector<std::pair<std::string, double>> out;
+  const llvm::json::Object* o = value.getAsObject();
+  if (o == nullptr) return out;
+  for (const auto& [key, v] : *o) {
+    // Non-finite values are written as names ("nan", "inf", "-inf").
+    double number = 0;
+    if (const auto n = v.getAsNumber()) {
+      number = *n;
+    } else {
+      const auto name = v.getAsString();
+      if (!name || (*name != "nan" && *name != "inf" && *name != "-inf")) continue;
+      number = *name == "nan" ? std::nan("") : *name == "-inf" ? -HUGE_VAL : HUGE_VAL;
+    }
+    out.emplace_back(key.str(), number);
+  }
+  // loss and grad_norm first, then by name (a JSON object keeps no order).
+  auto rank = [](const std::string& name) { return name == "loss" ? 0 : name == "grad_norm" ? 1 : 2; };
+  std::sort(out.begin(), out.end(), [&](const auto& a, const auto& b) {
+    return std::make_pair(rank(a.first), a.first) < std::make_pair(rank(b.first), b.first);
+  });
+  return out;
+}
+
+namespace {
+
+// The metrics table: a column per metric any step named, the last
+// kMaxRows steps.
+std::string RenderOutcomes(const std::map<int64_t, std::vector<std::pair<std::string, double>>>& outcomes) {
+  constexpr size_t kMaxRows = 12;
+  if (outcomes.empty()) return "";
+  std::vector<std::string> names;
+  std::set<std::string> seen;
+  for (const auto& [step, metrics] : outcomes) {
+    for (const auto& [name, v] : metrics) {
+      if (seen.insert(name).second) names.push_back(name);
+    }
+  }
+  std::string out = absl::StrFormat("\n  %6s", "step");
+  for (const std::string& name : names) absl::StrAppendFormat(&out, " %12s", name);
+  out += "\n";
+  size_t skip = outcomes.size() > kMaxRows ? outcomes.size() - kMaxRows : 0;
+  if (skip > 0) absl::StrAppendFormat(&out, "  (%d earlier steps: --json has every one)\n", skip);
+  for (const auto& [step, metrics] : outcomes) {
+    if (skip > 0 && skip--) continue;
+    absl::StrAppendFormat(&out, "  %6d", step);
+    for (const std::string& name : names) {
+      auto it = std::find_if(metrics.begin(), metrics.end(), [&](const auto& m) { return m.first == name; });
+      absl::StrAppendFormat(&out, " %12s", it == metrics.end() ? "-" : absl::StrFormat("%.5g", it->second));
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace
 
 std::string RenderText(const BundleSummary& s, const std::string& path) {
   std::string out = absl::StrFormat("%s: moerr bundle v%d.%d, %s, written by %s\n", path, s.major, s.minor,
                                     HumanBytes(s.file_bytes),
                                     s.writer.empty() ? std::string("an unrecorded moerr version") : "moerr " + s.writer);
+  // A step left by an exception is the first fact to show.
+  for (const auto& [step, raised] : s.raised) {
+    absl::StrAppendFormat(&out, "  step %d RAISED %s\n", step, raised.Headline());
+  }
   absl::StrAppendFormat(&out, "  %d tensors in %d distinct blobs (%d chunks)\n", s.tensors, s.blobs, s.chunks);
   absl::StrAppendFormat(&out, "  tensor bytes: %s logical, %s distinct, %s stored (%.3fx of distinct)\n",
                         HumanBytes(s.logical_bytes), HumanBytes(s.raw_bytes), HumanBytes(s.stored_bytes),
@@ -79,6 +150,12 @@ std::string RenderText(const BundleSummary& s, const std::string& path) {
   absl::StrAppendFormat(&out, "  records: %s\n", records.empty() ? "none" : absl::StrJoin(records, ", "));
   absl::StrAppendFormat(&out, "  complete steps: %s\n",
                         s.complete_steps.empty() ? "none" : absl::StrJoin(s.complete_steps, ", "));
+  if (!s.raised.empty()) {
+    std::vector<int64_t> raised;
+    for (const auto& [step, r] : s.raised) raised.push_back(step);
+    absl::StrAppendFormat(&out, "  raised steps: %s\n", absl::StrJoin(raised, ", "));
+  }
+  out += RenderOutcomes(s.outcomes);
   for (const auto& [key, value] : s.annotations) {
     std::string text;
     llvm::raw_string_ostream os(text);
@@ -105,6 +182,14 @@ llvm::json::Value ToJson(const BundleSummary& s) {
   for (const auto& [key, value] : s.annotations) annotations[key] = llvm::json::Value(value);
   llvm::json::Array steps;
   for (int64_t step : s.complete_steps) steps.push_back(step);
+  llvm::json::Object raised;
+  for (const auto& [step, r] : s.raised) raised[std::to_string(step)] = toJSON(r);
+  llvm::json::Object outcomes;
+  for (const auto& [step, metrics] : s.outcomes) {
+    llvm::json::Object o;
+    for (const auto& [name, v] : metrics) o[name] = JsonNumberOrName(v);
+    outcomes[std::to_string(step)] = std::move(o);
+  }
   return llvm::json::Object{{"file_bytes", s.file_bytes},
                             {"version", absl::StrFormat("%d.%d", s.major, s.minor)},
                             {"writer", s.writer.empty() ? llvm::json::Value(nullptr) : llvm::json::Value(s.writer)},
@@ -118,6 +203,8 @@ llvm::json::Value ToJson(const BundleSummary& s) {
                             {"records", std::move(records)},
                             {"ops", s.ops},
                             {"complete_steps", std::move(steps)},
+                            {"raised_steps", std::move(raised)},
+                            {"outcomes", std::move(outcomes)},
                             {"annotations", std::move(annotations)}};
 }
 

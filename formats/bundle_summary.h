@@ -10,6 +10,7 @@
 
 #include "formats/bundle_index.h"
 #include "formats/bundle_reader.h"
+#include "formats/raised_step.h"
 #include "llvm/Support/JSON.h"
 
 namespace moerr::formats {
@@ -32,10 +33,16 @@ struct BundleSummary {
   std::map<std::string, uint64_t> records;  // by kind name
   uint64_t ops = 0;                          // traced ops, over all steps
   std::vector<int64_t> complete_steps;
+  std::map<int64_t, RaisedStep> raised;  // steps left by an exception
+  // Per step, the loop's named metrics (the step annotation "outcome"),
+  // in the order first given.
+  std::map<int64_t, std::vector<std::pair<std::string, double>>> outcomes;
   std::map<std::string, llvm::json::Value> annotations;  // step-less ones
 };
 
 absl::StatusOr<BundleSummary> Summarize(const BundleReader& reader);
+// The metrics of an "outcome" annotation: loss and grad_norm first, then by name.
+std::vector<std::pair<std::string, double>> OutcomeMetrics(const llvm::json::Value& value);
 std::string RenderText(const BundleSummary& s, const std::string& path);
 llvm::json::Value ToJson(const BundleSummary& s);
 

@@ -1,5 +1,6 @@
 #include "formats/bundle_writer.h"
 
+#include <chrono>
 #include <future>
 #include <optional>
 #include <random>
@@ -131,8 +132,14 @@ absl::Status BundleWriter::WriteOne(Pending& item) {
 absl::Status BundleWriter::Enqueue(Pending item) {
   if (item.chunk) ++pending_chunks_;
   pending_.push_back(std::move(item));
-  // Bounded memory: write from the front while too many chunks are in flight.
-  while (pending_chunks_ > max_pending_chunks_ || (!pending_.empty() && !pending_.front().chunk)) {
+  // In order, from the front: whatever is ready (a record, a chunk whose
+  // encoding finished), so records do not wait behind a finished chunk for
+  // the next drain (a killed process would lose them); and, for bounded
+  // memory, whatever is first while too many chunks are in flight.
+  auto ready = [](const Pending& p) {
+    return !p.chunk || p.encoded.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  };
+  while (pending_chunks_ > max_pending_chunks_ || (!pending_.empty() && ready(pending_.front()))) {
     MOERR_RETURN_IF_ERROR(WriteOne(pending_.front()));
     pending_.pop_front();
   }

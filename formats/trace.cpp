@@ -41,6 +41,20 @@ constexpr EnumName<Phase> kPhases[] = {{Phase::kForward, "forward"},
 
 absl::string_view PhaseName(Phase p) { return EnumNameOf(kPhases, p); }
 
+constexpr EnumName<OpArg::Kind> kArgKinds[] = {
+    {OpArg::Kind::kNone, "none"},       {OpArg::Kind::kTensor, "tensor"},
+    {OpArg::Kind::kTensors, "tensors"}, {OpArg::Kind::kInt, "int"},
+    {OpArg::Kind::kFloat, "float"},     {OpArg::Kind::kBool, "bool"},
+    {OpArg::Kind::kText, "text"},       {OpArg::Kind::kInts, "ints"},
+    {OpArg::Kind::kFloats, "floats"},   {OpArg::Kind::kBools, "bools"},
+    {OpArg::Kind::kDevice, "device"},   {OpArg::Kind::kUnsupported, "unsupported"},
+    {OpArg::Kind::kOptionalTensors, "optional_tensors"},
+    {OpArg::Kind::kWrappedFloat, "wrapped_float"},
+    {OpArg::Kind::kWrappedInt, "wrapped_int"},
+    {OpArg::Kind::kWrappedBool, "wrapped_bool"}};
+
+absl::string_view ArgKindName(OpArg::Kind kind) { return EnumNameOf(kArgKinds, kind); }
+
 void Trace::Index() {
   by_id_.clear();
   by_id_.reserve(tensors.size());

@@ -56,14 +56,23 @@ struct TensorMeta {
 };
 
 struct OpArg {
-  enum class Kind : uint8_t { kNone, kTensor, kTensors, kInt, kFloat, kBool, kText, kInts, kFloats, kBools, kDevice, kUnsupported, kOptionalTensors };
+  enum class Kind : uint8_t {
+    kNone, kTensor, kTensors, kInt, kFloat, kBool, kText, kInts, kFloats, kBools, kDevice, kUnsupported,
+    kOptionalTensors,
+    // A Python number that reached the op as a wrapped-number 0-dim tensor
+    // (bundle.capnp, Arg.wrappedFloat): f64, i64 and bool.
+    kWrappedFloat, kWrappedInt, kWrappedBool,
+  };
   Kind kind = Kind::kNone;
-  int64_t i = 0;     // kInt, kTensor (id), kBool (0/1)
-  double f = 0;      // kFloat
+  int64_t i = 0;     // kInt, kTensor (id), kBool (0/1), kWrappedInt, kWrappedBool (0/1)
+  double f = 0;      // kFloat, kWrappedFloat
   std::string text;  // kText, kDevice, kUnsupported
   std::vector<int64_t> ints;    // kInts, kTensors (ids), kBools (0/1), kOptionalTensors (-1 = None)
   std::vector<double> floats;   // kFloats
 };
+
+// "tensor", "int", "wrapped_float", ...: the kind as Python's Bundle.ops shows it.
+absl::string_view ArgKindName(OpArg::Kind kind);
 
 struct OpEvent {
   uint64_t seq = 0;

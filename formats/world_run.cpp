@@ -8,24 +8,30 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "formats/ring_salvage.h"
 #include "support/status.h"
 
 namespace moerr::formats {
 namespace {
 
-// A .partial bundle salvaged into a temporary file, opened (the mapping
-// outlives the file's name) and the file removed.
-absl::StatusOr<std::unique_ptr<BundleReader>> OpenSalvaged(const std::string& path, SalvageReport& report) {
+// A .partial bundle salvaged into a temporary file with its anomaly ring
+// (ring_salvage.h), opened (the mapping outlives the file's name) and the
+// file removed.
+absl::StatusOr<std::unique_ptr<BundleReader>> OpenSalvaged(const std::string& path, SalvageReport& report,
+                                                           std::vector<int64_t>& ring_steps) {
   const char* tmpdir = std::getenv("TMPDIR");
   std::string name = std::string(tmpdir != nullptr && *tmpdir != '\0' ? tmpdir : "/tmp") + "/moerr-salvage-XXXXXX";
   const int fd = ::mkstemp(name.data());
   if (fd < 0) return absl::UnavailableError(absl::StrFormat("%s: cannot create a temporary file to salvage it", path));
   ::close(fd);
-  absl::StatusOr<SalvageReport> salvaged = Salvage(path, name, /*overwrite=*/true);
+  absl::StatusOr<RingSalvageReport> salvaged = SalvageWithRing(path, name, /*overwrite=*/true);
   absl::StatusOr<std::unique_ptr<BundleReader>> reader =
       salvaged.ok() ? BundleReader::Open(name) : absl::StatusOr<std::unique_ptr<BundleReader>>(salvaged.status());
   ::unlink(name.c_str());
-  if (salvaged.ok()) report = *salvaged;
+  if (salvaged.ok()) {
+    report = salvaged->bundle;
+    for (const RingSalvageReport::Slot& s : salvaged->slots) ring_steps.push_back(s.step);
+  }
   return reader;
 }
 
@@ -35,7 +41,7 @@ void OpenRankBundle(const std::string& run_dir, const WorldRank& rank, RankStep&
   out.rank = rank.rank;
   out.path = RankBundlePath(run_dir, rank);
   out.partial = absl::EndsWith(out.path, kPartialSuffix);
-  auto reader = out.partial ? OpenSalvaged(out.path, out.salvage) : BundleReader::Open(out.path);
+  auto reader = out.partial ? OpenSalvaged(out.path, out.salvage, out.ring_steps) : BundleReader::Open(out.path);
   if (reader.ok()) {
     out.reader = *std::move(reader);
   } else {

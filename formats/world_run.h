@@ -25,6 +25,7 @@ struct RankStep {
   std::string path;                       // the bundle read (…/rank<K>.moerr or its .partial)
   bool partial = false;                   // the writer did not finish: salvaged
   SalvageReport salvage;                  // when partial
+  std::vector<int64_t> ring_steps;        // when partial: the steps its anomaly ring kept
   std::unique_ptr<BundleReader> reader;   // null when the bundle could not be opened
   std::optional<Trace> trace;             // the step's trace, when the bundle has the step
   bool step_complete = false;             // the step's stepEnd record is there

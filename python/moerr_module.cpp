@@ -14,6 +14,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -73,8 +74,10 @@ llvm::json::Value ParseJson(const std::string& text) {
 // The Recorder, started on construction.
 class PyRecorder {
  public:
+  // `watch`: (metric, "spike" or "collapse", threshold) rules of the anomaly trigger.
   PyRecorder(const std::string& path, const std::string& mode, const std::string& trigger, int64_t first,
-             int64_t last, int64_t ring, double spike, bool overwrite) {
+             int64_t last, int64_t ring, double spike, bool overwrite,
+             const std::vector<std::tuple<std::string, std::string, double>>& watch) {
     recorder::RecordOptions options(path);
     if (mode == "stats") options.set_mode(recorder::CaptureMode::kStats);
     else if (mode == "replayable") options.set_mode(recorder::CaptureMode::kReplayable);
@@ -83,6 +86,13 @@ class PyRecorder {
     if (trigger == "window") options.set_window(first, last);
     else if (trigger == "anomaly") options.set_anomaly(ring, spike);
     else if (trigger != "always") Raise(absl::InvalidArgumentError("trigger \"" + trigger + "\": always, window or anomaly"));
+    for (const auto& [metric, kind, threshold] : watch) {
+      using K = recorder::MetricWatch::Kind;
+      if (kind != "spike" && kind != "collapse") {
+        Raise(absl::InvalidArgumentError("watch " + metric + ": \"" + kind + "\" is not a rule: spike or collapse"));
+      }
+      options.watches.push_back({metric, kind == "spike" ? K::kSpike : K::kCollapse, threshold});
+    }
     options.set_overwrite(overwrite).set_crash_handler(false);
     rec_ = Take(recorder::Recorder::Start(options));
   }
@@ -95,9 +105,13 @@ class PyRecorder {
     recorder::Recorder& rec = Live();
     Check(WithoutGil([&] { return rec.StepBegin(step); }));
   }
-  void StepEnd(int64_t step, double loss, double grad_norm) {
+  void StepEnd(int64_t step, double loss, double grad_norm, std::vector<std::pair<std::string, double>> metrics) {
     recorder::Recorder& rec = Live();
-    Check(WithoutGil([&] { return rec.StepEnd(step, {loss, grad_norm}); }));
+    Check(WithoutGil([&] { return rec.StepEnd(step, {loss, grad_norm, std::move(metrics)}); }));
+  }
+  void StepRaised(int64_t step, const std::string& type, const std::string& message, const std::string& traceback) {
+    recorder::Recorder& rec = Live();
+    Check(WithoutGil([&] { return rec.StepRaised(step, {type, message, traceback, std::nullopt}); }));
   }
   void Annotate(const std::string& key, const std::string& json) { Check(Live().Annotate(key, ParseJson(json))); }
   void AnnotateStep(const std::string& key, const std::string& json) {
@@ -240,7 +254,25 @@ class PyBundle {
     return out;
   }
 
-  // Each op: index, name, overload, module, phase, and its outputs' fingerprints.
+  // An argument as {"kind": ..., "value": ...}: tensor ids, numbers, lists, text.
+  static py::dict ArgDict(const formats::OpArg& a) {
+    using K = formats::OpArg::Kind;
+    py::dict d;
+    d["kind"] = std::string(formats::ArgKindName(a.kind));
+    switch (a.kind) {
+      case K::kNone: break;
+      case K::kTensor: case K::kInt: case K::kWrappedInt: d["value"] = a.i; break;
+      case K::kBool: case K::kWrappedBool: d["value"] = a.i != 0; break;
+      case K::kFloat: case K::kWrappedFloat: d["value"] = a.f; break;
+      case K::kFloats: d["value"] = a.floats; break;
+      case K::kText: case K::kDevice: case K::kUnsupported: d["value"] = a.text; break;
+      default: d["value"] = a.ints; break;  // ids (-1: None), ints, bools as 0/1
+    }
+    return d;
+  }
+
+  // Each op: index, name, overload, module, phase, its arguments and its
+  // outputs' fingerprints.
   py::list Ops(int64_t step) const {
     const formats::Trace trace = Take(formats::ReadTrace(*reader_, step));
     py::list ops;
@@ -262,6 +294,9 @@ class PyBundle {
       py::dict d;
       d["index"] = i, d["name"] = op.name, d["overload"] = op.overload, d["module"] = op.module;
       d["phase"] = std::string(formats::PhaseName(op.phase));
+      py::list args;
+      for (const formats::OpArg& a : op.args) args.append(ArgDict(a));
+      d["args"] = args;
       d["outputs"] = outputs;
       ops.append(d);
     }
@@ -298,11 +333,14 @@ PYBIND11_MODULE(_moerr, m) {
   m.doc() = "moerr's recorder and bundle reader (use the `moerr` package)";
   py::class_<PyRecorder>(m, "Recorder")
       .def(py::init<const std::string&, const std::string&, const std::string&, int64_t, int64_t, int64_t, double,
-                    bool>(),
+                    bool, const std::vector<std::tuple<std::string, std::string, double>>&>(),
            py::arg("path"), py::arg("mode"), py::arg("trigger"), py::arg("first"), py::arg("last"), py::arg("ring"),
-           py::arg("spike"), py::arg("overwrite"))
+           py::arg("spike"), py::arg("overwrite"), py::arg("watch") = std::vector<std::tuple<std::string, std::string, double>>())
       .def("step_begin", &PyRecorder::StepBegin)
-      .def("step_end", &PyRecorder::StepEnd)
+      .def("step_end", &PyRecorder::StepEnd, py::arg("step"), py::arg("loss"), py::arg("grad_norm"),
+           py::arg("metrics") = std::vector<std::pair<std::string, double>>())
+      .def("step_raised", &PyRecorder::StepRaised, py::arg("step"), py::arg("type"), py::arg("message"),
+           py::arg("traceback"))
       .def("annotate", &PyRecorder::Annotate)
       .def("annotate_step", &PyRecorder::AnnotateStep)
       .def("name_tensors", &PyRecorder::NameTensors)

@@ -22,6 +22,8 @@ namespace moerr::recorder {
 namespace {
 
 std::atomic<OpTracer*> g_tracer{nullptr};
+// Counts the tracers made; each thread's state belongs to one (State()).
+std::atomic<uint64_t> g_generation{0};
 
 
 struct OpContext : at::ObserverContext {
@@ -65,14 +67,14 @@ bool OnlyObserver() {
   return callbacks.callbacks_.size() == 1 && callbacks.callbacks_[0].start_ == &StartTrampoline;
 }
 
-bool Contains(const std::vector<const char*>& scopes, const char* name) {
-  return std::any_of(scopes.begin(), scopes.end(), [&](const char* s) { return std::strcmp(s, name) == 0; });
+bool Contains(const std::vector<ThreadState::Scope>& scopes, const char* name) {
+  return std::any_of(scopes.begin(), scopes.end(), [&](const ThreadState::Scope& s) { return s.name == name; });
 }
 
 // The innermost scope that names a module (not a phase marker).
-const char* ModuleOf(const std::vector<const char*>& scopes) {
+const char* ModuleOf(const std::vector<ThreadState::Scope>& scopes) {
   for (auto it = scopes.rbegin(); it != scopes.rend(); ++it) {
-    if (std::strcmp(*it, "optimizer") != 0 && std::strcmp(*it, "batch") != 0) return *it;
+    if (it->name != "optimizer" && it->name != "batch") return it->name.c_str();
   }
   return "";
 }
@@ -136,6 +138,13 @@ ThreadState& State() {
     s.thread = next_thread++;
     return s;
   }();
+  const uint64_t generation = g_generation.load(std::memory_order_relaxed);
+  if (state.generation != generation) {
+    const uint32_t thread = state.thread;
+    state = ThreadState();
+    state.thread = thread;
+    state.generation = generation;
+  }
   return state;
 }
 
@@ -165,6 +174,7 @@ OpTracer::OpTracer(CaptureMode mode, TraceSink* sink, size_t batch_ops)
     : mode_(mode), batch_ops_(std::max<size_t>(1, batch_ops)), worker_(sink, kWorkerBytes) {
   OpTracer* expected = nullptr;
   MOERR_CHECK(g_tracer.compare_exchange_strong(expected, this)) << "only one OpTracer may be active";
+  g_generation.fetch_add(1, std::memory_order_relaxed);
   handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&StartTrampoline, &EndTrampoline)
                                       .needsInputs(true)
                                       .needsOutputs(true)
@@ -349,7 +359,7 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   ThreadState& st = State();
   switch (fn.scope()) {
     case at::RecordScope::USER_SCOPE:
-      st.scopes.emplace_back(fn.name());
+      st.scopes.push_back({fn.name(), fn.name()});
       if (std::strcmp(fn.name(), kUntracedScope) == 0 && st.untraced++ == 0 && OnlyObserver()) {
         SilenceUntracedScope();
         st.silenced_scope = true;
@@ -387,15 +397,23 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
 void OpTracer::OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   ThreadState& st = State();
   switch (fn.scope()) {
-    case at::RecordScope::USER_SCOPE:
-      if (!st.scopes.empty()) {
-        if (std::strcmp(st.scopes.back(), kUntracedScope) == 0 && --st.untraced == 0 && st.silenced_scope) {
-          at::enableRecordFunction(true);
-          st.silenced_scope = false;
-        }
-        st.scopes.pop_back();
+    case at::RecordScope::USER_SCOPE: {
+      // The scope this record entered, found by its name's address: scopes
+      // may end out of order (a non-reentrant checkpoint stops its
+      // recomputation by an exception, and the scopes its modules entered
+      // end later, when their records are dropped). One entered before the
+      // tracer existed is not there.
+      const void* id = fn.name();
+      const auto it = std::find_if(st.scopes.rbegin(), st.scopes.rend(),
+                                   [&](const ThreadState::Scope& s) { return s.id == id; });
+      if (it == st.scopes.rend()) return;
+      if (it->name == kUntracedScope && --st.untraced == 0 && st.silenced_scope) {
+        at::enableRecordFunction(true);
+        st.silenced_scope = false;
       }
+      st.scopes.erase(std::next(it).base());
       return;
+    }
     case at::RecordScope::BACKWARD_FUNCTION:
       if (!st.backward.empty()) {
         st.depth = st.backward.back().second;
@@ -456,7 +474,7 @@ void OpTracer::AppendOp(formats::OpEvent& op) {
   }
   ++pending_ops_;
   ++recorded_;
-  if (pending_ops_ >= batch_ops_) FlushLocked();
+  if (pending_ops_ >= batch_ops_ || eager_.load(std::memory_order_relaxed)) FlushLocked();
 }
 
 }  // namespace moerr::recorder

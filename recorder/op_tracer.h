@@ -30,6 +30,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/record_function.h>
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -81,6 +82,10 @@ class OpTracer {
   OpTracer& operator=(const OpTracer&) = delete;
 
   void set_enabled(bool on);
+  // Eager: each op is handed to the sink as it ends, not in batches (after
+  // a step's first overflow, so that a crash loses none of what follows).
+  // Any thread may set it.
+  void set_eager(bool on) { eager_.store(on, std::memory_order_relaxed); }
   // Forgets the autograd attribution of earlier steps (call at a step start).
   void NewStep();
   // Names parameters' leaves "param/<name>" instead of "leaf/<id>".
@@ -144,6 +149,8 @@ class OpTracer {
                         std::vector<at::Tensor>* written = nullptr);
   // Fills `a` (a reused slot) with the recorded form of `v`.
   void ToArg(const c10::IValue& v, const ArgUse& use, std::vector<ViewSource>& sources, formats::OpArg& a);
+  static bool RecordWrappedNumber(const at::Tensor& t, formats::OpArg& a);
+  static bool RecordNumberList(const c10::IValue& v, formats::OpArg& a);
   void FlushLocked();
   // Moves a finished op into the pending batch, handing the batch on when
   // full (mu_ held). `op` keeps the capacity of the slot it is swapped with.
@@ -200,6 +207,7 @@ class OpTracer {
   absl::node_hash_set<std::string> modules_;  // module paths, at stable addresses
   // By the name pointer an op's schema owns (stable for the process).
   absl::flat_hash_map<const char*, SchemaInfo> schema_info_;
+  std::atomic<bool> eager_{false};
   TraceWorker worker_;  // last: destroyed first, after the final flush
 };
 

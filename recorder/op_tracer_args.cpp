@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,42 @@ uint64_t OpTracer::OutputId(const at::Tensor& t, int64_t producer, const SchemaI
   return id;
 }
 
+// A Python number as the op saw it: a 0-dim CPU tensor flagged as a wrapped
+// number, whose value is recorded bit for bit (a double holds every f64 and
+// an int64 every i64). False for a dtype Python numbers do not wrap to
+// (complex): that one is recorded as a tensor. Read through the data
+// pointer, not item(), which would dispatch an op from inside the callback.
+bool OpTracer::RecordWrappedNumber(const at::Tensor& t, formats::OpArg& a) {
+  using K = formats::OpArg::Kind;
+  if (!t.is_cpu() || t.dim() != 0) return false;
+  switch (t.scalar_type()) {
+    case at::kDouble: a.kind = K::kWrappedFloat, a.f = *t.const_data_ptr<double>(); return true;
+    case at::kLong: a.kind = K::kWrappedInt, a.i = *t.const_data_ptr<int64_t>(); return true;
+    case at::kBool: a.kind = K::kWrappedBool, a.i = *t.const_data_ptr<bool>(); return true;
+    default: return false;
+  }
+}
+
+// A Scalar[] (the per-tensor scalars of `_foreach_*.ScalarList`) arrives as
+// a generic list: recorded as floats or ints when its numbers are all of one
+// kind, which replays as the same Scalars. False otherwise.
+bool OpTracer::RecordNumberList(const c10::IValue& v, formats::OpArg& a) {
+  using K = formats::OpArg::Kind;
+  const c10::ArrayRef<c10::IValue> list = v.toListRef();
+  if (list.empty()) return false;
+  if (std::all_of(list.begin(), list.end(), [](const c10::IValue& e) { return e.isDouble(); })) {
+    a.kind = K::kFloats;
+    for (const c10::IValue& e : list) a.floats.push_back(e.toDouble());
+    return true;
+  }
+  if (std::all_of(list.begin(), list.end(), [](const c10::IValue& e) { return e.isInt(); })) {
+    a.kind = K::kInts;
+    for (const c10::IValue& e : list) a.ints.push_back(e.toInt());
+    return true;
+  }
+  return false;
+}
+
 void OpTracer::ToArg(const c10::IValue& v, const ArgUse& use, std::vector<ViewSource>& sources, formats::OpArg& a) {
   using K = formats::OpArg::Kind;
   // `a` is a reused slot: every field is reset, keeping capacity. Lists are
@@ -115,6 +152,7 @@ void OpTracer::ToArg(const c10::IValue& v, const ArgUse& use, std::vector<ViewSo
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
     if (!t.defined()) return;
+    if (t.unsafeGetTensorImpl()->is_wrapped_number() && RecordWrappedNumber(t, a)) return;
     a.kind = K::kTensor;
     a.i = static_cast<int64_t>(InputId(t, use));
     if (auto source = SourceOf(t, static_cast<uint64_t>(a.i))) sources.push_back(*source);
@@ -145,6 +183,8 @@ void OpTracer::ToArg(const c10::IValue& v, const ArgUse& use, std::vector<ViewSo
   } else if (v.isBoolList()) {
     a.kind = K::kBools;
     for (const c10::IValue& e : v.toListRef()) a.ints.push_back(e.toBool());
+  } else if (v.isList() && RecordNumberList(v, a)) {
+    return;
   } else if (v.isDevice()) {
     a.kind = K::kDevice, a.text = v.toDevice().str();
   } else {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 
 #include "absl/strings/str_format.h"
@@ -64,6 +65,17 @@ void InstallCrashHandler(int fd) {
   g_crash.fd.store(fd);
 }
 
+// Points an installed handler at another file (the ring's slot of the step
+// in progress, or the bundle again).
+void RetargetCrashHandler(int fd) {
+  int installed = g_crash.fd.load();
+  if (installed >= 0 && fd >= 0) g_crash.fd.compare_exchange_strong(installed, fd);
+}
+
+// kAnomaly: ops per batch handed to the ring's file. A process killed inside
+// a step loses at most this many ops' records (docs/TRACE.md).
+constexpr size_t kRingBatchOps = 64;
+
 void RemoveCrashHandler() {
   if (g_crash.fd.exchange(-1) < 0) return;
   for (int i = 0; i < 4; ++i) ::sigaction(kSignals[i], &g_crash.previous[i], nullptr);
@@ -77,7 +89,12 @@ absl::StatusOr<std::unique_ptr<Recorder>> Recorder::Start(RecordOptions options)
   auto rec = std::unique_ptr<Recorder>(new Recorder(options));
   MOERR_ASSIGN_OR_RETURN(rec->writer_, formats::BundleWriter::Create(
                                            options.path, formats::WriterOptions().set_overwrite(options.overwrite)));
-  rec->tracer_ = std::make_unique<OpTracer>(options.mode, rec.get(), options.batch_ops);
+  if (options.trigger == Trigger::kAnomaly) {
+    MOERR_ASSIGN_OR_RETURN(rec->ring_, AnomalyRing::Create(options.path, options.ring_steps, options.overwrite));
+  }
+  const size_t batch_ops =
+      options.trigger == Trigger::kAnomaly ? std::min(options.batch_ops, kRingBatchOps) : options.batch_ops;
+  rec->tracer_ = std::make_unique<OpTracer>(options.mode, rec.get(), batch_ops);
   rec->tracer_->set_enabled(false);
   MOERR_RETURN_IF_ERROR(rec->writer_->Annotate(
       "recording", llvm::json::Object{{"mode", CaptureModeName(options.mode)},
@@ -91,7 +108,8 @@ absl::StatusOr<std::unique_ptr<Recorder>> Recorder::Start(RecordOptions options)
   return rec;
 }
 
-Recorder::Recorder(RecordOptions options) : options_(std::move(options)) {}
+Recorder::Recorder(RecordOptions options)
+    : options_(std::move(options)), trigger_(options_.spike_factor, options_.watches) {}
 
 Recorder::~Recorder() {
   if (!stopped_) {
@@ -102,31 +120,72 @@ Recorder::~Recorder() {
 void Recorder::NameTensors(const std::vector<std::pair<std::string, at::Tensor>>& named) { tracer_->NameTensors(named); }
 
 absl::Status Recorder::Emit(formats::Record record) {
-  if (Streaming()) return writer_->AppendRecord(std::move(record));
-  if (!ring_.empty()) ring_.back().records.push_back(std::move(record));  // else: outside any step
-  return absl::OkStatus();
+  formats::BundleWriter* w = StepWriter();
+  return w == nullptr ? absl::OkStatus() : w->AppendRecord(std::move(record));  // null: outside any step
 }
 
 absl::Status Recorder::EmitTensor(const std::string& name, formats::Role role, const at::Tensor& t) {
-  if (!Streaming()) {
-    if (!ring_.empty()) ring_.back().tensors.emplace_back(name, role, t);  // else: outside any step
-    return absl::OkStatus();
-  }
+  formats::BundleWriter* w = StepWriter();
+  if (w == nullptr) return absl::OkStatus();  // outside any step of the ring
   MOERR_ASSIGN_OR_RETURN(formats::TensorView view, ViewOf(t));  // holds `t` until written
-  return writer_->PutTensor(name, role, step_, view);
+  return w->PutTensor(name, role, step_, view);
 }
 
 void Recorder::OnOps(formats::OpBatch& batch) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!batch.ops.empty()) {
+    const formats::OpEvent& last = batch.ops.back();
+    last_op_ = formats::RaisedStep::LastOp{last.seq, last.name, last.module};
+  }
+  if (!Streaming()) WatchFirstOverflow(batch);
+  formats::BundleWriter* w = StepWriter();
+  if (w == nullptr) return;
   formats::Record record;
   record.kind = static_cast<uint16_t>(formats::RecordKind::kOps);
   record.step = step_;
-  // Streaming, the batch is encoded and left to the tracer to refill; the
-  // anomaly ring keeps it.
+  // Encoded from the batch, which goes back to the tracer to refill.
   std::swap(record.ops, batch);
-  absl::Status s = Streaming() ? writer_->AppendRecord(record) : Emit(std::move(record));
-  if (Streaming()) std::swap(record.ops, batch);
+  absl::Status s = w->AppendRecord(record);
+  std::swap(record.ops, batch);
+  // After the step's first overflow each op reaches the file as it ends.
+  if (s.ok() && first_overflow_) s = w->Flush();
   if (!s.ok() && failed_.ok()) failed_ = s;
+}
+
+void Recorder::WatchFirstOverflow(const formats::OpBatch& batch) {
+  using K = formats::OpArg::Kind;
+  for (const formats::TensorMeta& t : batch.tensors) {
+    const formats::Fingerprint& f = t.fingerprint;
+    if (f.nan + f.pos_inf + f.neg_inf > 0) nonfinite_ids_.insert(t.id);
+  }
+  if (first_overflow_ || nonfinite_ids_.empty()) return;
+  for (const formats::OpEvent& op : batch.ops) {
+    bool inputs_finite = true;
+    for (const formats::OpArg& a : op.args) {
+      if (a.kind == K::kTensor) inputs_finite &= !nonfinite_ids_.contains(static_cast<uint64_t>(a.i));
+      if (a.kind == K::kTensors || a.kind == K::kOptionalTensors) {
+        for (int64_t id : a.ints) inputs_finite &= id < 0 || !nonfinite_ids_.contains(static_cast<uint64_t>(id));
+      }
+      // A non-finite scalar is an input: masked_fill(scores, mask, -inf).
+      if (a.kind == K::kFloat || a.kind == K::kWrappedFloat) inputs_finite &= std::isfinite(a.f);
+      if (a.kind == K::kFloats) {
+        for (double f : a.floats) inputs_finite &= std::isfinite(f);
+      }
+    }
+    if (!inputs_finite) continue;
+    for (uint64_t id : op.outputs) {
+      if (id == 0 || !nonfinite_ids_.contains(id)) continue;
+      first_overflow_ = op.seq;
+      tracer_->set_eager(true);
+      formats::Record record;
+      record.kind = static_cast<uint16_t>(formats::RecordKind::kAnnotation);
+      record.step = step_;
+      record.key = "first_overflow";
+      record.value = llvm::json::Object{{"seq", static_cast<int64_t>(op.seq)}, {"op", op.name}, {"module", op.module}};
+      if (absl::Status s = Emit(std::move(record)); !s.ok() && failed_.ok()) failed_ = s;
+      return;
+    }
+  }
 }
 
 void Recorder::OnTensorBytes(std::string name, formats::Role role, at::Tensor snapshot) {
@@ -149,12 +208,14 @@ void Recorder::OnCollectiveEnd(const CollectiveCall& call, const std::vector<at:
 }
 
 void Recorder::FlushToFile() {
-  if (!Streaming()) return;
   // A rank may die or stall while it waits in a collective (it, or another):
-  // the ops up to each collective reach the file, so salvage finds them.
+  // the ops up to each collective reach the file (the bundle, or the ring's
+  // slot), so salvage finds them.
   tracer_->Flush();
   std::lock_guard<std::mutex> lock(mu_);
-  if (absl::Status s = writer_->Flush(); !s.ok() && failed_.ok()) failed_ = s;
+  formats::BundleWriter* w = StepWriter();
+  if (w == nullptr) return;
+  if (absl::Status s = w->Flush(); !s.ok() && failed_.ok()) failed_ = s;
 }
 
 void Recorder::OnCollectiveFailed(const CollectiveCall& call, const std::string& why) {
@@ -208,13 +269,20 @@ absl::Status Recorder::StepBegin(int64_t step) {
   const bool record = options_.trigger != Trigger::kWindow || (step >= options_.first_step && step <= options_.last_step);
   step_ = step;
   micro_batch_.clear();
+  last_op_.reset();
   if (!record) return absl::OkStatus();
   in_step_ = true;
   if (Streaming()) {
     MOERR_RETURN_IF_ERROR(writer_->BeginStep(step));
   } else {
-    ring_.push_back(StepBuffer{step, {}, {}});
-    while (static_cast<int64_t>(ring_.size()) > options_.ring_steps) ring_.pop_front();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      nonfinite_ids_.clear();
+      first_overflow_.reset();
+      MOERR_RETURN_IF_ERROR(ring_->Begin(step));
+    }
+    tracer_->set_eager(false);
+    RetargetCrashHandler(ring_->crash_fd());  // a fatal signal inside the step lands in its slot
   }
   {
     at::DisableRecordFunctionGuard no_record;
@@ -241,48 +309,62 @@ absl::Status Recorder::Annotate(const std::string& key, llvm::json::Value value)
   return writer_->Annotate(key, std::move(value));
 }
 
-bool Recorder::IsAnomaly(const StepOutcome& outcome) const {
-  if (!std::isfinite(outcome.loss) || !std::isfinite(outcome.grad_norm)) return true;
-  if (grad_norms_.size() < 3) return false;
-  std::vector<double> sorted = grad_norms_;
-  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-  const double median = sorted[sorted.size() / 2];
-  return median > 0 && outcome.grad_norm > options_.spike_factor * median;
-}
-
-absl::Status Recorder::WriteBuffer(StepBuffer& buffer) {
-  MOERR_RETURN_IF_ERROR(writer_->BeginStep(buffer.step));
-  const int64_t saved = step_;
-  step_ = buffer.step;
-  for (auto& [name, role, t] : buffer.tensors) {
-    MOERR_ASSIGN_OR_RETURN(formats::TensorView view, ViewOf(t));
-    MOERR_RETURN_IF_ERROR(writer_->PutTensor(name, role, buffer.step, view));
-  }
-  for (formats::Record& r : buffer.records) MOERR_RETURN_IF_ERROR(writer_->AppendRecord(std::move(r)));
-  step_ = saved;
-  written_.push_back(buffer.step);
-  return writer_->EndStep(buffer.step);
-}
-
 absl::Status Recorder::StepEnd(int64_t step, StepOutcome outcome) {
   MOERR_CHECK(step == step_) << "StepEnd(" << step << ") but the step is " << step_;
   tracer_->set_enabled(false);
   tracer_->Flush();
   MOERR_RETURN_IF_ERROR(failed_);
   if (!in_step_) return absl::OkStatus();
+  if (!outcome.metrics.empty()) {
+    llvm::json::Object metrics;
+    for (const auto& [name, value] : outcome.metrics) metrics[name] = formats::JsonNumberOrName(value);
+    MOERR_RETURN_IF_ERROR(AnnotateStep("outcome", std::move(metrics)));
+  }
   in_step_ = false;
   if (Streaming()) {
     written_.push_back(step);
     return writer_->EndStep(step);
   }
-  const bool anomaly = IsAnomaly(outcome);
-  if (std::isfinite(outcome.grad_norm)) grad_norms_.push_back(outcome.grad_norm);
-  if (!anomaly) return absl::OkStatus();
-  if (anomaly_step_ < 0) anomaly_step_ = step;
-  MOERR_RETURN_IF_ERROR(AnnotateStep("anomaly", llvm::json::Object{{"loss", formats::JsonNumberOrName(outcome.loss)},
-                                                                    {"grad_norm", formats::JsonNumberOrName(outcome.grad_norm)}}));
-  for (StepBuffer& buffer : ring_) MOERR_RETURN_IF_ERROR(WriteBuffer(buffer));
-  ring_.clear();
+  std::optional<std::string> why = trigger_.Judge(outcome);  // every step: the medians need its values
+  if (!why && first_overflow_) why = absl::StrFormat("the first non-finite value, at op %d", *first_overflow_);
+  if (!why) {
+    RetargetCrashHandler(writer_->crash_fd());
+    std::lock_guard<std::mutex> lock(mu_);
+    return ring_->End(/*complete=*/true);
+  }
+  return KeepRing(llvm::json::Object{{"loss", formats::JsonNumberOrName(outcome.loss)},
+                                     {"grad_norm", formats::JsonNumberOrName(outcome.grad_norm)},
+                                     {"reason", *why}},
+                  /*complete=*/true);
+}
+
+absl::Status Recorder::StepRaised(int64_t step, formats::RaisedStep raised) {
+  MOERR_CHECK(step == step_) << "StepRaised(" << step << ") but the step is " << step_;
+  tracer_->set_enabled(false);
+  tracer_->Flush();
+  if (!in_step_) return failed_;
+  in_step_ = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    raised.last_op = last_op_;
+  }
+  const std::string headline = raised.Headline();
+  // Written even after a failed capture: the exception is the first fact.
+  const absl::Status annotated = AnnotateStep(formats::kRaisedAnnotation, formats::toJSON(raised));
+  MOERR_RETURN_IF_ERROR(failed_);
+  MOERR_RETURN_IF_ERROR(annotated);
+  if (Streaming()) return writer_->Checkpoint();  // in the file now, though not complete
+  return KeepRing(llvm::json::Object{{"raised", raised.type}, {"reason", "raised " + headline}}, /*complete=*/false);
+}
+
+absl::Status Recorder::KeepRing(llvm::json::Object why, bool complete) {
+  if (anomaly_step_ < 0) anomaly_step_ = step_;
+  MOERR_RETURN_IF_ERROR(AnnotateStep("anomaly", std::move(why)));
+  RetargetCrashHandler(writer_->crash_fd());
+  std::lock_guard<std::mutex> lock(mu_);
+  MOERR_RETURN_IF_ERROR(ring_->End(complete));
+  MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> kept, ring_->KeepInto(*writer_));
+  written_.insert(written_.end(), kept.begin(), kept.end());
   return absl::OkStatus();
 }
 
@@ -294,6 +376,18 @@ absl::Status Recorder::Stop() {
   ops_at_stop_ = tracer_->ops_recorded();
   tracer_.reset();  // flushes into the ring or the writer
   MOERR_RETURN_IF_ERROR(failed_);
+  if (ring_) {
+    // A step the recording stopped inside did not end (an error ended the
+    // program's loop): kept, as a raised one is. Otherwise the ring held
+    // nothing anomalous.
+    if (in_step_) {
+      in_step_ = false;
+      MOERR_RETURN_IF_ERROR(KeepRing(
+          llvm::json::Object{{"reason", absl::StrFormat("the recording stopped inside step %d", step_)}},
+          /*complete=*/false));
+    }
+    ring_->Discard();
+  }
   return writer_->Close();
 }
 

@@ -9,8 +9,10 @@
 //   rec->Stop();
 //
 // Triggers: every step, a step window, or on anomaly (the last N steps kept
-// in memory and written when the loss or gradient norm goes non-finite or the
-// gradient norm exceeds `spike_factor` x its running median). A fatal signal
+// in a ring of files, anomaly_ring.h, and written when a step is anomalous,
+// anomaly_trigger.h, raised, or makes its first non-finite value from
+// finite inputs). A step left by an exception ends with StepRaised instead of
+// StepEnd: recorded as raised (formats/raised_step.h), not complete. A fatal signal
 // (SIGSEGV, SIGABRT, SIGBUS, SIGFPE) appends a crash record, best effort; the
 // bundle stays salvageable either way.
 #pragma once
@@ -19,11 +21,16 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "formats/bundle_writer.h"
+#include "formats/raised_step.h"
+#include "absl/container/flat_hash_set.h"
+#include "recorder/anomaly_ring.h"
+#include "recorder/anomaly_trigger.h"
 #include "recorder/op_tracer.h"
 #include "recorder/hooks/collective_hook.h"
 #include "recorder/hooks/routing_hook.h"
@@ -40,8 +47,9 @@ struct RecordOptions {
   Trigger trigger = Trigger::kAlways;
   int64_t first_step = 0;                            // kWindow: steps [first, last]
   int64_t last_step = std::numeric_limits<int64_t>::max();
-  int64_t ring_steps = 2;                            // kAnomaly: steps kept in memory (>= 1)
+  int64_t ring_steps = 2;                            // kAnomaly: steps kept in the ring (>= 1)
   double spike_factor = 10.0;                        // kAnomaly: grad norm / running median
+  std::vector<MetricWatch> watches;                  // kAnomaly: rules on named metrics
   bool overwrite = false;
   bool capture_logits = true;                        // routing: store router logits too
   bool crash_handler = true;                         // append a crash record on fatal signals
@@ -55,19 +63,19 @@ struct RecordOptions {
   RecordOptions& set_batch_ops(size_t v) { batch_ops = v; return *this; }
 };
 
-// What the anomaly trigger looks at after each step.
-struct StepOutcome {
-  double loss = 0;
-  double grad_norm = 0;
-};
-
 class Recorder : public TraceSink, public RoutingObserver, public CollectiveObserver {
  public:
   static absl::StatusOr<std::unique_ptr<Recorder>> Start(RecordOptions options);
   ~Recorder() override;  // Stops if still running (errors are logged)
 
   absl::Status StepBegin(int64_t step);
+  // Ends a complete step. Named metrics are written as the step annotation
+  // "outcome" ({"loss": 0.41, "reward": 0.62, ...}; non-finite as names).
   absl::Status StepEnd(int64_t step, StepOutcome outcome = {});
+  // Ends a step left by an exception: the ops recorded so far and the
+  // annotation "raised" (with the last op seen) reach the file; the step is
+  // not complete. The anomaly trigger keeps it as it keeps an anomalous one.
+  absl::Status StepRaised(int64_t step, formats::RaisedStep raised);
   // A step-less annotation (model config, versions), written at once.
   absl::Status Annotate(const std::string& key, llvm::json::Value value);
   // An annotation of the current step (loss scale, metrics).
@@ -100,19 +108,21 @@ class Recorder : public TraceSink, public RoutingObserver, public CollectiveObse
   void OnCollectiveFailed(const CollectiveCall& call, const std::string& why) override;
 
  private:
-  // One step's content while it is held in memory (anomaly trigger).
-  struct StepBuffer {
-    int64_t step = 0;
-    std::vector<formats::Record> records;
-    std::vector<std::tuple<std::string, formats::Role, at::Tensor>> tensors;
-  };
-
   explicit Recorder(RecordOptions options);
   bool Streaming() const { return options_.trigger != Trigger::kAnomaly; }
+  // Where the step's records go: the bundle, or (kAnomaly) the step's slot
+  // of the ring; nullptr outside a step of the ring.
+  formats::BundleWriter* StepWriter() { return Streaming() ? writer_.get() : ring_->current(); }
   absl::Status Emit(formats::Record record);
   absl::Status EmitTensor(const std::string& name, formats::Role role, const at::Tensor& t);
-  absl::Status WriteBuffer(StepBuffer& buffer);
-  bool IsAnomaly(const StepOutcome& outcome) const;
+  // kAnomaly, on the worker thread with mu_ held: the first op of the step
+  // whose inputs are finite and whose output is not (analysis::
+  // FindFirstOverflow's rule) marks the ring for keeping; from then on each
+  // op reaches the file as it ends.
+  void WatchFirstOverflow(const formats::OpBatch& batch);
+  // kAnomaly: the step's slot is annotated with `why` and ended, and the
+  // ring copied into the bundle.
+  absl::Status KeepRing(llvm::json::Object why, bool complete);
   // Streaming: the ops traced so far, and everything the writer holds, to the file.
   void FlushToFile();
 
@@ -124,8 +134,13 @@ class Recorder : public TraceSink, public RoutingObserver, public CollectiveObse
   bool stopped_ = false;
   int64_t step_ = -1;
   bool in_step_ = false;
-  std::deque<StepBuffer> ring_;
-  std::vector<double> grad_norms_;
+  std::unique_ptr<AnomalyRing> ring_;  // kAnomaly
+  AnomalyTrigger trigger_;
+  // kAnomaly, within the step (mu_): the ids of its non-finite tensors, and
+  // the first overflow when one was seen.
+  absl::flat_hash_set<uint64_t> nonfinite_ids_;
+  std::optional<uint64_t> first_overflow_;
+  std::optional<formats::RaisedStep::LastOp> last_op_;  // of the step, from the ops handed over
   std::vector<int64_t> written_;
   int64_t anomaly_step_ = -1;
   std::vector<int64_t> micro_batch_;  // per layer, within the step

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -30,9 +31,18 @@ struct OpScratch {
 // autograd nodes running.
 struct ThreadState {
   int depth = 0;
-  // Names of the open user scopes, owned by their RecordFunctions (which
-  // outlive their place on this stack).
-  std::vector<const char*> scopes;
+  // The open user scopes, innermost last. A copy of each name: a scope's
+  // record may end unseen (while no tracer listens) and its name with it.
+  // `id` (the record's name's address, never read through) finds the scope
+  // a record ends, which need not be the innermost.
+  struct Scope {
+    const void* id = nullptr;
+    std::string name;
+  };
+  std::vector<Scope> scopes;
+  // The tracer this state was built under (State() starts it afresh for a
+  // new one: what a finished recording left open is not the next one's).
+  uint64_t generation = 0;
   // Running autograd nodes: sequence number, and the op depth outside the
   // node. A node's ops are outermost ops of their own: backward() is itself
   // an op (aten::_backward) that the whole backward pass runs inside.

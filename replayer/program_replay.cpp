@@ -118,6 +118,27 @@ class Replay {
     return CoerceInput(t, trace_.Find(id), rule);
   }
 
+  // A Python number as the recorded op saw it (formats::OpArg::kWrappedFloat):
+  // a 0-dim CPU tensor that type promotion ranks as a number.
+  static at::Tensor WrappedNumber(at::Tensor t) {
+    t.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return t;
+  }
+
+  // A Scalar[] argument takes a list typed as Scalars: a list of ints or
+  // floats is not one to the dispatcher's unboxing.
+  static bool IsScalarList(const c10::Argument* schema_arg) {
+    if (schema_arg == nullptr) return false;
+    const auto list = schema_arg->real_type()->cast<c10::ListType>();
+    return list != nullptr && list->getElementType()->kind() == c10::TypeKind::NumberType;
+  }
+  template <typename T>
+  static c10::IValue ScalarList(const std::vector<T>& values) {
+    c10::List<at::Scalar> list;
+    for (T v : values) list.push_back(at::Scalar(v));
+    return c10::IValue(list);
+  }
+
   absl::StatusOr<c10::IValue> ToIValue(const OpArg& a, const c10::Argument* schema_arg, const PolicyRule* rule,
                                        std::vector<recorder::ViewSource>& sources) {
     switch (a.kind) {
@@ -151,14 +172,19 @@ class Replay {
       case OpArg::Kind::kFloat: return c10::IValue(a.f);
       case OpArg::Kind::kBool: return c10::IValue(a.i != 0);
       case OpArg::Kind::kText: return c10::IValue(a.text);
-      case OpArg::Kind::kInts: return c10::IValue(a.ints);
-      case OpArg::Kind::kFloats: return c10::IValue(a.floats);
+      case OpArg::Kind::kInts:
+        return IsScalarList(schema_arg) ? ScalarList(a.ints) : c10::IValue(a.ints);
+      case OpArg::Kind::kFloats:
+        return IsScalarList(schema_arg) ? ScalarList(a.floats) : c10::IValue(a.floats);
       case OpArg::Kind::kBools: {
         c10::List<bool> list;
         for (int64_t b : a.ints) list.push_back(b != 0);
         return c10::IValue(list);
       }
       case OpArg::Kind::kDevice: return c10::IValue(c10::Device(a.text));
+      case OpArg::Kind::kWrappedFloat: return c10::IValue(WrappedNumber(at::scalar_tensor(a.f, at::kDouble)));
+      case OpArg::Kind::kWrappedInt: return c10::IValue(WrappedNumber(at::scalar_tensor(a.i, at::kLong)));
+      case OpArg::Kind::kWrappedBool: return c10::IValue(WrappedNumber(at::scalar_tensor(a.i != 0, at::kBool)));
       case OpArg::Kind::kUnsupported: break;
     }
     return absl::UnimplementedError(absl::StrFormat("argument of kind %s cannot be re-dispatched", a.text));
@@ -231,7 +257,10 @@ class Replay {
     std::vector<recorder::ViewSource> sources;
     for (size_t i = 0; i < op.args.size(); ++i) {
       auto v = ToIValue(op.args[i], i < schema_args.size() ? &schema_args[i] : nullptr, rule, sources);
-      if (!v.ok()) return v.status();
+      if (!v.ok()) {
+        return Annotate(v.status(), absl::StrFormat("op %d %s, argument %d%s", op.seq, op.name, i,
+                                                             i < schema_args.size() ? " (" + schema_args[i].name() + ")" : ""));
+      }
       stack.push_back(*std::move(v));
     }
     // The CPU autocast state the op ran under (bf16 training casts inside

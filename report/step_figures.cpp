@@ -164,6 +164,7 @@ std::string TrajectoryFigure(const std::string& metric, const std::string& a_nam
   plot.y_label = metric;
   for (const auto& [name, values, color] :
        {std::tuple{a_name, &a, "#1f77b4"}, std::tuple{b_name, &b, "#d62728"}}) {
+    if (values->empty()) continue;  // one run's trajectory alone
     Series s{name, {}, *values, color, false, {}};
     for (size_t i = 0; i < values->size(); ++i) s.x.push_back(static_cast<double>(i));
     plot.series.push_back(std::move(s));

@@ -35,7 +35,8 @@ struct ClusterLayer {
 };
 std::string ClusterMapFigure(const std::vector<ClusterLayer>& layers);
 
-// One metric over steps, two runs; non-finite values leave gaps.
+// One metric over steps, two runs (or one: `b` empty); non-finite values
+// leave gaps.
 std::string TrajectoryFigure(const std::string& metric, const std::string& a_name, const std::vector<double>& a,
                              const std::string& b_name, const std::vector<double>& b);
 

@@ -1,10 +1,13 @@
 #include "report/step_section.h"
 
+#include <map>
 #include <optional>
 
 #include "absl/strings/str_format.h"
 #include "analysis/check.h"
 #include "analysis/overflow_cause.h"
+#include "formats/bundle_summary.h"
+#include "formats/raised_step.h"
 #include "report/step_figures.h"
 #include "report/verdict.h"
 #include "support/status.h"
@@ -28,11 +31,23 @@ bool Replayable(const formats::BundleReader& reader) {
 absl::Status AddStepSection(HtmlReport& page, const formats::BundleReader& reader, const std::string& path,
                             int64_t step, const formats::Trace& trace,
                             const std::vector<formats::DType>& would_fit) {
+  // A step left by an exception: the exception is the first fact.
+  MOERR_ASSIGN_OR_RETURN(const std::optional<formats::RaisedStep> raised, formats::ReadRaisedStep(reader, step));
+  if (raised && !page.has_verdict()) {
+    page.Verdict(absl::StrFormat("Step %d raised %s", step, raised->type),
+                 {{"exception", raised->Headline()},
+                  {"next", absl::StrFormat("moerr bisect %s --step %d", path, step), true}},
+                 /*failed=*/true);
+  }
   // The step's overflow, found once for the verdict, the text and the figure.
   const std::optional<analysis::OverflowCause> found = analysis::FindOverflowCause(trace);
   const analysis::FirstOverflow* first = found ? &found->first : nullptr;
   if (found) AddOverflowVerdict(page, path, step, trace, *found, Replayable(reader));
   page.Heading(absl::StrFormat("Step %d of %s", step, path));
+  if (raised) {
+    page.Paragraph("The step raised " + raised->Headline() + ". The ops below are those recorded before it.");
+    if (!raised->traceback.empty()) page.Preformatted(raised->traceback);
+  }
   page.Paragraph(first ? absl::StrFormat("%zu ops recorded. The first op whose inputs were finite and whose output "
                                          "was not: op %zu, %s in %s (%s); %llu of %llu values +Inf, %llu -Inf, %llu "
                                          "NaN.",
@@ -63,6 +78,21 @@ absl::Status AddStepSection(HtmlReport& page, const formats::BundleReader& reade
   }
   page.Paragraph(absl::StrFormat("moerr lint: %zu findings.", findings.size()));
   if (!rows.empty()) page.Table({"severity", "check", "where", "finding", "next"}, rows);
+  return absl::OkStatus();
+}
+
+absl::Status AddMetricsSection(HtmlReport& page, const formats::BundleReader& reader) {
+  MOERR_ASSIGN_OR_RETURN(const formats::BundleSummary summary, formats::Summarize(reader));
+  if (summary.outcomes.empty()) return absl::OkStatus();
+  // One trajectory per metric, over the steps that named it.
+  std::map<std::string, std::vector<double>> series;
+  for (const auto& [step, metrics] : summary.outcomes) {
+    for (const auto& [name, value] : metrics) series[name].push_back(value);
+  }
+  page.Heading("Metrics");
+  page.Paragraph(absl::StrFormat("The loop's metrics (rec.outcome) over the %zu steps that named them.",
+                                 summary.outcomes.size()));
+  for (const auto& [name, values] : series) page.Figure(TrajectoryFigure(name, "recorded", values, "", {}), name);
   return absl::OkStatus();
 }
 

@@ -20,4 +20,8 @@ absl::Status AddStepSection(HtmlReport& page, const formats::BundleReader& reade
                             int64_t step, const formats::Trace& trace,
                             const std::vector<formats::DType>& would_fit = {});
 
+// The loop's named metrics (the steps' "outcome" annotations) as one
+// trajectory each; nothing when no step has them.
+absl::Status AddMetricsSection(HtmlReport& page, const formats::BundleReader& reader);
+
 }  // namespace moerr::report

@@ -402,7 +402,7 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
       "removes the overflow, none of which can be dropped (1-minimal). On a full bundle, ops with a reference "
       "(vendor ops) are also run on their recorded inputs and judged against it");
   cmd->add_option("BUNDLE", opts->bundle, "Bundle file, or a multi-rank run directory (world.json)")->required();
-  cmd->add_option("--step", opts->steps, "Steps to search (default: every complete step)");
+  cmd->add_option("--step", opts->steps, "Steps to search (default: every complete step and every raised one)");
   cmd->add_option("--limit", opts->limit, "Range to judge outputs against: dtype, fp16 or bf16")
       ->check(CLI::IsMember({"dtype", "fp16", "bf16"}))
       ->capture_default_str();
@@ -446,12 +446,17 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
     int exit_code = kExitOk;
     for (int64_t step : steps) {
       MOERR_ASSIGN_OR_RETURN(const formats::Trace trace, formats::ReadTrace(*reader, step));
+      MOERR_ASSIGN_OR_RETURN(const std::string raised, RaisedLine(*reader, step));
+      if (!raised.empty() && !opts->json) std::printf("%s\n", raised.c_str());
       MOERR_ASSIGN_OR_RETURN(
           const int code,
           opts->precision
               ? RunPrecisionBisect(*reader, step, trace, options, opts->upcast, opts->policy_out, opts->json, results)
               : RunCauseBisect(*reader, step, trace, options, opts->json, results));
       exit_code = std::max(exit_code, code);
+      if (!raised.empty() && opts->json && !results.empty()) {
+        if (llvm::json::Object* o = results.back().getAsObject()) o->try_emplace("raised", raised);
+      }
       if (opts->precision) continue;
       exit_code = std::max(exit_code, ReportVendorOps(*reader, step, trace, references,
                                                       opts->json ? results.back().getAsObject() : nullptr));

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "kj/exception.h"
 #include "llvm/Support/FormatVariadic.h"
+#include "formats/raised_step.h"
 #include "support/status.h"
 
 namespace moerr::tools {
@@ -112,12 +113,22 @@ absl::StatusOr<std::vector<int64_t>> StepsToRead(const formats::BundleReader& re
     }
   }
   if (!requested.empty()) return requested;
-  std::vector<int64_t> complete = reader.CompleteSteps();
-  if (complete.empty()) {
+  std::vector<int64_t> steps = reader.CompleteSteps();
+  // A step left by an exception is the step to debug: read with the others.
+  MOERR_ASSIGN_OR_RETURN(const auto raised, formats::ReadRaisedSteps(reader));
+  for (const auto& [step, r] : raised) steps.push_back(step);
+  std::sort(steps.begin(), steps.end());
+  if (steps.empty()) {
     return absl::NotFoundError(absl::StrFormat(
         "%s has no complete step (its steps: %s); pass --step to read an incomplete one", path, listed));
   }
-  return complete;
+  return steps;
+}
+
+absl::StatusOr<std::string> RaisedLine(const formats::BundleReader& reader, int64_t step) {
+  MOERR_ASSIGN_OR_RETURN(const std::optional<formats::RaisedStep> raised, formats::ReadRaisedStep(reader, step));
+  if (!raised) return std::string();
+  return absl::StrFormat("step %d RAISED %s", step, raised->Headline());
 }
 
 absl::StatusOr<OpenedStep> OpenStep(const std::string& path, int64_t step) {

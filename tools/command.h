@@ -68,10 +68,13 @@ absl::Status CheckOverwrite(const std::string& path, bool force, const std::vect
 absl::Status ClaimWorkDir(const std::string& dir, const std::string& command, const std::vector<std::string>& own);
 
 // The steps a command reads from the bundle at `path`: `requested`, each of
-// which must have records there, or every complete step when none is
-// requested (NotFound when there are none).
+// which must have records there, or every complete and every raised step
+// when none is requested (NotFound when there are none).
 absl::StatusOr<std::vector<int64_t>> StepsToRead(const formats::BundleReader& reader, const std::string& path,
                                                  const std::vector<int64_t>& requested);
+// "step 4 RAISED RuntimeError: ... (after op 412 aten::mm in ...)", printed
+// first for a step left by an exception; "" for any other step.
+absl::StatusOr<std::string> RaisedLine(const formats::BundleReader& reader, int64_t step);
 
 // The bundle at `path`, opened, and the trace of its step `step` (of its
 // first complete step when `step` < 0).

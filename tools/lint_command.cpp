@@ -206,7 +206,7 @@ void AddLintCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("BUNDLE", opts->bundle,
                   "A bundle (any mode; optimizer-state checks need replayable or full), or a multi-rank run directory: "
                   "every rank, and rank-imbalance, the rows each rank received in all_to_all");
-  cmd->add_option("--step", opts->steps, "Steps to check (default: every complete step)");
+  cmd->add_option("--step", opts->steps, "Steps to check (default: every complete step and every raised one)");
   cmd->add_option("--only", opts->only, "Run only this check (repeatable); --list names them");
   cmd->add_option("--against", opts->against, "The original bundle a proxy bundle is checked against");
   cmd->add_option("--against-step", opts->against_step, "Step of --against (default: its first complete step)");

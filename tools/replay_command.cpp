@@ -241,6 +241,12 @@ CommandResult ProgramReplay(const ReplayArgs& args, const formats::BundleReader&
                             const replayer::ReplayOptions& options, llvm::json::Array& results) {
   MOERR_ASSIGN_OR_RETURN(const formats::Trace trace, formats::ReadTrace(reader, step));
   if (trace.ops.empty()) return NoOpsToReplay(reader, args.bundle, step);
+  // A raised step replays up to its last recorded op, where the original stopped.
+  MOERR_ASSIGN_OR_RETURN(const std::string raised, RaisedLine(reader, step));
+  if (!raised.empty() && !args.json) {
+    std::printf("%s\n  replaying its %zu recorded ops, up to where the original step stopped\n", raised.c_str(),
+                trace.ops.size());
+  }
   MOERR_ASSIGN_OR_RETURN(const replayer::ReplayReport report, replayer::ReplayTrace(reader, step, trace, options));
   int exit_code = report.first_divergence ? kExitFinding : kExitOk;
   for (const replayer::ReferenceCheck& c : report.reference_checks) {
@@ -265,7 +271,9 @@ CommandResult ProgramReplay(const ReplayArgs& args, const formats::BundleReader&
     if (!*result.same) exit_code = kExitFinding;
   }
   if (args.json) {
-    results.push_back(ProgramReplayJson(result));
+    llvm::json::Object json = ProgramReplayJson(result);
+    if (!raised.empty()) json["raised"] = raised;
+    results.push_back(std::move(json));
   } else {
     PrintProgramReplay(result);
   }
@@ -395,7 +403,7 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
                   "replay rank fails naming it")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 86400.0));
-  cmd->add_option("--step", opts->steps, "Steps to replay (default: every complete step)");
+  cmd->add_option("--step", opts->steps, "Steps to replay (default: every complete step and every raised one)");
   cmd->add_flag("--check", opts->check, "Replay twice and demand bitwise equal results (determinism)");
   cmd->add_flag("--isolated", opts->isolated,
                 "Run each op on its recorded inputs, so each op's error is its own (full bundles)");

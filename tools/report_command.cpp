@@ -48,7 +48,7 @@ void AddReportCommand(CLI::App& app, int& exit_code) {
                   "rank x op strip of headroom, the rows each rank received, disagreeing transfers")
       ->required();
   cmd->add_option("-o,--output", opts->out, "The HTML file to write")->required();
-  cmd->add_option("--step", opts->steps, "Steps to report (default: every complete step)");
+  cmd->add_option("--step", opts->steps, "Steps to report (default: every complete step and every raised one)");
   cmd->add_option("--would-fit", opts->would_fit,
                   "Overlay the headroom plot with the same outputs against this format's range: would they fit if "
                   "held in it? (fp16 or bf16; repeatable)")
@@ -76,6 +76,7 @@ void AddReportCommand(CLI::App& app, int& exit_code) {
       with_ops.push_back(step);
       MOERR_RETURN_IF_ERROR(report::AddStepSection(page, *reader, opts->bundle, step, trace, would_fit));
     }
+    MOERR_RETURN_IF_ERROR(report::AddMetricsSection(page, *reader));
     if (!page.has_verdict() && !with_ops.empty()) report::AddFiniteVerdict(page, opts->bundle, with_ops);
     MOERR_RETURN_IF_ERROR(page.Write(opts->out));
     std::printf("wrote %s (%zu step%s)\n", opts->out.c_str(), steps.size(), steps.size() == 1 ? "" : "s");

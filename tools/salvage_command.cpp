@@ -4,7 +4,9 @@
 #include "absl/strings/str_format.h"
 
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "formats/bundle_summary.h"
+#include "formats/ring_salvage.h"
 #include "formats/salvage.h"
 #include "formats/world_manifest.h"
 #include "support/status.h"
@@ -36,6 +38,23 @@ void PrintReport(const std::string& in, const std::string& out, const formats::S
   }
 }
 
+// The recording's own report, then each slot of its anomaly ring.
+void PrintReport(const std::string& in, const std::string& out, const formats::RingSalvageReport& r) {
+  PrintReport(in, out, r.bundle);
+  if (r.slots.empty()) return;
+  const std::string ring = formats::RingDirectory(std::string(absl::StripSuffix(in, formats::kPartialSuffix)));
+  std::printf("  the anomaly ring (%s): %zu steps\n", ring.c_str(), r.slots.size());
+  for (const formats::RingSalvageReport::Slot& s : r.slots) {
+    const bool complete = !s.report.complete_steps.empty();
+    std::printf("    step %lld: %s, %llu records, %llu tensors%s\n", static_cast<long long>(s.step),
+                complete ? "complete" : "cut off inside the step", static_cast<unsigned long long>(s.report.records),
+                static_cast<unsigned long long>(s.report.tensors),
+                s.report.bytes_dropped > 0
+                    ? (", lost " + formats::HumanBytes(s.report.bytes_dropped) + " after its last complete frame").c_str()
+                    : "");
+  }
+}
+
 // A run directory: each rank whose writer did not finish (rankK.moerr.partial
 // alone) is salvaged into rankK.moerr beside it; the .partial stays.
 CommandResult SalvageRun(const std::string& dir) {
@@ -48,7 +67,7 @@ CommandResult SalvageRun(const std::string& dir) {
     // writes a temporary name, renamed once it is finished.
     const std::string out = b.path.substr(0, b.path.size() - std::strlen(formats::kPartialSuffix));
     const std::string tmp = out + ".salvaging";
-    absl::StatusOr<formats::SalvageReport> r = formats::Salvage(b.path, tmp, /*overwrite=*/true);
+    absl::StatusOr<formats::RingSalvageReport> r = formats::SalvageWithRing(b.path, tmp, /*overwrite=*/true);
     if (r.ok() && std::rename(tmp.c_str(), out.c_str()) != 0) {
       r = absl::UnavailableError(absl::StrFormat("cannot rename %s to %s", tmp, out));
     }
@@ -90,7 +109,8 @@ void AddSalvageCommand(CLI::App& app, int& exit_code) {
     }
     if (opts->out.empty()) return absl::InvalidArgumentError("-o OUTPUT is required for a bundle");
     MOERR_RETURN_IF_ERROR(CheckNotAnInput(opts->out, {opts->in}));
-    MOERR_ASSIGN_OR_RETURN(const formats::SalvageReport r, formats::Salvage(opts->in, opts->out, opts->force));
+    MOERR_ASSIGN_OR_RETURN(const formats::RingSalvageReport r,
+                           formats::SalvageWithRing(opts->in, opts->out, opts->force));
     PrintReport(opts->in, opts->out, r);
     return kExitOk;
   });

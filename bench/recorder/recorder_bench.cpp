@@ -287,14 +287,18 @@ absl::StatusOr<BenchArgs> ParseArgs(int argc, char** argv) {
 }
 
 // The variants in the order they run each round; `mode` -1: no recorder,
-// -2: the do-nothing observer, else a CaptureMode.
+// -2: the do-nothing observer, else a CaptureMode. `ring`: trigger=anomaly
+// with a ring of 2 steps (recorder/anomaly_ring.h) on healthy steps, each
+// streamed to its slot file and deleted two steps later.
 struct Variant {
   std::string name;
   int mode;
+  bool ring = false;
 };
 const std::vector<Variant>& Variants() {
-  static const std::vector<Variant> v = {
-      {"none", -1}, {"observer floor", -2}, {"stats", 0}, {"replayable", 1}, {"full", 2}};
+  static const std::vector<Variant> v = {{"none", -1},         {"observer floor", -2},      {"stats", 0},
+                                         {"stats ring", 0, true}, {"replayable", 1},          {"replayable ring", 1, true},
+                                         {"full", 2}};
   return v;
 }
 
@@ -314,11 +318,10 @@ void RunVariant(const Variant& variant, int steps, const std::string& dir, moerr
                                               at::RecordScope::USER_SCOPE}));
   }
   if (variant.mode >= 0) {
-    rec = recorder::Recorder::Start(recorder::RecordOptions(path)
-                                        .set_mode(static_cast<CaptureMode>(variant.mode))
-                                        .set_overwrite(true)
-                                        .set_crash_handler(false))
-              .value();
+    recorder::RecordOptions options(path);
+    options.set_mode(static_cast<CaptureMode>(variant.mode)).set_overwrite(true).set_crash_handler(false);
+    if (variant.ring) options.set_anomaly(2, 10.0);
+    rec = recorder::Recorder::Start(options).value();
     policy->SetRoutingObserver(rec.get());
   }
   const auto t0 = Clock::now();

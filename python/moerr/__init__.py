@@ -27,8 +27,10 @@ with no complete step) warns with RecordingWarning.
 """
 import contextlib
 import json
+import math
 import os
 import re
+import traceback
 import warnings
 
 import torch
@@ -65,8 +67,11 @@ class _Step:
         return self._recording._begin(self)
 
     def __exit__(self, exc_type, exc, tb):
-        self._recording._end(warn=exc_type is None)
-        return False
+        if exc_type is None:
+            self._recording._end(warn=True)
+        else:
+            self._recording._raised(exc_type, exc, tb)
+        return False  # the exception propagates unchanged
 
 
 class Recording:
@@ -78,7 +83,7 @@ class Recording:
         self._path = str(path)
         self._window = window  # (first, last): the steps recorded
         self._step = -1
-        self._outcome = (0.0, 0.0)
+        self._outcome = {}
         self._in_step = False
         self._ops_at_begin = 0
         self._pending = None  # a _Step made but not entered
@@ -107,7 +112,7 @@ class Recording:
         if self._in_step:
             raise RuntimeError(f"rec.step() inside step {self._step}: steps do not nest")
         self._step = self._step + 1 if step._index is None else step._index
-        self._outcome = (0.0, 0.0)
+        self._outcome = {}
         self._rec.step_begin(self._step)
         self._ops_at_begin = self._rec.ops_recorded()
         self._in_step = True
@@ -117,8 +122,8 @@ class Recording:
 
     def _end(self, warn):
         self._in_step = False
-        loss, grad_norm = self._outcome
-        self._rec.step_end(self._step, loss, grad_norm)
+        metrics = self._outcome
+        self._rec.step_end(self._step, metrics.get("loss", 0.0), metrics.get("grad_norm", 0.0), list(metrics.items()))
         first, last = self._window
         if self._hf is not None and first <= self._step <= last:
             self._hf.end(self._rec, self._step, write=warn)
@@ -126,12 +131,41 @@ class Recording:
             warnings.warn(f"{self._path}: step {self._step} recorded no ops: run the model's forward and backward "
                           "inside `with rec.step():`", RecordingWarning, stacklevel=3)
 
-    def outcome(self, loss=0.0, grad_norm=0.0):
-        """What the anomaly trigger judges the current step by; inside a step only."""
+    def _raised(self, exc_type, exc, tb):
+        """The step was left by an exception: recorded as raised (its type,
+        message and traceback, and the last op seen), not as complete. A
+        failure to record it warns; the loop's exception is what propagates."""
+        self._in_step = False
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        try:
+            self._rec.step_raised(self._step, exc_type.__qualname__, str(exc), text)
+        except Exception as e:  # noqa: BLE001 - never hide the loop's own exception
+            warnings.warn(f"{self._path}: step {self._step} raised {exc_type.__qualname__}, and recording it "
+                          f"failed: {e}", RecordingWarning, stacklevel=3)
+        first, last = self._window
+        if self._hf is not None and first <= self._step <= last:
+            self._hf.end(self._rec, self._step, write=False)
+
+    def outcome(self, loss=None, grad_norm=None, **metrics):
+        """The step's named float metrics: loss, grad_norm and any others of the
+        loop (reward=, kl=, entropy=, clip_fraction=, response_length=, ...).
+        They are written with the step (the annotation "outcome", shown by
+        `moerr inspect` and `moerr report`); the anomaly trigger judges the
+        loss and grad norm, and the metrics named in record(watch=). Inside a
+        step only; a later call in the same step adds to or replaces them."""
         self._check_entered()
         if not self._in_step:
             raise RuntimeError("rec.outcome() outside a step: call it inside `with rec.step():`")
-        self._outcome = (float(loss), float(grad_norm))
+        given = dict(metrics)
+        if loss is not None:
+            given["loss"] = loss
+        if grad_norm is not None:
+            given["grad_norm"] = grad_norm
+        for name, value in given.items():
+            try:
+                self._outcome[name] = float(value)
+            except (TypeError, ValueError):
+                raise TypeError(f"rec.outcome({name}=...): a metric is a float, got {type(value).__name__}") from None
 
     def annotate(self, key, value, step=False):
         """A JSON-serialisable annotation, of the bundle or (step=True, inside
@@ -153,13 +187,25 @@ class Recording:
 
 @contextlib.contextmanager
 def record(path, mode="replayable", trigger="always", steps=None, ring=2, spike=10.0, overwrite=False,
-           ep_size=None, experts=None, model=None, hf_config=None):
+           ep_size=None, experts=None, model=None, hf_config=None, watch=None):
     """Records the steps run inside into the bundle `path`.
 
     mode: "stats", "replayable" or "full". trigger: "always", "window"
     (steps=(first, last)) or "anomaly" (keeps `ring` steps in memory, writes
     them when a step's loss or grad norm goes non-finite or the grad norm
-    exceeds `spike` times its median).
+    exceeds `spike` times its median, or when a step raises).
+
+    watch: with trigger="anomaly", rules on the metrics the loop passes to
+    rec.outcome(), by name: "spike" (the value past `spike` times the median
+    of its magnitude over the steps before), "collapse" (below half its
+    median), or a pair with the threshold, ("collapse", 0.2). A watched
+    metric that goes non-finite is anomalous too; each rule starts judging
+    at the metric's 4th value. watch={"kl": "spike", "reward": "collapse"}.
+
+    A step whose body raises is recorded as raised, not complete: the
+    exception's type, message and traceback and the last op recorded,
+    which `moerr inspect`, `report`, `bisect` and `replay` show first. The
+    exception propagates unchanged.
 
     With torch.distributed initialised, `path` is the run directory: every
     rank enters `record` together, rank K writes `path`/rank<K>.moerr and
@@ -217,7 +263,8 @@ def record(path, mode="replayable", trigger="always", steps=None, ring=2, spike=
     first, last = (0, 2**62) if steps is None else steps
     if steps is not None and trigger == "always":
         trigger = "window"
-    rec = Recording(_Recorder(str(path), mode, trigger, first, last, ring, spike, overwrite), path,
+    rules = _watch_rules(watch, spike, trigger)
+    rec = Recording(_Recorder(str(path), mode, trigger, first, last, ring, spike, overwrite, rules), path,
                     (first, last) if trigger == "window" else (-2**62, 2**62), hf)
     _active = rec
     if _distributed_active():
@@ -237,6 +284,25 @@ def record(path, mode="replayable", trigger="always", steps=None, ring=2, spike=
                "window": f"no step inside the window steps=({first}, {last}) ran",
                "anomaly": "no step was anomalous (trigger=\"anomaly\" writes steps only then)"}.get(trigger, "")
         warnings.warn(f"{path} holds no complete step: {why}", RecordingWarning, stacklevel=3)
+
+
+def _watch_rules(watch, spike, trigger):
+    """record(watch=) as (metric, rule, threshold) triples."""
+    if not watch:
+        return []
+    if trigger != "anomaly":
+        raise ValueError(f"watch= sets rules of the anomaly trigger; trigger is {trigger!r}, not \"anomaly\"")
+    defaults = {"spike": float(spike), "collapse": 0.5}
+    rules = []
+    for metric, rule in dict(watch).items():
+        kind, threshold = (rule, None) if isinstance(rule, str) else tuple(rule)
+        if kind not in defaults:
+            raise ValueError(f"watch[{metric!r}] = {rule!r}: the rule is \"spike\" or \"collapse\"")
+        threshold = defaults[kind] if threshold is None else float(threshold)
+        if not math.isfinite(threshold) or threshold <= 0:
+            raise ValueError(f"watch[{metric!r}]: the threshold must be a positive number, got {threshold}")
+        rules.append((str(metric), kind, threshold))
+    return rules
 
 
 def _distributed_active():
@@ -289,13 +355,14 @@ def instrument(model):
             continue
 
         def pre(mod, args, name=name):
+            # A scope left open: a forward stopped by an exception (as a
+            # non-reentrant checkpoint stops its recomputation) skipped the
+            # post hook. It ends here, before the module's new scope.
+            _exit_scope(mod)
             mod._moerr_scope = torch.ops.profiler._record_function_enter_new(name, None)
 
         def post(mod, args, output):
-            handle = getattr(mod, "_moerr_scope", None)
-            if handle is not None:
-                torch.ops.profiler._record_function_exit(handle)
-                mod._moerr_scope = None
+            _exit_scope(mod)
 
         handles.append(module.register_forward_pre_hook(pre))
         handles.append(module.register_forward_hook(post))
@@ -303,6 +370,13 @@ def instrument(model):
         if isinstance(gate, torch.nn.Linear) and isinstance(getattr(module, "experts", None), torch.nn.ModuleList):
             handles.append(gate.register_forward_hook(_routing_hook(module, _layer_index(name))))
     return handles
+
+
+def _exit_scope(module):
+    handle = getattr(module, "_moerr_scope", None)
+    if handle is not None:
+        torch.ops.profiler._record_function_exit(handle)
+        module._moerr_scope = None
 
 
 def _routing_hook(block, layer):
@@ -324,8 +398,9 @@ def _routing_hook(block, layer):
 
 
 class Bundle:
-    """A bundle, read-only: steps, tensors (as torch tensors), ops with their
-    outputs' fingerprints, routing decisions, annotations."""
+    """A bundle, read-only: steps (the complete ones), tensors (as torch
+    tensors), ops (name, module, phase, their arguments as {"kind", "value"}
+    and their outputs' fingerprints), routing decisions, annotations."""
 
     def __init__(self, path):
         self._b = _Bundle(str(path))

@@ -90,3 +90,23 @@ def test_bool_masks_are_never_overflow_candidates(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     assert json.loads(p.stdout)[0]["found"] is False, p.stdout
     assert any(op["name"] == "aten::ones" for op in moerr.Bundle(path).ops(0))
+
+
+def test_a_one_off_rescale_without_peers_is_its_own_cause(tmp_path):
+    # weight.mul_(1e38) inside the step, before the forward: an op with no
+    # peers whose only input is a parameter. Judged on its inputs alone
+    # (+126 bits), it is the cause; the first NaN comes after it.
+    path = tmp_path / "rescale.moerr"
+    torch.manual_seed(0)
+    m = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    with moerr.record(path, mode="stats") as rec:
+        with rec.step():
+            with torch.no_grad():
+                m.weight.mul_(1e38)
+            m(x).pow(2).sum().backward()
+    found = bisect(path)
+    assert found["op"] != "aten::mul_", found
+    cause = found["cause"]
+    assert cause["found_explosion"] and cause["op"] == "aten::mul_", cause
+    assert cause["input_rise_bits"] > 100, cause

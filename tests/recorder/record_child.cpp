@@ -1,7 +1,11 @@
 // Test helper: records GRPO steps of the tiny model into a bundle, as a
 // training job would, so tests can kill it (SIGKILL) or crash it (SIGSEGV).
 //
-//   record_child OUT.moerr STEPS MODE [SEGV_AFTER_STEP]
+//   record_child OUT.moerr STEPS MODE [SEGV_AFTER_STEP [ring]]
+//
+// With `ring`: records under trigger=anomaly (a ring of 2 steps) and
+// SIGKILLs itself inside step SEGV_AFTER_STEP, after its trainer step and
+// before its end, as the OOM killer would.
 #include <signal.h>
 
 #include <cstdio>
@@ -19,12 +23,15 @@ int main(int argc, char** argv) {
   }
   const int steps = std::atoi(argv[2]);
   const int segv_after = argc > 4 ? std::atoi(argv[4]) : -1;
+  const bool ring = argc > 5 && std::string(argv[5]) == "ring";
   torch::manual_seed(0);
   at::set_num_threads(1);
   const moe::MoeConfig config = moe::Preset("tiny").value();
   moe::MoeTransformer policy(config), reference(config);
-  auto rec = recorder::Recorder::Start(
-      recorder::RecordOptions(argv[1]).set_mode(recorder::ParseCaptureMode(argv[3]).value()).set_overwrite(true));
+  recorder::RecordOptions options(argv[1]);
+  options.set_mode(recorder::ParseCaptureMode(argv[3]).value()).set_overwrite(true);
+  if (ring) options.set_anomaly(2, 10.0);
+  auto rec = recorder::Recorder::Start(options);
   if (!rec.ok()) {
     std::fprintf(stderr, "%s\n", rec.status().ToString().c_str());
     return 2;
@@ -34,10 +41,11 @@ int main(int argc, char** argv) {
   for (int step = 0; step < steps; ++step) {
     if (!(*rec)->StepBegin(step).ok()) return 3;
     const moe::StepMetrics m = trainer.Step();
+    if (ring && step == segv_after) ::raise(SIGKILL);
     if (!(*rec)->StepEnd(step, {m.loss, m.grad_norm}).ok()) return 3;
     std::printf("step %d\n", step);
     std::fflush(stdout);
-    if (step == segv_after) ::raise(SIGSEGV);
+    if (!ring && step == segv_after) ::raise(SIGSEGV);
   }
   return (*rec)->Stop().ok() ? 0 : 3;
 }

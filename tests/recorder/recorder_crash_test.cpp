@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "formats/bundle_reader.h"
+#include "formats/ring_salvage.h"
 #include "formats/salvage.h"
 #include "formats/trace.h"
 #include "tests/testing/test_util.h"
@@ -103,6 +104,37 @@ TEST(RecorderCrashTest, SigsegvLeavesASalvageableBundleWithTheCrashRecorded) {
   auto crash = fixed->ReadAnnotation("crash");
   ASSERT_TRUE(crash.ok()) << crash.status();
   EXPECT_EQ(*crash->getAsObject()->getString("name"), "SIGSEGV");
+}
+
+// trigger=anomaly, killed inside step 3: the ring's steps 2 (complete) and
+// 3 (up to the kill) are on disk, beside a bundle that holds none, and
+// salvage with the ring recovers both with their ops.
+TEST(RecorderCrashTest, TheAnomalyRingOutlivesASigkilledProcess) {
+  TempDir dir;
+  const std::string path = dir.File("ring.moerr");
+  int status = 0;
+  waitpid(Spawn({RECORD_CHILD, path, "5", "replayable", "3", "ring"}), &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(WTERMSIG(status), SIGKILL);
+  const std::vector<formats::RingSlotFile> slots = formats::RingSlots(path + ".partial");
+  ASSERT_EQ(slots.size(), 2u);
+  EXPECT_EQ(slots[0].step, 2);
+  EXPECT_EQ(slots[1].step, 3);
+  auto report = formats::SalvageWithRing(path + ".partial", dir.File("fixed.moerr"), false);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_TRUE(report->bundle.complete_steps.empty());
+  ASSERT_EQ(report->slots.size(), 2u);
+  auto fixed = formats::BundleReader::Open(dir.File("fixed.moerr")).value();
+  ASSERT_TRUE(fixed->Verify().ok());
+  EXPECT_EQ(fixed->CompleteSteps(), (std::vector<int64_t>{2}));
+  EXPECT_EQ(fixed->Steps(), (std::vector<int64_t>{2, 3}));
+  EXPECT_TRUE(fixed->ReadAnnotation("recording").ok());  // the bundle's own records come first
+  for (int64_t s : {2, 3}) {
+    auto trace = formats::ReadTrace(*fixed, s);
+    ASSERT_TRUE(trace.ok()) << trace.status();
+    EXPECT_GT(trace->ops.size(), 100u) << "step " << s;
+  }
+  EXPECT_NE(fixed->FindTensor("rng/cpu", 3), nullptr);  // a capture of the step cut off
 }
 
 }  // namespace
