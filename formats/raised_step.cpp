@@ -10,7 +10,7 @@ namespace moerr::formats {
 std::string RaisedStep::Headline() const {
   std::string out = message.empty() ? type : absl::StrFormat("%s: %s", type, message);
   if (last_op) {
-    absl::StrAppendFormat(&out, " (after op %d %s%s)", last_op->seq, last_op->name,
+    absl::StrAppendFormat(&out, " (after op %d %s%s)", last_op->index, last_op->name,
                           last_op->module.empty() ? "" : " in " + last_op->module);
   } else {
     out += " (before any op was recorded)";
@@ -22,7 +22,7 @@ llvm::json::Value toJSON(const RaisedStep& r) {
   llvm::json::Object o{{"type", r.type}, {"message", r.message}, {"traceback", r.traceback}};
   if (r.last_op) {
     o["last_op"] = llvm::json::Object{
-        {"seq", static_cast<int64_t>(r.last_op->seq)}, {"name", r.last_op->name}, {"module", r.last_op->module}};
+        {"index", r.last_op->index}, {"name", r.last_op->name}, {"module", r.last_op->module}};
   }
   return o;
 }
@@ -37,9 +37,9 @@ bool fromJSON(const llvm::json::Value& v, RaisedStep& r, llvm::json::Path p) {
   if (const llvm::json::Value* last = o->get("last_op")) {
     llvm::json::ObjectMapper lm(*last, p.field("last_op"));
     RaisedStep::LastOp op;
-    int64_t seq = 0;
-    if (!lm || !lm.map("seq", seq) || !lm.map("name", op.name) || !lm.mapOptional("module", op.module)) return false;
-    op.seq = static_cast<uint64_t>(std::max<int64_t>(seq, 0));
+    if (!lm || !lm.map("index", op.index) || !lm.map("name", op.name) || !lm.mapOptional("module", op.module)) {
+      return false;
+    }
     r.last_op = std::move(op);
   }
   return true;

@@ -4,7 +4,7 @@
 //
 //   {"type": "RuntimeError", "message": "CUDA error: ...",
 //    "traceback": "Traceback (most recent call last): ...",
-//    "last_op": {"seq": 412, "name": "aten::mm", "module": "model.layers.1.mlp"}}
+//    "last_op": {"index": 412, "name": "aten::mm", "module": "model.layers.1.mlp"}}
 //
 // last_op is the op the recorder saw last (absent when it saw none).
 #pragma once
@@ -25,7 +25,7 @@ inline constexpr char kRaisedAnnotation[] = "raised";
 struct RaisedStep {
   std::string type, message, traceback;
   struct LastOp {
-    uint64_t seq = 0;
+    int64_t index = 0;  // in the step's trace, as bisect and replay number ops
     std::string name, module;
   };
   std::optional<LastOp> last_op;

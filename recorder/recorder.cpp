@@ -135,7 +135,8 @@ void Recorder::OnOps(formats::OpBatch& batch) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!batch.ops.empty()) {
     const formats::OpEvent& last = batch.ops.back();
-    last_op_ = formats::RaisedStep::LastOp{last.seq, last.name, last.module};
+    step_ops_ += static_cast<int64_t>(batch.ops.size());
+    last_op_ = formats::RaisedStep::LastOp{step_ops_ - 1, last.name, last.module};
   }
   if (!Streaming()) WatchFirstOverflow(batch);
   formats::BundleWriter* w = StepWriter();
@@ -270,6 +271,7 @@ absl::Status Recorder::StepBegin(int64_t step) {
   step_ = step;
   micro_batch_.clear();
   last_op_.reset();
+  step_ops_ = 0;
   if (!record) return absl::OkStatus();
   in_step_ = true;
   if (Streaming()) {

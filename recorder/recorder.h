@@ -141,6 +141,7 @@ class Recorder : public TraceSink, public RoutingObserver, public CollectiveObse
   absl::flat_hash_set<uint64_t> nonfinite_ids_;
   std::optional<uint64_t> first_overflow_;
   std::optional<formats::RaisedStep::LastOp> last_op_;  // of the step, from the ops handed over
+  int64_t step_ops_ = 0;                                 // ops of the step handed over
   std::vector<int64_t> written_;
   int64_t anomaly_step_ = -1;
   std::vector<int64_t> micro_batch_;  // per layer, within the step

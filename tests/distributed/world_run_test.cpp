@@ -563,6 +563,32 @@ TEST(WorldRun, AKilledRankIsNamedAndItsBundleSalvaged) {
   EXPECT_EQ(Moerr(r.dir, {"verify", r.run() + "/rank1.moerr"}).code, 0);
 }
 
+// trigger=anomaly on every rank, rank 1 killed inside the step: its ring
+// (rank1.moerr.ring) holds the step up to the collective it died at, and
+// inspect reads it with the rank's bundle; the survivor, stopped inside the
+// step by the failed collective, kept its ring in its bundle.
+TEST(WorldRun, AKilledRanksAnomalyRingIsRecoveredAndShown) {
+  const TrainedRun r = Train("ring", "stats",
+                             {"--ranks", "2", "--ep", "2", "--trigger", "anomaly:2", "--rank-fault", "kill:1@4",
+                              "--collective-timeout", "3"});
+  EXPECT_EQ(r.train.code, 3) << r.train.out << r.train.err;
+  ASSERT_TRUE(fs::exists(r.run() + "/rank1.moerr.ring")) << r.train.out << r.train.err;
+  const Result inspect = Moerr(r.dir, {"inspect", r.run(), "--json"});
+  EXPECT_EQ(inspect.code, 1) << inspect.out << inspect.err;
+  const llvm::json::Value world = Json(inspect);
+  const llvm::json::Object& dead = RankEntry(world, 1);
+  EXPECT_EQ(dead.getString("state").getValueOr(""), "died") << inspect.out;
+  EXPECT_NE(dead.getString("detail").getValueOr("").find("its anomaly ring kept steps 0"), llvm::StringRef::npos)
+      << inspect.out;
+  EXPECT_EQ(dead.getInteger("collectives").getValueOr(-1), 4) << inspect.out;  // up to where it died
+  EXPECT_GT(dead.getInteger("ops").getValueOr(0), 100) << inspect.out;
+  EXPECT_EQ(RankEntry(world, 0).getString("state").getValueOr(""), "waited") << inspect.out;
+  EXPECT_FALSE(fs::exists(r.run() + "/rank0.moerr.ring"));  // kept in its bundle, not left beside it
+  const Result salvage = Moerr(r.dir, {"salvage", r.run()});
+  EXPECT_EQ(salvage.code, 0) << salvage.out << salvage.err;
+  EXPECT_NE(salvage.out.find("step 0: cut off inside the step"), std::string::npos) << salvage.out;
+}
+
 TEST(WorldRun, AStalledRankIsReportedWithoutHanging) {
   const auto start = std::chrono::steady_clock::now();
   const TrainedRun r =

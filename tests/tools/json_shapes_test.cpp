@@ -79,8 +79,8 @@ TEST_F(JsonShapesTest, Inspect) {
   const llvm::json::Value v = Json({"inspect", "run/run.moerr", "--json"}, 0);
   ASSERT_NE(v.getAsObject(), nullptr);
   EXPECT_EQ(KeysOf(*v.getAsObject()),
-            (Keys{"annotations", "blobs", "chunks", "complete_steps", "file_bytes", "logical_bytes", "ops", "raw_bytes",
-                  "records", "roles", "stored_bytes", "tensors", "version", "writer"}));
+            (Keys{"annotations", "blobs", "chunks", "complete_steps", "file_bytes", "logical_bytes", "ops", "outcomes",
+                  "raised_steps", "raw_bytes", "records", "roles", "stored_bytes", "tensors", "version", "writer"}));
   EXPECT_EQ(v.getAsObject()->getArray("complete_steps")->size(), 1u);
 }
 
