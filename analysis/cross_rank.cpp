@@ -163,7 +163,10 @@ std::vector<RankFate> RankFates(const formats::WorldStep& world) {
       if (r.partial) {
         f.detail = "its bundle was never finished";
         if (!r.salvage.stop_reason.empty()) f.detail += " (salvaged up to: " + r.salvage.stop_reason + ")";
-        if (!r.ring_steps.empty()) f.detail += "; its anomaly ring kept steps " + absl::StrJoin(r.ring_steps, ", ");
+        if (!r.ring_steps.empty()) {
+          f.detail += absl::StrFormat("; its anomaly ring kept step%s %s", r.ring_steps.size() == 1 ? "" : "s",
+                                      absl::StrJoin(r.ring_steps, ", "));
+        }
       }
     }
     out.push_back(std::move(f));

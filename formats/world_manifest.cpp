@@ -5,10 +5,16 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <system_error>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 
@@ -160,6 +166,50 @@ bool IsRunDirectory(const std::string& path) {
 std::string RankBundlePath(const std::string& run_dir, const WorldRank& rank) {
   const std::string path = run_dir + "/" + rank.bundle;
   return !FileExists(path) && FileExists(path + kPartialSuffix) ? path + kPartialSuffix : path;
+}
+
+}  // namespace moerr::formats
+
+namespace moerr::formats {
+namespace {
+
+// The bundles (*.moerr, finished or not) directly in `dir`, by name.
+std::vector<std::string> BundlesIn(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const std::string bundle(absl::StripSuffix(name, kPartialSuffix));
+    if (absl::EndsWith(bundle, ".moerr") && entry.is_regular_file(ec) &&
+        std::find(out.begin(), out.end(), bundle) == out.end()) {
+      out.push_back(bundle);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolveRecording(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec) || IsRunDirectory(path)) return path;
+  for (const std::string& dir : {path, path + "/run"}) {
+    if (dir != path && IsRunDirectory(dir)) return dir;
+    const std::vector<std::string> bundles = BundlesIn(dir);
+    if (bundles.size() == 1) {
+      const std::string bundle = dir + "/" + bundles[0];
+      return FileExists(bundle) ? bundle : bundle + kPartialSuffix;  // a writer that did not finish
+    }
+    if (bundles.size() > 1) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s holds %d bundles (%s) and no world.json: name one", dir, bundles.size(), absl::StrJoin(bundles, ", ")));
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "%s is a directory, not a recording: a bundle is a .moerr file, a run directory holds %s (as `moerr train "
+      "-o DIR` writes DIR/run)",
+      path, kWorldManifestName));
 }
 
 }  // namespace moerr::formats

@@ -63,6 +63,12 @@ absl::Status WriteWorldManifest(const std::string& run_dir, const WorldManifest&
 absl::StatusOr<WorldManifest> ReadWorldManifest(const std::string& run_dir);
 // Whether `path` is a directory holding world.json.
 bool IsRunDirectory(const std::string& path);
+// What a user names as a recording, as the commands read it: a bundle file
+// or a run directory as it is; `moerr train -o DIR`'s or an import's output
+// directory as the run (DIR/run, holding world.json) or the one bundle it
+// holds (DIR/run/run.moerr, DIR/x.moerr). Any other directory is an error
+// naming what it holds.
+absl::StatusOr<std::string> ResolveRecording(const std::string& path);
 // The path of a rank's bundle: RUN/<bundle>, or RUN/<bundle>.partial when
 // only that exists (the rank died or is still writing).
 std::string RankBundlePath(const std::string& run_dir, const WorldRank& rank);

@@ -474,7 +474,12 @@ void OpTracer::AppendOp(formats::OpEvent& op) {
   }
   ++pending_ops_;
   ++recorded_;
-  if (pending_ops_ >= batch_ops_ || eager_.load(std::memory_order_relaxed)) FlushLocked();
+  if (eager_.load(std::memory_order_relaxed)) {
+    FlushLocked();
+    worker_.Drain();  // the sink has it (and has written it) before the next op runs
+  } else if (pending_ops_ >= batch_ops_) {
+    FlushLocked();
+  }
 }
 
 }  // namespace moerr::recorder

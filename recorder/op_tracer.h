@@ -82,9 +82,10 @@ class OpTracer {
   OpTracer& operator=(const OpTracer&) = delete;
 
   void set_enabled(bool on);
-  // Eager: each op is handed to the sink as it ends, not in batches (after
-  // a step's first overflow, so that a crash loses none of what follows).
-  // Any thread may set it.
+  // Eager: each op is handed to the sink as it ends, not in batches, and
+  // the traced thread waits until the sink has it (after a step's first
+  // overflow, so that a crash loses none of what follows; it slows that
+  // step alone). Any thread may set it.
   void set_eager(bool on) { eager_.store(on, std::memory_order_relaxed); }
   // Forgets the autograd attribution of earlier steps (call at a step start).
   void NewStep();

@@ -401,7 +401,8 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
       "recorded fingerprints alone (any bundle, stats too); with --precision, a set of modules whose upcast "
       "removes the overflow, none of which can be dropped (1-minimal). On a full bundle, ops with a reference "
       "(vendor ops) are also run on their recorded inputs and judged against it");
-  cmd->add_option("BUNDLE", opts->bundle, "Bundle file, or a multi-rank run directory (world.json)")->required();
+  cmd->add_option("BUNDLE", opts->bundle, "Bundle file, or a multi-rank run directory (world.json)")->required()
+      ->transform(RecordingPath());
   cmd->add_option("--step", opts->steps, "Steps to search (default: every complete step and every raised one)");
   cmd->add_option("--limit", opts->limit, "Range to judge outputs against: dtype, fp16 or bf16")
       ->check(CLI::IsMember({"dtype", "fp16", "bf16"}))

@@ -13,6 +13,7 @@
 #include "kj/exception.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "formats/raised_step.h"
+#include "formats/world_manifest.h"
 #include "support/status.h"
 
 namespace moerr::tools {
@@ -123,6 +124,17 @@ absl::StatusOr<std::vector<int64_t>> StepsToRead(const formats::BundleReader& re
         "%s has no complete step (its steps: %s); pass --step to read an incomplete one", path, listed));
   }
   return steps;
+}
+
+CLI::Validator RecordingPath() {
+  return CLI::Validator(
+      [](std::string& path) -> std::string {
+        absl::StatusOr<std::string> resolved = formats::ResolveRecording(path);
+        if (!resolved.ok()) return std::string(resolved.status().message());
+        path = *std::move(resolved);
+        return "";
+      },
+      "");
 }
 
 absl::StatusOr<std::string> RaisedLine(const formats::BundleReader& reader, int64_t step) {

@@ -45,6 +45,10 @@ using CommandResult = absl::StatusOr<int>;
 // Makes `body` the callback of `cmd`: runs it when the subcommand is given
 // and sets `exit_code` to what it returned, or to ReportError(its status).
 void OnRun(CLI::App* cmd, int& exit_code, std::function<CommandResult()> body);
+// The BUNDLE argument's transform: a training or import output directory
+// becomes the recording it holds (formats::ResolveRecording); a directory
+// that holds none is a usage error naming what it holds.
+CLI::Validator RecordingPath();
 // Called inside a catch block at main's boundary: prints the exception in
 // flight (c10::Error without its backtrace, kj::Exception, std::exception)
 // as an internal error and returns kExitInternal. Library code returns

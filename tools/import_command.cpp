@@ -1,4 +1,5 @@
 #include <cstdio>
+#include <filesystem>
 
 #include "absl/strings/str_format.h"
 #include "formats/bundle_summary.h"
@@ -55,7 +56,10 @@ void Print(const ImportArgs& args, const std::string& from, const importers::Imp
     std::printf("  %llu tensors of dtypes moerr does not store (complex, ...) kept as arguments only\n",
                 static_cast<unsigned long long>(r.unsupported));
   }
-  std::printf("next: moerr bisect %s; moerr diff %s OTHER\n", r.bundles[0].c_str(), r.bundles[0].c_str());
+  // Several ranks: the run directory (where world.json is), which every command takes.
+  const std::string target =
+      r.manifest.empty() ? r.bundles[0] : std::filesystem::path(r.manifest).parent_path().string();
+  std::printf("next: moerr bisect %s; moerr diff %s OTHER\n", target.c_str(), target.c_str());
 }
 
 CLI::App* AddSource(CLI::App* parent, int& exit_code, const char* name, const char* help, const char* input_help) {

@@ -87,7 +87,8 @@ void AddInspectCommand(CLI::App& app, int& exit_code) {
       "inspect", "What a bundle holds: tensors by role, sizes, records, steps; for a multi-rank run directory, "
                  "each rank's bundle and how its step ended (finished, died after which op, waited in which "
                  "collective)");
-  cmd->add_option("BUNDLE", opts->bundle, "Bundle file (.moerr), or a run directory (world.json)")->required();
+  cmd->add_option("BUNDLE", opts->bundle, "Bundle file (.moerr), or a run directory (world.json)")->required()
+      ->transform(RecordingPath());
   cmd->add_option("--step", opts->step, "Run directory: the step to look at (default: the first)");
   cmd->add_flag("--json", opts->json, "Print JSON instead of a table");
   OnRun(cmd, exit_code, [opts]() -> CommandResult {

@@ -385,7 +385,8 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
       "replay", "Re-execute recorded steps op by op from their leaves (or, --isolated, each op on its recorded inputs) "
       "and compare every output with the record");
   cmd->add_option("BUNDLE", opts->bundle, "A replayable or full bundle, or a multi-rank run directory (world.json)")
-      ->required();
+      ->required()
+      ->transform(RecordingPath());
   cmd->add_option("--rank", opts->rank,
                   "Run directory: replay rank K alone (its collectives from the record); default every rank, then "
                   "check that what each rank received is what the others sent");

@@ -46,7 +46,8 @@ void AddReportCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("BUNDLE", opts->bundle,
                   "A bundle (any mode), or a multi-rank run directory: each rank's fate, where the overflow began, a "
                   "rank x op strip of headroom, the rows each rank received, disagreeing transfers")
-      ->required();
+      ->required()
+      ->transform(RecordingPath());
   cmd->add_option("-o,--output", opts->out, "The HTML file to write")->required();
   cmd->add_option("--step", opts->steps, "Steps to report (default: every complete step and every raised one)");
   cmd->add_option("--would-fit", opts->would_fit,

@@ -43,7 +43,7 @@ void PrintReport(const std::string& in, const std::string& out, const formats::R
   PrintReport(in, out, r.bundle);
   if (r.slots.empty()) return;
   const std::string ring = formats::RingDirectory(std::string(absl::StripSuffix(in, formats::kPartialSuffix)));
-  std::printf("  the anomaly ring (%s): %zu steps\n", ring.c_str(), r.slots.size());
+  std::printf("  the anomaly ring (%s): %zu step%s\n", ring.c_str(), r.slots.size(), r.slots.size() == 1 ? "" : "s");
   for (const formats::RingSalvageReport::Slot& s : r.slots) {
     const bool complete = !s.report.complete_steps.empty();
     std::printf("    step %lld: %s, %llu records, %llu tensors%s\n", static_cast<long long>(s.step),
@@ -97,7 +97,8 @@ void AddSalvageCommand(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "salvage", "Rebuild the index of a crashed writer's bundle (or .partial file) from its complete frames; in a "
                  "multi-rank run directory, every rank's unfinished bundle, in place");
-  cmd->add_option("BUNDLE", opts->in, "Damaged or unfinished bundle, or a run directory (world.json)")->required();
+  cmd->add_option("BUNDLE", opts->in, "Damaged or unfinished bundle, or a run directory (world.json)")->required()
+      ->transform(RecordingPath());
   cmd->add_option("-o,--output", opts->out, "Where to write the repaired bundle (a bundle, not a run directory)");
   cmd->add_flag("--force", opts->force, "Overwrite the output if it exists");
   OnRun(cmd, exit_code, [opts]() -> CommandResult {

@@ -65,7 +65,8 @@ void AddVerifyCommand(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "verify", "Check a bundle's integrity: every frame checksum and every tensor's content hash; for a multi-rank "
                 "run directory, every rank's bundle, then that what each rank received is what the others sent");
-  cmd->add_option("BUNDLE", opts->bundle, "Bundle file (.moerr), or a run directory (world.json)")->required();
+  cmd->add_option("BUNDLE", opts->bundle, "Bundle file (.moerr), or a run directory (world.json)")->required()
+      ->transform(RecordingPath());
   cmd->add_flag("--json", opts->json, "Print the result as JSON");
   OnRun(cmd, exit_code, [opts]() -> CommandResult {
     MOERR_ASSIGN_OR_RETURN(const std::vector<RankBundle> bundles, BundlesOf(opts->bundle));

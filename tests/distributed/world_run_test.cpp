@@ -563,14 +563,15 @@ TEST(WorldRun, AKilledRankIsNamedAndItsBundleSalvaged) {
   EXPECT_EQ(Moerr(r.dir, {"verify", r.run() + "/rank1.moerr"}).code, 0);
 }
 
-// trigger=anomaly on every rank, rank 1 killed inside the step: its ring
-// (rank1.moerr.ring) holds the step up to the collective it died at, and
-// inspect reads it with the rank's bundle; the survivor, stopped inside the
-// step by the failed collective, kept its ring in its bundle.
+// trigger=anomaly on every rank, rank 1's expert overflowing and rank 1
+// killed inside that step: its ring (rank1.moerr.ring) holds the step up to
+// the collective it died at, inspect reads it with the rank's bundle, and
+// bisect names the expert; the survivor, stopped inside the step by the
+// failed collective, kept its ring in its bundle.
 TEST(WorldRun, AKilledRanksAnomalyRingIsRecoveredAndShown) {
   const TrainedRun r = Train("ring", "stats",
-                             {"--ranks", "2", "--ep", "2", "--trigger", "anomaly:2", "--rank-fault", "kill:1@4",
-                              "--collective-timeout", "3"});
+                             {"--ranks", "2", "--ep", "2", "--fault", "expert-overflow", "--fault-rank", "1", "--trigger",
+                              "anomaly:2", "--rank-fault", "kill:1@4", "--collective-timeout", "3"});
   EXPECT_EQ(r.train.code, 3) << r.train.out << r.train.err;
   ASSERT_TRUE(fs::exists(r.run() + "/rank1.moerr.ring")) << r.train.out << r.train.err;
   const Result inspect = Moerr(r.dir, {"inspect", r.run(), "--json"});
@@ -578,7 +579,7 @@ TEST(WorldRun, AKilledRanksAnomalyRingIsRecoveredAndShown) {
   const llvm::json::Value world = Json(inspect);
   const llvm::json::Object& dead = RankEntry(world, 1);
   EXPECT_EQ(dead.getString("state").getValueOr(""), "died") << inspect.out;
-  EXPECT_NE(dead.getString("detail").getValueOr("").find("its anomaly ring kept steps 0"), llvm::StringRef::npos)
+  EXPECT_NE(dead.getString("detail").getValueOr("").find("its anomaly ring kept step 0"), llvm::StringRef::npos)
       << inspect.out;
   EXPECT_EQ(dead.getInteger("collectives").getValueOr(-1), 4) << inspect.out;  // up to where it died
   EXPECT_GT(dead.getInteger("ops").getValueOr(0), 100) << inspect.out;
@@ -587,6 +588,10 @@ TEST(WorldRun, AKilledRanksAnomalyRingIsRecoveredAndShown) {
   const Result salvage = Moerr(r.dir, {"salvage", r.run()});
   EXPECT_EQ(salvage.code, 0) << salvage.out << salvage.err;
   EXPECT_NE(salvage.out.find("step 0: cut off inside the step"), std::string::npos) << salvage.out;
+  const Result bisect = Moerr(r.dir, {"bisect", r.run() + "/rank1.moerr", "--step", "0"});
+  EXPECT_EQ(bisect.code, 1) << bisect.out << bisect.err;
+  EXPECT_NE(bisect.out.find("overflow caused by op"), std::string::npos) << bisect.out;
+  EXPECT_NE(bisect.out.find("model.layers.0.mlp.experts."), std::string::npos) << bisect.out;
 }
 
 TEST(WorldRun, AStalledRankIsReportedWithoutHanging) {

@@ -80,7 +80,15 @@ def in_place_forms(m, x, opt):
             p.mul_(1 - 1e-4 * 0.1)
 
 
-CASES = [scalar_times_float, int_and_bool_operands, clip_grad_norm, lr_schedule, loss_scaling, in_place_forms]
+def combine_adds_zero_times_sum(m, x, opt):
+    # An expert-parallel combine's `out + out.sum() * 0.0` (every expert in the
+    # graph): the product is an f32 zero, not an f64 one.
+    y = m(x)
+    (y + y.sum() * 0.0).pow(2).sum().backward()
+
+
+CASES = [scalar_times_float, int_and_bool_operands, clip_grad_norm, lr_schedule, loss_scaling, in_place_forms,
+         combine_adds_zero_times_sum]
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
