@@ -204,8 +204,15 @@ absl::Status BundleWriter::PutTensor(absl::string_view name, Role role, int64_t 
         job->raw = job->copy;
       }
       const int level = options_.zstd_level;
-      std::shared_future<void> done = pool_->async([job, level] {
-        WorkerEncoder(level).Encode(job->raw, job->item_size, job->encoded);
+      const bool compress = options_.compress;
+      std::shared_future<void> done = pool_->async([job, level, compress] {
+        if (compress) {
+          WorkerEncoder(level).Encode(job->raw, job->item_size, job->encoded);
+        } else {
+          job->encoded.codec = Codec::kRaw;
+          job->encoded.shuffle = 1;
+          job->encoded.payload = job->raw;  // the job keeps the bytes alive until they are written
+        }
         const uint32_t flags = static_cast<uint32_t>(job->encoded.codec) | (uint32_t{job->encoded.shuffle} << 8);
         job->hash = FrameHash(static_cast<uint32_t>(FrameKind::kChunk), flags, job->encoded.payload);
       });

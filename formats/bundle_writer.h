@@ -34,6 +34,9 @@ struct WriterOptions {
   int threads = 0;
   // zstd level; 1 is near the speed of the disk.
   int zstd_level = 1;
+  // Off: chunks are stored raw, with no encoding work (a file that lives a
+  // few steps, as the anomaly ring's slots do, trades disk for CPU).
+  bool compress = true;
   // Bytes per chunk, before encoding. Default 4 MiB.
   uint64_t chunk_bytes = uint64_t{4} << 20;
   // fsync the file and its directory at Close (crash safety). Default on.
@@ -43,6 +46,7 @@ struct WriterOptions {
   WriterOptions& set_threads(int v) { threads = v; return *this; }
   WriterOptions& set_chunk_bytes(uint64_t v) { chunk_bytes = v; return *this; }
   WriterOptions& set_sync(bool v) { sync = v; return *this; }
+  WriterOptions& set_compress(bool v) { compress = v; return *this; }
 };
 
 struct WriteStats {

@@ -49,9 +49,13 @@ absl::Status AnomalyRing::Begin(int64_t step) {
   Slot slot;
   slot.step = step;
   slot.path = formats::RingSlotPath(dir_, step);
-  // No fsync at Close: a slot is read back at once, or deleted.
-  MOERR_ASSIGN_OR_RETURN(slot.writer, formats::BundleWriter::Create(
-                                          slot.path, formats::WriterOptions().set_overwrite(true).set_sync(false)));
+  // No fsync at Close: a slot is read back at once, or deleted. Stored raw:
+  // a fresh file each step deduplicates nothing against the steps before
+  // (the frozen reference model's parameters, say), so encoding them would
+  // be paid every step; what is kept is encoded when copied into the bundle.
+  MOERR_ASSIGN_OR_RETURN(slot.writer,
+                         formats::BundleWriter::Create(
+                             slot.path, formats::WriterOptions().set_overwrite(true).set_sync(false).set_compress(false)));
   MOERR_RETURN_IF_ERROR(slot.writer->BeginStep(step));
   slots_.push_back(std::move(slot));
   open_ = true;

@@ -74,7 +74,7 @@ void RetargetCrashHandler(int fd) {
 
 // kAnomaly: ops per batch handed to the ring's file. A process killed inside
 // a step loses at most this many ops' records (docs/TRACE.md).
-constexpr size_t kRingBatchOps = 64;
+constexpr size_t kRingBatchOps = 256;
 
 void RemoveCrashHandler() {
   if (g_crash.fd.exchange(-1) < 0) return;

@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -320,7 +321,10 @@ void RunVariant(const Variant& variant, int steps, const std::string& dir, moerr
   if (variant.mode >= 0) {
     recorder::RecordOptions options(path);
     options.set_mode(static_cast<CaptureMode>(variant.mode)).set_overwrite(true).set_crash_handler(false);
-    if (variant.ring) options.set_anomaly(2, 10.0);
+    // The ring's own cost on healthy steps: no grad-norm spike rule (an
+    // untrained policy's early steps spike, and copying the ring out is
+    // the anomaly's cost, not the ring's).
+    if (variant.ring) options.set_anomaly(2, std::numeric_limits<double>::infinity());
     rec = recorder::Recorder::Start(options).value();
     policy->SetRoutingObserver(rec.get());
   }
