@@ -184,8 +184,10 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--force", opts->train.overwrite, "Overwrite an earlier run's files in the output directory");
   cmd->add_option("--record", opts->record, "Record the RL steps into a bundle: stats, replayable or full");
   cmd->add_option("--trigger", opts->trigger,
-                  "When to write steps: always, window:A-B, or anomaly[:STEPS[:SPIKE]] (keep STEPS steps in memory; "
-                  "write them when the loss or grad norm is non-finite or the grad norm exceeds SPIKE x its median)")
+                  "When to write steps: always, window:A-B, or anomaly[:STEPS[:SPIKE]] (keep the last STEPS steps in "
+                  "files beside the bundle, BUNDLE.ring, which a killed run leaves for `moerr salvage`; write them into "
+                  "the bundle at a step's first non-finite value from finite inputs, or when its loss or grad norm is "
+                  "non-finite or the grad norm exceeds SPIKE x its median)")
       ->capture_default_str();
   cmd->add_option("--bundle", opts->bundle, "Bundle path for --record (default: OUTPUT/run.moerr); with several ranks, the run directory of their bundles and world.json (default: OUTPUT/run)");
   cmd->add_option("--ranks", opts->ranks.ranks,

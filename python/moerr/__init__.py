@@ -191,9 +191,11 @@ def record(path, mode="replayable", trigger="always", steps=None, ring=2, spike=
     """Records the steps run inside into the bundle `path`.
 
     mode: "stats", "replayable" or "full". trigger: "always", "window"
-    (steps=(first, last)) or "anomaly" (keeps `ring` steps in memory, writes
-    them when a step's loss or grad norm goes non-finite or the grad norm
-    exceeds `spike` times its median, or when a step raises).
+    (steps=(first, last)) or "anomaly" (keeps the last `ring` steps in files
+    beside the bundle, `path`.ring, which a killed process leaves for `moerr
+    salvage`; writes them into the bundle at a step's first non-finite value
+    from finite inputs, when a step's loss or grad norm goes non-finite or
+    the grad norm exceeds `spike` times its median, or when a step raises).
 
     watch: with trigger="anomaly", rules on the metrics the loop passes to
     rec.outcome(), by name: "spike" (the value past `spike` times the median
