@@ -17,11 +17,15 @@ import pytest
 MOERR = os.environ.get("MOERR_BIN", "moerr")
 
 # A 6-step loop of a tiny MoE under trigger="anomaly", ring=2. Before step 4
-# one expert's down projection is scaled so its output overflows fp32; after the
-# backward the process dies by DEATH: "kill" (SIGKILL) or "abort" (an op that
-# calls abort()). It never reaches the optimizer or the step's end.
+# one expert's down projection is scaled so its output overflows fp32; a
+# second after the backward (as a crash comes after the values that explain
+# it, not with them) the process dies by DEATH: "kill" (SIGKILL) or "abort"
+# (an op that calls abort()). It never reaches the optimizer or the step's
+# end. The second lets the recorder's worker, which writes behind the
+# training thread, reach what it was handed however loaded the machine is;
+# what it had not reached is the loss docs/TRACE.md bounds.
 LOOP = textwrap.dedent("""
-    import os, signal, sys
+    import os, signal, sys, time
     import torch
     import torch.nn.functional as F
     import moerr
@@ -49,6 +53,7 @@ LOOP = textwrap.dedent("""
                 loss.backward()
                 if step == 4:
                     print("overflowed", flush=True)
+                    time.sleep(1)
                     if death == "kill":
                         os.kill(os.getpid(), signal.SIGKILL)
                     torch.ops.moerr_test.abort(loss)
