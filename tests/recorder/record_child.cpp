@@ -4,13 +4,17 @@
 //   record_child OUT.moerr STEPS MODE [SEGV_AFTER_STEP [ring]]
 //
 // With `ring`: records under trigger=anomaly (a ring of 2 steps) and
-// SIGKILLs itself inside step SEGV_AFTER_STEP, after its trainer step and
-// before its end, as the OOM killer would.
+// SIGKILLs itself inside step SEGV_AFTER_STEP, a second after its trainer
+// step and before its end, as the OOM killer would (the second lets the
+// recorder's worker, which writes behind the training thread, reach what it
+// was handed however loaded the machine is).
 #include <signal.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "moe/grpo_trainer.h"
 #include "recorder/recorder.h"
@@ -41,7 +45,10 @@ int main(int argc, char** argv) {
   for (int step = 0; step < steps; ++step) {
     if (!(*rec)->StepBegin(step).ok()) return 3;
     const moe::StepMetrics m = trainer.Step();
-    if (ring && step == segv_after) ::raise(SIGKILL);
+    if (ring && step == segv_after) {
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      ::raise(SIGKILL);
+    }
     if (!(*rec)->StepEnd(step, {m.loss, m.grad_norm}).ok()) return 3;
     std::printf("step %d\n", step);
     std::fflush(stdout);
