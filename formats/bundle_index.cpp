@@ -11,6 +11,7 @@
 #include "formats/chunk_codec.h"
 #include "formats/frame.h"
 #include "formats/kj_boundary.h"
+#include "formats/op_arg_codec.h"
 #include "support/status.h"
 #define XXH_STATIC_LINKING_ONLY
 #include "xxhash.h"
@@ -101,39 +102,6 @@ void SetFingerprint(const Fingerprint& in, schema::Fingerprint::Builder out) {
   out.setUnknown(in.unknown);
 }
 
-capnp::Text::Reader TextOf(const std::string& s) { return capnp::Text::Reader(s.data(), s.size()); }
-
-template <typename List, typename T>
-void SetList(List list, const std::vector<T>& values) {
-  for (size_t i = 0; i < values.size(); ++i) list.set(i, values[i]);
-}
-
-void SetArg(const OpArg& in, schema::Arg::Builder out) {
-  using K = OpArg::Kind;
-  switch (in.kind) {
-    case K::kNone: out.setNone(); break;
-    case K::kTensor: out.setTensor(in.i); break;
-    case K::kTensors: SetList(out.initTensors(in.ints.size()), in.ints); break;
-    case K::kInt: out.setInt(in.i); break;
-    case K::kFloat: out.setFloat(in.f); break;
-    case K::kBool: out.setBool(in.i != 0); break;
-    case K::kText: out.setText(TextOf(in.text)); break;
-    case K::kInts: SetList(out.initInts(in.ints.size()), in.ints); break;
-    case K::kFloats: SetList(out.initFloats(in.floats.size()), in.floats); break;
-    case K::kBools: {
-      auto list = out.initBools(in.ints.size());
-      for (size_t i = 0; i < in.ints.size(); ++i) list.set(i, in.ints[i] != 0);
-      break;
-    }
-    case K::kDevice: out.setDevice(TextOf(in.text)); break;
-    case K::kUnsupported: out.setUnsupported(TextOf(in.text)); break;
-    case K::kOptionalTensors: SetList(out.initOptionalTensors(in.ints.size()), in.ints); break;
-    case K::kWrappedFloat: out.setWrappedFloat(in.f); break;
-    case K::kWrappedInt: out.setWrappedInt(in.i); break;
-    case K::kWrappedBool: out.setWrappedBool(in.i != 0); break;
-  }
-}
-
 void SetOpBatch(const OpBatch& in, schema::OpBatch::Builder out) {
   auto ops = out.initOps(in.ops.size());
   for (size_t i = 0; i < in.ops.size(); ++i) {
@@ -178,8 +146,6 @@ std::vector<std::byte> ToBytes(capnp::MessageBuilder& message) {
 }
 
 // ---- decoding ---------------------------------------------------------------
-
-absl::string_view View(capnp::Text::Reader t) { return absl::string_view(t.begin(), t.size()); }
 
 absl::StatusOr<BlobInfo> GetBlob(schema::Blob::Reader in) {
   BlobInfo out;
@@ -252,39 +218,6 @@ Fingerprint GetFingerprint(schema::Fingerprint::Reader in) {
   f.hash = in.getHash();
   f.unknown = in.getUnknown();
   return f;
-}
-
-template <typename T, typename List>
-std::vector<T> GetList(List list) {
-  std::vector<T> out;
-  out.reserve(list.size());
-  for (auto v : list) out.push_back(static_cast<T>(v));
-  return out;
-}
-
-OpArg GetArg(schema::Arg::Reader in) {
-  using K = OpArg::Kind;
-  OpArg a;
-  switch (in.which()) {
-    case schema::Arg::NONE: a.kind = K::kNone; break;
-    case schema::Arg::TENSOR: a.kind = K::kTensor, a.i = static_cast<int64_t>(in.getTensor()); break;
-    case schema::Arg::TENSORS: a.kind = K::kTensors, a.ints = GetList<int64_t>(in.getTensors()); break;
-    case schema::Arg::INT: a.kind = K::kInt, a.i = in.getInt(); break;
-    case schema::Arg::FLOAT: a.kind = K::kFloat, a.f = in.getFloat(); break;
-    case schema::Arg::BOOL: a.kind = K::kBool, a.i = in.getBool(); break;
-    case schema::Arg::TEXT: a.kind = K::kText, a.text = std::string(View(in.getText())); break;
-    case schema::Arg::INTS: a.kind = K::kInts, a.ints = GetList<int64_t>(in.getInts()); break;
-    case schema::Arg::FLOATS: a.kind = K::kFloats, a.floats = GetList<double>(in.getFloats()); break;
-    case schema::Arg::BOOLS: a.kind = K::kBools, a.ints = GetList<int64_t>(in.getBools()); break;
-    case schema::Arg::DEVICE: a.kind = K::kDevice, a.text = std::string(View(in.getDevice())); break;
-    case schema::Arg::UNSUPPORTED: a.kind = K::kUnsupported, a.text = std::string(View(in.getUnsupported())); break;
-    case schema::Arg::OPTIONAL_TENSORS: a.kind = K::kOptionalTensors, a.ints = GetList<int64_t>(in.getOptionalTensors()); break;
-    case schema::Arg::WRAPPED_FLOAT: a.kind = K::kWrappedFloat, a.f = in.getWrappedFloat(); break;
-    case schema::Arg::WRAPPED_INT: a.kind = K::kWrappedInt, a.i = in.getWrappedInt(); break;
-    case schema::Arg::WRAPPED_BOOL: a.kind = K::kWrappedBool, a.i = in.getWrappedBool(); break;
-    default: a.kind = K::kUnsupported, a.text = "argument kind from a newer writer";
-  }
-  return a;
 }
 
 absl::StatusOr<OpBatch> GetOpBatch(schema::OpBatch::Reader in) {

@@ -1,7 +1,6 @@
 #include "formats/bundle_summary.h"
 
 #include <algorithm>
-#include <cmath>
 #include <set>
 
 #include "absl/strings/str_format.h"
@@ -56,16 +55,24 @@ absl::StatusOr<BundleSummary> Summarize(const BundleReader& reader) {
     }
     if (r.kind == static_cast<uint16_t>(RecordKind::kAnnotation)) {
       MOERR_ASSIGN_OR_RETURN(Record record, reader.ReadRecord(r));
-      if (r.step < 0) {
-        s.annotations.insert_or_assign(record.key, std::move(record.value));
-      } else if (record.key == "outcome") {
-        s.outcomes[r.step] = OutcomeMetrics(record.value);
-      }
+      if (r.step < 0) s.annotations.insert_or_assign(record.key, std::move(record.value));
     }
   }
   s.complete_steps = reader.CompleteSteps();
   MOERR_ASSIGN_OR_RETURN(s.raised, ReadRaisedSteps(reader));
+  MOERR_ASSIGN_OR_RETURN(s.outcomes, ReadOutcomes(reader));
   return s;
+}
+
+absl::StatusOr<std::map<int64_t, std::vector<std::pair<std::string, double>>>> ReadOutcomes(
+    const BundleReader& reader) {
+  std::map<int64_t, std::vector<std::pair<std::string, double>>> out;
+  for (const RecordRef& r : reader.index().records) {
+    if (r.kind != static_cast<uint16_t>(RecordKind::kAnnotation) || r.step < 0) continue;
+    MOERR_ASSIGN_OR_RETURN(Record record, reader.ReadRecord(r));
+    if (record.key == "outcome") out[r.step] = OutcomeMetrics(record.value);
+  }
+  return out;
 }
 
 std::vector<std::pair<std::string, double>> OutcomeMetrics(const llvm::json::Value& value) {
@@ -73,16 +80,7 @@ std::vector<std::pair<std::string, double>> OutcomeMetrics(const llvm::json::Val
   const llvm::json::Object* o = value.getAsObject();
   if (o == nullptr) return out;
   for (const auto& [key, v] : *o) {
-    // Non-finite values are written as names ("nan", "inf", "-inf").
-    double number = 0;
-    if (const auto n = v.getAsNumber()) {
-      number = *n;
-    } else {
-      const auto name = v.getAsString();
-      if (!name || (*name != "nan" && *name != "inf" && *name != "-inf")) continue;
-      number = *name == "nan" ? std::nan("") : *name == "-inf" ? -HUGE_VAL : HUGE_VAL;
-    }
-    out.emplace_back(key.str(), number);
+    if (const std::optional<double> number = NumberOrName(v)) out.emplace_back(key.str(), *number);
   }
   // loss and grad_norm first, then by name (a JSON object keeps no order).
   auto rank = [](const std::string& name) { return name == "loss" ? 0 : name == "grad_norm" ? 1 : 2; };

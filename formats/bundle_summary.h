@@ -43,6 +43,9 @@ struct BundleSummary {
 absl::StatusOr<BundleSummary> Summarize(const BundleReader& reader);
 // The metrics of an "outcome" annotation: loss and grad_norm first, then by name.
 std::vector<std::pair<std::string, double>> OutcomeMetrics(const llvm::json::Value& value);
+// Every step's "outcome" metrics, reading the step annotations alone.
+absl::StatusOr<std::map<int64_t, std::vector<std::pair<std::string, double>>>> ReadOutcomes(
+    const BundleReader& reader);
 std::string RenderText(const BundleSummary& s, const std::string& path);
 llvm::json::Value ToJson(const BundleSummary& s);
 

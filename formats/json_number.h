@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cmath>
+#include <optional>
 
 #include "llvm/Support/JSON.h"
 
@@ -15,6 +16,17 @@ inline llvm::json::Value JsonNumber(double v) { return std::isfinite(v) ? llvm::
 inline llvm::json::Value JsonNumberOrName(double v) {
   if (std::isfinite(v)) return v;
   return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
+}
+
+// What JsonNumberOrName wrote, read back; nullopt for anything else.
+inline std::optional<double> NumberOrName(const llvm::json::Value& v) {
+  if (const auto n = v.getAsNumber()) return *n;
+  const auto name = v.getAsString();
+  if (!name) return std::nullopt;
+  if (*name == "nan") return std::nan("");
+  if (*name == "inf") return HUGE_VAL;
+  if (*name == "-inf") return -HUGE_VAL;
+  return std::nullopt;
 }
 
 }  // namespace moerr::formats

@@ -1,7 +1,5 @@
 #include "formats/raised_step.h"
 
-#include <algorithm>
-
 #include "absl/strings/str_format.h"
 #include "support/status.h"
 

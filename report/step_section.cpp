@@ -82,16 +82,16 @@ absl::Status AddStepSection(HtmlReport& page, const formats::BundleReader& reade
 }
 
 absl::Status AddMetricsSection(HtmlReport& page, const formats::BundleReader& reader) {
-  MOERR_ASSIGN_OR_RETURN(const formats::BundleSummary summary, formats::Summarize(reader));
-  if (summary.outcomes.empty()) return absl::OkStatus();
+  MOERR_ASSIGN_OR_RETURN(const auto outcomes, formats::ReadOutcomes(reader));
+  if (outcomes.empty()) return absl::OkStatus();
   // One trajectory per metric, over the steps that named it.
   std::map<std::string, std::vector<double>> series;
-  for (const auto& [step, metrics] : summary.outcomes) {
+  for (const auto& [step, metrics] : outcomes) {
     for (const auto& [name, value] : metrics) series[name].push_back(value);
   }
   page.Heading("Metrics");
   page.Paragraph(absl::StrFormat("The loop's metrics (rec.outcome) over the %zu steps that named them.",
-                                 summary.outcomes.size()));
+                                 outcomes.size()));
   for (const auto& [name, values] : series) page.Figure(TrajectoryFigure(name, "recorded", values, "", {}), name);
   return absl::OkStatus();
 }
