@@ -1,10 +1,12 @@
 #include "replayer/precision_bisect.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 
 #include "absl/strings/str_format.h"
 #include "replayer/program_replay.h"
+#include "support/progress.h"
 #include "support/status.h"
 
 namespace moerr::replayer {
@@ -155,6 +157,65 @@ absl::StatusOr<PrecisionBisectResult> PrecisionBisect(const formats::BundleReade
   for (size_t i : set) result.modules.push_back(result.candidates[i]);
   result.policy = trials.PolicyOf(set);
   return result;
+}
+
+// --precision: replays the step under upcast sets until a 1-minimal one that
+// removes the overflow is found (dropping any module brings it back);
+// prints it and writes it as a policy.
+ExitOr RunPrecisionBisect(const formats::BundleReader& reader, int64_t step, const formats::Trace& trace,
+                                 const analysis::OverflowOptions& overflow, const std::string& upcast,
+                                 const std::string& policy_out, bool json, llvm::json::Array& results) {
+  PrecisionBisectOptions options;
+  options.overflow = overflow;
+  options.upcast = ParsePolicyAction(upcast).value();
+  Progress progress(absl::StrFormat("step %d: precision bisect", step), 0);
+  options.on_trial = [&](size_t trial, size_t set) {
+    progress.Update(static_cast<int64_t>(trial), absl::StrFormat("trial %d, %d modules upcast", trial, set));
+  };
+  auto result = PrecisionBisect(reader, step, trace, options);
+  progress.Finish();
+  if (!result.ok()) {
+    if (result.status().code() != absl::StatusCode::kNotFound) return result.status();
+    if (json) results.push_back(llvm::json::Object{{"step", step}, {"found", false}});
+    else std::printf("step %lld: no overflowing op, nothing to bisect\n", static_cast<long long>(step));
+    return kExitOk;
+  }
+  if (result->removable && !policy_out.empty()) {
+    std::FILE* f = std::fopen(policy_out.c_str(), "w");
+    const std::string text = absl::StrFormat("# moerr bisect --precision: upcasting these modules removes the overflow at "
+                                             "op %d (%s, %s)\n# each line is a module's own ops, not its "
+                                             "submodules'; dropping any one brings the overflow back\n%s",
+                                             result->op_index, result->op, result->module, result->policy.ToText());
+    const bool written = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    const bool closed = f != nullptr && std::fclose(f) == 0;
+    if (!written || !closed) return absl::UnavailableError("cannot write policy file " + policy_out);
+  }
+  if (json) {
+    llvm::json::Array modules;
+    for (const auto& m : result->modules) modules.push_back(m);
+    results.push_back(llvm::json::Object{
+        {"step", step}, {"found", true}, {"op_index", static_cast<int64_t>(result->op_index)}, {"op", result->op},
+        {"module", result->module}, {"phase", std::string(formats::PhaseName(result->phase))},
+        {"candidates", static_cast<int64_t>(result->candidates.size())}, {"removable", result->removable},
+        {"upcast", upcast}, {"modules", std::move(modules)}, {"trials", static_cast<int64_t>(result->trials)},
+        {"policy", policy_out.empty() || !result->removable ? llvm::json::Value(nullptr) : llvm::json::Value(policy_out)}});
+    return kExitFinding;
+  }
+  std::printf("step %lld: overflow at op %zu (%s, %s, %s phase)\n", static_cast<long long>(step), result->op_index,
+              result->op.c_str(), result->module.empty() ? "no module" : result->module.c_str(),
+              std::string(formats::PhaseName(result->phase)).c_str());
+  if (!result->removable) {
+    std::printf("  upcasting all %zu modules that run before it to %s does not remove it: not a precision problem "
+                "of these modules\n", result->candidates.size(), upcast.c_str());
+    return kExitFinding;
+  }
+  std::printf("  upcasting these %zu of %zu modules to %s removes it; dropping any one brings it back (%zu replays).\n"
+              "  Each is the module's own ops, not its submodules': a module and its submodule are both listed when "
+              "both are needed:\n",
+              result->modules.size(), result->candidates.size(), upcast.c_str(), result->trials);
+  for (const auto& m : result->modules) std::printf("    %s\n", m.c_str());
+  if (!policy_out.empty()) std::printf("  policy written to %s (moerr replay --policy %s)\n", policy_out.c_str(), policy_out.c_str());
+  return kExitFinding;
 }
 
 }  // namespace moerr::replayer

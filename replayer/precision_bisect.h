@@ -17,9 +17,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "formats/bundle_reader.h"
 #include "analysis/first_overflow.h"
+#include "formats/bundle_reader.h"
+#include "llvm/Support/JSON.h"
 #include "replayer/precision_policy.h"
+#include "support/exit_code.h"
 
 namespace moerr::replayer {
 
@@ -51,5 +53,14 @@ struct PrecisionBisectResult {
 absl::StatusOr<PrecisionBisectResult> PrecisionBisect(const formats::BundleReader& reader, int64_t step,
                                                       const formats::Trace& trace,
                                                       const PrecisionBisectOptions& options = {});
+
+// `moerr bisect --precision` of `step`: PrecisionBisect with progress on
+// stderr, the set printed (or appended to `results` when `json`) and, when
+// one removes the overflow and `policy_out` is not empty, written there as
+// a policy file. `upcast` names the policy action ("fp32", "fp64").
+// kExitFinding when an op overflows, kExitOk when none does.
+ExitOr RunPrecisionBisect(const formats::BundleReader& reader, int64_t step, const formats::Trace& trace,
+                          const analysis::OverflowOptions& overflow, const std::string& upcast,
+                          const std::string& policy_out, bool json, llvm::json::Array& results);
 
 }  // namespace moerr::replayer

@@ -4,8 +4,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace moerr {
 
@@ -18,6 +20,17 @@ absl::Status MakeDirectory(const std::string& path) {
     return absl::UnavailableError(absl::StrCat("cannot create directory ", path, ": a file of that name exists"));
   }
   return absl::UnavailableError(absl::StrCat("cannot create directory ", path, ": ", std::strerror(error)));
+}
+
+absl::Status CheckNotAnInput(const std::string& path, const std::vector<std::string>& inputs) {
+  for (const std::string& input : inputs) {
+    std::error_code error;
+    if (std::filesystem::equivalent(path, input, error)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("the output %s is the input %s; write the output elsewhere", path, input));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace moerr

@@ -1,7 +1,8 @@
-// Directories the tools write their outputs into.
+// Directories and files the tools write their outputs into.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -11,5 +12,10 @@ namespace moerr {
 // must exist. Unavailable, naming the path and the reason, when it cannot be
 // created or something other than a directory has the name.
 absl::Status MakeDirectory(const std::string& path);
+
+// InvalidArgument when the output `path` is one of the files `inputs` name
+// (the same file by any name): writing it would destroy what a command
+// reads, --force or not.
+absl::Status CheckNotAnInput(const std::string& path, const std::vector<std::string>& inputs);
 
 }  // namespace moerr

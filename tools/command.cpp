@@ -10,18 +10,12 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "kj/exception.h"
-#include "llvm/Support/FormatVariadic.h"
 #include "formats/raised_step.h"
 #include "formats/world_manifest.h"
+#include "kj/exception.h"
 #include "support/status.h"
 
 namespace moerr::tools {
-
-int ExitCodeOf(const absl::Status& status) {
-  const absl::StatusCode code = status.code();
-  return code == absl::StatusCode::kInternal || code == absl::StatusCode::kUnknown ? kExitInternal : kExitError;
-}
 
 int ReportError(const absl::Status& status) {
   const int exit_code = ExitCodeOf(status);
@@ -54,21 +48,6 @@ int ReportException() {
   } catch (...) {
   }
   return ReportError(absl::InternalError("uncaught exception: " + what));
-}
-
-void PrintJson(llvm::json::Value value) {
-  std::printf("%s\n", llvm::formatv("{0:2}", std::move(value)).str().c_str());
-}
-
-absl::Status CheckNotAnInput(const std::string& path, const std::vector<std::string>& inputs) {
-  for (const std::string& input : inputs) {
-    std::error_code error;
-    if (std::filesystem::equivalent(path, input, error)) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("the output %s is the input %s; write the output elsewhere", path, input));
-    }
-  }
-  return absl::OkStatus();
 }
 
 absl::Status CheckOverwrite(const std::string& path, bool force, const std::vector<std::string>& inputs) {

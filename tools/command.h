@@ -1,12 +1,7 @@
 // The `moerr` command: one file per subcommand. Each Add*Command registers
 // its options and, with OnRun, a body that calls library functions, prints,
 // and returns its exit code or the status that stopped it.
-// Exit codes, the same for every subcommand (README, "Exit codes"):
-//   0 ok; 1 the check ran and found a problem (a finding a script would
-//   branch on); 2 bad input or usage (a missing, empty or non-bundle file, a
-//   bad option, an output that cannot be written); 3 an internal error (a
-//   bug in moerr: an absl kInternal or kUnknown status, or an exception that
-//   reached main).
+// Exit codes: support/exit_code.h.
 #pragma once
 
 #include <cstdint>
@@ -23,25 +18,18 @@
 #include "formats/trace.h"
 #include "llvm/Support/JSON.h"
 #include "replayer/step_trace.h"
+#include "support/exit_code.h"
+#include "support/filesystem.h"
 
 namespace moerr::tools {
 
-inline constexpr int kExitOk = 0;
-inline constexpr int kExitFinding = 1;
-inline constexpr int kExitError = 2;
-inline constexpr int kExitInternal = 3;
-
-// The exit code of a failed `status`: kExitInternal for kInternal and
-// kUnknown (moerr's own invariants broke), kExitError for every other code
-// (the input, the options or the file system).
-int ExitCodeOf(const absl::Status& status);
 // Prints "moerr: error: <message>" (or "moerr: internal error: ...") to
 // stderr and returns ExitCodeOf(status).
 int ReportError(const absl::Status& status);
 
 // What a subcommand's body returns: kExitOk or kExitFinding when it ran, or
 // the status that stopped it.
-using CommandResult = absl::StatusOr<int>;
+using CommandResult = ExitOr;
 // Makes `body` the callback of `cmd`: runs it when the subcommand is given
 // and sets `exit_code` to what it returned, or to ReportError(its status).
 void OnRun(CLI::App* cmd, int& exit_code, std::function<CommandResult()> body);
@@ -55,10 +43,6 @@ CLI::Validator RecordingPath();
 // absl::Status; an exception that gets this far is a bug.
 int ReportException();
 
-// InvalidArgument when the output `path` is one of the files `inputs` name
-// (the same file by any name): writing it would destroy what the command
-// reads, --force or not.
-absl::Status CheckNotAnInput(const std::string& path, const std::vector<std::string>& inputs);
 // CheckNotAnInput, then AlreadyExists when `path` exists and `force` is not
 // set: an output a command would overwrite.
 absl::Status CheckOverwrite(const std::string& path, bool force, const std::vector<std::string>& inputs);
@@ -86,8 +70,7 @@ using OpenedStep = replayer::StepTrace;
 absl::StatusOr<OpenedStep> OpenStep(const std::string& path, int64_t step);
 
 using formats::JsonNumber;  // non-finite values print as null
-// Prints `value` as indented JSON on stdout.
-void PrintJson(llvm::json::Value value);
+using formats::PrintJson;
 
 // Each sets `exit_code` when its subcommand runs.
 void AddInspectCommand(CLI::App& app, int& exit_code);

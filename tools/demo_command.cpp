@@ -26,18 +26,18 @@
 #include <optional>
 #include <random>
 
-#include "absl/strings/str_format.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "analysis/check.h"
+#include "analysis/first_overflow.h"
+#include "analysis/overflow_cause.h"
 #include "formats/bundle_reader.h"
 #include "formats/bundle_summary.h"
 #include "formats/bundle_writer.h"
 #include "formats/salvage.h"
 #include "formats/trace.h"
-#include "analysis/check.h"
-#include "analysis/first_overflow.h"
-#include "analysis/overflow_cause.h"
 #include "moe/checkpoint.h"
 #include "moe/warmup.h"
 #include "proxy/proxy_builder.h"
@@ -52,7 +52,7 @@
 #include "support/progress.h"
 #include "support/status.h"
 #include "tools/command.h"
-#include "tools/recording_observer.h"
+#include "world/recording_observer.h"
 
 namespace moerr::tools {
 namespace {
@@ -164,7 +164,7 @@ absl::Status RecordFailingRun(Story& s) {
   if (cached) train.init_checkpoint = cache;
   recorder::RecordOptions record(s.bundle);
   record.set_mode(recorder::CaptureMode::kReplayable).set_anomaly(2, 10.0).set_overwrite(true);
-  RecordingObserver observer(record);
+  world::RecordingObserver observer(record);
   PhasedProgress progress;
   auto report = moe::RunTraining(
       train, [&](const std::string& p, int64_t done, int64_t total) { progress.Update(p, done, total); }, &observer);

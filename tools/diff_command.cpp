@@ -6,11 +6,11 @@
 #include "absl/strings/str_format.h"
 #include "diff/html_report.h"
 #include "diff/trace_diff.h"
+#include "diff/world_diff.h"
 #include "formats/bundle_reader.h"
+#include "formats/world_run.h"
 #include "support/status.h"
 #include "tools/command.h"
-#include "diff/world_diff.h"
-#include "formats/world_run.h"
 
 namespace moerr::tools {
 namespace {

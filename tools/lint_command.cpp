@@ -7,10 +7,10 @@
 #include "analysis/cross_rank.h"
 #include "formats/bundle_reader.h"
 #include "formats/world_run.h"
+#include "replayer/vendor_check.h"
 #include "support/status.h"
 #include "tools/command.h"
-#include "tools/run_directory.h"
-#include "tools/vendor_check.h"
+#include "world/run_directory.h"
 
 namespace moerr::tools {
 namespace {
@@ -56,14 +56,14 @@ struct LintArgs {
 std::vector<analysis::Finding> VendorOpFindings(const LintArgs& args, const formats::BundleReader& reader,
                                                 int64_t step, const formats::Trace& trace,
                                                 const replayer::OpReferences& references) {
-  const VendorCheck check = CheckVendorOps(reader, step, trace, references);
+  const replayer::VendorCheck check = replayer::CheckVendorOps(reader, step, trace, references);
   if (!check.skipped.empty()) {
     std::fprintf(stderr, "moerr: note: %s step %lld: vendor-op not checked: %s\n", args.bundle.c_str(),
                  static_cast<long long>(step), check.skipped.c_str());
   }
   std::vector<analysis::Finding> found;
   for (const replayer::ReferenceCheck& c : check.suspect) {
-    found.push_back(VendorOpFinding(c, trace, step, args.bundle, args.references));
+    found.push_back(replayer::VendorOpFinding(c, trace, step, args.bundle, args.references));
   }
   return found;
 }
@@ -76,7 +76,7 @@ absl::StatusOr<std::vector<analysis::Finding>> LintSteps(const LintArgs& args, c
                                                          std::vector<int64_t>& opless) {
   // vendor-op replays the step (tools level: analysis/ has no LibTorch).
   std::vector<std::string> only = args.only;
-  only.erase(std::remove(only.begin(), only.end(), kVendorOpCheck), only.end());
+  only.erase(std::remove(only.begin(), only.end(), replayer::kVendorOpCheck), only.end());
   const bool analysis_checks = args.only.empty() || !only.empty();
   std::optional<replayer::OpReferences> references;
   if (args.only.empty() || only.size() < args.only.size()) {
@@ -111,15 +111,15 @@ constexpr char kRankBalance[] = "rank-imbalance";  // the check across ranks (an
 // balance across ranks of each step rank 0 has.
 absl::StatusOr<std::vector<analysis::Finding>> LintRun(const LintArgs& args, const std::optional<OpenedStep>& original,
                                                        std::vector<int64_t>& opless, size_t& steps_read) {
-  MOERR_ASSIGN_OR_RETURN(const std::vector<RankBundle> bundles, BundlesOf(args.bundle));
+  MOERR_ASSIGN_OR_RETURN(const std::vector<world::RankBundle> bundles, world::BundlesOf(args.bundle));
   LintArgs one = args;
   one.only.erase(std::remove(one.only.begin(), one.only.end(), kRankBalance), one.only.end());
   const bool per_rank = args.only.empty() || !one.only.empty();
   const bool balance = args.only.empty() || one.only.size() < args.only.size();
   std::vector<analysis::Finding> all;
   std::vector<int64_t> world_steps;
-  for (const RankBundle& b : bundles) {
-    if (SkipUnfinished(b)) continue;
+  for (const world::RankBundle& b : bundles) {
+    if (world::SkipUnfinished(b)) continue;
     one.bundle = b.path;
     MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(b.path));
     MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, StepsToRead(*reader, b.path, args.steps));
@@ -154,7 +154,7 @@ CommandResult RunLint(const LintArgs& args) {
     for (const auto& c : analysis::AllChecks()) {
       std::printf("%-20s %s\n", std::string(c->name()).c_str(), std::string(c->summary()).c_str());
     }
-    std::printf("%-20s %s\n", kVendorOpCheck,
+    std::printf("%-20s %s\n", replayer::kVendorOpCheck,
                 "full bundles: a vendor op (one with a reference) further from the reference's fp64 run than its "
                 "dtype explains, run on its recorded inputs");
     return kExitOk;

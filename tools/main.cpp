@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
                                        moerr::formats::kMinorVersion, moerr::formats::kMajorVersion, TORCH_VERSION),
                        "Print moerr's version, the bundle format versions it writes and reads, and the torch "
                        "it was built against");
-  int exit_code = kExitOk;
+  int exit_code = moerr::kExitOk;
   AddDemoCommand(app, exit_code);
   AddInspectCommand(app, exit_code);
   AddVerifyCommand(app, exit_code);
@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
-    return code == 0 ? kExitOk : kExitError;
+    return code == 0 ? moerr::kExitOk : moerr::kExitError;
   } catch (...) {
     return ReportException();  // LibTorch, Cap'n Proto or any other exception: a bug
   }

@@ -11,7 +11,7 @@
 #include "support/progress.h"
 #include "support/status.h"
 #include "tools/command.h"
-#include "tools/rank_cost_eval.h"
+#include "world/rank_cost_eval.h"
 
 namespace moerr::tools {
 namespace {
@@ -26,13 +26,13 @@ struct ProxyEvalArgs {
   std::vector<std::string> keeps = {"1/2", "1/4", "1/8"}, faults;
   std::string json, family = "qwen3_moe";
   int64_t ranks = 0;  // > 0: the cost on fewer ranks (rank_cost_eval.h)
-  double child_timeout_s = RankCostOptions().child_timeout_s;
+  double child_timeout_s = world::RankCostOptions().child_timeout_s;
 };
 
 // --ranks N: the options of the cost on fewer ranks (every fault by default):
-// --preset and --warmup-steps only when given (RankCostOptions' defaults,
+// --preset and --warmup-steps only when given (world::RankCostOptions' defaults,
 // wide-ep and 20, otherwise); the options it does not use are refused.
-absl::StatusOr<RankCostOptions> RankCostOptionsOf(const ProxyEvalArgs& args, const CLI::App& cmd) {
+absl::StatusOr<world::RankCostOptions> RankCostOptionsOf(const ProxyEvalArgs& args, const CLI::App& cmd) {
   for (const char* unused : {"--family", "--methods", "--heal", "--seeds", "--steps", "--memory-micro-batch",
                              "--ema-window", "--slope-window", "--response-at", "--response-steps", "--static-only",
                              "--sample-seed", "--dynamics-steps"}) {
@@ -40,7 +40,7 @@ absl::StatusOr<RankCostOptions> RankCostOptionsOf(const ProxyEvalArgs& args, con
       return absl::InvalidArgumentError(absl::StrFormat("proxy-eval --ranks does not use %s", unused));
     }
   }
-  RankCostOptions o;
+  world::RankCostOptions o;
   if (cmd.get_option("--preset")->count() > 0) o.preset = args.eval.preset;
   if (cmd.get_option("--warmup-steps")->count() > 0) o.warmup_steps = args.eval.warmup_steps;
   o.child_timeout_s = args.child_timeout_s;
@@ -216,11 +216,11 @@ void PrintTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval)
 
 CommandResult RunProxyEval(const ProxyEvalArgs& args, const CLI::App& cmd) {
   if (args.ranks > 0) {
-    MOERR_ASSIGN_OR_RETURN(const RankCostOptions o, RankCostOptionsOf(args, cmd));
+    MOERR_ASSIGN_OR_RETURN(const world::RankCostOptions o, RankCostOptionsOf(args, cmd));
     std::vector<std::string> own = OwnFiles(args.json, o.out_dir);  // and a directory per fault
     own.insert(own.end(), o.faults.begin(), o.faults.end());
     MOERR_RETURN_IF_ERROR(ClaimWorkDir(o.out_dir, "proxy-eval", own));
-    return RunRankCost(o, args.json);
+    return world::RunRankCost(o, args.json);
   }
   if (cmd.get_option("--child-timeout")->count() > 0) {
     return absl::InvalidArgumentError("proxy-eval: --child-timeout is for --ranks");

@@ -9,8 +9,8 @@
 #include "formats/bundle_reader.h"
 #include "llvm/Support/JSON.h"
 #include "proxy/reduce.h"
-#include "support/status.h"
 #include "support/progress.h"
+#include "support/status.h"
 #include "tools/command.h"
 
 namespace moerr::tools {

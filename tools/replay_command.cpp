@@ -8,20 +8,20 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "analysis/first_overflow.h"
 #include "diff/trace_diff.h"
 #include "formats/bundle_reader.h"
 #include "formats/module_path.h"
 #include "formats/world_manifest.h"
-#include "analysis/first_overflow.h"
 #include "replayer/model_replay.h"
 #include "replayer/program_replay.h"
+#include "replayer/program_result.h"
 #include "replayer/step_failure.h"
 #include "support/status.h"
 #include "tools/command.h"
-#include "tools/program_result.h"
-#include "tools/replay_ranks.h"
-#include "tools/world_replay_report.h"
-#include "tools/run_directory.h"
+#include "world/replay_ranks.h"
+#include "world/run_directory.h"
+#include "world/world_replay_comparison.h"
 
 namespace moerr::tools {
 namespace {
@@ -102,14 +102,14 @@ int ReportReplayOverflow(const formats::BundleReader& reader, const formats::Tra
   if (json != nullptr) {
     llvm::json::Value where(nullptr);
     if (first) {
-      llvm::json::Object o = OpJson(first->op_index, *first->op);
+      llvm::json::Object o = replayer::OpJson(first->op_index, *first->op);
       o["original_expert"] = OriginalExpert(reader, first->op->module);
       where = std::move(o);
     }
     (*json)["first_overflow"] = std::move(where);
   } else {
     std::printf("  the bundle records no ops to compare with (a proxy bundle); first overflow of the replay: %s\n",
-                first ? absl::StrFormat("op %d %s%s", first->op_index, Where(*first->op),
+                first ? absl::StrFormat("op %d %s%s", first->op_index, replayer::Where(*first->op),
                                         OriginalExpert(reader, first->op->module))
                             .c_str()
                       : "none");
@@ -133,7 +133,7 @@ CommandResult CompareWithRecord(const formats::BundleReader& reader, const forma
     llvm::json::Value first(nullptr);
     if (d.first_divergence) {
       const diff::OpDiff& op = d.ops[*d.first_divergence];
-      llvm::json::Object o = OpJson(op.a, a.ops[op.a]);
+      llvm::json::Object o = replayer::OpJson(op.a, a.ops[op.a]);
       o["error"] = JsonNumber(op.error);
       first = std::move(o);
     }
@@ -144,7 +144,7 @@ CommandResult CompareWithRecord(const formats::BundleReader& reader, const forma
     if (d.first_divergence) {
       const diff::OpDiff& first = d.ops[*d.first_divergence];
       std::printf("  first divergence: op %lld %s, error %.3g\n", static_cast<long long>(first.a),
-                  Where(a.ops[first.a]).c_str(), first.error);
+                  replayer::Where(a.ops[first.a]).c_str(), first.error);
     }
   }
   return d.diverged_ops > 0 || d.only_a + d.only_b > 0 ? kExitFinding : kExitOk;
@@ -252,7 +252,7 @@ CommandResult ProgramReplay(const ReplayArgs& args, const formats::BundleReader&
   for (const replayer::ReferenceCheck& c : report.reference_checks) {
     if (c.suspect) exit_code = kExitFinding;
   }
-  ProgramResult result;
+  replayer::ProgramResult result;
   result.report = &report;
   result.trace = &trace;
   result.isolated = args.isolated;
@@ -271,11 +271,11 @@ CommandResult ProgramReplay(const ReplayArgs& args, const formats::BundleReader&
     if (!*result.same) exit_code = kExitFinding;
   }
   if (args.json) {
-    llvm::json::Object json = ProgramReplayJson(result);
+    llvm::json::Object json = replayer::ProgramReplayJson(result);
     if (!raised.empty()) json["raised"] = raised;
     results.push_back(std::move(json));
   } else {
-    PrintProgramReplay(result);
+    replayer::PrintProgramReplay(result);
   }
   return exit_code;
 }
@@ -309,7 +309,7 @@ CommandResult ReplayBundle(const ReplayArgs& args, llvm::json::Array& results) {
 // --json: {"ranks": [{"rank": K, "steps": [...]} or {"rank": K, "error": WHY}],
 // "cross_rank": [...]}.
 CommandResult ReplayRun(const ReplayArgs& args) {
-  MOERR_ASSIGN_OR_RETURN(const std::vector<RankBundle> bundles, BundlesOf(args.bundle, args.rank));
+  MOERR_ASSIGN_OR_RETURN(const std::vector<world::RankBundle> bundles, world::BundlesOf(args.bundle, args.rank));
   if (args.model || !args.out.empty()) {
     return absl::InvalidArgumentError("--model and --out replay one bundle: not a run directory");
   }
@@ -318,8 +318,8 @@ CommandResult ReplayRun(const ReplayArgs& args) {
   if (!args.policy.empty()) MOERR_RETURN_IF_ERROR(replayer::PrecisionPolicy::Load(args.policy).status());
   int exit_code = kExitOk;
   llvm::json::Array ranks, checks;
-  for (const RankBundle& b : bundles) {
-    if (SkipUnfinished(b)) {
+  for (const world::RankBundle& b : bundles) {
+    if (world::SkipUnfinished(b)) {
       exit_code = kExitFinding;
       continue;
     }
@@ -341,7 +341,7 @@ CommandResult ReplayRun(const ReplayArgs& args) {
   }
   if (args.rank < 0) {
     MOERR_ASSIGN_OR_RETURN(const int code,
-                           CheckRunCollectives(args.bundle, args.steps, args.json ? &checks : nullptr));
+                           world::CheckRunCollectives(args.bundle, args.steps, args.json ? &checks : nullptr));
     exit_code = std::max(exit_code, code);
   }
   if (args.json) PrintJson(llvm::json::Object{{"ranks", std::move(ranks)}, {"cross_rank", std::move(checks)}});
@@ -356,7 +356,7 @@ CommandResult ReplayRunOnRanks(const ReplayArgs& args) {
         "--ranks re-executes the whole step on other ranks: it does not combine with --rank, --model, --isolated, "
         "--check, --policy, --precision, --live-routing or --reference");
   }
-  ReplayRanksArgs ranks;
+  world::ReplayRanksArgs ranks;
   ranks.run = args.bundle;
   ranks.steps = args.steps;
   ranks.ranks = args.ranks;
@@ -364,12 +364,12 @@ CommandResult ReplayRunOnRanks(const ReplayArgs& args) {
   ranks.force = args.force;
   ranks.json = args.json;
   ranks.collective_timeout_s = args.collective_timeout_s;
-  return ReplayOnRanks(ranks);
+  return world::ReplayOnRanks(ranks);
 }
 
 CommandResult RunReplay(const ReplayArgs& args) {
   // A proxy run (moerr proxy RUN) records no ops: it runs on its ranks.
-  if (args.ranks > 0 || (args.rank < 0 && IsProxyRun(args.bundle))) return ReplayRunOnRanks(args);
+  if (args.ranks > 0 || (args.rank < 0 && world::IsProxyRun(args.bundle))) return ReplayRunOnRanks(args);
   if (formats::IsRunDirectory(args.bundle) || args.rank >= 0) return ReplayRun(args);
   llvm::json::Array results;  // --json: one object per step
   MOERR_ASSIGN_OR_RETURN(const int exit_code, ReplayBundle(args, results));

@@ -3,14 +3,14 @@
 #include "absl/strings/str_format.h"
 #include "formats/bundle_reader.h"
 #include "formats/trace.h"
+#include "formats/world_run.h"
 #include "report/html_report.h"
 #include "report/step_section.h"
 #include "report/verdict.h"
+#include "report/world_section.h"
 #include "support/status.h"
 #include "tools/command.h"
-#include "tools/run_directory.h"
-#include "formats/world_run.h"
-#include "report/world_section.h"
+#include "world/run_directory.h"
 
 namespace moerr::tools {
 
@@ -19,7 +19,7 @@ namespace {
 // A run directory: one section per step across the ranks (report/world_section.h).
 CommandResult ReportRun(const std::string& dir, std::vector<int64_t> steps, const std::string& out) {
   MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(dir));
-  MOERR_ASSIGN_OR_RETURN(steps, RunSteps(world, steps));
+  MOERR_ASSIGN_OR_RETURN(steps, world::RunSteps(world, steps));
   report::HtmlReport page("moerr report: " + dir);
   for (int64_t step : steps) {
     MOERR_RETURN_IF_ERROR(formats::ReadWorldStep(world, step));

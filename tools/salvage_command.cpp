@@ -11,7 +11,7 @@
 #include "formats/world_manifest.h"
 #include "support/status.h"
 #include "tools/command.h"
-#include "tools/run_directory.h"
+#include "world/run_directory.h"
 
 namespace moerr::tools {
 
@@ -58,10 +58,10 @@ void PrintReport(const std::string& in, const std::string& out, const formats::R
 // A run directory: each rank whose writer did not finish (rankK.moerr.partial
 // alone) is salvaged into rankK.moerr beside it; the .partial stays.
 CommandResult SalvageRun(const std::string& dir) {
-  MOERR_ASSIGN_OR_RETURN(const std::vector<RankBundle> bundles, BundlesOf(dir));
+  MOERR_ASSIGN_OR_RETURN(const std::vector<world::RankBundle> bundles, world::BundlesOf(dir));
   int salvaged = 0;
   absl::Status failed;  // the first rank that could not be salvaged
-  for (const RankBundle& b : bundles) {
+  for (const world::RankBundle& b : bundles) {
     if (!b.partial) continue;
     // The writer of `out` would write out.partial, which is the input: it
     // writes a temporary name, renamed once it is finished.
@@ -73,11 +73,11 @@ CommandResult SalvageRun(const std::string& dir) {
     }
     if (!r.ok()) {  // the other ranks are still salvaged
       std::remove(tmp.c_str());
-      std::fprintf(stderr, "moerr: error: %s%s\n", RankPrefix(b).c_str(), std::string(r.status().message()).c_str());
+      std::fprintf(stderr, "moerr: error: %s%s\n", world::RankPrefix(b).c_str(), std::string(r.status().message()).c_str());
       failed = failed.ok() ? r.status() : failed;
       continue;
     }
-    std::printf("%s", RankPrefix(b).c_str());
+    std::printf("%s", world::RankPrefix(b).c_str());
     PrintReport(b.path, out, *r);
     ++salvaged;
   }

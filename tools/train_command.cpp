@@ -10,8 +10,8 @@
 #include "support/progress.h"
 #include "support/status.h"
 #include "tools/command.h"
-#include "tools/recording_observer.h"
-#include "tools/train_ranks.h"
+#include "world/recording_observer.h"
+#include "world/train_ranks.h"
 
 namespace moerr::tools {
 namespace {
@@ -46,20 +46,20 @@ struct TrainArgs {
   moe::TrainOptions train;
   std::string family = "qwen3_moe", fault = "none", precision = "fp32";
   std::string record, trigger = "always", bundle, fp16_overflow = "inf";
-  RanksOptions ranks;
+  world::RanksOptions ranks;
 };
 
 // --record MODE: the observer that records the RL steps into the bundle; a
 // rank records into RUN/rank<K>.moerr of the run directory (--bundle, by
 // default OUTPUT/run), and rank 0 writes the manifest there.
-absl::StatusOr<std::unique_ptr<RecordingObserver>> MakeRecorder(const TrainArgs& o, const RankSession& rank) {
+absl::StatusOr<std::unique_ptr<world::RecordingObserver>> MakeRecorder(const TrainArgs& o, const world::RankSession& rank) {
   MOERR_ASSIGN_OR_RETURN(const recorder::CaptureMode mode, recorder::ParseCaptureMode(o.record));
   const std::string run_dir = o.bundle.empty() ? o.train.out_dir + "/run" : o.bundle;
   recorder::RecordOptions record(!rank.parallel   ? (o.bundle.empty() ? o.train.out_dir + "/run.moerr" : o.bundle)
                                  : run_dir + "/rank" + std::to_string(rank.env.rank) + ".moerr");
   record.set_mode(mode).set_overwrite(o.train.overwrite);
   MOERR_RETURN_IF_ERROR(ParseTrigger(o.trigger, record));
-  auto observer = std::make_unique<RecordingObserver>(std::move(record));
+  auto observer = std::make_unique<world::RecordingObserver>(std::move(record));
   if (rank.parallel) observer->set_rank(rank.parallel.get(), run_dir);
   if (o.train.fault != moe::FaultKind::kNone) {
     observer->set_fault(replayer::FaultAnnotation(o.train.fault, o.train.fault_rank));
@@ -67,8 +67,8 @@ absl::StatusOr<std::unique_ptr<RecordingObserver>> MakeRecorder(const TrainArgs&
   return observer;
 }
 
-void PrintRun(const TrainArgs& o, const RankSession& rank, const moe::TrainReport& report,
-              const RecordingObserver* observer) {
+void PrintRun(const TrainArgs& o, const world::RankSession& rank, const moe::TrainReport& report,
+              const world::RecordingObserver* observer) {
   if (rank.parallel) {
     std::printf("%lld ranks, expert parallelism %lld: metrics and checkpoint from rank 0\n",
                 static_cast<long long>(rank.env.world_size), static_cast<long long>(o.ranks.ep));
@@ -116,20 +116,20 @@ CommandResult RunTrain(TrainArgs& o) {
           absl::StrFormat("--fault-rank %d: the ranks are 0 to %d", o.train.fault_rank, world - 1));
     }
   }
-  if (!rank_env.has_value() && o.ranks.ranks > 1) return LaunchRanks(o.ranks);
-  if (!rank_env.has_value()) MOERR_RETURN_IF_ERROR(CheckOneProcess(o.ranks));
-  RankSession rank;
+  if (!rank_env.has_value() && o.ranks.ranks > 1) return world::LaunchRanks(o.ranks);
+  if (!rank_env.has_value()) MOERR_RETURN_IF_ERROR(world::CheckOneProcess(o.ranks));
+  world::RankSession rank;
   if (rank_env.has_value()) {
-    MOERR_ASSIGN_OR_RETURN(rank, JoinAsRank(*rank_env, o.ranks));
+    MOERR_ASSIGN_OR_RETURN(rank, world::JoinAsRank(*rank_env, o.ranks));
     o.train.parallel = rank.parallel.get();
   }
   const bool quiet = rank.parallel && rank.env.rank != 0;  // rank 0 speaks for the world
-  std::unique_ptr<RecordingObserver> observer;
+  std::unique_ptr<world::RecordingObserver> observer;
   if (!o.record.empty()) {
     MOERR_ASSIGN_OR_RETURN(observer, MakeRecorder(o, rank));
   }
   // The recorder first: a rank fault that kills or stalls registers for the
-  // collectives after it (RankSession).
+  // collectives after it (world::RankSession).
   moe::TrainObservers observers;
   observers.Add(observer.get());
   observers.Add(rank.fault.get());

@@ -5,13 +5,13 @@
 #include "formats/bundle_summary.h"
 #include "support/status.h"
 #include "tools/command.h"
-#include "tools/run_directory.h"
+#include "world/run_directory.h"
 
 namespace moerr::tools {
 namespace {
 
 // Verifies one bundle; prints the result or adds it to `json`.
-CommandResult VerifyBundle(const RankBundle& b, llvm::json::Array* json) {
+CommandResult VerifyBundle(const world::RankBundle& b, llvm::json::Array* json) {
   auto reader = formats::BundleReader::Open(b.path);
   // A bundle whose bytes are damaged (kDataLoss: a checksum, a cut file, a
   // bad index) is a finding; a missing file or one that is not a bundle
@@ -38,7 +38,7 @@ CommandResult VerifyBundle(const RankBundle& b, llvm::json::Array* json) {
     return code;
   }
   if (!report.ok()) {
-    std::fprintf(stderr, "moerr: %s%s is damaged: %s\n", RankPrefix(b).c_str(), b.path.c_str(),
+    std::fprintf(stderr, "moerr: %s%s is damaged: %s\n", world::RankPrefix(b).c_str(), b.path.c_str(),
                  std::string(report.status().message()).c_str());
     if (b.rank >= 0) {
       std::fprintf(stderr, "  `moerr salvage RUN` salvages every rank's unfinished bundle in place.\n");
@@ -48,7 +48,7 @@ CommandResult VerifyBundle(const RankBundle& b, llvm::json::Array* json) {
     }
     return code;
   }
-  std::printf("%s%s: ok: %llu frames, %llu tensors' content verified (%s)\n", RankPrefix(b).c_str(), b.path.c_str(),
+  std::printf("%s%s: ok: %llu frames, %llu tensors' content verified (%s)\n", world::RankPrefix(b).c_str(), b.path.c_str(),
               static_cast<unsigned long long>(report->frames), static_cast<unsigned long long>(report->blobs),
               formats::HumanBytes(report->raw_bytes).c_str());
   return code;
@@ -69,10 +69,10 @@ void AddVerifyCommand(CLI::App& app, int& exit_code) {
       ->transform(RecordingPath());
   cmd->add_flag("--json", opts->json, "Print the result as JSON");
   OnRun(cmd, exit_code, [opts]() -> CommandResult {
-    MOERR_ASSIGN_OR_RETURN(const std::vector<RankBundle> bundles, BundlesOf(opts->bundle));
+    MOERR_ASSIGN_OR_RETURN(const std::vector<world::RankBundle> bundles, world::BundlesOf(opts->bundle));
     llvm::json::Array results, checks;
     int code = kExitOk;
-    for (const RankBundle& b : bundles) {
+    for (const world::RankBundle& b : bundles) {
       MOERR_ASSIGN_OR_RETURN(const int one, VerifyBundle(b, opts->json ? &results : nullptr));
       code = std::max(code, one);
     }
@@ -80,7 +80,7 @@ void AddVerifyCommand(CLI::App& app, int& exit_code) {
       if (opts->json) PrintJson(std::move(results.front()));
       return code;
     }
-    MOERR_ASSIGN_OR_RETURN(const int cross, CheckRunCollectives(opts->bundle, {}, opts->json ? &checks : nullptr));
+    MOERR_ASSIGN_OR_RETURN(const int cross, world::CheckRunCollectives(opts->bundle, {}, opts->json ? &checks : nullptr));
     if (opts->json) PrintJson(llvm::json::Object{{"ranks", std::move(results)}, {"cross_rank", std::move(checks)}});
     return std::max(code, cross);
   });

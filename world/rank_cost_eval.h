@@ -22,9 +22,9 @@
 
 #include "absl/status/statusor.h"
 #include "llvm/Support/JSON.h"
-#include "tools/command.h"
+#include "support/exit_code.h"
 
-namespace moerr::tools {
+namespace moerr::world {
 
 struct RankCostOptions {
   std::string preset = "wide-ep";
@@ -74,7 +74,7 @@ void PrintRankCost(const RankCostReport& report);
 // EvaluateRankCost with its progress on stderr, the table on stdout and, with
 // `json_path`, RankCostJson there; then the failed faults' errors (an error
 // exit).
-CommandResult RunRankCost(const RankCostOptions& options, const std::string& json_path);
+ExitOr RunRankCost(const RankCostOptions& options, const std::string& json_path);
 llvm::json::Object RankCostJson(const RankCostReport& report);
 
-}  // namespace moerr::tools
+}  // namespace moerr::world

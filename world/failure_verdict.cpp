@@ -1,4 +1,4 @@
-#include "tools/failure_verdict.h"
+#include "world/failure_verdict.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,10 +10,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "formats/module_path.h"
+#include "support/exit_code.h"
 #include "support/status.h"
-#include "tools/command.h"
 
-namespace moerr::tools {
+namespace moerr::world {
 namespace {
 
 void AddOnce(std::vector<int64_t>& v, int64_t x) {
@@ -269,4 +269,4 @@ llvm::json::Object FailureVerdictJson(const FailureVerdict& v, const WorldReplay
   return out;
 }
 
-}  // namespace moerr::tools
+}  // namespace moerr::world

@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "tools/command.h"
+#include "support/exit_code.h"
 
-namespace moerr::tools {
+namespace moerr::world {
 
 struct ReplayRanksArgs {
   std::string run;
@@ -24,7 +24,7 @@ struct ReplayRanksArgs {
   double collective_timeout_s = 60;
 };
 
-CommandResult ReplayOnRanks(const ReplayRanksArgs& args);
+ExitOr ReplayOnRanks(const ReplayRanksArgs& args);
 
 // Step `step` of `run` (-1: the first rank 0 completed) replayed in this
 // process, the whole world on one rank, into the run directory `out`
@@ -37,4 +37,4 @@ absl::Status ReplayInProcess(const std::string& run, int64_t step, const std::st
 // every rank exited 0, else why not (each failed rank's fate printed above).
 absl::Status LaunchReplayRanks(const ReplayRanksArgs& args, int64_t ranks, int64_t ep, const std::string& out);
 
-}  // namespace moerr::tools
+}  // namespace moerr::world

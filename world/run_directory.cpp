@@ -1,4 +1,4 @@
-#include "tools/run_directory.h"
+#include "world/run_directory.h"
 
 #include <cstdio>
 
@@ -6,10 +6,10 @@
 #include "absl/strings/str_format.h"
 #include "analysis/cross_rank.h"
 #include "formats/world_run.h"
+#include "support/exit_code.h"
 #include "support/status.h"
-#include "tools/command.h"
 
-namespace moerr::tools {
+namespace moerr::world {
 
 absl::StatusOr<std::vector<RankBundle>> BundlesOf(const std::string& path, int64_t rank) {
   if (!formats::IsRunDirectory(path)) {
@@ -90,4 +90,4 @@ absl::StatusOr<int> CheckRunCollectives(const std::string& dir, const std::vecto
   return exit_code;
 }
 
-}  // namespace moerr::tools
+}  // namespace moerr::world

@@ -1,4 +1,4 @@
-#include "tools/train_ranks.h"
+#include "world/train_ranks.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ATen.h>
@@ -14,10 +14,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "distributed/launcher.h"
+#include "support/exit_code.h"
 #include "support/status.h"
-#include "tools/command.h"
 
-namespace moerr::tools {
+namespace moerr::world {
 namespace {
 
 // --rank-fault KIND:K[@N], the multi-rank faults on rank K, all in step 0:
@@ -202,4 +202,4 @@ absl::StatusOr<RankSession> JoinAsRank(const distributed::RankEnv& env, const Ra
   return session;
 }
 
-}  // namespace moerr::tools
+}  // namespace moerr::world

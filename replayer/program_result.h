@@ -13,7 +13,7 @@
 #include "llvm/Support/JSON.h"
 #include "replayer/program_replay.h"
 
-namespace moerr::tools {
+namespace moerr::replayer {
 
 // What a program replay of one step found.
 struct ProgramResult {
@@ -36,4 +36,4 @@ std::string Where(const formats::OpEvent& op);
 void PrintProgramReplay(const ProgramResult& r);
 llvm::json::Object ProgramReplayJson(const ProgramResult& r);
 
-}  // namespace moerr::tools
+}  // namespace moerr::replayer

@@ -26,7 +26,7 @@
 #include "llvm/Support/JSON.h"
 #include "replayer/world_replay.h"
 
-namespace moerr::tools {
+namespace moerr::world {
 
 struct ReplayedPart {
   std::string what;  // "expert 5", "rank 2"
@@ -88,4 +88,4 @@ llvm::json::Object WorldReplayJson(const WorldReplayComparison& c);
 // failure.
 int WorldReplayExitCode(const WorldReplayComparison& c);
 
-}  // namespace moerr::tools
+}  // namespace moerr::world

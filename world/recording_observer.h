@@ -7,7 +7,7 @@
 #include "moe/training_run.h"
 #include "recorder/recorder.h"
 
-namespace moerr::tools {
+namespace moerr::world {
 
 // Records the RL steps of a run: the model, options, trainer state (for model
 // replay) and step outcomes go into the bundle next to the trace.
@@ -42,4 +42,4 @@ class RecordingObserver : public moe::TrainObserver {
   llvm::json::Object fault_;
 };
 
-}  // namespace moerr::tools
+}  // namespace moerr::world

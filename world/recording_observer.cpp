@@ -1,4 +1,4 @@
-#include "tools/recording_observer.h"
+#include "world/recording_observer.h"
 
 #include <unistd.h>
 
@@ -7,7 +7,7 @@
 #include "support/filesystem.h"
 #include "support/status.h"
 
-namespace moerr::tools {
+namespace moerr::world {
 
 absl::Status RecordingObserver::OnStart(moe::GrpoTrainer& trainer) {
   if (parallel_ != nullptr) {
@@ -60,4 +60,4 @@ absl::Status RecordingObserver::OnFinish() {
   return rec_->Stop();
 }
 
-}  // namespace moerr::tools
+}  // namespace moerr::world

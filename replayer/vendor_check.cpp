@@ -1,14 +1,15 @@
-#include "tools/vendor_check.h"
+#include "replayer/vendor_check.h"
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "formats/dtype.h"
 #include "formats/json_number.h"
 
-namespace moerr::tools {
+namespace moerr::replayer {
 
 bool HasReferencedOps(const formats::Trace& trace, const replayer::OpReferences& references) {
   return std::any_of(trace.ops.begin(), trace.ops.end(),
@@ -91,4 +92,65 @@ analysis::Finding VendorOpFinding(const replayer::ReferenceCheck& c, const forma
   return f;
 }
 
-}  // namespace moerr::tools
+namespace {
+
+// The text of one bundle's VendorCheck of `step`, each line after "step N: "
+// starting with `prefix` ("rank K: " in a run directory). Silent when no op
+// has a reference.
+void PrintVendorCheck(const VendorCheck& check, int64_t step, const formats::Trace& trace, const std::string& prefix) {
+  const long long n = step;
+  if (!check.skipped.empty()) {
+    std::printf("step %lld: %svendor ops not checked against their references: %s\n", n, prefix.c_str(),
+                check.skipped.c_str());
+  } else if (check.checked_ops > 0 && check.suspect.empty()) {
+    std::printf("step %lld: %s%zu vendor ops checked against their references: consistent\n", n, prefix.c_str(),
+                check.checked_ops);
+  }
+  for (const ReferenceCheck& c : check.suspect) {
+    std::printf("step %lld: %svendor op suspect: %s\n", n, prefix.c_str(), DescribeVendorOp(c, trace).c_str());
+  }
+}
+
+}  // namespace
+
+int ReportVendorOps(const formats::BundleReader& reader, int64_t step, const formats::Trace& trace,
+                    const OpReferences& references, llvm::json::Object* result) {
+  const VendorCheck check = CheckVendorOps(reader, step, trace, references);
+  if (result != nullptr) {
+    llvm::json::Array ops;
+    for (const ReferenceCheck& c : check.suspect) ops.push_back(VendorOpJson(c, trace));
+    if (check.checked_ops > 0) (*result)["vendor_ops"] = std::move(ops);
+    if (!check.skipped.empty()) (*result)["vendor_ops_skipped"] = check.skipped;
+  } else {
+    PrintVendorCheck(check, step, trace, "");
+  }
+  return check.suspect.empty() ? kExitOk : kExitFinding;
+}
+
+int ReportRankVendorOps(const formats::WorldStep& world, const OpReferences& references,
+                        llvm::json::Object* result) {
+  int exit_code = kExitOk;
+  size_t checked = 0;
+  llvm::json::Array ops, skipped;
+  for (const formats::RankStep& r : world.ranks) {
+    if (r.reader == nullptr || !r.trace) continue;
+    const VendorCheck check = CheckVendorOps(*r.reader, world.step, *r.trace, references);
+    checked += check.checked_ops;
+    if (!check.suspect.empty()) exit_code = kExitFinding;
+    if (result == nullptr) {
+      PrintVendorCheck(check, world.step, *r.trace, absl::StrFormat("rank %d: ", r.rank));
+      continue;
+    }
+    for (const ReferenceCheck& c : check.suspect) {
+      llvm::json::Object o = VendorOpJson(c, *r.trace);
+      o["rank"] = r.rank;
+      ops.push_back(std::move(o));
+    }
+    if (!check.skipped.empty()) skipped.push_back(llvm::json::Object{{"rank", r.rank}, {"reason", check.skipped}});
+  }
+  if (result != nullptr && checked > 0) (*result)["vendor_ops"] = std::move(ops);
+  if (result != nullptr && !skipped.empty()) (*result)["vendor_ops_skipped"] = std::move(skipped);
+  return exit_code;
+}
+
+}  // namespace moerr::replayer

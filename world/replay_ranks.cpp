@@ -1,4 +1,4 @@
-#include "tools/replay_ranks.h"
+#include "world/replay_ranks.h"
 
 #include <ATen/Parallel.h>
 #include <stdlib.h>
@@ -8,19 +8,20 @@
 
 #include "absl/strings/str_format.h"
 #include "distributed/process_group.h"
+#include "formats/json_number.h"
 #include "formats/world_manifest.h"
 #include "formats/world_run.h"
 #include "replayer/hf_world_replay.h"
 #include "replayer/world_replay.h"
 #include "support/filesystem.h"
 #include "support/status.h"
-#include "tools/failure_verdict.h"
-#include "tools/hf_replay_ranks.h"
-#include "tools/run_directory.h"
-#include "tools/train_ranks.h"
-#include "tools/world_replay_report.h"
+#include "world/failure_verdict.h"
+#include "world/hf_replay_ranks.h"
+#include "world/run_directory.h"
+#include "world/train_ranks.h"
+#include "world/world_replay_comparison.h"
 
-namespace moerr::tools {
+namespace moerr::world {
 namespace {
 
 // Where the launcher tells its ranks to record (the directory it reads back).
@@ -48,7 +49,7 @@ absl::Status ReplayPart(const ReplayRanksArgs& args, const std::string& out, int
 }
 
 // A rank the launcher started: join the replay's world and replay its part.
-CommandResult ReplayAsRank(const ReplayRanksArgs& args, const distributed::RankEnv& env) {
+ExitOr ReplayAsRank(const ReplayRanksArgs& args, const distributed::RankEnv& env) {
   const char* out = ::getenv(kOutEnv);
   if (out == nullptr) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -112,7 +113,7 @@ absl::Status CheckRebuildable(const formats::WorldStep& world) {
 
 // The launcher: claim the output, replay (in this process or on M ranks),
 // compare, and remove a temporary output.
-CommandResult LaunchReplay(const ReplayRanksArgs& args) {
+ExitOr LaunchReplay(const ReplayRanksArgs& args) {
   MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(args.run));
   if (replayer::HasHfModel(world)) return LaunchHfReplay(args, world, [&] { return ClaimOut(args); });
   MOERR_RETURN_IF_ERROR(CheckRebuildable(world));
@@ -135,7 +136,7 @@ CommandResult LaunchReplay(const ReplayRanksArgs& args) {
   if (args.json) {
     llvm::json::Object json = WorldReplayJson(*c);
     json["failure"] = *failure ? llvm::json::Value(FailureVerdictJson(**failure, *c)) : nullptr;
-    PrintJson(std::move(json));
+    formats::PrintJson(std::move(json));
   } else {
     PrintWorldReplay(*c);
     if (*failure) PrintFailureVerdict(**failure, *c);
@@ -176,7 +177,7 @@ absl::Status LaunchReplayRanks(const ReplayRanksArgs& args, int64_t ranks, int64
   return absl::OkStatus();
 }
 
-CommandResult ReplayOnRanks(const ReplayRanksArgs& given) {
+ExitOr ReplayOnRanks(const ReplayRanksArgs& given) {
   if (!formats::IsRunDirectory(given.run)) {
     return absl::InvalidArgumentError(
         absl::StrFormat("--ranks replays a multi-rank run directory (world.json); %s is not one", given.run));
@@ -191,4 +192,4 @@ CommandResult ReplayOnRanks(const ReplayRanksArgs& given) {
   return LaunchReplay(args);
 }
 
-}  // namespace moerr::tools
+}  // namespace moerr::world

@@ -12,7 +12,7 @@
 #include "formats/world_run.h"
 #include "llvm/Support/JSON.h"
 
-namespace moerr::tools {
+namespace moerr::world {
 
 // The bundles a command reads from `path`: the file itself when it is a
 // bundle; every rank's, or rank `rank`'s (>= 0), when it is a run directory.
@@ -44,4 +44,4 @@ absl::StatusOr<std::vector<int64_t>> RunSteps(formats::WorldStep& world, const s
 absl::StatusOr<int> CheckRunCollectives(const std::string& dir, const std::vector<int64_t>& steps,
                                         llvm::json::Array* json);
 
-}  // namespace moerr::tools
+}  // namespace moerr::world

@@ -13,11 +13,13 @@
 #include "analysis/check.h"
 #include "formats/bundle_reader.h"
 #include "formats/trace.h"
+#include "formats/world_run.h"
 #include "llvm/Support/JSON.h"
 #include "replayer/op_references.h"
 #include "replayer/program_replay.h"
+#include "support/exit_code.h"
 
-namespace moerr::tools {
+namespace moerr::replayer {
 
 inline constexpr char kVendorOpCheck[] = "vendor-op";  // lint's name for it
 
@@ -53,4 +55,15 @@ llvm::json::Object VendorOpJson(const replayer::ReferenceCheck& c, const formats
 analysis::Finding VendorOpFinding(const replayer::ReferenceCheck& c, const formats::Trace& trace, int64_t step,
                                   const std::string& bundle, const std::vector<std::string>& reference_specs);
 
-}  // namespace moerr::tools
+// After bisect's cause: the verdict on the step's vendor ops, those with a
+// reference, printed (silent when no op has one) or added to the step's
+// JSON `result` as "vendor_ops". kExitFinding when an op is suspect.
+int ReportVendorOps(const formats::BundleReader& reader, int64_t step, const formats::Trace& trace,
+                    const OpReferences& references, llvm::json::Object* result);
+// A run directory: the same verdict for each rank that has the step read
+// into `world`, its lines prefixed "rank K: "; in JSON, "vendor_ops" holds
+// every rank's suspect ops, each with its "rank", and "vendor_ops_skipped"
+// one {"rank", "reason"} per rank not checked.
+int ReportRankVendorOps(const formats::WorldStep& world, const OpReferences& references, llvm::json::Object* result);
+
+}  // namespace moerr::replayer

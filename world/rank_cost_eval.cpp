@@ -1,4 +1,4 @@
-#include "tools/rank_cost_eval.h"
+#include "world/rank_cost_eval.h"
 
 #include <fcntl.h>
 #include <sys/prctl.h>
@@ -17,12 +17,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "moe/fault.h"
 #include "support/filesystem.h"
 #include "support/status.h"
-#include "llvm/Support/FormatVariadic.h"
 
-namespace moerr::tools {
+namespace moerr::world {
 namespace {
 
 // How a child command ended.
@@ -278,7 +278,7 @@ llvm::json::Object RankCostJson(const RankCostReport& report) {
                                         {"measured", false}}}};
 }
 
-CommandResult RunRankCost(const RankCostOptions& options, const std::string& json_path) {
+ExitOr RunRankCost(const RankCostOptions& options, const std::string& json_path) {
   auto report = EvaluateRankCost(options, [](const std::string& what) { std::fprintf(stderr, "%s\n", what.c_str()); });
   if (!report.ok()) return report.status();
   PrintRankCost(*report);
@@ -294,4 +294,4 @@ CommandResult RunRankCost(const RankCostOptions& options, const std::string& jso
   return kExitOk;
 }
 
-}  // namespace moerr::tools
+}  // namespace moerr::world

@@ -15,7 +15,7 @@
 #include "distributed/process_group.h"
 #include "moe/training_run.h"
 
-namespace moerr::tools {
+namespace moerr::world {
 
 struct RanksOptions {
   int64_t ranks = 1;
@@ -52,4 +52,4 @@ struct RankSession {
 };
 absl::StatusOr<RankSession> JoinAsRank(const distributed::RankEnv& env, const RanksOptions& options);
 
-}  // namespace moerr::tools
+}  // namespace moerr::world

@@ -1,4 +1,4 @@
-#include "tools/program_result.h"
+#include "replayer/program_result.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -6,11 +6,12 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "formats/json_number.h"
 #include "formats/module_path.h"
+#include "support/exit_code.h"
 #include "support/status.h"
-#include "tools/command.h"
 
-namespace moerr::tools {
+namespace moerr::replayer {
 namespace {
 
 std::string Describe(const formats::Fingerprint& f) {
@@ -19,11 +20,11 @@ std::string Describe(const formats::Fingerprint& f) {
 }
 
 llvm::json::Object FingerprintJson(const formats::Fingerprint& f) {
-  return llvm::json::Object{{"min", JsonNumber(f.min)},
-                            {"max", JsonNumber(f.max)},
-                            {"mean", JsonNumber(f.mean)},
-                            {"abs_max", JsonNumber(f.abs_max)},
-                            {"l2", JsonNumber(f.l2)},
+  return llvm::json::Object{{"min", formats::JsonNumber(f.min)},
+                            {"max", formats::JsonNumber(f.max)},
+                            {"mean", formats::JsonNumber(f.mean)},
+                            {"abs_max", formats::JsonNumber(f.abs_max)},
+                            {"l2", formats::JsonNumber(f.l2)},
                             {"nan", static_cast<int64_t>(f.nan)},
                             {"pos_inf", static_cast<int64_t>(f.pos_inf)},
                             {"neg_inf", static_cast<int64_t>(f.neg_inf)},
@@ -163,8 +164,8 @@ llvm::json::Object ProgramReplayJson(const ProgramResult& r) {
       o["recorded_ulps"] = static_cast<int64_t>(c.recorded_ulps);
       o["reference_ulps"] = static_cast<int64_t>(c.reference_ulps);
       o["allowed_ulps"] = static_cast<int64_t>(c.allowed_ulps);
-      o["recorded_rel_l2"] = JsonNumber(c.recorded_rel_l2);
-      o["reference_rel_l2"] = JsonNumber(c.reference_rel_l2);
+      o["recorded_rel_l2"] = formats::JsonNumber(c.recorded_rel_l2);
+      o["reference_rel_l2"] = formats::JsonNumber(c.reference_rel_l2);
       o["verdict"] = c.suspect ? "suspect" : "consistent";
       checks.push_back(std::move(o));
     }
@@ -191,8 +192,8 @@ llvm::json::Object ProgramReplayJson(const ProgramResult& r) {
     llvm::json::Array worst;
     for (const replayer::OutputError& e : r.worst) {
       llvm::json::Object o = OpJson(e.op_index, r.trace->ops[e.op_index]);
-      o["rel_l2"] = JsonNumber(e.metrics.rel_l2);
-      o["max_abs"] = JsonNumber(e.metrics.max_abs);
+      o["rel_l2"] = formats::JsonNumber(e.metrics.rel_l2);
+      o["max_abs"] = formats::JsonNumber(e.metrics.max_abs);
       o["max_ulp"] = static_cast<int64_t>(e.metrics.max_ulp);
       worst.push_back(std::move(o));
     }
@@ -202,4 +203,4 @@ llvm::json::Object ProgramReplayJson(const ProgramResult& r) {
   return out;
 }
 
-}  // namespace moerr::tools
+}  // namespace moerr::replayer

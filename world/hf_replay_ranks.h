@@ -10,17 +10,17 @@
 #include "absl/status/statusor.h"
 #include "distributed/process_group.h"
 #include "formats/world_run.h"
-#include "tools/command.h"
-#include "tools/replay_ranks.h"
+#include "support/exit_code.h"
+#include "world/replay_ranks.h"
 
-namespace moerr::tools {
+namespace moerr::world {
 
 // Reads the capture, plans, claims the output (`claim_out`), replays in
 // this process (M = 1) or on M launched ranks, compares and prints.
-CommandResult LaunchHfReplay(const ReplayRanksArgs& args, formats::WorldStep& world,
+ExitOr LaunchHfReplay(const ReplayRanksArgs& args, formats::WorldStep& world,
                              const std::function<absl::StatusOr<std::string>()>& claim_out);
 
 // A launched rank's part, written to `out`/rank<m>.safetensors.
-CommandResult ReplayHfAsRank(const ReplayRanksArgs& args, const distributed::RankEnv& env, const std::string& out);
+ExitOr ReplayHfAsRank(const ReplayRanksArgs& args, const distributed::RankEnv& env, const std::string& out);
 
-}  // namespace moerr::tools
+}  // namespace moerr::world

@@ -1,16 +1,17 @@
-#include "tools/hf_replay_ranks.h"
+#include "world/hf_replay_ranks.h"
 
 #include <ATen/Parallel.h>
 
 #include <filesystem>
 
 #include "absl/strings/str_format.h"
+#include "formats/json_number.h"
 #include "formats/world_manifest.h"
 #include "replayer/hf_world_replay.h"
 #include "support/status.h"
-#include "tools/train_ranks.h"
+#include "world/train_ranks.h"
 
-namespace moerr::tools {
+namespace moerr::world {
 namespace {
 
 struct HfSetup {
@@ -77,7 +78,7 @@ void Print(const replayer::HfReplayComparison& c, const std::string& family) {
 
 }  // namespace
 
-CommandResult LaunchHfReplay(const ReplayRanksArgs& args, formats::WorldStep& world,
+ExitOr LaunchHfReplay(const ReplayRanksArgs& args, formats::WorldStep& world,
                              const std::function<absl::StatusOr<std::string>()>& claim_out) {
   MOERR_ASSIGN_OR_RETURN(const HfSetup setup, Setup(args, world));
   const replayer::WorldReplayPlan& plan = setup.plan;
@@ -97,7 +98,7 @@ CommandResult LaunchHfReplay(const ReplayRanksArgs& args, formats::WorldStep& wo
   if (args.out.empty()) std::filesystem::remove_all(out);
   if (!c.ok()) return c.status();
   if (args.json) {
-    PrintJson(replayer::HfReplayJson(*c));
+    formats::PrintJson(replayer::HfReplayJson(*c));
   } else {
     Print(*c, moe::FamilyName(setup.record.config.family));
     if (!args.out.empty()) absl::PrintF("  the replay's tensors: %s/rank<m>.safetensors\n", out);
@@ -105,7 +106,7 @@ CommandResult LaunchHfReplay(const ReplayRanksArgs& args, formats::WorldStep& wo
   return c->ok() ? kExitOk : kExitFinding;
 }
 
-CommandResult ReplayHfAsRank(const ReplayRanksArgs& args, const distributed::RankEnv& env, const std::string& out) {
+ExitOr ReplayHfAsRank(const ReplayRanksArgs& args, const distributed::RankEnv& env, const std::string& out) {
   MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(args.run));
   MOERR_ASSIGN_OR_RETURN(const HfSetup setup, Setup(args, world));
   RanksOptions options;
@@ -119,4 +120,4 @@ CommandResult ReplayHfAsRank(const ReplayRanksArgs& args, const distributed::Ran
   return kExitOk;
 }
 
-}  // namespace moerr::tools
+}  // namespace moerr::world

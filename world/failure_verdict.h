@@ -20,9 +20,9 @@
 #include "absl/status/statusor.h"
 #include "llvm/Support/JSON.h"
 #include "replayer/world_failure.h"
-#include "tools/world_replay_report.h"
+#include "world/world_replay_comparison.h"
 
-namespace moerr::tools {
+namespace moerr::world {
 
 struct FailureRow {
   replayer::RankFailure recorded;
@@ -67,4 +67,4 @@ void PrintFailureVerdict(const FailureVerdict& v, const WorldReplayComparison& c
 int FailureExitCode(const FailureVerdict& v, bool proxy);
 llvm::json::Object FailureVerdictJson(const FailureVerdict& v, const WorldReplayComparison& c);
 
-}  // namespace moerr::tools
+}  // namespace moerr::world

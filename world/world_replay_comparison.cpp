@@ -1,4 +1,4 @@
-#include "tools/world_replay_report.h"
+#include "world/world_replay_comparison.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,12 +6,13 @@
 
 #include "absl/strings/str_format.h"
 #include "diff/world_diff.h"
+#include "formats/json_number.h"
 #include "formats/module_path.h"
 #include "formats/world_manifest.h"
+#include "support/exit_code.h"
 #include "support/status.h"
-#include "tools/command.h"
 
-namespace moerr::tools {
+namespace moerr::world {
 namespace {
 
 ReplayedPart Summarize(const diff::WorldDiffPart& p) {
@@ -223,7 +224,7 @@ llvm::json::Array PartsJson(const WorldReplayComparison& c) {
                                        {"bitwise", static_cast<int64_t>(p.bitwise)},
                                        {"diverged", static_cast<int64_t>(p.diverged)},
                                        {"unmatched", static_cast<int64_t>(p.unmatched)},
-                                       {"max_error", JsonNumber(p.max_error)},
+                                       {"max_error", formats::JsonNumber(p.max_error)},
                                        {"worst_op", p.worst}});
   }
   return parts;
@@ -238,7 +239,7 @@ llvm::json::Array DenseJson(const WorldReplayComparison& c) {
                                      {"diverged", static_cast<int64_t>(d.diverged)},
                                      {"without_counterpart", static_cast<int64_t>(d.without_counterpart)},
                                      {"unaligned", static_cast<int64_t>(d.unaligned)},
-                                     {"max_error", JsonNumber(d.max_error)},
+                                     {"max_error", formats::JsonNumber(d.max_error)},
                                      {"worst_op", d.worst}});
   }
   return out;
@@ -430,4 +431,4 @@ int WorldReplayExitCode(const WorldReplayComparison& c) {
   return ok ? kExitOk : kExitFinding;
 }
 
-}  // namespace moerr::tools
+}  // namespace moerr::world

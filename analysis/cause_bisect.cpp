@@ -1,0 +1,156 @@
+#include "analysis/cause_bisect.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "formats/json_number.h"
+#include "support/status.h"
+
+namespace moerr::analysis {
+namespace {
+
+// One op of the chain as JSON (rises that are not numbers print as null).
+llvm::json::Object LinkJson(const CauseLink& link) {
+  return llvm::json::Object{{"op_index", static_cast<int64_t>(link.op_index)},
+                            {"op", link.op->name},
+                            {"module", link.op->module},
+                            {"phase", std::string(formats::PhaseName(link.op->phase))},
+                            {"output", static_cast<int64_t>(link.output)},
+                            {"abs_max", formats::JsonNumber(link.abs_max)},
+                            {"input_rise_bits", formats::JsonNumber(link.input_rise_bits)},
+                            {"peer_rise_bits", formats::JsonNumber(link.peer_rise_bits)},
+                            {"peers", static_cast<int64_t>(link.peers)},
+                            {"exploded", link.exploded}};
+}
+
+// "+18.4 bits over its computed inputs, +17.9 over 95 peers" (the parts known).
+std::string Rises(const CauseLink& link) {
+  std::vector<std::string> parts;
+  if (std::isfinite(link.input_rise_bits)) {
+    parts.push_back(absl::StrFormat("%+.1f bits over its computed inputs", link.input_rise_bits));
+  }
+  if (std::isfinite(link.peer_rise_bits)) {
+    parts.push_back(absl::StrFormat("%+.1f bits over the median of %d peers", link.peer_rise_bits, link.peers));
+  }
+  return parts.empty() ? "no computed input, no peers" : absl::StrJoin(parts, ", ");
+}
+
+}  // namespace
+
+// The cause and the chain from it to the first overflow, as text. A long
+// chain shows its first and last ops.
+void PrintCause(const OverflowCause& found, size_t ops, int64_t step) {
+  const CauseLink& cause = found.cause;
+  auto where = [](const formats::OpEvent& op) {
+    return absl::StrFormat("%s in %s (%s phase)", op.name, op.module.empty() ? "(no module)" : op.module,
+                           formats::PhaseName(op.phase));
+  };
+  if (!found.found_explosion) {
+    std::printf("step %lld: no op before the first overflow exploded; op %zu of %zu, %s, is its own cause\n",
+                static_cast<long long>(step), cause.op_index, ops, where(*cause.op).c_str());
+    return;
+  }
+  std::printf("step %lld: overflow caused by op %zu of %zu: %s\n", static_cast<long long>(step), cause.op_index, ops,
+              where(*cause.op).c_str());
+  std::printf("  its output's abs-max %.6g is %s\n", cause.abs_max, Rises(cause).c_str());
+  std::printf("  chain from the cause to the first overflow (%zu ops):\n", found.chain.size());
+  constexpr size_t kShown = 5;
+  for (size_t k = 0; k < found.chain.size(); ++k) {
+    if (found.chain.size() > 2 * kShown + 1 && k == kShown) {
+      std::printf("    ... %zu more ops ...\n", found.chain.size() - 2 * kShown);
+      k = found.chain.size() - kShown - 1;
+      continue;
+    }
+    const CauseLink& link = found.chain[k];
+    const bool last = k + 1 == found.chain.size();
+    std::printf("    op %6zu %-24s %-22s %s, %s\n", link.op_index, link.op->name.c_str(),
+                last ? "first overflow" : absl::StrFormat("abs-max %.6g", link.abs_max).c_str(),
+                link.op->module.empty() ? "(no module)" : link.op->module.c_str(),
+                std::string(formats::PhaseName(link.op->phase)).c_str());
+  }
+}
+
+// The first overflow of `trace` as text: its output and the headroom trend.
+void PrintFirstOverflow(const FirstOverflow& found, size_t ops, int64_t step) {
+  const formats::OpEvent& op = *found.op;
+  const formats::Fingerprint& f = found.fingerprint;
+  std::printf("step %lld: first overflowing op %zu of %zu: %s\n", static_cast<long long>(step), found.op_index, ops,
+              op.name.c_str());
+  std::printf("  module %s, %s phase%s\n", op.module.empty() ? "(none)" : op.module.c_str(),
+              std::string(formats::PhaseName(op.phase)).c_str(),
+              found.forward_op ? absl::StrFormat(", backward of %s", found.forward_op->name).c_str() : "");
+  // An imported dump's count may be a lower bound only (Fingerprint::unknown).
+  auto count = [&f](uint64_t n, uint32_t field) { return absl::StrFormat("%s%d", f.Known(field) ? "" : ">=", n); };
+  std::printf("  output: %llu values, %s +Inf, %s -Inf, %s NaN, finite abs-max %.6g (limit %.6g)\n",
+              static_cast<unsigned long long>(f.numel), count(f.pos_inf, formats::Fingerprint::kPosInf).c_str(),
+              count(f.neg_inf, formats::Fingerprint::kNegInf).c_str(), count(f.nan, formats::Fingerprint::kNan).c_str(),
+              f.abs_max, found.limit);
+  if (!found.trend.empty()) std::printf("  headroom before it (log2 of limit / abs-max):\n");
+  for (const auto& p : found.trend) {
+    std::printf("    op %6zu %-24s abs-max %-12.6g %6.1f bits%s\n", p.op_index, p.op->name.c_str(), p.abs_max,
+                p.headroom_bits, p.op->module == op.module ? "" : ("  (" + p.op->module + ")").c_str());
+  }
+}
+
+// The JSON of one step's result: the first overflow's keys (those of
+// FindFirstOverflow), then "cause" and "chain".
+llvm::json::Object CauseJson(const OverflowCause& found, int64_t step) {
+  const formats::OpEvent& op = *found.first.op;
+  const formats::Fingerprint& f = found.first.fingerprint;
+  llvm::json::Array trend, chain;
+  for (const auto& p : found.first.trend) {
+    trend.push_back(llvm::json::Object{{"op_index", static_cast<int64_t>(p.op_index)}, {"op", p.op->name},
+                                       {"module", p.op->module}, {"abs_max", formats::JsonNumber(p.abs_max)},
+                                       {"headroom_bits", formats::JsonNumber(p.headroom_bits)}});
+  }
+  for (const auto& link : found.chain) chain.push_back(LinkJson(link));
+  llvm::json::Object cause = LinkJson(found.cause);
+  cause["found_explosion"] = found.found_explosion;
+  return llvm::json::Object{
+      {"step", step}, {"found", true}, {"op_index", static_cast<int64_t>(found.first.op_index)}, {"op", op.name},
+      {"module", op.module}, {"phase", std::string(formats::PhaseName(op.phase))},
+      {"forward_op",
+       found.first.forward_op ? llvm::json::Value(found.first.forward_op->name) : llvm::json::Value(nullptr)},
+      {"pos_inf", f.pos_inf}, {"neg_inf", f.neg_inf}, {"nan", f.nan}, {"numel", f.numel},
+      {"abs_max", formats::JsonNumber(f.abs_max)}, {"limit", found.first.limit}, {"trend", std::move(trend)},
+      {"cause", std::move(cause)}, {"chain", std::move(chain)}};
+}
+
+// The default bisect of one step: the first overflow and its cause. The
+// step before it, when the bundle holds it, adds peers.
+ExitOr RunCauseBisect(const formats::BundleReader& reader, int64_t step, const formats::Trace& trace,
+                             const OverflowOptions& options, bool json, llvm::json::Array& results) {
+  std::optional<formats::Trace> before;
+  const std::vector<int64_t> complete = reader.CompleteSteps();
+  if (std::find(complete.begin(), complete.end(), step - 1) != complete.end()) {
+    MOERR_ASSIGN_OR_RETURN(before, formats::ReadTrace(reader, step - 1));
+  }
+  const auto found = FindOverflowCause(trace, options, {before ? &*before : nullptr});
+  if (!found) {
+    if (json) {
+      results.push_back(
+          llvm::json::Object{{"step", step}, {"found", false}, {"ops", static_cast<int64_t>(trace.ops.size())}});
+    } else if (trace.ops.empty()) {
+      // A proxy's step, or a crashed one whose ops were lost.
+      std::printf("step %lld: records no ops, nothing to search\n", static_cast<long long>(step));
+    } else {
+      std::printf("step %lld: no overflowing op in %zu ops\n", static_cast<long long>(step), trace.ops.size());
+    }
+    return kExitOk;
+  }
+  if (json) {
+    results.push_back(CauseJson(*found, step));
+  } else {
+    PrintCause(*found, trace.ops.size(), step);
+    PrintFirstOverflow(found->first, trace.ops.size(), step);
+  }
+  return kExitFinding;
+}
+
+}  // namespace moerr::analysis

@@ -1,0 +1,120 @@
+#include "world/world_bisect.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "analysis/cause_bisect.h"
+#include "analysis/world_overflow.h"
+#include "formats/json_number.h"
+#include "formats/world_run.h"
+#include "replayer/vendor_check.h"
+#include "support/status.h"
+#include "world/replay_ranks.h"
+#include "world/run_directory.h"
+#include "world/world_replay_comparison.h"
+
+namespace moerr::world {
+namespace {
+
+// Where the overflow went from its origin, and each rank's own first overflow.
+void PrintWorldOverflow(const analysis::WorldOverflow& found) {
+  if (found.spread) {
+    std::vector<std::string> reached;
+    for (int64_t r : found.reached) reached.push_back(absl::StrFormat("%d", r));
+    std::printf("  spread: rank %lld sent non-finite values in %s%s%s\n", static_cast<long long>(found.rank),
+                formats::DescribeCollective(*found.spread, found.spread_module).c_str(),
+                reached.empty() ? "" : " -> ranks ", absl::StrJoin(reached, ", ").c_str());
+  }
+  for (const analysis::RankOverflow& r : found.ranks) {
+    std::printf("  rank %lld: first overflow at op %zu, %s in %s%s\n", static_cast<long long>(r.rank), r.op_index,
+                r.op->name.c_str(), r.op->module.empty() ? "(no module)" : r.op->module.c_str(),
+                r.arrived ? " (arrived from another rank)" : "");
+  }
+}
+
+llvm::json::Object WorldOverflowJson(const analysis::WorldOverflow& found, int64_t step) {
+  llvm::json::Object out = analysis::CauseJson(found.cause, step);
+  out["rank"] = found.rank;
+  llvm::json::Array ranks;
+  for (const analysis::RankOverflow& r : found.ranks) {
+    ranks.push_back(llvm::json::Object{{"rank", r.rank}, {"op_index", static_cast<int64_t>(r.op_index)},
+                                       {"op", r.op->name}, {"module", r.op->module}, {"arrived", r.arrived}});
+  }
+  out["ranks"] = std::move(ranks);
+  if (found.spread) {
+    out["spread"] = llvm::json::Object{{"kind", found.spread->kind},   {"group", found.spread->group},
+                                       {"seq", found.spread->seq},     {"module", found.spread_module},
+                                       {"from", found.rank},           {"to", llvm::json::Array(found.reached)}};
+  }
+  return out;
+}
+
+}  // namespace
+
+ExitOr RunWorldBisect(const std::string& dir, std::vector<int64_t> steps,
+                      const analysis::OverflowOptions& options, const replayer::OpReferences& references,
+                      bool json) {
+  MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(dir));
+  const std::optional<llvm::json::Object> proxy = ProxyOfRun(world);
+  MOERR_ASSIGN_OR_RETURN(steps, RunSteps(world, steps));
+  llvm::json::Array results;
+  int exit_code = kExitOk;
+  for (int64_t step : steps) {
+    MOERR_RETURN_IF_ERROR(formats::ReadWorldStep(world, step));
+    const std::optional<analysis::WorldOverflow> found = analysis::FindWorldOverflow(world, options);
+    llvm::json::Object result;
+    if (!found) {
+      if (json) result = llvm::json::Object{{"step", step}, {"found", false}};
+      else std::printf("step %lld: no overflowing op on any of %zu ranks\n", static_cast<long long>(step),
+                       world.ranks.size());
+    } else if (json) {
+      exit_code = kExitFinding;
+      result = WorldOverflowJson(*found, step);
+      if (const auto original = proxy ? OriginalOf(*proxy, found->cause.first.op->module) : std::nullopt) {
+        result["proxy_rank"] = original->proxy_rank;
+        result["original_expert"] = original->expert;
+        result["original_rank"] = original->rank;
+      }
+    } else {
+      exit_code = kExitFinding;
+      const formats::Trace& trace = *world.ranks[static_cast<size_t>(found->rank)].trace;
+      std::printf("step %lld: the overflow began on rank %lld of %zu\n", static_cast<long long>(step),
+                  static_cast<long long>(found->rank), world.ranks.size());
+      analysis::PrintCause(found->cause, trace.ops.size(), step);
+      PrintWorldOverflow(*found);
+      if (const auto original = proxy ? OriginalOf(*proxy, found->cause.first.op->module) : std::nullopt) {
+        std::printf("  the proxy's expert is on proxy rank %lld and stands for the original's expert %lld of layer "
+                    "%lld, hosted by original rank %lld\n",
+                    static_cast<long long>(original->proxy_rank), static_cast<long long>(original->expert),
+                    static_cast<long long>(original->layer), static_cast<long long>(original->rank));
+      }
+    }
+    exit_code = std::max(exit_code, replayer::ReportRankVendorOps(world, references, json ? &result : nullptr));
+    if (json) results.push_back(std::move(result));
+  }
+  if (json) formats::PrintJson(std::move(results));
+  return exit_code;
+}
+
+ExitOr BisectProxyRun(const std::string& dir, const std::vector<int64_t>& steps,
+                      const analysis::OverflowOptions& options, const replayer::OpReferences& references,
+                      bool json) {
+  if (steps.size() > 1) return absl::InvalidArgumentError("a proxy run holds one step: pass one --step");
+  char tmp[] = "/tmp/moerr-bisect-XXXXXX";
+  if (::mkdtemp(tmp) == nullptr) return absl::UnavailableError("cannot create a temporary directory");
+  if (!json) std::printf("%s is a proxy run: its step is replayed in this process to find its ops\n", dir.c_str());
+  const absl::Status replayed = ReplayInProcess(dir, steps.empty() ? -1 : steps[0], tmp);
+  ExitOr result = replayed.ok() ? RunWorldBisect(tmp, steps, options, references, json) : replayed;
+  std::filesystem::remove_all(tmp);
+  return result;
+}
+
+}  // namespace moerr::world
