@@ -132,16 +132,14 @@ struct MoeConfig {
 // Checks the invariants written on the fields.
 absl::Status Validate(const MoeConfig& c);
 
-// Presets: "tiny" (tests: a step well under a second), "tiny-mla" (tiny
-// with DeepSeek-V3's multi-head latent attention; family deepseek_v3 only),
-// "tiny-fine" (fine's shape at tiny's size, for tests: 16 experts of width 8,
-// top-4, one shared expert), "small" (the demo: 4 layers, 32 experts, top-4,
-// one shared expert), "fine" (fine-grained experts: small's routed
-// parameters as 64 experts of width 24, top-8, one shared expert; in
-// DeepSeek-V3 8 groups, 4 eligible), "wide" (benchmarks: 128 experts, top-8,
-// the router shape of Qwen3-30B-A3B, narrow), "wide-ep" (expert parallelism
-// at 8 ranks: 64 experts, top-4, 8 per rank at EP 8).
+// A preset by name, in the family's shape: its router, attention details and
+// shared experts. The presets are the rows of one table (preset_table.cpp),
+// each with a one-line description; an unknown name is an error listing them.
 absl::StatusOr<MoeConfig> Preset(const std::string& name, Family family = Family::kQwen3Moe);
+// The presets' names, in the table's order: "tiny", "tiny-fine", ...
+std::vector<std::string> PresetNames();
+// One line per preset, its name and description, for help text.
+std::string PresetHelp();
 
 // HF config.json, in each family's own keys.
 llvm::json::Object ToHfConfig(const MoeConfig& c);
