@@ -1,16 +1,17 @@
-// The diff as one self-contained HTML page (no scripts, no external files):
-// a summary, an SVG plot of each op's error along execution order, and the
-// diverged ops, first divergence on top.
+// The HTML diff was diff::HtmlReport; it is now DiffPage (diff_page.h). This
+// forward remains only for the tools/ file that still includes this header,
+// and goes once it includes diff/diff_page.h.
 #pragma once
 
 #include <string>
 
-#include "absl/strings/string_view.h"
-#include "diff/trace_diff.h"
+#include "diff/diff_page.h"
 
 namespace moerr::diff {
 
-std::string HtmlReport(const DiffReport& report, const formats::Trace& a, const formats::Trace& b,
-                       absl::string_view title);
+inline std::string HtmlReport(const DiffReport& report, const formats::Trace& a, const formats::Trace& b,
+                              absl::string_view title) {
+  return DiffPage(report, a, b, title).Render();
+}
 
 }  // namespace moerr::diff

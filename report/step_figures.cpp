@@ -8,8 +8,8 @@
 #include "absl/strings/str_format.h"
 #include "analysis/first_overflow.h"
 #include "analysis/held_dtypes.h"
-#include "report/svg_plot.h"
 #include "support/check.h"
+#include "support/svg_plot.h"
 
 namespace moerr::report {
 

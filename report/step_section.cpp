@@ -28,7 +28,7 @@ bool Replayable(const formats::BundleReader& reader) {
 
 }  // namespace
 
-absl::Status AddStepSection(HtmlReport& page, const formats::BundleReader& reader, const std::string& path,
+absl::Status AddStepSection(HtmlPage& page, const formats::BundleReader& reader, const std::string& path,
                             int64_t step, const formats::Trace& trace,
                             const std::vector<formats::DType>& would_fit) {
   // A step left by an exception: the exception is the first fact.
@@ -81,7 +81,7 @@ absl::Status AddStepSection(HtmlReport& page, const formats::BundleReader& reade
   return absl::OkStatus();
 }
 
-absl::Status AddMetricsSection(HtmlReport& page, const formats::BundleReader& reader) {
+absl::Status AddMetricsSection(HtmlPage& page, const formats::BundleReader& reader) {
   MOERR_ASSIGN_OR_RETURN(const auto outcomes, formats::ReadOutcomes(reader));
   if (outcomes.empty()) return absl::OkStatus();
   // One trajectory per metric, over the steps that named it.

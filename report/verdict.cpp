@@ -55,13 +55,13 @@ std::string ChainText(const std::vector<analysis::CauseLink>& chain) {
 
 }  // namespace
 
-void AddOverflowVerdict(HtmlReport& page, const std::string& path, int64_t step, const formats::Trace& trace,
+void AddOverflowVerdict(HtmlPage& page, const std::string& path, int64_t step, const formats::Trace& trace,
                         const analysis::OverflowCause& found, bool replayable) {
   if (page.has_verdict()) return;
   const analysis::FirstOverflow& first = found.first;
   const formats::OpEvent& op = *first.op;
   const formats::Fingerprint& f = first.fingerprint;
-  std::vector<HtmlReport::VerdictLine> lines;
+  std::vector<HtmlPage::VerdictLine> lines;
   lines.push_back({"Cause", CauseText(found)});
   lines.push_back({"First non-finite op",
                    absl::StrFormat("%s: %d of %d values +Inf, %d -Inf, %d NaN", Place(first.op_index, op), f.pos_inf,
@@ -88,7 +88,7 @@ void AddOverflowVerdict(HtmlReport& page, const std::string& path, int64_t step,
                lines, true);
 }
 
-void AddFiniteVerdict(HtmlReport& page, const std::string& path, const std::vector<int64_t>& steps) {
+void AddFiniteVerdict(HtmlPage& page, const std::string& path, const std::vector<int64_t>& steps) {
   page.Verdict(absl::StrFormat("Verdict: every output is finite (step%s %s)", steps.size() == 1 ? "" : "s",
                                absl::StrJoin(steps, ", ")),
                {{"Run next", absl::StrFormat("moerr lint %s", path), true},

@@ -9,7 +9,7 @@
 
 #include "analysis/overflow_cause.h"
 #include "formats/trace.h"
-#include "report/html_report.h"
+#include "support/html_page.h"
 
 namespace moerr::report {
 
@@ -18,10 +18,10 @@ namespace moerr::report {
 // the page has a verdict already (an earlier step's comes first).
 // `replayable`: the bundle holds what a replay needs (not a stats one), so
 // precision bisect can run on it.
-void AddOverflowVerdict(HtmlReport& page, const std::string& path, int64_t step, const formats::Trace& trace,
+void AddOverflowVerdict(HtmlPage& page, const std::string& path, int64_t step, const formats::Trace& trace,
                         const analysis::OverflowCause& found, bool replayable);
 
 // The verdict of a page whose `steps` kept every output finite.
-void AddFiniteVerdict(HtmlReport& page, const std::string& path, const std::vector<int64_t>& steps);
+void AddFiniteVerdict(HtmlPage& page, const std::string& path, const std::vector<int64_t>& steps);
 
 }  // namespace moerr::report

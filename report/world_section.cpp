@@ -8,7 +8,7 @@
 #include "analysis/cross_rank.h"
 #include "analysis/first_overflow.h"
 #include "analysis/world_overflow.h"
-#include "report/svg_plot.h"
+#include "support/svg_plot.h"
 
 namespace moerr::report {
 namespace {
@@ -17,7 +17,7 @@ namespace {
 constexpr int kNotFinite = 1, kFine = 2, kLow = 3, kFirstOverflow = 4;
 constexpr double kLowBits = 4;
 
-void AddFates(HtmlReport& page, const formats::WorldStep& world) {
+void AddFates(HtmlPage& page, const formats::WorldStep& world) {
   std::vector<std::vector<std::string>> rows;
   for (const analysis::RankFate& f : analysis::RankFates(world)) {
     rows.push_back({std::to_string(f.rank), analysis::FateName(f.kind), std::to_string(f.ops),
@@ -27,7 +27,7 @@ void AddFates(HtmlReport& page, const formats::WorldStep& world) {
   page.Table({"rank", "state", "ops", "last op", "waited in", "detail"}, rows);
 }
 
-void AddOverflow(HtmlReport& page, const formats::WorldStep& world) {
+void AddOverflow(HtmlPage& page, const formats::WorldStep& world) {
   const std::optional<analysis::WorldOverflow> found = analysis::FindWorldOverflow(world);
   if (!found) {
     page.Paragraph(absl::StrFormat("No rank's step %d overflows.", world.step));
@@ -45,7 +45,7 @@ void AddOverflow(HtmlReport& page, const formats::WorldStep& world) {
   page.Paragraph(text);
 }
 
-void AddTransfers(HtmlReport& page, const formats::WorldStep& world) {
+void AddTransfers(HtmlPage& page, const formats::WorldStep& world) {
   const std::vector<analysis::CollectiveMismatch> found = analysis::CheckCollectives(world);
   if (found.empty()) {
     page.Paragraph("Every rank received what the others sent (every collective's slices match by hash).");
@@ -60,7 +60,7 @@ void AddTransfers(HtmlReport& page, const formats::WorldStep& world) {
   page.Table({"collective", "sender", "receiver", "rows", "what"}, rows);
 }
 
-void AddLoads(HtmlReport& page, const formats::WorldStep& world) {
+void AddLoads(HtmlPage& page, const formats::WorldStep& world) {
   std::vector<std::vector<std::string>> rows;
   for (const analysis::RankLoad& l : analysis::RankLoads(world)) {
     rows.push_back({l.module, std::to_string(l.pass), absl::StrJoin(l.rows, ", "), absl::StrFormat("%.2f", l.imbalance)});
@@ -113,7 +113,7 @@ std::string RankStripFigure(const formats::WorldStep& world, int bins) {
   return map.ToSvg(16);
 }
 
-absl::Status AddWorldSection(HtmlReport& page, const formats::WorldStep& world) {
+absl::Status AddWorldSection(HtmlPage& page, const formats::WorldStep& world) {
   const formats::WorldManifest& m = world.manifest;
   page.Heading(absl::StrFormat("Step %d of %s: %d ranks, expert-parallel groups of %d", world.step, world.dir,
                                m.world_size, m.ep_size));

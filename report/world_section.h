@@ -6,11 +6,11 @@
 
 #include "absl/status/status.h"
 #include "formats/world_run.h"
-#include "report/html_report.h"
+#include "support/html_page.h"
 
 namespace moerr::report {
 
-absl::Status AddWorldSection(HtmlReport& page, const formats::WorldStep& world);
+absl::Status AddWorldSection(HtmlPage& page, const formats::WorldStep& world);
 
 // The rank x op strip: one row per rank, its ops in `bins` columns of equal
 // op counts, each coloured by the least headroom of its outputs (finite,

@@ -14,10 +14,10 @@
 #include "analysis/check.h"
 #include "analysis/first_overflow.h"
 #include "analysis/overflow_cause.h"
-#include "report/html_report.h"
 #include "report/step_figures.h"
 #include "report/verdict.h"
-#include "tests/report/occurrences.h"
+#include "support/html_page.h"
+#include "tests/support/occurrences.h"
 
 namespace moerr::report {
 namespace {
@@ -119,7 +119,7 @@ TEST(HeadroomTest, TheVerdictNamesTheFirstNonFiniteOpAndWhatToRunNext) {
   const formats::Trace trace = MixedTrace();
   const auto found = analysis::FindOverflowCause(trace);
   ASSERT_TRUE(found.has_value());
-  HtmlReport page("t");
+  HtmlPage page("t");
   AddOverflowVerdict(page, "x.moerr", 3, trace, *found, true);
   const std::string html = page.Render();
   EXPECT_TRUE(absl::StrContains(html, "<section class=\"verdict failed\">"));
@@ -130,7 +130,7 @@ TEST(HeadroomTest, TheVerdictNamesTheFirstNonFiniteOpAndWhatToRunNext) {
   // No op before it grew its magnitude by 8 bits: it is its own cause.
   EXPECT_TRUE(absl::StrContains(html, "<dt>Cause</dt><dd>op 5 aten::to in model.d itself (forward)"));
   // A stats bundle cannot be replayed: bisect from the fingerprints instead.
-  HtmlReport stats("t");
+  HtmlPage stats("t");
   AddOverflowVerdict(stats, "x.moerr", 3, trace, *found, false);
   EXPECT_TRUE(absl::StrContains(stats.Render(), "<code>moerr bisect x.moerr --step 3</code>"));
   // The verdict comes before the sections.
@@ -143,7 +143,7 @@ TEST(HeadroomTest, TheVerdictNamesTheFirstNonFiniteOpAndWhatToRunNext) {
   EXPECT_TRUE(absl::StrContains(page.Render(), "Verdict: step 3 overflows"));
   EXPECT_FALSE(absl::StrContains(page.Render(), "model.e"));
 
-  HtmlReport clean("t");
+  HtmlPage clean("t");
   AddFiniteVerdict(clean, "x.moerr", {0, 1});
   EXPECT_TRUE(absl::StrContains(clean.Render(), "every output is finite (steps 0, 1)"));
 }
@@ -159,7 +159,7 @@ TEST(HeadroomTest, TheVerdictNamesTheCauseBeforeTheFirstNonFiniteOp) {
   AddOp(trace, "aten::layer_norm", "model.layers.1.norm", DType::kF32, std::numeric_limits<double>::infinity());
   const auto found = analysis::FindOverflowCause(trace);
   ASSERT_TRUE(found.has_value());
-  HtmlReport page("t");
+  HtmlPage page("t");
   AddOverflowVerdict(page, "x.moerr", 0, trace, *found, true);
   const std::string html = page.Render();
   EXPECT_TRUE(absl::StrContains(html, "the cause is in model.layers.0.mlp.experts.3 (forward)"));

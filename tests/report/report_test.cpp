@@ -1,6 +1,8 @@
 // The HTML report: a step's section sets the page's verdict, marks the first
 // overflow the analysis finds and draws one dot per op of the headroom
-// profile, each with its details on hover; the page is written whole. (The plots alone: svg_plot_test.cpp.)
+// profile, each with its details on hover; the page is written whole. (The
+// page and the plots alone: tests/support/html_page_test.cpp and
+// svg_plot_test.cpp.)
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -10,11 +12,11 @@
 #include "absl/strings/str_format.h"
 #include "analysis/first_overflow.h"
 #include "tests/testing/test_util.h"
-#include "report/html_report.h"
 #include "report/step_figures.h"
 #include "report/step_section.h"
+#include "support/html_page.h"
 #include "tests/testing/recording.h"
-#include "tests/report/occurrences.h"
+#include "tests/support/occurrences.h"
 
 namespace moerr::report {
 namespace {
@@ -31,7 +33,7 @@ TEST(StepSectionTest, MarksTheFirstOverflowAndDrawsEveryOp) {
   const auto first = analysis::FindFirstOverflow(trace);
   ASSERT_TRUE(first.has_value());
 
-  HtmlReport page("test");
+  HtmlPage page("test");
   ASSERT_TRUE(AddStepSection(page, *reader, "f.moerr", 0, trace).ok());
   const std::string html = page.Render();
   EXPECT_TRUE(absl::StrContains(html, absl::StrFormat("first overflow: op %zu %s in %s", first->op_index,

@@ -1,13 +1,14 @@
-// Plots as inline SVG: line plots (trajectories, per-op headroom) and
-// heatmaps (expert load, cluster maps). Every mark carries a <title>, so a
-// browser shows its value on hover without any script.
+// Plots as inline SVG, for HtmlPage's figures: line plots (trajectories,
+// per-op headroom, a diff's error per op) and heatmaps (expert load, cluster
+// maps). Every mark carries a <title>, so a browser shows its value on hover
+// without any script.
 #pragma once
 
 #include <optional>
 #include <string>
 #include <vector>
 
-namespace moerr::report {
+namespace moerr {
 
 struct Series {
   std::string name;
@@ -51,4 +52,4 @@ struct Heatmap {
   std::string ToSvg(int cell = 26) const;
 };
 
-}  // namespace moerr::report
+}  // namespace moerr

@@ -1,4 +1,4 @@
-// Counting what a rendered page or plot contains (report tests).
+// Counting what a rendered page or plot contains (page, plot, report and diff tests).
 #pragma once
 
 #include <cstddef>

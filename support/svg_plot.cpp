@@ -1,4 +1,4 @@
-#include "report/svg_plot.h"
+#include "support/svg_plot.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "support/html_escape.h"
 
-namespace moerr::report {
+namespace moerr {
 namespace {
 
 constexpr const char* kPalette[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
@@ -79,11 +79,12 @@ PlotArea FitArea(const LinePlot& plot, int width, int height) {
   return a;
 }
 
-// The title, the frame, the ticks and grid lines, the axis labels and the
-// horizontal rule.
+// The title (when it has one), the frame, the ticks and grid lines, the
+// axis labels and the horizontal rule.
 std::string Axes(const LinePlot& plot, const PlotArea& a, int height) {
   const double left = a.left, top = a.top, pw = a.pw, ph = a.ph;
-  std::string svg = Text(left + pw / 2, 16, plot.title, "middle", "font-size=\"13\" font-weight=\"bold\"");
+  std::string svg =
+      plot.title.empty() ? "" : Text(left + pw / 2, 16, plot.title, "middle", "font-size=\"13\" font-weight=\"bold\"");
   absl::StrAppendFormat(&svg, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"none\" stroke=\"#999\"/>\n",
                         left, top, pw, ph);
   for (double t : Ticks(a.y0, a.y1, 5)) {
@@ -200,4 +201,4 @@ std::string Heatmap::ToSvg(int cell) const {
   return svg + "</svg>\n";
 }
 
-}  // namespace moerr::report
+}  // namespace moerr

@@ -7,10 +7,10 @@
 #include <string>
 
 #include "absl/strings/match.h"
-#include "report/svg_plot.h"
-#include "tests/report/occurrences.h"
+#include "support/svg_plot.h"
+#include "tests/support/occurrences.h"
 
-namespace moerr::report {
+namespace moerr {
 namespace {
 
 using testing::Occurrences;
@@ -50,4 +50,4 @@ TEST(SvgPlotTest, TicksOfANarrowRangeAtALargeMagnitudeAreBounded) {
 }
 
 }  // namespace
-}  // namespace moerr::report
+}  // namespace moerr
