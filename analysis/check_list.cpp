@@ -27,19 +27,43 @@ std::vector<std::unique_ptr<Check>> AllChecks() {
   return checks;
 }
 
-absl::StatusOr<std::vector<Finding>> RunChecks(const LintInput& input, const std::vector<std::string>& only) {
-  std::vector<std::unique_ptr<Check>> checks = AllChecks();
+namespace {
+
+bool Selected(const Check& c, const std::vector<std::string>& only) {
+  return only.empty() || std::find(only.begin(), only.end(), std::string(c.name())) != only.end();
+}
+
+bool HasInput(const Check& c, const LintInput& input) {
+  return c.scope() == CheckScope::kRun ? input.world != nullptr : input.bundle.trace != nullptr;
+}
+
+}  // namespace
+
+bool SelectsAny(CheckScope scope, const std::vector<std::string>& only) {
+  for (const auto& c : AllChecks()) {
+    if (c->scope() == scope && Selected(*c, only)) return true;
+  }
+  return false;
+}
+
+absl::Status CheckNamesExist(const std::vector<std::string>& only) {
   std::vector<std::string> names;
-  for (const auto& c : checks) names.emplace_back(c->name());
+  for (const auto& c : AllChecks()) names.emplace_back(c->name());
   for (const std::string& name : only) {
     if (std::find(names.begin(), names.end(), name) == names.end()) {
       return absl::InvalidArgumentError(
           absl::StrFormat("no check \"%s\" (checks: %s)", name, absl::StrJoin(names, ", ")));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<Finding>> RunChecks(const LintInput& input, const std::vector<std::string>& only) {
+  MOERR_RETURN_IF_ERROR(CheckNamesExist(only));
+  const std::vector<std::unique_ptr<Check>> checks = AllChecks();
   std::vector<Finding> findings;
   for (const auto& c : checks) {
-    if (!only.empty() && std::find(only.begin(), only.end(), std::string(c->name())) == only.end()) continue;
+    if (!Selected(*c, only) || !HasInput(*c, input)) continue;
     MOERR_RETURN_IF_ERROR(Annotate(c->Run(input, findings), c->name()));
   }
   // Worst first; within a severity, in check order.

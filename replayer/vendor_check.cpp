@@ -71,11 +71,13 @@ llvm::json::Object VendorOpJson(const replayer::ReferenceCheck& c, const formats
   return o;
 }
 
+namespace {
+
+// lint's vendor-op finding (an error) for a suspect op of `bundle`.
 analysis::Finding VendorOpFinding(const replayer::ReferenceCheck& c, const formats::Trace& trace, int64_t step,
                                   const std::string& bundle, const std::vector<std::string>& reference_specs) {
   const formats::OpEvent& op = trace.ops[c.op_index];
   analysis::Finding f;
-  f.check = kVendorOpCheck;
   f.severity = analysis::Severity::kError;
   f.step = step;
   f.op_index = static_cast<int64_t>(c.op_index);
@@ -91,8 +93,6 @@ analysis::Finding VendorOpFinding(const replayer::ReferenceCheck& c, const forma
   for (const std::string& spec : reference_specs) absl::StrAppend(&f.next, " --reference ", spec);
   return f;
 }
-
-namespace {
 
 // The text of one bundle's VendorCheck of `step`, each line after "step N: "
 // starting with `prefix` ("rank K: " in a run directory). Silent when no op
@@ -151,6 +151,18 @@ int ReportRankVendorOps(const formats::WorldStep& world, const OpReferences& ref
   if (result != nullptr && checked > 0) (*result)["vendor_ops"] = std::move(ops);
   if (result != nullptr && !skipped.empty()) (*result)["vendor_ops_skipped"] = std::move(skipped);
   return exit_code;
+}
+
+absl::Status ReferenceJudge::Judge(const analysis::StepView& step, std::vector<analysis::Finding>& out) const {
+  const VendorCheck check = CheckVendorOps(*step.reader, step.step, *step.trace, references_);
+  if (!check.skipped.empty()) {
+    std::fprintf(stderr, "moerr: note: %s step %lld: vendor-op not checked: %s\n", step.path.c_str(),
+                 static_cast<long long>(step.step), check.skipped.c_str());
+  }
+  for (const ReferenceCheck& c : check.suspect) {
+    out.push_back(VendorOpFinding(c, *step.trace, step.step, step.path, specs_));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace moerr::replayer

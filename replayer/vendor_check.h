@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -20,8 +21,6 @@
 #include "support/exit_code.h"
 
 namespace moerr::replayer {
-
-inline constexpr char kVendorOpCheck[] = "vendor-op";  // lint's name for it
 
 struct VendorCheck {
   // Why the step was not checked: "" when it was. Empty too when no op of
@@ -51,9 +50,20 @@ std::string DescribeVendorOp(const replayer::ReferenceCheck& c, const formats::T
 llvm::json::Object VendorNumbers(const replayer::ReferenceCheck& c);
 // One "vendor_ops" entry of bisect --json: the op, then VendorNumbers.
 llvm::json::Object VendorOpJson(const replayer::ReferenceCheck& c, const formats::Trace& trace);
-// lint's "vendor-op" finding (an error) for a suspect op of `bundle`.
-analysis::Finding VendorOpFinding(const replayer::ReferenceCheck& c, const formats::Trace& trace, int64_t step,
-                                  const std::string& bundle, const std::vector<std::string>& reference_specs);
+// lint's vendor-op (analysis/checks/vendor_op.cpp): CheckVendorOps of each
+// step it is given, with `references`. A suspect op is an error finding
+// whose next command replays the step isolated with `specs` (the user's
+// --reference OP=FILE); a step that cannot be checked is a note on stderr.
+class ReferenceJudge : public analysis::VendorOpJudge {
+ public:
+  ReferenceJudge(OpReferences references, std::vector<std::string> specs)
+      : references_(std::move(references)), specs_(std::move(specs)) {}
+  absl::Status Judge(const analysis::StepView& step, std::vector<analysis::Finding>& out) const override;
+
+ private:
+  OpReferences references_;
+  std::vector<std::string> specs_;
+};
 
 // After bisect's cause: the verdict on the step's vendor ops, those with a
 // reference, printed (silent when no op has one) or added to the step's

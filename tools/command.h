@@ -72,21 +72,10 @@ absl::StatusOr<OpenedStep> OpenStep(const std::string& path, int64_t step);
 using formats::JsonNumber;  // non-finite values print as null
 using formats::PrintJson;
 
-// Each sets `exit_code` when its subcommand runs.
-void AddInspectCommand(CLI::App& app, int& exit_code);
-void AddVerifyCommand(CLI::App& app, int& exit_code);
-void AddSalvageCommand(CLI::App& app, int& exit_code);
-void AddDemoCommand(CLI::App& app, int& exit_code);
-void AddTrainCommand(CLI::App& app, int& exit_code);
-void AddReplayCommand(CLI::App& app, int& exit_code);
-void AddBisectCommand(CLI::App& app, int& exit_code);
-void AddDiffCommand(CLI::App& app, int& exit_code);
-void AddLintCommand(CLI::App& app, int& exit_code);
-void AddProxyCommand(CLI::App& app, int& exit_code);
-void AddProxyEvalCommand(CLI::App& app, int& exit_code);
-void AddReduceCommand(CLI::App& app, int& exit_code);
-void AddReportCommand(CLI::App& app, int& exit_code);
-void AddImportCommand(CLI::App& app, int& exit_code);
-void AddForwardCommand(CLI::App& app, int& exit_code);
+// Each subcommand's registration (tools/commands.def): its options and its
+// body, which sets `exit_code` when the subcommand runs.
+#define MOERR_COMMAND(Name) void Add##Name##Command(CLI::App& app, int& exit_code);
+#include "tools/commands.def"
+#undef MOERR_COMMAND
 
 }  // namespace moerr::tools

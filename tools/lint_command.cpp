@@ -50,38 +50,13 @@ struct LintArgs {
   bool json = false, list = false;
 };
 
-// The vendor-op findings of `step` (tools/vendor_check.h): none unless the
-// bundle is full and some op has a reference. A step that could not be
-// checked gets a note on stderr.
-std::vector<analysis::Finding> VendorOpFindings(const LintArgs& args, const formats::BundleReader& reader,
-                                                int64_t step, const formats::Trace& trace,
-                                                const replayer::OpReferences& references) {
-  const replayer::VendorCheck check = replayer::CheckVendorOps(reader, step, trace, references);
-  if (!check.skipped.empty()) {
-    std::fprintf(stderr, "moerr: note: %s step %lld: vendor-op not checked: %s\n", args.bundle.c_str(),
-                 static_cast<long long>(step), check.skipped.c_str());
-  }
-  std::vector<analysis::Finding> found;
-  for (const replayer::ReferenceCheck& c : check.suspect) {
-    found.push_back(replayer::VendorOpFinding(c, trace, step, args.bundle, args.references));
-  }
-  return found;
-}
-
 // The findings of every step of `steps` that records ops; the steps that
 // record none go to `opless`.
 absl::StatusOr<std::vector<analysis::Finding>> LintSteps(const LintArgs& args, const formats::BundleReader& reader,
                                                          const std::vector<int64_t>& steps,
                                                          const std::optional<OpenedStep>& original,
+                                                         const analysis::VendorOpJudge& vendor_ops,
                                                          std::vector<int64_t>& opless) {
-  // vendor-op replays the step (tools level: analysis/ has no LibTorch).
-  std::vector<std::string> only = args.only;
-  only.erase(std::remove(only.begin(), only.end(), replayer::kVendorOpCheck), only.end());
-  const bool analysis_checks = args.only.empty() || !only.empty();
-  std::optional<replayer::OpReferences> references;
-  if (args.only.empty() || only.size() < args.only.size()) {
-    MOERR_ASSIGN_OR_RETURN(references, replayer::OpReferences::Load(args.references));
-  }
   std::vector<analysis::Finding> all;
   for (int64_t step : steps) {
     MOERR_ASSIGN_OR_RETURN(const formats::Trace trace, formats::ReadTrace(reader, step));
@@ -94,28 +69,21 @@ absl::StatusOr<std::vector<analysis::Finding>> LintSteps(const LintArgs& args, c
     if (original) {
       input.original = analysis::StepView{original->reader.get(), args.against, original->step, &original->trace};
     }
-    std::vector<analysis::Finding> findings;
-    if (references) findings = VendorOpFindings(args, reader, step, trace, *references);
-    if (analysis_checks) {
-      MOERR_ASSIGN_OR_RETURN(const std::vector<analysis::Finding> found, analysis::RunChecks(input, only));
-      findings.insert(findings.end(), found.begin(), found.end());
-    }
-    all.insert(all.end(), findings.begin(), findings.end());
+    input.vendor_ops = &vendor_ops;
+    MOERR_ASSIGN_OR_RETURN(const std::vector<analysis::Finding> found, analysis::RunChecks(input, args.only));
+    all.insert(all.end(), found.begin(), found.end());
   }
   return all;
 }
 
-constexpr char kRankBalance[] = "rank-imbalance";  // the check across ranks (analysis/cross_rank.h)
-
 // A run directory: every rank's findings, tagged with the rank, then the
-// balance across ranks of each step rank 0 has.
+// checks of the run's steps (those rank 0 has) across its ranks.
 absl::StatusOr<std::vector<analysis::Finding>> LintRun(const LintArgs& args, const std::optional<OpenedStep>& original,
+                                                       const analysis::VendorOpJudge& vendor_ops,
                                                        std::vector<int64_t>& opless, size_t& steps_read) {
   MOERR_ASSIGN_OR_RETURN(const std::vector<world::RankBundle> bundles, world::BundlesOf(args.bundle));
+  const bool per_rank = analysis::SelectsAny(analysis::CheckScope::kStep, args.only);
   LintArgs one = args;
-  one.only.erase(std::remove(one.only.begin(), one.only.end(), kRankBalance), one.only.end());
-  const bool per_rank = args.only.empty() || !one.only.empty();
-  const bool balance = args.only.empty() || one.only.size() < args.only.size();
   std::vector<analysis::Finding> all;
   std::vector<int64_t> world_steps;
   for (const world::RankBundle& b : bundles) {
@@ -126,13 +94,17 @@ absl::StatusOr<std::vector<analysis::Finding>> LintRun(const LintArgs& args, con
     if (b.rank == 0) world_steps = steps;
     steps_read += steps.size();
     if (!per_rank) continue;
-    MOERR_ASSIGN_OR_RETURN(std::vector<analysis::Finding> findings, LintSteps(one, *reader, steps, original, opless));
+    MOERR_ASSIGN_OR_RETURN(std::vector<analysis::Finding> findings,
+                           LintSteps(one, *reader, steps, original, vendor_ops, opless));
     for (analysis::Finding& f : findings) f.rank = b.rank;
     all.insert(all.end(), findings.begin(), findings.end());
   }
-  for (int64_t step : balance ? world_steps : std::vector<int64_t>{}) {
+  const bool across = analysis::SelectsAny(analysis::CheckScope::kRun, args.only);
+  for (int64_t step : across ? world_steps : std::vector<int64_t>{}) {
     MOERR_ASSIGN_OR_RETURN(const formats::WorldStep world, formats::OpenWorldStep(args.bundle, step));
-    const std::vector<analysis::Finding> found = analysis::CheckRankBalance(world);
+    analysis::LintInput input;
+    input.world = &world;
+    MOERR_ASSIGN_OR_RETURN(const std::vector<analysis::Finding> found, analysis::RunChecks(input, args.only));
     all.insert(all.end(), found.begin(), found.end());
   }
   std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
@@ -154,26 +126,26 @@ CommandResult RunLint(const LintArgs& args) {
     for (const auto& c : analysis::AllChecks()) {
       std::printf("%-20s %s\n", std::string(c->name()).c_str(), std::string(c->summary()).c_str());
     }
-    std::printf("%-20s %s\n", replayer::kVendorOpCheck,
-                "full bundles: a vendor op (one with a reference) further from the reference's fp64 run than its "
-                "dtype explains, run on its recorded inputs");
     return kExitOk;
   }
   if (args.bundle.empty()) return absl::InvalidArgumentError("lint needs a BUNDLE");
+  MOERR_RETURN_IF_ERROR(analysis::CheckNamesExist(args.only));
   std::optional<OpenedStep> original;
   if (!args.against.empty()) {
     MOERR_ASSIGN_OR_RETURN(original, OpenStep(args.against, args.against_step));
   }
+  MOERR_ASSIGN_OR_RETURN(replayer::OpReferences references, replayer::OpReferences::Load(args.references));
+  const replayer::ReferenceJudge vendor_ops(std::move(references), args.references);
   std::vector<int64_t> opless;
   std::vector<analysis::Finding> all;
   size_t steps_read = 0;
   if (formats::IsRunDirectory(args.bundle)) {
-    MOERR_ASSIGN_OR_RETURN(all, LintRun(args, original, opless, steps_read));
+    MOERR_ASSIGN_OR_RETURN(all, LintRun(args, original, vendor_ops, opless, steps_read));
   } else {
     MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(args.bundle));
     MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, StepsToRead(*reader, args.bundle, args.steps));
     steps_read = steps.size();
-    MOERR_ASSIGN_OR_RETURN(all, LintSteps(args, *reader, steps, original, opless));
+    MOERR_ASSIGN_OR_RETURN(all, LintSteps(args, *reader, steps, original, vendor_ops, opless));
   }
   if (!opless.empty()) {
     const std::string hint = absl::StrFormat(

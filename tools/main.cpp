@@ -19,21 +19,9 @@ int main(int argc, char** argv) {
                        "Print moerr's version, the bundle format versions it writes and reads, and the torch "
                        "it was built against");
   int exit_code = moerr::kExitOk;
-  AddDemoCommand(app, exit_code);
-  AddInspectCommand(app, exit_code);
-  AddVerifyCommand(app, exit_code);
-  AddSalvageCommand(app, exit_code);
-  AddTrainCommand(app, exit_code);
-  AddReplayCommand(app, exit_code);
-  AddBisectCommand(app, exit_code);
-  AddDiffCommand(app, exit_code);
-  AddLintCommand(app, exit_code);
-  AddProxyCommand(app, exit_code);
-  AddProxyEvalCommand(app, exit_code);
-  AddReduceCommand(app, exit_code);
-  AddReportCommand(app, exit_code);
-  AddImportCommand(app, exit_code);
-  AddForwardCommand(app, exit_code);
+#define MOERR_COMMAND(Name) Add##Name##Command(app, exit_code);
+#include "tools/commands.def"
+#undef MOERR_COMMAND
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
