@@ -3,7 +3,6 @@
 // position, a greedy continuation, and, against reference logits saved from
 // that framework, the max abs error and the top-k agreement.
 #include <ATen/ATen.h>
-#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 #include <cstdio>
@@ -19,9 +18,9 @@
 #include "formats/safetensors.h"
 #include "moe/checkpoint.h"
 #include "moe/config_keys.h"
+#include "moe/logits_comparison.h"
 #include "proxy/token_file.h"
 #include "recorder/hooks/tensor_adapter.h"
-#include "recorder/hooks/torch_boundary.h"
 #include "support/status.h"
 #include "tools/command.h"
 
@@ -66,65 +65,13 @@ absl::StatusOr<at::Tensor> Tokens(const Options& o, int64_t vocab) {
   return ids;
 }
 
-absl::StatusOr<at::Tensor> Logits(moe::MoeTransformer& model, const at::Tensor& ids) {
-  at::Tensor logits;
-  MOERR_RETURN_IF_ERROR(CatchTorch("forward", [&] {
-    at::NoGradGuard no_grad;
-    logits = model->forward(ids);
-    return absl::OkStatus();
-  }));
-  return logits;
+// Our logits against the `logits` tensor of the --compare file.
+absl::StatusOr<moe::LogitsComparison> Compare(const at::Tensor& logits, const Options& o) {
+  MOERR_ASSIGN_OR_RETURN(at::Tensor reference, proxy::ReadNamedTensor(o.compare, "logits"));
+  return moe::CompareLogits(logits, std::move(reference), o.top_k, o.tolerance, o.compare);
 }
 
-// `n` greedy tokens after each sequence, [B, n] (no cache: the whole
-// sequence runs again per token).
-absl::StatusOr<at::Tensor> Greedy(moe::MoeTransformer& model, at::Tensor ids, int64_t n) {
-  at::Tensor out = at::empty({ids.size(0), 0}, at::kLong);
-  for (int64_t i = 0; i < n; ++i) {
-    MOERR_ASSIGN_OR_RETURN(const at::Tensor logits, Logits(model, ids));
-    const at::Tensor next = logits.select(1, -1).argmax(-1).unsqueeze(1);
-    ids = at::cat({ids, next}, 1);
-    out = at::cat({out, next}, 1);
-  }
-  return out;
-}
-
-struct Comparison {
-  double max_abs = 0, mean_abs = 0;
-  int64_t positions = 0, top1_agree = 0;
-  double topk_agreement = 0;  // mean over positions of |ours ∩ theirs| / k
-  bool within = false;
-};
-
-// Our logits [B, T, V] against the `logits` tensor of `path`, [B, T, V] or [T, V].
-absl::StatusOr<Comparison> Compare(const at::Tensor& logits, const Options& o) {
-  MOERR_ASSIGN_OR_RETURN(at::Tensor ref, proxy::ReadNamedTensor(o.compare, "logits"));
-  if (!at::isFloatingType(ref.scalar_type())) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: logits is %s, not a floating-point tensor", o.compare,
-                                                      c10::toString(ref.scalar_type())));
-  }
-  if (ref.dim() == 2) ref = ref.unsqueeze(0);
-  if (!ref.sizes().equals(logits.sizes())) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: logits has shape %s; the forward gives %s", o.compare,
-                                                      Shape(ref), Shape(logits)));
-  }
-  ref = ref.to(at::kFloat);
-  Comparison c;
-  const at::Tensor diff = (logits - ref).abs();
-  c.max_abs = diff.max().item<double>();
-  c.mean_abs = diff.mean().item<double>();
-  const int64_t vocab = logits.size(-1), k = std::min(o.top_k, vocab);
-  const at::Tensor ours = logits.reshape({-1, vocab}), theirs = ref.reshape({-1, vocab});
-  c.positions = ours.size(0);
-  c.top1_agree = ours.argmax(-1).eq(theirs.argmax(-1)).sum().item<int64_t>();
-  const at::Tensor a = std::get<1>(ours.topk(k, -1)), b = std::get<1>(theirs.topk(k, -1));
-  const at::Tensor overlap = a.unsqueeze(-1).eq(b.unsqueeze(-2)).any(-1).sum(-1).to(at::kDouble);
-  c.topk_agreement = (overlap / static_cast<double>(k)).mean().item<double>();
-  c.within = std::isfinite(c.max_abs) && c.max_abs <= o.tolerance;
-  return c;
-}
-
-llvm::json::Value JsonOf(const Comparison& c, const Options& o) {
+llvm::json::Value JsonOf(const moe::LogitsComparison& c, const Options& o) {
   return llvm::json::Object{{"file", o.compare},
                             {"max_abs_error", JsonNumber(c.max_abs)},
                             {"mean_abs_error", JsonNumber(c.mean_abs)},
@@ -137,7 +84,7 @@ llvm::json::Value JsonOf(const Comparison& c, const Options& o) {
 
 struct Result {
   at::Tensor ids, logits, top_values, top_ids, generated;
-  std::optional<Comparison> comparison;
+  std::optional<moe::LogitsComparison> comparison;
   std::vector<std::string> ignored;  // config.json metadata keys
 };
 
@@ -213,7 +160,7 @@ void PrintText(const Result& r, const moe::MoeConfig& c, const Options& o) {
     }
   }
   if (r.comparison) {
-    const Comparison& cmp = *r.comparison;
+    const moe::LogitsComparison& cmp = *r.comparison;
     std::printf("against %s: max abs error %.3g, mean %.3g; top-1 agrees at %lld of %lld positions, top-%lld overlap "
                 "%.1f%%: %s tolerance %g\n",
                 o.compare.c_str(), cmp.max_abs, cmp.mean_abs, static_cast<long long>(cmp.top1_agree),
@@ -240,9 +187,9 @@ CommandResult RunForward(const Options& o) {
     MOERR_ASSIGN_OR_RETURN(r.ignored, IgnoredKeys(o.checkpoint, config.family));
   }
   MOERR_ASSIGN_OR_RETURN(r.ids, Tokens(o, config.vocab_size));
-  MOERR_ASSIGN_OR_RETURN(r.logits, Logits(model, r.ids));
+  MOERR_ASSIGN_OR_RETURN(r.logits, moe::Logits(model, r.ids));
   std::tie(r.top_values, r.top_ids) = r.logits.topk(std::min(o.top_k, config.vocab_size), -1);
-  MOERR_ASSIGN_OR_RETURN(r.generated, Greedy(model, r.ids, o.generate));
+  MOERR_ASSIGN_OR_RETURN(r.generated, moe::GreedyTokens(model, r.ids, o.generate));
   if (!o.compare.empty()) {
     MOERR_ASSIGN_OR_RETURN(r.comparison, Compare(r.logits, o));
   }
