@@ -1,5 +1,6 @@
 #include "distributed/launcher.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -31,9 +32,15 @@ std::string SignalName(int sig) {
 // In the child, between fork and exec: only async-signal-safe calls (the
 // launcher may have threads, e.g. a TCPStore server's), so `envp` is built
 // before fork.
-[[noreturn]] void ExecRank(const std::vector<char*>& argv, const std::vector<char*>& envp, pid_t launcher) {
+[[noreturn]] void ExecRank(const std::vector<char*>& argv, const std::vector<char*>& envp, pid_t launcher,
+                           const char* out, const char* err) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != launcher) ::_exit(126);  // the launcher died before prctl
+  for (const auto& [path, fd] : {std::pair{out, 1}, std::pair{err, 2}}) {
+    if (path == nullptr) continue;
+    const int f = ::open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (f < 0 || ::dup2(f, fd) < 0) ::_exit(127);
+  }
   ::execve("/proc/self/exe", argv.data(), envp.data());
   ::_exit(127);
 }
@@ -111,6 +118,11 @@ absl::StatusOr<std::vector<std::string>> OwnArguments() {
 
 absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
   if (options.ranks < 1) return absl::InvalidArgumentError("--ranks must be >= 1");
+  if (options.ranks > 1 && !(options.stdout_path.empty() && options.stderr_path.empty())) {
+    return absl::InvalidArgumentError("an output file is for one process; ranks share the launcher's");
+  }
+  const char* out = options.stdout_path.empty() ? nullptr : options.stdout_path.c_str();
+  const char* err = options.stderr_path.empty() ? nullptr : options.stderr_path.c_str();
   // An inherited SIG_IGN for SIGCHLD would reap the ranks before waitpid
   // sees them, and the wait below would never end.
   ::signal(SIGCHLD, SIG_DFL);
@@ -123,16 +135,18 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
   const pid_t launcher = ::getpid();
   for (int64_t r = 0; r < options.ranks; ++r) {
     // Built before fork: the child only calls async-signal-safe functions.
-    std::vector<std::string> env = {
-        absl::StrFormat("RANK=%d", r), absl::StrFormat("WORLD_SIZE=%d", options.ranks),
-        absl::StrFormat("LOCAL_RANK=%d", r), absl::StrFormat("LOCAL_WORLD_SIZE=%d", options.ranks)};
+    std::vector<std::string> env;
+    if (options.rank_env) {
+      env = {absl::StrFormat("RANK=%d", r), absl::StrFormat("WORLD_SIZE=%d", options.ranks),
+             absl::StrFormat("LOCAL_RANK=%d", r), absl::StrFormat("LOCAL_WORLD_SIZE=%d", options.ranks)};
+    }
     for (const auto& [k, v] : options.env) env.push_back(k + "=" + v);
     const std::vector<std::string> environment = RankEnvironment(env);
     std::vector<char*> envp;
     for (const std::string& line : environment) envp.push_back(const_cast<char*>(line.c_str()));
     envp.push_back(nullptr);
     const pid_t pid = ::fork();
-    if (pid == 0) ExecRank(argv, envp, launcher);
+    if (pid == 0) ExecRank(argv, envp, launcher, out, err);
     if (pid < 0) {
       const std::string why = std::strerror(errno);
       for (pid_t p : pids) ::kill(p, SIGKILL);

@@ -1,4 +1,5 @@
-// The launcher of `moerr train --ranks N`, in the way of torchrun: N rank
+// The launcher of `moerr train --ranks N`, in the way of torchrun, and of
+// any other child that runs this executable (proxy-eval's runs): N rank
 // processes, each this executable (/proc/self/exe) with the same arguments
 // and RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and the store's
 // address in its environment; then it waits for them. Plain POSIX (fork,
@@ -26,6 +27,12 @@ struct LaunchOptions {
   std::vector<std::pair<std::string, std::string>> env;     // added to every rank's environment
   double grace_s = 2;      // after the first failure, before the rest are stopped
   double deadline_s = 0;   // the whole run; 0: none
+  // false: a plain child (a whole `moerr` command, which may launch ranks
+  // of its own), without RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE.
+  bool rank_env = true;
+  // One process (ranks == 1): its stdout and stderr written there
+  // (truncated); empty: inherited.
+  std::string stdout_path, stderr_path;
 };
 
 struct RankOutcome {

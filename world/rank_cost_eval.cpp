@@ -1,13 +1,6 @@
 #include "world/rank_cost_eval.h"
 
-#include <fcntl.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "distributed/launcher.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "moe/fault.h"
 #include "support/filesystem.h"
@@ -37,57 +31,35 @@ struct ChildExit {
   }
 };
 
-// waitpid, retried on EINTR; WNOHANG: 0 while the child runs.
-pid_t Wait(pid_t pid, int* status, int flags) {
-  pid_t r;
-  do {
-    r = ::waitpid(pid, status, flags);
-  } while (r < 0 && errno == EINTR);
-  return r;
-}
-
-// This executable (/proc/self/exe) with `args`, stdout to `out` and stderr
-// to `err`, stopped after `limit_s` seconds (SIGTERM, SIGKILL 5 s later);
-// killed with this process (PR_SET_PDEATHSIG).
+// This executable with `args` (distributed::Launch, one plain process),
+// stdout to `out` and stderr to `err`, killed after `limit_s` seconds and
+// with this process.
 absl::StatusOr<ChildExit> RunSelf(const std::vector<std::string>& args, const std::string& out, const std::string& err,
                                   double limit_s) {
-  std::vector<char*> argv;
-  std::string self = "moerr";
-  argv.push_back(self.data());
-  std::vector<std::string> copy = args;
-  for (std::string& a : copy) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid < 0) return absl::UnavailableError(absl::StrFormat("fork failed: %s", std::strerror(errno)));
-  if (pid == 0) {
-    if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(127);
-    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (o < 0 || e < 0 || ::dup2(o, 1) < 0 || ::dup2(e, 2) < 0) ::_exit(127);
-    ::execv("/proc/self/exe", argv.data());
-    ::_exit(127);
-  }
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point start = Clock::now();
-  const auto elapsed = [&start] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  distributed::LaunchOptions options;
+  options.argv = {"moerr"};
+  options.argv.insert(options.argv.end(), args.begin(), args.end());
+  options.rank_env = false;
+  options.stdout_path = out;
+  options.stderr_path = err;
+  options.deadline_s = limit_s;
+  MOERR_ASSIGN_OR_RETURN(const distributed::LaunchResult launched, distributed::Launch(options));
+  const distributed::RankOutcome& o = launched.ranks.at(0);
   ChildExit exit;
-  int status = 0;
-  pid_t r = 0;
-  while ((r = Wait(pid, &status, WNOHANG)) == 0 && elapsed() < limit_s) ::usleep(50 * 1000);
-  if (r == 0) {  // past its limit
-    exit.timed_out = true;
-    ::kill(pid, SIGTERM);
-    const double term = elapsed();
-    while ((r = Wait(pid, &status, WNOHANG)) == 0 && elapsed() < term + 5) ::usleep(50 * 1000);
-    if (r == 0) {
-      ::kill(pid, SIGKILL);
-      r = Wait(pid, &status, 0);
-    }
+  switch (o.kind) {
+    case distributed::RankOutcome::Kind::kOk:
+    case distributed::RankOutcome::Kind::kExited:
+      exit.code = o.code;
+      break;
+    case distributed::RankOutcome::Kind::kSignaled:
+      exit.signal = o.code;
+      break;
+    case distributed::RankOutcome::Kind::kStopped:  // one process: no other rank stops it
+    case distributed::RankOutcome::Kind::kHung:
+      exit.timed_out = true;
+      exit.signal = SIGKILL;
+      break;
   }
-  if (r < 0) return absl::UnavailableError(absl::StrFormat("waitpid failed: %s", std::strerror(errno)));
-  if (WIFEXITED(status)) exit.code = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) exit.signal = WTERMSIG(status);
   return exit;
 }
 
