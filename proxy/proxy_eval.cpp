@@ -434,7 +434,7 @@ absl::Status ReproduceFault(const moe::MoeTransformer& warm, moe::FaultKind faul
       replay.record_path = options.out_dir + "/proxy-replay.moerr";
       replay.overwrite = true;
       MOERR_ASSIGN_OR_RETURN(replayer::ReplayedStep replayed, replayer::ReplayModelStepTrace(*proxy_reader, s, replay));
-      const replayer::StepTrace& r = replayed.recording;
+      const formats::StepTrace& r = replayed.recording;
       MOERR_ASSIGN_OR_RETURN(const replayer::Reproduction shown,
                              replayer::Reproduces(*r.reader, s, r.trace, *original));
       if (shown == replayer::Reproduction::kNo) continue;

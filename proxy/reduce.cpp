@@ -38,7 +38,7 @@ absl::StatusOr<std::optional<Located>> FindFailure(const formats::BundleReader& 
 
 // Writes `b` as WORK/candidate.moerr, model-replays it into
 // WORK/replay.moerr and reads the replay back.
-absl::StatusOr<replayer::StepTrace> Replay(const StepBundle& b, const ReduceOptions& options) {
+absl::StatusOr<formats::StepTrace> Replay(const StepBundle& b, const ReduceOptions& options) {
   const std::string candidate_path = options.work_dir + "/candidate.moerr";
   MOERR_RETURN_IF_ERROR(WriteStepBundle(b, candidate_path));
   MOERR_ASSIGN_OR_RETURN(auto cand_reader, formats::BundleReader::Open(candidate_path));
@@ -65,7 +65,7 @@ absl::StatusOr<FailingStep> FindFailingStep(const formats::BundleReader& reader,
     std::optional<StepBundle> bundle;
     if (trace->ops.empty()) {
       MOERR_ASSIGN_OR_RETURN(bundle, LoadStepBundle(reader, step, *trace, options.source));
-      absl::StatusOr<replayer::StepTrace> replayed = Replay(*bundle, options);
+      absl::StatusOr<formats::StepTrace> replayed = Replay(*bundle, options);
       if (!replayed.ok()) return Annotate(replayed.status(), absl::StrFormat("%s, step %d", options.source, step));
       MOERR_ASSIGN_OR_RETURN(found, FindFailure(*replayed->reader, step, replayed->trace));
     } else {
@@ -103,7 +103,7 @@ absl::StatusOr<ReduceReport> Reduce(const formats::BundleReader& reader, const R
   // Whether `candidate`'s replay fails as the step does.
   auto same_failure = [&](const StepBundle& candidate) -> absl::StatusOr<bool> {
     ++report.tried;
-    MOERR_ASSIGN_OR_RETURN(replayer::StepTrace replayed, Replay(candidate, options));
+    MOERR_ASSIGN_OR_RETURN(formats::StepTrace replayed, Replay(candidate, options));
     MOERR_ASSIGN_OR_RETURN(replayer::Reproduction shown,
                            replayer::Reproduces(*replayed.reader, replayed.step, replayed.trace, report.failure));
     return shown == replayer::Reproduction::kSamePlace;

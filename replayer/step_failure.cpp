@@ -72,27 +72,11 @@ Failure FindingFailure(const analysis::Finding& f) {
 
 }  // namespace
 
-absl::StatusOr<StepTrace> OpenStepTrace(const std::string& path, int64_t step) {
-  StepTrace out;
-  out.path = path;
-  MOERR_ASSIGN_OR_RETURN(out.reader, formats::BundleReader::Open(path));
-  if (step < 0) {
-    const std::vector<int64_t> complete = out.reader->CompleteSteps();
-    if (complete.empty()) return absl::NotFoundError(path + " has no complete step");
-    step = complete.front();
-  }
-  out.step = step;
-  absl::StatusOr<formats::Trace> trace = formats::ReadTrace(*out.reader, step);
-  if (!trace.ok()) return Annotate(trace.status(), absl::StrFormat("%s, step %d", path, step));
-  out.trace = *std::move(trace);
-  return out;
-}
-
 absl::StatusOr<ReplayedStep> ReplayModelStepTrace(const formats::BundleReader& reader, int64_t step,
                                                   const ModelReplayOptions& options) {
   ReplayedStep out;
   MOERR_ASSIGN_OR_RETURN(out.report, ReplayModelStep(reader, step, options));
-  MOERR_ASSIGN_OR_RETURN(out.recording, OpenStepTrace(options.record_path, step));
+  MOERR_ASSIGN_OR_RETURN(out.recording, formats::OpenStepTrace(options.record_path, step));
   return out;
 }
 

@@ -16,16 +16,16 @@
 #include "absl/status/statusor.h"
 #include "analysis/first_overflow.h"
 #include "formats/bundle_reader.h"
+#include "formats/step_trace.h"
 #include "formats/trace.h"
 #include "replayer/model_replay.h"
-#include "replayer/step_trace.h"
 
 namespace moerr::replayer {
 
 // ReplayModelStep, then its recording (options.record_path) read back.
 struct ReplayedStep {
   ModelReplayReport report;
-  StepTrace recording;
+  formats::StepTrace recording;
 };
 absl::StatusOr<ReplayedStep> ReplayModelStepTrace(const formats::BundleReader& reader, int64_t step,
                                                   const ModelReplayOptions& options);

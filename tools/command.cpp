@@ -123,7 +123,7 @@ absl::StatusOr<std::string> RaisedLine(const formats::BundleReader& reader, int6
 }
 
 absl::StatusOr<OpenedStep> OpenStep(const std::string& path, int64_t step) {
-  return replayer::OpenStepTrace(path, step);
+  return formats::OpenStepTrace(path, step);
 }
 
 }  // namespace moerr::tools

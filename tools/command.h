@@ -15,9 +15,9 @@
 #include "absl/status/statusor.h"
 #include "formats/bundle_reader.h"
 #include "formats/json_number.h"
+#include "formats/step_trace.h"
 #include "formats/trace.h"
 #include "llvm/Support/JSON.h"
-#include "replayer/step_trace.h"
 #include "support/exit_code.h"
 #include "support/filesystem.h"
 
@@ -66,7 +66,7 @@ absl::StatusOr<std::string> RaisedLine(const formats::BundleReader& reader, int6
 
 // The bundle at `path`, opened, and the trace of its step `step` (of its
 // first complete step when `step` < 0).
-using OpenedStep = replayer::StepTrace;
+using OpenedStep = formats::StepTrace;
 absl::StatusOr<OpenedStep> OpenStep(const std::string& path, int64_t step);
 
 using formats::JsonNumber;  // non-finite values print as null

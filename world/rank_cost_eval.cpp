@@ -120,7 +120,23 @@ absl::Status ReadReplay(const std::string& text, const std::string& what, RankCo
   return absl::OkStatus();
 }
 
-// One fault: the run, the original's replay on its ranks, and each proxy's.
+// The median of each cost over `rounds`, the other fields from the first.
+RankCostRow Median(std::vector<RankCostRow> rounds) {
+  RankCostRow out = rounds.front();
+  const auto median = [&rounds](double RankCostRow::*field) {
+    std::vector<double> v;
+    for (const RankCostRow& r : rounds) v.push_back(r.*field);
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  };
+  out.device_seconds = median(&RankCostRow::device_seconds);
+  out.step_seconds_per_rank = median(&RankCostRow::step_seconds_per_rank);
+  return out;
+}
+
+// One fault: the run, its proxies, then `rounds` times the original's replay
+// on its ranks and each proxy's (interleaved, so that load on the machine
+// falls on both), each cost the median of its rounds.
 absl::Status EvaluateFault(const RankCostOptions& o, const std::string& fault, const RankCostProgress& progress,
                            RankCostReport& report) {
   const std::string dir = o.out_dir + "/" + fault, run = dir + "/run";
@@ -135,26 +151,37 @@ absl::Status EvaluateFault(const RankCostOptions& o, const std::string& fault, c
   }
   if (progress) progress(fault + ": training on " + n + " ranks");
   MOERR_RETURN_IF_ERROR(Moerr(train, dir, "train", o.child_timeout_s).status());
-  if (progress) progress(fault + ": the original's step on its " + n + " ranks");
-  RankCostRow original;
-  original.fault = fault;
-  original.keep = "1";
-  MOERR_ASSIGN_OR_RETURN(const std::string base, Moerr({"replay", run, "--ranks", n, "--json", "--collective-timeout",
-                                                        timeout}, dir, "replay-original", o.child_timeout_s));
-  MOERR_RETURN_IF_ERROR(ReadReplay(base, fault + ", the original's replay", original));
-  report.rows.push_back(original);
+  // (keep, directory) of each proxy; keep "1" is the original on its own ranks.
+  std::vector<std::pair<std::string, std::string>> replays = {{"1", run}};
   for (const std::string& keep : o.keeps) {
     const std::string proxy = dir + "/proxy-" + keep.substr(0, 1) + "of" + keep.substr(keep.find('/') + 1);
     if (progress) progress(fault + ": the proxy at " + keep);
     MOERR_RETURN_IF_ERROR(
         Moerr({"proxy", run, "--keep", keep, "--force", "-o", proxy}, dir, "proxy-" + keep.substr(2), o.child_timeout_s)
             .status());
-    MOERR_ASSIGN_OR_RETURN(const std::string text, Moerr({"replay", proxy, "--json", "--collective-timeout", timeout},
-                                                         dir, "replay-proxy-" + keep.substr(2), o.child_timeout_s));
-    RankCostRow row;
-    row.fault = fault;
-    row.keep = keep;
-    MOERR_RETURN_IF_ERROR(ReadReplay(text, fault + ", the proxy at " + keep, row));
+    replays.emplace_back(keep, proxy);
+  }
+  std::vector<std::vector<RankCostRow>> rounds(replays.size());
+  for (int64_t round = 0; round < o.rounds; ++round) {
+    for (size_t i = 0; i < replays.size(); ++i) {
+      const auto& [keep, path] = replays[i];
+      const std::string what = keep == "1" ? "the original's replay" : "the proxy at " + keep;
+      if (progress) progress(absl::StrFormat("%s: %s, round %d of %d", fault, what, round + 1, o.rounds));
+      std::vector<std::string> args = {"replay", path, "--json", "--collective-timeout", timeout};
+      if (keep == "1") args.insert(args.end(), {"--ranks", n});
+      MOERR_ASSIGN_OR_RETURN(const std::string text,
+                             Moerr(args, dir, keep == "1" ? "replay-original" : "replay-proxy-" + keep.substr(2),
+                                   o.child_timeout_s));
+      RankCostRow row;
+      row.fault = fault;
+      row.keep = keep;
+      MOERR_RETURN_IF_ERROR(ReadReplay(text, fault + ", " + what, row));
+      rounds[i].push_back(row);
+    }
+  }
+  const RankCostRow original = Median(rounds[0]);
+  for (std::vector<RankCostRow>& r : rounds) {
+    RankCostRow row = Median(std::move(r));
     row.lower_by = row.device_seconds > 0 ? original.device_seconds / row.device_seconds : 0;
     report.rows.push_back(row);
   }
@@ -189,6 +216,7 @@ absl::StatusOr<RankCostReport> EvaluateRankCost(const RankCostOptions& o, const 
   report.preset = o.preset;
   report.ranks = o.ranks;
   if (!(o.child_timeout_s > 0)) return absl::InvalidArgumentError("proxy-eval --ranks: --child-timeout must be positive");
+  if (o.rounds < 1) return absl::InvalidArgumentError("proxy-eval --ranks: --rounds must be at least 1");
   for (const std::string& fault : o.faults) {
     // A fault that fails keeps the rows it finished; the others still run.
     if (absl::Status s = EvaluateFault(o, fault, progress, report); !s.ok()) {

@@ -2,15 +2,16 @@
 // whether it still shows the fault (docs/DISTRIBUTED.md, "Proxies on fewer
 // ranks"). For each fault, as a user would: `moerr train --ranks N --ep N
 // --fault F --record replayable` (the faults in one rank's weights on rank
-// N - 3, rank 0 when N < 3), `moerr replay RUN --ranks N` (the
-// original's step on its own ranks), and for each kept fraction `moerr
-// proxy RUN --keep K` (M = K x N ranks: the experts and tokens per rank
-// kept) and `moerr replay P`. Each is this executable in a child process,
+// N - 3, rank 0 when N < 3), for each kept fraction `moerr proxy RUN --keep
+// K` (M = K x N ranks: the experts and tokens per rank kept), then, each
+// round, `moerr replay RUN --ranks N` (the original's step on its own
+// ranks) and `moerr replay P` of each proxy. Each is this executable in a child process,
 // its output in OUT/<fault>/; the numbers come from the replays' --json:
 //   step time per rank  the mean over ranks of each rank's CPU seconds in
 //                       the step (ranks oversubscribe the machine's cores,
 //                       so wall time says little)
 //   device time         their sum: ranks x step time per rank
+//   (each the median of the rounds)
 //   reproduced, localised  the replay's failure verdict (failure_verdict.h)
 // The projection for a real model is computed, not measured, and labelled so.
 #pragma once
@@ -34,8 +35,11 @@ struct RankCostOptions {
   std::vector<std::string> keeps = {"1/2", "1/4", "1/8"};
   std::string out_dir;  // required
   double collective_timeout_s = 60;
+  // Replays of each step (the original's and each proxy's, interleaved);
+  // each cost is the median.
+  int64_t rounds = 1;
   // Seconds each child command (train, replay, proxy) may run before it is
-  // stopped (SIGTERM, then SIGKILL after 5 s) and reported; train gets it as
+  // killed and reported; train gets it as
   // its --deadline too.
   double child_timeout_s = 1800;
 };

@@ -1,5 +1,7 @@
 #include "recorder/hooks/tensor_adapter.h"
 
+#include <ATen/ATen.h>
+
 #include "absl/strings/str_format.h"
 
 namespace moerr::recorder {

@@ -1,7 +1,8 @@
 // at::Tensor <-> formats' byte-level tensors.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include "absl/status/statusor.h"
 #include "formats/tensor_view.h"

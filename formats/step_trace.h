@@ -1,5 +1,5 @@
 // One step of a bundle read back: the opened bundle and the step's trace.
-// Free of LibTorch headers, for the CLI and the analyses that only read.
+// Free of LibTorch, for the commands and the analyses that only read.
 #pragma once
 
 #include <cstdint>
@@ -10,16 +10,16 @@
 #include "formats/bundle_reader.h"
 #include "formats/trace.h"
 
-namespace moerr::replayer {
+namespace moerr::formats {
 
 struct StepTrace {
-  std::unique_ptr<formats::BundleReader> reader;
+  std::unique_ptr<BundleReader> reader;
   std::string path;
   int64_t step = 0;
-  formats::Trace trace;
+  Trace trace;
 };
 
 // Step `step` of the bundle at `path`; -1: its first complete step.
 absl::StatusOr<StepTrace> OpenStepTrace(const std::string& path, int64_t step = -1);
 
-}  // namespace moerr::replayer
+}  // namespace moerr::formats
