@@ -25,6 +25,8 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
@@ -46,9 +48,9 @@
 #include "replayer/precision_bisect.h"
 #include "replayer/program_replay.h"
 #include "replayer/step_failure.h"
-#include "report/html_report.h"
 #include "report/step_figures.h"
 #include "report/step_section.h"
+#include "support/html_page.h"
 #include "support/progress.h"
 #include "support/status.h"
 #include "tools/command.h"
@@ -127,6 +129,12 @@ struct DemoOptions {
   int64_t dynamics_steps = 12;  // healthy RL steps, original against proxy
 };
 
+// The presets --preset offers and takes (one list for its help and its
+// check): those of the table (moe::PresetNames) the story has been run through
+// end to end, the fault found, replayed bitwise, reproduced on the 1/4 proxy
+// and reduced.
+std::vector<std::string> DemoPresets() { return {"tiny", "small", "wide", "wide-ep"}; }
+
 // The warm model: DIR/cache/PRESET/ from an earlier run, or warmed up now
 // (and cached there). Its path.
 std::string WarmCache(const DemoOptions& o) { return o.dir + "/cache/" + o.preset; }
@@ -134,9 +142,9 @@ std::string WarmCache(const DemoOptions& o) { return o.dir + "/cache/" + o.prese
 // What the model story's steps share: the run A1 records and the step of
 // it that failed.
 struct Story {
-  Story(const DemoOptions& options, report::HtmlReport& report_page) : o(options), page(report_page) {}
+  Story(const DemoOptions& options, HtmlPage& report_page) : o(options), page(report_page) {}
   const DemoOptions& o;
-  report::HtmlReport& page;
+  HtmlPage& page;
   std::string bundle;    // the recording
   moe::TrainReport run;  // its fault and metrics
   std::optional<moe::MoeTransformer> warm;
@@ -413,7 +421,7 @@ absl::Status CompareDynamics(const Story& s) {
 
 // Part A, step by step; stops at the first step that fails or finds the
 // demo's story untrue (a replay that differs, a fault the proxy loses).
-CommandResult RunModelStory(const DemoOptions& o, report::HtmlReport& page) {
+CommandResult RunModelStory(const DemoOptions& o, HtmlPage& page) {
   Story s{o, page};
   MOERR_RETURN_IF_ERROR(RecordFailingRun(s));
   MOERR_RETURN_IF_ERROR(InspectRun(s));
@@ -481,7 +489,7 @@ CommandResult RunCrashStory(const std::string& dir) {
 
 // Part A, then its report, then part B.
 CommandResult RunStories(const DemoOptions& o) {
-  report::HtmlReport page("moerr demo: an expert that overflows fp16, found, replayed, proxied and reduced");
+  HtmlPage page("moerr demo: an expert that overflows fp16, found, replayed, proxied and reduced");
   MOERR_ASSIGN_OR_RETURN(const int code, RunModelStory(o, page));
   if (code != kExitOk) return code;
   const std::string report_path = o.dir + "/report.html";
@@ -503,9 +511,9 @@ void AddDemoCommand(CLI::App& app, int& exit_code) {
                   "Working directory for the demo's files: new, or one an earlier demo made (the warm-up is cached "
                   "in DIR/cache)")
       ->capture_default_str();
-  cmd->add_option("--preset", opts->preset, "Model size: tiny, small, wide, wide-ep")
+  cmd->add_option("--preset", opts->preset, "Model size: " + absl::StrJoin(DemoPresets(), ", "))
       ->capture_default_str()
-      ->check(CLI::IsMember({"tiny", "small", "wide"}));
+      ->check(CLI::IsMember(DemoPresets()));
   cmd->add_option("--dynamics-steps", opts->dynamics_steps, "Healthy RL steps compared, original against proxy")
       ->capture_default_str()
       ->check(CLI::Range(3, 1000));

@@ -1,10 +1,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 
 #include "absl/strings/str_format.h"
-#include "diff/html_report.h"
+#include "diff/diff_page.h"
 #include "diff/trace_diff.h"
 #include "diff/world_diff.h"
 #include "formats/bundle_reader.h"
@@ -175,9 +174,8 @@ CommandResult RunDiff(const DiffArgs& args) {
   MOERR_ASSIGN_OR_RETURN(const diff::DiffReport report,
                          diff::DiffTraces(*a.reader, a.trace, a.step, *b.reader, b.trace, b.step, options));
   if (!args.html.empty()) {
-    std::ofstream out(args.html);
-    out << diff::HtmlReport(report, a.trace, b.trace, absl::StrFormat("moerr diff %s %s", args.a, args.b));
-    if (!out.good()) return absl::UnavailableError("cannot write " + args.html);
+    MOERR_RETURN_IF_ERROR(
+        diff::DiffPage(report, a.trace, b.trace, absl::StrFormat("moerr diff %s %s", args.a, args.b)).Write(args.html));
   }
   if (args.json) {
     PrintJson(DiffJson(args, a.trace, a.step, b.trace, b.step, report));

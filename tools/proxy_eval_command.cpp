@@ -4,9 +4,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "moe/moe_config.h"
 #include "proxy/proxy_eval.h"
 #include "support/progress.h"
 #include "support/status.h"
@@ -264,7 +266,10 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("-o,--output", opts->eval.out_dir,
                   "Work directory (its warm-up of each preset, family and length is reused)")
       ->required();
-  cmd->add_option("--preset", opts->eval.preset, "Model size: tiny, small, fine, wide, wide-ep")->capture_default_str();
+  cmd->add_option("--preset", opts->eval.preset,
+                  "Model size, one of:\n" + std::string(absl::StripTrailingAsciiWhitespace(moe::PresetHelp())))
+      ->capture_default_str()
+      ->check(CLI::IsMember(moe::PresetNames()));
   cmd->add_option("--family", opts->family, "Model family: qwen2_moe, qwen3_moe, deepseek_v3, mixtral")
       ->capture_default_str();
   cmd->add_option("--warmup-steps", opts->eval.warmup_steps, "Supervised warm-up steps")->capture_default_str();

@@ -4,10 +4,10 @@
 #include "formats/bundle_reader.h"
 #include "formats/trace.h"
 #include "formats/world_run.h"
-#include "report/html_report.h"
 #include "report/step_section.h"
 #include "report/verdict.h"
 #include "report/world_section.h"
+#include "support/html_page.h"
 #include "support/status.h"
 #include "tools/command.h"
 #include "world/run_directory.h"
@@ -20,7 +20,7 @@ namespace {
 CommandResult ReportRun(const std::string& dir, std::vector<int64_t> steps, const std::string& out) {
   MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(dir));
   MOERR_ASSIGN_OR_RETURN(steps, world::RunSteps(world, steps));
-  report::HtmlReport page("moerr report: " + dir);
+  HtmlPage page("moerr report: " + dir);
   for (int64_t step : steps) {
     MOERR_RETURN_IF_ERROR(formats::ReadWorldStep(world, step));
     MOERR_RETURN_IF_ERROR(report::AddWorldSection(page, world));
@@ -64,7 +64,7 @@ void AddReportCommand(CLI::App& app, int& exit_code) {
     for (const std::string& f : opts->would_fit) {
       would_fit.push_back(f == "fp16" ? formats::DType::kF16 : formats::DType::kBF16);
     }
-    report::HtmlReport page("moerr report: " + opts->bundle);
+    HtmlPage page("moerr report: " + opts->bundle);
     std::vector<int64_t> with_ops;
     for (int64_t step : steps) {
       MOERR_ASSIGN_OR_RETURN(const formats::Trace trace, formats::ReadTrace(*reader, step));

@@ -1,9 +1,11 @@
 #include <cstdio>
 #include <memory>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "moe/moe_config.h"
 #include "moe/training_run.h"
 #include "recorder/recorder.h"
 #include "replayer/world_failure.h"
@@ -158,7 +160,10 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<TrainArgs>();
   CLI::App* cmd = app.add_subcommand(
       "train", "Train the reference MoE model: supervised warm-up, then GRPO steps, optionally with a fault");
-  cmd->add_option("--preset", opts->train.preset, "Model size: tiny, tiny-fine, tiny-mla (--family deepseek_v3), small, fine, wide, wide-ep")->capture_default_str();
+  cmd->add_option("--preset", opts->train.preset,
+                  "Model size, one of:\n" + std::string(absl::StripTrailingAsciiWhitespace(moe::PresetHelp())))
+      ->capture_default_str()
+      ->check(CLI::IsMember(moe::PresetNames()));
   cmd->add_option("--family", opts->family, "Checkpoint family: qwen2_moe, qwen3_moe, deepseek_v3, mixtral")
       ->capture_default_str();
   cmd->add_option("--fault", opts->fault,
