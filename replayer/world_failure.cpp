@@ -28,37 +28,11 @@ llvm::json::Array Strings(const std::vector<std::string>& v) {
 }  // namespace
 
 std::string FailureKindOfFault(moe::FaultKind kind) {
-  switch (kind) {
-    case moe::FaultKind::kExpertOverflow:
-    case moe::FaultKind::kGradOverflow:
-    case moe::FaultKind::kLrDivergence:
-    case moe::FaultKind::kLossScaleGrowth:
-    case moe::FaultKind::kTrainedPrecision: return "overflow";
-    case moe::FaultKind::kLogprobPrecision:
-    case moe::FaultKind::kBadKernel: return "hazardous-patterns";
-    case moe::FaultKind::kRouterCollapse:
-    case moe::FaultKind::kRouterCollapseFree: return "load-imbalance";
-    case moe::FaultKind::kSkipUpdate: return "optimizer-hazards";
-    case moe::FaultKind::kNone: break;
-  }
-  return "";
+  return kind == moe::FaultKind::kNone ? "" : moe::FaultRowOf(kind).failure;
 }
 
 std::string FailureRuleOfFault(moe::FaultKind kind) {
-  switch (kind) {
-    case moe::FaultKind::kExpertOverflow:
-    case moe::FaultKind::kGradOverflow:
-    case moe::FaultKind::kLrDivergence:
-    case moe::FaultKind::kLossScaleGrowth:
-    case moe::FaultKind::kTrainedPrecision: return "overflow";
-    case moe::FaultKind::kLogprobPrecision: return "mixed-autocast";
-    case moe::FaultKind::kBadKernel: return "exp-range";
-    case moe::FaultKind::kRouterCollapse:
-    case moe::FaultKind::kRouterCollapseFree: return "load-imbalance";
-    case moe::FaultKind::kSkipUpdate: return "lost-update";
-    case moe::FaultKind::kNone: break;
-  }
-  return "";
+  return kind == moe::FaultKind::kNone ? "" : moe::FaultRowOf(kind).rule;
 }
 
 llvm::json::Object FaultAnnotation(moe::FaultKind kind, int64_t rank) {

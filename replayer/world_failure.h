@@ -17,22 +17,19 @@
 #include "absl/status/statusor.h"
 #include "formats/world_run.h"
 #include "llvm/Support/JSON.h"
-#include "moe/fault.h"
+#include "moe/faults/fault_table.h"
 #include "replayer/step_failure.h"
 
 namespace moerr::replayer {
 
-// The failure that shows a catalogue fault: "overflow" (the first overflow)
-// for expert-overflow, grad-overflow and the dynamics faults lr-divergence,
-// loss-scale-growth and trained-precision, else the lint check that names it
-// (hazardous-patterns, load-imbalance for router-collapse and
-// router-collapse-free, optimizer-hazards). One table: the multi-rank verdict
-// and proxy-eval's fault cases both judge by it.
+// The failure that shows a catalogue fault, and so the one a replay must
+// show to reproduce it: its row's `failure` ("overflow", the first
+// overflow, or the lint check that names it) and `rule` (the rule of that
+// check its warnings must have, Failure::rule; "overflow" for an overflow)
+// in moe/faults/fault_table.h. The multi-rank verdict and proxy-eval's fault
+// cases both judge by them. "" for kNone and for the rank faults, which no
+// failure verdict judges.
 std::string FailureKindOfFault(moe::FaultKind kind);
-// The rule of that check the fault shows as (Failure::rule): "mixed-autocast"
-// (logprob-precision), "exp-range" (bad-kernel: a naive fp16 softmax's exp),
-// "load-imbalance" (router-collapse), "lost-update" (skip-update); "overflow"
-// for the overflow faults.
 std::string FailureRuleOfFault(moe::FaultKind kind);
 
 // The fault a run was trained with, from rank 0's "fault" annotation

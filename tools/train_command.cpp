@@ -166,11 +166,7 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember(moe::PresetNames()));
   cmd->add_option("--family", opts->family, "Checkpoint family: qwen2_moe, qwen3_moe, deepseek_v3, mixtral")
       ->capture_default_str();
-  cmd->add_option("--fault", opts->fault,
-                  "Fault to inject: none, expert-overflow, grad-overflow, logprob-precision, bad-kernel, "
-                  "router-collapse, skip-update, and the dynamics faults (failing steps later) lr-divergence, "
-                  "router-collapse-free, loss-scale-growth, trained-precision")
-      ->capture_default_str();
+  cmd->add_option("--fault", opts->fault, moe::FaultHelp(moe::FaultScope::kProcess))->capture_default_str();
   cmd->add_option("--steps", opts->train.steps, "GRPO steps")->capture_default_str();
   cmd->add_option("--warmup-steps", opts->train.warmup_steps, "Supervised warm-up steps")->capture_default_str();
   cmd->add_option("--init", opts->train.init_checkpoint, "Start from this HF checkpoint directory (skips warm-up)");
@@ -218,11 +214,7 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
                   "With --ranks and --fault expert-overflow, router-collapse or bad-kernel: only rank K's weights get "
                   "the fault (expert-overflow breaks an expert rank K hosts; bad-kernel raises rank K's logits); the "
                   "numerics and options the fault needs change on every rank (bad-kernel's naive softmax)");
-  cmd->add_option("--rank-fault", opts->ranks.rank_fault,
-                  "A multi-rank fault in step 0: kill:K (rank K is killed by SIGKILL as the step starts), stall:K "
-                  "(rank K stops there, the others time out in their collective), corrupt:K (rank K's first "
-                  "all_to_all of rows delivers another rank's rows scaled by 2^16, as a bad link would); @N: at "
-                  "rank K's N-th collective after the rollout (N-th all_to_all of rows for corrupt), from 0");
+  cmd->add_option("--rank-fault", opts->ranks.rank_fault, moe::FaultHelp(moe::FaultScope::kRanks));
   OnRun(cmd, exit_code, [opts] { return RunTrain(*opts); });
 }
 

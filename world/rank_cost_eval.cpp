@@ -12,7 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "distributed/launcher.h"
 #include "llvm/Support/FormatVariadic.h"
-#include "moe/fault.h"
+#include "moe/faults/fault_table.h"
 #include "support/filesystem.h"
 #include "support/status.h"
 
@@ -146,7 +146,7 @@ absl::Status EvaluateFault(const RankCostOptions& o, const std::string& fault, c
                                     std::to_string(o.warmup_steps), "--steps", "1", "--fault", fault, "--record",
                                     "replayable", "--collective-timeout", timeout, "--deadline",
                                     absl::StrFormat("%g", o.child_timeout_s), "--force", "-o", dir};
-  if (fault == "expert-overflow" || fault == "router-collapse" || fault == "bad-kernel") {
+  if (const moe::FaultRow* row = moe::FindFault(fault, moe::FaultScope::kProcess); row && row->in_weights) {
     train.insert(train.end(), {"--fault-rank", std::to_string(std::max<int64_t>(0, o.ranks - 3))});
   }
   if (progress) progress(fault + ": training on " + n + " ranks");

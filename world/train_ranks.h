@@ -23,7 +23,7 @@ struct RanksOptions {
   double collective_timeout_s = 60;
   double deadline_s = 0;
   std::string store = "file";  // file or tcp
-  std::string rank_fault;      // "", or kill|stall|corrupt:K[@N] (train_ranks.cpp)
+  std::string rank_fault;      // "", or NAME:K[@N], NAME a rank fault of moe/faults/faults.def
   std::vector<std::pair<std::string, std::string>> env;  // more variables for every rank
   bool quiet = false;          // no "launching ..." line (a command printing JSON)
 };
@@ -41,13 +41,14 @@ absl::StatusOr<int> LaunchRanks(const RanksOptions& options);
 // a one-process run, neither launching nor joining ranks, would ignore it.
 absl::Status CheckOneProcess(const RanksOptions& options);
 
-// A rank's world and the training observer that applies --rank-fault on it.
+// A rank's world and the training observer that applies --rank-fault on it
+// (moe/faults/rank_fault.h).
 struct RankSession {
   distributed::RankEnv env;
   std::unique_ptr<moe::Parallel> parallel;
   // Null without --rank-fault for this rank. Declared after `parallel`, so
   // destroyed first: it removes itself from the collectives' observers.
-  // Goes after any recorder in the run's observers (train_ranks.cpp).
+  // Goes after any recorder in the run's observers (moe::MakeRankFault).
   std::unique_ptr<moe::TrainObserver> fault;
 };
 absl::StatusOr<RankSession> JoinAsRank(const distributed::RankEnv& env, const RanksOptions& options);
