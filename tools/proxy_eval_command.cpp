@@ -28,7 +28,7 @@ struct ProxyEvalArgs {
   std::vector<std::string> keeps = {"1/2", "1/4", "1/8"}, faults;
   std::string json, family = "qwen3_moe";
   int64_t ranks = 0;  // > 0: the cost on fewer ranks (rank_cost_eval.h)
-  double child_timeout_s = world::RankCostOptions().child_timeout_s;
+  world::RankCostOptions on_ranks;  // --child-timeout and --rounds bind here
 };
 
 // --ranks N: the options of the cost on fewer ranks (every fault by default):
@@ -42,10 +42,9 @@ absl::StatusOr<world::RankCostOptions> RankCostOptionsOf(const ProxyEvalArgs& ar
       return absl::InvalidArgumentError(absl::StrFormat("proxy-eval --ranks does not use %s", unused));
     }
   }
-  world::RankCostOptions o;
+  world::RankCostOptions o = args.on_ranks;
   if (cmd.get_option("--preset")->count() > 0) o.preset = args.eval.preset;
   if (cmd.get_option("--warmup-steps")->count() > 0) o.warmup_steps = args.eval.warmup_steps;
-  o.child_timeout_s = args.child_timeout_s;
   o.ranks = args.ranks;
   o.keeps = args.keeps;
   o.out_dir = args.eval.out_dir;
@@ -224,8 +223,10 @@ CommandResult RunProxyEval(const ProxyEvalArgs& args, const CLI::App& cmd) {
     MOERR_RETURN_IF_ERROR(ClaimWorkDir(o.out_dir, "proxy-eval", own));
     return world::RunRankCost(o, args.json);
   }
-  if (cmd.get_option("--child-timeout")->count() > 0) {
-    return absl::InvalidArgumentError("proxy-eval: --child-timeout is for --ranks");
+  for (const char* ranks_only : {"--child-timeout", "--rounds"}) {
+    if (cmd.get_option(ranks_only)->count() > 0) {
+      return absl::InvalidArgumentError(absl::StrFormat("proxy-eval: %s is for --ranks", ranks_only));
+    }
   }
   for (const char* unused : {"--seeds", "--steps", "--faults", "--memory-micro-batch", "--ema-window",
                              "--slope-window", "--response-at", "--response-steps", "--dynamics-steps"}) {
@@ -321,9 +322,14 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
                   "of this command; devices, step time per rank and device time per step (the ranks' CPU seconds), "
                   "and whether the fault reproduces and is localised on M ranks. Uses --preset (wide-ep is the one "
                   "made for it, and its default with --ranks; --warmup-steps defaults to 20), --keep, --faults, "
-                  "--child-timeout, -o, --json, and refuses the other options")
+                  "--child-timeout, --rounds, -o, --json, and refuses the other options")
       ->check(CLI::Range(int64_t{2}, int64_t{256}));
-  cmd->add_option("--child-timeout", opts->child_timeout_s,
+  cmd->add_option("--rounds", opts->on_ranks.rounds,
+                  "With --ranks: replays of each step, the original's and each proxy's interleaved; each cost is "
+                  "their median")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{100}));
+  cmd->add_option("--child-timeout", opts->on_ranks.child_timeout_s,
                   "With --ranks: seconds each child command (train, replay, proxy) may run before it is stopped and "
                   "reported; train's --deadline too")
       ->capture_default_str()

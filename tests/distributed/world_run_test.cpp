@@ -456,15 +456,19 @@ TEST(WorldRun, AOneRankBadKernelWarnsOnItsRankAndReproducesInAProxy) {
   EXPECT_TRUE(row->getBoolean("localised").getValueOr(false)) << run.out;
 }
 
-// `proxy-eval --ranks 2 --json FILE` of one fault at 1/2: its rows.
+// `proxy-eval --ranks 2 --rounds 2 --json FILE` of one fault at 1/2: its rows.
 llvm::json::Array RankCost(const std::string& name, const std::string& preset) {
   const fs::path dir = fs::path(::testing::TempDir()) / ("moerr_rank_cost_" + name);
   fs::remove_all(dir);
   const std::string json = (dir.string() + ".json");
   const Result r = Moerr(fs::path(::testing::TempDir()),
                          {"proxy-eval", "--ranks", "2", "--preset", preset, "--warmup-steps", "3", "--faults",
-                          "skip-update", "--keep", "1/2", "-o", dir.string(), "--json", json});
+                          "skip-update", "--keep", "1/2", "--rounds", "2", "-o", dir.string(), "--json", json});
   EXPECT_EQ(r.code, 0) << r.out << r.err;
+  // Each replay runs twice, the original's and the proxy's interleaved.
+  EXPECT_NE(r.err.find("the original's replay, round 2 of 2"), std::string::npos) << r.err;
+  EXPECT_LT(r.err.find("the original's replay, round 1 of 2"), r.err.find("the proxy at 1/2, round 1 of 2")) << r.err;
+  EXPECT_LT(r.err.find("the proxy at 1/2, round 1 of 2"), r.err.find("the original's replay, round 2 of 2")) << r.err;
   EXPECT_NE(r.out.find("Projection (computed, not measured)"), std::string::npos) << r.out;
   llvm::Expected<llvm::json::Value> v = llvm::json::parse(Slurp(json));
   if (!v) {

@@ -61,6 +61,7 @@ TEST_F(ArgumentsTest, AValueASubcommandCannotUseExits2NamingIt) {
       {{"proxy", "run/run.moerr", "-o", "out/px", "--method", "nearest"}, "nearest"},
       {{"proxy-eval", "-o", "out/eval", "--keep", "3"}, "--keep 3: a fraction like 1/4"},
       {{"proxy-eval", "-o", "out/eval", "--faults", "no-such-fault"}, "no-such-fault"},
+      {{"proxy-eval", "-o", "out/eval", "--rounds", "2"}, "--rounds is for --ranks"},
       {{"proxy-eval", "-o", "out/eval", "--family", "no-such-family"}, "no-such-family"},
       {{"proxy-eval", "-o", "out/eval", "--ranks", "2", "--keep", "1/2", "--faults", "lr-divergence"},
        "lr-divergence fails only steps after injection"},
