@@ -4,7 +4,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "moe/faults/fault_table.h"
 #include "moe/moe_config.h"
 #include "moe/training_run.h"
 #include "recorder/recorder.h"
@@ -106,11 +108,15 @@ CommandResult RunTrain(TrainArgs& o) {
   MOERR_ASSIGN_OR_RETURN(const auto rank_env, distributed::RankFromEnvironment());
   if (o.train.fault_rank >= 0) {
     const int64_t world = rank_env.has_value() ? rank_env->world_size : o.ranks.ranks;
-    if (o.train.fault != moe::FaultKind::kExpertOverflow && o.train.fault != moe::FaultKind::kRouterCollapse &&
-        o.train.fault != moe::FaultKind::kBadKernel) {
-      return absl::InvalidArgumentError(
-          "--fault-rank needs a fault in one rank's weights: expert-overflow, router-collapse or bad-kernel (the "
-          "others change only what every rank shares: numerics, options)");
+    if (o.train.fault == moe::FaultKind::kNone || !moe::FaultRowOf(o.train.fault).in_weights) {
+      std::vector<std::string> in_weights;
+      for (const moe::FaultRow* row : moe::FaultTable()) {
+        if (row->in_weights) in_weights.push_back(row->name);
+      }
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--fault-rank needs a fault in one rank's weights: %s (the others change only what every rank shares: "
+          "numerics, options)",
+          absl::StrJoin(in_weights, ", ")));
     }
     if (world <= 1) return absl::InvalidArgumentError("--fault-rank applies to several ranks: pass --ranks N (N > 1)");
     if (o.train.fault_rank >= world) {
