@@ -1,5 +1,6 @@
 #include "moe/grpo_trainer.h"
 
+#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -101,7 +102,7 @@ GrpoTrainer::GrpoTrainer(MoeTransformer policy, MoeTransformer reference, Additi
       options_(options),
       seed_(seed),
       rng_(seed),
-      loss_scale_(options.numerics.precision == Precision::kFp16Emu ? options.initial_loss_scale : 1.0) {
+      loss_scale_(IsFp16(options.numerics.precision) ? options.initial_loss_scale : 1.0) {
   for (auto& p : reference_->parameters()) p.set_requires_grad(false);
   optimizer_ = std::make_unique<ForeachAdamW>(policy_->parameters(), options.lr, options.weight_decay);
 }
@@ -386,7 +387,7 @@ void GrpoTrainer::Update(StepMetrics& m) {
   m.loss_scale = loss_scale_;
   if (!finite) {
     m.skipped = true;
-    if (options_.numerics.precision == Precision::kFp16Emu) loss_scale_ /= 2;
+    if (IsFp16(options_.numerics.precision)) loss_scale_ /= 2;
     good_steps_ = 0;
   } else {
     // Clipped as torch::nn::utils::clip_grad_norm_ clips: by max / (norm + 1e-6) when that is below 1.
@@ -396,7 +397,7 @@ void GrpoTrainer::Update(StepMetrics& m) {
       at::_foreach_mul_(grads, clip);
     }
     if (!options_.skip_update) optimizer_->Step();
-    if (options_.numerics.precision == Precision::kFp16Emu && ++good_steps_ % options_.scale_growth_interval == 0) {
+    if (IsFp16(options_.numerics.precision) && ++good_steps_ % options_.scale_growth_interval == 0) {
       loss_scale_ *= 2;
     }
   }

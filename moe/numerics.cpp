@@ -29,7 +29,8 @@ struct Fp16RoundFunction : public torch::autograd::Function<Fp16RoundFunction> {
 }  // namespace
 
 constexpr EnumName<Precision> kPrecisions[] = {
-    {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp16Emu, "fp16-emu"}};
+    {Precision::kFp32, "fp32"}, {Precision::kBf16, "bf16"}, {Precision::kFp16, "fp16"},
+    {Precision::kFp16Emu, "fp16-emu"}};
 
 absl::StatusOr<Precision> ParsePrecision(const std::string& name) {
   return ParseEnum(kPrecisions, "precision", name);
@@ -50,9 +51,9 @@ NumericsScope::NumericsScope(Numerics numerics)
       previous_autocast_(at::autocast::is_autocast_enabled(at::kCPU)),
       previous_autocast_dtype_(at::autocast::get_autocast_dtype(at::kCPU)) {
   current_numerics = numerics;
-  const bool bf16 = numerics.precision == Precision::kBf16;
-  at::autocast::set_autocast_enabled(at::kCPU, bf16);
-  if (bf16) at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  const bool bf16 = numerics.precision == Precision::kBf16, fp16 = numerics.precision == Precision::kFp16;
+  at::autocast::set_autocast_enabled(at::kCPU, bf16 || fp16);
+  if (bf16 || fp16) at::autocast::set_autocast_dtype(at::kCPU, bf16 ? at::kBFloat16 : at::kHalf);
 }
 
 NumericsScope::~NumericsScope() {

@@ -1,8 +1,10 @@
-// Precision of a training step. LibTorch 1.13 on CPU has no fp16 matmul,
-// softmax or exp, so fp16 is emulated: values are computed in fp32 and
-// rounded to fp16 at every module boundary, in the forward pass and (for
-// gradients) in the backward pass; an overflow gives +-Inf, or saturates to
-// +-65504 as NPUs can be told to. bf16 runs natively under CPU autocast.
+// Precision of a training step. bf16 and fp16 run natively under CPU
+// autocast: matmuls and the ops autocast lists compute in the low dtype, and
+// an fp16 overflow inside an op gives +-Inf as the op computes it. fp16-emu
+// computes in fp32 and rounds to fp16 at every module boundary, forward and
+// (for gradients) backward; an overflow there gives +-Inf, or saturates to
+// +-65504 as NPUs can be told to, which no native CPU op does. The fp16
+// faults run under fp16-emu: their numbers are set on its boundaries.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -13,9 +15,11 @@
 
 namespace moerr::moe {
 
-enum class Precision { kFp32, kBf16, kFp16Emu };
-absl::StatusOr<Precision> ParsePrecision(const std::string& name);  // fp32, bf16, fp16-emu
+enum class Precision { kFp32, kBf16, kFp16, kFp16Emu };
+absl::StatusOr<Precision> ParsePrecision(const std::string& name);  // fp32, bf16, fp16, fp16-emu
 std::string PrecisionName(Precision p);
+// fp16 or fp16-emu: the step needs loss scaling.
+inline bool IsFp16(Precision p) { return p == Precision::kFp16 || p == Precision::kFp16Emu; }
 
 // fp16's largest finite value.
 inline constexpr double kFp16Max = 65504.0;
@@ -35,7 +39,8 @@ struct Numerics {
 };
 const Numerics& CurrentNumerics();
 
-// Sets the thread's numerics (and CPU bf16 autocast for kBf16) for its life.
+// Sets the thread's numerics (and CPU autocast to bf16 or fp16 for kBf16 and
+// kFp16) for its life.
 class NumericsScope {
  public:
   explicit NumericsScope(Numerics numerics);

@@ -135,6 +135,10 @@ absl::StatusOr<TrainReport> RunTraining(const TrainOptions& options, const Progr
   if (!options.overwrite && ::stat(report.metrics_path.c_str(), &st) == 0) {
     return absl::AlreadyExistsError(absl::StrFormat("%s exists; pass --force to overwrite", report.metrics_path));
   }
+  if (options.fp16_saturate && options.precision == Precision::kFp16) {
+    return absl::InvalidArgumentError(
+        "fp16 overflow that saturates needs fp16-emu: a native fp16 op gives Inf, and no CPU op saturates");
+  }
   const AdditionTask task;
   absl::Status status = CatchTorch("training", [&]() -> absl::Status {
     torch::manual_seed(options.seed);

@@ -49,7 +49,7 @@ TEST_F(GrpoTest, WarmupGivesMeasurableAccuracy) {
 }
 
 TEST_F(GrpoTest, SameSeedGivesBitwiseIdenticalMetrics) {
-  for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16Emu}) {
+  for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16, Precision::kFp16Emu}) {
     GrpoOptions options;
     options.numerics.precision = p;
     options.rollout_numerics.precision = p;

@@ -45,12 +45,45 @@ TEST_P(ProgramReplayTest, ReproducesEveryFingerprintBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Precisions, ProgramReplayTest,
-                         ::testing::Values(moe::Precision::kFp32, moe::Precision::kBf16, moe::Precision::kFp16Emu),
+                         ::testing::Values(moe::Precision::kFp32, moe::Precision::kBf16, moe::Precision::kFp16,
+                                           moe::Precision::kFp16Emu),
                          [](const auto& info) {
                            std::string name = moe::PrecisionName(info.param);
                            name.erase(std::remove(name.begin(), name.end(), '-'), name.end());
                            return name;
                          });
+
+// How many matmul outputs of `trace` are fp16.
+size_t Fp16Matmuls(const formats::Trace& trace) {
+  size_t n = 0;
+  for (const formats::OpEvent& op : trace.ops) {
+    if (op.name != "aten::mm" && op.name != "aten::bmm" && op.name != "aten::matmul" && op.name != "aten::linear") {
+      continue;
+    }
+    for (uint64_t id : op.outputs) {
+      const formats::TensorMeta* meta = id ? trace.Find(id) : nullptr;
+      n += meta != nullptr && meta->dtype == formats::DType::kF16;
+    }
+  }
+  return n;
+}
+
+// fp16 runs the matmuls in fp16 (CPU autocast); fp16-emu computes them in
+// fp32 and rounds only at module boundaries.
+TEST(ProgramReplayTest, NativeFp16ComputesMatmulsInFp16) {
+  TempDir dir;
+  for (const moe::Precision p : {moe::Precision::kFp16, moe::Precision::kFp16Emu}) {
+    SCOPED_TRACE(moe::PrecisionName(p));
+    auto reader = RecordTinySteps(dir.File(moe::PrecisionName(p) + ".moerr"), p, recorder::CaptureMode::kStats, 1);
+    auto trace = formats::ReadTrace(*reader, 0);
+    ASSERT_TRUE(trace.ok()) << trace.status();
+    if (p == moe::Precision::kFp16) {
+      EXPECT_GT(Fp16Matmuls(*trace), 10u);
+    } else {
+      EXPECT_EQ(Fp16Matmuls(*trace), 0u);
+    }
+  }
+}
 
 // A failing step replays to the same failure: the first non-finite output
 // comes from the same op, with the same fingerprint (NaN compares bitwise).
