@@ -76,7 +76,6 @@ void PrintCause(const OverflowCause& found, size_t ops, int64_t step) {
   }
 }
 
-// The first overflow of `trace` as text: its output and the headroom trend.
 void PrintFirstOverflow(const FirstOverflow& found, size_t ops, int64_t step) {
   const formats::OpEvent& op = *found.op;
   const formats::Fingerprint& f = found.fingerprint;

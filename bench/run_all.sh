@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# make bench: every benchmark, each printing its own markdown table, into
-# bench/RESULTS.md (RESULTS=... to write elsewhere) and on stdout. Each
-# section names the command that reproduces it; the header names the date,
-# the commit, the machine, the torch and its BLAS. Nothing else in the
-# project pastes a figure by hand.
+# make bench: every benchmark, each printing its own markdown table, on
+# stdout and into bench/RESULTS.md (RESULTS=... to write elsewhere), which
+# is replaced only when every benchmark ran. Each section names the command
+# that reproduces it ($WORK: a temporary directory); the header names the
+# date, the commit, the machine, the torch and its BLAS. Progress goes to
+# stderr, not into the file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -18,8 +19,9 @@ section() {
   shift
   echo
   echo "## $title"
+  local shown="$*"
   echo
-  echo "\`$*\`"
+  echo "\`${shown//$WORK/\$WORK}\`"
   echo
   "$@"
 }
@@ -61,8 +63,8 @@ section "Replay and bisect against one step" \
   "$BUILD/bench/replay_bench" --preset small
 section "Several ranks: recorder CPU per rank and step, bundle size per rank, replay of one rank" \
   "$PYTHON" bench/distributed/bench_distributed.py "$BUILD" "$WORK/distributed"
-section "Fewer ranks: device time per step of an 8-rank step and of its proxies on 4, 2 and 1 ranks (median of 3 rounds)" \
-  "$BUILD/tools/moerr" proxy-eval --ranks 8 --preset wide-ep --warmup-steps 10 --faults expert-overflow,grad-overflow,logprob-precision,bad-kernel,router-collapse,skip-update --rounds 3 -o "$WORK/fewer"
+section "Fewer ranks: device time per step of an 8-rank step and of its proxies on 4, 2 and 1 ranks, for each fault that fails at once (median of 3 rounds)" \
+  "$BUILD/tools/moerr" proxy-eval --ranks 8 --preset wide-ep --warmup-steps 10 --rounds 3 -o "$WORK/fewer"
 section "moerr bisect against torch.autograd.detect_anomaly on the same failing steps" \
   "$PYTHON" bench/replayer/compare_detect_anomaly.py "$BUILD" "$WORK/anomaly"
 section "Recorder overhead from Python, against torch.autograd.detect_anomaly" \
@@ -73,4 +75,5 @@ section "moerr diff of two imported msprobe tensor dumps against numpy (MOERR_IM
   "$PYTHON" bench/importers/bench_import_diff.py "$BUILD" "$WORK/import" --mib "${MOERR_IMPORT_BENCH_MIB:-256}"
 section "moerr proxy --checkpoint on a generated 8 GB Qwen3-MoE-layout bf16 checkpoint (MOERR_PROXY_BENCH_GB, default 8; deleted after)" \
   "$PYTHON" bench/proxy/bench_checkpoint_proxy.py "$BUILD" "$WORK/proxy" --gb "${MOERR_PROXY_BENCH_GB:-8}"
-} 2>&1 | tee "$RESULTS"
+} | tee "$RESULTS.partial"
+mv "$RESULTS.partial" "$RESULTS"

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "support/check.h"
 
 namespace moerr::distributed {
 namespace {
@@ -38,18 +39,21 @@ std::string SignalName(int sig) {
   if (::getppid() != launcher) ::_exit(126);  // the launcher died before prctl
   for (const auto& [path, fd] : {std::pair{out, 1}, std::pair{err, 2}}) {
     if (path == nullptr) continue;
-    const int f = ::open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int f = ::open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);  // dup2 clears CLOEXEC
     if (f < 0 || ::dup2(f, fd) < 0) ::_exit(127);
   }
   ::execve("/proc/self/exe", argv.data(), envp.data());
   ::_exit(127);
 }
 
-// This process's environment with `lines` ("NAME=value") replacing or adding variables.
+// This process's environment with `lines` ("NAME=value") replacing or adding
+// variables, less the rendezvous and the rank variables it inherited.
 std::vector<std::string> RankEnvironment(const std::vector<std::string>& lines) {
   // The rendezvous is the launcher's alone: an inherited MOERR_STORE would
-  // send the ranks of a --store tcp run to a FileStore.
-  static const char* const kRendezvous[] = {"MOERR_STORE", "MOERR_STORE_SERVER", "MASTER_ADDR", "MASTER_PORT"};
+  // send the ranks of a --store tcp run to a FileStore; and a plain child
+  // (rank_env false) launched from a rank is no rank of that run.
+  static const char* const kRendezvous[] = {"MOERR_STORE", "MOERR_STORE_SERVER", "MASTER_ADDR", "MASTER_PORT",
+                                            "RANK",        "WORLD_SIZE",         "LOCAL_RANK",  "LOCAL_WORLD_SIZE"};
   std::vector<std::string> out;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
@@ -116,21 +120,16 @@ absl::StatusOr<std::vector<std::string>> OwnArguments() {
   return args;
 }
 
-absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
-  if (options.ranks < 1) return absl::InvalidArgumentError("--ranks must be >= 1");
-  if (options.ranks > 1 && !(options.stdout_path.empty() && options.stderr_path.empty())) {
-    return absl::InvalidArgumentError("an output file is for one process; ranks share the launcher's");
-  }
+namespace {
+
+// Forks and execs each rank of `options`; kills those started when one
+// cannot be.
+absl::StatusOr<std::vector<pid_t>> SpawnRanks(const LaunchOptions& options) {
   const char* out = options.stdout_path.empty() ? nullptr : options.stdout_path.c_str();
   const char* err = options.stderr_path.empty() ? nullptr : options.stderr_path.c_str();
-  // An inherited SIG_IGN for SIGCHLD would reap the ranks before waitpid
-  // sees them, and the wait below would never end.
-  ::signal(SIGCHLD, SIG_DFL);
-  const Clock::time_point start = Clock::now();
   std::vector<char*> argv;
   for (const std::string& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  LaunchResult result;
   std::vector<pid_t> pids;
   const pid_t launcher = ::getpid();
   for (int64_t r = 0; r < options.ranks; ++r) {
@@ -154,8 +153,25 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
       return absl::UnavailableError("cannot start rank " + std::to_string(r) + ": fork: " + why);
     }
     pids.push_back(pid);
-    result.ranks.push_back(RankOutcome{r, RankOutcome::Kind::kOk, 0, 0});
   }
+  return pids;
+}
+
+}  // namespace
+
+absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
+  if (options.ranks < 1) return absl::InvalidArgumentError("--ranks must be >= 1");
+  MOERR_CHECK(options.ranks == 1 || (options.stdout_path.empty() && options.stderr_path.empty()))
+      << "an output file is for one process; ranks share the launcher's";
+  // An inherited SIG_IGN for SIGCHLD would reap the ranks before waitpid
+  // sees them, and the wait below would never end.
+  ::signal(SIGCHLD, SIG_DFL);
+  const Clock::time_point start = Clock::now();
+  const absl::StatusOr<std::vector<pid_t>> spawned = SpawnRanks(options);
+  if (!spawned.ok()) return spawned.status();
+  const std::vector<pid_t>& pids = *spawned;
+  LaunchResult result;
+  for (int64_t r = 0; r < options.ranks; ++r) result.ranks.push_back(RankOutcome{r, RankOutcome::Kind::kOk, 0, 0});
 
   std::vector<bool> done(pids.size(), false), stopped(pids.size(), false);
   double first_failure = -1, term_sent = -1;

@@ -2,10 +2,8 @@
 #pragma once
 
 #include <cmath>
-#include <cstdio>
 #include <optional>
 
-#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/JSON.h"
 
 namespace moerr::formats {
@@ -29,12 +27,6 @@ inline std::optional<double> NumberOrName(const llvm::json::Value& v) {
   if (*name == "inf") return HUGE_VAL;
   if (*name == "-inf") return -HUGE_VAL;
   return std::nullopt;
-}
-
-// Prints `value` as indented JSON on stdout: every --json output. Through
-// stdio, as the commands' text is, so the two never interleave out of order.
-inline void PrintJson(llvm::json::Value value) {
-  std::printf("%s\n", llvm::formatv("{0:2}", std::move(value)).str().c_str());
 }
 
 }  // namespace moerr::formats

@@ -7,17 +7,11 @@
 #include <cmath>
 
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
+#include "recorder/hooks/tensor_adapter.h"
 #include "recorder/hooks/torch_boundary.h"
 #include "support/status.h"
 
 namespace moerr::moe {
-namespace {
-
-std::string Shape(const at::Tensor& t) { return "[" + absl::StrJoin(t.sizes(), ", ") + "]"; }
-
-}  // namespace
-
 absl::StatusOr<at::Tensor> Logits(MoeTransformer& model, const at::Tensor& ids) {
   at::Tensor logits;
   MOERR_RETURN_IF_ERROR(CatchTorch("forward", [&] {
@@ -48,7 +42,7 @@ absl::StatusOr<LogitsComparison> CompareLogits(const at::Tensor& logits, at::Ten
   if (reference.dim() == 2) reference = reference.unsqueeze(0);
   if (!reference.sizes().equals(logits.sizes())) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: logits has shape %s; the forward gives %s", what,
-                                                      Shape(reference), Shape(logits)));
+                                                      recorder::ShapeText(reference), recorder::ShapeText(logits)));
   }
   reference = reference.to(at::kFloat);
   LogitsComparison c;

@@ -1,5 +1,7 @@
 #include "proxy/checkpoint_proxy.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <cctype>
 #include <tuple>

@@ -1,5 +1,7 @@
 #include "proxy/step_bundle.h"
 
+#include <ATen/ATen.h>
+
 #include <random>
 #include <sstream>
 

@@ -1,5 +1,7 @@
 #include "proxy/token_file.h"
 
+#include <ATen/ATen.h>
+
 #include <fstream>
 
 #include "absl/strings/match.h"
@@ -12,12 +14,6 @@
 #include "support/status.h"
 
 namespace moerr::proxy {
-namespace {
-
-std::string Shape(const at::Tensor& t) { return "[" + absl::StrJoin(t.sizes(), ", ") + "]"; }
-
-}  // namespace
-
 // Token ids separated by commas or white space.
 absl::StatusOr<std::vector<int64_t>> ParseIds(absl::string_view text, const std::string& where) {
   std::vector<int64_t> ids;
@@ -87,7 +83,7 @@ absl::StatusOr<at::Tensor> ReadInputIds(const std::string& path) {
   if (ids.dim() == 1) ids = ids.unsqueeze(0);
   if (ids.dim() != 2 || ids.numel() == 0) {
     return absl::InvalidArgumentError(
-        absl::StrFormat("%s: input_ids has shape %s; it needs [batch, positions], non-empty", path, Shape(ids)));
+        absl::StrFormat("%s: input_ids has shape %s; it needs [batch, positions], non-empty", path, recorder::ShapeText(ids)));
   }
   return ids.to(at::kLong);
 }

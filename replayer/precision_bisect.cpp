@@ -162,12 +162,30 @@ absl::StatusOr<PrecisionBisectResult> PrecisionBisect(const formats::BundleReade
 // --precision: replays the step under upcast sets until a 1-minimal one that
 // removes the overflow is found (dropping any module brings it back);
 // prints it and writes it as a policy.
+void PrintPrecisionBisect(const PrecisionBisectResult& r, int64_t step, const std::string& upcast,
+                          const std::string& policy_out) {
+  std::printf("step %lld: overflow at op %zu (%s, %s, %s phase)\n", static_cast<long long>(step), r.op_index,
+              r.op.c_str(), r.module.empty() ? "no module" : r.module.c_str(),
+              std::string(formats::PhaseName(r.phase)).c_str());
+  if (!r.removable) {
+    std::printf("  upcasting all %zu modules that run before it to %s does not remove it: not a precision problem "
+                "of these modules\n", r.candidates.size(), upcast.c_str());
+    return;
+  }
+  std::printf("  upcasting these %zu of %zu modules to %s removes it; dropping any one brings it back (%zu replays).\n"
+              "  Each is the module's own ops, not its submodules': a module and its submodule are both listed when "
+              "both are needed:\n",
+              r.modules.size(), r.candidates.size(), upcast.c_str(), r.trials);
+  for (const auto& m : r.modules) std::printf("    %s\n", m.c_str());
+  if (!policy_out.empty()) std::printf("  policy written to %s (moerr replay --policy %s)\n", policy_out.c_str(), policy_out.c_str());
+}
+
 ExitOr RunPrecisionBisect(const formats::BundleReader& reader, int64_t step, const formats::Trace& trace,
-                                 const analysis::OverflowOptions& overflow, const std::string& upcast,
-                                 const std::string& policy_out, bool json, llvm::json::Array& results) {
+                          const analysis::OverflowOptions& overflow, const std::string& upcast,
+                          const std::string& policy_out, bool json, llvm::json::Array& results) {
   PrecisionBisectOptions options;
   options.overflow = overflow;
-  options.upcast = ParsePolicyAction(upcast).value();
+  MOERR_ASSIGN_OR_RETURN(options.upcast, ParsePolicyAction(upcast));
   Progress progress(absl::StrFormat("step %d: precision bisect", step), 0);
   options.on_trial = [&](size_t trial, size_t set) {
     progress.Update(static_cast<int64_t>(trial), absl::StrFormat("trial %d, %d modules upcast", trial, set));
@@ -201,20 +219,7 @@ ExitOr RunPrecisionBisect(const formats::BundleReader& reader, int64_t step, con
         {"policy", policy_out.empty() || !result->removable ? llvm::json::Value(nullptr) : llvm::json::Value(policy_out)}});
     return kExitFinding;
   }
-  std::printf("step %lld: overflow at op %zu (%s, %s, %s phase)\n", static_cast<long long>(step), result->op_index,
-              result->op.c_str(), result->module.empty() ? "no module" : result->module.c_str(),
-              std::string(formats::PhaseName(result->phase)).c_str());
-  if (!result->removable) {
-    std::printf("  upcasting all %zu modules that run before it to %s does not remove it: not a precision problem "
-                "of these modules\n", result->candidates.size(), upcast.c_str());
-    return kExitFinding;
-  }
-  std::printf("  upcasting these %zu of %zu modules to %s removes it; dropping any one brings it back (%zu replays).\n"
-              "  Each is the module's own ops, not its submodules': a module and its submodule are both listed when "
-              "both are needed:\n",
-              result->modules.size(), result->candidates.size(), upcast.c_str(), result->trials);
-  for (const auto& m : result->modules) std::printf("    %s\n", m.c_str());
-  if (!policy_out.empty()) std::printf("  policy written to %s (moerr replay --policy %s)\n", policy_out.c_str(), policy_out.c_str());
+  PrintPrecisionBisect(*result, step, upcast, policy_out);
   return kExitFinding;
 }
 

@@ -54,6 +54,11 @@ absl::StatusOr<PrecisionBisectResult> PrecisionBisect(const formats::BundleReade
                                                       const formats::Trace& trace,
                                                       const PrecisionBisectOptions& options = {});
 
+// A result of PrecisionBisect as `moerr bisect --precision` prints it; the
+// policy's file is `policy_out` ("" when none was written).
+void PrintPrecisionBisect(const PrecisionBisectResult& r, int64_t step, const std::string& upcast,
+                          const std::string& policy_out);
+
 // `moerr bisect --precision` of `step`: PrecisionBisect with progress on
 // stderr, the set printed (or appended to `results` when `json`) and, when
 // one removes the overflow and `policy_out` is not empty, written there as

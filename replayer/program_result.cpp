@@ -8,7 +8,6 @@
 #include "absl/strings/str_join.h"
 #include "formats/json_number.h"
 #include "formats/module_path.h"
-#include "support/exit_code.h"
 #include "support/status.h"
 
 namespace moerr::replayer {

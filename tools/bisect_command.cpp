@@ -1,13 +1,7 @@
-#include <stdlib.h>
-
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <optional>
 
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "analysis/cause_bisect.h"
 #include "analysis/first_overflow.h"
 #include "formats/bundle_reader.h"
@@ -61,7 +55,7 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
                   "reference (moerr's shipped ones load without it) is run on its recorded inputs and a recorded "
                   "output further from the reference's fp64 run than its dtype explains is reported");
   cmd->add_flag("--json", opts->json, "Print JSON");
-  OnRun(cmd, exit_code, [opts]() -> CommandResult {
+  OnRun(cmd, exit_code, [opts]() -> ExitOr {
     analysis::OverflowOptions options;
     options.fraction = opts->fraction;
     options.limit = opts->limit == "fp16"   ? analysis::DTypeMax(formats::DType::kF16)

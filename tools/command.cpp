@@ -28,9 +28,9 @@ int ReportError(const absl::Status& status) {
   return exit_code;
 }
 
-void OnRun(CLI::App* cmd, int& exit_code, std::function<CommandResult()> body) {
+void OnRun(CLI::App* cmd, int& exit_code, std::function<ExitOr()> body) {
   cmd->callback([&exit_code, body = std::move(body)] {
-    const CommandResult result = body();
+    const ExitOr result = body();
     exit_code = result.ok() ? *result : ReportError(result.status());
   });
 }

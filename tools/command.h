@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "formats/bundle_reader.h"
 #include "formats/json_number.h"
+#include "formats/json_output.h"
 #include "formats/step_trace.h"
 #include "formats/trace.h"
 #include "llvm/Support/JSON.h"
@@ -27,12 +28,10 @@ namespace moerr::tools {
 // stderr and returns ExitCodeOf(status).
 int ReportError(const absl::Status& status);
 
-// What a subcommand's body returns: kExitOk or kExitFinding when it ran, or
-// the status that stopped it.
-using CommandResult = ExitOr;
-// Makes `body` the callback of `cmd`: runs it when the subcommand is given
+// Makes `body` (kExitOk or kExitFinding when it ran, or the status that
+// stopped it) the callback of `cmd`: runs it when the subcommand is given
 // and sets `exit_code` to what it returned, or to ReportError(its status).
-void OnRun(CLI::App* cmd, int& exit_code, std::function<CommandResult()> body);
+void OnRun(CLI::App* cmd, int& exit_code, std::function<ExitOr()> body);
 // The BUNDLE argument's transform: a training or import output directory
 // becomes the recording it holds (formats::ResolveRecording); a directory
 // that holds none is a usage error naming what it holds.

@@ -32,7 +32,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "analysis/cause_bisect.h"
 #include "analysis/check.h"
+#include "analysis/finding_output.h"
 #include "analysis/first_overflow.h"
 #include "analysis/overflow_cause.h"
 #include "formats/bundle_reader.h"
@@ -47,6 +49,7 @@
 #include "proxy/reduce.h"
 #include "replayer/precision_bisect.h"
 #include "replayer/program_replay.h"
+#include "replayer/program_result.h"
 #include "replayer/step_failure.h"
 #include "report/step_figures.h"
 #include "report/step_section.h"
@@ -230,22 +233,10 @@ absl::Status BisectStep(Story& s) {
               s.bundle.c_str(), static_cast<long long>(s.step));
   const auto cause = analysis::FindOverflowCause(s.trace);
   if (!cause) return absl::InternalError("the recorded step has no overflow");
-  const analysis::FirstOverflow* first = &cause->first;
-  std::printf("    first overflow: op %zu of %zu, %s in %s (%s); output: %llu of %llu values +Inf, %llu -Inf, "
-              "%llu NaN\n",
-              first->op_index, s.trace.ops.size(), first->op->name.c_str(), first->op->module.c_str(),
-              std::string(formats::PhaseName(first->op->phase)).c_str(),
-              static_cast<unsigned long long>(first->fingerprint.pos_inf),
-              static_cast<unsigned long long>(first->fingerprint.numel),
-              static_cast<unsigned long long>(first->fingerprint.neg_inf),
-              static_cast<unsigned long long>(first->fingerprint.nan));
+  analysis::PrintCause(*cause, s.trace.ops.size(), s.step);
+  analysis::PrintFirstOverflow(cause->first, s.trace.ops.size(), s.step);
   const analysis::CauseLink& c = cause->cause;
-  std::printf("    cause: op %zu, %s in %s (%s): abs-max %.6g, %+.1f bits over its computed inputs, %+.1f over "
-              "its %zu peers' median\n",
-              c.op_index, c.op->name.c_str(), c.op->module.c_str(),
-              std::string(formats::PhaseName(c.op->phase)).c_str(),
-              c.abs_max, c.input_rise_bits, c.peer_rise_bits, c.peers);
-  std::printf("    the fault was injected in %s: %s\n\n", s.run.fault.module.c_str(),
+  std::printf("  (the fault was injected in %s: %s)\n\n", s.run.fault.module.c_str(),
               cause->found_explosion && absl::StartsWith(c.op->module, s.run.fault.module) ? "found" : "NOT found");
   // The step emulates fp16: the overlay asks which fp32 values would not fit in it.
   return report::AddStepSection(s.page, *s.reader, s.bundle, s.step, s.trace, {formats::DType::kF16});
@@ -253,15 +244,18 @@ absl::Status BisectStep(Story& s) {
 
 // A4: program replay, twice. A finding when it does not match the record
 // bitwise or itself.
-CommandResult ReplayStep(const Story& s) {
+ExitOr ReplayStep(const Story& s) {
   std::printf("A4. $ moerr replay %s --step %lld --check\n", s.bundle.c_str(), static_cast<long long>(s.step));
   auto replay = replayer::ReplayTrace(*s.reader, s.step, s.trace);
   auto again = replayer::ReplayTrace(*s.reader, s.step, s.trace);
   if (!replay.ok() || !again.ok()) return replay.ok() ? again.status() : replay.status();
   const bool same = replay->outputs == again->outputs;
-  std::printf("    %zu ops re-dispatched from the step's leaves, %zu outputs compared with the record: %zu differ;\n"
-              "    the same overflow, bitwise; a second replay is %s\n\n",
-              replay->dispatched, replay->compared, replay->mismatched, same ? "bitwise identical" : "DIFFERENT");
+  replayer::ProgramResult result;
+  result.report = &*replay;
+  result.trace = &s.trace;
+  result.same = same;
+  replayer::PrintProgramReplay(result);
+  std::printf("\n");
   return replay->mismatched != 0 || !same ? kExitFinding : kExitOk;
 }
 
@@ -271,39 +265,25 @@ absl::Status BisectPrecision(const Story& s) {
   MOERR_ASSIGN_OR_RETURN(const replayer::PrecisionBisectResult precision,
                          replayer::PrecisionBisect(*s.reader, s.step, s.trace));
   if (!precision.removable) return absl::InternalError("upcasting did not remove the overflow");
-  std::printf("    %zu replays under upcast sets: upcasting these %zu of %zu modules to fp32 removes the overflow, and\n"
-              "    dropping any one brings it back; each is the module's own ops, not its submodules'\n",
-              precision.trials, precision.modules.size(), precision.candidates.size());
-  for (const std::string& m : precision.modules) {
-    std::printf("      %s%s\n", m.c_str(), m == s.run.fault.module ? "   <- the injected expert" : "");
-  }
-  std::printf("    (as a policy file for `moerr replay --policy`):\n");
+  replayer::PrintPrecisionBisect(precision, s.step, "fp32", "");
+  const bool injected =
+      std::find(precision.modules.begin(), precision.modules.end(), s.run.fault.module) != precision.modules.end();
+  std::printf("  (the injected expert %s is %s)\n", s.run.fault.module.c_str(),
+              injected ? "among them" : "NOT among them");
+  std::printf("  as a policy file for `moerr replay --policy`:\n");
   for (absl::string_view line : absl::StrSplit(precision.policy.ToText(), '\n', absl::SkipEmpty())) {
-    std::printf("      %s\n", std::string(line).c_str());
+    std::printf("    %s\n", std::string(line).c_str());
   }
   std::printf("\n");
   return absl::OkStatus();
 }
 
-// A6: lint, the worst finding of each check.
+// A6: lint's findings, as the command prints them.
 absl::Status LintStep(const Story& s) {
   std::printf("A6. $ moerr lint %s --step %lld\n", s.bundle.c_str(), static_cast<long long>(s.step));
   const analysis::LintInput lint{analysis::StepView{s.reader.get(), s.bundle, s.step, &s.trace}, std::nullopt};
   MOERR_ASSIGN_OR_RETURN(const std::vector<analysis::Finding> findings, analysis::RunChecks(lint));
-  int counts[3] = {0, 0, 0};
-  for (const analysis::Finding& f : findings) ++counts[static_cast<int>(f.severity)];
-  std::printf("    %zu findings (%d error, %d warnings, %d notes) without re-running; the worst of each check:\n",
-              findings.size(), counts[2], counts[1], counts[0]);
-  std::vector<std::string> shown;
-  for (const analysis::Finding& f : findings) {
-    if (f.severity < analysis::Severity::kWarning ||
-        std::find(shown.begin(), shown.end(), f.check) != shown.end()) {
-      continue;
-    }
-    shown.push_back(f.check);
-    std::printf("      %s %s, %s: %s\n", std::string(analysis::SeverityName(f.severity)).c_str(), f.check.c_str(),
-                f.where.c_str(), f.message.c_str());
-  }
+  analysis::PrintFindings(findings);
   std::printf("\n");
   return absl::OkStatus();
 }
@@ -320,7 +300,7 @@ proxy::ProxyOptions QuarterProxy(int64_t step, const std::string& dir) {
 
 // A7: the step on a 1/4 proxy, replayed. A finding when the fault does not
 // reproduce there.
-CommandResult ReproduceOnProxy(const Story& s) {
+ExitOr ReproduceOnProxy(const Story& s) {
   const std::string proxy_dir = s.o.dir + "/proxy";
   std::printf("A7. $ moerr proxy %s --keep 1/4 -o %s && moerr replay %s/proxy.moerr --model\n", s.bundle.c_str(),
               proxy_dir.c_str(), proxy_dir.c_str());
@@ -421,7 +401,7 @@ absl::Status CompareDynamics(const Story& s) {
 
 // Part A, step by step; stops at the first step that fails or finds the
 // demo's story untrue (a replay that differs, a fault the proxy loses).
-CommandResult RunModelStory(const DemoOptions& o, HtmlPage& page) {
+ExitOr RunModelStory(const DemoOptions& o, HtmlPage& page) {
   Story s{o, page};
   MOERR_RETURN_IF_ERROR(RecordFailingRun(s));
   MOERR_RETURN_IF_ERROR(InspectRun(s));
@@ -437,7 +417,7 @@ CommandResult RunModelStory(const DemoOptions& o, HtmlPage& page) {
   return kExitOk;
 }
 
-CommandResult RunCrashStory(const std::string& dir) {
+ExitOr RunCrashStory(const std::string& dir) {
   std::filesystem::create_directories(dir);
   const std::string bundle = dir + "/run.moerr", fixed = dir + "/run.salvaged.moerr";
   std::filesystem::remove(bundle);
@@ -488,7 +468,7 @@ CommandResult RunCrashStory(const std::string& dir) {
 }
 
 // Part A, then its report, then part B.
-CommandResult RunStories(const DemoOptions& o) {
+ExitOr RunStories(const DemoOptions& o) {
   HtmlPage page("moerr demo: an expert that overflows fp16, found, replayed, proxied and reduced");
   MOERR_ASSIGN_OR_RETURN(const int code, RunModelStory(o, page));
   if (code != kExitOk) return code;
@@ -517,13 +497,13 @@ void AddDemoCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--dynamics-steps", opts->dynamics_steps, "Healthy RL steps compared, original against proxy")
       ->capture_default_str()
       ->check(CLI::Range(3, 1000));
-  OnRun(cmd, exit_code, [opts]() -> CommandResult {
+  OnRun(cmd, exit_code, [opts]() -> ExitOr {
     MOERR_RETURN_IF_ERROR(ClaimWorkDir(opts->dir, "demo",
                                        {"cache", "run", "run.moerr", "run.moerr.partial", "run.salvaged.moerr",
                                         "proxy", "reduce", "small.moerr", "healthy.moerr", "healthy-proxy",
                                         "report.html"}));
     const auto start = std::chrono::steady_clock::now();
-    const CommandResult result = RunStories(*opts);
+    const ExitOr result = RunStories(*opts);
     // The error first, then the time the demo took.
     const int code = result.ok() ? *result : ReportError(result.status());
     std::printf("\nThe demo took %.0f s.\n",

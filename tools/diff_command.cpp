@@ -132,7 +132,7 @@ void PrintDiff(const DiffArgs& args, const formats::Trace& a, const diff::DiffRe
 
 // Two run directories: rank by rank, or by module path when the world sizes
 // differ (diff/world_diff.h). --json: {"parts": [{"what", "rank_a", "rank_b", ...}]}.
-CommandResult RunWorldDiff(const DiffArgs& args, const diff::DiffOptions& options) {
+ExitOr RunWorldDiff(const DiffArgs& args, const diff::DiffOptions& options) {
   if (!args.html.empty()) return absl::InvalidArgumentError("--html compares two bundles: pass one rank's bundle of each");
   MOERR_ASSIGN_OR_RETURN(const formats::WorldStep a, formats::OpenWorldStep(args.a, args.step_a));
   MOERR_ASSIGN_OR_RETURN(const formats::WorldStep b, formats::OpenWorldStep(args.b, args.step_b));
@@ -157,7 +157,7 @@ CommandResult RunWorldDiff(const DiffArgs& args, const diff::DiffOptions& option
   return diverged > 0 ? kExitFinding : kExitOk;
 }
 
-CommandResult RunDiff(const DiffArgs& args) {
+ExitOr RunDiff(const DiffArgs& args) {
   MOERR_RETURN_IF_ERROR(CheckNotAnInput(args.html, {args.a, args.b}));
   diff::DiffOptions options;
   options.compare_bytes = !args.fingerprints_only;

@@ -34,7 +34,6 @@ struct Options {
   bool json = false, verbose = false, force = false;
 };
 
-std::string Shape(const at::Tensor& t) { return "[" + absl::StrJoin(t.sizes(), ", ") + "]"; }
 
 // The ids to run, from --prompt-ids, --tokens, or the --compare file's
 // input_ids; each must be a row of the embedding ([0, vocab)).
@@ -137,7 +136,7 @@ void PrintText(const Result& r, const moe::MoeConfig& c, const Options& o) {
                 r.ignored.empty() ? "none" : absl::StrJoin(r.ignored, ", ").c_str());
   }
   const llvm::json::Object s = LogitsSummary(r.logits);
-  std::printf("logits %s fp32", Shape(r.logits).c_str());
+  std::printf("logits %s fp32", recorder::ShapeText(r.logits).c_str());
   if (s.get("min") != nullptr) {
     std::printf(": min %.4g, max %.4g, mean %.4g, std %.4g", *s.getNumber("min"), *s.getNumber("max"),
                 *s.getNumber("mean"), *s.getNumber("std"));
@@ -175,7 +174,7 @@ absl::StatusOr<std::vector<std::string>> IgnoredKeys(const std::string& dir, moe
   return moe::CheckConfigKeys(*config.getAsObject(), family);
 }
 
-CommandResult RunForward(const Options& o) {
+ExitOr RunForward(const Options& o) {
   if (o.generate < 0 || o.generate > 4096) return absl::InvalidArgumentError("--generate must be in [0, 4096]");
   if (o.top_k < 1) return absl::InvalidArgumentError("--top-k must be >= 1");
   if (!(o.tolerance >= 0)) return absl::InvalidArgumentError("--tolerance must be >= 0");
@@ -229,7 +228,7 @@ void AddForwardCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--force", opts->force, "Overwrite the --save file");
   cmd->add_flag("--json", opts->json, "Print JSON instead of text");
   cmd->add_flag("--verbose", opts->verbose, "Also list the config.json keys ignored as metadata");
-  OnRun(cmd, exit_code, [opts]() -> CommandResult { return RunForward(*opts); });
+  OnRun(cmd, exit_code, [opts]() -> ExitOr { return RunForward(*opts); });
 }
 
 }  // namespace moerr::tools

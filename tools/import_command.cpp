@@ -70,7 +70,7 @@ CLI::App* AddSource(CLI::App* parent, int& exit_code, const char* name, const ch
   cmd->add_flag("--force", args->force, "Overwrite bundles that exist");
   cmd->add_flag("--json", args->json, "Print what was written as JSON");
   const std::string from = name;
-  OnRun(cmd, exit_code, [args, from]() -> CommandResult {
+  OnRun(cmd, exit_code, [args, from]() -> ExitOr {
     MOERR_RETURN_IF_ERROR(CheckNotAnInput(args->out, {args->in}));
     PhasedProgress progress;
     importers::ImportOptions options;

@@ -28,7 +28,7 @@ llvm::json::Object FateJson(const analysis::RankFate& f, const formats::RankStep
 
 // A run directory: each rank's bundle and how its step ended. Exit 1 when
 // some rank did not finish the step.
-CommandResult InspectRun(const std::string& dir, int64_t step, bool json) {
+ExitOr InspectRun(const std::string& dir, int64_t step, bool json) {
   MOERR_ASSIGN_OR_RETURN(const formats::WorldStep world, formats::OpenWorldStep(dir, step));
   const std::vector<analysis::RankFate> fates = analysis::RankFates(world);
   bool all_finished = true;
@@ -91,7 +91,7 @@ void AddInspectCommand(CLI::App& app, int& exit_code) {
       ->transform(RecordingPath());
   cmd->add_option("--step", opts->step, "Run directory: the step to look at (default: the first)");
   cmd->add_flag("--json", opts->json, "Print JSON instead of a table");
-  OnRun(cmd, exit_code, [opts]() -> CommandResult {
+  OnRun(cmd, exit_code, [opts]() -> ExitOr {
     if (formats::IsRunDirectory(opts->bundle)) return InspectRun(opts->bundle, opts->step, opts->json);
     MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
     MOERR_ASSIGN_OR_RETURN(const formats::BundleSummary summary, formats::Summarize(*reader));

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "analysis/check.h"
-#include "analysis/cross_rank.h"
+#include "analysis/finding_output.h"
 #include "formats/bundle_reader.h"
 #include "formats/world_run.h"
 #include "replayer/vendor_check.h"
@@ -14,32 +14,6 @@
 
 namespace moerr::tools {
 namespace {
-
-llvm::json::Object FindingJson(const analysis::Finding& f) {
-  llvm::json::Object o{{"check", f.check},
-                       {"severity", std::string(analysis::SeverityName(f.severity))},
-                       {"step", f.step},
-                       {"where", f.where},
-                       {"message", f.message},
-                       {"numbers", llvm::json::Object(f.numbers)}};
-  if (f.op_index >= 0) {
-    o["op_index"] = f.op_index;
-    o["op"] = f.op;
-    o["phase"] = f.phase;
-  }
-  if (!f.next.empty()) o["next"] = f.next;
-  if (f.rank >= 0) o["rank"] = f.rank;
-  return o;
-}
-
-void Print(const analysis::Finding& f) {
-  std::string where = f.op_index >= 0 ? absl::StrFormat("op %d %s in %s (%s)", f.op_index, f.op, f.where, f.phase)
-                                      : f.where;
-  if (f.rank >= 0) where = absl::StrFormat("rank %d, %s", f.rank, where);
-  std::printf("  %-7s %-18s %s\n          %s\n", std::string(analysis::SeverityName(f.severity)).c_str(),
-              f.check.c_str(), where.c_str(), f.message.c_str());
-  if (!f.next.empty()) std::printf("          next: %s\n", f.next.c_str());
-}
 
 struct LintArgs {
   std::string bundle, against;
@@ -111,17 +85,7 @@ absl::StatusOr<std::vector<analysis::Finding>> LintRun(const LintArgs& args, con
   return all;
 }
 
-void PrintFindings(const std::vector<analysis::Finding>& all, const int (&counts)[3]) {
-  int64_t step = -2;
-  for (const analysis::Finding& f : all) {
-    if (f.step != step) std::printf("step %lld:\n", static_cast<long long>(step = f.step));
-    Print(f);
-  }
-  std::printf("%zu findings: %d error%s, %d warning%s, %d note%s\n", all.size(), counts[2], counts[2] == 1 ? "" : "s",
-              counts[1], counts[1] == 1 ? "" : "s", counts[0], counts[0] == 1 ? "" : "s");
-}
-
-CommandResult RunLint(const LintArgs& args) {
+ExitOr RunLint(const LintArgs& args) {
   if (args.list) {
     for (const auto& c : analysis::AllChecks()) {
       std::printf("%-20s %s\n", std::string(c->name()).c_str(), std::string(c->summary()).c_str());
@@ -130,6 +94,13 @@ CommandResult RunLint(const LintArgs& args) {
   }
   if (args.bundle.empty()) return absl::InvalidArgumentError("lint needs a BUNDLE");
   MOERR_RETURN_IF_ERROR(analysis::CheckNamesExist(args.only));
+  for (const auto& c : analysis::AllChecks()) {
+    const bool named = std::find(args.only.begin(), args.only.end(), std::string(c->name())) != args.only.end();
+    if (named && c->scope() == analysis::CheckScope::kRun && !formats::IsRunDirectory(args.bundle)) {
+      return absl::InvalidArgumentError(absl::StrFormat("--only %s reads a run directory (world.json); %s is one bundle",
+                                                        c->name(), args.bundle));
+    }
+  }
   std::optional<OpenedStep> original;
   if (!args.against.empty()) {
     MOERR_ASSIGN_OR_RETURN(original, OpenStep(args.against, args.against_step));
@@ -155,16 +126,16 @@ CommandResult RunLint(const LintArgs& args) {
     if (opless.size() == steps_read) return absl::FailedPreconditionError(hint);
     std::fprintf(stderr, "moerr: note: %s\n", hint.c_str());
   }
-  int counts[3] = {0, 0, 0};
-  for (const analysis::Finding& f : all) ++counts[static_cast<int>(f.severity)];
   if (args.json) {
     llvm::json::Array out;
-    for (const analysis::Finding& f : all) out.push_back(FindingJson(f));
+    for (const analysis::Finding& f : all) out.push_back(analysis::FindingJson(f));
     PrintJson(std::move(out));
   } else {
-    PrintFindings(all, counts);
+    analysis::PrintFindings(all);
   }
-  return counts[1] + counts[2] > 0 ? kExitFinding : kExitOk;
+  const bool warned = std::any_of(all.begin(), all.end(),
+                                  [](const analysis::Finding& f) { return f.severity >= analysis::Severity::kWarning; });
+  return warned ? kExitFinding : kExitOk;
 }
 
 }  // namespace
@@ -172,9 +143,9 @@ CommandResult RunLint(const LintArgs& args) {
 void AddLintCommand(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<LintArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "lint", "Static checks over recorded steps, no re-run: dtype headroom, hazardous op patterns, routing "
-              "fragility, load imbalance, optimizer hazards, proxy preservation; and on a full bundle vendor ops, "
-              "re-run on their recorded inputs, against their references. Exits 1 on a warning or worse");
+      "lint", "Checks over recorded steps, each finding with its numbers and the command to run next; none re-runs "
+              "the step (vendor-op re-runs single ops on their recorded inputs). --list names them. Exits 1 on a "
+              "warning or worse");
   cmd->add_option("BUNDLE", opts->bundle,
                   "A bundle (any mode; optimizer-state checks need replayable or full), or a multi-rank run directory: "
                   "every rank, and rank-imbalance, the rows each rank received in all_to_all")

@@ -155,7 +155,7 @@ llvm::json::Value CheckpointProxyJson(const proxy::CheckpointProxyReport& r, con
 }
 
 // moerr proxy --checkpoint DIR: the streamed proxy of an HF checkpoint.
-CommandResult RunCheckpointProxy(const ProxyArgs& a) {
+ExitOr RunCheckpointProxy(const ProxyArgs& a) {
   if (!a.bundle.empty()) return absl::InvalidArgumentError("give a BUNDLE or --checkpoint DIR, not both");
   if (a.step >= 0 || a.ranks > 0 || a.whole_batch || a.heal > 0) {
     return absl::InvalidArgumentError("--step, --ranks, --whole-batch and --heal apply to a bundle, not --checkpoint");
@@ -199,7 +199,7 @@ CommandResult RunCheckpointProxy(const ProxyArgs& a) {
 // parameters written as an HF checkpoint to a temporary directory and
 // proxied as --checkpoint's, the calibration on every rank's recorded batch
 // (unless --tokens names others).
-CommandResult RunHfRunProxy(ProxyArgs a, formats::WorldStep& world, bool calib_given) {
+ExitOr RunHfRunProxy(ProxyArgs a, formats::WorldStep& world, bool calib_given) {
   if (a.step >= 0 || a.ranks > 0 || a.whole_batch || a.heal > 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s was recorded from a Python loop (moerr.record(model=, hf_config=)): its proxy is an HF checkpoint, as "
@@ -214,7 +214,7 @@ CommandResult RunHfRunProxy(ProxyArgs a, formats::WorldStep& world, bool calib_g
   absl::StatusOr<int64_t> tokens = !s.ok()             ? absl::StatusOr<int64_t>(s)
                                    : a.tokens.empty() ? replayer::WriteHfBatch(record, tmp + "/batch.safetensors")
                                                       : absl::StatusOr<int64_t>(0);  // --tokens: not needed
-  CommandResult result = absl::UnknownError("not run");
+  ExitOr result = absl::UnknownError("not run");
   if (!tokens.ok()) {
     result = tokens.status();
   } else {
@@ -239,7 +239,7 @@ CommandResult RunHfRunProxy(ProxyArgs a, formats::WorldStep& world, bool calib_g
 }
 
 // moerr proxy BUNDLE (or a run directory): the proxy of a recorded step.
-CommandResult RunBundleProxy(const ProxyArgs& a, bool calib_given, bool shard_size_given) {
+ExitOr RunBundleProxy(const ProxyArgs& a, bool calib_given, bool shard_size_given) {
   if (a.bundle.empty()) return absl::InvalidArgumentError("give a BUNDLE, a run directory or --checkpoint DIR");
   if (formats::IsRunDirectory(a.bundle)) {
     MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(a.bundle));
@@ -360,7 +360,7 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
       ->transform(CLI::AsSizeValue(true));
   cmd->add_flag("--json", opts->json, "Of --checkpoint: the report as JSON on stdout");
   cmd->add_flag("--force", opts->force, "Overwrite an earlier proxy in the output directory");
-  OnRun(cmd, exit_code, [opts, calib, shard_size]() -> CommandResult {
+  OnRun(cmd, exit_code, [opts, calib, shard_size]() -> ExitOr {
     if (!opts->checkpoint.empty()) return RunCheckpointProxy(*opts);
     return RunBundleProxy(*opts, calib->count() > 0, shard_size->count() > 0);
   });

@@ -215,7 +215,7 @@ void PrintTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval)
   }
 }
 
-CommandResult RunProxyEval(const ProxyEvalArgs& args, const CLI::App& cmd) {
+ExitOr RunProxyEval(const ProxyEvalArgs& args, const CLI::App& cmd) {
   if (args.ranks > 0) {
     MOERR_ASSIGN_OR_RETURN(const world::RankCostOptions o, RankCostOptionsOf(args, cmd));
     std::vector<std::string> own = OwnFiles(args.json, o.out_dir);  // and a directory per fault

@@ -90,7 +90,7 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--step", opts->step, "Step to reduce (default: the first that overflowed or has a lint warning)");
   cmd->add_flag("--force", opts->force, "Overwrite an existing output bundle");
   cmd->add_flag("--json", opts->json, "Print the report as JSON");
-  OnRun(cmd, exit_code, [opts]() -> CommandResult {
+  OnRun(cmd, exit_code, [opts]() -> ExitOr {
     MOERR_RETURN_IF_ERROR(CheckOverwrite(opts->out, opts->force, {opts->bundle}));
     MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
     proxy::ReduceOptions options;

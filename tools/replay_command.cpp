@@ -119,7 +119,7 @@ int ReportReplayOverflow(const formats::BundleReader& reader, const formats::Tra
 
 // The record `a` and the replay `b` of `step`, compared op by op. A finding
 // when they diverge or do not align.
-CommandResult CompareWithRecord(const formats::BundleReader& reader, const formats::Trace& a,
+ExitOr CompareWithRecord(const formats::BundleReader& reader, const formats::Trace& a,
                                 const formats::BundleReader& replay, const formats::Trace& b, int64_t step,
                                 llvm::json::Object* json) {
   diff::DiffOptions diff_options;
@@ -153,7 +153,7 @@ CommandResult CompareWithRecord(const formats::BundleReader& reader, const forma
 // `moerr replay --model`: runs the step again on a rebuilt model, records it
 // to `options.record_path` and compares it op by op with the record; prints
 // what it found, or puts it in `json` when given.
-CommandResult ModelReplay(const formats::BundleReader& reader, int64_t step, replayer::ModelReplayOptions options,
+ExitOr ModelReplay(const formats::BundleReader& reader, int64_t step, replayer::ModelReplayOptions options,
                           llvm::json::Object* json) {
   MOERR_ASSIGN_OR_RETURN(const replayer::ReplayedStep replayed, replayer::ReplayModelStepTrace(reader, step, options));
   const replayer::ModelReplayReport& report = replayed.report;
@@ -195,12 +195,13 @@ struct ReplayArgs {
   std::string policy, precision, out;
   std::vector<std::string> references;  // --reference OP=FILE
   int64_t rank = -1;                      // --rank K of a run directory
-  int64_t ranks = 0;                      // --ranks M: live replay of a run directory on M ranks
-  double collective_timeout_s = 60;       // with --ranks
+  // --ranks M (live replay of a run directory on M ranks) and
+  // --collective-timeout bind here; the shared options are copied in.
+  world::ReplayRanksArgs on_ranks;
 };
 
 // `moerr replay --model` of each of `steps`: the worst exit code of them.
-CommandResult ModelReplays(const ReplayArgs& args, const formats::BundleReader& reader,
+ExitOr ModelReplays(const ReplayArgs& args, const formats::BundleReader& reader,
                            const std::vector<int64_t>& steps) {
   if (args.isolated || args.check || !args.policy.empty()) {
     return absl::InvalidArgumentError("--model does not combine with --isolated, --check or --policy");
@@ -224,7 +225,7 @@ CommandResult ModelReplays(const ReplayArgs& args, const formats::BundleReader& 
                                    .string();
     model.overwrite = !keep || args.force;
     llvm::json::Object result;
-    const CommandResult code = ModelReplay(reader, step, model, args.json ? &result : nullptr);
+    const ExitOr code = ModelReplay(reader, step, model, args.json ? &result : nullptr);
     if (!keep) std::filesystem::remove(model.record_path);
     if (!code.ok()) return code.status();
     exit_code = std::max(exit_code, *code);
@@ -237,7 +238,7 @@ CommandResult ModelReplays(const ReplayArgs& args, const formats::BundleReader& 
 // The program (or --isolated) replay of `step`, printed or added to
 // `results`. A finding when it diverges from the record or, with --check,
 // from itself.
-CommandResult ProgramReplay(const ReplayArgs& args, const formats::BundleReader& reader, int64_t step,
+ExitOr ProgramReplay(const ReplayArgs& args, const formats::BundleReader& reader, int64_t step,
                             const replayer::ReplayOptions& options, llvm::json::Array& results) {
   MOERR_ASSIGN_OR_RETURN(const formats::Trace trace, formats::ReadTrace(reader, step));
   if (trace.ops.empty()) return NoOpsToReplay(reader, args.bundle, step);
@@ -282,7 +283,7 @@ CommandResult ProgramReplay(const ReplayArgs& args, const formats::BundleReader&
 
 // Replays every step asked of the bundle `args.bundle`: --model prints its
 // own results; program replays add theirs to `results` (JSON) or print them.
-CommandResult ReplayBundle(const ReplayArgs& args, llvm::json::Array& results) {
+ExitOr ReplayBundle(const ReplayArgs& args, llvm::json::Array& results) {
   MOERR_RETURN_IF_ERROR(CheckNotAnInput(args.out, {args.bundle}));
   MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(args.bundle));
   replayer::ReplayOptions options;
@@ -308,7 +309,7 @@ CommandResult ReplayBundle(const ReplayArgs& args, llvm::json::Array& results) {
 // damaged one) is reported, with why, and the other ranks go on: a finding.
 // --json: {"ranks": [{"rank": K, "steps": [...]} or {"rank": K, "error": WHY}],
 // "cross_rank": [...]}.
-CommandResult ReplayRun(const ReplayArgs& args) {
+ExitOr ReplayRun(const ReplayArgs& args) {
   MOERR_ASSIGN_OR_RETURN(const std::vector<world::RankBundle> bundles, world::BundlesOf(args.bundle, args.rank));
   if (args.model || !args.out.empty()) {
     return absl::InvalidArgumentError("--model and --out replay one bundle: not a run directory");
@@ -327,7 +328,7 @@ CommandResult ReplayRun(const ReplayArgs& args) {
     one.bundle = b.path;
     if (!args.json) std::printf("rank %lld (%s)\n", static_cast<long long>(b.rank), b.path.c_str());
     llvm::json::Array steps;
-    const CommandResult code = ReplayBundle(one, steps);
+    const ExitOr code = ReplayBundle(one, steps);
     if (!code.ok() && ExitCodeOf(code.status()) == kExitError) {  // a bug in moerr still stops it
       exit_code = std::max(exit_code, kExitFinding);
       const std::string why(code.status().message());
@@ -349,27 +350,25 @@ CommandResult ReplayRun(const ReplayArgs& args) {
 }
 
 // --ranks M: the run's step re-executed on M ranks (replay_ranks.h).
-CommandResult ReplayRunOnRanks(const ReplayArgs& args) {
+ExitOr ReplayRunOnRanks(const ReplayArgs& args) {
   if (args.rank >= 0 || args.model || args.isolated || args.check || !args.policy.empty() ||
       !args.precision.empty() || args.live_routing || !args.references.empty()) {
     return absl::InvalidArgumentError(
         "--ranks re-executes the whole step on other ranks: it does not combine with --rank, --model, --isolated, "
         "--check, --policy, --precision, --live-routing or --reference");
   }
-  world::ReplayRanksArgs ranks;
+  world::ReplayRanksArgs ranks = args.on_ranks;
   ranks.run = args.bundle;
   ranks.steps = args.steps;
-  ranks.ranks = args.ranks;
   ranks.out = args.out;
   ranks.force = args.force;
   ranks.json = args.json;
-  ranks.collective_timeout_s = args.collective_timeout_s;
   return world::ReplayOnRanks(ranks);
 }
 
-CommandResult RunReplay(const ReplayArgs& args) {
+ExitOr RunReplay(const ReplayArgs& args) {
   // A proxy run (moerr proxy RUN) records no ops: it runs on its ranks.
-  if (args.ranks > 0 || (args.rank < 0 && world::IsProxyRun(args.bundle))) return ReplayRunOnRanks(args);
+  if (args.on_ranks.ranks > 0 || (args.rank < 0 && world::IsProxyRun(args.bundle))) return ReplayRunOnRanks(args);
   if (formats::IsRunDirectory(args.bundle) || args.rank >= 0) return ReplayRun(args);
   llvm::json::Array results;  // --json: one object per step
   MOERR_ASSIGN_OR_RETURN(const int exit_code, ReplayBundle(args, results));
@@ -390,7 +389,7 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--rank", opts->rank,
                   "Run directory: replay rank K alone (its collectives from the record); default every rank, then "
                   "check that what each rank received is what the others sent");
-  cmd->add_option("--ranks", opts->ranks,
+  cmd->add_option("--ranks", opts->on_ranks.ranks,
                   "Run directory: re-execute the step live on M ranks (M divides the run's ranks; 1: the whole world "
                   "in this process), each hosting the experts of the ranks it stands for, with the recorded routing "
                   "and batch; compare every expert's ops, the step's metrics, the first overflow and the run's failure "
@@ -399,7 +398,7 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
                   "A Python loop recorded with moerr.record(model=, hf_config=): its HF-layout model rebuilt, each "
                   "rank's layer outputs, loss and gradients compared within a relative 1e-4 (docs/DISTRIBUTED.md)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--collective-timeout", opts->collective_timeout_s,
+  cmd->add_option("--collective-timeout", opts->on_ranks.collective_timeout_s,
                   "With --ranks (or a proxy run): seconds a collective (and the rendezvous) may take before the "
                   "replay rank fails naming it")
       ->capture_default_str()
@@ -413,7 +412,7 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
                 "bundles of `moerr train --record`), force the recorded routing, run the step again and compare it "
                 "op by op with the record");
   cmd->add_flag("--live-routing", opts->live_routing, "With --model: let the routers choose instead of the record");
-  cmd->add_option("--precision", opts->precision, "With --model: train and roll out in fp32, bf16 or fp16-emu");
+  cmd->add_option("--precision", opts->precision, "With --model: train and roll out in fp32, bf16, fp16 or fp16-emu");
   cmd->add_option("--out", opts->out,
                   "With --model: keep the replayed step's recording here; with --ranks: the replay's run directory");
   cmd->add_flag("--force", opts->force, "With --out: overwrite an existing recording");

@@ -17,7 +17,7 @@ namespace moerr::tools {
 namespace {
 
 // A run directory: one section per step across the ranks (report/world_section.h).
-CommandResult ReportRun(const std::string& dir, std::vector<int64_t> steps, const std::string& out) {
+ExitOr ReportRun(const std::string& dir, std::vector<int64_t> steps, const std::string& out) {
   MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(dir));
   MOERR_ASSIGN_OR_RETURN(steps, world::RunSteps(world, steps));
   HtmlPage page("moerr report: " + dir);
@@ -55,7 +55,7 @@ void AddReportCommand(CLI::App& app, int& exit_code) {
                   "held in it? (fp16 or bf16; repeatable)")
       ->check(CLI::IsMember({"fp16", "bf16"}));
   cmd->add_flag("--force", opts->force, "Overwrite an existing report");
-  OnRun(cmd, exit_code, [opts]() -> CommandResult {
+  OnRun(cmd, exit_code, [opts]() -> ExitOr {
     MOERR_RETURN_IF_ERROR(CheckOverwrite(opts->out, opts->force, {opts->bundle}));
     if (formats::IsRunDirectory(opts->bundle)) return ReportRun(opts->bundle, opts->steps, opts->out);
     MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));

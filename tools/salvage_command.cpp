@@ -57,7 +57,7 @@ void PrintReport(const std::string& in, const std::string& out, const formats::R
 
 // A run directory: each rank whose writer did not finish (rankK.moerr.partial
 // alone) is salvaged into rankK.moerr beside it; the .partial stays.
-CommandResult SalvageRun(const std::string& dir) {
+ExitOr SalvageRun(const std::string& dir) {
   MOERR_ASSIGN_OR_RETURN(const std::vector<world::RankBundle> bundles, world::BundlesOf(dir));
   int salvaged = 0;
   absl::Status failed;  // the first rank that could not be salvaged
@@ -101,7 +101,7 @@ void AddSalvageCommand(CLI::App& app, int& exit_code) {
       ->transform(RecordingPath());
   cmd->add_option("-o,--output", opts->out, "Where to write the repaired bundle (a bundle, not a run directory)");
   cmd->add_flag("--force", opts->force, "Overwrite the output if it exists");
-  OnRun(cmd, exit_code, [opts]() -> CommandResult {
+  OnRun(cmd, exit_code, [opts]() -> ExitOr {
     if (formats::IsRunDirectory(opts->in)) {
       if (!opts->out.empty()) {
         return absl::InvalidArgumentError("-o names a bundle: a run directory is salvaged in place (rankK.moerr)");

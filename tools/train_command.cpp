@@ -4,7 +4,6 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "moe/faults/fault_table.h"
 #include "moe/moe_config.h"
@@ -100,7 +99,7 @@ void PrintRun(const TrainArgs& o, const world::RankSession& rank, const moe::Tra
   }
 }
 
-CommandResult RunTrain(TrainArgs& o) {
+ExitOr RunTrain(TrainArgs& o) {
   MOERR_ASSIGN_OR_RETURN(o.train.family, moe::ParseFamily(o.family));
   MOERR_ASSIGN_OR_RETURN(o.train.fault, moe::ParseFault(o.fault));
   MOERR_ASSIGN_OR_RETURN(o.train.precision, moe::ParsePrecision(o.precision));
@@ -109,14 +108,10 @@ CommandResult RunTrain(TrainArgs& o) {
   if (o.train.fault_rank >= 0) {
     const int64_t world = rank_env.has_value() ? rank_env->world_size : o.ranks.ranks;
     if (o.train.fault == moe::FaultKind::kNone || !moe::FaultRowOf(o.train.fault).in_weights) {
-      std::vector<std::string> in_weights;
-      for (const moe::FaultRow* row : moe::FaultTable()) {
-        if (row->in_weights) in_weights.push_back(row->name);
-      }
       return absl::InvalidArgumentError(absl::StrFormat(
           "--fault-rank needs a fault in one rank's weights: %s (the others change only what every rank shares: "
           "numerics, options)",
-          absl::StrJoin(in_weights, ", ")));
+          moe::FaultsInWeights()));
     }
     if (world <= 1) return absl::InvalidArgumentError("--fault-rank applies to several ranks: pass --ranks N (N > 1)");
     if (o.train.fault_rank >= world) {
@@ -176,9 +171,12 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--steps", opts->train.steps, "GRPO steps")->capture_default_str();
   cmd->add_option("--warmup-steps", opts->train.warmup_steps, "Supervised warm-up steps")->capture_default_str();
   cmd->add_option("--init", opts->train.init_checkpoint, "Start from this HF checkpoint directory (skips warm-up)");
-  cmd->add_option("--precision", opts->precision, "fp32, bf16 or fp16-emu")->capture_default_str();
+  cmd->add_option("--precision", opts->precision,
+                  "fp32; bf16 or fp16 (native, CPU autocast); fp16-emu (fp32 compute rounded to fp16 at every "
+                  "module boundary, the fp16 faults' precision)")
+      ->capture_default_str();
   cmd->add_option("--fp16-overflow", opts->fp16_overflow,
-                  "fp16 emulation: an overflow gives inf, or saturates to +-65504 (as NPUs can)")
+                  "fp16-emu: an overflow gives inf, or saturates to +-65504 (as NPUs can)")
       ->check(CLI::IsMember({"inf", "saturate"}))
       ->capture_default_str();
   cmd->add_option("--micro-batch", opts->train.micro_batch,
@@ -217,9 +215,10 @@ void AddTrainCommand(CLI::App& app, int& exit_code) {
       ->capture_default_str()
       ->check(CLI::IsMember({"file", "tcp"}));
   cmd->add_option("--fault-rank", opts->train.fault_rank,
-                  "With --ranks and --fault expert-overflow, router-collapse or bad-kernel: only rank K's weights get "
-                  "the fault (expert-overflow breaks an expert rank K hosts; bad-kernel raises rank K's logits); the "
-                  "numerics and options the fault needs change on every rank (bad-kernel's naive softmax)");
+                  "With --ranks and a --fault in one rank's weights (" + moe::FaultsInWeights() +
+                      "): only rank K's weights get the fault (expert-overflow breaks an expert rank K hosts; "
+                      "bad-kernel raises rank K's logits); the numerics and options the fault needs change on every "
+                      "rank (bad-kernel's naive softmax)");
   cmd->add_option("--rank-fault", opts->ranks.rank_fault, moe::FaultHelp(moe::FaultScope::kRanks));
   OnRun(cmd, exit_code, [opts] { return RunTrain(*opts); });
 }

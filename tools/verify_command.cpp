@@ -11,7 +11,7 @@ namespace moerr::tools {
 namespace {
 
 // Verifies one bundle; prints the result or adds it to `json`.
-CommandResult VerifyBundle(const world::RankBundle& b, llvm::json::Array* json) {
+ExitOr VerifyBundle(const world::RankBundle& b, llvm::json::Array* json) {
   auto reader = formats::BundleReader::Open(b.path);
   // A bundle whose bytes are damaged (kDataLoss: a checksum, a cut file, a
   // bad index) is a finding; a missing file or one that is not a bundle
@@ -68,7 +68,7 @@ void AddVerifyCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("BUNDLE", opts->bundle, "Bundle file (.moerr), or a run directory (world.json)")->required()
       ->transform(RecordingPath());
   cmd->add_flag("--json", opts->json, "Print the result as JSON");
-  OnRun(cmd, exit_code, [opts]() -> CommandResult {
+  OnRun(cmd, exit_code, [opts]() -> ExitOr {
     MOERR_ASSIGN_OR_RETURN(const std::vector<world::RankBundle> bundles, world::BundlesOf(opts->bundle));
     llvm::json::Array results, checks;
     int code = kExitOk;

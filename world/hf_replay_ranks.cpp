@@ -5,7 +5,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_format.h"
-#include "formats/json_number.h"
+#include "formats/json_output.h"
 #include "formats/world_manifest.h"
 #include "replayer/hf_world_replay.h"
 #include "support/status.h"

@@ -120,72 +120,102 @@ absl::Status ReadReplay(const std::string& text, const std::string& what, RankCo
   return absl::OkStatus();
 }
 
-// The median of each cost over `rounds`, the other fields from the first.
-RankCostRow Median(std::vector<RankCostRow> rounds) {
+// The median of each cost over `rounds` (of an even count, the mean of the
+// two middle ones), the other fields from the first.
+RankCostRow Median(const std::vector<RankCostRow>& rounds) {
   RankCostRow out = rounds.front();
   const auto median = [&rounds](double RankCostRow::*field) {
     std::vector<double> v;
     for (const RankCostRow& r : rounds) v.push_back(r.*field);
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    return v[v.size() / 2];
+    std::sort(v.begin(), v.end());
+    const size_t mid = v.size() / 2;
+    return v.size() % 2 == 1 ? v[mid] : (v[mid - 1] + v[mid]) / 2;
   };
   out.device_seconds = median(&RankCostRow::device_seconds);
   out.step_seconds_per_rank = median(&RankCostRow::step_seconds_per_rank);
   return out;
 }
 
-// One fault: the run, its proxies, then `rounds` times the original's replay
-// on its ranks and each proxy's (interleaved, so that load on the machine
-// falls on both), each cost the median of its rounds.
-absl::Status EvaluateFault(const RankCostOptions& o, const std::string& fault, const RankCostProgress& progress,
-                           RankCostReport& report) {
-  const std::string dir = o.out_dir + "/" + fault, run = dir + "/run";
+// A replay is deterministic: its failure verdict is the same every round.
+absl::Status SameVerdicts(const std::vector<RankCostRow>& rounds) {
+  for (const RankCostRow& r : rounds) {
+    const RankCostRow& first = rounds.front();
+    if (r.failure != first.failure || r.shown != first.shown || r.reproduced != first.reproduced ||
+        r.localised != first.localised || r.ranks != first.ranks) {
+      return absl::InternalError(absl::StrFormat(
+          "%s at keep %s: the replay's failure verdict differs between rounds (a replay is deterministic)", r.fault,
+          r.keep));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The fault's run trained, and its proxies built, in OUT/<fault>/: the
+// directories to replay, the original's first (keep "1"). A proxy that
+// cannot be built ends the list there, its error in `failed`.
+absl::StatusOr<std::vector<std::pair<std::string, std::string>>> TrainAndBuild(const RankCostOptions& o,
+                                                                                const std::string& fault,
+                                                                                const RankCostProgress& progress,
+                                                                                absl::Status& failed) {
+  const std::string dir = o.out_dir + "/" + fault, run = dir + "/run", n = std::to_string(o.ranks);
   MOERR_RETURN_IF_ERROR(MakeDirectory(dir));
-  const std::string n = std::to_string(o.ranks), timeout = absl::StrFormat("%g", o.collective_timeout_s);
   std::vector<std::string> train = {"train", "--preset", o.preset, "--ranks", n, "--ep", n, "--warmup-steps",
                                     std::to_string(o.warmup_steps), "--steps", "1", "--fault", fault, "--record",
-                                    "replayable", "--collective-timeout", timeout, "--deadline",
-                                    absl::StrFormat("%g", o.child_timeout_s), "--force", "-o", dir};
+                                    "replayable", "--collective-timeout", absl::StrFormat("%g", o.collective_timeout_s),
+                                    "--deadline", absl::StrFormat("%g", o.child_timeout_s), "--force", "-o", dir};
   if (const moe::FaultRow* row = moe::FindFault(fault, moe::FaultScope::kProcess); row && row->in_weights) {
     train.insert(train.end(), {"--fault-rank", std::to_string(std::max<int64_t>(0, o.ranks - 3))});
   }
   if (progress) progress(fault + ": training on " + n + " ranks");
   MOERR_RETURN_IF_ERROR(Moerr(train, dir, "train", o.child_timeout_s).status());
-  // (keep, directory) of each proxy; keep "1" is the original on its own ranks.
   std::vector<std::pair<std::string, std::string>> replays = {{"1", run}};
   for (const std::string& keep : o.keeps) {
     const std::string proxy = dir + "/proxy-" + keep.substr(0, 1) + "of" + keep.substr(keep.find('/') + 1);
     if (progress) progress(fault + ": the proxy at " + keep);
-    MOERR_RETURN_IF_ERROR(
-        Moerr({"proxy", run, "--keep", keep, "--force", "-o", proxy}, dir, "proxy-" + keep.substr(2), o.child_timeout_s)
-            .status());
+    failed = Moerr({"proxy", run, "--keep", keep, "--force", "-o", proxy}, dir, "proxy-" + keep.substr(2),
+                   o.child_timeout_s)
+                 .status();
+    if (!failed.ok()) break;
     replays.emplace_back(keep, proxy);
   }
+  return replays;
+}
+
+// One fault: the run and its proxies, then `rounds` times the original's
+// replay on its ranks and each proxy's (interleaved, so that load on the
+// machine falls on both), each cost the median of its rounds. The rows of
+// the replays that finished a round stay when a later one fails.
+absl::Status EvaluateFault(const RankCostOptions& o, const std::string& fault, const RankCostProgress& progress,
+                           RankCostReport& report) {
+  absl::Status failed;
+  MOERR_ASSIGN_OR_RETURN(const auto replays, TrainAndBuild(o, fault, progress, failed));
+  const std::string dir = o.out_dir + "/" + fault, timeout = absl::StrFormat("%g", o.collective_timeout_s);
   std::vector<std::vector<RankCostRow>> rounds(replays.size());
-  for (int64_t round = 0; round < o.rounds; ++round) {
-    for (size_t i = 0; i < replays.size(); ++i) {
+  for (int64_t round = 0; failed.ok() && round < o.rounds; ++round) {
+    for (size_t i = 0; failed.ok() && i < replays.size(); ++i) {
       const auto& [keep, path] = replays[i];
       const std::string what = keep == "1" ? "the original's replay" : "the proxy at " + keep;
       if (progress) progress(absl::StrFormat("%s: %s, round %d of %d", fault, what, round + 1, o.rounds));
       std::vector<std::string> args = {"replay", path, "--json", "--collective-timeout", timeout};
-      if (keep == "1") args.insert(args.end(), {"--ranks", n});
-      MOERR_ASSIGN_OR_RETURN(const std::string text,
-                             Moerr(args, dir, keep == "1" ? "replay-original" : "replay-proxy-" + keep.substr(2),
-                                   o.child_timeout_s));
+      if (keep == "1") args.insert(args.end(), {"--ranks", std::to_string(o.ranks)});
+      const absl::StatusOr<std::string> text =
+          Moerr(args, dir, keep == "1" ? "replay-original" : "replay-proxy-" + keep.substr(2), o.child_timeout_s);
       RankCostRow row;
       row.fault = fault;
       row.keep = keep;
-      MOERR_RETURN_IF_ERROR(ReadReplay(text, fault + ", " + what, row));
-      rounds[i].push_back(row);
+      failed = text.ok() ? ReadReplay(*text, fault + ", " + what, row) : text.status();
+      if (failed.ok()) rounds[i].push_back(row);
     }
   }
-  const RankCostRow original = Median(rounds[0]);
-  for (std::vector<RankCostRow>& r : rounds) {
-    RankCostRow row = Median(std::move(r));
-    row.lower_by = row.device_seconds > 0 ? original.device_seconds / row.device_seconds : 0;
+  const double original = rounds[0].empty() ? 0 : Median(rounds[0]).device_seconds;
+  for (const std::vector<RankCostRow>& r : rounds) {
+    if (r.empty()) break;
+    if (failed.ok()) failed = SameVerdicts(r);
+    RankCostRow row = Median(r);
+    row.lower_by = row.device_seconds > 0 ? original / row.device_seconds : 0;
     report.rows.push_back(row);
   }
-  return absl::OkStatus();
+  return failed;
 }
 
 std::string Verdict(const RankCostRow& r, bool localised) {
@@ -211,12 +241,12 @@ absl::StatusOr<RankCostReport> EvaluateRankCost(const RankCostOptions& o, const 
     if (!f.ok()) return f.status();
     if (*f == moe::FaultKind::kNone) return absl::InvalidArgumentError("proxy-eval --ranks: --faults none is no fault");
   }
+  if (!(o.child_timeout_s > 0)) return absl::InvalidArgumentError("proxy-eval --ranks: --child-timeout must be positive");
+  if (o.rounds < 1) return absl::InvalidArgumentError("proxy-eval --ranks: --rounds must be at least 1");
   MOERR_RETURN_IF_ERROR(MakeDirectory(o.out_dir));
   RankCostReport report;
   report.preset = o.preset;
   report.ranks = o.ranks;
-  if (!(o.child_timeout_s > 0)) return absl::InvalidArgumentError("proxy-eval --ranks: --child-timeout must be positive");
-  if (o.rounds < 1) return absl::InvalidArgumentError("proxy-eval --ranks: --rounds must be at least 1");
   for (const std::string& fault : o.faults) {
     // A fault that fails keeps the rows it finished; the others still run.
     if (absl::Status s = EvaluateFault(o, fault, progress, report); !s.ok()) {

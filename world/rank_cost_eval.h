@@ -36,11 +36,10 @@ struct RankCostOptions {
   std::string out_dir;  // required
   double collective_timeout_s = 60;
   // Replays of each step (the original's and each proxy's, interleaved);
-  // each cost is the median.
+  // each cost is their median, and their failure verdicts must agree.
   int64_t rounds = 1;
   // Seconds each child command (train, replay, proxy) may run before it is
-  // killed and reported; train gets it as
-  // its --deadline too.
+  // killed and reported; train gets it as its --deadline too.
   double child_timeout_s = 1800;
 };
 

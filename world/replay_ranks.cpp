@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_format.h"
 #include "distributed/process_group.h"
-#include "formats/json_number.h"
+#include "formats/json_output.h"
 #include "formats/world_manifest.h"
 #include "formats/world_run.h"
 #include "replayer/hf_world_replay.h"

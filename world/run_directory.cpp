@@ -53,8 +53,8 @@ absl::StatusOr<std::vector<int64_t>> RunSteps(formats::WorldStep& world, const s
   return std::vector<int64_t>{world.step};
 }
 
-absl::StatusOr<int> CheckRunCollectives(const std::string& dir, const std::vector<int64_t>& steps,
-                                        llvm::json::Array* json) {
+ExitOr CheckRunCollectives(const std::string& dir, const std::vector<int64_t>& steps,
+                           llvm::json::Array* json) {
   MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(dir));
   MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> todo, RunSteps(world, steps));
   int exit_code = kExitOk;

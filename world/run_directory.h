@@ -11,6 +11,7 @@
 #include "formats/world_manifest.h"
 #include "formats/world_run.h"
 #include "llvm/Support/JSON.h"
+#include "support/exit_code.h"
 
 namespace moerr::world {
 
@@ -41,7 +42,7 @@ absl::StatusOr<std::vector<int64_t>> RunSteps(formats::WorldStep& world, const s
 // prints each mismatch
 // (the collective, the sender, the receiver, the slice) or adds them to
 // `json`. Returns kExitFinding when any, else kExitOk.
-absl::StatusOr<int> CheckRunCollectives(const std::string& dir, const std::vector<int64_t>& steps,
-                                        llvm::json::Array* json);
+ExitOr CheckRunCollectives(const std::string& dir, const std::vector<int64_t>& steps,
+                           llvm::json::Array* json);
 
 }  // namespace moerr::world

@@ -15,7 +15,7 @@
 
 namespace moerr::world {
 
-absl::StatusOr<int> LaunchRanks(const RanksOptions& o) {
+ExitOr LaunchRanks(const RanksOptions& o) {
   if (o.ep < 1 || o.ranks % o.ep != 0) {
     return absl::InvalidArgumentError(absl::StrFormat("--ep %d must divide --ranks %d", o.ep, o.ranks));
   }

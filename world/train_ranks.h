@@ -1,7 +1,7 @@
 // `moerr train --ranks N --ep E`: the launcher side (start N ranks of this
 // command, wait, report any rank that died or hung) and the rank side (join
-// the world from the environment a launcher set). distributed/ does the
-// work; this is the command's glue.
+// the world from the environment a launcher set), over distributed/'s
+// launcher and process groups.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "distributed/process_group.h"
 #include "moe/training_run.h"
+#include "support/exit_code.h"
 
 namespace moerr::world {
 
@@ -34,7 +35,7 @@ struct RanksOptions {
 // kExitInternal (a rank was killed by a signal, hung, or the ranks disagree).
 // Prints each failed rank's fate. A bad option or a launch that could not
 // start is the status returned instead.
-absl::StatusOr<int> LaunchRanks(const RanksOptions& options);
+ExitOr LaunchRanks(const RanksOptions& options);
 
 // InvalidArgument naming the first multi-rank option (--ep, --store,
 // --deadline, --collective-timeout, --rank-fault) set away from its default:

@@ -13,7 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "analysis/cause_bisect.h"
 #include "analysis/world_overflow.h"
-#include "formats/json_number.h"
+#include "formats/json_output.h"
 #include "formats/world_run.h"
 #include "replayer/vendor_check.h"
 #include "support/status.h"

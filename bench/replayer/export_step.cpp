@@ -5,6 +5,8 @@
 // "moerr_loss_scale".
 //
 //   export_step BUNDLE STEP OUT_DIR
+#include <ATen/ATen.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>

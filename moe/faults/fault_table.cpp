@@ -17,7 +17,7 @@ const std::vector<const FaultRow*>& FaultTable() {
     // Row i is FaultKind i + 1 (kNone has none), with its scope's mechanism.
     for (size_t i = 0; i < out.size(); ++i) {
       const FaultRow& row = *out[i];
-      MOERR_CHECK(row.kind == static_cast<FaultKind>(i + 1)) << "faults.def line " << i << ": " << row.name;
+      MOERR_CHECK(row.kind == static_cast<FaultKind>(i + 1)) << "faults.def row " << i << ": " << row.name;
       MOERR_CHECK((row.scope == FaultScope::kProcess) == (row.inject != nullptr) &&
                   (row.scope == FaultScope::kRanks) == (row.observe != nullptr))
           << row.name << ": its scope's mechanism only";
@@ -60,6 +60,14 @@ std::vector<FaultKind> AllFaults(FaultScope scope) {
     if (row->scope == scope) out.push_back(row->kind);
   }
   return out;
+}
+
+std::string FaultsInWeights() {
+  std::vector<std::string> names;
+  for (const FaultRow* row : FaultTable()) {
+    if (row->in_weights) names.push_back(row->name);
+  }
+  return absl::StrJoin(names, ", ");
 }
 
 bool OnsetFromDynamics(FaultKind kind) { return kind != FaultKind::kNone && FaultRowOf(kind).dynamics; }

@@ -89,6 +89,9 @@ absl::StatusOr<FaultKind> ParseFault(const std::string& name);
 std::string FaultName(FaultKind kind);
 // The faults of `scope`, in the table's order.
 std::vector<FaultKind> AllFaults(FaultScope scope = FaultScope::kProcess);
+// "expert-overflow, bad-kernel, router-collapse": the faults `--fault-rank`
+// can put on one rank (`in_weights`), in the table's order.
+std::string FaultsInWeights();
 // The row's `dynamics`; false for kNone.
 bool OnsetFromDynamics(FaultKind kind);
 // The help text of the option that takes the faults of `scope`: --fault's

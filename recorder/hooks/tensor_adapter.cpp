@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace moerr::recorder {
 
@@ -48,5 +49,7 @@ at::Tensor ToTensor(const formats::TensorView& view) {
   if (out.numel() > 0) formats::CopyToContiguous(view, static_cast<std::byte*>(out.data_ptr()));
   return out;
 }
+
+std::string ShapeText(const at::Tensor& t) { return "[" + absl::StrJoin(t.sizes(), ", ") + "]"; }
 
 }  // namespace moerr::recorder

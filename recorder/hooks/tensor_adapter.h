@@ -4,6 +4,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/ScalarType.h>
 
+#include <string>
+
 #include "absl/status/statusor.h"
 #include "formats/tensor_view.h"
 
@@ -17,5 +19,8 @@ at::ScalarType ToScalarType(formats::DType dtype);
 absl::StatusOr<formats::TensorView> ViewOf(const at::Tensor& t);
 // A new tensor holding a copy of `view`'s elements.
 at::Tensor ToTensor(const formats::TensorView& view);
+
+// "[2, 3]": `t`'s sizes, as error messages name a shape.
+std::string ShapeText(const at::Tensor& t);
 
 }  // namespace moerr::recorder

@@ -98,7 +98,7 @@ TEST_P(FaultLintTest, TheFaultIsNamedByItsCheck) {
     case moe::FaultKind::kSkipUpdate:
       EXPECT_NE(named.front().message.find("update was lost"), std::string::npos) << named.front().message;
       break;
-    case moe::FaultKind::kNone: break;
+    default: break;  // the faults this table does not list
   }
 }
 

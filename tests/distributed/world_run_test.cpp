@@ -84,6 +84,10 @@ void ExpectRecordsAndReplays(int64_t ranks, int64_t ep) {
   const llvm::json::Array* rows = (*findings.getAsArray())[0].getAsObject()->getObject("numbers")->getArray("rows");
   ASSERT_NE(rows, nullptr) << lint.out;
   EXPECT_EQ(rows->size(), static_cast<size_t>(ranks)) << lint.out;
+  // One rank's bundle has no ranks to compare: the check is refused, not silent.
+  const Result bundle = Moerr(r.dir, {"lint", r.run() + "/rank0.moerr", "--only", "rank-imbalance"});
+  EXPECT_EQ(bundle.code, 2) << bundle.out << bundle.err;
+  EXPECT_NE(bundle.err.find("--only rank-imbalance reads a run directory"), std::string::npos) << bundle.err;
 }
 
 TEST(WorldRun, TwoRanksRecordAndReplayEachRankBitwise) { ExpectRecordsAndReplays(2, 2); }

@@ -6,7 +6,8 @@ and Links columns) and fails on:
 
   * an `#include` of a component's header from a component whose row does
     not link it (the source root is on every include path, so the build
-    itself does not stop one);
+    itself does not stop one), or whose CMakeLists.txt does not link its
+    library, though the row does;
   * a `target_link_libraries` in a component's CMakeLists.txt naming the
     library of a component its row does not link;
   * a row whose folder does not exist, whose Library is not defined by that
@@ -215,12 +216,27 @@ def arrow(source, target):
     return f"{source} -> {target}"
 
 
+def linked_libraries(root, row):
+    """Every name the target_link_libraries of row's CMakeLists.txt give."""
+    path = os.path.join(root, row.folder, "CMakeLists.txt")
+    if not os.path.isfile(path):
+        return set()
+    with open(path, encoding="utf-8", errors="replace") as f:
+        text = strip_cmake_comments(f.read())
+    names = set()
+    for m in LINK_COMMAND.finditer(text):
+        close = text.find(")", m.end())
+        names.update(re.findall(r"[^\s()]+", text[m.end():close if close >= 0 else len(text)]))
+    return names
+
+
 def check_includes(root, rows, problems):
     folders = {row.folder for row in rows}
     rows_by_folder = {row.folder: row for row in rows}
     for row in rows:
         if not os.path.isdir(os.path.join(root, row.folder)):
             continue
+        linked = linked_libraries(root, row)
         for relpath in component_files(root, row.folder, folders):
             try:
                 with open(os.path.join(root, relpath), encoding="utf-8", errors="replace") as f:
@@ -234,10 +250,16 @@ def check_includes(root, rows, problems):
                     joined = os.path.normpath(os.path.join(os.path.dirname(relpath), included))
                     included = joined.replace(os.sep, "/")
                 target = owner_of(included, folders)
-                if target is None or allowed(row, target):
+                if target is None:
                     continue
-                problems.append(f"{relpath}:{line_of(text, m.start())} includes {included}: "
-                                f"{arrow_message(rows_by_folder, row, target)}")
+                if not allowed(row, target):
+                    problems.append(f"{relpath}:{line_of(text, m.start())} includes {included}: "
+                                    f"{arrow_message(rows_by_folder, row, target)}")
+                elif target != row.folder and row.libraries and rows_by_folder[target].libraries and \
+                        not linked.intersection(rows_by_folder[target].libraries):
+                    problems.append(f"{relpath}:{line_of(text, m.start())} includes {included}: "
+                                    f"{row.folder}/CMakeLists.txt does not link "
+                                    f"{rows_by_folder[target].libraries[0]}")
 
 
 def check_links(root, rows, problems):

@@ -149,6 +149,14 @@ class LayeringCheckTest(unittest.TestCase):
                 """},
             "mid/hooks/CMakeLists.txt:4 links moerr_top: mid/hooks -> top is not in docs/ARCHITECTURE.md")
 
+    def test_include_of_an_allowed_but_unlinked_component_fails(self):
+        self.assert_fails_with(
+            {"cli/CMakeLists.txt": """\
+                add_executable(moerr main.cpp)
+                target_link_libraries(moerr PRIVATE moerr_top moerr_mid CLI11::CLI11)
+                """},
+            "cli/main.cpp:3 includes base/base.h: cli/CMakeLists.txt does not link moerr_base")
+
     def test_table_folder_that_does_not_exist_fails(self):
         self.assert_fails_with(
             {"docs/ARCHITECTURE.md": ARCHITECTURE.replace(

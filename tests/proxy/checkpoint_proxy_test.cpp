@@ -3,6 +3,8 @@
 // and its memory bound.
 #include "proxy/checkpoint_proxy.h"
 
+#include <ATen/ATen.h>
+
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/grad_mode.h>
 

@@ -1,4 +1,4 @@
-// The faults whose onset comes from the model's own dynamics (moe/fault.h):
+// The faults whose onset comes from the model's own dynamics (moe/faults/faults.def):
 // each injected at step 0 of a tiny RL run shows as its rule
 // (replayer/world_failure.h's table) only steps later; trained-precision
 // does not bite an untrained model and bites a warmed-up one. And

@@ -76,6 +76,8 @@ TEST_F(ArgumentsTest, AValueASubcommandCannotUseExits2NamingIt) {
       {{"demo", "--dir", "out/demo", "--dynamics-steps", "1"}, "--dynamics-steps"},
       {{"lint"}, "lint needs a BUNDLE"},
       {{"train", "--ep", "2", "-o", "out/train"}, "--ep applies to several ranks"},
+      {{"train", "--precision", "fp16", "--fp16-overflow", "saturate", "-o", "out/train"}, "saturates needs fp16-emu"},
+      {{"train", "--precision", "fp8", "-o", "out/train"}, "fp8"},
       {{"train", "--rank-fault", "kill:0", "-o", "out/train"}, "--rank-fault applies to several ranks"},
       {{"lint", "run/run.moerr", "--only", "no-such-check"}, "no-such-check"},
       {{"salvage", "run/run.moerr", "-o", "run/run.moerr"}, "is the input"},
@@ -139,7 +141,7 @@ TEST_F(ArgumentsTest, AStepTheBundleLacksIsNamedWithTheStepsItHas) {
 TEST_F(ArgumentsTest, LintListNamesEveryCheckWithoutABundle) {
   const Result r = Moerr(dir(), {"lint", "--list"});
   EXPECT_EQ(r.code, 0) << r.err;
-  for (const std::string check : {"dtype-headroom", "hazardous-patterns"}) {
+  for (const std::string check : {"vendor-op", "dtype-headroom", "hazardous-patterns", "rank-imbalance"}) {
     EXPECT_NE(r.out.find(check), std::string::npos) << r.out;
   }
 }
