@@ -82,8 +82,10 @@ class Check {
 // Every check, in report order (check_list.cpp).
 std::vector<std::unique_ptr<Check>> AllChecks();
 
-// InvalidArgument, listing the checks, when a name in `only` is no check's.
-absl::Status CheckNamesExist(const std::vector<std::string>& only);
+// InvalidArgument, listing the checks, when a name in `only` is no check's;
+// or, when `path` is one bundle (not `run_directory`), naming a check of a
+// run's step (CheckScope::kRun), which one bundle cannot give.
+absl::Status CheckOnly(const std::vector<std::string>& only, const std::string& path, bool run_directory);
 // Whether `only` (empty: every check) selects some check of `scope`.
 bool SelectsAny(CheckScope scope, const std::vector<std::string>& only);
 

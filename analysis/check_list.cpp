@@ -46,20 +46,27 @@ bool SelectsAny(CheckScope scope, const std::vector<std::string>& only) {
   return false;
 }
 
-absl::Status CheckNamesExist(const std::vector<std::string>& only) {
+absl::Status CheckOnly(const std::vector<std::string>& only, const std::string& path, bool run_directory) {
+  const std::vector<std::unique_ptr<Check>> checks = AllChecks();
   std::vector<std::string> names;
-  for (const auto& c : AllChecks()) names.emplace_back(c->name());
+  for (const auto& c : checks) names.emplace_back(c->name());
   for (const std::string& name : only) {
-    if (std::find(names.begin(), names.end(), name) == names.end()) {
+    const auto found = std::find(names.begin(), names.end(), name);
+    if (found == names.end()) {
       return absl::InvalidArgumentError(
           absl::StrFormat("no check \"%s\" (checks: %s)", name, absl::StrJoin(names, ", ")));
+    }
+    if (!run_directory && checks[found - names.begin()]->scope() == CheckScope::kRun) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--only %s reads a run directory (world.json); %s is one bundle", name, path));
     }
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<Finding>> RunChecks(const LintInput& input, const std::vector<std::string>& only) {
-  MOERR_RETURN_IF_ERROR(CheckNamesExist(only));
+  // A run check's name is valid here; it runs only when `input` has a run.
+  MOERR_RETURN_IF_ERROR(CheckOnly(only, input.bundle.path, /*run_directory=*/true));
   const std::vector<std::unique_ptr<Check>> checks = AllChecks();
   std::vector<Finding> findings;
   for (const auto& c : checks) {

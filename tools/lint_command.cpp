@@ -93,14 +93,7 @@ ExitOr RunLint(const LintArgs& args) {
     return kExitOk;
   }
   if (args.bundle.empty()) return absl::InvalidArgumentError("lint needs a BUNDLE");
-  MOERR_RETURN_IF_ERROR(analysis::CheckNamesExist(args.only));
-  for (const auto& c : analysis::AllChecks()) {
-    const bool named = std::find(args.only.begin(), args.only.end(), std::string(c->name())) != args.only.end();
-    if (named && c->scope() == analysis::CheckScope::kRun && !formats::IsRunDirectory(args.bundle)) {
-      return absl::InvalidArgumentError(absl::StrFormat("--only %s reads a run directory (world.json); %s is one bundle",
-                                                        c->name(), args.bundle));
-    }
-  }
+  MOERR_RETURN_IF_ERROR(analysis::CheckOnly(args.only, args.bundle, formats::IsRunDirectory(args.bundle)));
   std::optional<OpenedStep> original;
   if (!args.against.empty()) {
     MOERR_ASSIGN_OR_RETURN(original, OpenStep(args.against, args.against_step));

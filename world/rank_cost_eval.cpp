@@ -138,8 +138,8 @@ RankCostRow Median(const std::vector<RankCostRow>& rounds) {
 
 // A replay is deterministic: its failure verdict is the same every round.
 absl::Status SameVerdicts(const std::vector<RankCostRow>& rounds) {
+  const RankCostRow& first = rounds.front();
   for (const RankCostRow& r : rounds) {
-    const RankCostRow& first = rounds.front();
     if (r.failure != first.failure || r.shown != first.shown || r.reproduced != first.reproduced ||
         r.localised != first.localised || r.ranks != first.ranks) {
       return absl::InternalError(absl::StrFormat(
@@ -207,13 +207,15 @@ absl::Status EvaluateFault(const RankCostOptions& o, const std::string& fault, c
       if (failed.ok()) rounds[i].push_back(row);
     }
   }
-  const double original = rounds[0].empty() ? 0 : Median(rounds[0]).device_seconds;
+  const size_t original = report.rows.size();  // the fault's first row
   for (const std::vector<RankCostRow>& r : rounds) {
     if (r.empty()) break;
     if (failed.ok()) failed = SameVerdicts(r);
-    RankCostRow row = Median(r);
-    row.lower_by = row.device_seconds > 0 ? original / row.device_seconds : 0;
-    report.rows.push_back(row);
+    report.rows.push_back(Median(r));
+  }
+  for (size_t i = original; i < report.rows.size(); ++i) {
+    RankCostRow& row = report.rows[i];
+    row.lower_by = row.device_seconds > 0 ? report.rows[original].device_seconds / row.device_seconds : 0;
   }
   return failed;
 }
