@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "formats/frame.h"
 #include "formats/json_number.h"
+#include "formats/trace.h"
 #include "recorder/hooks/tensor_adapter.h"
 #include "support/check.h"
 #include "support/status.h"
@@ -161,6 +162,9 @@ void Recorder::WatchFirstOverflow(const formats::OpBatch& batch) {
   }
   if (first_overflow_ || nonfinite_ids_.empty()) return;
   for (const formats::OpEvent& op : batch.ops) {
+    // Uninitialised memory (empty, empty_like, ...) may hold any bits: not
+    // an overflow, as analysis/first_overflow judges it too.
+    if (formats::AllocatesUninitialised(op.name)) continue;
     bool inputs_finite = true;
     for (const formats::OpArg& a : op.args) {
       if (a.kind == K::kTensor) inputs_finite &= !nonfinite_ids_.contains(static_cast<uint64_t>(a.i));
