@@ -173,9 +173,12 @@ absl::StatusOr<TensorSpan> ReadTensorEntry(const std::string& name, const llvm::
 }
 
 // The tensors, sorted by offset, tile the data area of `data_size` bytes:
-// no gap, no overlap.
+// no gap, no overlap. An empty tensor sorts before a non-empty one at the
+// same offset (the safetensors library writes [k, k] beside [k, k + n]).
 absl::Status CheckContiguous(std::vector<TensorSpan>& spans, uint64_t data_size) {
-  std::sort(spans.begin(), spans.end(), [](const TensorSpan& a, const TensorSpan& b) { return a.begin < b.begin; });
+  std::sort(spans.begin(), spans.end(), [](const TensorSpan& a, const TensorSpan& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
   uint64_t expected = 0;
   for (const TensorSpan& s : spans) {
     if (s.begin != expected) {

@@ -5,6 +5,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "formats/hf_checkpoint.h"
+#include "moe/expert_layout.h"
 #include "recorder/hooks/tensor_adapter.h"
 #include "support/status.h"
 #include "recorder/hooks/torch_boundary.h"
@@ -80,8 +81,11 @@ absl::StatusOr<MoeTransformer> LoadCheckpoint(const std::string& dir) {
   auto config = FromHfConfig(ckpt.config);
   if (!config.ok()) return Annotate(config.status(), dir);
   MOERR_RETURN_IF_ERROR(Annotate(CheckLatentKeys(*config, ckpt.tensors), dir));
+  // The views borrow ckpt.shards' mapped bytes, which live until the weights are copied.
+  auto tensors = SplitFusedExperts(*config, std::move(ckpt.tensors));
+  if (!tensors.ok()) return Annotate(tensors.status(), dir);
   MoeTransformer model(*config);
-  if (absl::Status s = LoadWeights(model, ckpt.tensors); !s.ok()) return Annotate(s, dir);
+  if (absl::Status s = LoadWeights(model, *tensors); !s.ok()) return Annotate(s, dir);
   return model;
 }
 

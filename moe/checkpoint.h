@@ -2,7 +2,8 @@
 // keys and model.safetensors with the family's parameter names. Loading is
 // strict: tensors the model would not use, tensors it lacks, and shapes or
 // dtypes it cannot take are each named in the error; nothing is ignored or
-// initialised silently.
+// initialised silently. The routed experts may be stored one by one or in
+// transformers 5's fused layout (expert_layout.h).
 #pragma once
 
 #include <map>

@@ -62,6 +62,7 @@ constexpr Row kRows[] = {
     {"tie_word_embeddings", kAll, kImpl, kNa, ""},
     // Qwen2-MoE and Qwen3-MoE.
     {"num_experts", kQwen, kImpl, kNa, ""},
+    {"num_local_experts", kQ3, kImpl, kNa, ""},  // transformers 5 writes Qwen3-MoE's num_experts under this name
     {"moe_intermediate_size", kQwen | kDs, kImpl, kNa, ""},
     {"norm_topk_prob", kQwen | kDs, kImpl, kNa, ""},
     {"decoder_sparse_step", kQwen, kImpl, kNa, ""},
@@ -94,6 +95,7 @@ constexpr Row kRows[] = {
     {"qk_nope_head_dim", kDs, kImpl, kNa, ""},
     {"qk_rope_head_dim", kDs, kImpl, kNa, ""},
     {"v_head_dim", kDs, kImpl, kNa, ""},
+    {"qk_head_dim", kDs, kImpl, kNa, ""},  // transformers 5 writes qk_nope_head_dim + qk_rope_head_dim
     {"rope_interleave", kDs, kImpl, kNa, ""},
     {"num_nextn_predict_layers", kDs, kMeta, kNa, ""},  // the MTP head, outside the main forward
     {"ep_size", kDs, kMeta, kNa, ""},

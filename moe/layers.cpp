@@ -28,6 +28,40 @@ double YarnCorrectionDim(double rotations, int64_t dim, double theta, int64_t ma
   return dim * std::log(max_pos / (rotations * 2 * M_PI)) / (2 * std::log(theta));
 }
 
+// yarn: inv_freq [dim/2] blended between inv_freq / factor and inv_freq over
+// the correction range, and the factor on cos and sin (transformers' _compute_yarn_parameters).
+std::pair<at::Tensor, double> Yarn(const RopeScaling& s, const at::Tensor& inv_freq, int64_t dim, double theta) {
+  const int64_t half = dim / 2, max_pos = s.original_max_position_embeddings;
+  double low = YarnCorrectionDim(s.beta_fast, dim, theta, max_pos);
+  double high = YarnCorrectionDim(s.beta_slow, dim, theta, max_pos);
+  if (s.truncate) low = std::floor(low), high = std::ceil(high);
+  low = std::max(0.0, low);
+  high = std::min<double>(dim - 1, high);
+  if (low == high) high += 0.001;
+  // 1 keeps a dim's original frequency (fast rotations), 0 interpolates it.
+  const at::Tensor keep = 1.0 - ((at::arange(half, inv_freq.options()) - low) / (high - low)).clamp(0, 1);
+  double magnitude = s.attention_factor;
+  if (magnitude == 0) {
+    magnitude = s.mscale != 0 && s.mscale_all_dim != 0
+                    ? YarnMscale(s.factor, s.mscale) / YarnMscale(s.factor, s.mscale_all_dim)
+                    : YarnMscale(s.factor, 1.0);
+  }
+  return {inv_freq / s.factor * (1.0 - keep) + inv_freq * keep, magnitude};
+}
+
+// llama3: long wavelengths divided by factor, short ones kept, the band
+// between blended (transformers' _compute_llama3_parameters).
+at::Tensor Llama3(const RopeScaling& s, const at::Tensor& inv_freq) {
+  const double original = static_cast<double>(s.original_max_position_embeddings);
+  const double low_wavelen = original / s.low_freq_factor, high_wavelen = original / s.high_freq_factor;
+  const at::Tensor wavelen = 2 * M_PI / inv_freq;
+  const at::Tensor scaled = at::where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq);
+  const at::Tensor smooth = (original / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  const at::Tensor blended = (1 - smooth) * scaled / s.factor + smooth * scaled;
+  const at::Tensor medium = wavelen.ge(high_wavelen).logical_and(wavelen.le(low_wavelen));
+  return at::where(medium, blended, scaled);
+}
+
 // inv_freq [dim/2] for a sequence of `seq` tokens, and the factor on cos and sin.
 std::pair<at::Tensor, double> RotaryFrequencies(const MoeConfig& c, int64_t seq, int64_t dim) {
   const int64_t half = dim / 2;
@@ -38,16 +72,14 @@ std::pair<at::Tensor, double> RotaryFrequencies(const MoeConfig& c, int64_t seq,
     theta *= std::pow(s.factor * seq / c.max_position_embeddings - (s.factor - 1), dim / (dim - 2.0));
   }
   const at::Tensor inv_freq = 1.0 / at::pow(theta, at::arange(0, half, opts) * 2.0 / dim);
-  if (s.type == RopeScalingType::kLinear) return {inv_freq / s.factor, 1.0};
-  if (s.type != RopeScalingType::kYarn) return {inv_freq, 1.0};
-  const int64_t max_pos = s.original_max_position_embeddings;
-  const double low = std::max(0.0, std::floor(YarnCorrectionDim(s.beta_fast, dim, theta, max_pos)));
-  double high = std::min<double>(dim - 1, std::ceil(YarnCorrectionDim(s.beta_slow, dim, theta, max_pos)));
-  if (low == high) high += 0.001;
-  // 1 keeps a dim's original frequency (fast rotations), 0 interpolates it.
-  const at::Tensor keep = 1.0 - ((at::arange(half, opts) - low) / (high - low)).clamp(0, 1);
-  return {inv_freq / s.factor * (1.0 - keep) + inv_freq * keep,
-          YarnMscale(s.factor, s.mscale) / YarnMscale(s.factor, s.mscale_all_dim)};
+  switch (s.type) {
+    case RopeScalingType::kLinear: return {inv_freq / s.factor, 1.0};
+    case RopeScalingType::kYarn: return Yarn(s, inv_freq, dim, theta);
+    case RopeScalingType::kLlama3: return {Llama3(s, inv_freq), 1.0};
+    case RopeScalingType::kNone:
+    case RopeScalingType::kDynamic: break;
+  }
+  return {inv_freq, 1.0};
 }
 
 }  // namespace

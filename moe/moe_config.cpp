@@ -101,8 +101,13 @@ absl::Status Validate(const MoeConfig& c) {
   if (c.rope_scaling.type == RopeScalingType::kDynamic && (c.max_position_embeddings <= 0 || c.head_dim <= 2)) {
     return bad("dynamic rope scaling needs max_position_embeddings > 0 and head_dim > 2");
   }
-  if (c.rope_scaling.type == RopeScalingType::kYarn && c.rope_scaling.original_max_position_embeddings <= 0) {
-    return bad("yarn rope scaling needs original_max_position_embeddings > 0");
+  if ((c.rope_scaling.type == RopeScalingType::kYarn || c.rope_scaling.type == RopeScalingType::kLlama3) &&
+      c.rope_scaling.original_max_position_embeddings <= 0) {
+    return bad("yarn and llama3 rope scaling need original_max_position_embeddings > 0");
+  }
+  if (c.rope_scaling.type == RopeScalingType::kLlama3 &&
+      !(c.rope_scaling.low_freq_factor > 0 && c.rope_scaling.high_freq_factor > c.rope_scaling.low_freq_factor)) {
+    return bad("llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor");
   }
   if (c.num_shared_experts < 0) return bad("num_shared_experts must be >= 0");
   if (c.family == Family::kQwen2Moe && c.num_shared_experts > 1) return bad("Qwen2-MoE has at most one shared expert");
@@ -128,10 +133,59 @@ constexpr EnumName<Activation> kActivations[] = {{Activation::kSilu, "silu"},
 constexpr EnumName<RopeScalingType> kRopeTypes[] = {{RopeScalingType::kNone, "default"},
                                                     {RopeScalingType::kLinear, "linear"},
                                                     {RopeScalingType::kDynamic, "dynamic"},
-                                                    {RopeScalingType::kYarn, "yarn"}};
+                                                    {RopeScalingType::kYarn, "yarn"},
+                                                    {RopeScalingType::kLlama3, "llama3"}};
 
 absl::Status BadKey(const std::string& key, const llvm::json::Value& value, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrFormat("config.json: \"%s\": %s %s", key, llvm::formatv("{0}", value).str(), why));
+}
+
+// The keys of a `rope_scaling` object moerr reads; a key of another type
+// than the object's is ignored, as transformers ignores it.
+constexpr const char* kRopeKeys[] = {
+    "type",           "rope_type", "factor",          "original_max_position_embeddings",
+    "beta_fast",      "beta_slow", "mscale",          "mscale_all_dim",
+    "attention_factor", "truncate", "low_freq_factor", "high_freq_factor",
+    "rope_theta"};
+
+// The parameters of a scaling type past "default", from `whole` (the object of `key`).
+absl::Status ReadRopeParameters(const char* key, const llvm::json::Value& whole, MoeConfig& c) {
+  RopeScaling& s = c.rope_scaling;
+  const llvm::json::Object& r = *whole.getAsObject();
+  auto factor = r.getNumber("factor");
+  if (!factor || *factor < 1.0) return BadKey(key, whole, "needs a factor >= 1");
+  s.factor = *factor;
+  s.original_max_position_embeddings =
+      r.getInteger("original_max_position_embeddings").getValueOr(c.max_position_embeddings);
+  // transformers: `get("beta_fast") or 32`, so 0 is the default too.
+  s.beta_fast = r.getNumber("beta_fast").getValueOr(0.0);
+  if (s.beta_fast == 0) s.beta_fast = 32.0;
+  s.beta_slow = r.getNumber("beta_slow").getValueOr(0.0);
+  if (s.beta_slow == 0) s.beta_slow = 1.0;
+  s.mscale = r.getNumber("mscale").getValueOr(0.0);
+  s.mscale_all_dim = r.getNumber("mscale_all_dim").getValueOr(0.0);
+  if (s.type == RopeScalingType::kYarn) {
+    const llvm::json::Value* truncate = r.get("truncate");
+    if (truncate != nullptr && !truncate->getAsNull() && !truncate->getAsBoolean()) {
+      return BadKey(absl::StrCat(key, ".truncate"), *truncate, "must be a boolean");
+    }
+    s.truncate = truncate == nullptr || truncate->getAsNull() ? true : *truncate->getAsBoolean();
+    // null or absent: derived from the mscales (0 here); a value must be a positive number.
+    const llvm::json::Value* attention = r.get("attention_factor");
+    s.attention_factor = attention == nullptr ? 0.0 : attention->getAsNumber().getValueOr(0.0);
+    if (attention != nullptr && !attention->getAsNull() && !(s.attention_factor > 0)) {
+      return BadKey(absl::StrCat(key, ".attention_factor"), *attention, "must be a number > 0");
+    }
+  }
+  if (s.type == RopeScalingType::kLlama3) {
+    auto low = r.getNumber("low_freq_factor"), high = r.getNumber("high_freq_factor");
+    if (!low || !high || *low <= 0 || *high <= *low) {
+      return BadKey(key, whole, "needs low_freq_factor > 0 and high_freq_factor > low_freq_factor (llama3)");
+    }
+    s.low_freq_factor = *low;
+    s.high_freq_factor = *high;
+  }
+  return absl::OkStatus();
 }
 
 // `rope_scaling`, or transformers 5's `rope_parameters` (which also holds
@@ -143,11 +197,7 @@ absl::Status ReadRope(const llvm::json::Object& j, MoeConfig& c) {
   const llvm::json::Object* r = value->getAsObject();
   if (r == nullptr) return BadKey(key, *value, "is not an object");
   for (const auto& [k, v] : *r) {
-    static constexpr const char* kKnown[] = {"type", "rope_type", "factor", "original_max_position_embeddings",
-                                             "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "rope_theta"};
-    // yarn's `truncate` (transformers): true, its default, rounds the correction range as moerr does.
-    const bool truncate_default = k == "truncate" && v.getAsBoolean().getValueOr(false);
-    if (!truncate_default && std::find(std::begin(kKnown), std::end(kKnown), k.str()) == std::end(kKnown)) {
+    if (std::find(std::begin(kRopeKeys), std::end(kRopeKeys), k.str()) == std::end(kRopeKeys)) {
       return BadKey(absl::StrCat(key, ".", k.str()), v, "changes the forward pass and moerr does not implement it");
     }
   }
@@ -157,35 +207,33 @@ absl::Status ReadRope(const llvm::json::Object& j, MoeConfig& c) {
   if (!type) return BadKey(key, *value, "names no rope_type");
   auto parsed = ParseEnum(kRopeTypes, "rope type", type->str());
   if (!parsed.ok()) {
-    return BadKey(key, *value, "changes the forward pass and moerr does not implement its type (it implements linear, dynamic, yarn)");
+    return BadKey(key, *value,
+                  "changes the forward pass and moerr does not implement its type (it implements linear, dynamic, "
+                  "yarn, llama3)");
   }
-  RopeScaling& s = c.rope_scaling;
-  s.type = *parsed;
-  if (s.type == RopeScalingType::kNone) return absl::OkStatus();
-  auto factor = r->getNumber("factor");
-  if (!factor || *factor < 1.0) return BadKey(key, *value, "needs a factor >= 1");
-  s.factor = *factor;
-  s.original_max_position_embeddings =
-      r->getInteger("original_max_position_embeddings").getValueOr(c.max_position_embeddings);
-  s.beta_fast = r->getNumber("beta_fast").getValueOr(32.0);
-  s.beta_slow = r->getNumber("beta_slow").getValueOr(1.0);
-  s.mscale = r->getNumber("mscale").getValueOr(1.0);
-  s.mscale_all_dim = r->getNumber("mscale_all_dim").getValueOr(0.0);
-  return absl::OkStatus();
+  c.rope_scaling.type = *parsed;
+  if (c.rope_scaling.type == RopeScalingType::kNone) return absl::OkStatus();
+  return ReadRopeParameters(key, *value, c);
 }
 
 llvm::json::Value RopeToJson(const RopeScaling& s) {
   if (s.type == RopeScalingType::kNone) return nullptr;
   llvm::json::Object o{{"type", std::string(EnumNameOf(kRopeTypes, s.type))}, {"factor", s.factor}};
-  if (s.type == RopeScalingType::kYarn) {
+  if (s.type == RopeScalingType::kYarn || s.type == RopeScalingType::kLlama3) {
     o["original_max_position_embeddings"] = s.original_max_position_embeddings;
+  }
+  if (s.type == RopeScalingType::kYarn) {
     o["beta_fast"] = s.beta_fast;
     o["beta_slow"] = s.beta_slow;
-    o["mscale"] = s.mscale;
-    o["mscale_all_dim"] = s.mscale_all_dim;
-  } else if (s.mscale_all_dim != 0) {
-    o["mscale_all_dim"] = s.mscale_all_dim;  // DeepSeek-V3's attention scale
+    if (s.mscale != 0) o["mscale"] = s.mscale;
+    if (s.attention_factor != 0) o["attention_factor"] = s.attention_factor;
+    if (!s.truncate) o["truncate"] = false;
   }
+  if (s.type == RopeScalingType::kLlama3) {
+    o["low_freq_factor"] = s.low_freq_factor;
+    o["high_freq_factor"] = s.high_freq_factor;
+  }
+  if (s.mscale_all_dim != 0) o["mscale_all_dim"] = s.mscale_all_dim;  // yarn's; DeepSeek-V3's attention scale
   return o;
 }
 
@@ -350,7 +398,7 @@ absl::Status ReadQwenLayers(const llvm::json::Object& j, MoeConfig& c) {
 // without kv_lora_rank (or with null or 0) has moerr's GQA attention.
 absl::Status ReadLatentAttention(const llvm::json::Object& j, MoeConfig& c) {
   static constexpr const char* kKeys[] = {"q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-                                          "rope_interleave"};
+                                          "qk_head_dim", "rope_interleave"};
   MOERR_ASSIGN_OR_RETURN(c.kv_lora_rank, Int(j, "kv_lora_rank", 0));
   if (c.kv_lora_rank <= 0) {
     if (c.kv_lora_rank < 0) {
@@ -375,6 +423,13 @@ absl::Status ReadLatentAttention(const llvm::json::Object& j, MoeConfig& c) {
   MOERR_ASSIGN_OR_RETURN(c.qk_rope_head_dim, Int(j, "qk_rope_head_dim", 64));
   MOERR_ASSIGN_OR_RETURN(c.v_head_dim, Int(j, "v_head_dim", 128));
   MOERR_ASSIGN_OR_RETURN(c.rope_interleave, Bool(j, "rope_interleave", true));
+  // transformers 5 writes qk_head_dim, derived from the two: it must be their sum.
+  const llvm::json::Value* qk = j.get("qk_head_dim");
+  if (qk != nullptr && !qk->getAsNull() && qk->getAsInteger() != c.qk_nope_head_dim + c.qk_rope_head_dim) {
+    return BadKey("qk_head_dim", *qk,
+                  absl::StrFormat("must be qk_nope_head_dim + qk_rope_head_dim (%d + %d)", c.qk_nope_head_dim,
+                                  c.qk_rope_head_dim));
+  }
   c.head_dim = c.qk_rope_head_dim;  // as HF's DeepseekV3Config sets it, whatever head_dim says
   return absl::OkStatus();
 }
@@ -424,11 +479,23 @@ absl::Status ReadQwenWindow(const llvm::json::Object& j, MoeConfig& c) {
   return absl::OkStatus();
 }
 
+// Qwen's expert count: num_experts, or in Qwen3-MoE num_local_experts (the
+// name transformers 5 writes); both present must agree.
+absl::StatusOr<int64_t> QwenExperts(const llvm::json::Object& j, Family family) {
+  const bool local = family == Family::kQwen3Moe && j.get("num_local_experts") != nullptr;
+  if (!local) return Int(j, "num_experts");
+  MOERR_ASSIGN_OR_RETURN(const int64_t n, Int(j, "num_local_experts"));
+  if (j.get("num_experts") != nullptr && j.getInteger("num_experts") != n) {
+    return BadKey("num_experts", *j.get("num_experts"), absl::StrFormat("disagrees with num_local_experts (%d)", n));
+  }
+  return n;
+}
+
 absl::Status ReadFamily(const llvm::json::Object& j, MoeConfig& c) {
   switch (c.family) {
     case Family::kQwen2Moe:
     case Family::kQwen3Moe: {
-      MOERR_ASSIGN_OR_RETURN(c.num_experts, Int(j, "num_experts"));
+      MOERR_ASSIGN_OR_RETURN(c.num_experts, QwenExperts(j, c.family));
       MOERR_ASSIGN_OR_RETURN(c.moe_intermediate_size, Int(j, "moe_intermediate_size"));
       c.intermediate_size = j.getInteger("intermediate_size").getValueOr(c.moe_intermediate_size);
       c.norm_topk_prob = j.getBoolean("norm_topk_prob").getValueOr(false);

@@ -34,22 +34,31 @@ enum class Activation { kSilu, kGelu, kGeluTanh };
 //   linear:  inv_freq / factor;
 //   dynamic: theta * (factor * S / max_position_embeddings - (factor - 1))^(d / (d - 2))
 //            for a sequence of S > max_position_embeddings tokens (NTK);
-//   yarn:    DeepSeek-V3's: inv_freq blended between inv_freq / factor and
-//            inv_freq by a ramp over the dims between the beta_fast and
-//            beta_slow correction dims at original_max_position_embeddings;
-//            cos and sin times mscale(factor, mscale) / mscale(factor,
-//            mscale_all_dim), mscale(s, m) = 0.1 m ln s + 1 (1 for s <= 1).
-// DeepSeek-V3 (HF DeepseekV3Attention): under any of these types with
-// mscale_all_dim set, the attention scale also times
-// mscale(factor, mscale_all_dim)^2.
-enum class RopeScalingType { kNone, kLinear, kDynamic, kYarn };
+//   yarn:    inv_freq blended between inv_freq / factor and inv_freq by a
+//            ramp over the dims between the beta_fast and beta_slow
+//            correction dims at original_max_position_embeddings (rounded
+//            outwards unless truncate is false); cos and sin times
+//            attention_factor, by default mscale(factor, mscale) /
+//            mscale(factor, mscale_all_dim) when both are set and non-zero,
+//            else mscale(factor, 1); mscale(s, m) = 0.1 m ln s + 1 (1 for s <= 1);
+//   llama3:  Llama 3.1's: a wavelength 2 pi / inv_freq longer than
+//            original_max_position_embeddings / low_freq_factor divided by
+//            factor, one shorter than original / high_freq_factor kept, the
+//            ones between blended by (original / wavelength - low) / (high - low).
+// transformers' formulas (modeling_rope_utils). DeepSeek-V3 (HF
+// DeepseekV3Attention): under any of these types with mscale_all_dim set,
+// the attention scale also times mscale(factor, mscale_all_dim)^2.
+enum class RopeScalingType { kNone, kLinear, kDynamic, kYarn, kLlama3 };
 struct RopeScaling {
   RopeScalingType type = RopeScalingType::kNone;
   double factor = 1.0;
-  int64_t original_max_position_embeddings = 0;  // yarn
+  int64_t original_max_position_embeddings = 0;  // yarn, llama3
   double beta_fast = 32.0, beta_slow = 1.0;      // yarn
-  double mscale = 1.0;                           // yarn
-  double mscale_all_dim = 0.0;                   // yarn; DeepSeek-V3's attention scale under any type
+  double mscale = 0.0;                           // yarn; 0 = not set
+  double mscale_all_dim = 0.0;                   // yarn; DeepSeek-V3's attention scale under any type; 0 = not set
+  double attention_factor = 0.0;                 // yarn: on cos and sin; 0 = derived from the mscales
+  bool truncate = true;                          // yarn: round the correction dims outwards
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
 };
 
 struct MoeConfig {

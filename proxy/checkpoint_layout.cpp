@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "moe/expert_layout.h"
 #include "moe/moe_transformer.h"
 #include "recorder/hooks/torch_boundary.h"
 #include "support/status.h"
@@ -92,6 +93,13 @@ absl::StatusOr<CheckpointLayout> CheckCheckpointLayout(const formats::Checkpoint
     layout.mtp.push_back(is_mtp);
     if (is_mtp) continue;
     auto it = expected.find(t.name);
+    if (it == expected.end() && moe::IsFusedExpertsName(t.name)) {
+      problems.push_back(absl::StrFormat(
+          "%s: \"%s\" holds the layer's experts fused (transformers 5's save_original_format=False layout); "
+          "moerr proxy --checkpoint reads experts stored one by one (save_pretrained's default)",
+          file, t.name));
+      continue;
+    }
     if (it == expected.end()) {
       problems.push_back(absl::StrFormat("%s: unexpected tensor \"%s\" (the model config.json describes has %d layers "
                                          "and no such tensor)",

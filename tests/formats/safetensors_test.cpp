@@ -68,6 +68,12 @@ TEST(SafetensorsTest, EnforcesTheLibraryChecks) {
   expect(Raw(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
          "must be contiguous and not overlap");
   expect(Raw(R"({"a":{"dtype":"Q4","shape":[1],"data_offsets":[0,1]}})", 1), "dtype Q4 is not supported");
+  // An empty tensor at a non-empty one's offset, listed after it (as the safetensors library writes it): valid.
+  EXPECT_TRUE(Parse(Raw(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                        R"("b":{"dtype":"F32","shape":[0,2],"data_offsets":[0,0]},)"
+                        R"("c":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+                        8))
+                  .ok());
   expect(Raw(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 0), "past the buffer");
 }
 

@@ -132,6 +132,14 @@ TEST(ConfigKeysTest, BadAttentionValuesAreErrorsNamingTheKey) {
       {Family::kQwen2Moe, Object{{"layer_types", "sliding_attention"}}, "layer_types", "one type per layer"},
       {Family::kQwen2Moe, Object{{"layer_types", "full_attention"}, {"use_sliding_window", true}}, "layer_types",
        "one type per layer"},
+      // transformers 5's derived keys must agree with what they derive from.
+      {Family::kDeepseekV3, with(latent, Object{{"qk_nope_head_dim", 6}, {"qk_head_dim", 12}}), "qk_head_dim",
+       "must be qk_nope_head_dim + qk_rope_head_dim (6 + 4)"},
+      {Family::kQwen3Moe, Object{{"num_local_experts", 4}}, "num_experts", "disagrees with num_local_experts (4)"},
+      {Family::kQwen2Moe,
+       Object{{"rope_scaling", Object{{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0},
+                                      {"high_freq_factor", 1.0}}}},
+       "rope_scaling", "high_freq_factor > low_freq_factor"},
   };
   for (const Named& n : named) {
     Object c = BaseConfig(n.family);
@@ -141,6 +149,11 @@ TEST(ConfigKeysTest, BadAttentionValuesAreErrorsNamingTheKey) {
     EXPECT_NE(msg.find(shown), std::string::npos) << shown << " -> " << msg;
     EXPECT_NE(msg.find(n.why), std::string::npos) << shown << " -> " << msg;
   }
+  // A rope parameter's error names it inside its object.
+  Object truncate = BaseConfig(Family::kMixtral);
+  truncate["rope_scaling"] = Object{{"rope_type", "yarn"}, {"factor", 2.0}, {"truncate", "no"}};
+  EXPECT_NE(Message(truncate).find("\"rope_scaling.truncate\": \"no\" must be a boolean"), std::string::npos)
+      << Message(truncate);
   // An odd rope width names qk_rope_head_dim, the key the config sets.
   Object odd = with(BaseConfig(Family::kDeepseekV3), with(latent, Object{{"qk_rope_head_dim", 5}}));
   EXPECT_NE(Message(odd).find("qk_rope_head_dim (5) must be even"), std::string::npos) << Message(odd);
@@ -185,9 +198,9 @@ TEST(ConfigKeysTest, UnknownKeysAndUnimplementedValuesAreErrorsMetadataIsListed)
   const std::vector<std::pair<std::string, llvm::json::Value>> bad = {
       {"hidden_act", "relu"},
       {"rope_scaling", Object{{"rope_type", "llama3"}, {"factor", 8.0}}},
-      {"rope_scaling", Object{{"type", "yarn"}, {"factor", 4.0}, {"attention_factor", 1.5}}},
+      {"rope_scaling", Object{{"rope_type", "longrope"}, {"factor", 4.0}}},
       {"mlp_only_layers", llvm::json::Array{1}},
-      {"rope_scaling", Object{{"type", "yarn"}, {"factor", 4.0}, {"truncate", false}}},
+      {"rope_scaling", Object{{"rope_type", "default"}, {"partial_rotary_factor", 0.5}}},
   };
   for (const auto& [key, value] : bad) {
     c = BaseConfig(Family::kQwen3Moe);
@@ -393,6 +406,23 @@ INSTANTIATE_TEST_SUITE_P(
                 true},
         KeyCase{"rope_yarn_qwen", Family::kQwen3Moe, Object{{"rope_scaling", Yarn(8.0, 1024, 0.0)}}, true},
         KeyCase{"rope_yarn_deepseek", Family::kDeepseekV3, Object{{"rope_scaling", Yarn(40.0, 1024, 1.0)}}, true},
+        // yarn's magnitude on cos and sin, as transformers sets it: mscale
+        // alone or mscale_all_dim alone leave mscale(factor, 1); an explicit
+        // attention_factor; the correction range not rounded.
+        KeyCase{"rope_yarn_mscale_alone", Family::kMixtral,
+                Object{{"rope_scaling", Object{{"type", "yarn"}, {"factor", 8.0}, {"original_max_position_embeddings", 4},
+                                               {"mscale", 0.5}}}},
+                true},
+        KeyCase{"rope_yarn_attention_factor_untruncated", Family::kQwen3Moe,
+                Object{{"rope_scaling", Object{{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 4},
+                                               {"attention_factor", 1.3}, {"truncate", false}}}},
+                true},
+        KeyCase{"rope_llama3", Family::kQwen2Moe,
+                Object{{"rope_scaling", Object{{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                               {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 16}}}},
+                true},
+        KeyCase{"qwen3_num_local_experts", Family::kQwen3Moe, Object{{"num_local_experts", 8}}, false},
+        KeyCase{"mla_qk_head_dim", Family::kDeepseekV3, Mla(12, Object{{"qk_head_dim", 10}}), false},
         KeyCase{"norm_topk_prob_off", Family::kQwen2Moe, Object{{"norm_topk_prob", false}}, true},
         KeyCase{"routed_scaling_factor", Family::kDeepseekV3, Object{{"routed_scaling_factor", 1.0}}, true},
         KeyCase{"first_k_dense_replace_0", Family::kDeepseekV3, Object{{"first_k_dense_replace", 0}}, false},

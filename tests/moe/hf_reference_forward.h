@@ -119,15 +119,31 @@ struct Reference {
     } else if (type == "yarn") {
       const double orig = rs->getNumber("original_max_position_embeddings").getValueOr(max_pos);
       auto corr = [&](double rot) { return dim * std::log(orig / (rot * 2 * M_PI)) / (2 * std::log(base)); };
-      const double lo = std::max(0.0, std::floor(corr(rs->getNumber("beta_fast").getValueOr(32))));
-      double hi = std::min<double>(dim - 1, std::ceil(corr(rs->getNumber("beta_slow").getValueOr(1))));
+      const bool truncate = rs->getBoolean("truncate").getValueOr(true);
+      double lo = corr(rs->getNumber("beta_fast").getValueOr(32)), hi = corr(rs->getNumber("beta_slow").getValueOr(1));
+      if (truncate) lo = std::floor(lo), hi = std::ceil(hi);
+      lo = std::max(0.0, lo), hi = std::min<double>(dim - 1, hi);
       if (lo == hi) hi += 0.001;
       for (int64_t i = 0; i < dim / 2; ++i) {
         const double ramp = std::clamp((i - lo) / (hi - lo), 0.0, 1.0);
         inv[i] = inv[i] / factor * ramp + inv[i] * (1 - ramp);
       }
+      // transformers: attention_factor, else the mscale ratio when both are set, else mscale(factor, 1).
       auto ms = [&](double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; };
-      magnitude = ms(rs->getNumber("mscale").getValueOr(1)) / ms(rs->getNumber("mscale_all_dim").getValueOr(0));
+      const double m = rs->getNumber("mscale").getValueOr(0), all = rs->getNumber("mscale_all_dim").getValueOr(0);
+      magnitude = rs->getNumber("attention_factor").getValueOr(m != 0 && all != 0 ? ms(m) / ms(all) : ms(1));
+    } else if (type == "llama3") {
+      const double orig = *rs->getNumber("original_max_position_embeddings");
+      const double low = *rs->getNumber("low_freq_factor"), high = *rs->getNumber("high_freq_factor");
+      for (double& f : inv) {
+        const double wavelen = 2 * M_PI / f;
+        if (wavelen > orig / low) {
+          f /= factor;
+        } else if (wavelen >= orig / high) {
+          const double smooth = (orig / wavelen - low) / (high - low);
+          f = (1 - smooth) * f / factor + smooth * f;
+        }
+      }
     }
     std::vector<float> cos(seq * dim), sin(seq * dim);
     for (int64_t s = 0; s < seq; ++s) {

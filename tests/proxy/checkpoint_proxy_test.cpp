@@ -340,6 +340,28 @@ TEST(CheckpointProxyErrorsTest, TensorsOutsideTheModelRefused) {
   EXPECT_TRUE(Says(s, "missing tensor \"model.norm.weight\"")) << s;
 }
 
+// transformers 5's fused experts (save_original_format=False): moerr forward
+// reads them, the streamed proxy refuses them naming the layout to write.
+TEST(CheckpointProxyErrorsTest, FusedExpertsRefusedNamingTheLayout) {
+  TempDir dir;
+  const moe::MoeConfig config = Config(moe::Family::kQwen3Moe, 8, 2);
+  torch::manual_seed(3);
+  moe::MoeTransformer model(config);
+  std::vector<at::Tensor> keep;
+  std::vector<std::pair<std::string, formats::TensorView>> views;
+  for (const auto& [name, t] : model->NamedTensors()) {
+    if (name.find(".experts.") != std::string::npos && name.find("model.layers.0.") == 0) continue;
+    keep.push_back(t.detach().contiguous());
+    views.emplace_back(name, recorder::ViewOf(keep.back()).value());
+  }
+  keep.push_back(at::zeros({config.num_experts, 2 * config.moe_intermediate_size, config.hidden_size}));
+  views.emplace_back("model.layers.0.mlp.experts.gate_up_proj", recorder::ViewOf(keep.back()).value());
+  ASSERT_TRUE(formats::SaveHfCheckpoint(dir.File("fused"), moe::ToHfConfig(config), views, false).ok());
+  const absl::Status s = ProxyCheckpoint(Options(dir.File("fused"), dir.File("out"))).status();
+  EXPECT_TRUE(Says(s, "\"model.layers.0.mlp.experts.gate_up_proj\" holds the layer's experts fused")) << s;
+  EXPECT_TRUE(Says(s, "save_pretrained's default")) << s;
+}
+
 // Calibration rows are cut to the calibration size; a row longer than
 // max_position_embeddings, and a calibration size past the cap, are refused.
 TEST(CheckpointProxyErrorsTest, CalibrationTokensBounded) {
