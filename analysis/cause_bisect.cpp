@@ -26,6 +26,7 @@ llvm::json::Object LinkJson(const CauseLink& link) {
                             {"input_rise_bits", formats::JsonNumber(link.input_rise_bits)},
                             {"peer_rise_bits", formats::JsonNumber(link.peer_rise_bits)},
                             {"peers", static_cast<int64_t>(link.peers)},
+                            {"outside_input_abs_max", formats::JsonNumber(link.outside_abs_max)},
                             {"exploded", link.exploded}};
 }
 
@@ -59,6 +60,12 @@ void PrintCause(const OverflowCause& found, size_t ops, int64_t step) {
   std::printf("step %lld: overflow caused by op %zu of %zu: %s\n", static_cast<long long>(step), cause.op_index, ops,
               where(*cause.op).c_str());
   std::printf("  its output's abs-max %.6g is %s\n", cause.abs_max, Rises(cause).c_str());
+  if (cause.outside_abs_max * std::exp2(kInputRiseBits) >= cause.abs_max) {
+    // As large as the output: the value may have been made before this op.
+    std::printf("  its input of abs-max %.6g was computed by no op of the step: a parameter, the batch, or in an "
+                "imported dump a call the dump does not hold, which may be where the value was made\n",
+                cause.outside_abs_max);
+  }
   std::printf("  chain from the cause to the first overflow (%zu ops):\n", found.chain.size());
   constexpr size_t kShown = 5;
   for (size_t k = 0; k < found.chain.size(); ++k) {
@@ -73,6 +80,16 @@ void PrintCause(const OverflowCause& found, size_t ops, int64_t step) {
                 last ? "first overflow" : absl::StrFormat("abs-max %.6g", link.abs_max).c_str(),
                 link.op->module.empty() ? "(no module)" : link.op->module.c_str(),
                 std::string(formats::PhaseName(link.op->phase)).c_str());
+  }
+  for (const UncertainLink& u : found.uncertain) {
+    if (u.how == "extreme") {
+      std::printf("  op %zu -> op %zu is linked by the largest value alone: op %zu reads a part of op %zu's output or "
+                  "a tensor that holds it (the dump names no tensor)\n",
+                  u.producer, u.consumer, u.consumer, u.producer);
+    } else {
+      std::printf("  op %zu -> op %zu is ambiguous: ops %s output equal statistics; the walk took the latest\n",
+                  u.producer, u.consumer, absl::StrJoin(u.candidates, ", ").c_str());
+    }
   }
 }
 
@@ -111,6 +128,13 @@ llvm::json::Object CauseJson(const OverflowCause& found, int64_t step) {
   for (const auto& link : found.chain) chain.push_back(LinkJson(link));
   llvm::json::Object cause = LinkJson(found.cause);
   cause["found_explosion"] = found.found_explosion;
+  llvm::json::Array uncertain;
+  for (const UncertainLink& u : found.uncertain) {
+    uncertain.push_back(llvm::json::Object{{"producer", static_cast<int64_t>(u.producer)},
+                                           {"consumer", static_cast<int64_t>(u.consumer)},
+                                           {"how", u.how},
+                                           {"candidates", llvm::json::Array(u.candidates)}});
+  }
   return llvm::json::Object{
       {"step", step}, {"found", true}, {"op_index", static_cast<int64_t>(found.first.op_index)}, {"op", op.name},
       {"module", op.module}, {"phase", std::string(formats::PhaseName(op.phase))},
@@ -118,7 +142,7 @@ llvm::json::Object CauseJson(const OverflowCause& found, int64_t step) {
        found.first.forward_op ? llvm::json::Value(found.first.forward_op->name) : llvm::json::Value(nullptr)},
       {"pos_inf", f.pos_inf}, {"neg_inf", f.neg_inf}, {"nan", f.nan}, {"numel", f.numel},
       {"abs_max", formats::JsonNumber(f.abs_max)}, {"limit", found.first.limit}, {"trend", std::move(trend)},
-      {"cause", std::move(cause)}, {"chain", std::move(chain)}};
+      {"cause", std::move(cause)}, {"chain", std::move(chain)}, {"uncertain_links", std::move(uncertain)}};
 }
 
 // The default bisect of one step: the first overflow and its cause. The
@@ -130,7 +154,10 @@ ExitOr RunCauseBisect(const formats::BundleReader& reader, int64_t step, const f
   if (std::find(complete.begin(), complete.end(), step - 1) != complete.end()) {
     MOERR_ASSIGN_OR_RETURN(before, formats::ReadTrace(reader, step - 1));
   }
-  const auto found = FindOverflowCause(trace, options, {before ? &*before : nullptr});
+  auto found = FindOverflowCause(trace, options, {before ? &*before : nullptr});
+  if (absl::StatusOr<llvm::json::Value> imported = reader.ReadAnnotation("imported_step", step); found && imported.ok()) {
+    AddUncertainLinks(*imported, trace, *found);
+  }
   if (!found) {
     if (json) {
       results.push_back(

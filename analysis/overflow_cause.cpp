@@ -172,7 +172,10 @@ void Judge(const StepIndex& step, Peers& peers, CauseLink& link) {
   const double bits = std::log2(link.abs_max);
   double computed = kNaN;
   for (const formats::TensorMeta* in : step.Inputs(link.op_index)) {
-    if (step.IsStepInput(in, link.op_index)) continue;
+    if (step.IsStepInput(in, link.op_index)) {
+      link.outside_abs_max = std::max(link.outside_abs_max, in->fingerprint.abs_max);
+      continue;
+    }
     computed = std::isnan(computed) ? std::log2(in->fingerprint.abs_max)
                                     : std::max(computed, std::log2(in->fingerprint.abs_max));
   }
@@ -181,17 +184,53 @@ void Judge(const StepIndex& step, Peers& peers, CauseLink& link) {
   // NaN compares false: no computed input, never exploded; no peers, no veto.
   link.exploded = link.abs_max > 0 && link.input_rise_bits >= kInputRiseBits &&
                   (std::isnan(link.peer_rise_bits) || link.peer_rise_bits >= kPeerRiseBits);
-  if (std::isnan(computed) && std::isnan(link.peer_rise_bits)) {
+  if (!std::isnan(computed)) return;
+  double largest = kNaN;  // of every input, step inputs included
+  for (const formats::TensorMeta* in : step.Inputs(link.op_index)) {
+    const double b = std::log2(in->fingerprint.abs_max);
+    largest = std::isnan(largest) ? b : std::max(largest, b);
+  }
+  if (std::isnan(link.peer_rise_bits)) {
     // A lone op on step inputs alone (a one-off rescale of a weight, a loss
     // scale on a leaf): judged against those inputs, by the wider margin.
-    double largest = kNaN;
-    for (const formats::TensorMeta* in : step.Inputs(link.op_index)) {
-      const double b = std::log2(in->fingerprint.abs_max);
-      largest = std::isnan(largest) ? b : std::max(largest, b);
-    }
     link.input_rise_bits = bits - largest;
     link.exploded = link.abs_max > 0 && link.input_rise_bits >= kLoneRiseBits;
+  } else {
+    // An op on step inputs alone among peers (in an imported dump, a linear
+    // whose activation came through a call the dump does not hold): named
+    // when it stands far above its peers and grew the value past its largest
+    // input, which a view, cast or gather of a large weight never does.
+    link.exploded = link.abs_max > 0 && link.peer_rise_bits >= kLoneRiseBits && bits - largest > kSameBits;
   }
+}
+
+// A scope op (OpEvent::scope: an imported module boundary) computes nothing:
+// when it is named, the value was made by an op inside it. That is the first
+// op of the scope's run (the ops just before it, in its phase, whose module
+// is the scope's or nested in it) that exploded; nullopt when none did.
+std::optional<CauseLink> InnerCause(const StepIndex& step, Peers& peers, size_t scope) {
+  const std::vector<formats::OpEvent>& ops = step.trace().ops;
+  const std::string& path = ops[scope].module;
+  auto inside = [&](const formats::OpEvent& op) {
+    return op.phase == ops[scope].phase &&
+           (op.module == path || (op.module.size() > path.size() && op.module.compare(0, path.size(), path) == 0 &&
+                                  op.module[path.size()] == '.'));
+  };
+  size_t begin = scope;
+  while (begin > 0 && inside(ops[begin - 1])) --begin;
+  for (size_t j = begin; j < scope; ++j) {
+    CauseLink link;
+    link.op_index = j;
+    link.op = &ops[j];
+    for (uint64_t id : ops[j].outputs) {
+      const formats::TensorMeta* meta = step.Value(id);
+      if (meta != nullptr && meta->fingerprint.abs_max > link.abs_max) link.output = id, link.abs_max = meta->fingerprint.abs_max;
+    }
+    if (link.output == 0) continue;
+    Judge(step, peers, link);
+    if (link.exploded) return link;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -222,9 +261,44 @@ std::optional<OverflowCause> FindOverflowCause(const formats::Trace& trace, cons
   OverflowCause out;
   out.first = std::move(*first);
   out.found_explosion = cause + 1 < chain.size();
-  out.chain.assign(chain.begin() + static_cast<std::ptrdiff_t>(cause), chain.end());
+  if (out.found_explosion && chain[cause].op->scope) {
+    if (std::optional<CauseLink> inner = InnerCause(step, peers, chain[cause].op_index)) {
+      out.chain.push_back(*inner);
+    }
+  }
+  out.chain.insert(out.chain.end(), chain.begin() + static_cast<std::ptrdiff_t>(cause), chain.end());
   out.cause = out.chain.front();
   return out;
+}
+
+void AddUncertainLinks(const llvm::json::Value& imported_step, const formats::Trace& trace, OverflowCause& found) {
+  const llvm::json::Object* step = imported_step.getAsObject();
+  const llvm::json::Object* dataflow = step ? step->getObject("dataflow") : nullptr;
+  const llvm::json::Array* uncertain = dataflow ? dataflow->getArray("uncertain") : nullptr;
+  if (uncertain == nullptr) return;
+  absl::flat_hash_map<uint64_t, size_t> index_of;  // seq -> op index
+  for (size_t i = 0; i < trace.ops.size(); ++i) index_of[trace.ops[i].seq] = i;
+  // (consumer seq, tensor id) -> the entry.
+  absl::flat_hash_map<std::pair<int64_t, int64_t>, const llvm::json::Object*> by_link;
+  for (const llvm::json::Value& v : *uncertain) {
+    const llvm::json::Object* o = v.getAsObject();
+    if (o == nullptr) continue;
+    by_link[std::make_pair(o->getInteger("op").getValueOr(-1), o->getInteger("tensor").getValueOr(-1))] = o;
+  }
+  for (size_t k = 0; k + 1 < found.chain.size(); ++k) {
+    const CauseLink& from = found.chain[k];
+    const CauseLink& to = found.chain[k + 1];
+    auto it = by_link.find(std::make_pair(static_cast<int64_t>(to.op->seq), static_cast<int64_t>(from.output)));
+    if (it == by_link.end()) continue;
+    UncertainLink link{from.op_index, to.op_index, std::string(it->second->getString("how").getValueOr("")), {}};
+    if (const llvm::json::Array* candidates = it->second->getArray("candidates")) {
+      for (const llvm::json::Value& c : *candidates) {
+        auto op = index_of.find(static_cast<uint64_t>(c.getAsInteger().getValueOr(-1)));
+        if (op != index_of.end()) link.candidates.push_back(op->second);
+      }
+    }
+    found.uncertain.push_back(std::move(link));
+  }
 }
 
 }  // namespace moerr::analysis

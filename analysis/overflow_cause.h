@@ -23,12 +23,17 @@
 //     other experts and layers) and phase, in this step and in the earlier
 //     steps passed in. An op without peers is judged by its inputs alone.
 // An op with no computed input (a view or cast of a weight, an op on the
-// batch alone) is named only when it also has no peers and its output
-// rises kLoneRiseBits above its largest input, step inputs included: a
-// one-off in-place rescale of a weight (`weight.mul_(1e38)`, +126 bits). The cause is the exploded op nearest the
+// batch alone) is named only when its output rises kLoneRiseBits above its
+// largest input, step inputs included, and it has no peers (a one-off
+// in-place rescale of a weight, `weight.mul_(1e38)`, +126 bits); or when it
+// stands kLoneRiseBits above its peers and above its largest input (in an
+// imported dump, a linear whose activation came through a call the dump
+// does not hold; a view or gather of a large weight never grows it). The cause is the exploded op nearest the
 // first overflow on the chain (the op that made the large value, not the
 // ops after it that only carried it on); when none exploded, the first
-// overflowing op is its own cause.
+// overflowing op is its own cause. An exploded scope op (an imported module
+// boundary, OpEvent::scope) made nothing itself: the cause is then the
+// first op inside it that exploded, put before it on the chain.
 #pragma once
 
 #include <cstddef>
@@ -38,6 +43,7 @@
 
 #include "analysis/first_overflow.h"
 #include "formats/trace.h"
+#include "llvm/Support/JSON.h"
 
 namespace moerr::analysis {
 
@@ -71,6 +77,21 @@ struct CauseLink {
   double peer_rise_bits = 0;
   size_t peers = 0;       // how many ops the peer median is over
   bool exploded = false;  // met the criterion above
+  // The largest abs-max of its inputs that no op of the step computed
+  // (parameters, the batch; in an imported dump also values made by calls
+  // the dump does not hold); 0 when none.
+  double outside_abs_max = 0;
+};
+
+// A link of the chain that an importer matched without certainty
+// (importers/dataflow_index.h): op `consumer` reads the output of op
+// `producer` because their values' largest magnitudes agree ("extreme"), or
+// several ops output values with equal statistics ("ambiguous": `candidates`,
+// op indices, the chosen one last).
+struct UncertainLink {
+  size_t producer = 0, consumer = 0;
+  std::string how;
+  std::vector<size_t> candidates;
 };
 
 struct OverflowCause {
@@ -82,6 +103,8 @@ struct OverflowCause {
   // From the cause to the first overflowing op, both included, in execution
   // order; chain.front() is the cause, chain.back() the first overflow.
   std::vector<CauseLink> chain;
+  // The links of the chain an import matched inexactly (AddUncertainLinks).
+  std::vector<UncertainLink> uncertain;
 };
 
 // Nullopt when the step has no overflowing output (per `options`, as in
@@ -89,5 +112,10 @@ struct OverflowCause {
 // (optional; they add peers). The result points into `trace`.
 std::optional<OverflowCause> FindOverflowCause(const formats::Trace& trace, const OverflowOptions& options = {},
                                                const std::vector<const formats::Trace*>& earlier = {});
+
+// Fills found.uncertain from an imported step's "dataflow" (its
+// imported_step annotation, docs/IMPORT.md): {"uncertain": [{"op": seq,
+// "tensor": id, "how", "candidates": [seqs]}]}. A recording has none.
+void AddUncertainLinks(const llvm::json::Value& imported_step, const formats::Trace& trace, OverflowCause& found);
 
 }  // namespace moerr::analysis

@@ -147,6 +147,8 @@ struct OpEvent {
   autocast @10 :Int8 = -1;   # CPU autocast dtype in force (a DType), or -1 when off
   device @11 :Text;          # device type of its first tensor argument ("cpu", "cuda", ...);
                              # empty when it has none, and in files before this field
+  scope @12 :Bool;           # a module boundary an importer wrote (msprobe's Module.* entries):
+                             # its values are its inner ops'; it computes nothing itself
 }
 
 struct OpBatch {

@@ -120,6 +120,7 @@ void SetOpBatch(const OpBatch& in, schema::OpBatch::Builder out) {
     SetList(b.initOutputs(op.outputs.size()), op.outputs);
     b.setAutocast(op.autocast);
     b.setDevice(TextOf(op.device));
+    b.setScope(op.scope);
   }
   auto tensors = out.initTensors(in.tensors.size());
   for (size_t i = 0; i < in.tensors.size(); ++i) {
@@ -239,6 +240,7 @@ absl::StatusOr<OpBatch> GetOpBatch(schema::OpBatch::Reader in) {
     op.outputs = GetList<uint64_t>(b.getOutputs());
     op.autocast = b.getAutocast();
     op.device = std::string(View(b.getDevice()));
+    op.scope = b.getScope();
     out.ops.push_back(std::move(op));
   }
   auto tensors = in.getTensors();

@@ -84,6 +84,10 @@ struct OpEvent {
   std::vector<uint64_t> outputs;  // 0: not a tensor
   int8_t autocast = -1;           // CPU autocast dtype in force (a DType), or -1
   std::string device;             // device type of its first tensor argument ("cpu", "cuda"), or ""
+  // A module boundary an importer wrote (msprobe's Module.* entries): its
+  // inputs and outputs are values its inner ops read and computed, and those
+  // ops run before it. Never set by the recorder.
+  bool scope = false;
 };
 
 struct OpBatch {

@@ -29,7 +29,6 @@ absl::StatusOr<std::unique_ptr<ImportWriter>> ImportWriter::Create(const std::st
 absl::Status ImportWriter::BeginStep(int64_t step) {
   MOERR_CHECK(step_ < 0) << "BeginStep inside step " << step_;
   step_ = step;
-  by_content_.clear();
   ++stats_.steps;
   return writer_->BeginStep(step);
 }
@@ -38,10 +37,6 @@ absl::StatusOr<uint64_t> ImportWriter::Add(formats::DType dtype, std::vector<int
                                            const formats::Fingerprint& fp, const at::Tensor& bytes, bool output) {
   MOERR_CHECK(step_ >= 0) << "a tensor outside a step";
   const bool stored = full_ && bytes.defined();
-  auto key = std::make_tuple(fp.hash, static_cast<uint8_t>(dtype), shape);
-  if (!output && stored && fp.Known(formats::Fingerprint::kHash)) {
-    if (auto it = by_content_.find(key); it != by_content_.end()) return it->second;
-  }
   formats::TensorMeta meta;
   meta.id = next_id_++;
   meta.dtype = dtype;
@@ -56,7 +51,6 @@ absl::StatusOr<uint64_t> ImportWriter::Add(formats::DType dtype, std::vector<int
     MOERR_RETURN_IF_ERROR(writer_->PutTensor(meta.leaf, output ? formats::Role::kActivation : formats::Role::kLeaf,
                                              step_, view));
     stats_.tensor_bytes += bytes.nbytes();
-    if (fp.Known(formats::Fingerprint::kHash)) by_content_[std::move(key)] = meta.id;
   }
   if (output) pending_outputs_.push_back(batch_.tensors.size());
   batch_.tensors.push_back(std::move(meta));

@@ -13,7 +13,6 @@
 #include <memory>
 #include <string>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "formats/bundle_writer.h"
 #include "formats/trace.h"
@@ -35,9 +34,8 @@ class ImportWriter {
                                                               llvm::json::Object source);
 
   absl::Status BeginStep(int64_t step);
-  // A tensor an op reads. In a full bundle with `bytes`, a value equal to an
-  // earlier one of the step (same XXH3, dtype and shape) is that value: the op reads what
-  // the earlier op produced, and the step keeps its dataflow.
+  // A tensor an op reads that no earlier value of the step is (the caller
+  // links those: importers/dataflow_index.h).
   absl::StatusOr<uint64_t> Input(formats::DType dtype, std::vector<int64_t> shape, const formats::Fingerprint& fp,
                                  const at::Tensor& bytes);
   // A tensor the next op added produces.
@@ -51,6 +49,8 @@ class ImportWriter {
   absl::Status Close();
 
   bool full() const { return full_; }
+  // The seq the next op added gets.
+  uint64_t next_seq() const { return next_seq_; }
   const ImportStats& stats() const { return stats_; }
 
  private:
@@ -65,8 +65,6 @@ class ImportWriter {
   uint64_t next_id_ = 1, next_seq_ = 0;
   formats::OpBatch batch_;
   std::vector<size_t> pending_outputs_;  // indices into batch_.tensors of the next op's outputs
-  // (hash, dtype, shape) of full values -> id, for the dataflow of a step.
-  absl::flat_hash_map<std::tuple<uint64_t, uint8_t, std::vector<int64_t>>, uint64_t> by_content_;
   ImportStats stats_;
 };
 

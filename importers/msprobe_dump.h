@@ -75,7 +75,9 @@ absl::Status ParseEntryName(absl::string_view name, DumpEntry& entry);
 
 // construct.json: each entry's enclosing module entry (or null). Returns the
 // module path of each entry's parent ("layers.0" for
-// "Module.layers.0.Linear.forward.0"); entries with no parent are left out.
+// "Module.layers.0.Linear.forward.0"), or a parent that is not an entry
+// name verbatim ("optimizer", msprobe's scope of the optimizer's APIs);
+// entries with no parent are left out.
 absl::StatusOr<std::map<std::string, std::string>> ParseConstructJson(absl::string_view text, absl::string_view file);
 
 // Python's json words NaN, Infinity and -Infinity outside strings replaced by

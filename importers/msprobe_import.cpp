@@ -3,12 +3,16 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "formats/collective_op.h"
 #include "formats/world_manifest.h"
+#include "importers/dataflow_index.h"
 #include "importers/dump_stats.h"
 #include "importers/msprobe_dump.h"
 #include "importers/tensor_files.h"
@@ -16,6 +20,7 @@
 #include "recorder/hooks/tensor_adapter.h"
 #include "support/filesystem.h"
 #include "support/status.h"
+#include "xxhash.h"
 
 namespace moerr::importers {
 namespace {
@@ -83,12 +88,36 @@ struct StepImport {
   const fs::path& dir;
   ImportResult& result;
   bool tensors;  // the tensor task: values have files under dump_tensor_data/
+  int64_t rank = 0, world_size = 1;
+  std::map<std::string, int64_t> collectives;  // by kind: imported so far in the step
+  DataflowIndex dataflow;
+  // The links that are not certain, for the step's annotation:
+  // {"op": seq, "arg": index, "tensor": id, "how": "ambiguous"|"extreme", "candidates": [seqs]}.
+  llvm::json::Array uncertain;
+  uint64_t linked = 0;  // inputs linked to an earlier value
 };
 
+// What identifies `v` (importers/dataflow_index.h): its bytes' hash and
+// extremes when the file was read, else its statistics.
+ValueKey KeyOf(const DumpValue& v, formats::DType dtype, const formats::Fingerprint& fp, bool from_bytes) {
+  ValueKey key{dtype, v.shape, std::nullopt, std::nullopt};
+  if (from_bytes) {
+    key.content = fp.hash;
+    key.extreme = ExtremeOf(fp.max, fp.min);
+  } else if (v.max && v.min) {
+    const double stats[] = {*v.max, *v.min, v.mean.value_or(0), v.norm.value_or(0),
+                            static_cast<double>(v.mean.has_value() | v.norm.has_value() << 1)};
+    key.content = XXH3_64bits(stats, sizeof stats);
+    key.extreme = ExtremeOf(v.max, v.min);
+  }
+  return key;
+}
+
 // The tensor of `v`: its fingerprint (from its file's bytes, else from the
-// dump's statistics) and, in a tensor import, its bytes.
+// dump's statistics) and, in a tensor import, its bytes. An input that is an
+// earlier value of the step (`arg`-th of the op) is linked to it instead.
 absl::StatusOr<uint64_t> AddTensor(StepImport& s, const DumpEntry& e, const DumpValue& v, formats::DType dtype,
-                                   bool output) {
+                                   bool output, size_t arg) {
   auto numel = formats::CheckedNumel(v.shape);
   if (!numel.ok()) return Annotate(numel.status(), absl::StrCat("entry ", e.name, ": ", v.where));
   at::Tensor bytes;
@@ -116,7 +145,74 @@ absl::StatusOr<uint64_t> AddTensor(StepImport& s, const DumpEntry& e, const Dump
     if (s.tensors && !v.data_name.empty()) ++s.result.missing_files;
     fp = FingerprintFromStats(v, dtype, static_cast<uint64_t>(*numel));
   }
-  return output ? s.writer.Output(dtype, v.shape, fp, bytes) : s.writer.Input(dtype, v.shape, fp, bytes);
+  const ValueKey key = KeyOf(v, dtype, fp, bytes.defined());
+  const uint64_t seq = s.writer.next_seq();
+  if (output) {
+    MOERR_ASSIGN_OR_RETURN(const uint64_t id, s.writer.Output(dtype, v.shape, fp, bytes));
+    s.dataflow.AddOutput(key, id, seq, e.kind != EntryKind::kApi);
+    return id;
+  }
+  if (const std::optional<DataflowIndex::Link> link = s.dataflow.Find(key)) {
+    ++s.linked;
+    if (link->kind == DataflowIndex::LinkKind::kAmbiguous || link->kind == DataflowIndex::LinkKind::kExtreme) {
+      llvm::json::Array candidates;
+      for (uint64_t c : link->candidates) candidates.push_back(c);
+      s.uncertain.push_back(llvm::json::Object{
+          {"op", seq}, {"arg", static_cast<int64_t>(arg)}, {"tensor", link->id},
+          {"how", link->kind == DataflowIndex::LinkKind::kExtreme ? "extreme" : "ambiguous"},
+          {"candidates", std::move(candidates)}});
+    }
+    return link->id;
+  }
+  MOERR_ASSIGN_OR_RETURN(const uint64_t id, s.writer.Input(dtype, v.shape, fp, bytes));
+  s.dataflow.AddInput(key, id);
+  return id;
+}
+
+// An msprobe Distributed.* API that is a collective moerr checks across
+// ranks: its kind and the input_args index of what the rank sends.
+struct DistributedApi {
+  const char* kind;
+  int sent_arg;
+};
+
+std::optional<DistributedApi> DistributedApiOf(absl::string_view op) {
+  static const std::pair<absl::string_view, DistributedApi> kApis[] = {
+      {"all_reduce", {"all_reduce", 0}},          {"broadcast", {"broadcast", 0}},
+      {"all_to_all", {"all_to_all", 1}},          {"all_to_all_single", {"all_to_all", 1}},
+      {"all_gather", {"all_gather", 1}},          {"all_gather_into_tensor", {"all_gather", 1}},
+      {"_all_gather_base", {"all_gather", 1}},    {"reduce_scatter", {"reduce_scatter", 1}},
+      {"reduce_scatter_tensor", {"reduce_scatter", 1}}, {"_reduce_scatter_base", {"reduce_scatter", 1}}};
+  if (!absl::ConsumePrefix(&op, "Distributed.")) return std::nullopt;
+  for (const auto& [name, api] : kApis) {
+    if (op == name) return api;
+  }
+  return std::nullopt;
+}
+
+// Rewrites `op`, the forward entry `e` of a Distributed.* collective, as a
+// collective of the trace (formats/collective_op.h) in group "world": the
+// n-th of its kind on this rank is matched with the n-th on the others.
+// A dump has no per-slice hashes or split sizes: only the sent values
+// (their ids) and the received outputs are known.
+void AsCollective(StepImport& s, const DumpEntry& e, const DistributedApi& api, formats::OpEvent& op) {
+  formats::CollectiveOp c;
+  c.kind = api.kind;
+  c.group = "world";
+  c.seq = s.collectives[c.kind]++;
+  c.group_rank = s.rank;
+  c.group_size = s.world_size;
+  const std::string sent = absl::StrCat("input_args[", api.sent_arg, "]");
+  for (size_t i = 0; i < e.inputs.size() && i < op.args.size(); ++i) {
+    const bool tensor = op.args[i].kind == formats::OpArg::Kind::kTensor;
+    if (tensor && absl::StartsWith(e.inputs[i].where, sent)) c.inputs.push_back(static_cast<uint64_t>(op.args[i].i));
+    // broadcast(tensor, src): the root, a world rank, is the group rank in "world".
+    if (c.kind == "broadcast" && op.args[i].kind == formats::OpArg::Kind::kInt &&
+        (e.inputs[i].where == "input_args[1]" || e.inputs[i].where == "input_kwargs.src")) {
+      c.root = op.args[i].i;
+    }
+  }
+  formats::ToOpEvent(c, op);
 }
 
 absl::Status AddEntry(StepImport& s, const DumpEntry& e, const std::map<std::string, std::string>& parents) {
@@ -124,6 +220,7 @@ absl::Status AddEntry(StepImport& s, const DumpEntry& e, const std::map<std::str
   op.name = e.op;
   op.phase = e.phase;
   op.module = e.module;
+  op.scope = e.kind == EntryKind::kModule;
   if (e.kind == EntryKind::kApi) {
     // A backward entry's scope is its forward entry's.
     std::string forward = e.name;
@@ -140,7 +237,7 @@ absl::Status AddEntry(StepImport& s, const DumpEntry& e, const std::map<std::str
       op.args.push_back(std::move(arg));
       continue;
     }
-    MOERR_ASSIGN_OR_RETURN(const uint64_t id, AddTensor(s, e, v, *dtype, false));
+    MOERR_ASSIGN_OR_RETURN(const uint64_t id, AddTensor(s, e, v, *dtype, false, op.args.size()));
     op.args.push_back(formats::OpArg{formats::OpArg::Kind::kTensor, static_cast<int64_t>(id), 0, {}, {}, {}});
   }
   for (const DumpValue& v : e.outputs) {
@@ -150,8 +247,11 @@ absl::Status AddEntry(StepImport& s, const DumpEntry& e, const std::map<std::str
       op.outputs.push_back(0);
       continue;
     }
-    MOERR_ASSIGN_OR_RETURN(const uint64_t id, AddTensor(s, e, v, *dtype, true));
+    MOERR_ASSIGN_OR_RETURN(const uint64_t id, AddTensor(s, e, v, *dtype, true, 0));
     op.outputs.push_back(id);
+  }
+  if (e.kind == EntryKind::kApi && e.phase == formats::Phase::kForward) {
+    if (const std::optional<DistributedApi> api = DistributedApiOf(e.op)) AsCollective(s, e, *api, op);
   }
   return s.writer.AddOp(std::move(op));
 }
@@ -159,7 +259,7 @@ absl::Status AddEntry(StepImport& s, const DumpEntry& e, const std::map<std::str
 // Imports one dump.json as a step of `writer`, which the first step of a
 // rank creates at `path`: a full bundle when its task is "tensor".
 absl::Status ImportStep(std::unique_ptr<ImportWriter>& out, const std::string& path, const DumpLocation& at,
-                        ImportResult& result, const ImportOptions& options) {
+                        int64_t world_size, ImportResult& result, const ImportOptions& options) {
   const fs::path dir(at.dir);
   const std::string dump_path = (dir / "dump.json").string();
   MOERR_ASSIGN_OR_RETURN(const std::string text, ReadFileBytes(dump_path));
@@ -181,7 +281,7 @@ absl::Status ImportStep(std::unique_ptr<ImportWriter>& out, const std::string& p
   }
   ImportWriter& writer = *out;
   MOERR_RETURN_IF_ERROR(writer.BeginStep(at.step));
-  StepImport s{writer, dir, result, dump.task == "tensor"};
+  StepImport s{writer, dir, result, dump.task == "tensor", at.rank, world_size, {}, {}, {}, 0};
   const std::string label = absl::StrCat("rank ", at.rank, " step ", at.step);
   for (size_t i = 0; i < dump.entries.size(); ++i) {
     MOERR_RETURN_IF_ERROR(Annotate(AddEntry(s, dump.entries[i], parents), dump_path));
@@ -202,7 +302,11 @@ absl::Status ImportStep(std::unique_ptr<ImportWriter>& out, const std::string& p
                                            {"level", dump.level},
                                            {"framework", dump.framework},
                                            {"rank", at.rank},
-                                           {"entries", std::move(entries)}});
+                                           {"entries", std::move(entries)},
+                                           {"dataflow", llvm::json::Object{
+                                                            {"from", s.tensors ? "bytes" : "statistics"},
+                                                            {"linked", s.linked},
+                                                            {"uncertain", std::move(s.uncertain)}}}});
 }
 
 }  // namespace
@@ -259,13 +363,17 @@ absl::StatusOr<ImportResult> ImportMsprobe(const std::string& dir, const std::st
   }
   ImportResult result;
   formats::WorldManifest world;
+  // Ranks 0..N-1 are a world of N (the manifest below); collectives name it.
+  std::set<int64_t> ranks;
+  for (const DumpLocation& d : dumps) ranks.insert(d.rank);
+  const int64_t world_size = static_cast<int64_t>(ranks.size());
   for (size_t i = 0; i < dumps.size();) {
     const int64_t rank = dumps[i].rank;
     const std::string name = absl::StrCat("rank", rank, ".moerr");
     const std::string path = (fs::path(run_dir) / name).string();
     std::unique_ptr<ImportWriter> writer;
     for (; i < dumps.size() && dumps[i].rank == rank; ++i) {
-      MOERR_RETURN_IF_ERROR(ImportStep(writer, path, dumps[i], result, options));
+      MOERR_RETURN_IF_ERROR(ImportStep(writer, path, dumps[i], world_size, result, options));
     }
     MOERR_RETURN_IF_ERROR(writer->Close());
     result.stats.steps += writer->stats().steps;

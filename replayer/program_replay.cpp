@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "formats/collective_op.h"
@@ -392,8 +393,16 @@ class Replay {
     }
     if (count == 0) return absl::OkStatus();
     std::vector<std::string> parts;
+    constexpr size_t kListed = 8;  // kinds of op named; the rest are counted
     for (const auto& [what, ops] : blocking) {
-      parts.push_back(absl::StrFormat("%s (op%s %s)%s", what.first, ops.size() > 1 ? "s" : "", absl::StrJoin(ops, ", "),
+      if (parts.size() == kListed) {
+        parts.push_back(absl::StrFormat("and %d more kinds", blocking.size() - kListed));
+        break;
+      }
+      constexpr size_t kIndices = 10;  // op indices shown per kind
+      std::string indices = absl::StrJoin(ops.begin(), ops.begin() + std::min(ops.size(), kIndices), ", ");
+      if (ops.size() > kIndices) absl::StrAppend(&indices, ", ... ", ops.size() - kIndices, " more");
+      parts.push_back(absl::StrFormat("%s (op%s %s)%s", what.first, ops.size() > 1 ? "s" : "", indices,
                                       what.second.empty() ? "" : ": the reference refused: " + what.second));
     }
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -552,6 +561,16 @@ absl::StatusOr<ReplayReport> ReplayStep(const formats::BundleReader& reader, int
 absl::StatusOr<ReplayReport> ReplayTrace(const formats::BundleReader& reader, int64_t step,
                                          const formats::Trace& trace, const ReplayOptions& options) {
   if (trace.ops.empty()) return absl::NotFoundError(absl::StrFormat("step %d has no recorded ops", step));
+  if (absl::StatusOr<llvm::json::Value> recording = reader.ReadAnnotation("recording"); recording.ok()) {
+    const llvm::json::Object* o = recording->getAsObject();
+    const llvm::json::Object* imported = o ? o->getObject("imported") : nullptr;
+    if (imported != nullptr) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "this bundle was imported from %s: a dump holds the API calls it saw, not the dispatcher ops, parameters "
+          "and RNG that a replay runs; bisect, lint, diff and report read it (docs/IMPORT.md)",
+          imported->getString("from").getValueOr("another tool's dump").str()));
+    }
+  }
   const bool full = std::any_of(trace.tensors.begin(), trace.tensors.end(), [](const formats::TensorMeta& meta) {
     return meta.producer >= 0 && absl::StartsWith(meta.leaf, "act/");
   });

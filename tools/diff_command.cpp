@@ -191,11 +191,12 @@ void AddDiffCommand(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<DiffArgs>();
   CLI::App* cmd = app.add_subcommand(
       "diff", "Align two recordings of a step op by op and compare every output; the first divergence comes first");
-  cmd->add_option("A", opts->a, "Reference bundle, or a multi-rank run directory")->required();
+  cmd->add_option("A", opts->a, "Reference bundle, or a multi-rank run directory")->required()->transform(RecordingPath());
   cmd->add_option("B", opts->b,
                   "Bundle to compare with it; for two runs: rank by rank, or expert by expert when their world sizes "
                   "differ")
-      ->required();
+      ->required()
+      ->transform(RecordingPath());
   cmd->add_option("--step-a", opts->step_a, "Step of A (default: its first complete step)");
   cmd->add_option("--step-b", opts->step_b, "Step of B (default: its first complete step)");
   cmd->add_option("--threshold", opts->thresholds,

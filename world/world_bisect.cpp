@@ -69,7 +69,13 @@ ExitOr RunWorldBisect(const std::string& dir, std::vector<int64_t> steps,
   int exit_code = kExitOk;
   for (int64_t step : steps) {
     MOERR_RETURN_IF_ERROR(formats::ReadWorldStep(world, step));
-    const std::optional<analysis::WorldOverflow> found = analysis::FindWorldOverflow(world, options);
+    std::optional<analysis::WorldOverflow> found = analysis::FindWorldOverflow(world, options);
+    if (found) {
+      const formats::RankStep& origin = world.ranks[static_cast<size_t>(found->rank)];
+      absl::StatusOr<llvm::json::Value> imported =
+          origin.reader ? origin.reader->ReadAnnotation("imported_step", step) : absl::NotFoundError("");
+      if (imported.ok()) analysis::AddUncertainLinks(*imported, *origin.trace, found->cause);
+    }
     llvm::json::Object result;
     if (!found) {
       if (json) result = llvm::json::Object{{"step", step}, {"found", false}};
