@@ -1,6 +1,7 @@
 #include "formats/bundle_summary.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 
 #include "absl/strings/str_format.h"
@@ -121,6 +122,52 @@ std::string RenderOutcomes(const std::map<int64_t, std::vector<std::pair<std::st
   return out;
 }
 
+// A value of an import's annotation as one line: numbers in the fewest
+// digits that read back the same (0.9, not 0.90000000000000002).
+std::string ImportedValueText(const llvm::json::Value& v) {
+  const llvm::Optional<double> d = v.getAsNumber();
+  if (d && !v.getAsInteger()) {
+    std::string text;
+    for (int digits = 6; digits <= 17; ++digits) {
+      text = absl::StrFormat("%.*g", digits, *d);
+      if (std::strtod(text.c_str(), nullptr) == *d) break;
+    }
+    return text;
+  }
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  os << v;
+  os.flush();
+  return text;
+}
+
+// An import's non-tensor values and skipped entries (the annotations
+// "imported_values" and "imported_skipped", importers/torch_import.h): one
+// per line, the first kMaxListed, shallow paths first ("step" before
+// "optimizer.param_groups.0.lr").
+std::string RenderImported(const std::string& key, const llvm::json::Object& entries) {
+  constexpr size_t kMaxListed = 16;
+  const bool values = key == "imported_values";
+  std::vector<std::pair<size_t, std::string>> paths;
+  for (const auto& [path, v] : entries) paths.emplace_back(llvm::StringRef(path).count('.'), path.str());
+  std::sort(paths.begin(), paths.end());
+  const bool one = paths.size() == 1;
+  std::string out = absl::StrFormat("  %s: %d %s\n", key, paths.size(),
+                                    values ? (one ? "value that is not a tensor" : "values that are not tensors")
+                                           : (one ? "entry not read" : "entries not read"));
+  for (size_t i = 0; i < paths.size() && i < kMaxListed; ++i) {
+    const std::string& path = paths[i].second;
+    const llvm::json::Value& v = *entries.get(path);
+    const llvm::Optional<llvm::StringRef> why = v.getAsString();
+    absl::StrAppendFormat(&out, "    %s%s%s\n", path, values ? " = " : ": ",
+                          !values && why ? why->str() : ImportedValueText(v));
+  }
+  if (paths.size() > kMaxListed) {
+    absl::StrAppendFormat(&out, "    ... %d more: --json has every one\n", paths.size() - kMaxListed);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string RenderText(const BundleSummary& s, const std::string& path) {
@@ -155,6 +202,10 @@ std::string RenderText(const BundleSummary& s, const std::string& path) {
   }
   out += RenderOutcomes(s.outcomes);
   for (const auto& [key, value] : s.annotations) {
+    if ((key == "imported_values" || key == "imported_skipped") && value.getAsObject() != nullptr) {
+      out += RenderImported(key, *value.getAsObject());
+      continue;
+    }
     std::string text;
     llvm::raw_string_ostream os(text);
     os << value;

@@ -1,5 +1,7 @@
 #include "importers/import_writer.h"
 
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
 #include "formats/bundle_index.h"
 #include "recorder/hooks/tensor_adapter.h"
@@ -102,5 +104,13 @@ absl::Status ImportWriter::EndStep(llvm::json::Object step_note) {
 }
 
 absl::Status ImportWriter::Close() { return writer_->Close(); }
+
+void ImportWriter::Abandon() {
+  if (writer_ == nullptr) return;
+  const std::string partial = writer_->partial_path();
+  writer_.reset();  // waits for its pending chunks
+  std::error_code ec;
+  std::filesystem::remove(partial, ec);
+}
 
 }  // namespace moerr::importers

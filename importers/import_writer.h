@@ -47,6 +47,9 @@ class ImportWriter {
   absl::Status Annotate(const std::string& key, llvm::json::Value value);
   absl::Status EndStep(llvm::json::Object step_note);
   absl::Status Close();
+  // Stops writing and removes the partial bundle, so that an import that
+  // failed leaves nothing behind. The writer cannot be used after it.
+  void Abandon();
 
   bool full() const { return full_; }
   // The seq the next op added gets.

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -42,6 +43,10 @@ struct ImportResult {
   std::string task, level;
   uint64_t missing_files = 0;        // tensor-task values whose file was absent: imported from statistics
   uint64_t unsupported = 0;          // tensors of dtypes moerr does not store (complex, ...): not tensors here
+  // torch: entries that are not tensors (numbers, strings...), kept in the
+  // "imported_values" annotation; entries not read, with why ("imported_skipped").
+  uint64_t values = 0;
+  std::vector<std::pair<std::string, std::string>> skipped;
 };
 
 absl::StatusOr<ImportResult> ImportMsprobe(const std::string& dir, const std::string& run_dir,

@@ -1,7 +1,5 @@
 #include "importers/tensor_files.h"
 
-#include <torch/csrc/jit/serialization/pickle.h>
-
 #include <fstream>
 #include <sstream>
 
@@ -11,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "importers/torch_save_file.h"
 #include "recorder/hooks/tensor_adapter.h"
 #include "support/status.h"
 
@@ -50,9 +49,16 @@ absl::StatusOr<formats::DType> NpyDType(absl::string_view descr, const std::stri
 
 }  // namespace
 
-absl::StatusOr<std::string> ReadFileBytes(const std::string& path) {
+absl::StatusOr<std::string> ReadFileBytes(const std::string& path, size_t limit) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  if (limit != SIZE_MAX) {
+    std::string head(limit, '\0');
+    in.read(head.data(), static_cast<std::streamsize>(limit));
+    if (in.bad()) return Bad(path, "read failed");
+    head.resize(static_cast<size_t>(in.gcount()));
+    return head;
+  }
   std::ostringstream bytes;
   bytes << in.rdbuf();
   if (in.bad()) return Bad(path, "read failed");
@@ -101,22 +107,14 @@ absl::StatusOr<formats::OwnedTensor> ParseNpy(const std::string& bytes, const st
   return t;
 }
 
-absl::StatusOr<c10::IValue> LoadPickle(const std::string& path) {
-  MOERR_ASSIGN_OR_RETURN(std::string bytes, ReadFileBytes(path));
-  try {
-    return torch::jit::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
-  } catch (const std::exception& e) {
-    // LibTorch's message ends with a backtrace; its first line says what failed.
-    const std::string what = e.what();
-    return Bad(path, absl::StrCat("not a file torch.save wrote that LibTorch can read: ",
-                                  what.substr(0, what.find('\n'))));
-  }
-}
-
 absl::StatusOr<at::Tensor> LoadPtTensor(const std::string& path) {
-  MOERR_ASSIGN_OR_RETURN(c10::IValue value, LoadPickle(path));
-  if (!value.isTensor()) return Bad(path, absl::StrCat("holds a ", value.tagKind(), ", not a tensor"));
-  return value.toTensor().detach().cpu().contiguous();
+  MOERR_ASSIGN_OR_RETURN(std::unique_ptr<TorchSaveFile> file, TorchSaveFile::Open(path));
+  const PickleValue& root = file->root();
+  if (root.kind != PickleValue::Kind::kTensor) return Bad(path, absl::StrCat("holds ", DescribeValue(root), ", not a tensor"));
+  MOERR_RETURN_IF_ERROR(Annotate(file->Check(root), path));
+  absl::StatusOr<at::Tensor> tensor = file->Read(root);
+  if (!tensor.ok()) return Annotate(tensor.status(), path);
+  return *std::move(tensor);
 }
 
 absl::StatusOr<at::Tensor> LoadTensorFile(const std::string& path) {

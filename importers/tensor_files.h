@@ -1,10 +1,11 @@
-// Tensor files of dumps: .pt (torch.save, read by LibTorch's own loader,
-// torch::pickle_load) and .npy (NumPy's format: a documented header and the
+// Tensor files of dumps: .pt (torch.save, read by TorchSaveFile,
+// torch_save_file.h) and .npy (NumPy's format: a documented header and the
 // raw bytes). Both come back as contiguous CPU tensors.
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -13,12 +14,8 @@
 
 namespace moerr::importers {
 
-// The whole file; NotFound / InvalidArgument naming it.
-absl::StatusOr<std::string> ReadFileBytes(const std::string& path);
-
-// What a .pt file holds, unpickled by LibTorch (torch::pickle_load). Its
-// exceptions become InvalidArgument naming the file.
-absl::StatusOr<c10::IValue> LoadPickle(const std::string& path);
+// The file, or its first `limit` bytes; NotFound / InvalidArgument naming it.
+absl::StatusOr<std::string> ReadFileBytes(const std::string& path, size_t limit = SIZE_MAX);
 
 // A .pt file holding one tensor (msprobe's tensor task writes one per value).
 absl::StatusOr<at::Tensor> LoadPtTensor(const std::string& path);

@@ -33,6 +33,12 @@ void Print(const ImportArgs& args, const std::string& from, const importers::Imp
                            {"tensor_bytes", r.stats.tensor_bytes},
                            {"missing_files", r.missing_files},
                            {"unsupported_tensors", r.unsupported}};
+    if (from == "torch") {
+      llvm::json::Array skipped;
+      for (const auto& [entry, why] : r.skipped) skipped.push_back(llvm::json::Object{{"entry", entry}, {"why", why}});
+      out["values"] = r.values;
+      out["skipped"] = std::move(skipped);
+    }
     std::printf("%s\n", llvm::formatv("{0:2}", llvm::json::Value(std::move(out))).str().c_str());
     return;
   }
@@ -55,6 +61,20 @@ void Print(const ImportArgs& args, const std::string& from, const importers::Imp
   if (r.unsupported) {
     std::printf("  %llu tensors of dtypes moerr does not store (complex, ...) kept as arguments only\n",
                 static_cast<unsigned long long>(r.unsupported));
+  }
+  if (r.values) {
+    std::printf("  %llu non-tensor value%s (numbers, strings...) kept as the annotation imported_values: moerr inspect "
+                "%s\n",
+                static_cast<unsigned long long>(r.values), r.values == 1 ? "" : "s", r.bundles[0].c_str());
+  }
+  if (!r.skipped.empty()) {
+    // The first few here; the bundle's imported_skipped annotation has them all.
+    constexpr size_t kShown = 8;
+    std::printf("  %zu entr%s not read, skipped:\n", r.skipped.size(), r.skipped.size() == 1 ? "y" : "ies");
+    for (size_t i = 0; i < r.skipped.size() && i < kShown; ++i) {
+      std::printf("    %s: %s\n", r.skipped[i].first.c_str(), r.skipped[i].second.c_str());
+    }
+    if (r.skipped.size() > kShown) std::printf("    ... %zu more: moerr inspect --json\n", r.skipped.size() - kShown);
   }
   // Several ranks: the run directory (where world.json is), which every command takes.
   const std::string target =
@@ -97,8 +117,10 @@ void AddImportCommand(CLI::App& app, int& exit_code) {
   AddSource(cmd, exit_code, "msprobe",
             "An msprobe (MindStudio Probe) PyTorch dump: statistics become stats bundles, tensors full bundles",
             "dump_path (step*/rank*/dump.json), a step folder, or a rank folder");
-  AddSource(cmd, exit_code, "torch", "Tensors saved with torch.save: one op per tensor, in order",
-            "A .pt file (a dict of names to tensors, or a tensor) or a directory of them");
+  AddSource(cmd, exit_code, "torch",
+            "What torch.save wrote (a state_dict, a checkpoint with optimizer state, tensors): one op per tensor, "
+            "in order; other values become annotations",
+            "A .pt file (a tensor, or dicts, lists and tuples holding tensors) or a directory of them");
 }
 
 }  // namespace moerr::tools

@@ -2,6 +2,7 @@
 // bisect's and diff's libraries. Fixtures: tests/importers/msprobe_fixture.h.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "importers/msprobe_dump.h"
 #include "importers/msprobe_import.h"
 #include "importers/torch_import.h"
+#include "importers/torch_unpickler.h"
 #include "recorder/fingerprint.h"
 #include "tests/importers/msprobe_fixture.h"
 #include "tests/testing/test_util.h"
@@ -313,6 +315,60 @@ TEST(TorchImportTest, ATensorDictBecomesOneOpPerName) {
 
   std::ofstream(dir.File("junk.pt")) << "not a pickle";
   EXPECT_EQ(ImportTorch(dir.File("junk.pt"), dir.File("run3")).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// `pickle` bytes read by TorchUnpickler: the value, or the error's message.
+absl::StatusOr<const PickleValue*> Unpickle(TorchUnpickler& u, const std::string& pickle) {
+  size_t pos = 0;
+  return u.Load(pickle, pos);
+}
+
+TEST(TorchUnpicklerTest, MalformedPicklesAreRefusedByByte) {
+  const std::pair<std::string, std::string> kCases[] = {
+      {std::string("\x80\x02K\x01", 4), "byte 4: the pickle is cut short"},
+      {"\x80\x02I1\n.", "byte 2: opcode 0x49 is not one of pickle protocols 2 to 5"},
+      {"\x80\x02h\x05.", "byte 2: reads memo 5, which was never set"},
+      {"\x80\x02]e.", "byte 3: closes a MARK that was never set"},
+      {"\x80\x02K\x01K\x02.", "the pickle ends with 2 values on its stack, not 1"},
+      {"\x80\x02}(K\x01u.", "byte 6: sets a dict item without its value"},
+  };
+  for (const auto& [pickle, message] : kCases) {
+    TorchUnpickler u;
+    const auto v = Unpickle(u, pickle);
+    ASSERT_FALSE(v.ok()) << message;
+    EXPECT_NE(v.status().message().find(message), std::string::npos) << v.status();
+  }
+}
+
+TEST(TorchUnpicklerTest, UnknownCallsBecomeNamedObjects) {
+  TorchUnpickler u;
+  // protocol 4: FRAME, SHORT_BINUNICODE, MEMOIZE, STACK_GLOBAL; then
+  // {"cfg": mymod.Config() by NEWOBJ, "n": os.system("x") by REDUCE}
+  const std::string pickle("\x80\x04\x95\x00\x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x03" "cfg\x8c\x05mymod\x8c\x06"
+                           "Config\x93)\x81}b\x8c\x01n\x8c\x02os\x8c\x06system\x93\x8c\x01x\x85Ru.", 62);
+  const auto v = Unpickle(u, pickle);
+  ASSERT_TRUE(v.ok()) << v.status();
+  ASSERT_EQ((*v)->kind, PickleValue::Kind::kDict);
+  ASSERT_EQ((*v)->items.size(), 4u);
+  EXPECT_EQ(DescribeValue(*(*v)->items[1]), "a mymod.Config object");
+  EXPECT_EQ(DescribeValue(*(*v)->items[3]), "an os.system object");  // never called
+}
+
+// A zip archive as torch.save lays it out, holding `pickle` as data.pkl.
+void WritePt(const std::string& path, const std::string& pickle) {
+  caffe2::serialize::PyTorchStreamWriter writer(path);
+  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+  writer.writeEndOfFile();
+}
+
+TEST(TorchImportTest, AListHoldingItselfIsRefusedByPath) {
+  TempDir dir;
+  WritePt(dir.File("loop.pt"), std::string("\x80\x02]q\x00h\x00" "a.", 9));  // x = []; x.append(x)
+  auto result = ImportTorch(dir.File("loop.pt"), dir.File("run"));
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(result.status().message().find("loop.pt: 0.0.0."), std::string::npos) << result.status();
+  EXPECT_NE(result.status().message().find("nested deeper than 32 levels"), std::string::npos) << result.status();
+  EXPECT_FALSE(std::filesystem::exists(dir.File("run")));
 }
 
 }  // namespace

@@ -1,0 +1,609 @@
+#include "importers/torch_unpickler.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "support/status.h"
+
+namespace moerr::importers {
+namespace {
+
+using Kind = PickleValue::Kind;
+
+// Opcodes of the binary pickle protocols (Python's Lib/pickle.py).
+namespace op {
+enum : uint8_t {
+  kMark = '(', kStop = '.', kPop = '0', kPopMark = '1', kDup = '2', kBinFloat = 'G', kBinInt = 'J',
+  kBinInt1 = 'K', kBinInt2 = 'M', kNone = 'N', kBinPersId = 'Q', kReduce = 'R', kBinString = 'T',
+  kShortBinString = 'U', kBinUnicode = 'X', kAppend = 'a', kBuild = 'b', kGlobal = 'c', kDict = 'd',
+  kEmptyDict = '}', kAppends = 'e', kBinGet = 'h', kLongBinGet = 'j', kList = 'l', kEmptyList = ']',
+  kBinPut = 'q', kLongBinPut = 'r', kSetItem = 's', kTuple = 't', kEmptyTuple = ')', kSetItems = 'u',
+  kBinBytes = 'B', kShortBinBytes = 'C', kProto = 0x80, kNewObj = 0x81, kTuple1 = 0x85, kTuple2 = 0x86,
+  kTuple3 = 0x87, kNewTrue = 0x88, kNewFalse = 0x89, kLong1 = 0x8a, kLong4 = 0x8b, kShortBinUnicode = 0x8c,
+  kBinUnicode8 = 0x8d, kBinBytes8 = 0x8e, kEmptySet = 0x8f, kAddItems = 0x90, kFrozenSet = 0x91,
+  kNewObjEx = 0x92, kStackGlobal = 0x93, kMemoize = 0x94, kFrame = 0x95, kByteArray8 = 0x96,
+};
+}  // namespace op
+
+// Bounds on what a damaged or hostile file can make us hold.
+constexpr size_t kMaxValues = size_t{1} << 24;
+constexpr size_t kMaxStack = size_t{1} << 22;
+constexpr int kMaxCallDepth = 8;  // _rebuild_from_type_v2 nests one call in another
+
+bool IsText(const PickleValue* v) { return v->kind == Kind::kString || v->kind == Kind::kBytes; }
+
+// Python's latin-1 encoding of a UTF-8 string (protocol 2 pickles bytes as
+// _codecs.encode(str, "latin1")); a code point past 0xFF is kept as is.
+std::string Latin1(absl::string_view utf8) {
+  std::string out;
+  for (size_t i = 0; i < utf8.size(); ++i) {
+    const uint8_t c = static_cast<uint8_t>(utf8[i]);
+    if ((c == 0xC2 || c == 0xC3) && i + 1 < utf8.size()) {
+      out.push_back(static_cast<char>(((c & 0x03) << 6) | (static_cast<uint8_t>(utf8[++i]) & 0x3F)));
+    } else {
+      out.push_back(static_cast<char>(c));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string DescribeValue(const PickleValue& v) {
+  switch (v.kind) {
+    case Kind::kNone: return "None";
+    case Kind::kBool: return "a bool";
+    case Kind::kInt: return "an int";
+    case Kind::kFloat: return "a float";
+    case Kind::kString: return "a string";
+    case Kind::kBytes: return "bytes";
+    case Kind::kTuple: return "a tuple";
+    case Kind::kList: return "a list";
+    case Kind::kDict: return "a dict";
+    case Kind::kSet: return "a set";
+    case Kind::kStorage: return "a bare storage";
+    case Kind::kTensor: return "a tensor";
+    case Kind::kGlobal: return absl::StrCat("the class or function ", v.text);
+    case Kind::kObject: {
+      if (!v.note.empty()) return v.note;
+      const bool vowel = !v.text.empty() && absl::StrContains("aeiouAEIOU", v.text.substr(0, 1));
+      return absl::StrCat(vowel ? "an " : "a ", v.text, " object");
+    }
+  }
+  return "a value";
+}
+
+PickleValue* TorchUnpickler::New(Kind kind) {
+  arena_.emplace_back();
+  arena_.back().kind = kind;
+  return &arena_.back();
+}
+
+absl::Status TorchUnpickler::Fail(absl::string_view what) const {
+  return absl::InvalidArgumentError(absl::StrCat("byte ", op_at_, ": ", what));
+}
+
+absl::StatusOr<absl::string_view> TorchUnpickler::Read(size_t n) {
+  if (n > data_.size() - pos_) return Fail("the pickle is cut short");
+  const absl::string_view out = data_.substr(pos_, n);
+  pos_ += n;
+  return out;
+}
+
+template <typename T>
+absl::StatusOr<T> TorchUnpickler::ReadLittle() {
+  MOERR_ASSIGN_OR_RETURN(const absl::string_view bytes, Read(sizeof(T)));
+  T v = 0;
+  for (size_t i = sizeof(T); i-- > 0;) {
+    v = static_cast<T>((static_cast<uint64_t>(v) << 8) | static_cast<uint8_t>(bytes[i]));
+  }
+  return v;
+}
+
+absl::Status TorchUnpickler::Push(PickleValue* v) {
+  if (stack_.size() >= kMaxStack) return Fail(absl::StrCat("more than ", kMaxStack, " values on the stack"));
+  stack_.push_back(v);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PickleValue*> TorchUnpickler::Pop() {
+  if (stack_.empty() || (!marks_.empty() && stack_.size() <= marks_.back())) return Fail("pops an empty stack");
+  PickleValue* v = stack_.back();
+  stack_.pop_back();
+  return v;
+}
+
+absl::StatusOr<std::vector<PickleValue*>> TorchUnpickler::PopN(size_t n) {
+  std::vector<PickleValue*> items(n);
+  for (size_t i = n; i-- > 0;) {
+    MOERR_ASSIGN_OR_RETURN(items[i], Pop());
+  }
+  return items;
+}
+
+absl::StatusOr<PickleValue*> TorchUnpickler::Top() {
+  if (stack_.empty()) return Fail("reads an empty stack");
+  return stack_.back();
+}
+
+absl::StatusOr<std::vector<PickleValue*>> TorchUnpickler::PopMark() {
+  if (marks_.empty()) return Fail("closes a MARK that was never set");
+  const size_t start = marks_.back();
+  marks_.pop_back();
+  std::vector<PickleValue*> items(stack_.begin() + static_cast<std::ptrdiff_t>(start), stack_.end());
+  stack_.resize(start);
+  return items;
+}
+
+absl::StatusOr<const PickleValue*> TorchUnpickler::Load(absl::string_view data, size_t& pos) {
+  data_ = data;
+  pos_ = pos;
+  stack_.clear();
+  marks_.clear();
+  memo_.clear();
+  while (true) {
+    op_at_ = pos_;
+    MOERR_ASSIGN_OR_RETURN(const absl::string_view code, Read(1));
+    const uint8_t opcode = static_cast<uint8_t>(code[0]);
+    if (opcode == op::kStop) break;
+    if (arena_.size() > kMaxValues) return Fail(absl::StrCat("more than ", kMaxValues, " values"));
+    bool done = false;
+    if (opcode == op::kProto) {
+      MOERR_ASSIGN_OR_RETURN(const uint8_t protocol, ReadLittle<uint8_t>());
+      if (protocol < 2 || protocol > 5) {
+        return Fail(absl::StrCat("pickle protocol ", protocol, " is not read (2 to 5 are)"));
+      }
+      done = true;
+    } else if (opcode == op::kFrame) {
+      MOERR_RETURN_IF_ERROR(ReadLittle<uint64_t>().status());  // a length hint only
+      done = true;
+    }
+    for (auto group : {&TorchUnpickler::ScalarOp, &TorchUnpickler::LengthOp, &TorchUnpickler::ContainerOp,
+                       &TorchUnpickler::ObjectOp, &TorchUnpickler::MemoOp}) {
+      if (done) break;
+      MOERR_ASSIGN_OR_RETURN(done, (this->*group)(opcode));
+    }
+    if (!done) {
+      return Fail(absl::StrFormat("opcode 0x%02x is not one of pickle protocols 2 to 5 (torch.save writes protocol 2 "
+                                  "unless told otherwise)", opcode));
+    }
+  }
+  if (stack_.size() != 1 || !marks_.empty()) {
+    return Fail(absl::StrCat("the pickle ends with ", stack_.size(), " values on its stack, not 1"));
+  }
+  pos = pos_;
+  return stack_.back();
+}
+
+absl::Status TorchUnpickler::PushString(size_t length, Kind kind) {
+  MOERR_ASSIGN_OR_RETURN(const absl::string_view bytes, Read(length));
+  PickleValue* v = New(kind);
+  v->text = std::string(bytes);
+  return Push(v);
+}
+
+// LONG1 and LONG4: `length` bytes of a little-endian two's complement integer.
+absl::Status TorchUnpickler::PushLong(size_t length) {
+  MOERR_ASSIGN_OR_RETURN(const absl::string_view bytes, Read(length));
+  if (length > 8) {
+    PickleValue* v = New(Kind::kObject);
+    v->text = "int";
+    v->note = absl::StrCat("an int of ", length, " bytes, wider than 64 bits");
+    return Push(v);
+  }
+  uint64_t u = 0;
+  for (size_t i = length; i-- > 0;) u = (u << 8) | static_cast<uint8_t>(bytes[i]);
+  if (length > 0 && length < 8 && (static_cast<uint8_t>(bytes[length - 1]) & 0x80)) u |= ~uint64_t{0} << (8 * length);
+  PickleValue* v = New(Kind::kInt);
+  v->integer = static_cast<int64_t>(u);
+  return Push(v);
+}
+
+absl::StatusOr<bool> TorchUnpickler::ScalarOp(uint8_t opcode) {
+  PickleValue* v = nullptr;
+  switch (opcode) {
+    case op::kNone: v = New(Kind::kNone); break;
+    case op::kNewTrue:
+    case op::kNewFalse:
+      v = New(Kind::kBool);
+      v->boolean = opcode == op::kNewTrue;
+      break;
+    case op::kBinInt: {
+      MOERR_ASSIGN_OR_RETURN(const uint32_t i, ReadLittle<uint32_t>());
+      v = New(Kind::kInt);
+      v->integer = static_cast<int32_t>(i);
+      break;
+    }
+    case op::kBinInt1: {
+      MOERR_ASSIGN_OR_RETURN(const uint8_t i, ReadLittle<uint8_t>());
+      v = New(Kind::kInt);
+      v->integer = i;
+      break;
+    }
+    case op::kBinInt2: {
+      MOERR_ASSIGN_OR_RETURN(const uint16_t i, ReadLittle<uint16_t>());
+      v = New(Kind::kInt);
+      v->integer = i;
+      break;
+    }
+    case op::kBinFloat: {
+      MOERR_ASSIGN_OR_RETURN(const absl::string_view b, Read(8));
+      uint64_t bits = 0;
+      for (char c : b) bits = (bits << 8) | static_cast<uint8_t>(c);  // big-endian
+      v = New(Kind::kFloat);
+      std::memcpy(&v->number, &bits, sizeof bits);
+      break;
+    }
+    default: return false;
+  }
+  MOERR_RETURN_IF_ERROR(Push(v));
+  return true;
+}
+
+// Integers of LONG1 / LONG4, strings and bytes: a little-endian length of
+// `width` bytes, then that many bytes.
+absl::StatusOr<bool> TorchUnpickler::LengthOp(uint8_t opcode) {
+  size_t width = 0;
+  Kind kind = Kind::kString;
+  switch (opcode) {
+    case op::kLong1: width = 1, kind = Kind::kInt; break;
+    case op::kLong4: width = 4, kind = Kind::kInt; break;
+    case op::kShortBinUnicode:
+    case op::kShortBinString: width = 1; break;
+    case op::kBinUnicode:
+    case op::kBinString: width = 4; break;
+    case op::kBinUnicode8: width = 8; break;
+    case op::kShortBinBytes: width = 1, kind = Kind::kBytes; break;
+    case op::kBinBytes: width = 4, kind = Kind::kBytes; break;
+    case op::kBinBytes8:
+    case op::kByteArray8: width = 8, kind = Kind::kBytes; break;
+    default: return false;
+  }
+  MOERR_ASSIGN_OR_RETURN(const absl::string_view length_bytes, Read(width));
+  uint64_t n = 0;
+  for (size_t i = width; i-- > 0;) n = (n << 8) | static_cast<uint8_t>(length_bytes[i]);
+  if (width == 4 && (n & 0x80000000u) != 0) return Fail("a negative length");  // LONG4, BINSTRING: signed
+  MOERR_RETURN_IF_ERROR(kind == Kind::kInt ? PushLong(n) : PushString(n, kind));
+  return true;
+}
+
+absl::Status TorchUnpickler::AddToContainer(PickleValue* container, const std::vector<PickleValue*>& items) {
+  switch (container->kind) {
+    case Kind::kList:
+    case Kind::kSet: break;
+    case Kind::kDict:
+      if (items.size() % 2 != 0) return Fail("sets a dict item without its value");
+      break;
+    case Kind::kObject: return absl::OkStatus();  // what an unknown class would hold: not read
+    default: return Fail(absl::StrCat("adds items to ", DescribeValue(*container)));
+  }
+  container->items.insert(container->items.end(), items.begin(), items.end());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> TorchUnpickler::ContainerOp(uint8_t opcode) {
+  static constexpr std::pair<uint8_t, Kind> kEmpty[] = {
+      {op::kEmptyTuple, Kind::kTuple}, {op::kEmptyList, Kind::kList}, {op::kEmptyDict, Kind::kDict},
+      {op::kEmptySet, Kind::kSet}};
+  for (const auto& [code, kind] : kEmpty) {
+    if (opcode != code) continue;
+    MOERR_RETURN_IF_ERROR(Push(New(kind)));
+    return true;
+  }
+  static constexpr std::pair<uint8_t, Kind> kFromMark[] = {
+      {op::kTuple, Kind::kTuple}, {op::kList, Kind::kList}, {op::kDict, Kind::kDict}, {op::kFrozenSet, Kind::kSet}};
+  for (const auto& [code, kind] : kFromMark) {
+    if (opcode != code) continue;
+    MOERR_ASSIGN_OR_RETURN(std::vector<PickleValue*> items, PopMark());
+    if (kind == Kind::kDict && items.size() % 2 != 0) return Fail("makes a dict of a key without its value");
+    PickleValue* v = New(kind);
+    v->items = std::move(items);
+    MOERR_RETURN_IF_ERROR(Push(v));
+    return true;
+  }
+  switch (opcode) {
+    case op::kMark: marks_.push_back(stack_.size()); return true;
+    case op::kPop: MOERR_RETURN_IF_ERROR(Pop().status()); return true;
+    case op::kPopMark: MOERR_RETURN_IF_ERROR(PopMark().status()); return true;
+    case op::kDup: { MOERR_ASSIGN_OR_RETURN(PickleValue* top, Top()); MOERR_RETURN_IF_ERROR(Push(top)); return true; }
+    case op::kTuple1:
+    case op::kTuple2:
+    case op::kTuple3: {
+      MOERR_ASSIGN_OR_RETURN(std::vector<PickleValue*> items, PopN(opcode - op::kTuple1 + 1));
+      PickleValue* v = New(Kind::kTuple);
+      v->items = std::move(items);
+      MOERR_RETURN_IF_ERROR(Push(v));
+      return true;
+    }
+    case op::kAppend:
+    case op::kSetItem: {
+      MOERR_ASSIGN_OR_RETURN(const std::vector<PickleValue*> items, PopN(opcode == op::kAppend ? 1 : 2));
+      MOERR_ASSIGN_OR_RETURN(PickleValue* container, Top());
+      MOERR_RETURN_IF_ERROR(AddToContainer(container, items));
+      return true;
+    }
+    case op::kAppends:
+    case op::kSetItems:
+    case op::kAddItems: {
+      MOERR_ASSIGN_OR_RETURN(const std::vector<PickleValue*> items, PopMark());
+      MOERR_ASSIGN_OR_RETURN(PickleValue* container, Top());
+      MOERR_RETURN_IF_ERROR(AddToContainer(container, items));
+      return true;
+    }
+    default: return false;
+  }
+}
+
+absl::StatusOr<bool> TorchUnpickler::ObjectOp(uint8_t opcode) {
+  PickleValue* result = nullptr;
+  switch (opcode) {
+    case op::kGlobal: {  // "module\nname\n"
+      const size_t module_end = data_.find('\n', pos_);
+      const size_t name_end = module_end == absl::string_view::npos ? module_end : data_.find('\n', module_end + 1);
+      if (name_end == absl::string_view::npos) return Fail("the pickle is cut short");
+      result = New(Kind::kGlobal);
+      result->text = absl::StrCat(data_.substr(pos_, module_end - pos_), ".",
+                                  data_.substr(module_end + 1, name_end - module_end - 1));
+      pos_ = name_end + 1;
+      break;
+    }
+    case op::kStackGlobal: {
+      MOERR_ASSIGN_OR_RETURN(const PickleValue* name, Pop());
+      MOERR_ASSIGN_OR_RETURN(const PickleValue* module, Pop());
+      if (!IsText(name) || !IsText(module)) return Fail("STACK_GLOBAL of names that are not strings");
+      result = New(Kind::kGlobal);
+      result->text = absl::StrCat(module->text, ".", name->text);
+      break;
+    }
+    case op::kReduce: {
+      MOERR_ASSIGN_OR_RETURN(const PickleValue* args, Pop());
+      MOERR_ASSIGN_OR_RETURN(const PickleValue* callable, Pop());
+      MOERR_ASSIGN_OR_RETURN(result, Call(*callable, *args));
+      break;
+    }
+    case op::kNewObj:
+    case op::kNewObjEx: {
+      if (opcode == op::kNewObjEx) MOERR_RETURN_IF_ERROR(Pop().status());  // keyword arguments
+      MOERR_RETURN_IF_ERROR(Pop().status());                               // arguments
+      MOERR_ASSIGN_OR_RETURN(const PickleValue* cls, Pop());
+      result = Construct(cls->kind == Kind::kGlobal ? cls->text : DescribeValue(*cls));
+      break;
+    }
+    case op::kBuild:
+      // The state of the object below it: an OrderedDict's attributes (a
+      // state_dict's _metadata), an object's fields. Neither is read.
+      MOERR_RETURN_IF_ERROR(Pop().status());
+      MOERR_RETURN_IF_ERROR(Top().status());
+      return true;
+    case op::kBinPersId: {
+      MOERR_ASSIGN_OR_RETURN(const PickleValue* pid, Pop());
+      MOERR_ASSIGN_OR_RETURN(result, PersistentId(*pid));
+      break;
+    }
+    default: return false;
+  }
+  MOERR_RETURN_IF_ERROR(Push(result));
+  return true;
+}
+
+absl::StatusOr<bool> TorchUnpickler::MemoOp(uint8_t opcode) {
+  uint32_t index = 0;
+  switch (opcode) {
+    case op::kBinPut:
+    case op::kBinGet: { MOERR_ASSIGN_OR_RETURN(index, ReadLittle<uint8_t>()); break; }
+    case op::kLongBinPut:
+    case op::kLongBinGet: { MOERR_ASSIGN_OR_RETURN(index, ReadLittle<uint32_t>()); break; }
+    case op::kMemoize: index = static_cast<uint32_t>(memo_.size()); break;
+    default: return false;
+  }
+  if (opcode == op::kBinGet || opcode == op::kLongBinGet) {
+    const auto it = memo_.find(index);
+    if (it == memo_.end()) return Fail(absl::StrCat("reads memo ", index, ", which was never set"));
+    MOERR_RETURN_IF_ERROR(Push(it->second));
+  } else {
+    MOERR_ASSIGN_OR_RETURN(memo_[index], Top());
+  }
+  return true;
+}
+
+// What NEWOBJ makes of class `cls` (protocol 2 pickles most objects so).
+PickleValue* TorchUnpickler::Construct(const std::string& cls) {
+  if (cls == "collections.OrderedDict" || cls == "collections.defaultdict" || cls == "builtins.dict") {
+    return New(Kind::kDict);
+  }
+  if (cls == "builtins.list") return New(Kind::kList);
+  if (cls == "builtins.set" || cls == "builtins.frozenset") return New(Kind::kSet);
+  PickleValue* v = New(Kind::kObject);
+  v->text = cls;
+  if (absl::StartsWith(cls, "torch.nn.modules.")) {
+    v->note = absl::StrCat("a ", cls, " object (torch.save of a whole module: save its state_dict() instead)");
+  }
+  return v;
+}
+
+// REDUCE: `callable(*args)` for the functions torch.save's files call; any
+// other call becomes an opaque value naming the function (or the class an
+// object reconstructor names).
+absl::StatusOr<PickleValue*> TorchUnpickler::Call(const PickleValue& callable, const PickleValue& args) {
+  const std::string& f = callable.text;
+  const std::vector<PickleValue*>& a = args.items;
+  if (callable.kind != Kind::kGlobal || args.kind != Kind::kTuple) {
+    return Construct(callable.kind == Kind::kGlobal ? f : DescribeValue(callable));
+  }
+  if (f == "collections.OrderedDict" || f == "builtins.dict" || f == "builtins.list" || f == "builtins.set" ||
+      f == "builtins.frozenset") {
+    PickleValue* v = Construct(f);
+    if (a.empty() || (a[0]->kind != Kind::kList && a[0]->kind != Kind::kTuple && a[0]->kind != Kind::kSet)) return v;
+    if (v->kind != Kind::kDict) {
+      v->items = a[0]->items;
+      return v;
+    }
+    for (const PickleValue* pair : a[0]->items) {  // OrderedDict([(key, value), ...])
+      if (pair->kind != Kind::kTuple || pair->items.size() != 2) {
+        return Fail(absl::StrCat(f, " of items that are not pairs"));
+      }
+      v->items.insert(v->items.end(), pair->items.begin(), pair->items.end());
+    }
+    return v;
+  }
+  if (f == "collections.defaultdict") return New(Kind::kDict);
+  if (absl::StartsWith(f, "torch._utils._rebuild_tensor")) return RebuildTensor(f, args);
+  // Wrappers whose first argument is the value: a Parameter's data, a tensor
+  // of a device without storage, TorchScript's typed lists and dicts.
+  static constexpr absl::string_view kFirstArgument[] = {
+      "torch._utils._rebuild_parameter", "torch._utils._rebuild_parameter_with_state",
+      "torch._utils._rebuild_device_tensor_from_cpu_tensor", "torch.jit._pickle.restore_type_tag",
+      "torch.jit._pickle.build_intlist", "torch.jit._pickle.build_tensorlist", "torch.jit._pickle.build_doublelist",
+      "torch.jit._pickle.build_boollist", "torch.Size"};
+  for (absl::string_view name : kFirstArgument) {
+    if (f == name && !a.empty()) return a[0];
+  }
+  if (f == "torch._tensor._rebuild_from_type_v2" && a.size() >= 3) {  // (function, type, args, state)
+    if (call_depth_ >= kMaxCallDepth) return Fail(absl::StrCat(f, " nested more than ", kMaxCallDepth, " deep"));
+    ++call_depth_;
+    absl::StatusOr<PickleValue*> inner = Call(*a[0], *a[2]);
+    --call_depth_;
+    return inner;
+  }
+  if (f == "torch.device" && !a.empty() && IsText(a[0])) {
+    PickleValue* v = New(Kind::kString);
+    v->text = a.size() > 1 && a[1]->kind == Kind::kInt ? absl::StrCat(a[0]->text, ":", a[1]->integer) : a[0]->text;
+    return v;
+  }
+  if ((f == "_codecs.encode" || f == "builtins.bytearray" || f == "builtins.bytes") && !a.empty() && IsText(a[0])) {
+    PickleValue* v = New(Kind::kBytes);
+    v->text = a[0]->kind == Kind::kString ? Latin1(a[0]->text) : a[0]->text;
+    return v;
+  }
+  if (f == "numpy.dtype" && !a.empty() && IsText(a[0])) {
+    PickleValue* v = Construct(f);
+    v->key = a[0]->text;  // "f8", "i4"...
+    return v;
+  }
+  if (absl::EndsWith(f, "multiarray.scalar")) return NumpyScalar(args);
+  PickleValue* v = Construct(f);
+  if ((f == "copyreg._reconstructor" || absl::EndsWith(f, "multiarray._reconstruct")) && !a.empty() &&
+      a[0]->kind == Kind::kGlobal) {
+    v->text = a[0]->text;  // the class it makes: "numpy.ndarray"
+  } else if (absl::StartsWith(f, "torch._utils._rebuild_")) {
+    v->note = absl::StrCat("a tensor that ", f, " rebuilds (sparse, quantized, nested, a subclass or without storage), "
+                           "which moerr does not read");
+  }
+  return v;
+}
+
+// _rebuild_tensor(storage, offset, sizes, strides), _v2 (..., requires_grad,
+// hooks[, metadata]), _v3 (..., requires_grad, hooks, dtype[, metadata]).
+absl::StatusOr<PickleValue*> TorchUnpickler::RebuildTensor(const std::string& function, const PickleValue& args) {
+  const std::vector<PickleValue*>& a = args.items;
+  auto ints = [](const PickleValue* v) {
+    if (v->kind != Kind::kTuple && v->kind != Kind::kList) return false;
+    for (const PickleValue* i : v->items) {
+      if (i->kind != Kind::kInt) return false;
+    }
+    return true;
+  };
+  if (a.size() < 4 || a[0]->kind != Kind::kStorage || a[1]->kind != Kind::kInt || !ints(a[2]) || !ints(a[3]) ||
+      a[2]->items.size() != a[3]->items.size()) {
+    return Fail(absl::StrCat(function, " with arguments that are not (storage, offset, sizes, strides, ...)"));
+  }
+  if (function == "torch._utils._rebuild_tensor_v3") {
+    // Only the dtypes torch.save cannot name by a storage class take this
+    // path (float8, uint16 to uint64, complex32, bits): none of them is one
+    // moerr stores.
+    PickleValue* v = New(Kind::kObject);
+    v->text = function;
+    v->note = absl::StrCat("a tensor of dtype ", a.size() > 6 && a[6]->kind == Kind::kGlobal ? a[6]->text : "(unknown)",
+                           ", which moerr does not store");
+    return v;
+  }
+  PickleValue* t = New(Kind::kTensor);
+  t->items = {a[0]};
+  t->offset = a[1]->integer;
+  for (const PickleValue* i : a[2]->items) t->sizes.push_back(i->integer);
+  for (const PickleValue* i : a[3]->items) t->strides.push_back(i->integer);
+  return t;
+}
+
+// BINPERSID: ("storage", storage class, key, location, numel) in the zip
+// format, with a sixth member (a view, always None since torch 1.x) in the
+// legacy one.
+absl::StatusOr<PickleValue*> TorchUnpickler::PersistentId(const PickleValue& pid) {
+  const std::vector<PickleValue*>& a = pid.items;
+  if (pid.kind != Kind::kTuple || a.empty() || !IsText(a[0]) || a[0]->text != "storage") {
+    PickleValue* v = New(Kind::kObject);
+    v->text = "persistent id";
+    v->note = pid.kind == Kind::kTuple && !a.empty() && IsText(a[0]) && a[0]->text == "module"
+                  ? "a module's class (the legacy torch.save of a whole module: save its state_dict() instead)"
+                  : "a persistent id that is not a storage";
+    return v;
+  }
+  if (a.size() < 5 || a[1]->kind != Kind::kGlobal || !(IsText(a[2]) || a[2]->kind == Kind::kInt) ||
+      a[4]->kind != Kind::kInt || a[4]->integer < 0) {
+    return Fail("a storage's persistent id is not (\"storage\", class, key, location, numel)");
+  }
+  if (a.size() > 5 && a[5]->kind != Kind::kNone) return Fail("a storage view (torch before 1.0) is not read");
+  // torch.FloatStorage, torch.cuda.HalfStorage, torch.UntypedStorage.
+  absl::string_view type = a[1]->text;
+  const bool torch_class = absl::ConsumePrefix(&type, "torch.");
+  absl::ConsumePrefix(&type, "cuda.");
+  if (!torch_class || !absl::ConsumeSuffix(&type, "Storage")) {
+    return Fail(absl::StrCat("a storage of class ", a[1]->text, ", not a torch storage class"));
+  }
+  const std::string element = type == "Untyped" ? "Byte" : std::string(type);
+  const std::string key = IsText(a[2]) ? a[2]->text : absl::StrCat(a[2]->integer);
+  PickleValue*& storage = storages_[key];
+  if (storage == nullptr) {
+    storage = New(Kind::kStorage);
+    storage->key = key;
+    storage->text = element;
+    storage->integer = a[4]->integer;
+  } else if (storage->text != element) {
+    return Fail(absl::StrCat("storage ", key, " is named as ", storage->text, " and as ", element));
+  }
+  return storage;
+}
+
+// numpy.core.multiarray.scalar(dtype, bytes): a NumPy scalar (np.float64
+// in a checkpoint's metrics), read for the little-endian codes below.
+PickleValue* TorchUnpickler::NumpyScalar(const PickleValue& args) {
+  const std::vector<PickleValue*>& a = args.items;
+  const std::string code = a.size() == 2 && a[0]->kind == Kind::kObject ? a[0]->key : "";
+  const std::string bytes = a.size() == 2 && a[1]->kind == Kind::kBytes ? a[1]->text : "";
+  auto integer = [&](bool is_signed) {
+    uint64_t u = 0;
+    for (size_t i = bytes.size(); i-- > 0;) u = (u << 8) | static_cast<uint8_t>(bytes[i]);
+    if (is_signed && bytes.size() < 8 && (static_cast<uint8_t>(bytes.back()) & 0x80)) {
+      u |= ~uint64_t{0} << (8 * bytes.size());  // sign-extended
+    }
+    return static_cast<int64_t>(u);
+  };
+  const size_t width = code.size() == 2 && code[1] >= '1' && code[1] <= '8' ? static_cast<size_t>(code[1] - '0') : 0;
+  if (width == 0 || bytes.size() != width) return Construct("numpy scalar");
+  PickleValue* v = nullptr;
+  if (code == "f8" || code == "f4") {
+    v = New(Kind::kFloat);
+    if (width == 8) {
+      std::memcpy(&v->number, bytes.data(), 8);
+    } else {
+      float f = 0;
+      std::memcpy(&f, bytes.data(), 4);
+      v->number = f;
+    }
+  } else if (code[0] == 'i' || (code[0] == 'u' && width < 8)) {
+    v = New(Kind::kInt);
+    v->integer = integer(code[0] == 'i');
+  } else if (code == "b1") {
+    v = New(Kind::kBool);
+    v->boolean = bytes[0] != 0;
+  } else {
+    return Construct(absl::StrCat("numpy scalar of dtype ", code));
+  }
+  return v;
+}
+
+}  // namespace moerr::importers

@@ -1,0 +1,103 @@
+// A restricted unpickler for what torch.save writes (the opcodes of pickle
+// protocols 2 to 5, as torch/_weights_only_unpickler.py reads them). It runs
+// no code and imports nothing: a call of a function it does not know becomes
+// an opaque value naming that function or class, so the rest of the file
+// still reads. Tensors come back as descriptions (storage, offset, sizes,
+// strides), never as bytes; TorchSaveFile (torch_save_file.h) reads those.
+// Needs no LibTorch, so it can be parsed and fuzzed on its own.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace moerr::importers {
+
+struct PickleValue {
+  enum class Kind : uint8_t {
+    kNone, kBool, kInt, kFloat, kString, kBytes,
+    kTuple, kList, kDict, kSet,
+    kStorage,  // a persistent id ("storage", type, key, location, numel)
+    kTensor,   // torch._utils._rebuild_tensor{,_v2}
+    kGlobal,   // a class or function named by GLOBAL; text: "module.name"
+    kObject,   // what a call of an unknown function or class made; text: what it is
+  };
+  Kind kind = Kind::kNone;
+  bool boolean = false;
+  int64_t integer = 0;  // kInt; kStorage: its numel, in elements of `text`'s type
+  double number = 0;
+  // kString (UTF-8) and kBytes: the value. kGlobal: "module.name". kObject:
+  // the class or function behind it ("numpy.ndarray", "__main__.Config").
+  // kStorage: the element type, LibTorch's name ("Float", "BFloat16"; "Byte"
+  // for an UntypedStorage).
+  std::string text;
+  std::string key;  // kStorage: the record holding its bytes ("0" for data/0); numpy.dtype: its code
+  std::string note;  // kObject: why it is not read, when there is more to say than its class
+  // kTuple, kList, kSet: the elements. kDict: key, value, key, value... in
+  // insertion order. kTensor: items[0] is its kStorage.
+  std::vector<PickleValue*> items;
+  // kTensor: offset into the storage, sizes and strides, in elements.
+  int64_t offset = 0;
+  std::vector<int64_t> sizes, strides;
+};
+
+// "an int", "a dict", "a numpy.ndarray object": for messages.
+std::string DescribeValue(const PickleValue& v);
+
+class TorchUnpickler {
+ public:
+  // Reads one pickle of `data` from `pos` to its STOP opcode and returns the
+  // object it builds; `pos` is left after STOP. Values live as long as this
+  // unpickler. InvalidArgument ("data.pkl byte N: ...") for anything that is
+  // not a well-formed pickle: a cut-short file, an unknown opcode, a stack or
+  // memo used out of range.
+  absl::StatusOr<const PickleValue*> Load(absl::string_view data, size_t& pos);
+
+  // Every storage a persistent id named, by key (one value per key).
+  const absl::flat_hash_map<std::string, PickleValue*>& storages() const { return storages_; }
+
+ private:
+  PickleValue* New(PickleValue::Kind kind);
+  absl::Status Fail(absl::string_view what) const;
+  absl::StatusOr<absl::string_view> Read(size_t n);
+  template <typename T>
+  absl::StatusOr<T> ReadLittle();
+  absl::StatusOr<PickleValue*> Pop();
+  absl::StatusOr<std::vector<PickleValue*>> PopN(size_t n);  // in stack order
+  absl::StatusOr<PickleValue*> Top();
+  absl::StatusOr<std::vector<PickleValue*>> PopMark();  // the values above the last MARK
+  absl::Status Push(PickleValue* v);
+
+  // Each runs `op` when it is one of its group's, and says whether it was.
+  absl::StatusOr<bool> ScalarOp(uint8_t op);
+  absl::StatusOr<bool> LengthOp(uint8_t op);
+  absl::StatusOr<bool> ContainerOp(uint8_t op);
+  absl::StatusOr<bool> ObjectOp(uint8_t op);
+  absl::StatusOr<bool> MemoOp(uint8_t op);
+  absl::Status PushString(size_t length, PickleValue::Kind kind);
+  absl::Status PushLong(size_t length);
+  absl::Status AddToContainer(PickleValue* container, const std::vector<PickleValue*>& items);
+
+  absl::StatusOr<PickleValue*> Call(const PickleValue& callable, const PickleValue& args);
+  PickleValue* Construct(const std::string& cls);
+  absl::StatusOr<PickleValue*> RebuildTensor(const std::string& function, const PickleValue& args);
+  absl::StatusOr<PickleValue*> PersistentId(const PickleValue& pid);
+  PickleValue* NumpyScalar(const PickleValue& args);
+
+  std::deque<PickleValue> arena_;  // owns every value; the deque keeps their addresses
+  absl::flat_hash_map<std::string, PickleValue*> storages_;
+  // The current pickle's state.
+  absl::string_view data_;
+  size_t pos_ = 0, op_at_ = 0;
+  std::vector<PickleValue*> stack_;
+  std::vector<size_t> marks_;  // stack sizes at each MARK
+  absl::flat_hash_map<uint32_t, PickleValue*> memo_;
+  int call_depth_ = 0;
+};
+
+}  // namespace moerr::importers
