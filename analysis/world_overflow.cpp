@@ -1,6 +1,7 @@
 #include "analysis/world_overflow.h"
 
 #include <algorithm>
+#include <map>
 #include <tuple>
 
 #include "formats/module_path.h"
@@ -70,25 +71,37 @@ void FindSpread(const formats::WorldStep& world, const formats::Trace& origin, s
 
 std::optional<WorldOverflow> FindWorldOverflow(const formats::WorldStep& world, const OverflowOptions& options) {
   WorldOverflow out;
+  std::map<int64_t, OverflowCause> causes;
   for (const formats::RankStep& r : world.ranks) {
     if (!r.trace) continue;
-    const std::optional<FirstOverflow> first = FindFirstOverflow(*r.trace, options);
-    if (!first) continue;
-    RankOverflow o{r.rank, first->op_index, first->op, ArrivedFromPeer(world, r.rank, *first->op),
-                   formats::CountCollectives(*r.trace, first->op_index)};
+    std::optional<OverflowCause> cause = FindOverflowCause(*r.trace, options);
+    if (!cause) continue;
+    RankOverflow o{r.rank, cause->first.op_index, cause->first.op, ArrivedFromPeer(world, r.rank, *cause->first.op),
+                   cause->found_explosion && formats::IsCollective(*cause->cause.op),
+                   formats::CountCollectives(*r.trace, cause->first.op_index)};
     out.ranks.push_back(o);
+    causes.emplace(r.rank, *std::move(cause));
   }
   if (out.ranks.empty()) return std::nullopt;
-  // Not arrived before arrived; then fewer collectives before; then the lower rank.
+  // Not arrived before arrived, not received before received; then fewer
+  // collectives before; then the lower rank.
   const RankOverflow& origin = *std::min_element(out.ranks.begin(), out.ranks.end(), [](const auto& a, const auto& b) {
-    return std::make_tuple(a.arrived, a.collectives_before, a.rank) <
-           std::make_tuple(b.arrived, b.collectives_before, b.rank);
+    return std::make_tuple(a.arrived, a.received, a.collectives_before, a.rank) <
+           std::make_tuple(b.arrived, b.received, b.collectives_before, b.rank);
   });
   out.rank = origin.rank;
   const formats::Trace& trace = *world.ranks[static_cast<size_t>(origin.rank)].trace;
-  std::optional<OverflowCause> cause = FindOverflowCause(trace, options);
-  MOERR_CHECK(cause.has_value()) << "FindFirstOverflow found an overflow on rank " << origin.rank;
-  out.cause = *std::move(cause);
+  out.cause = std::move(causes.at(origin.rank));
+  // Where the value left the origin: the first collective after the cause.
+  for (size_t k = 1; out.cause.found_explosion && k + 1 < out.cause.chain.size(); ++k) {
+    const formats::OpEvent& op = *out.cause.chain[k].op;
+    if (!formats::IsCollective(op)) continue;
+    if (absl::StatusOr<formats::CollectiveOp> c = formats::CollectiveOf(op); c.ok()) {
+      out.carried = *std::move(c);
+      out.carried_module = op.module;
+    }
+    break;
+  }
   FindSpread(world, trace, origin.op_index, out);
   return out;
 }

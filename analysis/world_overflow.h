@@ -4,12 +4,16 @@
 // receivers' later ones. Values that overflow on one rank reach the others
 // only through collectives, and a collective whose received output is not
 // finite while what this rank sent is, is where they arrive: on such a rank,
-// FindFirstOverflow names the collective itself. So the origin is the rank
-// whose first overflowing op is not such a collective (one in which a peer
-// sent non-finite values; a sum that overflows from finite inputs is an
-// origin itself, on every rank of it); among several (ranks that
-// overflowed independently), the one whose overflow comes after the fewest
-// collectives of its step, then the lowest rank.
+// FindFirstOverflow names the collective itself. Large finite values cross
+// the same way before they overflow: on a rank that received them, the
+// cause walk (overflow_cause.h) ends at the collective, whose output rose
+// far above what the rank itself sent. So the origin is the rank whose first
+// overflowing op is not a collective in which a peer sent non-finite values
+// (a sum that overflows from finite inputs is an origin itself, on every
+// rank of it), and whose cause is not a collective that received the large
+// values; among several (ranks that overflowed independently), the one
+// whose overflow comes after the fewest collectives of its step, then the
+// lowest rank.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +33,9 @@ struct RankOverflow {
   size_t op_index = 0;
   const formats::OpEvent* op = nullptr;  // into the rank's trace
   bool arrived = false;                  // op is a collective in which a peer sent non-finite values
+  // The rank's cause is a collective whose output rose far above what the
+  // rank sent: the large values arrived from a peer before they overflowed.
+  bool received = false;
   size_t collectives_before = 0;         // collectives the rank ran before op
 };
 
@@ -41,6 +48,11 @@ struct WorldOverflow {
   std::optional<formats::CollectiveOp> spread;
   std::string spread_module;
   std::vector<int64_t> reached;
+  // The first collective on the origin's chain after its cause: where the
+  // large values it made left it, before they overflowed (none when the
+  // chain stays on the origin's ops).
+  std::optional<formats::CollectiveOp> carried;
+  std::string carried_module;
   std::vector<RankOverflow> ranks;  // every rank's first overflow, by rank
 };
 

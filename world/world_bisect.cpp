@@ -26,6 +26,12 @@ namespace {
 
 // Where the overflow went from its origin, and each rank's own first overflow.
 void PrintWorldOverflow(const analysis::WorldOverflow& found) {
+  if (found.carried) {
+    const analysis::CauseLink& cause = found.cause.cause;
+    std::printf("  path: rank %lld %s in %s -> %s -> the ranks' later ops\n", static_cast<long long>(found.rank),
+                cause.op->name.c_str(), cause.op->module.empty() ? "(no module)" : cause.op->module.c_str(),
+                formats::DescribeCollective(*found.carried, found.carried_module).c_str());
+  }
   if (found.spread) {
     std::vector<std::string> reached;
     for (int64_t r : found.reached) reached.push_back(absl::StrFormat("%d", r));
@@ -36,7 +42,9 @@ void PrintWorldOverflow(const analysis::WorldOverflow& found) {
   for (const analysis::RankOverflow& r : found.ranks) {
     std::printf("  rank %lld: first overflow at op %zu, %s in %s%s\n", static_cast<long long>(r.rank), r.op_index,
                 r.op->name.c_str(), r.op->module.empty() ? "(no module)" : r.op->module.c_str(),
-                r.arrived ? " (arrived from another rank)" : "");
+                r.arrived    ? " (arrived from another rank)"
+                : r.received ? " (its large values arrived in a collective from another rank)"
+                             : "");
   }
 }
 
@@ -46,9 +54,14 @@ llvm::json::Object WorldOverflowJson(const analysis::WorldOverflow& found, int64
   llvm::json::Array ranks;
   for (const analysis::RankOverflow& r : found.ranks) {
     ranks.push_back(llvm::json::Object{{"rank", r.rank}, {"op_index", static_cast<int64_t>(r.op_index)},
-                                       {"op", r.op->name}, {"module", r.op->module}, {"arrived", r.arrived}});
+                                       {"op", r.op->name}, {"module", r.op->module}, {"arrived", r.arrived},
+                                       {"received", r.received}});
   }
   out["ranks"] = std::move(ranks);
+  if (found.carried) {
+    out["carried"] = llvm::json::Object{{"kind", found.carried->kind}, {"group", found.carried->group},
+                                        {"seq", found.carried->seq}, {"module", found.carried_module}};
+  }
   if (found.spread) {
     out["spread"] = llvm::json::Object{{"kind", found.spread->kind},   {"group", found.spread->group},
                                        {"seq", found.spread->seq},     {"module", found.spread_module},

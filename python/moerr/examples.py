@@ -181,11 +181,13 @@ def _init_gloo(init_method):
                                 world_size=int(os.environ["WORLD_SIZE"]))
 
 
-def expert_parallel_main(run_dir, steps=1, experts=4, init_method=None):
+def expert_parallel_main(run_dir, steps=1, experts=4, init_method=None, explode=None):
     """The step in one rank process (RANK and WORLD_SIZE in the
     environment; MASTER_ADDR and MASTER_PORT too unless `init_method` names
     the rendezvous, e.g. "file:///tmp/store"), recorded into the run
-    directory `run_dir`. Prints the world's loss of each step on rank 0."""
+    directory `run_dir`. Prints the world's loss of each step on rank 0.
+    `explode`: the global index of an expert whose down projection is
+    scaled by 1e37 (fp32) on the rank that holds it."""
     import torch.distributed as dist
     import moerr
     _init_gloo(init_method)
@@ -193,11 +195,16 @@ def expert_parallel_main(run_dir, steps=1, experts=4, init_method=None):
         rank, world = dist.get_rank(), dist.get_world_size()
         torch.manual_seed(0)  # one model on every rank
         model = ExpertParallelMoeModel(rank, world, experts=experts)
+        per_rank = experts // world
+        if explode is not None and explode // per_rank == rank:
+            with torch.no_grad():
+                model.mlp.local[explode % per_rank].down_proj.weight.mul_(1e37)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         gen = torch.Generator().manual_seed(100 + rank)  # each rank its own tokens
         with moerr.record(run_dir, ep_size=world, experts=experts, overwrite=True) as rec:
-            for p in model.parameters():
-                dist.broadcast(p.data, 0)  # as DDP does at construction
+            for name, p in model.named_parameters():
+                if ".local." not in name:  # experts live on one rank
+                    dist.broadcast(p.data, 0)  # as DDP does at construction
             for step in range(steps):
                 tokens = torch.randint(0, 16, (4, 9), generator=gen)
                 with rec.step():

@@ -254,3 +254,21 @@ def test_bad_collective_calls_are_refused(tmp_path):
     with pytest.raises(ValueError, match="send rows add up to 2"):
         rec.collective(call, [torch.zeros(3)], [torch.zeros(2)], False, lambda: None)
     rec.stop()
+
+
+def test_bisect_crosses_the_all_to_all_to_the_rank_whose_expert_exploded(tmp_path):
+    """Expert 2 (on rank 1) has its down projection scaled by 1e37 in fp32.
+    Its large values reach rank 0 through the all_to_alls before anything
+    overflows, so both ranks first overflow at the same op; rank 0's cause
+    walk ends at a collective that received them. The origin is rank 1."""
+    run = tmp_path / "run"
+    run_ranks("from moerr.examples import expert_parallel_main\n"
+              "expert_parallel_main(RUN, init_method=INIT, explode=2)\n", run)
+    rc, out = moerr_cli("bisect", run, "--json")
+    assert rc == 1, out
+    found = json.loads(out)[0]
+    assert found["rank"] == 1, found
+    assert not found["cause"]["op"].startswith("c10d::") and found["cause"]["found_explosion"], found["cause"]
+    ranks = {r["rank"]: r for r in found["ranks"]}
+    assert ranks[0]["received"] and not ranks[1]["received"], ranks
+    assert found["carried"]["kind"] == "all_to_all", found

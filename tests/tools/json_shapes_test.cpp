@@ -100,10 +100,11 @@ TEST_F(JsonShapesTest, BisectWithoutAndWithAnOverflow) {
   const std::vector<llvm::json::Object> bad = Steps({"bisect", "bad/run.moerr", "--json"}, 1);
   ASSERT_EQ(bad.size(), 1u);
   EXPECT_EQ(KeysOf(bad[0]), (Keys{"abs_max", "cause", "chain", "forward_op", "found", "limit", "module", "nan",
-                                  "neg_inf", "numel", "op", "op_index", "phase", "pos_inf", "step", "trend"}));
+                                  "neg_inf", "numel", "op", "op_index", "phase", "pos_inf", "step", "trend",
+                                  "uncertain_links"}));
   EXPECT_TRUE(bad[0].getBoolean("found").getValueOr(false));
   const Keys link = {"abs_max", "exploded", "input_rise_bits", "module", "op", "op_index", "output",
-                     "peer_rise_bits", "peers", "phase"};
+                     "outside_input_abs_max", "peer_rise_bits", "peers", "phase"};
   Keys cause = link;
   cause.push_back("found_explosion");
   std::sort(cause.begin(), cause.end());
