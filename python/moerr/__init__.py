@@ -14,7 +14,8 @@ command inspects, replays, bisects and diffs.
                 rec.outcome(loss=loss.item())
 
 Routers in HF's MoE layout (a `gate` Linear next to an `experts`
-ModuleList, with `top_k`) report their decisions by themselves once
+ModuleList, with `top_k`; or transformers 5's router modules, which return
+logits, top-k weights and ids) report their decisions by themselves once
 instrumented; others call `moerr.routing(...)`. `moerr.Bundle(path)` reads a
 bundle back. Inside a torch.distributed loop, `moerr.record(RUN)` writes one
 bundle per rank and RUN/world.json and records the collectives
@@ -227,8 +228,9 @@ def record(path, mode="replayable", trigger="always", steps=None, ring=2, spike=
     ids, layer outputs, loss and gradients (python/moerr/_hf.py has the
     details; docs/DISTRIBUTED.md, "Python"). The model must be one of the
     families moerr rebuilds (qwen2_moe, qwen3_moe, mixtral, deepseek_v3) in
-    HF's names, its forward take the input ids [B, S] as first argument and
-    return the logits, the objective causal-LM next-token cross entropy; an
+    HF's names (transformers 5's fused experts are split per expert), its
+    forward take the input ids [B, S] as first argument (or input_ids=) and
+    return the logits (or an output with .logits), the objective causal-LM next-token cross entropy; an
     expert-parallel block holding experts [o, o + L) of the layer sets
     `expert_offset = o`. A model outside the families raises ValueError
     naming the offending parameters. Needs torch.distributed; not with
@@ -349,8 +351,10 @@ def _layer_index(name):
 def instrument(model):
     """Pushes each module's qualified name as a scope around its forward, so
     the trace's module paths match `model.named_modules()`; makes HF-style
-    MoE blocks (a `gate` Linear and an `experts` ModuleList, `top_k`) report
-    their routing. Returns the hook handles."""
+    MoE blocks (a `gate` Linear and an `experts` ModuleList, `top_k`; or a
+    `gate` module returning (logits, top-k weights, top-k ids), as
+    transformers 5's routers do, next to `experts`) report their routing.
+    Returns the hook handles."""
     handles = []
     for name, module in model.named_modules():
         if not name:
@@ -369,8 +373,11 @@ def instrument(model):
         handles.append(module.register_forward_pre_hook(pre))
         handles.append(module.register_forward_hook(post))
         gate = getattr(module, "gate", None)
-        if isinstance(gate, torch.nn.Linear) and isinstance(getattr(module, "experts", None), torch.nn.ModuleList):
+        experts = getattr(module, "experts", None)
+        if isinstance(gate, torch.nn.Linear) and isinstance(experts, torch.nn.ModuleList):
             handles.append(gate.register_forward_hook(_routing_hook(module, _layer_index(name))))
+        elif isinstance(gate, torch.nn.Module) and isinstance(experts, torch.nn.Module):
+            handles.append(gate.register_forward_hook(_router_output_hook(_layer_index(name))))
     return handles
 
 
@@ -396,6 +403,27 @@ def _routing_hook(block, layer):
             routing(layer, ids.reshape(-1, ids.shape[-1]), weights.reshape(-1, ids.shape[-1]),
                     logits.reshape(-1, logits.shape[-1]),
                     None if hidden is None else hidden.reshape(-1, hidden.shape[-1]))
+    return hook
+
+
+def _router_output_hook(layer):
+    """transformers 5's routers (Qwen2MoeTopKRouter, MixtralTopKRouter,
+    DeepseekV3TopkRouter, ...) return (router_logits, top_k_weights,
+    top_k_index): the decision is reported as the model made it. A gate
+    whose output has another form reports nothing."""
+    def hook(gate, args, output):
+        if _active is None or not _active._in_step:
+            return
+        if not (isinstance(output, tuple) and len(output) == 3
+                and all(isinstance(t, torch.Tensor) for t in output)):
+            return
+        logits, weights, ids = output
+        if ids.is_floating_point() or ids.shape != weights.shape or ids.dim() < 1:
+            return
+        k = ids.shape[-1]
+        hidden = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        routing(layer, ids.reshape(-1, k), weights.reshape(-1, k), logits.reshape(-1, logits.shape[-1]),
+                None if hidden is None else hidden.reshape(-1, hidden.shape[-1]))
     return hook
 
 

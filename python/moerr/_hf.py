@@ -4,9 +4,11 @@ needs to rebuild a Python loop's model (docs/DISTRIBUTED.md, "Python").
 At the first step recorded, each rank writes RUN/hf/rank<K>.safetensors:
   param/<HF name>   the parameters this rank holds as the step begins, a
                     local expert under its global index (the block's
-                    `expert_offset` plus its index in `experts`);
+                    `expert_offset` plus its index in `experts`); fused
+                    experts (transformers 5's experts.gate_up_proj and
+                    experts.down_proj) split per expert (split_fused);
   batch/input_ids   the model's input [B, S] int64 (the root module's
-                    first argument);
+                    first argument, or its input_ids=);
   out/<module>      each decoder layer's output (`model.layers.<i>`) and
                     the logits (`out/logits`), fp32;
   out/loss          the objective on those logits: causal-LM next-token
@@ -56,21 +58,58 @@ _NAMES = {
 _LAYER = re.compile(r"model\.layers\.\d+")
 
 
-def hf_names(model):
-    """(HF name, parameter) of `model`: a local expert `...experts.<j>...` of
-    a block with `expert_offset` named `...experts.<expert_offset + j>...`."""
+# transformers 5 holds a block's experts fused, as 3-D parameters of its
+# `experts` module: gate_up_proj [E, 2I, H] (the gate's I rows, then the up
+# projection's) and down_proj [E, H, I]. They are split per expert into the
+# names moerr rebuilds (Mixtral's w1, w3, w2; the others' gate/up/down_proj).
+_FUSED = re.compile(r"(.*\.experts)\.(gate_up_proj|down_proj)")
+_PER_EXPERT = {"mixtral": ("w1", "w3", "w2")}
+
+
+def split_fused(name, t, family=None, offset=0):
+    """(HF name, tensor) pairs of the parameter (or gradient) `t` named
+    `name`: itself, or a fused experts tensor as one per expert and matrix,
+    expert j under index `offset` + j."""
+    m = _FUSED.fullmatch(name)
+    if m is None or t.dim() != 3:
+        return [(name, t)]
+    gate, up, down = _PER_EXPERT.get(family, ("gate_proj", "up_proj", "down_proj"))
+    out = []
+    for j in range(t.shape[0]):
+        prefix = f"{m.group(1)}.{offset + j}."
+        if m.group(2) == "down_proj":
+            out.append((prefix + down + ".weight", t[j]))
+        else:
+            half = t.shape[1] // 2
+            out += [(prefix + gate + ".weight", t[j, :half]), (prefix + up + ".weight", t[j, half:])]
+    return out
+
+
+def hf_parameters(model, family=None):
+    """(parameter, its HF name, expert offset) of `model`: a local
+    expert `...experts.<j>...` of a block with `expert_offset` named
+    `...experts.<expert_offset + j>...`; split_fused(name, p, family, offset)
+    gives its HF tensors."""
     offsets = {name: int(getattr(m, "expert_offset", 0)) for name, m in model.named_modules()
-               if isinstance(getattr(m, "experts", None), torch.nn.ModuleList)}
+               if isinstance(getattr(m, "experts", None), torch.nn.Module)}
     named = []
     for name, p in model.named_parameters():
-        for block, offset in offsets.items():
+        hf, offset = name, 0
+        for block, o in offsets.items():
             prefix = (block + "." if block else "") + "experts."
-            if offset and name.startswith(prefix):
-                local, rest = name[len(prefix):].split(".", 1)
-                name = f"{prefix}{int(local) + offset}.{rest}"
+            if name.startswith(prefix):
+                offset = o
+                local, _, rest = name[len(prefix):].partition(".")
+                if o and local.isdigit():
+                    hf = f"{prefix}{int(local) + o}.{rest}"
                 break
-        named.append((name, p))
+        named.append((p, hf, offset))
     return named
+
+
+def hf_names(model, family=None):
+    """(HF name, tensor) of `model`, fused experts split per expert."""
+    return [pair for p, hf, offset in hf_parameters(model, family) for pair in split_fused(hf, p, family, offset)]
 
 
 def check_model(model, hf_config):
@@ -86,18 +125,19 @@ def check_model(model, hf_config):
     if family not in FAMILIES:
         raise ValueError(f"hf_config model_type {family!r}: moerr rebuilds {', '.join(FAMILIES)} only")
     patterns = [re.compile(p) for p in _COMMON + _NAMES[family]]
-    bad = [n for n, _ in hf_names(model) if not any(p.fullmatch(n) for p in patterns)]
+    named = hf_names(model, family)
+    bad = [n for n, _ in named if not any(p.fullmatch(n) for p in patterns)]
     if bad:
         shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
         raise ValueError(f"model: {len(bad)} parameters are not {family} names (HF's, e.g. "
                          f"model.layers.0.self_attn.q_proj.weight): {shown}")
     experts = hf_config.get("num_local_experts", hf_config.get("num_experts", hf_config.get("n_routed_experts")))
-    for n, _ in hf_names(model):
+    for n, _ in named:
         m = re.search(r"\.experts\.(\d+)\.", n)
         if m and experts is not None and int(m.group(1)) >= int(experts):
             raise ValueError(f"model: {n}: expert {m.group(1)} of {experts} (is the block's expert_offset right?)")
     try:
-        wrong = [f"{n} {list(p.shape)} (the config: {want})" for n, p in hf_names(model)
+        wrong = [f"{n} {list(p.shape)} (the config: {want})" for n, p in named
                  for want in [_expected_shape(n, hf_config)] if want is not None and list(p.shape) != want]
     except KeyError as e:
         raise ValueError(f"hf_config lacks {e.args[0]!r}, which {family} needs") from None
@@ -171,11 +211,13 @@ class Capture:
 
     def _begin(self):
         t = self._tensors
-        for name, p in hf_names(self._model):
-            t["param/" + name] = p.detach().clone()
+        family = self._config["model_type"]
+        for p, hf, offset in hf_parameters(self._model, family):
+            for name, view in split_fused(hf, p, family, offset):
+                t["param/" + name] = view.detach().clone()
             if p.requires_grad:  # a frozen parameter has no gradient to record
-                self._hooks.append(p.register_hook(self._grad_hook("grad/" + name)))
-        self._hooks.append(self._model.register_forward_pre_hook(self._input_hook))
+                self._hooks.append(p.register_hook(self._grad_hook(hf, family, offset)))
+        self._hooks.append(self._model.register_forward_pre_hook(self._input_hook, with_kwargs=True))
         self._hooks.append(self._model.register_forward_hook(self._loss_hook))
         for name, m in self._model.named_modules():
             if _LAYER.fullmatch(name):
@@ -208,19 +250,24 @@ class Capture:
         self._tensors = {}
         return True
 
-    def _grad_hook(self, key):
+    def _grad_hook(self, hf, family, offset):
+        """Sums the parameter's gradients under its HF names (a fused
+        experts gradient split as the parameter is)."""
         def hook(grad):
             with torch.no_grad(), _untraced():
-                got = self._tensors.get(key)
-                self._tensors[key] = grad.detach().clone() if got is None else got + grad
+                for name, g in split_fused(hf, grad, family, offset):
+                    key = "grad/" + name
+                    got = self._tensors.get(key)
+                    self._tensors[key] = g.detach().clone() if got is None else got + g
         return hook
 
-    def _input_hook(self, module, args):
+    def _input_hook(self, module, args, kwargs):
         self._forwards += 1
         if self._forwards == 1:
-            ids = args[0] if args else None
+            ids = args[0] if args else kwargs.get("input_ids")
             if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype != torch.long:
-                raise ValueError("moerr.record(model=...): the model's first argument must be the input ids [B, S] "
+                raise ValueError("moerr.record(model=...): the model's first argument (or input_ids=) must be the "
+                                 "input ids [B, S] "
                                  f"int64, not {getattr(ids, 'dtype', type(ids).__name__)}")
             with _untraced():
                 self._tensors["batch/input_ids"] = ids.detach().clone()
