@@ -373,7 +373,15 @@ absl::StatusOr<ImportResult> ImportMsprobe(const std::string& dir, const std::st
     const std::string path = (fs::path(run_dir) / name).string();
     std::unique_ptr<ImportWriter> writer;
     for (; i < dumps.size() && dumps[i].rank == rank; ++i) {
-      MOERR_RETURN_IF_ERROR(ImportStep(writer, path, dumps[i], world_size, result, options));
+      const absl::Status imported = ImportStep(writer, path, dumps[i], world_size, result, options);
+      if (!imported.ok()) {
+        // A failed import leaves nothing that looks like a run: no partial
+        // bundle, and none of the ranks before it.
+        if (writer != nullptr) writer->Abandon();
+        std::error_code ec;
+        for (const std::string& done : result.bundles) fs::remove(done, ec);
+        return imported;
+      }
     }
     MOERR_RETURN_IF_ERROR(writer->Close());
     result.stats.steps += writer->stats().steps;
