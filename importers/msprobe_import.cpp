@@ -1,6 +1,7 @@
 #include "importers/msprobe_import.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -98,13 +99,15 @@ struct StepImport {
 };
 
 // What identifies `v` (importers/dataflow_index.h): its bytes' hash and
-// extremes when the file was read, else its statistics.
+// extremes when the file was read, else its statistics. Statistics identify
+// a finite tensor that is not all zeros; every NaN tensor of a shape has the
+// same four, and so has every zero one.
 ValueKey KeyOf(const DumpValue& v, formats::DType dtype, const formats::Fingerprint& fp, bool from_bytes) {
   ValueKey key{dtype, v.shape, std::nullopt, std::nullopt};
   if (from_bytes) {
     key.content = fp.hash;
     key.extreme = ExtremeOf(fp.max, fp.min);
-  } else if (v.max && v.min) {
+  } else if (v.max && v.min && std::isfinite(*v.max) && std::isfinite(*v.min) && (*v.max != 0 || *v.min != 0)) {
     const double stats[] = {*v.max, *v.min, v.mean.value_or(0), v.norm.value_or(0),
                             static_cast<double>(v.mean.has_value() | v.norm.has_value() << 1)};
     key.content = XXH3_64bits(stats, sizeof stats);
