@@ -158,10 +158,21 @@ ExitOr RunCauseBisect(const formats::BundleReader& reader, int64_t step, const f
   if (absl::StatusOr<llvm::json::Value> imported = reader.ReadAnnotation("imported_step", step); found && imported.ok()) {
     AddUncertainLinks(*imported, trace, *found);
   }
+  // An imported dump without statistics (msprobe's xor summary, which
+  // writes only a 0-d tensor's value) says of no other value whether it is
+  // finite.
+  const bool blind = !trace.tensors.empty() && std::none_of(trace.tensors.begin(), trace.tensors.end(), [](const auto& t) {
+    return t.fingerprint.numel > 1 && t.fingerprint.Known(formats::Fingerprint::kMax | formats::Fingerprint::kNan);
+  });
   if (!found) {
     if (json) {
-      results.push_back(
-          llvm::json::Object{{"step", step}, {"found", false}, {"ops", static_cast<int64_t>(trace.ops.size())}});
+      llvm::json::Object result{{"step", step}, {"found", false}, {"ops", static_cast<int64_t>(trace.ops.size())}};
+      if (blind) result["statistics"] = false;
+      results.push_back(std::move(result));
+    } else if (blind) {
+      std::printf("step %lld: its %zu ops carry no statistics (an imported dump's checksums only): whether a value "
+                  "overflowed cannot be told; diff compares the checksums\n",
+                  static_cast<long long>(step), trace.ops.size());
     } else if (trace.ops.empty()) {
       // A proxy's step, or a crashed one whose ops were lost.
       std::printf("step %lld: records no ops, nothing to search\n", static_cast<long long>(step));

@@ -173,6 +173,11 @@ FingerprintDelta CompareFingerprints(const formats::Fingerprint& a, const format
   using F = formats::Fingerprint;
   FingerprintDelta d;
   d.bitwise_equal = a.numel == b.numel && a.hash == b.hash && a.Known(F::kHash) && b.Known(F::kHash);
+  if (!d.bitwise_equal && (!a.Known(F::kHash) || !b.Known(F::kHash)) && a.checksum_kind != F::Checksum::kNone &&
+      a.checksum_kind == b.checksum_kind) {
+    d.checksums_differ = a.numel != b.numel || a.checksum != b.checksum;
+    d.bitwise_equal = !d.checksums_differ && a.checksum_kind == F::Checksum::kCrc32;
+  }
   // A count one side knows only as a lower bound (an imported dump) tells
   // whether such values are present, not how many.
   auto distance = [&](uint64_t x, uint64_t y, F::Field field) -> uint64_t {

@@ -41,6 +41,11 @@ struct FingerprintDelta {
   double rel_abs_max = 0;         // |absmax a - absmax b| / ||a||
   double rel_mean = 0;            // |mean a - mean b| * sqrt(n) / ||a||
   uint64_t nan_mismatch = 0, inf_mismatch = 0;  // differences in the counts
+  // Both sides carry an imported dump's checksum of one kind
+  // (Fingerprint::checksum) and they differ: the tensors differ, by how much
+  // no statistic may say. Equal CRC-32s count as bitwise_equal; equal xors
+  // (which a permutation keeps) as neither.
+  bool checksums_differ = false;
 
   double Score() const;  // the largest relative measure
 };

@@ -88,6 +88,8 @@ struct Fingerprint {
   hash @11 :UInt64;       # XXH3-64 of the contiguous bytes
   unknown @12 :UInt32;    # fields not known exactly (formats/trace.h, Fingerprint::Field);
                           # 0 in recordings, set by imports of dumps that lack them
+  checksum @13 :UInt64;     # an imported dump's own checksum of the bytes (checksumKind)
+  checksumKind @14 :UInt8;  # 0 none; 1 msprobe's md5 summary (CRC-32); 2 its xor summary (64 bits)
 }
 
 enum Phase { forward @0; backward @1; optimizer @2; other @3; }

@@ -100,6 +100,8 @@ void SetFingerprint(const Fingerprint& in, schema::Fingerprint::Builder out) {
   out.setBeyondBf16(in.beyond_bf16);
   out.setHash(in.hash);
   out.setUnknown(in.unknown);
+  out.setChecksum(in.checksum);
+  out.setChecksumKind(static_cast<uint8_t>(in.checksum_kind));
 }
 
 void SetOpBatch(const OpBatch& in, schema::OpBatch::Builder out) {
@@ -218,6 +220,10 @@ Fingerprint GetFingerprint(schema::Fingerprint::Reader in) {
   f.beyond_bf16 = in.getBeyondBf16();
   f.hash = in.getHash();
   f.unknown = in.getUnknown();
+  f.checksum = in.getChecksum();
+  const uint8_t kind = in.getChecksumKind();
+  f.checksum_kind = kind <= static_cast<uint8_t>(Fingerprint::Checksum::kXor64) ? static_cast<Fingerprint::Checksum>(kind)
+                                                                                 : Fingerprint::Checksum::kNone;
   return f;
 }
 

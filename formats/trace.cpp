@@ -31,7 +31,7 @@ bool Fingerprint::operator==(const Fingerprint& o) const {
   return numel == o.numel && SameBits(min, o.min) && SameBits(max, o.max) && SameBits(mean, o.mean) &&
          SameBits(abs_max, o.abs_max) && SameBits(l2, o.l2) && nan == o.nan && pos_inf == o.pos_inf &&
          neg_inf == o.neg_inf && beyond_f16 == o.beyond_f16 && beyond_bf16 == o.beyond_bf16 && hash == o.hash &&
-         unknown == o.unknown;
+         unknown == o.unknown && checksum_kind == o.checksum_kind && checksum == o.checksum;
 }
 
 constexpr EnumName<Phase> kPhases[] = {{Phase::kForward, "forward"},

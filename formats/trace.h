@@ -31,6 +31,12 @@ struct Fingerprint {
   // an unknown count holds a lower bound (1 where the dump shows such a value
   // exists); an unknown hash holds 0 and matches no other hash.
   uint32_t unknown = 0;
+  // An imported dump's own checksum of the bytes, when it has one: two
+  // values with checksums of one kind are equal or not by them, where no
+  // hash says (docs/IMPORT.md). Recordings have none.
+  enum class Checksum : uint8_t { kNone = 0, kCrc32 = 1, kXor64 = 2 };
+  Checksum checksum_kind = Checksum::kNone;
+  uint64_t checksum = 0;
   enum Field : uint32_t {
     kMin = 1u << 0, kMax = 1u << 1, kMean = 1u << 2, kAbsMax = 1u << 3, kL2 = 1u << 4, kNan = 1u << 5,
     kPosInf = 1u << 6, kNegInf = 1u << 7, kBeyondF16 = 1u << 8, kBeyondBf16 = 1u << 9, kHash = 1u << 10,

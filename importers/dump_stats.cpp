@@ -7,6 +7,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 
 namespace moerr::importers {
 namespace {
@@ -92,6 +94,18 @@ void FloatingStats(const DumpValue& v, Fingerprint& f) {
 
 bool IsFloating(DType d) { return d == DType::kF64 || d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
 
+// msprobe's "md5" field as a checksum: 8 hex digits are the md5 summary's
+// CRC-32, "0x" and 16 hex digits the xor summary's 64-bit xor. Any other
+// text is left unread (no checksum), as is an empty one.
+void SetChecksum(const std::string& text, Fingerprint& f) {
+  absl::string_view digits = text;
+  const bool xor64 = absl::ConsumePrefix(&digits, "0x");
+  uint64_t value = 0;
+  if (digits.size() != (xor64 ? 16u : 8u) || !absl::SimpleHexAtoi(digits, &value)) return;
+  f.checksum = value;
+  f.checksum_kind = xor64 ? Fingerprint::Checksum::kXor64 : Fingerprint::Checksum::kCrc32;
+}
+
 }  // namespace
 
 std::optional<DType> DTypeFromDumpName(absl::string_view name) {
@@ -115,6 +129,7 @@ Fingerprint FingerprintFromStats(const DumpValue& v, DType dtype, uint64_t numel
   Fingerprint f;
   f.numel = numel;
   f.unknown = Fingerprint::kHash;
+  SetChecksum(v.checksum, f);
   if (numel == 0) return f;  // min and max NaN, the rest 0: as recorded
   if (!v.max || !v.min) {
     // No statistics (a meta tensor, or a dump without them): only the size.

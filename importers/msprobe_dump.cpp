@@ -110,6 +110,20 @@ absl::Status ParseTensor(const json::Object& o, DumpValue& value) {
   MOERR_ASSIGN_OR_RETURN(value.norm, Number(o, "Norm", value.where));
   MOERR_ASSIGN_OR_RETURN(value.max_finite, Number(o, "Max_except_inf_nan", value.where));
   MOERR_ASSIGN_OR_RETURN(value.min_finite, Number(o, "Min_except_inf_nan", value.where));
+  if (const json::Value* md5 = o.get("md5"); md5 != nullptr && !md5->getAsNull()) {
+    // The xor summary writes a 0-d tensor's value itself, as its statistics do.
+    const auto number = md5->getAsNumber();
+    const auto flag = md5->getAsBoolean();
+    const auto s = md5->getAsString();
+    if (number || flag) {
+      const double v = number ? *number : static_cast<double>(*flag);
+      if (!value.max) value.max = value.min = value.mean = v, value.norm = std::fabs(v);
+    } else if (s) {
+      value.checksum = s->str();
+    } else {
+      return Bad(absl::StrCat(value.where, ": md5"), "expected a string, a number or null");
+    }
+  }
   if (const json::Value* name = o.get("data_name")) {
     const auto s = name->getAsString();
     if (!s) return Bad(absl::StrCat(value.where, ": data_name"), "expected a string");

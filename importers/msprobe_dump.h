@@ -37,6 +37,9 @@ struct DumpValue {
   // finite, the extremes over the finite values (NaN when none is finite).
   std::optional<double> max_finite, min_finite;
   std::string data_name;  // the tensor task's file under dump_tensor_data/; "" in statistics dumps
+  // The "md5" field: the md5 summary's CRC-32 ("f93a987e") or the xor
+  // summary's 64-bit xor ("0x0100010001000100"); "" when absent.
+  std::string checksum;
   // Not a tensor: its "type" ("int", "float", "bool", "torch.dtype", ...) and
   // its value when a number, a bool or a string; `none` for a JSON null.
   std::string type;

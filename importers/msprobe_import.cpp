@@ -99,20 +99,29 @@ struct StepImport {
 };
 
 // What identifies `v` (importers/dataflow_index.h): its bytes' hash and
-// extremes when the file was read, else its statistics. Statistics identify
-// a finite tensor that is not all zeros; every NaN tensor of a shape has the
-// same four, and so has every zero one.
+// extremes when the file was read, else its checksum (md5 or xor summary)
+// and its statistics. Statistics identify a finite tensor that is not all
+// zeros: every NaN tensor of a shape has the same four, and so has every
+// zero one, which no key is made for.
 ValueKey KeyOf(const DumpValue& v, formats::DType dtype, const formats::Fingerprint& fp, bool from_bytes) {
   ValueKey key{dtype, v.shape, std::nullopt, std::nullopt};
   if (from_bytes) {
     key.content = fp.hash;
     key.extreme = ExtremeOf(fp.max, fp.min);
-  } else if (v.max && v.min && std::isfinite(*v.max) && std::isfinite(*v.min) && (*v.max != 0 || *v.min != 0)) {
-    const double stats[] = {*v.max, *v.min, v.mean.value_or(0), v.norm.value_or(0),
-                            static_cast<double>(v.mean.has_value() | v.norm.has_value() << 1)};
-    key.content = XXH3_64bits(stats, sizeof stats);
+    return key;
+  }
+  const bool stats = v.max && v.min && std::isfinite(*v.max) && std::isfinite(*v.min);
+  if (v.max && v.min && *v.max == 0 && *v.min == 0) return key;
+  const bool checksum = fp.checksum_kind != formats::Fingerprint::Checksum::kNone && fp.checksum != 0;
+  if (!stats && !checksum) return key;
+  double values[5] = {};
+  if (stats) {
+    values[0] = *v.max, values[1] = *v.min, values[2] = v.mean.value_or(0), values[3] = v.norm.value_or(0);
+    values[4] = static_cast<double>(v.mean.has_value() | v.norm.has_value() << 1 | 4);
     key.extreme = ExtremeOf(v.max, v.min);
   }
+  key.content = XXH3_64bits_withSeed(values, sizeof values,
+                                     fp.checksum ^ static_cast<uint64_t>(fp.checksum_kind) << 62);
   return key;
 }
 

@@ -24,6 +24,9 @@ DUMPS = {
     "stat_l1": ["statistics", "L1"],
     "stat_mix": ["statistics", "mix"],
     "md5_l1": ["statistics", "L1", "--summary", "md5"],
+    "xor_l1": ["statistics", "L1", "--summary", "xor"],
+    # The same step with the expert scaled by 1e36 instead: other values from its linear on.
+    "xor_other": ["statistics", "L1", "--summary", "xor", "--scale", "1e36"],
     "tensor_mix": ["tensor", "mix"],
     "stat_l0": ["statistics", "L0"],
     "grouped_mix": ["statistics", "mix", "--experts", "grouped_mm"],
@@ -165,6 +168,20 @@ def test_two_ranks_name_the_rank_whose_overflow_did_not_arrive_through_a_collect
     assert by_rank[1]["op"] == "Tensor.__mul__"
     assert not by_rank[1]["arrived"]
     assert found["spread"]["kind"] == "all_reduce" and found["spread"]["to"] == [0]
+
+
+def test_checksums_tell_diff_which_op_differs_where_no_statistic_does(runs):
+    """The xor summary writes no Max, Min, Mean or Norm, only a checksum."""
+    blind = bisect(runs["xor_l1"])
+    assert blind["found"] is False and blind["statistics"] is False, blind
+    same = json.loads(run("diff", runs["xor_l1"], runs["xor_l1"], "--json"))
+    assert same["diverged_ops"] == 0 and same["outputs_compared"] > 500, same
+    report = json.loads(run("diff", runs["xor_l1"], runs["xor_other"], "--json", ok=(1,)))
+    first = report["diverged"][0]
+    assert first["op"] == "Functional.linear", first
+    assert "checksums differ" in json.dumps(first), first
+    md5 = json.loads(run("diff", runs["md5_l1"], runs["md5_l1"], "--json"))
+    assert md5["diverged_ops"] == 0, md5
 
 
 def test_statistics_and_tensor_dumps_of_one_step_agree_in_diff(runs):
