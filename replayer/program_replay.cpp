@@ -21,6 +21,7 @@
 #include "recorder/fingerprint.h"
 #include "recorder/hooks/tensor_adapter.h"
 #include "replayer/policy_casts.h"
+#include "replayer/recorded_threads.h"
 #include "replayer/reference_run.h"
 #include "support/status.h"
 #include "recorder/hooks/torch_boundary.h"
@@ -561,9 +562,11 @@ absl::StatusOr<ReplayReport> ReplayStep(const formats::BundleReader& reader, int
 absl::StatusOr<ReplayReport> ReplayTrace(const formats::BundleReader& reader, int64_t step,
                                          const formats::Trace& trace, const ReplayOptions& options) {
   if (trace.ops.empty()) return absl::NotFoundError(absl::StrFormat("step %d has no recorded ops", step));
+  int64_t recorded_threads = 0;
   if (absl::StatusOr<llvm::json::Value> recording = reader.ReadAnnotation("recording"); recording.ok()) {
     const llvm::json::Object* o = recording->getAsObject();
     const llvm::json::Object* imported = o ? o->getObject("imported") : nullptr;
+    if (o != nullptr) recorded_threads = o->getInteger("threads").getValueOr(0);
     if (imported != nullptr) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "this bundle was imported from %s: a dump holds the API calls it saw, not the dispatcher ops, parameters "
@@ -583,6 +586,7 @@ absl::StatusOr<ReplayReport> ReplayTrace(const formats::BundleReader& reader, in
   report.ops = trace.ops.size();
   Replay replay(reader, step, trace, options);
   MOERR_RETURN_IF_ERROR(replay.CheckServable());
+  const RecordedThreads threads(recorded_threads);
   MOERR_RETURN_IF_ERROR(CatchTorch(absl::StrFormat("replay of step %d", step), [&] { return replay.Run(report); }));
   return report;
 }
