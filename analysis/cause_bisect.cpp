@@ -145,6 +145,37 @@ llvm::json::Object CauseJson(const OverflowCause& found, int64_t step) {
       {"cause", std::move(cause)}, {"chain", std::move(chain)}, {"uncertain_links", std::move(uncertain)}};
 }
 
+std::optional<llvm::json::Object> OverflowCheckCrossCheck(const formats::BundleReader& reader, int64_t step,
+                                                          int64_t rank, size_t first_op) {
+  absl::StatusOr<llvm::json::Value> check = reader.ReadAnnotation("msprobe_overflow_check");
+  absl::StatusOr<llvm::json::Value> imported = reader.ReadAnnotation("imported_step", step);
+  if (!check.ok() || !imported.ok() || check->getAsObject() == nullptr || imported->getAsObject() == nullptr) {
+    return std::nullopt;
+  }
+  const llvm::json::Object* first = check->getAsObject()->getObject("first");
+  const llvm::json::Array* entries = imported->getAsObject()->getArray("entries");
+  const auto theirs = first ? first->getString(std::to_string(rank)) : llvm::None;
+  const auto ours = entries && first_op < entries->size() ? (*entries)[first_op].getAsString() : llvm::None;
+  llvm::json::Object out{{"entry", theirs ? llvm::json::Value(theirs->str()) : llvm::json::Value(nullptr)},
+                         {"moerr_entry", ours ? llvm::json::Value(ours->str()) : llvm::json::Value(nullptr)},
+                         {"agrees", theirs && ours && *theirs == *ours}};
+  if (const auto file = check->getAsObject()->getString("file")) out["file"] = file->str();
+  return out;
+}
+
+void PrintOverflowCheck(const llvm::json::Object& check, int64_t rank) {
+  const auto theirs = check.getString("entry");
+  const auto ours = check.getString("moerr_entry");
+  if (check.getBoolean("agrees").getValueOr(false)) {
+    std::printf("  msprobe's overflow_check names the same first anomaly on rank %lld: %s\n",
+                static_cast<long long>(rank), theirs->str().c_str());
+  } else {
+    std::printf("  msprobe's overflow_check names %s on rank %lld, where bisect's first overflow is entry %s\n",
+                theirs ? theirs->str().c_str() : "no anomaly", static_cast<long long>(rank),
+                ours ? ours->str().c_str() : "(unknown)");
+  }
+}
+
 // The default bisect of one step: the first overflow and its cause. The
 // step before it, when the bundle holds it, adds peers.
 ExitOr RunCauseBisect(const formats::BundleReader& reader, int64_t step, const formats::Trace& trace,
@@ -181,11 +212,22 @@ ExitOr RunCauseBisect(const formats::BundleReader& reader, int64_t step, const f
     }
     return kExitOk;
   }
+  // An import's rank (msprobe's overflow_check names ranks).
+  int64_t rank = 0;
+  if (absl::StatusOr<llvm::json::Value> recording = reader.ReadAnnotation("recording"); recording.ok()) {
+    const llvm::json::Object* o = recording->getAsObject();
+    const llvm::json::Object* imported = o ? o->getObject("imported") : nullptr;
+    rank = imported ? imported->getInteger("rank").getValueOr(0) : 0;
+  }
+  std::optional<llvm::json::Object> check = OverflowCheckCrossCheck(reader, step, rank, found->first.op_index);
   if (json) {
-    results.push_back(CauseJson(*found, step));
+    llvm::json::Object result = CauseJson(*found, step);
+    if (check) result["msprobe_overflow_check"] = std::move(*check);
+    results.push_back(std::move(result));
   } else {
     PrintCause(*found, trace.ops.size(), step);
     PrintFirstOverflow(found->first, trace.ops.size(), step);
+    if (check) PrintOverflowCheck(*check, rank);
   }
   return kExitFinding;
 }

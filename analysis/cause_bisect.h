@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "analysis/first_overflow.h"
 #include "analysis/overflow_cause.h"
@@ -24,6 +25,17 @@ void PrintFirstOverflow(const FirstOverflow& found, size_t ops, int64_t step);
 // The JSON of one step's result: the first overflow's keys (those of
 // FindFirstOverflow), then "cause" and "chain".
 llvm::json::Object CauseJson(const OverflowCause& found, int64_t step);
+
+// msprobe's own overflow_check beside bisect's first overflow (op
+// `first_op` of `step`, on `rank`) of a bundle imported from an msprobe dump
+// with its result (the "msprobe_overflow_check" annotation,
+// docs/IMPORT.md): {"entry": msprobe's first anomaly on that rank or null,
+// "moerr_entry": the dump entry of bisect's, "agrees"}. Nullopt when the
+// bundle has no such result.
+std::optional<llvm::json::Object> OverflowCheckCrossCheck(const formats::BundleReader& reader, int64_t step,
+                                                          int64_t rank, size_t first_op);
+// The cross-check as one line of text.
+void PrintOverflowCheck(const llvm::json::Object& check, int64_t rank);
 
 // The default bisect of `step` of `reader` (its trace `trace`): the first
 // overflow and its cause, printed, or appended to `results` when `json`. The

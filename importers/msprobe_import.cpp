@@ -321,6 +321,43 @@ absl::Status ImportStep(std::unique_ptr<ImportWriter>& out, const std::string& p
                                                             {"uncertain", std::move(s.uncertain)}}}});
 }
 
+// msprobe's own overflow_check result (`msprobe overflow_check --input_path
+// STEP --output_path OUT` writes OUT/anomaly_analyze_<ns>.json), when one is
+// in `root` or a step folder of it: the newest, as {"file", "first": {"<rank>":
+// the entry of that rank's first anomaly}}. Nullopt when there is none.
+absl::StatusOr<std::optional<llvm::json::Object>> OverflowCheckResult(const fs::path& root) {
+  std::vector<fs::path> dirs{root};
+  for (const auto& [step, step_dir] : Children(root, "step")) dirs.push_back(step_dir);
+  fs::path newest;
+  std::error_code ec;
+  for (const fs::path& d : dirs) {
+    for (const auto& e : fs::directory_iterator(d, ec)) {
+      const std::string name = e.path().filename().string();
+      if (absl::StartsWith(name, "anomaly_analyze_") && absl::EndsWith(name, ".json") &&
+          (newest.empty() || name > newest.filename().string())) {
+        newest = e.path();
+      }
+    }
+  }
+  if (newest.empty()) return std::optional<llvm::json::Object>();
+  MOERR_ASSIGN_OR_RETURN(const std::string text, ReadFileBytes(newest.string()));
+  llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(QuoteNonFiniteWords(text));
+  if (!parsed) return absl::InvalidArgumentError(absl::StrCat(newest.string(), ": not valid JSON: ", llvm::toString(parsed.takeError())));
+  const llvm::json::Object* ranks = parsed->getAsObject();
+  if (ranks == nullptr) return absl::InvalidArgumentError(absl::StrCat(newest.string(), ": expected an object of ranks"));
+  llvm::json::Object first;
+  for (const auto& [key, anomalies] : *ranks) {
+    const std::string name = key.str();
+    absl::string_view rank = name;
+    const llvm::json::Array* list = anomalies.getAsArray();
+    const llvm::json::Object* top = list && !list->empty() ? (*list)[0].getAsObject() : nullptr;
+    const auto entry = top ? top->getString("op_name") : llvm::None;
+    if (!absl::ConsumePrefix(&rank, "rank_") || !entry) continue;
+    first[std::string(rank)] = entry->str();
+  }
+  return llvm::json::Object{{"file", newest.string()}, {"first", std::move(first)}};
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<DumpLocation>> FindDumps(const std::string& dir) {
@@ -373,6 +410,8 @@ absl::StatusOr<ImportResult> ImportMsprobe(const std::string& dir, const std::st
     std::error_code ec;
     fs::remove(fs::path(run_dir) / formats::kWorldManifestName, ec);
   }
+  MOERR_ASSIGN_OR_RETURN(const std::optional<llvm::json::Object> overflow_check,
+                         OverflowCheckResult(fs::path(dir)));
   ImportResult result;
   formats::WorldManifest world;
   // Ranks 0..N-1 are a world of N (the manifest below); collectives name it.
@@ -394,6 +433,9 @@ absl::StatusOr<ImportResult> ImportMsprobe(const std::string& dir, const std::st
         for (const std::string& done : result.bundles) fs::remove(done, ec);
         return imported;
       }
+    }
+    if (overflow_check) {
+      MOERR_RETURN_IF_ERROR(writer->Annotate("msprobe_overflow_check", llvm::json::Object(*overflow_check)));
     }
     MOERR_RETURN_IF_ERROR(writer->Close());
     result.stats.steps += writer->stats().steps;

@@ -70,6 +70,15 @@ llvm::json::Object WorldOverflowJson(const analysis::WorldOverflow& found, int64
   return out;
 }
 
+// msprobe's overflow_check beside the origin's first overflow, for a run
+// imported with its result (analysis::OverflowCheckCrossCheck).
+std::optional<llvm::json::Object> OriginOverflowCheck(const formats::WorldStep& world,
+                                                      const analysis::WorldOverflow& found, int64_t step) {
+  const formats::RankStep& origin = world.ranks[static_cast<size_t>(found.rank)];
+  if (!origin.reader) return std::nullopt;
+  return analysis::OverflowCheckCrossCheck(*origin.reader, step, found.rank, found.cause.first.op_index);
+}
+
 }  // namespace
 
 ExitOr RunWorldBisect(const std::string& dir, std::vector<int64_t> steps,
@@ -97,6 +106,7 @@ ExitOr RunWorldBisect(const std::string& dir, std::vector<int64_t> steps,
     } else if (json) {
       exit_code = kExitFinding;
       result = WorldOverflowJson(*found, step);
+      if (auto check = OriginOverflowCheck(world, *found, step)) result["msprobe_overflow_check"] = std::move(*check);
       if (const auto original = proxy ? OriginalOf(*proxy, found->cause.first.op->module) : std::nullopt) {
         result["proxy_rank"] = original->proxy_rank;
         result["original_expert"] = original->expert;
@@ -109,6 +119,7 @@ ExitOr RunWorldBisect(const std::string& dir, std::vector<int64_t> steps,
                   static_cast<long long>(found->rank), world.ranks.size());
       analysis::PrintCause(found->cause, trace.ops.size(), step);
       PrintWorldOverflow(*found);
+      if (auto check = OriginOverflowCheck(world, *found, step)) analysis::PrintOverflowCheck(*check, found->rank);
       if (const auto original = proxy ? OriginalOf(*proxy, found->cause.first.op->module) : std::nullopt) {
         std::printf("  the proxy's expert is on proxy rank %lld and stands for the original's expert %lld of layer "
                     "%lld, hosted by original rank %lld\n",

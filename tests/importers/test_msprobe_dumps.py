@@ -55,6 +55,11 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("msprobe")
     with ThreadPoolExecutor(2) as pool:
         dumps = dict(zip(DUMPS, pool.map(lambda n: dump(root / n, DUMPS[n]), DUMPS)))
+    # msprobe's own overflow analysis of the two-rank dump, next to it.
+    msprobe = os.path.join(os.path.dirname(sys.executable), "msprobe")
+    p = subprocess.run([msprobe, "overflow_check", "--input_path", str(dumps["two_ranks"] / "step0"),
+                        "--output_path", str(dumps["two_ranks"])], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
     out = {}
     for name, path in dumps.items():
         summary = json.loads(run("import", "msprobe", path, "-o", root / f"run_{name}", "--json"))
@@ -168,6 +173,9 @@ def test_two_ranks_name_the_rank_whose_overflow_did_not_arrive_through_a_collect
     assert by_rank[1]["op"] == "Tensor.__mul__"
     assert not by_rank[1]["arrived"]
     assert found["spread"]["kind"] == "all_reduce" and found["spread"]["to"] == [0]
+    # msprobe's own overflow_check, found next to the dump, names the same first anomaly.
+    check = found["msprobe_overflow_check"]
+    assert check["agrees"] and check["entry"].startswith("Tensor.__mul__."), check
 
 
 def test_checksums_tell_diff_which_op_differs_where_no_statistic_does(runs):
