@@ -279,6 +279,20 @@ absl::StatusOr<std::string> EditedConfigText(const CheckpointProxyOptions& optio
   auto buffer = llvm::MemoryBuffer::getFile(in, /*IsText=*/true);
   if (!buffer) return absl::NotFoundError(absl::StrFormat("cannot open %s: %s", in, buffer.getError().message()));
   auto changed = ChangedHfKeys(from, to);
+  // transformers 5 writes Qwen3-MoE's expert count as num_local_experts: that
+  // key is edited (and num_experts only where the original has it too).
+  if (auto original = llvm::json::parse((*buffer)->getBuffer().str()); !original) {
+    llvm::consumeError(original.takeError());
+  } else if (const llvm::json::Object* o = original->getAsObject();
+             from.family == moe::Family::kQwen3Moe && o != nullptr && o->get("num_local_experts") != nullptr) {
+    for (size_t i = 0, n = changed.size(); i < n; ++i) {
+      if (changed[i].first != "num_experts") continue;
+      llvm::json::Value count = changed[i].second;
+      if (o->get("num_experts") == nullptr) changed.erase(changed.begin() + i);
+      changed.emplace_back("num_local_experts", std::move(count));
+      break;
+    }
+  }
   if (mtp_layers > 0) changed.emplace_back("num_nextn_predict_layers", 0);
   for (const auto& [key, value] : changed) report.changed_keys.push_back(key);
   absl::StatusOr<std::string> text = EditHfConfigText((*buffer)->getBuffer().str(), changed);

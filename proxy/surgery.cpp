@@ -24,7 +24,20 @@ absl::StatusOr<moe::MoeConfig> ProxyConfig(const moe::MoeConfig& original, int64
   }
   c.num_experts = kept;
   c.top_k = std::min(original.top_k, kept);
-  if (c.router == moe::RouterKind::kSigmoidGroupedTopK) c.topk_group = std::min(c.topk_group, c.n_group);
+  if (c.router == moe::RouterKind::kSigmoidGroupedTopK && c.n_group > 1 && kept % c.n_group == 0) {
+    c.topk_group = std::min(c.topk_group, c.n_group);
+    if (kept == c.n_group) {
+      // Groups of one expert: a group's score is its expert's, so the
+      // routing is the top min(top_k, topk_group) experts of them all, which
+      // one group says (transformers scores a group by its top two experts
+      // and cannot take groups of one).
+      c.top_k = std::min(c.top_k, c.topk_group);
+      c.n_group = 1;
+      c.topk_group = 1;
+    } else {
+      c.top_k = std::min(c.top_k, c.topk_group * (kept / c.n_group));  // the experts the eligible groups hold
+    }
+  }
   if (absl::Status s = moe::Validate(c); !s.ok()) return s;
   return c;
 }

@@ -1,7 +1,9 @@
 // Expert pruning surgery (DESIGN.md, "Proxy"): the backbone stays bitwise;
 // each MoE layer keeps the planned experts in their original order, its
 // router rows (and DeepSeek's correction bias) sliced the same way; top-k
-// becomes min(top_k, kept). Named tensors of the original (weights, Adam
+// becomes min(top_k, kept), with grouped routing (DeepSeek-V3) also at most
+// the experts of topk_group groups, and groups of one expert become one
+// group (the same routing, in a form transformers loads). Named tensors of the original (weights, Adam
 // moments) map to the proxy's names; recorded routing maps to kept experts.
 #pragma once
 

@@ -16,6 +16,7 @@
 #include "analysis/first_overflow.h"
 #include "formats/module_path.h"
 #include "moe/checkpoint.h"
+#include "moe/router.h"
 #include "proxy/surgery.h"
 #include "recorder/hooks/tensor_adapter.h"
 #include "replayer/model_replay.h"
@@ -92,6 +93,38 @@ TEST(ProxyTest, SurgeryKeepsTheBackboneAndTheKeptExpertsInOrder) {
         std::get<1>(x.mm(before[prefix + "gate.weight"].to(at::kDouble).t()).index_select(1, rows).sort(1));
     EXPECT_TRUE(ranked_proxy.equal(ranked_original));
   }
+}
+
+// DeepSeek-V3's grouped routing in a proxy: top-k at most the experts of
+// topk_group groups, and groups of one expert become one group (the same
+// routing; transformers scores a group by its top two and cannot take one).
+TEST(ProxyTest, GroupedRoutingStaysWithinTheKeptGroups) {
+  moe::MoeConfig c = moe::Preset("tiny", moe::Family::kDeepseekV3).value();
+  c.num_experts = 8, c.n_group = 2, c.topk_group = 1, c.top_k = 3;
+  ASSERT_TRUE(moe::Validate(c).ok());
+  const moe::MoeConfig two_a_group = ProxyConfig(c, 4).value();
+  EXPECT_EQ(two_a_group.n_group, 2);
+  EXPECT_EQ(two_a_group.topk_group, 1);
+  EXPECT_EQ(two_a_group.top_k, 2);
+  c.n_group = 4, c.topk_group = 2;
+  const moe::MoeConfig one_a_group = ProxyConfig(c, 4).value();
+  EXPECT_EQ(one_a_group.n_group, 1);
+  EXPECT_EQ(one_a_group.topk_group, 1);
+  EXPECT_EQ(one_a_group.top_k, 2);
+  EXPECT_EQ(ProxyConfig(c, 8).value().top_k, 3);
+  // The same choices and weights as the four groups of one would give.
+  moe::MoeConfig groups_of_one = c;
+  groups_of_one.num_experts = 4, groups_of_one.top_k = 2;
+  torch::manual_seed(3);
+  moe::Router grouped(groups_of_one, 1, "gate"), single(one_a_group, 1, "gate");
+  torch::NoGradGuard no_grad;
+  single->weight.copy_(grouped->weight);
+  single->e_score_correction_bias.normal_(0, 0.3);
+  grouped->e_score_correction_bias.copy_(single->e_score_correction_bias);
+  const at::Tensor x = torch::randn({64, c.hidden_size});
+  const moe::RouterOutput a = grouped->forward(x), b = single->forward(x);
+  EXPECT_TRUE(at::equal(a.topk_ids, b.topk_ids));
+  EXPECT_TRUE(at::equal(a.topk_weights, b.topk_weights));
 }
 
 TEST(ProxyTest, MappedRoutingNamesOnlyKeptExperts) {
