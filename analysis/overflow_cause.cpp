@@ -224,7 +224,10 @@ std::optional<CauseLink> InnerCause(const StepIndex& step, Peers& peers, size_t 
     link.op = &ops[j];
     for (uint64_t id : ops[j].outputs) {
       const formats::TensorMeta* meta = step.Value(id);
-      if (meta != nullptr && meta->fingerprint.abs_max > link.abs_max) link.output = id, link.abs_max = meta->fingerprint.abs_max;
+      if (meta != nullptr && meta->fingerprint.abs_max > link.abs_max) {
+        link.output = id;
+        link.abs_max = meta->fingerprint.abs_max;
+      }
     }
     if (link.output == 0) continue;
     Judge(step, peers, link);
