@@ -93,7 +93,16 @@ std::optional<std::pair<formats::Fingerprint, bool>> Counterpart(const std::vect
     same_value = same_value && f.numel == a[0].numel && f.hash == a[0].hash && f.Known(formats::Fingerprint::kHash);
   }
   if (same_size && b.numel == a[0].numel * a.size()) return std::make_pair(CombineFingerprints(a), true);
-  if (same_value && b.numel == a[0].numel) return std::make_pair(a[0], false);
+  if (same_value && b.numel == a[0].numel) {
+    // k ranks that summed their own rows to the same value (a count of
+    // tokens, say) look replicated; the replay's sum over all their rows is
+    // then k times it, which is no counterpart of it.
+    const double k = static_cast<double>(a.size());
+    const bool k_times = b.hash != a[0].hash && a[0].mean != 0 && std::isfinite(a[0].mean) &&
+                         std::fabs(b.mean - k * a[0].mean) <= kCombinedRounding * std::fabs(k * a[0].mean);
+    if (k_times) return std::nullopt;
+    return std::make_pair(a[0], false);
+  }
   return std::nullopt;
 }
 

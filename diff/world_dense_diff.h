@@ -12,8 +12,10 @@
 // a collective, not the optimizer's (its lists of gradients hold the experts
 // a rank hosts, which differ between the worlds). An output whose size is neither k times nor once the
 // original's, or whose k originals differ while the sizes are equal (a sum
-// over the rows, like a weight's gradient before its all_reduce), has no
-// counterpart: it is counted, not judged.
+// over the rows, like a weight's gradient before its all_reduce), or whose k
+// equal originals the replay holds k times of (equal sums over each rank's
+// rows, like a count of tokens), has no counterpart: it is counted, not
+// judged.
 #pragma once
 
 #include <cstdint>

@@ -224,6 +224,24 @@ TEST(WorldRun, FourRanksReplayOnTwoAndOnOneWithTheFaultOnTheSameExpert) {
   }
 }
 
+// A healthy 2-rank run replayed in one process agrees and exits 0. Its two
+// ranks sum their own rows to equal values (the tokens each holds), which the
+// replay's sum over both ranks' rows doubles: no counterpart, not a divergence.
+TEST(WorldRun, AHealthyRunReplayedOnOneRankAgrees) {
+  // The default warm-up: a trained router, whose two ranks hold equal token counts.
+  TrainedRun r;
+  r.dir = fs::path(::testing::TempDir()) / "moerr_world_healthy";
+  fs::remove_all(r.dir);
+  r.train = Moerr(fs::path(::testing::TempDir()), {"train", "--preset", "tiny", "--steps", "1", "--record", "replayable",
+                                                    "-o", r.dir.string(), "--ranks", "2", "--ep", "2"});
+  ASSERT_EQ(r.train.code, 0) << r.train.out << r.train.err;
+  const llvm::json::Object replay = ReplayOnRanks(r, 1, 0);
+  const llvm::json::Array* dense = replay.getArray("dense");
+  ASSERT_TRUE(dense != nullptr && dense->size() == 1u);
+  EXPECT_EQ(dense->front().getAsObject()->getInteger("diverged").getValueOr(-1), 0);
+  ExpectSameMetrics(replay);
+}
+
 // The device time of a replay (the ranks' CPU seconds in the step) is
 // measured: the same step costs more on 4 ranks than on 1 (each rank holds
 // the dense weights and runs their update).
