@@ -213,12 +213,9 @@ ExitOr RunCauseBisect(const formats::BundleReader& reader, int64_t step, const f
     return kExitOk;
   }
   // An import's rank (msprobe's overflow_check names ranks).
-  int64_t rank = 0;
-  if (absl::StatusOr<llvm::json::Value> recording = reader.ReadAnnotation("recording"); recording.ok()) {
-    const llvm::json::Object* o = recording->getAsObject();
-    const llvm::json::Object* imported = o ? o->getObject("imported") : nullptr;
-    rank = imported ? imported->getInteger("rank").getValueOr(0) : 0;
-  }
+  const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(reader);
+  const llvm::json::Object* imported = recording ? recording->getObject("imported") : nullptr;
+  const int64_t rank = imported ? imported->getInteger("rank").getValueOr(0) : 0;
   std::optional<llvm::json::Object> check = OverflowCheckCrossCheck(reader, step, rank, found->first.op_index);
   if (json) {
     llvm::json::Object result = CauseJson(*found, step);

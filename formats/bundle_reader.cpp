@@ -195,4 +195,11 @@ absl::StatusOr<VerifyReport> BundleReader::Verify() const {
   return report;
 }
 
+std::optional<llvm::json::Object> RecordingAnnotation(const BundleReader& reader) {
+  absl::StatusOr<llvm::json::Value> recording = reader.ReadAnnotation("recording");
+  const llvm::json::Object* o = recording.ok() ? recording->getAsObject() : nullptr;
+  if (o == nullptr) return std::nullopt;
+  return *o;
+}
+
 }  // namespace moerr::formats

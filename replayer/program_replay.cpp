@@ -562,17 +562,13 @@ absl::StatusOr<ReplayReport> ReplayStep(const formats::BundleReader& reader, int
 absl::StatusOr<ReplayReport> ReplayTrace(const formats::BundleReader& reader, int64_t step,
                                          const formats::Trace& trace, const ReplayOptions& options) {
   if (trace.ops.empty()) return absl::NotFoundError(absl::StrFormat("step %d has no recorded ops", step));
-  int64_t recorded_threads = 0;
-  if (absl::StatusOr<llvm::json::Value> recording = reader.ReadAnnotation("recording"); recording.ok()) {
-    const llvm::json::Object* o = recording->getAsObject();
-    const llvm::json::Object* imported = o ? o->getObject("imported") : nullptr;
-    if (o != nullptr) recorded_threads = o->getInteger("threads").getValueOr(0);
-    if (imported != nullptr) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "this bundle was imported from %s: a dump holds the API calls it saw, not the dispatcher ops, parameters "
-          "and RNG that a replay runs; bisect, lint, diff and report read it (docs/IMPORT.md)",
-          imported->getString("from").getValueOr("another tool's dump").str()));
-    }
+  const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(reader);
+  const int64_t recorded_threads = recording ? recording->getInteger("threads").getValueOr(0) : 0;
+  if (const llvm::json::Object* imported = recording ? recording->getObject("imported") : nullptr) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "this bundle was imported from %s: a dump holds the API calls it saw, not the dispatcher ops, parameters "
+        "and RNG that a replay runs; bisect, lint, diff and report read it (docs/IMPORT.md)",
+        imported->getString("from").getValueOr("another tool's dump").str()));
   }
   const bool full = std::any_of(trace.tensors.begin(), trace.tensors.end(), [](const formats::TensorMeta& meta) {
     return meta.producer >= 0 && absl::StartsWith(meta.leaf, "act/");
