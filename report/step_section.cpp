@@ -19,10 +19,9 @@ namespace {
 // recorder's "recording" annotation) is not "stats". Without the annotation
 // (a bundle another tool wrote), assumed so.
 bool Replayable(const formats::BundleReader& reader) {
-  const absl::StatusOr<llvm::json::Value> recording = reader.ReadAnnotation("recording");
-  const llvm::json::Object* o = recording.ok() ? recording->getAsObject() : nullptr;
-  if (o == nullptr) return true;
-  const auto mode = o->getString("mode");
+  const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(reader);
+  if (!recording) return true;
+  const auto mode = recording->getString("mode");
   return !mode || *mode != "stats";
 }
 
