@@ -89,6 +89,12 @@ void CheckSameResult(int64_t rank, const Recorded& mine, int64_t peer, const Rec
                 : absl::StrFormat("ranks %d and %d hold different sums", peer, rank)});
 }
 
+bool IsFlightRecorderImport(const formats::BundleReader& reader) {
+  const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(reader);
+  const llvm::json::Object* imported = recording ? recording->getObject("imported") : nullptr;
+  return imported != nullptr && imported->getString("tool").getValueOr("") == "flight_recorder";
+}
+
 std::string DescribeOp(size_t index, const formats::OpEvent& op) {
   return absl::StrFormat("op %d: %s in %s (%s)", index, op.name, op.module.empty() ? "-" : op.module,
                          formats::PhaseName(op.phase));
@@ -130,6 +136,7 @@ const char* FateName(RankFate::Kind kind) {
     case RankFate::Kind::kDied: return "died";
     case RankFate::Kind::kWaited: return "waited";
     case RankFate::Kind::kUnreadable: return "unreadable";
+    case RankFate::Kind::kDumped: return "dumped";
   }
   return "?";
 }
@@ -150,6 +157,8 @@ std::vector<RankFate> RankFates(const formats::WorldStep& world) {
     if (!r.reader) {
       f.kind = RankFate::Kind::kUnreadable;
       f.detail = std::string(r.error.message());
+    } else if (IsFlightRecorderImport(*r.reader)) {
+      f.kind = RankFate::Kind::kDumped;
     } else if (r.step_complete) {
       f.kind = RankFate::Kind::kFinished;
     } else if (o != nullptr) {

@@ -35,7 +35,9 @@ struct CollectiveMismatch {
 std::vector<CollectiveMismatch> CheckCollectives(const formats::WorldStep& world);
 
 struct RankFate {
-  enum class Kind { kFinished, kDied, kWaited, kUnreadable };
+  // kDumped: a Flight Recorder dump, which says how far its collectives
+  // got (collective_order.h), not how the step ended.
+  enum class Kind { kFinished, kDied, kWaited, kUnreadable, kDumped };
   int64_t rank = 0;
   Kind kind = Kind::kFinished;
   size_t ops = 0;             // ops it recorded in the step

@@ -34,6 +34,10 @@ struct CollectiveOp {
 };
 
 inline constexpr absl::string_view kCollectivePrefix = "c10d::";
+// The step annotation of a bundle imported from a c10d Flight Recorder dump
+// (importers/flight_recorder_import.h): per op, what the trace has no field
+// for (state, frames, timings).
+inline constexpr char kFlightRecorderAnnotation[] = "flight_recorder";
 
 // Whether `op` is a collective of the trace.
 bool IsCollective(const OpEvent& op);

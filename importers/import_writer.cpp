@@ -2,10 +2,13 @@
 
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "formats/bundle_index.h"
+#include "formats/world_manifest.h"
 #include "recorder/hooks/tensor_adapter.h"
 #include "support/check.h"
+#include "support/filesystem.h"
 #include "support/status.h"
 #include "support/version.h"
 
@@ -104,6 +107,24 @@ absl::Status ImportWriter::EndStep(llvm::json::Object step_note) {
 }
 
 absl::Status ImportWriter::Close() { return writer_->Close(); }
+
+absl::Status PrepareRunDirectory(const std::string& run_dir, bool overwrite) {
+  MOERR_RETURN_IF_ERROR(MakeDirectory(run_dir));
+  if (!overwrite || !formats::IsRunDirectory(run_dir)) return absl::OkStatus();
+  namespace fs = std::filesystem;
+  if (auto old = formats::ReadWorldManifest(run_dir); old.ok()) {
+    std::error_code ec;
+    for (const formats::WorldRank& r : old->ranks) {
+      // Only a bundle inside the run directory, whatever the manifest says.
+      if (r.bundle.find('/') == std::string::npos && absl::EndsWith(r.bundle, ".moerr")) {
+        fs::remove(fs::path(run_dir) / r.bundle, ec);
+      }
+    }
+  }
+  std::error_code ec;
+  fs::remove(fs::path(run_dir) / formats::kWorldManifestName, ec);
+  return absl::OkStatus();
+}
 
 void ImportWriter::Abandon() {
   if (writer_ == nullptr) return;

@@ -10,8 +10,11 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "formats/bundle_writer.h"
@@ -23,6 +26,26 @@ namespace moerr::importers {
 struct ImportStats {
   uint64_t steps = 0, ops = 0, tensors = 0;  // tensors: metadata written (values, not files)
   uint64_t tensor_bytes = 0;                 // bytes of the tensors stored (full bundles)
+};
+
+struct ImportOptions {
+  bool overwrite = false;
+  // Called after each dump entry: (dumps done, entries done in this dump,
+  // entries in this dump).
+  std::function<void(const std::string& label, int64_t done, int64_t total)> progress;
+};
+
+struct ImportResult {
+  std::vector<std::string> bundles;  // written, one per rank
+  std::string manifest;              // RUN/world.json, or "" when not written
+  ImportStats stats;                 // summed over the bundles
+  std::string task, level;
+  uint64_t missing_files = 0;        // tensor-task values whose file was absent: imported from statistics
+  uint64_t unsupported = 0;          // tensors of dtypes moerr does not store (complex, ...): not tensors here
+  // torch: entries that are not tensors (numbers, strings...), kept in the
+  // "imported_values" annotation; entries not read, with why ("imported_skipped").
+  uint64_t values = 0;
+  std::vector<std::pair<std::string, std::string>> skipped;
 };
 
 class ImportWriter {
@@ -70,5 +93,10 @@ class ImportWriter {
   std::vector<size_t> pending_outputs_;  // indices into batch_.tensors of the next op's outputs
   ImportStats stats_;
 };
+
+// Makes `run_dir`; with `overwrite`, removes the manifest and bundles of an
+// earlier run there, so that none of them is left to look like part of the
+// one imported now.
+absl::Status PrepareRunDirectory(const std::string& run_dir, bool overwrite);
 
 }  // namespace moerr::importers

@@ -394,22 +394,7 @@ absl::StatusOr<std::vector<DumpLocation>> FindDumps(const std::string& dir) {
 absl::StatusOr<ImportResult> ImportMsprobe(const std::string& dir, const std::string& run_dir,
                                            const ImportOptions& options) {
   MOERR_ASSIGN_OR_RETURN(const std::vector<DumpLocation> dumps, FindDumps(dir));
-  MOERR_RETURN_IF_ERROR(MakeDirectory(run_dir));
-  if (options.overwrite && formats::IsRunDirectory(run_dir)) {
-    // An earlier run there: its manifest and bundles go, so none of them is
-    // left to look like part of this one.
-    if (auto old = formats::ReadWorldManifest(run_dir); old.ok()) {
-      std::error_code ec;
-      for (const formats::WorldRank& r : old->ranks) {
-        // Only a bundle inside the run directory, whatever the manifest says.
-        if (r.bundle.find('/') == std::string::npos && absl::EndsWith(r.bundle, ".moerr")) {
-          fs::remove(fs::path(run_dir) / r.bundle, ec);
-        }
-      }
-    }
-    std::error_code ec;
-    fs::remove(fs::path(run_dir) / formats::kWorldManifestName, ec);
-  }
+  MOERR_RETURN_IF_ERROR(PrepareRunDirectory(run_dir, options.overwrite));
   MOERR_ASSIGN_OR_RETURN(const std::optional<llvm::json::Object> overflow_check,
                          OverflowCheckResult(fs::path(dir)));
   ImportResult result;

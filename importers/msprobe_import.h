@@ -6,9 +6,7 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -28,26 +26,6 @@ struct DumpLocation {
 // rank) are read as rank 0 when they are the only ones. Sorted by rank,
 // then step. NotFound when there is no dump.json.
 absl::StatusOr<std::vector<DumpLocation>> FindDumps(const std::string& dir);
-
-struct ImportOptions {
-  bool overwrite = false;
-  // Called after each dump entry: (dumps done, entries done in this dump,
-  // entries in this dump).
-  std::function<void(const std::string& label, int64_t done, int64_t total)> progress;
-};
-
-struct ImportResult {
-  std::vector<std::string> bundles;  // written, one per rank
-  std::string manifest;              // RUN/world.json, or "" when not written
-  ImportStats stats;                 // summed over the bundles
-  std::string task, level;
-  uint64_t missing_files = 0;        // tensor-task values whose file was absent: imported from statistics
-  uint64_t unsupported = 0;          // tensors of dtypes moerr does not store (complex, ...): not tensors here
-  // torch: entries that are not tensors (numbers, strings...), kept in the
-  // "imported_values" annotation; entries not read, with why ("imported_skipped").
-  uint64_t values = 0;
-  std::vector<std::pair<std::string, std::string>> skipped;
-};
 
 absl::StatusOr<ImportResult> ImportMsprobe(const std::string& dir, const std::string& run_dir,
                                            const ImportOptions& options = {});

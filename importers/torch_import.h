@@ -13,7 +13,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "importers/msprobe_import.h"
+#include "importers/import_writer.h"
 
 namespace moerr::importers {
 

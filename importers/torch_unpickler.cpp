@@ -51,31 +51,22 @@ std::string Latin1(absl::string_view utf8) {
   return out;
 }
 
-}  // namespace
-
-std::string DescribeValue(const PickleValue& v) {
-  switch (v.kind) {
-    case Kind::kNone: return "None";
-    case Kind::kBool: return "a bool";
-    case Kind::kInt: return "an int";
-    case Kind::kFloat: return "a float";
-    case Kind::kString: return "a string";
-    case Kind::kBytes: return "bytes";
-    case Kind::kTuple: return "a tuple";
-    case Kind::kList: return "a list";
-    case Kind::kDict: return "a dict";
-    case Kind::kSet: return "a set";
-    case Kind::kStorage: return "a bare storage";
-    case Kind::kTensor: return "a tensor";
-    case Kind::kGlobal: return absl::StrCat("the class or function ", v.text);
-    case Kind::kObject: {
-      if (!v.note.empty()) return v.note;
-      const bool vowel = !v.text.empty() && absl::StrContains("aeiouAEIOU", v.text.substr(0, 1));
-      return absl::StrCat(vowel ? "an " : "a ", v.text, " object");
-    }
+// The pickle name of an opcode that names, calls or builds an object; null
+// for the opcodes of plain data.
+const char* ObjectOpcodeName(uint8_t opcode) {
+  switch (opcode) {
+    case op::kGlobal: return "GLOBAL";
+    case op::kStackGlobal: return "STACK_GLOBAL";
+    case op::kReduce: return "REDUCE";
+    case op::kNewObj: return "NEWOBJ";
+    case op::kNewObjEx: return "NEWOBJ_EX";
+    case op::kBuild: return "BUILD";
+    case op::kBinPersId: return "BINPERSID";
+    default: return nullptr;
   }
-  return "a value";
 }
+
+}  // namespace
 
 PickleValue* TorchUnpickler::New(Kind kind) {
   arena_.emplace_back();
@@ -339,6 +330,12 @@ absl::StatusOr<bool> TorchUnpickler::ContainerOp(uint8_t opcode) {
 }
 
 absl::StatusOr<bool> TorchUnpickler::ObjectOp(uint8_t opcode) {
+  if (plain_data_only_) {
+    if (const char* name = ObjectOpcodeName(opcode)) {
+      return Fail(absl::StrCat(name, " builds an object: only plain data (dicts, lists, tuples, strings, numbers, "
+                               "booleans, None) is read from this file"));
+    }
+  }
   PickleValue* result = nullptr;
   switch (opcode) {
     case op::kGlobal: {  // "module\nname\n"

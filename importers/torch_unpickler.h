@@ -15,42 +15,19 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "importers/pickle_value.h"
 
 namespace moerr::importers {
 
-struct PickleValue {
-  enum class Kind : uint8_t {
-    kNone, kBool, kInt, kFloat, kString, kBytes,
-    kTuple, kList, kDict, kSet,
-    kStorage,  // a persistent id ("storage", type, key, location, numel)
-    kTensor,   // torch._utils._rebuild_tensor{,_v2}
-    kGlobal,   // a class or function named by GLOBAL; text: "module.name"
-    kObject,   // what a call of an unknown function or class made; text: what it is
-  };
-  Kind kind = Kind::kNone;
-  bool boolean = false;
-  int64_t integer = 0;  // kInt; kStorage: its numel, in elements of `text`'s type
-  double number = 0;
-  // kString (UTF-8) and kBytes: the value. kGlobal: "module.name". kObject:
-  // the class or function behind it ("numpy.ndarray", "__main__.Config").
-  // kStorage: the element type, LibTorch's name ("Float", "BFloat16"; "Byte"
-  // for an UntypedStorage).
-  std::string text;
-  std::string key;  // kStorage: the record holding its bytes ("0" for data/0); numpy.dtype: its code
-  std::string note;  // kObject: why it is not read, when there is more to say than its class
-  // kTuple, kList, kSet: the elements. kDict: key, value, key, value... in
-  // insertion order. kTensor: items[0] is its kStorage.
-  std::vector<PickleValue*> items;
-  // kTensor: offset into the storage, sizes and strides, in elements.
-  int64_t offset = 0;
-  std::vector<int64_t> sizes, strides;
-};
-
-// "an int", "a dict", "a numpy.ndarray object": for messages.
-std::string DescribeValue(const PickleValue& v);
-
 class TorchUnpickler {
  public:
+  // `plain_data_only`: refuse every opcode that names a class or function,
+  // calls one or builds an object (GLOBAL, STACK_GLOBAL, REDUCE, NEWOBJ,
+  // NEWOBJ_EX, BUILD, BINPERSID), so that only dicts, lists, tuples, sets,
+  // strings, bytes, numbers, booleans and None come back. What a Flight
+  // Recorder dump holds (flight_recorder_dump.h).
+  explicit TorchUnpickler(bool plain_data_only = false) : plain_data_only_(plain_data_only) {}
+
   // Reads one pickle of `data` from `pos` to its STOP opcode and returns the
   // object it builds; `pos` is left after STOP. Values live as long as this
   // unpickler. InvalidArgument ("data.pkl byte N: ...") for anything that is
@@ -98,6 +75,7 @@ class TorchUnpickler {
   std::vector<size_t> marks_;  // stack sizes at each MARK
   absl::flat_hash_map<uint32_t, PickleValue*> memo_;
   int call_depth_ = 0;
+  bool plain_data_only_ = false;
 };
 
 }  // namespace moerr::importers

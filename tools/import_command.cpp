@@ -2,7 +2,9 @@
 #include <filesystem>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "formats/bundle_summary.h"
+#include "importers/flight_recorder_import.h"
 #include "importers/msprobe_import.h"
 #include "importers/torch_import.h"
 #include "support/progress.h"
@@ -51,6 +53,12 @@ void Print(const ImportArgs& args, const std::string& from, const importers::Imp
                                    : "");
   for (const std::string& b : r.bundles) std::printf("  %s\n", b.c_str());
   if (!r.manifest.empty()) std::printf("  %s\n", r.manifest.c_str());
+  if (from == "fr") {
+    std::printf("  one op per collective: kind, group, sequence number, sizes and dtypes; states and Python frames in "
+                "the annotation flight_recorder\n");
+    std::printf("next: moerr inspect %s\n", std::filesystem::path(r.manifest).parent_path().c_str());
+    return;
+  }
   if (r.stats.tensor_bytes == 0) {
     std::printf("  statistics only: fingerprints hold the dump's Max, Min, Mean and Norm; what it lacks is unknown\n");
   }
@@ -109,6 +117,42 @@ CLI::App* AddSource(CLI::App* parent, int& exit_code, const char* name, const ch
   return cmd;
 }
 
+CLI::App* AddFlightRecorder(CLI::App* parent, int& exit_code) {
+  auto args = std::make_shared<ImportArgs>();
+  auto inputs = std::make_shared<std::vector<std::string>>();
+  auto world_size = std::make_shared<int64_t>(0);
+  CLI::App* cmd = parent->add_subcommand(
+      "fr", "c10d Flight Recorder dumps, one per rank (pickle or JSON; NCCL, Gloo, HCCL): each collective becomes an "
+            "op of its rank; then `moerr inspect RUN` names the rank that broke the collective order");
+  cmd->add_option("INPUT", *inputs, "A directory of dumps named <prefix><rank> (nccl_trace_rank_0, ...), or the files")
+      ->required();
+  cmd->add_option("-o,--output", args->out, "Run directory to write: RUN/rank<K>.moerr per dump, RUN/world.json")
+      ->required();
+  cmd->add_option("--world-size", *world_size,
+                  "Ranks in the job, when the dumps do not say (Gloo records no group members) and the last rank's "
+                  "dump is missing")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--force", args->force, "Overwrite bundles that exist");
+  cmd->add_flag("--json", args->json, "Print what was written as JSON");
+  OnRun(cmd, exit_code, [args, inputs, world_size]() -> ExitOr {
+    MOERR_RETURN_IF_ERROR(CheckNotAnInput(args->out, *inputs));
+    args->in = absl::StrJoin(*inputs, " ");
+    PhasedProgress progress;
+    importers::FlightRecorderImportOptions options;
+    options.overwrite = args->force;
+    options.world_size = *world_size;
+    options.progress = [&progress](const std::string& label, int64_t done, int64_t total) {
+      progress.Update(label, done, total);
+    };
+    absl::StatusOr<importers::ImportResult> result = importers::ImportFlightRecorder(*inputs, args->out, options);
+    progress.Finish();
+    if (!result.ok()) return result.status();
+    Print(*args, "fr", *result);
+    return kExitOk;
+  });
+  return cmd;
+}
+
 }  // namespace
 
 void AddImportCommand(CLI::App& app, int& exit_code) {
@@ -121,6 +165,7 @@ void AddImportCommand(CLI::App& app, int& exit_code) {
             "What torch.save wrote (a state_dict, a checkpoint with optimizer state, tensors): one op per tensor, "
             "in order; other values become annotations",
             "A .pt file (a tensor, or dicts, lists and tuples holding tensors) or a directory of them");
+  AddFlightRecorder(cmd, exit_code);
 }
 
 }  // namespace moerr::tools

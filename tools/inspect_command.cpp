@@ -1,6 +1,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_format.h"
+#include "analysis/collective_order.h"
 #include "analysis/cross_rank.h"
 #include "formats/bundle_reader.h"
 #include "formats/bundle_summary.h"
@@ -32,14 +33,22 @@ ExitOr InspectRun(const std::string& dir, int64_t step, bool json) {
   MOERR_ASSIGN_OR_RETURN(const formats::WorldStep world, formats::OpenWorldStep(dir, step));
   const std::vector<analysis::RankFate> fates = analysis::RankFates(world);
   bool all_finished = true;
-  for (const analysis::RankFate& f : fates) all_finished &= f.kind == analysis::RankFate::Kind::kFinished;
+  for (const analysis::RankFate& f : fates) {
+    all_finished &= f.kind == analysis::RankFate::Kind::kFinished || f.kind == analysis::RankFate::Kind::kDumped;
+  }
+  const std::vector<analysis::GroupOrder> order = analysis::CheckCollectiveOrder(world);
+  bool in_order = true;
+  for (const analysis::GroupOrder& g : order) in_order &= g.first_disagreement < 0 && g.missing.empty();
+  const ExitOr verdict = all_finished && in_order ? kExitOk : kExitFinding;
   const formats::WorldManifest& m = world.manifest;
   if (json) {
-    llvm::json::Array ranks;
+    llvm::json::Array ranks, groups;
     for (size_t r = 0; r < fates.size(); ++r) ranks.push_back(FateJson(fates[r], world.ranks[r]));
+    for (const analysis::GroupOrder& g : order) groups.push_back(analysis::GroupOrderJson(g));
     PrintJson(llvm::json::Object{{"run", dir}, {"world_size", m.world_size}, {"ep_size", m.ep_size},
-                                 {"experts", m.experts}, {"step", world.step}, {"ranks", std::move(ranks)}});
-    return all_finished ? kExitOk : kExitFinding;
+                                 {"experts", m.experts}, {"step", world.step}, {"ranks", std::move(ranks)},
+                                 {"collective_order", std::move(groups)}});
+    return verdict;
   }
   const std::string layout = m.experts > 0 ? absl::StrFormat("expert-parallel groups of %d, %d experts per MoE layer",
                                                               m.ep_size, m.experts)
@@ -69,9 +78,11 @@ ExitOr InspectRun(const std::string& dir, int64_t step, bool json) {
       case analysis::RankFate::Kind::kUnreadable:
         std::printf("rank %lld: its bundle cannot be read: %s\n", static_cast<long long>(f.rank), f.detail.c_str());
         break;
+      case analysis::RankFate::Kind::kDumped: break;
     }
   }
-  return all_finished ? kExitOk : kExitFinding;
+  for (const analysis::GroupOrder& g : order) std::printf("%s\n", analysis::DescribeGroupOrder(g).c_str());
+  return verdict;
 }
 
 }  // namespace

@@ -1,0 +1,366 @@
+#include "analysis/collective_order.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "formats/collective_op.h"
+
+namespace moerr::analysis {
+namespace {
+
+using Calls = std::map<int64_t, CollectiveCall>;  // by seq
+
+struct RankCalls {
+  std::map<std::string, Calls> by_group;
+  std::map<std::string, int64_t> completed;  // by group: Flight Recorder's pg_status, as a seq
+  std::map<std::string, std::string> desc;   // by group: Flight Recorder's description
+  bool flight_recorder = false;
+};
+
+// The step's Flight Recorder annotation (importers/flight_recorder_import.h),
+// read into `out`; per op seq, its note.
+absl::flat_hash_map<int64_t, const llvm::json::Object*> ReadNotes(const llvm::json::Value& v,
+                                                                  std::vector<std::string>& frames, RankCalls& out) {
+  absl::flat_hash_map<int64_t, const llvm::json::Object*> notes;
+  const llvm::json::Object* root = v.getAsObject();
+  if (root == nullptr) return notes;
+  out.flight_recorder = true;
+  if (const llvm::json::Array* f = root->getArray("frames")) {
+    for (const llvm::json::Value& s : *f) frames.push_back(s.getAsString().getValueOr("").str());
+  }
+  if (const llvm::json::Object* status = root->getObject("pg_status")) {
+    for (const auto& [group, s] : *status) {
+      const llvm::json::Object* o = s.getAsObject();
+      if (o != nullptr) out.completed[group.str()] = o->getInteger("last_completed").getValueOr(-1) - 1;
+    }
+  }
+  if (const llvm::json::Object* groups = root->getObject("groups")) {
+    for (const auto& [group, g] : *groups) {
+      if (const llvm::json::Object* o = g.getAsObject()) out.desc[group.str()] = o->getString("desc").getValueOr("").str();
+    }
+  }
+  if (const llvm::json::Array* entries = root->getArray("entries")) {
+    for (const llvm::json::Value& e : *entries) {
+      const llvm::json::Object* o = e.getAsObject();
+      if (o != nullptr) notes[o->getInteger("op").getValueOr(-1)] = o;
+    }
+  }
+  return notes;
+}
+
+std::vector<std::string> Strings(const llvm::json::Array* a) {
+  std::vector<std::string> out;
+  if (a != nullptr) {
+    for (const llvm::json::Value& s : *a) out.push_back(s.getAsString().getValueOr("").str());
+  }
+  return out;
+}
+
+// What the Flight Recorder note adds to a call: state, its dtypes as torch
+// names them, frames, and the call site.
+void AddNote(const llvm::json::Object& note, const std::vector<std::string>& frames, CollectiveCall& call) {
+  call.state = note.getString("state").getValueOr("").str();
+  call.input_dtypes = Strings(note.getArray("input_dtypes"));
+  call.output_dtypes = Strings(note.getArray("output_dtypes"));
+  if (const llvm::json::Array* ids = note.getArray("frames")) {
+    for (const llvm::json::Value& id : *ids) {
+      const int64_t i = id.getAsInteger().getValueOr(-1);
+      if (i >= 0 && static_cast<size_t>(i) < frames.size()) call.frames.push_back(frames[static_cast<size_t>(i)]);
+    }
+  }
+  // The innermost frame outside torch: where the user's code called it.
+  for (const std::string& f : call.frames) {
+    if (!absl::StrContains(f, "/torch/")) {
+      call.where = f;
+      break;
+    }
+  }
+}
+
+CollectiveCall CallOf(const formats::Trace& trace, const formats::OpEvent& op, const formats::CollectiveOp& c) {
+  CollectiveCall call;
+  call.kind = c.kind;
+  call.where = op.module;
+  for (uint64_t id : c.inputs) {
+    if (const formats::TensorMeta* m = trace.Find(id)) {
+      call.input_sizes.push_back(m->shape);
+      call.input_dtypes.emplace_back(formats::DTypeName(m->dtype));
+    }
+  }
+  for (uint64_t id : op.outputs) {
+    if (const formats::TensorMeta* m = id ? trace.Find(id) : nullptr) {
+      call.output_sizes.push_back(m->shape);
+      call.output_dtypes.emplace_back(formats::DTypeName(m->dtype));
+    }
+  }
+  return call;
+}
+
+// A coalesced group's ops share a sequence number: one call of them all.
+void Merge(CollectiveCall& into, CollectiveCall call) {
+  absl::StrAppend(&into.kind, "+", call.kind);
+  for (auto* v : {&call.input_sizes, &call.output_sizes}) {
+    auto& to = v == &call.input_sizes ? into.input_sizes : into.output_sizes;
+    to.insert(to.end(), v->begin(), v->end());
+  }
+  for (auto* v : {&call.input_dtypes, &call.output_dtypes}) {
+    auto& to = v == &call.input_dtypes ? into.input_dtypes : into.output_dtypes;
+    to.insert(to.end(), v->begin(), v->end());
+  }
+}
+
+RankCalls ReadRank(const formats::RankStep& r, int64_t step) {
+  RankCalls out;
+  std::vector<std::string> frames;
+  absl::StatusOr<llvm::json::Value> annotation = r.reader->ReadAnnotation(formats::kFlightRecorderAnnotation, step);
+  const auto notes = annotation.ok() ? ReadNotes(*annotation, frames, out)
+                                     : absl::flat_hash_map<int64_t, const llvm::json::Object*>();
+  const formats::Trace& trace = *r.trace;
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    const formats::OpEvent& op = trace.ops[i];
+    if (!formats::IsCollective(op)) continue;
+    absl::StatusOr<formats::CollectiveOp> c = formats::CollectiveOf(op);
+    if (!c.ok()) continue;  // cross_rank.h's CheckCollectives reports a malformed record
+    CollectiveCall call = CallOf(trace, op, *c);
+    call.op = static_cast<int64_t>(i);
+    if (auto it = notes.find(static_cast<int64_t>(op.seq)); it != notes.end()) AddNote(*it->second, frames, call);
+    auto [slot, added] = out.by_group[c->group].emplace(c->seq, call);
+    if (!added) Merge(slot->second, std::move(call));
+  }
+  return out;
+}
+
+bool SameSizes(const CollectiveCall& a, const CollectiveCall& b) {
+  return a.input_sizes == b.input_sizes && a.output_sizes == b.output_sizes && a.input_dtypes == b.input_dtypes &&
+         a.output_dtypes == b.output_dtypes;
+}
+
+// The sides at `seq`: the ranks grouped by what they called there. The
+// expected side is the largest that entered; a tie goes to the side holding
+// the lowest rank, as torch's analyzer judges against its first rank.
+std::vector<OrderSide> SidesAt(int64_t seq, const std::map<int64_t, const Calls*>& calls) {
+  std::vector<OrderSide> sides;
+  for (const auto& [rank, c] : calls) {
+    auto it = c->find(seq);
+    const bool entered = it != c->end();
+    const CollectiveCall& call = entered ? it->second : (c->empty() ? CollectiveCall() : c->rbegin()->second);
+    const int64_t last = c->empty() ? -1 : c->rbegin()->first;
+    auto same = std::find_if(sides.begin(), sides.end(), [&](const OrderSide& s) {
+      const bool side_entered = s.kind != OrderSide::Kind::kNeverEntered;
+      // Ranks that entered side by what they called; the others by where they stopped.
+      return side_entered == entered &&
+             (entered ? s.call.kind == call.kind && SameSizes(s.call, call) : s.last_seq == last);
+    });
+    if (same == sides.end()) {
+      sides.push_back(OrderSide{entered ? OrderSide::Kind::kExpected : OrderSide::Kind::kNeverEntered, {}, call, last, 0});
+      same = sides.end() - 1;
+    }
+    same->ranks.push_back(rank);
+    same->last_seq = std::max(same->last_seq, last);
+  }
+  auto expected = sides.end();
+  for (auto s = sides.begin(); s != sides.end(); ++s) {
+    if (s->kind == OrderSide::Kind::kNeverEntered) continue;
+    if (expected == sides.end() || s->ranks.size() > expected->ranks.size()) expected = s;
+  }
+  if (expected == sides.end()) return sides;
+  std::rotate(sides.begin(), expected, expected + 1);
+  for (size_t i = 1; i < sides.size(); ++i) {
+    OrderSide& s = sides[i];
+    s.calls_ahead = s.last_seq - sides[0].last_seq;
+    if (s.kind == OrderSide::Kind::kNeverEntered) continue;
+    s.kind = s.call.kind != sides[0].call.kind ? OrderSide::Kind::kOtherKind : OrderSide::Kind::kOtherSizes;
+  }
+  return sides;
+}
+
+GroupOrder CheckGroup(const std::string& group, const std::vector<int64_t>& members,
+                      const std::vector<RankCalls>& ranks, const formats::WorldStep& world) {
+  GroupOrder g;
+  g.group = group;
+  g.ranks = members;
+  static const Calls kNone;
+  std::map<int64_t, const Calls*> calls;  // present members
+  for (int64_t r : members) {
+    const bool present = r >= 0 && static_cast<size_t>(r) < world.ranks.size() && world.ranks[static_cast<size_t>(r)].trace;
+    if (!present) {
+      g.missing.push_back(r);
+      continue;
+    }
+    const RankCalls& rc = ranks[static_cast<size_t>(r)];
+    g.flight_recorder |= rc.flight_recorder;
+    if (auto d = rc.desc.find(group); d != rc.desc.end()) g.desc = d->second;
+    auto it = rc.by_group.find(group);
+    calls[r] = it == rc.by_group.end() ? &kNone : &it->second;
+  }
+  if (calls.empty()) return g;
+  // Ring buffers keep the last entries: compare from the latest first one.
+  int64_t lo = 0, hi = -1;
+  for (const auto& [_, c] : calls) {
+    if (c->empty()) continue;
+    lo = std::max(lo, c->begin()->first);
+    hi = std::max(hi, c->rbegin()->first);
+  }
+  for (int64_t seq = lo; seq <= hi && g.first_disagreement < 0; ++seq) {
+    std::vector<OrderSide> sides = SidesAt(seq, calls);
+    if (sides.size() == 1 && sides[0].kind == OrderSide::Kind::kExpected) continue;
+    g.first_disagreement = seq;
+    g.sides = std::move(sides);
+  }
+  // Completed: every present member returned from it (a recording) or its
+  // Flight Recorder state or pg_status says so.
+  int64_t completed = hi;
+  for (const auto& [r, c] : calls) {
+    const RankCalls& rc = ranks[static_cast<size_t>(r)];
+    int64_t done = c->empty() ? -1 : c->rbegin()->first;
+    if (rc.flight_recorder) {
+      auto st = rc.completed.find(group);
+      done = st == rc.completed.end() ? -1 : st->second;
+      for (const auto& [seq, call] : *c) {
+        if (call.state == "completed") done = std::max(done, seq);
+      }
+      done = std::min(done, c->empty() ? -1 : c->rbegin()->first);
+    }
+    completed = std::min(completed, done);
+  }
+  if (g.first_disagreement >= 0) completed = std::min(completed, g.first_disagreement - 1);
+  g.last_completed = completed;
+  if (completed >= 0) {
+    auto it = calls.begin()->second->find(completed);
+    if (it != calls.begin()->second->end()) g.completed_call = it->second;
+  }
+  return g;
+}
+
+std::string Ranks(const std::vector<int64_t>& ranks) {
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
+}
+
+std::string Sizes(const CollectiveCall& c) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < c.input_sizes.size(); ++i) {
+    parts.push_back(absl::StrCat("[", absl::StrJoin(c.input_sizes[i], ", "), "]",
+                                 i < c.input_dtypes.size() ? " " + c.input_dtypes[i] : ""));
+  }
+  return absl::StrCat("input ", parts.empty() ? "-" : absl::StrJoin(parts, ", "));
+}
+
+std::string At(const CollectiveCall& c) { return c.where.empty() ? "" : absl::StrCat(" (", c.where, ")"); }
+
+// `seq` and the numbers printed are shifted by `shown` (1 for Flight
+// Recorder's numbering from 1).
+std::string DescribeSide(const OrderSide& s, const OrderSide& expected, int64_t seq, int64_t shown) {
+  seq += shown;
+  const std::string ahead =
+      s.calls_ahead == 0 ? ""
+                         : absl::StrFormat(", %d %s call%s than its peers", std::abs(s.calls_ahead),
+                                           s.calls_ahead > 0 ? "more" : "fewer", std::abs(s.calls_ahead) == 1 ? "" : "s");
+  switch (s.kind) {
+    case OrderSide::Kind::kExpected:
+      return absl::StrFormat("%s wait in %s #%d%s", Ranks(s.ranks), s.call.kind, seq, At(s.call));
+    case OrderSide::Kind::kNeverEntered:
+      return s.last_seq < 0 ? absl::StrFormat("%s never entered it: no call in the group", Ranks(s.ranks))
+                            : absl::StrFormat("%s never entered it: the last call is %s #%d%s%s", Ranks(s.ranks),
+                                              s.call.kind, s.last_seq + shown, At(s.call), ahead);
+    case OrderSide::Kind::kOtherKind:
+      return absl::StrFormat("%s %s in %s #%d%s%s", Ranks(s.ranks), s.ranks.size() == 1 ? "is" : "are", s.call.kind,
+                             seq, At(s.call), ahead);
+    case OrderSide::Kind::kOtherSizes:
+      return absl::StrFormat("%s entered %s #%d with %s where the others have %s%s", Ranks(s.ranks), s.call.kind, seq,
+                             Sizes(s.call), Sizes(expected.call), At(s.call));
+  }
+  return "";
+}
+
+llvm::json::Object CallJson(const CollectiveCall& c) {
+  llvm::json::Array in, out;
+  for (const auto& s : c.input_sizes) in.push_back(llvm::json::Array(s));
+  for (const auto& s : c.output_sizes) out.push_back(llvm::json::Array(s));
+  return llvm::json::Object{{"kind", c.kind},
+                            {"input_sizes", std::move(in)},
+                            {"input_dtypes", llvm::json::Array(c.input_dtypes)},
+                            {"output_sizes", std::move(out)},
+                            {"output_dtypes", llvm::json::Array(c.output_dtypes)},
+                            {"state", c.state},
+                            {"where", c.where},
+                            {"frames", llvm::json::Array(c.frames)},
+                            {"op", c.op}};
+}
+
+}  // namespace
+
+const char* SideKindName(OrderSide::Kind kind) {
+  switch (kind) {
+    case OrderSide::Kind::kExpected: return "waiting";
+    case OrderSide::Kind::kNeverEntered: return "never_entered";
+    case OrderSide::Kind::kOtherKind: return "other_kind";
+    case OrderSide::Kind::kOtherSizes: return "other_sizes";
+  }
+  return "?";
+}
+
+std::string DescribeGroupOrder(const GroupOrder& g) {
+  // Numbered as the source numbers them: a recording from 0, Flight
+  // Recorder's collective_seq_id from 1.
+  const int64_t shown = g.flight_recorder ? 1 : 0;
+  std::string out = absl::StrFormat("group %s (%s%d ranks%s): ", g.group, g.desc.empty() ? "" : g.desc + ", ",
+                                    g.ranks.size(), shown ? ", by collective_seq_id" : "");
+  if (g.last_completed >= 0) {
+    absl::StrAppendFormat(&out, "every rank completed %s #%d", g.completed_call.kind, g.last_completed + shown);
+  } else {
+    absl::StrAppend(&out, "no collective completed on every rank");
+  }
+  if (g.first_disagreement < 0) {
+    absl::StrAppend(&out, "; the ranks agree on every call");
+  } else {
+    absl::StrAppendFormat(&out, "; at #%d ", g.first_disagreement + shown);
+    std::vector<std::string> sides;
+    for (const OrderSide& s : g.sides) sides.push_back(DescribeSide(s, g.sides[0], g.first_disagreement, shown));
+    absl::StrAppend(&out, absl::StrJoin(sides, "; "));
+  }
+  if (!g.missing.empty()) {
+    absl::StrAppendFormat(&out, "; %s left no %s (missing, not judged)", Ranks(g.missing),
+                          g.flight_recorder ? "dump" : "bundle");
+  }
+  return out;
+}
+
+llvm::json::Object GroupOrderJson(const GroupOrder& g) {
+  llvm::json::Array sides;
+  for (const OrderSide& s : g.sides) {
+    sides.push_back(llvm::json::Object{{"state", SideKindName(s.kind)}, {"ranks", llvm::json::Array(s.ranks)},
+                                       {"call", CallJson(s.call)}, {"last_seq", s.last_seq},
+                                       {"calls_ahead", s.calls_ahead}});
+  }
+  return llvm::json::Object{
+      {"group", g.group},
+      {"desc", g.desc},
+      {"ranks", llvm::json::Array(g.ranks)},
+      {"missing", llvm::json::Array(g.missing)},
+      {"last_completed", g.last_completed},
+      {"last_completed_call", g.last_completed >= 0 ? llvm::json::Value(CallJson(g.completed_call)) : nullptr},
+      {"first_disagreement", g.first_disagreement},
+      {"flight_recorder_seq", g.flight_recorder && g.first_disagreement >= 0 ? llvm::json::Value(g.first_disagreement + 1)
+                                                                              : nullptr},
+      {"sides", std::move(sides)},
+      {"text", DescribeGroupOrder(g)}};
+}
+
+std::vector<GroupOrder> CheckCollectiveOrder(const formats::WorldStep& world) {
+  std::vector<RankCalls> ranks(world.ranks.size());
+  for (size_t r = 0; r < world.ranks.size(); ++r) {
+    if (world.ranks[r].trace) ranks[r] = ReadRank(world.ranks[r], world.step);
+  }
+  std::vector<GroupOrder> out;
+  for (const auto& [group, instances] : world.manifest.groups) {
+    for (const std::vector<int64_t>& members : instances) out.push_back(CheckGroup(group, members, ranks, world));
+  }
+  return out;
+}
+
+}  // namespace moerr::analysis

@@ -1,0 +1,165 @@
+// Flight Recorder dumps (importers/flight_recorder_dump.h) read, imported as
+// a run (flight_recorder_import.h) and judged (analysis/collective_order.h).
+// The real dumps of real gloo jobs, checked against torch's own analyzer,
+// are tests/importers/test_flight_recorder.py; here: the parser on a real
+// pickle, the refusal of objects, and the verdicts on JSON dumps written
+// from the documented layout.
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "analysis/collective_order.h"
+#include "formats/world_run.h"
+#include "gtest/gtest.h"
+#include "importers/flight_recorder_dump.h"
+#include "importers/flight_recorder_import.h"
+#include "importers/torch_unpickler.h"
+#include "tests/testing/test_util.h"
+
+namespace moerr::importers {
+namespace {
+
+using analysis::OrderSide;
+using formats::testing::TempDir;
+
+TEST(FlightRecorderDumpTest, RankComesFromTheFileName) {
+  EXPECT_EQ(RankOfDumpName("/tmp/nccl_trace_rank_12"), 12);
+  EXPECT_EQ(RankOfDumpName("dumps/fr_3.json"), 3);
+  EXPECT_EQ(RankOfDumpName("trace"), -1);
+}
+
+TEST(FlightRecorderDumpTest, ReadsARealGlooDump) {
+  // Rank 0 of two gloo ranks (torch 2.11): all_reduce in the default group
+  // and in a second one, then all_to_all_single.
+  auto dump = ReadFlightRecorderDump(MOERR_SOURCE_DIR "/tests/fuzz/flight_recorder_seeds/nccl_trace_rank_0");
+  ASSERT_TRUE(dump.ok()) << dump.status();
+  EXPECT_EQ(dump->rank, 0);
+  EXPECT_EQ(dump->version, "2.10");
+  ASSERT_EQ(dump->entries.size(), 3u);
+  const FlightRecorderEntry& e = dump->entries[0];
+  EXPECT_EQ(e.backend, "gloo");
+  EXPECT_EQ(e.kind, "all_reduce");
+  EXPECT_EQ(e.group_desc, "default_pg");
+  EXPECT_EQ(e.collective_seq_id, 1);
+  ASSERT_EQ(e.input_sizes.size(), 1u);
+  EXPECT_EQ(e.input_sizes[0], std::vector<int64_t>{4});
+  EXPECT_EQ(e.input_dtypes, std::vector<std::string>{"Float"});
+  EXPECT_EQ(dump->entries[2].kind, "all_to_all");
+  EXPECT_EQ(dump->status.at("0").last_completed, 3);
+  // The JSON variant of the same dump reads the same.
+  auto json = ReadFlightRecorderDump(MOERR_SOURCE_DIR "/tests/fuzz/flight_recorder_seeds/nccl_trace_rank_0.json");
+  ASSERT_TRUE(json.ok()) << json.status();
+  ASSERT_EQ(json->entries.size(), 3u);
+  EXPECT_EQ(json->entries[1].group_name, dump->entries[1].group_name);
+  EXPECT_EQ(json->status.at("0").last_completed, 3);
+}
+
+TEST(FlightRecorderDumpTest, APickleThatBuildsObjectsIsRefusedByByte) {
+  // {"version": "2.10", "entries": os.system("x")}: GLOBAL, then REDUCE.
+  const std::string pickle("\x80\x02}q\x00(X\x07\x00\x00\x00versionX\x04\x00\x00\x00" "2.10X\x07\x00\x00\x00"
+                           "entriescos\nsystem\nX\x01\x00\x00\x00x\x85Ru.", 60);
+  auto dump = ParseFlightRecorderDump(pickle, "nccl_trace_rank_1");
+  ASSERT_EQ(dump.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(dump.status().message().find("nccl_trace_rank_1 byte 39: GLOBAL builds an object"), std::string::npos)
+      << dump.status();
+  // torch.save's mode reads the same bytes, the call kept as a named object.
+  TorchUnpickler lenient;
+  size_t pos = 0;
+  EXPECT_TRUE(lenient.Load(pickle, pos).ok());
+  EXPECT_EQ(ParseFlightRecorderDump("not a dump", "r0").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseFlightRecorderDump("{\"entries\": []}", "r0").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A JSON dump of `entries` ("kind:size" each, one all_reduce-like call per
+// collective_seq_id from 1) in the default group.
+void WriteDump(const std::string& path, const std::vector<std::string>& calls) {
+  std::ofstream out(path);
+  out << R"({"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"}},)"
+      << R"("pg_status": {"0": {"last_enqueued_collective": )" << calls.size()
+      << R"(, "last_started_collective": -1, "last_completed_collective": 1}}, "entries": [)";
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const std::string kind = calls[i].substr(0, calls[i].find(':'));
+    const std::string size = calls[i].substr(calls[i].find(':') + 1);
+    out << (i ? "," : "") << R"({"record_id": )" << i << R"(, "pg_id": 0, "process_group": ["0", "default_pg"],)"
+        << R"("collective_seq_id": )" << i + 1 << R"(, "p2p_seq_id": 0, "op_id": )" << i + 1
+        << R"(, "profiling_name": "nccl:)" << kind << R"(", "input_sizes": [[)" << size
+        << R"(]], "input_dtypes": ["Float"], "output_sizes": [[)" << size << R"(]], "output_dtypes": ["Float"],)"
+        << R"("state": ")" << (i < 1 ? "completed" : "scheduled") << R"(", "is_p2p": false, "timeout_ms": 600000,)"
+        << R"("frames": [{"filename": "train.py", "line": )" << 40 + i << R"(, "name": "step"}]})";
+  }
+  out << "]}";
+}
+
+TEST(CollectiveOrderTest, NamesTheRankThatCalledAnotherKindAndTheMissingDump) {
+  TempDir dir;
+  std::filesystem::create_directory(dir.File("dumps"));
+  for (int r = 0; r < 3; ++r) {
+    WriteDump(dir.File("dumps/nccl_trace_rank_" + std::to_string(r)),
+              {"all_reduce:4", r == 2 ? "all_gather:4" : "all_reduce:4", "broadcast:8"});
+  }
+  // Rank 3 left no dump; pg_config says the world has 4.
+  auto imported = ImportFlightRecorder({dir.File("dumps")}, dir.File("run"));
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  EXPECT_EQ(imported->bundles.size(), 3u);
+  auto world = formats::OpenWorldStep(dir.File("run"));
+  ASSERT_TRUE(world.ok()) << world.status();
+  const std::vector<analysis::GroupOrder> order = analysis::CheckCollectiveOrder(*world);
+  ASSERT_EQ(order.size(), 1u);
+  const analysis::GroupOrder& g = order[0];
+  EXPECT_EQ(g.group, "world");
+  EXPECT_EQ(g.missing, std::vector<int64_t>{3});
+  EXPECT_EQ(g.last_completed, 0);  // collective_seq_id 1
+  EXPECT_EQ(g.first_disagreement, 1);
+  ASSERT_EQ(g.sides.size(), 2u);
+  EXPECT_EQ(g.sides[0].kind, OrderSide::Kind::kExpected);
+  EXPECT_EQ(g.sides[0].ranks, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(g.sides[1].kind, OrderSide::Kind::kOtherKind);
+  EXPECT_EQ(g.sides[1].ranks, std::vector<int64_t>{2});
+  EXPECT_EQ(g.sides[1].call.where, "train.py:41 in step");
+  const std::string text = analysis::DescribeGroupOrder(g);
+  EXPECT_NE(text.find("rank 2 is in all_gather #2 (train.py:41 in step)"), std::string::npos) << text;
+  EXPECT_NE(text.find("rank 3 left no dump (missing, not judged)"), std::string::npos) << text;
+}
+
+TEST(CollectiveOrderTest, NamesTheRankThatNeverEnteredAndTheOneWithOtherSizes) {
+  TempDir dir;
+  WriteDump(dir.File("fr_0"), {"all_reduce:4", "all_reduce:4", "all_reduce:4"});
+  WriteDump(dir.File("fr_1"), {"all_reduce:4", "all_reduce:4"});
+  WriteDump(dir.File("fr_2"), {"all_reduce:4", "all_reduce:4", "all_reduce:4"});
+  WriteDump(dir.File("fr_3"), {"all_reduce:4", "all_reduce:4", "all_reduce:8"});
+  auto imported = ImportFlightRecorder({dir.File("fr_0"), dir.File("fr_1"), dir.File("fr_2"), dir.File("fr_3")},
+                                       dir.File("run"));
+  ASSERT_TRUE(imported.ok()) << imported.status();
+  auto world = formats::OpenWorldStep(dir.File("run"));
+  ASSERT_TRUE(world.ok()) << world.status();
+  const analysis::GroupOrder g = analysis::CheckCollectiveOrder(*world).at(0);
+  EXPECT_TRUE(g.missing.empty());
+  EXPECT_EQ(g.first_disagreement, 2);
+  ASSERT_EQ(g.sides.size(), 3u);
+  EXPECT_EQ(g.sides[0].ranks, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(g.sides[1].kind, OrderSide::Kind::kNeverEntered);
+  EXPECT_EQ(g.sides[1].ranks, std::vector<int64_t>{1});
+  EXPECT_EQ(g.sides[1].calls_ahead, -1);
+  EXPECT_EQ(g.sides[2].kind, OrderSide::Kind::kOtherSizes);
+  EXPECT_EQ(g.sides[2].ranks, std::vector<int64_t>{3});
+  const std::string text = analysis::DescribeGroupOrder(g);
+  EXPECT_NE(text.find("rank 1 never entered it: the last call is all_reduce #2 (train.py:41 in step), 1 fewer call"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("rank 3 entered all_reduce #3 with input [8] Float where the others have input [4] Float"),
+            std::string::npos)
+      << text;
+}
+
+TEST(FlightRecorderImportTest, TwoDumpsOfOneRankAreRefused) {
+  TempDir dir;
+  WriteDump(dir.File("fr_0"), {"all_reduce:4"});
+  WriteDump(dir.File("fr_0.json"), {"all_reduce:4"});
+  auto imported = ImportFlightRecorder({dir.path()}, dir.File("run"));
+  ASSERT_EQ(imported.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(imported.status().message().find("are both dumps of rank 0"), std::string::npos) << imported.status();
+  EXPECT_FALSE(std::filesystem::exists(dir.File("run/world.json")));
+}
+
+}  // namespace
+}  // namespace moerr::importers
