@@ -1,0 +1,118 @@
+"""`moerr import fr` and `moerr inspect` on the c10d Flight Recorder dumps of
+real torch.distributed gloo jobs (flight_recorder_jobs.py), side by side with
+torch's own analyzer (torch.distributed.flight_recorder, through
+torch_fr_analysis.py): wherever torch's analyzer gives an answer, moerr names
+the same ranks and sequence numbers.
+
+torch's analyzer refuses gloo's dumps as they are (no pg_config, 'gloo:'
+names); it is run on a copy rewritten as NCCL dumps, and the refusal itself
+is checked. moerr reads the dumps as gloo wrote them.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import flight_recorder_jobs as jobs  # noqa: E402
+import torch_fr_analysis as torch_fr  # noqa: E402
+
+MOERR = os.environ.get("MOERR_BIN", "moerr")
+
+# (scenario, ranks): every fault at 4 ranks, and the cheap ones at 2.
+CASES = [("ok", 2), ("kind", 2), ("skip", 4), ("kind", 4), ("sizes", 4), ("kill", 4)]
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    """Each case's job, run once: the directory of its dumps."""
+    out = {}
+    for scenario, world in CASES:
+        d = str(tmp_path_factory.mktemp(f"{scenario}{world}"))
+        result = jobs.run_job(d, world, scenario, as_json=(scenario, world) == ("kind", 4))
+        assert result["ok"], result
+        out[(scenario, world)] = d
+    return out
+
+
+def moerr_verdict(dump_dir, run_dir, *extra):
+    imported = subprocess.run([MOERR, "import", "fr", dump_dir, "-o", run_dir, *extra],
+                              capture_output=True, text=True)
+    assert imported.returncode == 0, imported.stderr
+    inspect = subprocess.run([MOERR, "inspect", run_dir, "--json"], capture_output=True, text=True)
+    assert inspect.returncode in (0, 1), inspect.stderr
+    text = subprocess.run([MOERR, "inspect", run_dir], capture_output=True, text=True).stdout
+    groups = {g["group"]: g for g in json.loads(inspect.stdout)["collective_order"]}
+    return inspect.returncode, groups["world"], text
+
+
+def side(group, state):
+    found = [s for s in group["sides"] if s["state"] == state]
+    assert len(found) == 1, group["text"]
+    return found[0]
+
+
+@pytest.mark.parametrize("scenario,world", [c for c in CASES if c[0] in ("kind", "sizes")])
+def test_the_odd_rank_is_named_as_torch_names_it(dumps, tmp_path, scenario, world):
+    rc, group, text = moerr_verdict(dumps[(scenario, world)], str(tmp_path / "run"))
+    theirs = torch_fr.torch_verdict(dumps[(scenario, world)], world)
+    assert rc == 1
+    assert group["flight_recorder_seq"] == theirs["seq"], (group["text"], theirs)
+    odd = side(group, "other_kind" if scenario == "kind" else "other_sizes")
+    assert odd["ranks"] == theirs["culprits"] == [jobs.odd_rank(world)], (group["text"], theirs)
+    assert theirs["mismatch"] == ["COLLECTIVE_TYPE_MISMATCH" if scenario == "kind" else "SIZE_OR_SYNTAX_MISMATCH"]
+    # Each side's own call site, from the Python frames.
+    expected = side(group, "waiting")
+    site = "odd_bucket_all_gather" if scenario == "kind" else "odd_bucket_all_reduce_resized"
+    assert odd["call"]["where"].endswith(site), group["text"]
+    assert expected["call"]["where"].endswith("bucket_all_reduce"), group["text"]
+    assert f"rank {jobs.odd_rank(world)} " in text
+
+
+def test_a_skipped_collective_names_the_rank_that_never_entered_it(dumps, tmp_path):
+    rc, group, text = moerr_verdict(dumps[("skip", 4)], str(tmp_path / "run"))
+    theirs = torch_fr.torch_verdict(dumps[("skip", 4)], 4)
+    assert rc == 1
+    assert group["flight_recorder_seq"] == theirs["seq"], (group["text"], theirs)
+    behind = side(group, "never_entered")
+    assert behind["ranks"] == theirs["missing_ranks"] == [jobs.odd_rank(4)], (group["text"], theirs)
+    assert behind["calls_ahead"] == -1
+    assert side(group, "waiting")["ranks"] == [0, 1, 3]
+    assert "rank 2 never entered it" in text and "1 fewer call than its peers" in text
+
+
+def test_a_killed_rank_is_missing_not_hung(dumps, tmp_path):
+    rc, group, text = moerr_verdict(dumps[("kill", 4)], str(tmp_path / "run"), "--world-size", "4")
+    killed = jobs.killed_rank(4)
+    assert group["missing"] == [killed]
+    assert all(killed not in s["ranks"] for s in group["sides"]), group["text"]
+    assert f"rank {killed} left no dump (missing, not judged)" in text
+    assert rc == 1
+    # torch's analyzer refuses the job outright, and with
+    # --allow-incomplete-ranks cannot decide any collective.
+    assert "Missing dump files" in torch_fr.torch_verdict(dumps[("kill", 4)], 4)["error"]
+    assert torch_fr.torch_verdict(dumps[("kill", 4)], 4, allow_incomplete=True)["undecided"] > 0
+
+
+def test_a_healthy_job_agrees_and_exits_0(dumps, tmp_path):
+    rc, group, text = moerr_verdict(dumps[("ok", 2)], str(tmp_path / "run"))
+    assert torch_fr.torch_verdict(dumps[("ok", 2)], 2)["ok"]
+    assert rc == 0, text
+    assert group["first_disagreement"] == -1 and group["missing"] == []
+    assert "the ranks agree on every call" in text
+
+
+def test_the_json_variant_reads_as_the_pickle(dumps, tmp_path):
+    pickle_dir = dumps[("kind", 4)]
+    _, from_pickle, _ = moerr_verdict(pickle_dir, str(tmp_path / "p"))
+    _, from_json, _ = moerr_verdict(pickle_dir + "_json", str(tmp_path / "j"))
+    for key in ("first_disagreement", "last_completed", "missing"):
+        assert from_json[key] == from_pickle[key]
+    assert [s["ranks"] for s in from_json["sides"]] == [s["ranks"] for s in from_pickle["sides"]]
+
+
+def test_torch_refuses_gloo_dumps_that_moerr_reads(dumps):
+    assert torch_fr.torch_refuses(dumps[("kind", 2)]) != ""
+    assert "gloo" in torch_fr.torch_refuses(dumps[("kind", 2)], fill_pg_config_for=2)
