@@ -136,6 +136,7 @@ absl::StatusOr<const PickleValue*> TorchUnpickler::Load(absl::string_view data, 
   stack_.clear();
   marks_.clear();
   memo_.clear();
+  memo_count_ = 0;
   while (true) {
     op_at_ = pos_;
     MOERR_ASSIGN_OR_RETURN(const absl::string_view code, Read(1));
@@ -394,16 +395,22 @@ absl::StatusOr<bool> TorchUnpickler::MemoOp(uint8_t opcode) {
     case op::kBinGet: { MOERR_ASSIGN_OR_RETURN(index, ReadLittle<uint8_t>()); break; }
     case op::kLongBinPut:
     case op::kLongBinGet: { MOERR_ASSIGN_OR_RETURN(index, ReadLittle<uint32_t>()); break; }
-    case op::kMemoize: index = static_cast<uint32_t>(memo_.size()); break;
+    case op::kMemoize: index = static_cast<uint32_t>(memo_count_); break;  // Python: len(memo)
     default: return false;
   }
   if (opcode == op::kBinGet || opcode == op::kLongBinGet) {
-    const auto it = memo_.find(index);
-    if (it == memo_.end()) return Fail(absl::StrCat("reads memo ", index, ", which was never set"));
-    MOERR_RETURN_IF_ERROR(Push(it->second));
-  } else {
-    MOERR_ASSIGN_OR_RETURN(memo_[index], Top());
+    if (index >= memo_.size() || memo_[index] == nullptr) {
+      return Fail(absl::StrCat("reads memo ", index, ", which was never set"));
+    }
+    MOERR_RETURN_IF_ERROR(Push(memo_[index]));
+    return true;
   }
+  // Picklers number the memo densely from 0; a vector indexed by it, capped
+  // as the values are, keeps a hostile index from costing more.
+  if (index >= kMaxValues) return Fail(absl::StrCat("sets memo ", index, ", past ", kMaxValues));
+  if (index >= memo_.size()) memo_.resize(size_t{index} + 1, nullptr);
+  if (memo_[index] == nullptr) ++memo_count_;
+  MOERR_ASSIGN_OR_RETURN(memo_[index], Top());
   return true;
 }
 

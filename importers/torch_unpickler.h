@@ -73,7 +73,8 @@ class TorchUnpickler {
   size_t pos_ = 0, op_at_ = 0;
   std::vector<PickleValue*> stack_;
   std::vector<size_t> marks_;  // stack sizes at each MARK
-  absl::flat_hash_map<uint32_t, PickleValue*> memo_;
+  std::vector<PickleValue*> memo_;  // by index; null: not set
+  size_t memo_count_ = 0;           // memo entries set
   int call_depth_ = 0;
   bool plain_data_only_ = false;
 };

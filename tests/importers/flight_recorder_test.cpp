@@ -146,7 +146,8 @@ TEST(CollectiveOrderTest, NamesTheRankThatNeverEnteredAndTheOneWithOtherSizes) {
   EXPECT_NE(text.find("rank 1 never entered it: the last call is all_reduce #2 (train.py:41 in step), 1 fewer call"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("rank 3 entered all_reduce #3 with input [8] Float where the others have input [4] Float"),
+  EXPECT_NE(text.find("rank 3 entered all_reduce #3 with input [8] Float, output [8] Float where the others have input [4] "
+                      "Float, output [4] Float"),
             std::string::npos)
       << text;
 }
