@@ -207,11 +207,13 @@ GroupOrder CheckGroup(const std::string& group, const std::vector<int64_t>& memb
   if (calls.empty()) return g;
   // Ring buffers keep the last entries: compare from the latest first one.
   int64_t lo = 0, hi = -1;
-  for (const auto& [_, c] : calls) {
+  for (const auto& [r, c] : calls) {
+    g.reached[r] = c->empty() ? -1 : c->rbegin()->first;
     if (c->empty()) continue;
     lo = std::max(lo, c->begin()->first);
     hi = std::max(hi, c->rbegin()->first);
   }
+  g.first_seq = lo;
   for (int64_t seq = lo; seq <= hi && g.first_disagreement < 0; ++seq) {
     std::vector<OrderSide> sides = SidesAt(seq, calls);
     if (sides.size() == 1 && sides[0].kind == OrderSide::Kind::kExpected) continue;
@@ -314,6 +316,8 @@ const char* SideKindName(OrderSide::Kind kind) {
   }
   return "?";
 }
+
+std::string SeqName(const GroupOrder& g, int64_t seq) { return absl::StrCat("#", seq + (g.flight_recorder ? 1 : 0)); }
 
 std::string DescribeGroupOrder(const GroupOrder& g) {
   // Numbered as the source numbers them: a recording from 0, Flight

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,10 @@ struct GroupOrder {
   int64_t first_disagreement = -1;
   std::vector<OrderSide> sides;  // at it: the expected side first
   bool flight_recorder = false;  // numbered as Flight Recorder's collective_seq_id - 1
+  // The first sequence number compared (ring buffers keep the last calls),
+  // and each present member's last one (-1: none in the group).
+  int64_t first_seq = 0;
+  std::map<int64_t, int64_t> reached;
 };
 
 std::vector<GroupOrder> CheckCollectiveOrder(const formats::WorldStep& world);
@@ -62,6 +67,8 @@ std::vector<GroupOrder> CheckCollectiveOrder(const formats::WorldStep& world);
 // at #4 ranks 0, 1, 3 wait in all_reduce #4 (train.py:40 in step); rank 2
 // never entered it: its last call is all_reduce #3, 1 fewer than its peers".
 std::string DescribeGroupOrder(const GroupOrder& g);
+// "#8", or "#9" where the group is numbered as Flight Recorder numbers.
+std::string SeqName(const GroupOrder& g, int64_t seq);
 llvm::json::Object GroupOrderJson(const GroupOrder& g);
 const char* SideKindName(OrderSide::Kind kind);
 

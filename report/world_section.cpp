@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "analysis/collective_order.h"
 #include "analysis/cross_rank.h"
 #include "analysis/first_overflow.h"
 #include "analysis/world_overflow.h"
@@ -15,6 +17,7 @@ namespace {
 
 // Heatmap categories (svg_plot.h's palette).
 constexpr int kNotFinite = 1, kFine = 2, kLow = 3, kFirstOverflow = 4;
+constexpr int kOrderOther = 1, kOrderWaiting = 3, kOrderAfter = 9;
 constexpr double kLowBits = 4;
 
 void AddFates(HtmlPage& page, const formats::WorldStep& world) {
@@ -69,7 +72,61 @@ void AddLoads(HtmlPage& page, const formats::WorldStep& world) {
   page.Table({"module", "all_to_all (forward)", "rows received, by rank", "busiest / mean"}, rows);
 }
 
+void AddCollectiveOrder(HtmlPage& page, const formats::WorldStep& world) {
+  for (const analysis::GroupOrder& g : analysis::CheckCollectiveOrder(world)) {
+    page.Paragraph(analysis::DescribeGroupOrder(g));
+    if (g.first_disagreement < 0 && g.missing.empty()) continue;
+    page.Figure(CollectiveOrderFigure(g),
+                "Green: a call every rank made alike; orange: the call the expected side waits in; red: where the "
+                "other ranks are instead (another kind, other sizes, or no call yet); grey: calls after the "
+                "disagreement; blank: no call. Hover a cell for its rank and sequence number.");
+  }
+}
+
 }  // namespace
+
+std::string CollectiveOrderFigure(const analysis::GroupOrder& g, int max_cols) {
+  // The window: the calls before the disagreement and a few after it, or
+  // the last calls when the ranks agree.
+  int64_t hi = g.first_seq;
+  for (const auto& [_, last] : g.reached) hi = std::max(hi, last);
+  const int64_t d = g.first_disagreement;
+  const int64_t end = d >= 0 ? std::min(hi, d + 7) : hi;
+  const int64_t begin = std::max(g.first_seq, end - max_cols + 1);
+  Heatmap map;
+  map.title = absl::StrFormat("Group %s: each rank's collectives by sequence number", g.group);
+  map.row_label = "rank";
+  map.col_label = "sequence number";
+  for (int64_t s = begin; s <= end; ++s) map.cols.push_back((s - begin) % 8 == 0 || s == d ? analysis::SeqName(g, s) : "");
+  std::map<int64_t, const analysis::OrderSide*> side_of;
+  for (const analysis::OrderSide& s : g.sides) {
+    for (int64_t r : s.ranks) side_of[r] = &s;
+  }
+  for (int64_t rank : g.ranks) {
+    map.rows.push_back(std::to_string(rank));
+    std::vector<int>& category = map.category.emplace_back();
+    std::vector<std::string>& tips = map.tooltip.emplace_back();
+    auto it = g.reached.find(rank);
+    for (int64_t s = begin; s <= end; ++s) {
+      std::string tip = absl::StrFormat("rank %d, %s", rank, analysis::SeqName(g, s));
+      int cell = -1;
+      if (it == g.reached.end()) {
+        tip += ": missing (no dump or bundle)";
+      } else if (s == d && side_of.count(rank)) {
+        const analysis::OrderSide& side = *side_of[rank];
+        cell = side.kind == analysis::OrderSide::Kind::kExpected ? kOrderWaiting : kOrderOther;
+        tip += absl::StrCat(": ", analysis::SideKindName(side.kind), " (", side.call.kind, ")");
+      } else if (s <= it->second) {
+        cell = d >= 0 && s > d ? kOrderAfter : kFine;
+      }
+      category.push_back(cell);
+      tips.push_back(std::move(tip));
+    }
+    map.values.push_back(std::vector<double>(category.size(), 0));
+  }
+  map.css_class = "order-strip";
+  return map.ToSvg(16);
+}
 
 std::string RankStripFigure(const formats::WorldStep& world, int bins) {
   Heatmap map;
@@ -115,9 +172,16 @@ std::string RankStripFigure(const formats::WorldStep& world, int bins) {
 
 absl::Status AddWorldSection(HtmlPage& page, const formats::WorldStep& world) {
   const formats::WorldManifest& m = world.manifest;
-  page.Heading(absl::StrFormat("Step %d of %s: %d ranks, expert-parallel groups of %d", world.step, world.dir,
-                               m.world_size, m.ep_size));
+  page.Heading(absl::StrFormat("Step %d of %s: %d ranks%s", world.step, world.dir, m.world_size,
+                               m.experts > 0 ? absl::StrFormat(", expert-parallel groups of %d", m.ep_size) : ""));
   AddFates(page, world);
+  // A Flight Recorder import holds collectives without values: only their order says anything.
+  bool values = true;
+  for (const analysis::RankFate& f : analysis::RankFates(world)) values &= f.kind != analysis::RankFate::Kind::kDumped;
+  if (!values) {
+    AddCollectiveOrder(page, world);
+    return absl::OkStatus();
+  }
   AddOverflow(page, world);
   page.Figure(RankStripFigure(world),
               "Green: every output keeps 4 or more bits of headroom; orange: under 4; red: an output that is not "
@@ -125,6 +189,7 @@ absl::Status AddWorldSection(HtmlPage& page, const formats::WorldStep& world) {
               "rank). Hover a cell for its ops.");
   AddLoads(page, world);
   AddTransfers(page, world);
+  AddCollectiveOrder(page, world);
   return absl::OkStatus();
 }
 

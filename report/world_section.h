@@ -1,10 +1,13 @@
 // The page of a multi-rank run (`moerr report RUN`): how each rank's step
 // ended, where the overflow began and how it spread, a rank x op strip of
 // headroom showing where the first overflow appears on each rank, what each
-// rank's experts received, and any transfer the ranks disagree on.
+// rank's experts received, any transfer the ranks disagree on, and per
+// process group the collective order (analysis/collective_order.h), with a
+// ranks x sequence-number strip where it broke.
 #pragma once
 
 #include "absl/status/status.h"
+#include "analysis/collective_order.h"
 #include "formats/world_run.h"
 #include "support/html_page.h"
 
@@ -16,5 +19,11 @@ absl::Status AddWorldSection(HtmlPage& page, const formats::WorldStep& world);
 // op counts, each coloured by the least headroom of its outputs (finite,
 // under 4 bits, not finite), the bin of the rank's first overflow marked.
 std::string RankStripFigure(const formats::WorldStep& world, int bins = 48);
+
+// The ranks x sequence-number strip of one group: up to `max_cols` calls
+// ending a few after the first disagreement, each cell coloured by whether
+// the rank made it alike, is on the expected or another side there, or is
+// past it; a missing rank's row is blank.
+std::string CollectiveOrderFigure(const analysis::GroupOrder& g, int max_cols = 48);
 
 }  // namespace moerr::report

@@ -116,3 +116,15 @@ def test_the_json_variant_reads_as_the_pickle(dumps, tmp_path):
 def test_torch_refuses_gloo_dumps_that_moerr_reads(dumps):
     assert torch_fr.torch_refuses(dumps[("kind", 2)]) != ""
     assert "gloo" in torch_fr.torch_refuses(dumps[("kind", 2)], fill_pg_config_for=2)
+
+
+def test_the_report_draws_the_order_strip(dumps, tmp_path):
+    run = str(tmp_path / "run")
+    moerr_verdict(dumps[("kind", 4)], run)
+    page = str(tmp_path / "r.html")
+    subprocess.run([MOERR, "report", run, "-o", page], check=True, capture_output=True)
+    html = open(page).read()
+    assert 'class="order-strip"' in html
+    # The odd rank's cell at the disagreement, with what it called there.
+    assert f"rank {jobs.odd_rank(4)}, #7: other_kind (all_gather)" in html
+    assert "rank-strip" not in html  # no values: no headroom strip
