@@ -204,17 +204,25 @@ absl::Status DumpParser<A>::ReadEntry(const V& e) {
   if (!A::IsDict(e)) return Bad(absl::StrCat("entry ", out_.entries.size(), " is not a dict"));
   FlightRecorderEntry& entry = out_.entries.emplace_back();
   entry.profiling_name = Text(A::Get(e, "profiling_name"));
-  // "nccl:send 1->2": backend, then the kind, then the peers.
+  ReadFrames(A::Get(e, "frames"), entry.frames);
+  // "nccl:send 1->2": backend, then the kind, then the peers. torch_npu
+  // names only coalesced and point-to-point ops ("profiling is not
+  // supported"): a plain collective's name is "", and its innermost frame,
+  // the torch.distributed function called, is its kind, as torch_npu's own
+  // analyzer reads it (tools/flight_recorder/components/types.py).
   const size_t colon = entry.profiling_name.find(':');
-  if (colon == std::string::npos) {
+  if (entry.profiling_name.empty() && !entry.frames.empty() && !entry.frames[0].name.empty()) {
+    entry.kind = entry.frames[0].name;
+  } else if (colon == std::string::npos) {
     return Bad(absl::StrCat("entry ", out_.entries.size() - 1, ": profiling_name \"", entry.profiling_name,
-                            "\" is not backend:kind"));
+                            "\" is not backend:kind", entry.profiling_name.empty() ? ", and no frame names the op" : ""));
+  } else {
+    entry.backend = entry.profiling_name.substr(0, colon);
+    const std::string rest = entry.profiling_name.substr(colon + 1);
+    const size_t space = rest.find(' ');
+    entry.kind = rest.substr(0, space);
+    if (space != std::string::npos) entry.peer = rest.substr(space + 1);
   }
-  entry.backend = entry.profiling_name.substr(0, colon);
-  const std::string rest = entry.profiling_name.substr(colon + 1);
-  const size_t space = rest.find(' ');
-  entry.kind = rest.substr(0, space);
-  if (space != std::string::npos) entry.peer = rest.substr(space + 1);
   if (const V* pg = A::Get(e, "process_group"); pg && A::IsList(*pg)) {
     int i = 0;
     A::ForEachItem(*pg, [&](const V& part) { (i++ == 0 ? entry.group_name : entry.group_desc) = Text(&part); });
@@ -236,7 +244,6 @@ absl::Status DumpParser<A>::ReadEntry(const V& e) {
   entry.time_completed_ns = IntOr(A::Get(e, "time_discovered_completed_ns"), 0);
   if (const V* d = A::Get(e, "duration_ms")) entry.duration_ms = A::Number(*d).value_or(-1);
   entry.timeout_ms = IntOr(A::Get(e, "timeout_ms"), 0);
-  ReadFrames(A::Get(e, "frames"), entry.frames);
   entry.thread_id = Text(A::Get(e, "thread_id"));
   entry.thread_name = Text(A::Get(e, "thread_name"));
   return absl::OkStatus();

@@ -32,7 +32,9 @@ struct FlightRecorderEntry {
   int64_t collective_seq_id = 0, p2p_seq_id = 0;
   std::string group_name, group_desc;  // process_group: (name, desc)
   // profiling_name "nccl:all_reduce", "gloo:all_gather", "hccl:send 1->2":
-  // backend "nccl", kind "all_reduce", peer the rest ("1->2") or "".
+  // backend "nccl", kind "all_reduce", peer the rest ("1->2") or "". An
+  // empty name (torch_npu's plain collectives): backend "", kind the
+  // innermost frame's function.
   std::string profiling_name, backend, kind, peer;
   std::vector<std::vector<int64_t>> input_sizes, output_sizes;
   std::vector<std::string> input_dtypes, output_dtypes;  // LibTorch's names: "Float", "BFloat16"

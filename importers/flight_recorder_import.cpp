@@ -92,7 +92,7 @@ Groups GroupsOf(const std::vector<FlightRecorderDump>& dumps, int64_t world_size
   std::map<std::string, std::set<int64_t>> seen;
   for (const FlightRecorderDump& d : dumps) {
     for (const FlightRecorderEntry& e : d.entries) {
-      const std::string name = FlightRecorderGroupName(e.group_name, e.group_desc);
+      const std::string name = FlightRecorderGroupName(e.group_name, e.group_desc, e.pg_id);
       g.by_name.emplace(name, FlightRecorderGroup{e.group_name, e.group_desc, {}});
       seen[name].insert(d.rank);
     }
@@ -194,7 +194,7 @@ absl::Status RankImport::AddTensors(ImportWriter& w, const FlightRecorderEntry& 
 absl::StatusOr<llvm::json::Object> RankImport::AddEntry(ImportWriter& w, const FlightRecorderEntry& e, size_t index) {
   formats::CollectiveOp c;
   c.kind = e.kind;
-  const std::string group = FlightRecorderGroupName(e.group_name, e.group_desc);
+  const std::string group = FlightRecorderGroupName(e.group_name, e.group_desc, e.pg_id);
   c.group = e.is_p2p ? group + "/p2p" : group;
   c.seq = (e.is_p2p ? e.p2p_seq_id : e.collective_seq_id) - 1;
   const std::vector<int64_t>& members = groups_.members.at(group);
@@ -265,8 +265,8 @@ absl::Status WriteRank(const FlightRecorderDump& dump, const Groups& groups, con
 
 }  // namespace
 
-std::string FlightRecorderGroupName(const std::string& name, const std::string& desc) {
-  if (desc == "default_pg") return "world";
+std::string FlightRecorderGroupName(const std::string& name, const std::string& desc, int64_t pg_id) {
+  if (desc == "default_pg" || ((desc.empty() || desc == "undefined") && pg_id == 0)) return "world";
   return absl::StrCat("pg", name);
 }
 

@@ -37,7 +37,8 @@ absl::StatusOr<ImportResult> ImportFlightRecorder(const std::vector<std::string>
                                                   const FlightRecorderImportOptions& options = {});
 
 // The trace's name of a Flight Recorder process group: "world" for the
-// default group, else "pg<name>".
-std::string FlightRecorderGroupName(const std::string& name, const std::string& desc);
+// default group (desc "default_pg"; torch_npu leaves desc empty, and its
+// default group has pg_id 0), else "pg<name>".
+std::string FlightRecorderGroupName(const std::string& name, const std::string& desc, int64_t pg_id);
 
 }  // namespace moerr::importers

@@ -128,3 +128,33 @@ def test_the_report_draws_the_order_strip(dumps, tmp_path):
     # The odd rank's cell at the disagreement, with what it called there.
     assert f"rank {jobs.odd_rank(4)}, #7: other_kind (all_gather)" in html
     assert "rank-strip" not in html  # no values: no headroom strip
+
+
+# torch_npu's HCCL dumps (hccl_fr_fixture.py: the layout of Ascend/pytorch's
+# TraceUtils.h, no NPU here). torch_npu records profiling_name "" for every
+# plain collective; moerr, like torch_npu's own analyzer, takes the kind from
+# the innermost frame. named=True is the "hccl:<kind>" layout of its skipped
+# profiling test.
+import hccl_fr_fixture as hccl  # noqa: E402
+
+@pytest.mark.parametrize("named", [False, True])
+def test_hccl_desync_names_the_odd_rank(tmp_path, named):
+    odd = 2
+    seq = hccl.write_hccl_dumps(str(tmp_path / "dumps"), world=4, odd_rank=odd, named=named)
+    # Its default group (pg_id 0, desc "") is the world.
+    rc, group, text = moerr_verdict(str(tmp_path / "dumps"), str(tmp_path / "run"))
+    assert rc == 1
+    assert group["flight_recorder_seq"] == seq, text
+    assert side(group, "other_kind")["ranks"] == [odd], text
+    assert side(group, "other_kind")["call"]["kind"] == "all_gather", text
+    assert side(group, "waiting")["ranks"] == [0, 1, 3], text
+    assert group["missing"] == []
+
+
+def test_hccl_refused_by_torchs_analyzer(tmp_path):
+    real, named = str(tmp_path / "real"), str(tmp_path / "named")
+    hccl.write_hccl_dumps(real)
+    hccl.write_hccl_dumps(named, named=True)
+    # profiling_name "": torch's Op() splits it on ":" before its assertion.
+    assert torch_fr.torch_refuses(real) == "ValueError: not enough values to unpack (expected 2, got 1)"
+    assert "hccl != 'nccl' or 'xccl'" in torch_fr.torch_refuses(named)
