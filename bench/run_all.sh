@@ -73,6 +73,8 @@ section "Diff throughput against numpy" \
   "$PYTHON" bench/diff/bench_diff.py "$BUILD" "$WORK/diff"
 section "moerr diff of two imported msprobe tensor dumps against numpy (MOERR_IMPORT_BENCH_MIB per side, default 256)" \
   "$PYTHON" bench/importers/bench_import_diff.py "$BUILD" "$WORK/import" --mib "${MOERR_IMPORT_BENCH_MIB:-256}"
+section "msprobe compare against moerr import msprobe + moerr diff on the same two msprobe tensor dumps of one step (MOERR_IMPORT_BENCH_MIB of forward outputs per side, default 256)" \
+  "$PYTHON" bench/importers/bench_msprobe_compare.py "$BUILD" "$WORK/msprobe" --mib "${MOERR_IMPORT_BENCH_MIB:-256}"
 section "moerr import fr + inspect of 64 ranks x 2,000 Flight Recorder entries against torch's analyzer" \
   "$PYTHON" bench/importers/bench_flight_recorder.py "$BUILD" "$WORK/flight_recorder"
 section "moerr proxy --checkpoint on a generated 8 GB Qwen3-MoE-layout bf16 checkpoint (MOERR_PROXY_BENCH_GB, default 8; deleted after)" \

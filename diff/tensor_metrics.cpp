@@ -51,13 +51,17 @@ int MantissaBits(DType d) {
   }
 }
 
-struct Accumulator {
+}  // namespace
+
+struct TensorComparison::Sums {
   double sum_abs = 0, sum_sq = 0, dot = 0, aa = 0, bb = 0, max_abs = 0, max_rel = 0;
   uint64_t within_0p1 = 0, within_0p5 = 0, max_ulp = 0, finite = 0, nan_mismatch = 0, inf_mismatch = 0;
 };
 
+namespace {
+
 // One pair of elements, NaN and Inf aware.
-inline void AddPair(double x, double y, DType ulp_dtype, Accumulator& acc) {
+inline void AddPair(double x, double y, DType ulp_dtype, TensorComparison::Sums& acc) {
   const bool xn = std::isnan(x), yn = std::isnan(y);
   if (xn || yn) {
     acc.nan_mismatch += xn != yn;
@@ -84,7 +88,7 @@ inline void AddPair(double x, double y, DType ulp_dtype, Accumulator& acc) {
 // (branch-free, so the compiler vectorises it) and folded into doubles. A
 // non-finite element makes the chunk's sums non-finite; such a chunk, or one
 // whose float sums overflow, goes through AddPair instead.
-void AccumulateF32(const float* a, const float* b, int64_t n, Accumulator& acc) {
+void AccumulateF32(const float* a, const float* b, int64_t n, TensorComparison::Sums& acc) {
   constexpr int64_t kChunk = 256;
   for (int64_t start = 0; start < n; start += kChunk) {
     const int64_t len = std::min(kChunk, n - start);
@@ -139,17 +143,31 @@ absl::StatusOr<TensorMetrics> CompareTensors(const formats::TensorView& a, const
   if (!numel.ok()) return numel.status();
   const int64_t n = *numel;
   std::vector<std::byte> a_copy, b_copy;
-  const std::byte* pa = Contiguous(a, n, a_copy);
-  const std::byte* pb = Contiguous(b, n, b_copy);
-  Accumulator acc;
-  if (a.dtype == DType::kF32 && b.dtype == DType::kF32) {
-    AccumulateF32(reinterpret_cast<const float*>(pa), reinterpret_cast<const float*>(pb), n, acc);
-  } else {
-    const DType ulp_dtype = MantissaBits(a.dtype) <= MantissaBits(b.dtype) ? a.dtype : b.dtype;
-    for (int64_t i = 0; i < n; ++i) AddPair(formats::LoadElement(a.dtype, pa, i), formats::LoadElement(b.dtype, pb, i), ulp_dtype, acc);
+  TensorComparison comparison(a.dtype, b.dtype);
+  comparison.Add(Contiguous(a, n, a_copy), Contiguous(b, n, b_copy), n);
+  return comparison.Finish();
+}
+
+TensorComparison::TensorComparison(DType a, DType b)
+    : a_(a), b_(b), ulp_dtype_(MantissaBits(a) <= MantissaBits(b) ? a : b), sums_(std::make_unique<Sums>()) {}
+
+TensorComparison::~TensorComparison() = default;
+
+void TensorComparison::Add(const std::byte* pa, const std::byte* pb, int64_t n) {
+  numel_ += static_cast<uint64_t>(n);
+  if (a_ == DType::kF32 && b_ == DType::kF32) {
+    AccumulateF32(reinterpret_cast<const float*>(pa), reinterpret_cast<const float*>(pb), n, *sums_);
+    return;
   }
+  for (int64_t i = 0; i < n; ++i) {
+    AddPair(formats::LoadElement(a_, pa, i), formats::LoadElement(b_, pb, i), ulp_dtype_, *sums_);
+  }
+}
+
+TensorMetrics TensorComparison::Finish() const {
+  const Sums& acc = *sums_;
   TensorMetrics m;
-  m.numel = static_cast<uint64_t>(n);
+  m.numel = numel_;
   m.nan_mismatch = acc.nan_mismatch;
   m.inf_mismatch = acc.inf_mismatch;
   if (acc.finite == 0) return m;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/statusor.h"
 #include "formats/tensor_view.h"
@@ -25,6 +26,29 @@ struct TensorMetrics {
   uint64_t max_ulp = 0;  // largest distance in units in the last place of the coarser dtype
   uint64_t nan_mismatch = 0;  // elements NaN in exactly one of them
   uint64_t inf_mismatch = 0;  // elements infinite in either, and not the same infinity
+};
+
+// Accumulates the comparison of two tensors' contiguous elements piece by
+// piece, in order, for callers that stream their bytes (a diff of two
+// bundles decodes them a chunk at a time). Pieces whose lengths are
+// multiples of 256 elements give the same metrics as one whole comparison.
+class TensorComparison {
+ public:
+  TensorComparison(formats::DType a, formats::DType b);
+  ~TensorComparison();
+  TensorComparison(const TensorComparison&) = delete;
+  TensorComparison& operator=(const TensorComparison&) = delete;
+
+  // The next `n` elements of each, contiguous, in their dtypes.
+  void Add(const std::byte* a, const std::byte* b, int64_t n);
+  TensorMetrics Finish() const;
+
+  struct Sums;  // the kernels' running sums (tensor_metrics.cpp)
+
+ private:
+  formats::DType a_, b_, ulp_dtype_;
+  uint64_t numel_ = 0;
+  std::unique_ptr<Sums> sums_;
 };
 
 // Element-wise comparison. Shapes must match; dtypes may differ (values are

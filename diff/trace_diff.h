@@ -64,10 +64,13 @@ struct DiffOptions {
   Thresholds thresholds;
   int64_t max_edits = 8192;     // see AlignKeys
   bool compare_bytes = true;    // use recorded bytes when both sides have them
+  int threads = 0;              // for the comparisons on bytes; 0: one per core
 };
 
 // `a` and `b` are traces read from `reader_a` and `reader_b` (steps
-// `step_a`, `step_b`; the readers supply the bytes of full recordings).
+// `step_a`, `step_b`; the readers supply the bytes of full recordings). The
+// outputs compared on bytes are compared after the alignment, all together,
+// streamed chunk by chunk on options.threads threads (CompareBlobPairs).
 absl::StatusOr<DiffReport> DiffTraces(const formats::BundleReader& reader_a, const formats::Trace& a, int64_t step_a,
                                       const formats::BundleReader& reader_b, const formats::Trace& b, int64_t step_b,
                                       const DiffOptions& options = {});

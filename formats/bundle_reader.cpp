@@ -138,14 +138,25 @@ absl::StatusOr<OwnedTensor> BundleReader::ReadBlob(uint32_t b) const {
   out.bytes.resize(blob.raw_size);  // validated: == numel * itemsize == sum of chunk sizes
   uint64_t at = 0;
   for (size_t c = 0; c < blob.chunks.size(); ++c) {
-    const ChunkInfo& chunk = blob.chunks[c];
-    MOERR_ASSIGN_OR_RETURN(auto payload, Payload(chunk.offset, chunk.stored_size, FrameKind::kChunk));
-    absl::Status s = DecodeChunk(payload, chunk.codec, chunk.shuffle,
-                                 absl::MakeSpan(out.bytes.data() + at, chunk.raw_size));
-    if (!s.ok()) return Annotate(s, absl::StrFormat("blob %d: chunk %d at offset %d", b, c, chunk.offset));
-    at += chunk.raw_size;
+    MOERR_RETURN_IF_ERROR(DecodeBlobChunk(b, c, absl::MakeSpan(out.bytes.data() + at, blob.chunks[c].raw_size)));
+    at += blob.chunks[c].raw_size;
   }
   return out;
+}
+
+absl::Status BundleReader::DecodeBlobChunk(uint32_t b, size_t c, absl::Span<std::byte> out) const {
+  if (b >= index_.blobs.size() || c >= index_.blobs[b].chunks.size()) {
+    return absl::NotFoundError(absl::StrFormat("no chunk %d of blob %d", c, b));
+  }
+  const ChunkInfo& chunk = index_.blobs[b].chunks[c];
+  if (out.size() != chunk.raw_size) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("blob %d: chunk %d holds %d bytes, not %d", b, c, chunk.raw_size, out.size()));
+  }
+  MOERR_ASSIGN_OR_RETURN(auto payload, Payload(chunk.offset, chunk.stored_size, FrameKind::kChunk));
+  absl::Status s = DecodeChunk(payload, chunk.codec, chunk.shuffle, out);
+  if (!s.ok()) return Annotate(s, absl::StrFormat("blob %d: chunk %d at offset %d", b, c, chunk.offset));
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Record> BundleReader::ReadRecord(const RecordRef& ref) const {

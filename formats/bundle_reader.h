@@ -45,6 +45,10 @@ class BundleReader {
   const TensorInfo* FindTensor(absl::string_view name, int64_t step = -1) const;
   absl::StatusOr<OwnedTensor> ReadTensor(absl::string_view name, int64_t step = -1) const;
   absl::StatusOr<OwnedTensor> ReadBlob(uint32_t blob) const;
+  // Chunk `chunk` of blob `blob`, decoded into `out` (exactly its raw size),
+  // after the same checks as ReadBlob: for readers that stream a blob chunk by
+  // chunk through a buffer they reuse. Thread-safe, as every const method.
+  absl::Status DecodeBlobChunk(uint32_t blob, size_t chunk, absl::Span<std::byte> out) const;
   absl::StatusOr<Record> ReadRecord(const RecordRef& ref) const;
   // The value of the last annotation `key` of `step` (-1: step-less);
   // NotFound when there is none.

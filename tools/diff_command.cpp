@@ -51,6 +51,7 @@ struct DiffArgs {
   int64_t step_a = -1, step_b = -1;
   std::vector<std::string> thresholds;
   size_t top = 10;
+  int threads = 0;
   bool json = false, fingerprints_only = false;
 };
 
@@ -161,6 +162,7 @@ ExitOr RunDiff(const DiffArgs& args) {
   MOERR_RETURN_IF_ERROR(CheckNotAnInput(args.html, {args.a, args.b}));
   diff::DiffOptions options;
   options.compare_bytes = !args.fingerprints_only;
+  options.threads = args.threads;
   for (const std::string& t : args.thresholds) MOERR_RETURN_IF_ERROR(options.thresholds.Set(t));
   const bool run_a = formats::IsRunDirectory(args.a), run_b = formats::IsRunDirectory(args.b);
   if (run_a && run_b) return RunWorldDiff(args, options);
@@ -204,6 +206,8 @@ void AddDiffCommand(CLI::App& app, int& exit_code) {
                   "f32 1e-5, f16 2e-3, bf16 1.6e-2, integers 0)");
   cmd->add_flag("--fingerprints", opts->fingerprints_only, "Compare fingerprints only, even where bytes are recorded");
   cmd->add_option("--top", opts->top, "Diverged ops to list")->capture_default_str();
+  cmd->add_option("--threads", opts->threads, "Threads comparing tensors on their bytes (default 0: one per core)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--html", opts->html, "Also write a self-contained HTML report here");
   cmd->add_flag("--json", opts->json, "Print JSON");
   OnRun(cmd, exit_code, [opts] { return RunDiff(*opts); });

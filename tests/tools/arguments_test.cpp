@@ -30,7 +30,7 @@ TEST_F(ArgumentsTest, EveryHelpNamesTheSubcommandsOptionsAndExits0) {
       {"replay", {"BUNDLE", "--step", "--check", "--isolated", "--model", "--live-routing", "--precision", "--out",
                   "--force", "--json", "--policy"}},
       {"bisect", {"BUNDLE", "--step", "--limit", "--fraction", "--precision", "--upcast", "--policy-out", "--json"}},
-      {"diff", {"--step-a", "--step-b", "--threshold", "--fingerprints", "--top", "--html", "--json"}},
+      {"diff", {"--step-a", "--step-b", "--threshold", "--fingerprints", "--top", "--threads", "--html", "--json"}},
       {"lint", {"BUNDLE", "--step", "--only", "--against", "--against-step", "--json", "--list"}},
       {"proxy", {"BUNDLE", "--output", "--keep", "--method", "--step", "--ep", "--seed", "--no-forced-keeps", "--force"}},
       {"proxy-eval", {"--output", "--preset", "--family", "--keep", "--methods", "--faults", "--json"}},
