@@ -37,6 +37,10 @@ struct PickleValue {
   std::vector<int64_t> sizes, strides;
 };
 
+inline bool IsText(const PickleValue* v) {
+  return v->kind == PickleValue::Kind::kString || v->kind == PickleValue::Kind::kBytes;
+}
+
 // "an int", "a dict", "a numpy.ndarray object": for messages.
 std::string DescribeValue(const PickleValue& v);
 
