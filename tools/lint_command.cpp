@@ -141,7 +141,8 @@ void AddLintCommand(CLI::App& app, int& exit_code) {
               "warning or worse");
   cmd->add_option("BUNDLE", opts->bundle,
                   "A bundle (any mode; optimizer-state checks need replayable or full), or a multi-rank run directory: "
-                  "every rank, and rank-imbalance, the rows each rank received in all_to_all")
+                  "every rank, then rank-imbalance, the rows each rank received in all_to_all, and collective-order, the "
+                  "first collective where the ranks of a group disagree")
       ->transform(RecordingPath());
   cmd->add_option("--step", opts->steps, "Steps to check (default: every complete step and every raised one)");
   cmd->add_option("--only", opts->only, "Run only this check (repeatable); --list names them");

@@ -81,6 +81,9 @@ def test_a_skipped_collective_names_the_rank_that_never_entered_it(dumps, tmp_pa
     assert behind["calls_ahead"] == -1
     assert side(group, "waiting")["ranks"] == [0, 1, 3]
     assert "rank 2 never entered it" in text and "1 fewer call than its peers" in text
+    lint = subprocess.run([MOERR, "lint", str(tmp_path / "run"), "--json"], capture_output=True, text=True)
+    assert lint.returncode == 1, lint.stderr
+    assert [f["where"] for f in json.loads(lint.stdout) if f["check"] == "collective-order"] == ["group world"]
 
 
 def test_a_killed_rank_is_missing_not_hung(dumps, tmp_path):
