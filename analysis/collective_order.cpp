@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -16,8 +17,16 @@ namespace {
 
 using Calls = std::map<int64_t, CollectiveCall>;  // by seq
 
+// One send or recv of a rank, and its peer's rank in the group.
+struct P2PCall {
+  bool send = false;
+  int64_t peer = -1;
+  CollectiveCall call;
+};
+
 struct RankCalls {
   std::map<std::string, Calls> by_group;
+  std::map<std::string, std::vector<P2PCall>> p2p;  // by the group they ran in, in order
   std::map<std::string, int64_t> completed;  // by group: Flight Recorder's pg_status, as a seq
   std::map<std::string, std::string> desc;   // by group: Flight Recorder's description
   bool flight_recorder = false;
@@ -115,6 +124,26 @@ void Merge(CollectiveCall& into, CollectiveCall call) {
   }
 }
 
+// importers/flight_recorder_import.h: a send or recv is an op of group
+// "<group>/p2p".
+constexpr absl::string_view kP2PSuffix = "/p2p";
+
+// Flight Recorder's peers: "1->2" for a send (src->dst), "2<-1" for a recv
+// (dst<-src), in group ranks.
+void AddP2P(const llvm::json::Object& note, absl::string_view group, CollectiveCall call, RankCalls& out) {
+  const std::string peers = note.getString("peer").getValueOr("").str();
+  P2PCall p;
+  p.send = call.kind == "send";
+  const size_t arrow = peers.find(p.send ? "->" : "<-");
+  if ((!p.send && call.kind != "recv") || arrow == std::string::npos ||
+      !absl::SimpleAtoi(absl::string_view(peers).substr(arrow + 2), &p.peer)) {
+    return;  // not a transfer whose peer is known: nothing to pair
+  }
+  p.call = std::move(call);
+  group.remove_suffix(kP2PSuffix.size());
+  out.p2p[std::string(group)].push_back(std::move(p));
+}
+
 RankCalls ReadRank(const formats::RankStep& r, int64_t step) {
   RankCalls out;
   std::vector<std::string> frames;
@@ -129,7 +158,12 @@ RankCalls ReadRank(const formats::RankStep& r, int64_t step) {
     if (!c.ok()) continue;  // cross_rank.h's CheckCollectives reports a malformed record
     CollectiveCall call = CallOf(trace, op, *c);
     call.op = static_cast<int64_t>(i);
-    if (auto it = notes.find(static_cast<int64_t>(op.seq)); it != notes.end()) AddNote(*it->second, frames, call);
+    const auto note = notes.find(static_cast<int64_t>(op.seq));
+    if (note != notes.end()) AddNote(*note->second, frames, call);
+    if (absl::EndsWith(c->group, kP2PSuffix)) {
+      if (note != notes.end()) AddP2P(*note->second, c->group, std::move(call), out);
+      continue;
+    }
     auto [slot, added] = out.by_group[c->group].emplace(c->seq, call);
     if (!added) Merge(slot->second, std::move(call));
   }
@@ -183,6 +217,49 @@ std::vector<OrderSide> SidesAt(int64_t seq, const std::map<int64_t, const Calls*
     s.kind = s.call.kind != sides[0].call.kind ? OrderSide::Kind::kOtherKind : OrderSide::Kind::kOtherSizes;
   }
   return sides;
+}
+
+// Pairs the sends and recvs of `g`'s present members: the k-th send from a
+// to b with the k-th recv of b from a, as torch's analyzer pairs them
+// (same src, dst and sizes). The first transfer of each pair that does not
+// pair up, when both ranks are present.
+std::vector<P2PMismatch> CheckP2P(const GroupOrder& g, const std::vector<RankCalls>& ranks) {
+  std::vector<int64_t> members = g.ranks;
+  std::sort(members.begin(), members.end());  // group rank -> world rank
+  std::map<std::pair<int64_t, int64_t>, std::pair<std::vector<const CollectiveCall*>, std::vector<const CollectiveCall*>>>
+      pairs;  // (sender, receiver) -> (sends, recvs)
+  for (const auto& [rank, _] : g.reached) {
+    auto it = ranks[static_cast<size_t>(rank)].p2p.find(g.group);
+    if (it == ranks[static_cast<size_t>(rank)].p2p.end()) continue;
+    for (const P2PCall& p : it->second) {
+      if (p.peer < 0 || static_cast<size_t>(p.peer) >= members.size()) continue;
+      const int64_t peer = members[static_cast<size_t>(p.peer)];
+      auto& [sends, recvs] = pairs[p.send ? std::make_pair(rank, peer) : std::make_pair(peer, rank)];
+      (p.send ? sends : recvs).push_back(&p.call);
+    }
+  }
+  std::vector<P2PMismatch> out;
+  for (const auto& [pair, calls] : pairs) {
+    const auto& [sends, recvs] = calls;
+    if (!g.reached.count(pair.first) || !g.reached.count(pair.second)) continue;  // a missing side is not judged
+    for (size_t k = 0; k < std::max(sends.size(), recvs.size()); ++k) {
+      P2PMismatch m{pair.first, pair.second, static_cast<int64_t>(k), "", {}, {}};
+      if (k < sends.size()) m.send = *sends[k];
+      if (k < recvs.size()) m.recv = *recvs[k];
+      if (k >= recvs.size()) {
+        m.what = absl::StrFormat("rank %d never posted the recv", pair.second);
+      } else if (k >= sends.size()) {
+        m.what = absl::StrFormat("rank %d never sent it", pair.first);
+      } else if (m.send.input_sizes != m.recv.output_sizes || m.send.input_dtypes != m.recv.output_dtypes) {
+        m.what = "the sizes differ";
+      } else {
+        continue;
+      }
+      out.push_back(std::move(m));
+      break;
+    }
+  }
+  return out;
 }
 
 GroupOrder CheckGroup(const std::string& group, const std::vector<int64_t>& members,
@@ -242,6 +319,7 @@ GroupOrder CheckGroup(const std::string& group, const std::vector<int64_t>& memb
     auto it = calls.begin()->second->find(completed);
     if (it != calls.begin()->second->end()) g.completed_call = it->second;
   }
+  g.p2p = CheckP2P(g, ranks);
   return g;
 }
 
@@ -331,12 +409,17 @@ std::string DescribeGroupOrder(const GroupOrder& g) {
     absl::StrAppend(&out, "no collective completed on every rank");
   }
   if (g.first_disagreement < 0) {
-    absl::StrAppend(&out, "; the ranks agree on every call");
+    absl::StrAppend(&out, "; the ranks agree on every collective");
   } else {
     absl::StrAppendFormat(&out, "; at #%d ", g.first_disagreement + shown);
     std::vector<std::string> sides;
     for (const OrderSide& s : g.sides) sides.push_back(DescribeSide(s, g.sides[0], g.first_disagreement, shown));
     absl::StrAppend(&out, absl::StrJoin(sides, "; "));
+  }
+  for (const P2PMismatch& m : g.p2p) {
+    const CollectiveCall& side = m.send.kind.empty() ? m.recv : m.send;
+    absl::StrAppendFormat(&out, "; send %d from rank %d to rank %d (%s)%s: %s", m.index + 1, m.sender, m.receiver,
+                          Sizes(side), At(side), m.what);
   }
   if (!g.missing.empty()) {
     absl::StrAppendFormat(&out, "; %s left no %s (missing, not judged)", Ranks(g.missing),
@@ -352,8 +435,14 @@ llvm::json::Object GroupOrderJson(const GroupOrder& g) {
                                        {"call", CallJson(s.call)}, {"last_seq", s.last_seq},
                                        {"calls_ahead", s.calls_ahead}});
   }
+  llvm::json::Array p2p;
+  for (const P2PMismatch& m : g.p2p) {
+    p2p.push_back(llvm::json::Object{{"sender", m.sender},      {"receiver", m.receiver},  {"index", m.index},
+                                     {"what", m.what},          {"send", CallJson(m.send)}, {"recv", CallJson(m.recv)}});
+  }
   return llvm::json::Object{
       {"group", g.group},
+      {"p2p", std::move(p2p)},
       {"desc", g.desc},
       {"ranks", llvm::json::Array(g.ranks)},
       {"missing", llvm::json::Array(g.missing)},

@@ -43,6 +43,16 @@ struct OrderSide {
   int64_t calls_ahead = 0;   // their last_seq minus the expected side's
 };
 
+// A point-to-point transfer that did not pair up: the `index`-th send from
+// `sender` to `receiver` against the `index`-th recv of `receiver` from
+// `sender` (Flight Recorder dumps only: a recording has no send or recv).
+struct P2PMismatch {
+  int64_t sender = -1, receiver = -1;  // world ranks
+  int64_t index = 0;                   // among that pair's transfers, from 0
+  std::string what;                    // "no recv", "no send", or the sizes that differ
+  CollectiveCall send, recv;           // what each side called (kind "" where it has none)
+};
+
 struct GroupOrder {
   std::string group;  // the trace's name: "world", "pg1"
   std::string desc;   // Flight Recorder's description ("default_pg"), or ""
@@ -59,6 +69,10 @@ struct GroupOrder {
   // and each present member's last one (-1: none in the group).
   int64_t first_seq = 0;
   std::map<int64_t, int64_t> reached;
+  // Point-to-point ops, paired by sender and receiver in order: the first
+  // that does not pair up, per pair.
+  std::vector<P2PMismatch> p2p;
+  bool Broken() const { return first_disagreement >= 0 || !p2p.empty(); }
 };
 
 std::vector<GroupOrder> CheckCollectiveOrder(const formats::WorldStep& world);

@@ -75,7 +75,7 @@ void AddLoads(HtmlPage& page, const formats::WorldStep& world) {
 void AddCollectiveOrder(HtmlPage& page, const formats::WorldStep& world) {
   for (const analysis::GroupOrder& g : analysis::CheckCollectiveOrder(world)) {
     page.Paragraph(analysis::DescribeGroupOrder(g));
-    if (g.first_disagreement < 0 && g.missing.empty()) continue;
+    if (!g.Broken() && g.missing.empty()) continue;
     page.Figure(CollectiveOrderFigure(g),
                 "Green: a call every rank made alike; orange: the call the expected side waits in; red: where the "
                 "other ranks are instead (another kind, other sizes, or no call yet); grey: calls after the "

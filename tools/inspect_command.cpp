@@ -38,7 +38,7 @@ ExitOr InspectRun(const std::string& dir, int64_t step, bool json) {
   }
   const std::vector<analysis::GroupOrder> order = analysis::CheckCollectiveOrder(world);
   bool in_order = true;
-  for (const analysis::GroupOrder& g : order) in_order &= g.first_disagreement < 0 && g.missing.empty();
+  for (const analysis::GroupOrder& g : order) in_order &= !g.Broken() && g.missing.empty();
   const ExitOr verdict = all_finished && in_order ? kExitOk : kExitFinding;
   const formats::WorldManifest& m = world.manifest;
   if (json) {

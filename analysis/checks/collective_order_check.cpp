@@ -19,10 +19,10 @@ class CollectiveOrder : public Check {
   CheckScope scope() const override { return CheckScope::kRun; }
   absl::Status Run(const LintInput& input, std::vector<Finding>& out) const override {
     for (const GroupOrder& g : CheckCollectiveOrder(*input.world)) {
-      if (g.first_disagreement < 0 && g.missing.empty()) continue;
+      if (!g.Broken() && g.missing.empty()) continue;
       Finding f;
       f.check = std::string(name());
-      f.severity = g.first_disagreement >= 0 ? Severity::kError : Severity::kInfo;
+      f.severity = g.Broken() ? Severity::kError : Severity::kInfo;
       f.step = input.world->step;
       f.where = "group " + g.group;
       f.message = DescribeGroupOrder(g);

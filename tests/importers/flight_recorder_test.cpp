@@ -8,6 +8,8 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "analysis/collective_order.h"
 #include "formats/world_run.h"
 #include "gtest/gtest.h"
@@ -148,6 +150,50 @@ TEST(CollectiveOrderTest, NamesTheRankThatNeverEnteredAndTheOneWithOtherSizes) {
       << text;
   EXPECT_NE(text.find("rank 3 entered all_reduce #3 with input [8] Float, output [8] Float where the others have input [4] "
                       "Float, output [4] Float"),
+            std::string::npos)
+      << text;
+}
+
+// A JSON dump of point-to-point ops only: "send:1:4" is a send to group
+// rank 1 of 4 floats, "recv:0:4" a recv from group rank 0.
+void WriteP2PDump(const std::string& path, int rank, const std::vector<std::string>& ops) {
+  std::ofstream out(path);
+  out << R"({"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}},)"
+      << R"("entries": [)";
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const std::vector<std::string> f = absl::StrSplit(ops[i], ':');
+    const bool send = f[0] == "send";
+    const std::string peers = send ? absl::StrCat(rank, "->", f[1]) : absl::StrCat(rank, "<-", f[1]);
+    out << (i ? "," : "") << R"({"record_id": )" << i << R"(, "pg_id": 0, "process_group": ["0", "default_pg"],)"
+        << R"("collective_seq_id": 0, "p2p_seq_id": )" << i + 1 << R"(, "op_id": )" << i + 1
+        << R"(, "profiling_name": "nccl:)" << f[0] << " " << peers << R"(", "is_p2p": true,)"
+        << R"("input_sizes": [[)" << f[2] << R"(]], "input_dtypes": ["Float"], "output_sizes": [[)" << f[2]
+        << R"(]], "output_dtypes": ["Float"], "state": "scheduled", "frames": []})";
+  }
+  out << "]}";
+}
+
+TEST(CollectiveOrderTest, PairsSendsWithRecvsInOrder) {
+  TempDir dir;
+  // Rank 0 sends twice to 1, which posts one recv; rank 2 expects 8 floats
+  // from rank 0, which sends 4.
+  WriteP2PDump(dir.File("fr_0"), 0, {"send:1:4", "send:1:4", "send:2:4"});
+  WriteP2PDump(dir.File("fr_1"), 1, {"recv:0:4"});
+  WriteP2PDump(dir.File("fr_2"), 2, {"recv:0:8"});
+  ASSERT_TRUE(ImportFlightRecorder({dir.path()}, dir.File("run")).ok());
+  auto world = formats::OpenWorldStep(dir.File("run"));
+  ASSERT_TRUE(world.ok()) << world.status();
+  const analysis::GroupOrder g = analysis::CheckCollectiveOrder(*world).at(0);
+  ASSERT_EQ(g.p2p.size(), 2u) << analysis::DescribeGroupOrder(g);
+  EXPECT_EQ(g.p2p[0].sender, 0);
+  EXPECT_EQ(g.p2p[0].receiver, 1);
+  EXPECT_EQ(g.p2p[0].index, 1);
+  EXPECT_EQ(g.p2p[0].what, "rank 1 never posted the recv");
+  EXPECT_EQ(g.p2p[1].receiver, 2);
+  EXPECT_EQ(g.p2p[1].what, "the sizes differ");
+  EXPECT_TRUE(g.Broken());
+  const std::string text = analysis::DescribeGroupOrder(g);
+  EXPECT_NE(text.find("send 2 from rank 0 to rank 1 (input [4] Float, output [4] Float): rank 1 never posted the recv"),
             std::string::npos)
       << text;
 }

@@ -104,7 +104,7 @@ def test_a_healthy_job_agrees_and_exits_0(dumps, tmp_path):
     assert torch_fr.torch_verdict(dumps[("ok", 2)], 2)["ok"]
     assert rc == 0, text
     assert group["first_disagreement"] == -1 and group["missing"] == []
-    assert "the ranks agree on every call" in text
+    assert "the ranks agree on every collective" in text
 
 
 def test_the_json_variant_reads_as_the_pickle(dumps, tmp_path):
