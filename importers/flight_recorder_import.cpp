@@ -302,6 +302,14 @@ absl::StatusOr<ImportResult> ImportFlightRecorder(const std::vector<std::string>
     dumps.push_back(*std::move(d));
   }
   const int64_t world_size = WorldSizeOf(dumps, options.world_size);
+  // A rank number in a file name or pg_config is untrusted: the manifest
+  // holds a row per rank.
+  constexpr int64_t kMaxRanks = int64_t{1} << 20;
+  if (world_size > kMaxRanks) {
+    return absl::InvalidArgumentError(absl::StrCat("a world of ", world_size, " ranks (from ",
+                                                   options.world_size > 0 ? "--world-size" : "the dumps' ranks",
+                                                   "): more than ", kMaxRanks, " is not read"));
+  }
   if (dumps.back().rank >= world_size) {
     return absl::InvalidArgumentError(absl::StrCat(dumps.back().file, " is rank ", dumps.back().rank,
                                                    ", outside a world of ", world_size, " ranks"));
