@@ -410,9 +410,117 @@ def hf_expert_parallel_main(run_dir, steps=1, config=MIXTRAL_TINY, init_method=N
     finally:
         dist.destroy_process_group()
 
+# A transformers MoE model made expert-parallel the way ExpertParallelMoe is:
+# transformers 5's Qwen2MoeForCausalLM (fused experts: mlp.experts.gate_up_proj
+# [E, 2I, H], mlp.experts.down_proj [E, H, I]), each rank keeping experts
+# [r*E/N, (r+1)*E/N) of every block, the block's experts module routing its
+# slots through all_to_all to the ranks that hold them. transformers' own
+# expert parallelism (DistributedConfig(ep_size=...), its AllToAllEP) is not
+# used: from_pretrained(distributed_config=) needs accelerate, and its
+# dispatch calls torch's functional collectives, which moerr.record does not
+# wrap (docs/DISTRIBUTED.md, "Python").
+
+QWEN2_MOE_TINY = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "moe_intermediate_size": 16,
+                  "shared_expert_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,
+                  "num_key_value_heads": 2, "num_experts": 4, "num_experts_per_tok": 2,
+                  "max_position_embeddings": 64, "tie_word_embeddings": False}
+
+
+def _expert_parallel_experts_forward(local_forward, total, world):
+    """The forward of a transformers fused experts module holding `total /
+    world` of the `total` experts: the slots (token, expert) sorted by
+    expert go to the experts' ranks by all_to_all, `local_forward` (the
+    module's own, on the local expert ids, unit weights) runs the rows that
+    arrived, the reverse all_to_all brings them back, combined with the
+    routing weights."""
+    def forward(hidden_states, top_k_index, top_k_weights):
+        import torch.distributed as dist
+        per, top_k = total // world, top_k_index.shape[-1]
+        slot_expert = top_k_index.reshape(-1)
+        order = torch.argsort(slot_expert, stable=True)
+        slot_token = torch.arange(hidden_states.shape[0]).repeat_interleave(top_k)[order]
+        counts = torch.bincount(slot_expert, minlength=total).view(world, per)
+        arrived = torch.empty_like(counts)
+        dist.all_to_all_single(arrived, counts)
+        send, recv = counts.sum(1).tolist(), arrived.sum(1).tolist()
+        rows = AllToAll.apply(hidden_states[slot_token], send, recv)
+        local_ids = torch.arange(per).repeat(world).repeat_interleave(arrived.reshape(-1))
+        out = local_forward(rows, local_ids.unsqueeze(1), torch.ones(len(local_ids), 1, dtype=rows.dtype))
+        back = AllToAll.apply(out, recv, send)
+        weights = top_k_weights.reshape(-1)[order].unsqueeze(1).to(back.dtype)
+        return torch.zeros_like(hidden_states).index_add(0, slot_token, back * weights)
+    return forward
+
+
+def shard_transformers_experts(model, rank, world):
+    """Keeps this rank's experts of each MoE block of a transformers 5 model
+    with fused experts (`model.model.layers[i].mlp.experts`), sets the
+    block's `expert_offset` (what moerr.record(model=) names them by) and
+    makes the experts module dispatch over the default group."""
+    for layer in model.model.layers:
+        block, experts = layer.mlp, layer.mlp.experts
+        total = experts.num_experts
+        per = total // world
+        lo = rank * per
+        with torch.no_grad():
+            experts.gate_up_proj = nn.Parameter(experts.gate_up_proj[lo:lo + per].clone())
+            experts.down_proj = nn.Parameter(experts.down_proj[lo:lo + per].clone())
+        experts.num_experts, block.expert_offset = per, lo
+        experts.forward = _expert_parallel_experts_forward(experts.forward, total, world)
+    return model
+
+
+def transformers_expert_parallel_main(run_dir, steps=1, init_method=None, explode=None, batch=(2, 8)):
+    """A transformers Qwen2MoeForCausalLM (QWEN2_MOE_TINY, eager experts)
+    trained expert-parallel in one rank process (as expert_parallel_main),
+    recorded with model= and hf_config= (`moerr replay run_dir --ranks M`
+    rebuilds it). The loss is the model's own (labels=input_ids); dense
+    gradients averaged over the world. `explode`: (layer, global expert)
+    whose down projection is scaled by 1e37 (fp32) on the rank holding it.
+    Prints each rank's loss of each step."""
+    import json
+    import torch.distributed as dist
+    import transformers
+    import moerr
+    _init_gloo(init_method)
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        config = transformers.Qwen2MoeConfig(**QWEN2_MOE_TINY)
+        config._experts_implementation = "eager"  # a loop of F.linear per expert: bisect can name the expert
+        torch.manual_seed(0)  # one model on every rank
+        model = shard_transformers_experts(transformers.Qwen2MoeForCausalLM(config).float(), rank, world)
+        per = config.num_experts // world
+        if explode is not None and explode[1] // per == rank:
+            with torch.no_grad():
+                model.model.layers[explode[0]].mlp.experts.down_proj[explode[1] % per].mul_(1e37)
+        moerr.instrument(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        gen = torch.Generator().manual_seed(100 + rank)  # each rank its own tokens
+        with moerr.record(run_dir, ep_size=world, experts=config.num_experts, overwrite=True, model=model,
+                          hf_config=json.loads(config.to_json_string())) as rec:
+            for step in range(steps):
+                ids = torch.randint(0, config.vocab_size, batch, generator=gen)
+                with rec.step():
+                    loss = model(input_ids=ids, labels=ids).loss
+                    loss.backward()
+                    for name, p in model.named_parameters():
+                        if p.grad is not None and ".experts." not in name:  # experts live on one rank
+                            dist.all_reduce(p.grad)
+                            p.grad.div_(world)
+                    with moerr.scope("optimizer"):
+                        opt.step()
+                        opt.zero_grad(set_to_none=True)
+                    rec.outcome(loss=loss.item())
+                print(f"rank {rank} step {step}: loss {loss.item():.6f}", flush=True)
+    finally:
+        dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     import sys
     if len(sys.argv) > 2 and sys.argv[2] == "mixtral":
         hf_expert_parallel_main(sys.argv[1])
+    elif len(sys.argv) > 2 and sys.argv[2] == "qwen2_moe":
+        transformers_expert_parallel_main(sys.argv[1])
     else:
         expert_parallel_main(sys.argv[1] if len(sys.argv) > 1 else "ep_run")
