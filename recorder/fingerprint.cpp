@@ -236,11 +236,21 @@ KnownFingerprint DeriveViewFingerprint(const KnownFingerprint& base, const ViewS
   return derived;
 }
 
+bool BytesReadable(const at::Tensor& t) {
+  return t.defined() && t.has_storage() && t.device().is_cpu() && !t.is_meta() &&
+         (t.numel() == 0 || t.storage().data() != nullptr);
+}
+
 formats::Fingerprint ComputeFingerprint(const at::Tensor& t) {
   formats::Fingerprint f;
   if (!t.defined()) return f;
   const int64_t n = t.numel();
   if (n == 0) return f;
+  if (!BytesReadable(t)) {
+    f.numel = static_cast<uint64_t>(n);
+    f.unknown = ~0u;
+    return f;
+  }
   const int64_t esize = static_cast<int64_t>(t.element_size());
   // Blocks of 16384 elements (a multiple of AccumulateFloat's chunk): the
   // hash and the statistics read each block while it is in cache.

@@ -14,7 +14,15 @@
 
 namespace moerr::recorder {
 
+// A tensor whose bytes are not readable here (BytesReadable false) gets its
+// numel and every field marked unknown (formats::Fingerprint::unknown), as
+// an import marks what its dump lacks.
 formats::Fingerprint ComputeFingerprint(const at::Tensor& t);
+// Whether `t`'s bytes can be read on the CPU now: it has storage, on the
+// CPU, and that storage has memory. A functional collective's pending result
+// (torch.distributed._functional_collectives) holds none until it is waited
+// on; a wrapper subclass or a meta tensor never does.
+bool BytesReadable(const at::Tensor& t);
 // XXH3-64 of each slice of `t` along dim 0 by `rows` (they sum to t's first
 // dimension), or of the whole tensor when `rows` is empty: a slice's hash is
 // the fingerprint hash of that slice alone. Empty when `t` is not contiguous

@@ -169,6 +169,12 @@ void TraceWorker::RunJob(Item& item) {
   const at::Tensor tensor = TensorOf(item);
   if (job.base == 0) item.result.fingerprint = ComputeFingerprint(tensor);
   if (job.capture.empty()) return;
+  if (!BytesReadable(tensor)) {
+    sink_->OnError(absl::FailedPreconditionError(
+        absl::StrCat("capturing ", job.capture, ": its bytes are not readable here (no storage, or a pending "
+                     "functional collective's result); its fingerprint is marked unknown")));
+    return;
+  }
   at::DisableRecordFunctionGuard no_record;  // the copy is not an op of the traced program
   const absl::Status copied = CatchTorch(absl::StrCat("capturing ", job.capture), [&] {
     sink_->OnTensorBytes(job.capture, job.role, tensor.detach().clone());

@@ -272,3 +272,40 @@ def test_bisect_crosses_the_all_to_all_to_the_rank_whose_expert_exploded(tmp_pat
     ranks = {r["rank"]: r for r in found["ranks"]}
     assert ranks[0]["received"] and not ranks[1]["received"], ranks
     assert found["carried"]["kind"] == "all_to_all", found
+
+
+FUNCTIONAL = """
+import torch, torch.distributed as dist, moerr
+import torch.distributed._functional_collectives as funcol
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", init_method=INIT, rank=rank, world_size=2)
+try:
+    with moerr.record(RUN, mode=MODE, overwrite=True) as rec:
+        with rec.step():
+            x = (torch.arange(8.0) * (rank + 1)).requires_grad_()
+            # An AsyncCollectiveTensor: its result holds no bytes until waited on.
+            y = funcol.all_to_all_single_autograd(x.view(4, 2), None, None, dist.group.WORLD)
+            torch.nn.functional.linear(y, torch.ones(3, 2)).sum().backward()
+    print("recorded", rank)
+except ValueError as e:
+    print("refused", rank, e)
+"""
+
+
+@pytest.mark.parametrize("mode", ["stats", "replayable"])
+def test_functional_collectives_are_recorded_without_a_crash(tmp_path, mode):
+    # torch's functional collectives (transformers' own expert parallelism
+    # uses them) are not wrapped as collectives. Their pending result has no
+    # bytes when the recorder reads it: its fingerprint is marked unknown,
+    # and a replayable recording, which must capture it, is refused by name.
+    # Before, the recorder read the null storage and both ranks segfaulted.
+    run = tmp_path / "run"
+    out = run_ranks(FUNCTIONAL.replace("MODE", repr(mode)), run)
+    if mode == "replayable":
+        assert all(f"refused {r}" in o and "its bytes are not readable here" in o for r, o in enumerate(out)), out
+        return
+    assert [f"recorded {r}" in o for r, o in enumerate(out)] == [True, True], out
+    for rank in (0, 1):
+        assert any(op["name"] == "aten::linear" for op in moerr.Bundle(run / f"rank{rank}.moerr").ops(0))
+    rc, text = moerr_cli("inspect", run)
+    assert rc == 0, text

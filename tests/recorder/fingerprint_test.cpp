@@ -66,6 +66,23 @@ TEST(RecorderTest, FingerprintsMatchAnIndependentComputation) {
 // Strided tensors (transposed, expanded, sliced; larger than a block, with
 // NaN and Inf) are fingerprinted from their elements in row-major order: the
 // same fingerprint as their contiguous copy, the hash of its bytes.
+// A tensor whose storage holds no memory yet (a functional collective's
+// pending result) gets its numel and every field unknown, not a crash.
+TEST(RecorderTest, UnreadableBytesGiveAnUnknownFingerprint) {
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 16, c10::DataPtr(nullptr, c10::Device(c10::kCPU)), nullptr,
+                     false);
+  at::Tensor pending = at::empty({0}, at::kFloat);
+  pending.set_(empty, 0, {4}, {1});
+  EXPECT_FALSE(BytesReadable(pending));
+  const formats::Fingerprint f = ComputeFingerprint(pending);
+  EXPECT_EQ(f.numel, 4u);
+  EXPECT_FALSE(f.Known(formats::Fingerprint::kHash));
+  EXPECT_FALSE(f.Known(formats::Fingerprint::kAbsMax));
+  EXPECT_FALSE(BytesReadable(at::empty({4}, at::TensorOptions().device(at::kMeta))));
+  EXPECT_TRUE(BytesReadable(at::ones({4})));
+  EXPECT_TRUE(ComputeFingerprint(at::ones({4})).Known(formats::Fingerprint::kHash));
+}
+
 TEST(RecorderTest, StridedFingerprintsEqualTheirContiguousCopies) {
   torch::manual_seed(3);
   at::Tensor big = torch::randn({3, 40000});
