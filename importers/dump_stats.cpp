@@ -156,4 +156,10 @@ Fingerprint FingerprintFromStats(const DumpValue& v, DType dtype, uint64_t numel
   return f;
 }
 
+void ApplyNanCheck(const DumpEntry& entry, DType dtype, Fingerprint& f) {
+  if (entry.is_nan.value_or(0) == 0 || !IsFloating(dtype) || !f.Finite()) return;
+  f.nan = 1;
+  f.unknown |= Fingerprint::kNan;
+}
+
 }  // namespace moerr::importers

@@ -23,4 +23,10 @@ std::optional<formats::DType> DTypeFromDumpName(absl::string_view name);
 // is always unknown: a dump's CRC-32 is not the XXH3 of the bytes.
 formats::Fingerprint FingerprintFromStats(const DumpValue& value, formats::DType dtype, uint64_t numel);
 
+// The nan_check task's flag (DumpEntry::is_nan) on an output of `entry`:
+// where it is set, a floating output whose fingerprint says finite counts as
+// holding a NaN, a lower bound of 1 with the count unknown, since the flag
+// does not say which output holds it.
+void ApplyNanCheck(const DumpEntry& entry, formats::DType dtype, formats::Fingerprint& f);
+
 }  // namespace moerr::importers

@@ -191,6 +191,10 @@ absl::Status ParseMember(const json::Object& o, llvm::StringRef key, const std::
 }
 
 absl::Status ParseEntryBody(const json::Object& o, DumpEntry& entry) {
+  if (const json::Value* flag = o.get("is_nan")) {
+    if (const auto i = flag->getAsInteger()) entry.is_nan = *i;
+    if (const auto b = flag->getAsBoolean()) entry.is_nan = *b ? 1 : 0;
+  }
   if (entry.kind == EntryKind::kParametersGrad) {
     // {"weight": [grad], "bias": [grad]}: the gradients it produced.
     for (const auto& [key, v] : o) MOERR_RETURN_IF_ERROR(ParseValues(v, key.str(), 0, entry.outputs));

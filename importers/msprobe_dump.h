@@ -59,6 +59,10 @@ struct DumpEntry {
   std::string op;
   std::string module;  // a module entry's own path ("layers.0"); an API's comes from construct.json
   std::vector<DumpValue> inputs, outputs;
+  // The nan_check task's "is_nan" (torch_npu only): the NPU's overflow flag
+  // read after the call, non-zero where it saw a NaN or an overflow;
+  // nullopt when absent or null (the check failed).
+  std::optional<int64_t> is_nan;
 };
 
 struct DumpFile {

@@ -157,6 +157,7 @@ absl::StatusOr<uint64_t> AddTensor(StepImport& s, const DumpEntry& e, const Dump
     if (s.tensors && !v.data_name.empty()) ++s.result.missing_files;
     fp = FingerprintFromStats(v, dtype, static_cast<uint64_t>(*numel));
   }
+  if (output) ApplyNanCheck(e, dtype, fp);
   const ValueKey key = KeyOf(v, dtype, fp, bytes.defined());
   const uint64_t seq = s.writer.next_seq();
   if (output) {

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "analysis/first_overflow.h"
 #include "diff/trace_diff.h"
 #include "formats/bundle_reader.h"
@@ -117,6 +118,37 @@ TEST(MsprobeImportTest, NonFiniteStatisticsMarkWhatTheyCannotTell) {
   const auto first = analysis::FindFirstOverflow(t);
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(first->op_index, 1u);
+  EXPECT_EQ(first->op->name, "Functional.gelu");
+}
+
+// The nan_check task (torch_npu only, so written here from msprobe 26.2's
+// NanCheckDataProcessor: dtype and shape per tensor, and "is_nan", the
+// NPU's overflow flag after the call, per entry; null where it failed).
+TEST(MsprobeImportTest, NanCheckFlagsMarkTheFirstOverflowingCall) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.File("dump/step0/rank0"));
+  auto tensor = [](const char* shape) {
+    return absl::StrCat(R"({"type": "torch.Tensor", "dtype": "torch.float32", "shape": )", shape,
+                        R"(, "requires_grad": false})");
+  };
+  std::ofstream(dir.File("dump/step0/rank0/dump.json"))
+      << R"({"task": "nan_check", "level": "L1", "framework": "pytorch", "dump_data_dir": null, "data": {)"
+      << R"("Functional.linear.0.forward": {"input_args": [)" << tensor("[4, 8]") << "], \"output\": ["
+      << tensor("[4, 8]") << R"(], "is_nan": 0},)"
+      << R"("Functional.gelu.0.forward": {"input_args": [)" << tensor("[4, 8]") << "], \"output\": ["
+      << tensor("[4, 8]") << R"(], "is_nan": 1},)"
+      << R"("Functional.layer_norm.0.forward": {"input_args": [)" << tensor("[4, 8]") << "], \"output\": ["
+      << tensor("[4, 8]") << R"(], "is_nan": null}}})";
+  auto result = ImportMsprobe(dir.File("dump"), dir.File("run"));
+  ASSERT_TRUE(result.ok()) << result.status();
+  const formats::Trace t = ReadStep(result->bundles[0], 0);
+  EXPECT_TRUE(Output(t, 0).fingerprint.Finite());
+  const Fingerprint& flagged = Output(t, 1).fingerprint;
+  EXPECT_FALSE(flagged.Finite());
+  EXPECT_EQ(flagged.nan, 1u);
+  EXPECT_FALSE(flagged.Known(Fingerprint::kNan));
+  const auto first = analysis::FindFirstOverflow(t);
+  ASSERT_TRUE(first.has_value());
   EXPECT_EQ(first->op->name, "Functional.gelu");
 }
 
