@@ -18,9 +18,12 @@ namespace {
 // Whether the bundle holds what a replay needs: its recording mode (the
 // recorder's "recording" annotation) is not "stats". Without the annotation
 // (a bundle another tool wrote), assumed so.
+// Whether precision bisect can replay the bundle: a recording not in stats
+// mode. An imported dump never is, whatever its mode (replay refuses it).
 bool Replayable(const formats::BundleReader& reader) {
   const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(reader);
   if (!recording) return true;
+  if (recording->getObject("imported") != nullptr) return false;
   const auto mode = recording->getString("mode");
   return !mode || *mode != "stats";
 }

@@ -80,8 +80,8 @@ void AddOverflowVerdict(HtmlPage& page, const std::string& path, int64_t step, c
   lines.push_back({"", precision ? "finds a set of modules whose upcast to fp32 removes the overflow, none of which can be "
                                    "dropped, and writes it as a policy for moerr replay --policy"
                      : replayable ? "prints the cause, the chain and the headroom of each op on it"
-                                  : "prints the cause, the chain and the headroom of each op on it (a stats bundle: "
-                                    "precision bisect needs a replayable recording)"});
+                                  : "prints the cause, the chain and the headroom of each op on it (precision bisect "
+                                    "needs a replayable recording, not a stats bundle or an imported dump)"});
   const formats::OpEvent& cause = *found.cause.op;
   page.Verdict(absl::StrFormat("Verdict: step %d overflows; the cause is in %s (%s)", step,
                                cause.module.empty() ? cause.name : cause.module, formats::PhaseName(cause.phase)),

@@ -204,6 +204,12 @@ def test_lint_and_report_read_every_dump(runs, name, tmp_path):
     html = tmp_path / "report.html"
     run("report", runs[name], "-o", html)
     assert html.stat().st_size > 1000
+    # An import is never replayable, full or not: the verdict says so.
+    page = html.read_text()
+    if name == "tensor_mix":  # a full import: it was called replayable
+        assert "overflows; the cause is in" in page
+    if "overflows; the cause is in" in page:
+        assert "not a stats bundle or an imported dump" in page
 
 
 def test_replay_of_an_import_is_refused_by_name(runs):
