@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
@@ -291,7 +292,14 @@ GroupOrder CheckGroup(const std::string& group, const std::vector<int64_t>& memb
     hi = std::max(hi, c->rbegin()->first);
   }
   g.first_seq = lo;
-  for (int64_t seq = lo; seq <= hi && g.first_disagreement < 0; ++seq) {
+  // The numbers some rank called, not every integer between: a dump's
+  // numbers are untrusted, and one no rank called is no disagreement.
+  std::set<int64_t> called;
+  for (const auto& [r, c] : calls) {
+    for (auto it = c->lower_bound(lo); it != c->end(); ++it) called.insert(it->first);
+  }
+  for (int64_t seq : called) {
+    if (g.first_disagreement >= 0) break;
     std::vector<OrderSide> sides = SidesAt(seq, calls);
     if (sides.size() == 1 && sides[0].kind == OrderSide::Kind::kExpected) continue;
     g.first_disagreement = seq;

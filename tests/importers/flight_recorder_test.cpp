@@ -198,6 +198,25 @@ TEST(CollectiveOrderTest, PairsSendsWithRecvsInOrder) {
       << text;
 }
 
+// Sequence numbers are untrusted: a gap of 10^15 is walked by the numbers
+// called, not one by one, and a number no rank called is no disagreement.
+TEST(CollectiveOrderTest, AGapInTheNumbersIsNeitherWalkedNorADisagreement) {
+  TempDir dir;
+  for (int r = 0; r < 2; ++r) {
+    std::ofstream(dir.File("fr_" + std::to_string(r)))
+        << R"({"version": "2.10", "entries": [)"
+        << R"({"process_group": ["0", "default_pg"], "pg_id": 0, "collective_seq_id": 1, "profiling_name": "nccl:all_reduce"},)"
+        << R"({"process_group": ["0", "default_pg"], "pg_id": 0, "collective_seq_id": 1000000000000000,)"
+        << R"( "profiling_name": "nccl:all_reduce"}]})";
+  }
+  ASSERT_TRUE(ImportFlightRecorder({dir.path()}, dir.File("run")).ok());
+  auto world = formats::OpenWorldStep(dir.File("run"));
+  ASSERT_TRUE(world.ok()) << world.status();
+  const analysis::GroupOrder g = analysis::CheckCollectiveOrder(*world).at(0);
+  EXPECT_EQ(g.first_disagreement, -1) << analysis::DescribeGroupOrder(g);
+  EXPECT_EQ(g.reached.at(1), 999999999999999);
+}
+
 TEST(FlightRecorderImportTest, TwoDumpsOfOneRankAreRefused) {
   TempDir dir;
   WriteDump(dir.File("fr_0"), {"all_reduce:4"});
