@@ -34,12 +34,17 @@ std::string PrefixOf(const std::string& name) {
 // The dump files `inputs` names (see ImportFlightRecorder), by rank.
 absl::StatusOr<std::map<int64_t, std::string>> FindDumpFiles(const std::vector<std::string>& inputs) {
   std::vector<std::string> files;
-  if (inputs.size() == 1 && fs::is_directory(inputs[0])) {
+  std::error_code ec;
+  if (inputs.size() == 1 && fs::is_directory(inputs[0], ec)) {
     std::map<std::string, std::vector<std::string>> by_prefix;
-    for (const fs::directory_entry& f : fs::directory_iterator(inputs[0])) {
-      const std::string name = f.path().filename().string();
-      if (f.is_regular_file() && RankOfDumpName(name) >= 0) by_prefix[PrefixOf(name)].push_back(f.path().string());
+    for (fs::directory_iterator it(inputs[0], ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      std::error_code type_ec;
+      if (it->is_regular_file(type_ec) && RankOfDumpName(name) >= 0) {
+        by_prefix[PrefixOf(name)].push_back(it->path().string());
+      }
     }
+    if (ec) return absl::InvalidArgumentError(absl::StrCat(inputs[0], ": cannot be listed: ", ec.message()));
     if (by_prefix.empty()) {
       return absl::NotFoundError(absl::StrCat(inputs[0], ": no Flight Recorder dump here (files named <prefix><rank>, "
                                                          "as torch writes them: nccl_trace_rank_0, ...)"));
