@@ -587,21 +587,4 @@ absl::StatusOr<ReplayReport> ReplayTrace(const formats::BundleReader& reader, in
   return report;
 }
 
-formats::Trace ReplayedTrace(const formats::Trace& recorded, const ReplayReport& report, size_t end_op) {
-  formats::Trace out;
-  out.ops.assign(recorded.ops.begin(), recorded.ops.begin() + std::min(end_op, recorded.ops.size()));
-  out.tensors = recorded.tensors;
-  out.routing = recorded.routing;
-  absl::flat_hash_map<uint64_t, const ReplayedOutput*> replayed;
-  for (const ReplayedOutput& r : report.outputs) replayed[r.id] = &r;
-  for (formats::TensorMeta& meta : out.tensors) {
-    auto it = replayed.find(meta.id);
-    if (it == replayed.end()) continue;
-    meta.fingerprint = it->second->fingerprint;
-    meta.dtype = it->second->dtype;
-  }
-  out.Index();
-  return out;
-}
-
 }  // namespace moerr::replayer

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "formats/json_number.h"
@@ -199,6 +200,23 @@ llvm::json::Object ProgramReplayJson(const ProgramResult& r) {
     out["largest_own_errors"] = std::move(worst);
   }
   if (r.same) out["bitwise_identical_twice"] = *r.same;
+  return out;
+}
+
+formats::Trace ReplayedTrace(const formats::Trace& recorded, const ReplayReport& report, size_t end_op) {
+  formats::Trace out;
+  out.ops.assign(recorded.ops.begin(), recorded.ops.begin() + std::min(end_op, recorded.ops.size()));
+  out.tensors = recorded.tensors;
+  out.routing = recorded.routing;
+  absl::flat_hash_map<uint64_t, const ReplayedOutput*> replayed;
+  for (const ReplayedOutput& r : report.outputs) replayed[r.id] = &r;
+  for (formats::TensorMeta& meta : out.tensors) {
+    auto it = replayed.find(meta.id);
+    if (it == replayed.end()) continue;
+    meta.fingerprint = it->second->fingerprint;
+    meta.dtype = it->second->dtype;
+  }
+  out.Index();
   return out;
 }
 
