@@ -113,16 +113,13 @@ CollectiveCall CallOf(const formats::Trace& trace, const formats::OpEvent& op, c
 }
 
 // A coalesced group's ops share a sequence number: one call of them all.
-void Merge(CollectiveCall& into, CollectiveCall call) {
+void Merge(CollectiveCall& into, const CollectiveCall& call) {
   absl::StrAppend(&into.kind, "+", call.kind);
-  for (auto* v : {&call.input_sizes, &call.output_sizes}) {
-    auto& to = v == &call.input_sizes ? into.input_sizes : into.output_sizes;
-    to.insert(to.end(), v->begin(), v->end());
-  }
-  for (auto* v : {&call.input_dtypes, &call.output_dtypes}) {
-    auto& to = v == &call.input_dtypes ? into.input_dtypes : into.output_dtypes;
-    to.insert(to.end(), v->begin(), v->end());
-  }
+  auto append = [](auto& to, const auto& from) { to.insert(to.end(), from.begin(), from.end()); };
+  append(into.input_sizes, call.input_sizes);
+  append(into.output_sizes, call.output_sizes);
+  append(into.input_dtypes, call.input_dtypes);
+  append(into.output_dtypes, call.output_dtypes);
 }
 
 // importers/flight_recorder_import.h: a send or recv is an op of group
@@ -166,7 +163,7 @@ RankCalls ReadRank(const formats::RankStep& r, int64_t step) {
       continue;
     }
     auto [slot, added] = out.by_group[c->group].emplace(c->seq, call);
-    if (!added) Merge(slot->second, std::move(call));
+    if (!added) Merge(slot->second, call);
   }
   return out;
 }
