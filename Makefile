@@ -60,8 +60,13 @@ demo: build
 # ctest runs JOBS tests at once, so each test's LibTorch gets one intra-op
 # thread: OpenMP's threads spin while they wait, and two tests of two
 # threads each on two cores ran five times slower.
+# Under ASan the RL step's numerics-only tests (GrpoTest's warm-up,
+# determinism, faults and batch shapes: about a minute each there) repeat
+# code paths its healthy, overflowing and micro-batched steps already run
+# under the sanitizers; they run in the main build.
+ASAN_SKIP = ^GrpoTest\.(Warmup|SameSeed|ExpertOverflow|BadKernel|LogprobPrecision|RouterCollapse|SkipUpdate|ResponseTokens)
 test: build build-asan
-	cd $(ASAN_BUILD) && OMP_NUM_THREADS=1 ctest --output-on-failure -j $(JOBS)
+	cd $(ASAN_BUILD) && OMP_NUM_THREADS=1 ctest --output-on-failure -j $(JOBS) -E '$(ASAN_SKIP)'
 	cd $(BUILD) && OMP_NUM_THREADS=1 ctest --output-on-failure -j $(JOBS)
 
 bench: build
