@@ -106,7 +106,14 @@ class Replay {
           id));
     }
     values_[id] = t;
+    Capture(id, t);
     return t;
+  }
+
+  // Keeps a copy of `t` as tensor `id` when ReplayOptions::capture asks for it.
+  void Capture(uint64_t id, const at::Tensor& t) {
+    if (captured_ == nullptr || options_.capture == nullptr || !options_.capture->count(id)) return;
+    captured_->try_emplace(id, t.detach().clone());
   }
 
   // The value of input tensor `id` for an op under `rule` (or none).
@@ -202,7 +209,7 @@ class Replay {
     // Isolated: the next op reads the recorded value, not this one.
     const bool recorded_value =
         (options_.isolated || judge == Judge::kReference) && meta != nullptr && !meta->leaf.empty();
-    if (!recorded_value) values_[id] = output;
+    if (!recorded_value) Capture(id, values_[id] = output);
     if (meta == nullptr || meta->producer != static_cast<int64_t>(op.seq)) return absl::OkStatus();
     // A dense view of exactly an input's elements takes its fingerprint from
     // the input, as the recorder does: no pass over the values.
@@ -325,6 +332,7 @@ class Replay {
         at::autocast::clear_cache();
       }
     } restore;
+    captured_ = &report.captured;
     const size_t end = std::min(trace_.ops.size(), options_.end_op);
     for (size_t index = 0; index < end; ++index) {
       if (index > 0) {
@@ -427,6 +435,7 @@ class Replay {
   // distinct operators tens of thousands of times.
   absl::flat_hash_map<std::string, c10::optional<c10::OperatorHandle>> operators_;
   bool probing_ = false;  // Input gives zeros of the recorded shapes (ProbeReference)
+  std::map<uint64_t, at::Tensor>* captured_ = nullptr;  // the report's, during Run
 
   // Whether `op` ran on another device type than this replay (a bundle
   // from before device types were recorded says none: as here).

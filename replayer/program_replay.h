@@ -62,6 +62,11 @@ struct ReplayOptions {
   // or of an op recorded on another device type, may have against the
   // record and still count as reproduced.
   diff::Thresholds tolerances;
+  // Values to hand back in ReplayReport::captured (not owned; may be null):
+  // each of these ids as the ops after it read it, copied when it is first
+  // made (a later in-place op may write its storage). The op-level reduce
+  // (op_reduce.h) cuts a step anywhere with them.
+  const std::set<uint64_t>* capture = nullptr;
 };
 
 struct Divergence {
@@ -143,6 +148,8 @@ struct ReplayReport {
   std::vector<OutputError> errors;
   // Isolated replay: every output of an op with a reference, checked.
   std::vector<ReferenceCheck> reference_checks;
+  // ReplayOptions::capture's values, by id (those the replay made).
+  std::map<uint64_t, at::Tensor> captured;
 };
 
 absl::StatusOr<ReplayReport> ReplayStep(const formats::BundleReader& reader, int64_t step,
