@@ -9,6 +9,7 @@
 #include "formats/bundle_reader.h"
 #include "llvm/Support/JSON.h"
 #include "proxy/reduce.h"
+#include "replayer/op_reduce.h"
 #include "support/progress.h"
 #include "support/status.h"
 #include "tools/command.h"
@@ -71,28 +72,106 @@ void PrintReport(const proxy::ReduceReport& r, const std::string& out) {
   std::printf("\nwrote %s (moerr replay %s --model)\n", out.c_str(), out.c_str());
 }
 
+llvm::json::Value OpJson(const replayer::OpReduceReport& r, const replayer::OpReduceOptions& o) {
+  llvm::json::Array kept;
+  for (size_t index : r.kept) kept.push_back(static_cast<int64_t>(index));
+  llvm::json::Object failure{{"kind", r.failure.kind},
+                             {"phase", r.failure.phase},
+                             {"module_class", r.failure.module_class},
+                             {"description", r.failure.description},
+                             {"op_index", static_cast<int64_t>(r.first_overflow)}};
+  if (r.cause) failure["cause_op_index"] = static_cast<int64_t>(*r.cause);
+  return llvm::json::Object{{"level", "ops"},
+                            {"step", r.step},
+                            {"failure", std::move(failure)},
+                            {"candidates", r.tried},
+                            {"seconds", r.seconds},
+                            {"replay_seconds", r.replay_seconds},
+                            {"ops_before", static_cast<int64_t>(r.ops_before)},
+                            {"ops_after", static_cast<int64_t>(r.kept.size())},
+                            {"kept", std::move(kept)},
+                            {"bytes_before", static_cast<int64_t>(r.bytes_before)},
+                            {"bytes_after", static_cast<int64_t>(r.bytes_after)},
+                            {"assertion", r.assertion},
+                            {"output", o.out_path},
+                            {"repro", o.script_path},
+                            {"values", o.values_path}};
+}
+
+void PrintOpReport(const replayer::OpReduceReport& r, const replayer::OpReduceOptions& o) {
+  std::printf("step %lld fails: %s\n", static_cast<long long>(r.step), r.failure.description.c_str());
+  if (r.cause) std::printf("  its cause (bisect): op %zu\n", *r.cause);
+  std::printf("kept: the first overflow%s; %lld candidates replayed in %.1f s (one replay of the step up to it: %.2f s)\n\n",
+              r.cause ? " and its cause" : "", static_cast<long long>(r.tried), r.seconds, r.replay_seconds);
+  std::printf("| | original | reduced | ratio |\n|---|---|---|---|\n");
+  std::printf("| ops | %zu | %zu | %.1fx |\n", r.ops_before, r.kept.size(),
+              r.kept.empty() ? 0.0 : double(r.ops_before) / double(r.kept.size()));
+  std::printf("| bundle bytes | %llu | %llu | %.1fx |\n", static_cast<unsigned long long>(r.bytes_before),
+              static_cast<unsigned long long>(r.bytes_after),
+              r.bytes_after == 0 ? 0.0 : double(r.bytes_before) / double(r.bytes_after));
+  std::printf("\nkept ops (recorded indices):");
+  for (size_t index : r.kept) std::printf(" %zu", index);
+  std::printf("\nwrote %s (moerr replay %s), %s and %s\n", o.out_path.c_str(), o.out_path.c_str(),
+              o.script_path.c_str(), o.values_path.c_str());
+  std::printf("python %s raises: AssertionError: %s\n", o.script_path.c_str(), r.assertion.c_str());
+}
+
+// OUT without its ".moerr", the stem of the repro's files beside it.
+std::string ReproStem(const std::string& out) {
+  const std::string suffix = ".moerr";
+  const bool has = out.size() > suffix.size() && out.compare(out.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return has ? out.substr(0, out.size() - suffix.size()) : out;
+}
+
+// The op-level reduce into `o`'s paths; removes its work directory.
+ExitOr ReduceByOps(const formats::BundleReader& reader, const replayer::OpReduceOptions& o, bool json) {
+  Progress bar("reduce", 0);
+  auto report = replayer::ReduceOps(reader, o, [&](int64_t tried, const std::string& note) { bar.Update(tried, note); });
+  bar.Finish();
+  std::error_code ignored;
+  std::filesystem::remove_all(o.work_dir, ignored);
+  if (!report.ok()) return report.status();
+  if (json) {
+    PrintJson(OpJson(*report, o));
+  } else {
+    PrintOpReport(*report, o);
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 void AddReduceCommand(CLI::App& app, int& exit_code) {
   struct Options {
     std::string bundle, out;
     int64_t step = -1;
-    bool force = false, json = false;
+    bool force = false, json = false, ops = false;
   };
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
-      "reduce", "Shrink a failing step (fewer experts, layers, response tokens, prompts) while model replay still "
-                "fails the same way (the first overflow, or the lint warning, in the same phase and module class); "
-                "writes the smallest bundle that still fails");
-  cmd->add_option("BUNDLE", opts->bundle, "A replayable or full bundle of the reference trainer")->required();
+      "reduce", "Shrink a failing step while it still fails the same way, and write the smallest bundle that does. "
+                "A step moerr rebuilds as a model (the reference trainer's) loses experts, layers, response tokens "
+                "and prompts under model replay (the first overflow, or the lint warning, in the same phase and module "
+                "class); any other replayable or full recording (a plain PyTorch step) loses ops under program replay "
+                "(the same first overflow and cause), and gets OUT.repro.py, a torch-only script that asserts it");
+  cmd->add_option("BUNDLE", opts->bundle, "A replayable or full bundle")->required();
   cmd->add_option("-o,--output", opts->out, "The reduced bundle to write (candidates go to a directory OUT.work-XXXXXX beside it, removed at the end)")
       ->required();
   cmd->add_option("--step", opts->step, "Step to reduce (default: the first that overflowed or has a lint warning)");
+  cmd->add_flag("--ops", opts->ops, "Reduce the recorded op sequence even where the step can be rebuilt as a model");
   cmd->add_flag("--force", opts->force, "Overwrite an existing output bundle");
   cmd->add_flag("--json", opts->json, "Print the report as JSON");
   OnRun(cmd, exit_code, [opts]() -> ExitOr {
     MOERR_RETURN_IF_ERROR(CheckOverwrite(opts->out, opts->force, {opts->bundle}));
     MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
+    // Any step but the reference trainer's is reduced op by op; its repro
+    // goes beside OUT.
+    const bool by_ops = opts->ops || !reader->ReadAnnotation("model_config").ok();
+    if (by_ops) {
+      for (const char* suffix : {".repro.py", ".repro.safetensors"}) {
+        MOERR_RETURN_IF_ERROR(CheckOverwrite(ReproStem(opts->out) + suffix, opts->force, {opts->bundle}));
+      }
+    }
     proxy::ReduceOptions options;
     options.step = opts->step;
     options.out_path = opts->out;
@@ -104,6 +183,11 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
       return absl::UnavailableError(absl::StrFormat("cannot create %s: %s", work, std::strerror(errno)));
     }
     options.work_dir = work;
+    if (by_ops) {
+      return ReduceByOps(*reader, {opts->step, opts->out, ReproStem(opts->out) + ".repro.py",
+                                   ReproStem(opts->out) + ".repro.safetensors", work, opts->bundle},
+                         opts->json);
+    }
     Progress bar("reduce", 0);
     auto report = proxy::Reduce(*reader, options, [&](int64_t tried, const std::string& pass) {
       bar.Update(tried, pass);

@@ -34,7 +34,7 @@ TEST_F(ArgumentsTest, EveryHelpNamesTheSubcommandsOptionsAndExits0) {
       {"lint", {"BUNDLE", "--step", "--only", "--against", "--against-step", "--json", "--list"}},
       {"proxy", {"BUNDLE", "--output", "--keep", "--method", "--step", "--ep", "--seed", "--no-forced-keeps", "--force"}},
       {"proxy-eval", {"--output", "--preset", "--family", "--keep", "--methods", "--faults", "--json"}},
-      {"reduce", {"BUNDLE", "--output", "--step", "--force", "--json"}},
+      {"reduce", {"BUNDLE", "--output", "--step", "--ops", "--force", "--json"}},
       {"report", {"BUNDLE", "--output", "--step", "--would-fit", "--force"}},
   };
   std::vector<std::vector<std::string>> commands;

@@ -1,0 +1,270 @@
+#include "replayer/op_reduce.h"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_format.h"
+#include "analysis/overflow_cause.h"
+#include "formats/trace.h"
+#include "recorder/hooks/torch_boundary.h"
+#include "replayer/program_replay.h"
+#include "replayer/repro_script.h"
+#include "replayer/step_cut.h"
+#include "support/check.h"
+#include "support/status.h"
+
+namespace moerr::replayer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using OpSet = std::vector<size_t>;  // op indices into the step, ascending
+
+double Since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// The failure a candidate must keep: the recorded ops (by seq) of the first
+// overflow and of its cause (when an op before it exploded).
+struct Kept {
+  uint64_t first_seq = 0;
+  std::optional<uint64_t> cause_seq;
+};
+
+Kept KeptOf(const analysis::OverflowCause& found) {
+  Kept k{found.first.op->seq, std::nullopt};
+  if (found.found_explosion) k.cause_seq = found.cause.op->seq;
+  return k;
+}
+
+bool SameFailure(const std::optional<analysis::OverflowCause>& found, const Kept& kept) {
+  return found && KeptOf(*found).first_seq == kept.first_seq && KeptOf(*found).cause_seq == kept.cause_seq;
+}
+
+// The recorded step that fails, with its trace and first overflow.
+struct FailingStep {
+  int64_t step = 0;
+  formats::Trace trace;
+  size_t first = 0;                 // op index of the first overflow
+  std::optional<size_t> cause;      // op index of its cause
+  Failure failure;
+};
+
+absl::StatusOr<FailingStep> FindOverflowingStep(const formats::BundleReader& reader, const OpReduceOptions& options) {
+  for (int64_t step : options.step >= 0 ? std::vector<int64_t>{options.step} : reader.CompleteSteps()) {
+    absl::StatusOr<formats::Trace> trace = formats::ReadTrace(reader, step);
+    if (!trace.ok()) return Annotate(trace.status(), absl::StrFormat("%s, step %d", options.source, step));
+    const std::optional<analysis::OverflowCause> found = analysis::FindOverflowCause(*trace);
+    if (!found) continue;
+    FailingStep out{step, {}, found->first.op_index, std::nullopt, OverflowFailure(found->first)};
+    if (found->found_explosion) out.cause = found->cause.op_index;
+    out.trace = *std::move(trace);
+    out.trace.Index();
+    return out;
+  }
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "%s: %s; the op-level reduce keeps a first overflow (an op making Inf or NaN from finite inputs), "
+      "and keeps neither a divergence from a reference recording nor a vendor op's verdict yet",
+      options.source,
+      options.step >= 0 ? absl::StrFormat("step %d has no overflow", options.step) : "no recorded step overflows"));
+}
+
+// The recording's own annotation, or an error naming why its values cannot
+// be replayed (a stats bundle holds fingerprints only).
+absl::StatusOr<llvm::json::Object> ReplayableRecording(const formats::BundleReader& reader,
+                                                       const OpReduceOptions& options) {
+  std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(reader);
+  if (!recording) recording = llvm::json::Object{};
+  if (recording->getString("mode").getValueOr("") == "stats") {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s was recorded in stats mode: it holds fingerprints, not values, and an op-level reduce replays ops on "
+        "their values (record with mode \"replayable\" or \"full\")",
+        options.source));
+  }
+  return *std::move(recording);
+}
+
+class Reducer {
+ public:
+  Reducer(const FailingStep& failing, const formats::Trace& base, const formats::BundleReader& pool, Kept kept,
+          const OpReduceProgress& progress)
+      : failing_(failing), base_(base), pool_(pool), kept_(kept), progress_(progress) {}
+
+  // The ops of `ops` the first overflow depends on, through the tensors they
+  // produce (a value no op of `ops` produces is cut free). Keeps the first
+  // overflow, which is last.
+  OpSet Slice(const OpSet& ops) const {
+    absl::flat_hash_set<uint64_t> needed;
+    OpSet out;
+    for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
+      const formats::OpEvent& op = base_.ops[*it];
+      const bool feeds = *it == failing_.first ||
+                         std::any_of(op.outputs.begin(), op.outputs.end(), [&](uint64_t id) { return needed.contains(id); });
+      if (!feeds) continue;
+      for (uint64_t id : TensorsRead(op)) needed.insert(id);
+      out.push_back(*it);
+    }
+    std::reverse(out.begin(), out.end());
+    return out;
+  }
+
+  // Whether the cut to `ops` still fails the same way; each set replays once.
+  bool Fails(const OpSet& ops) {
+    if (auto it = tried_.find(ops); it != tried_.end()) return it->second;
+    const formats::Trace cut = CutStep(base_, ops);
+    const absl::StatusOr<ReplayReport> report = ReplayTrace(pool_, failing_.step, cut);
+    const bool fails =
+        report.ok() && SameFailure(analysis::FindOverflowCause(ReplayedTrace(cut, *report, cut.ops.size())), kept_);
+    tried_.emplace(ops, fails);
+    if (progress_) progress_(static_cast<int64_t>(tried_.size()), absl::StrFormat("%d ops", ops.size()));
+    return fails;
+  }
+
+  // The shortest suffix of `ops` (sliced) that still fails: a binary search
+  // over where it starts, taking failing to be monotone in the start.
+  OpSet Suffix(const OpSet& ops) {
+    size_t lo = 0, hi = ops.size() - 1;  // ops[lo:] fails; ops[hi:] is the first overflow alone
+    auto from = [&](size_t k) { return Slice(OpSet(ops.begin() + static_cast<ptrdiff_t>(k), ops.end())); };
+    if (Fails(from(hi))) return from(hi);
+    while (hi - lo > 1) {
+      const size_t mid = lo + (hi - lo) / 2;
+      (Fails(from(mid)) ? lo : hi) = mid;
+    }
+    return from(lo);
+  }
+
+  // ddmin over `ops` but the first overflow: remove a chunk (its complement
+  // sliced) while that still fails, refining chunks down to single ops.
+  OpSet Minimize(OpSet ops) {
+    size_t n = 2;
+    while (ops.size() > 1) {
+      const size_t others = ops.size() - 1;  // ops.back() is the first overflow
+      const size_t chunks = std::min(n, others);
+      bool cut = false;
+      for (size_t c = 0; c < chunks && !cut; ++c) {
+        const size_t begin = others * c / chunks, end = others * (c + 1) / chunks;
+        OpSet rest(ops.begin(), ops.begin() + static_cast<ptrdiff_t>(begin));
+        rest.insert(rest.end(), ops.begin() + static_cast<ptrdiff_t>(end), ops.end());
+        rest = Slice(rest);
+        if (rest.size() < ops.size() && Fails(rest)) {
+          ops = std::move(rest);
+          n = std::max<size_t>(n - 1, 2);
+          cut = true;
+        }
+      }
+      if (cut) continue;
+      if (chunks >= others) break;  // every single op tried: 1-minimal
+      n = std::min(2 * n, others);
+    }
+    return ops;
+  }
+
+  int64_t tried() const { return static_cast<int64_t>(tried_.size()); }
+
+ private:
+  const FailingStep& failing_;
+  const formats::Trace& base_;
+  const formats::BundleReader& pool_;
+  Kept kept_;
+  const OpReduceProgress& progress_;
+  std::map<OpSet, bool> tried_;
+};
+
+// Every tensor the ops up to and including `last` read or make: what a
+// candidate may cut free.
+std::set<uint64_t> ValuesUpTo(const formats::Trace& trace, size_t last) {
+  std::set<uint64_t> out;
+  for (size_t i = 0; i <= last; ++i) {
+    for (uint64_t id : TensorsRead(trace.ops[i])) out.insert(id);
+    for (uint64_t id : trace.ops[i].outputs) {
+      if (id != 0) out.insert(id);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<OpReduceReport> ReduceOps(const formats::BundleReader& reader, const OpReduceOptions& options,
+                                         const OpReduceProgress& progress) {
+  MOERR_CHECK(!options.out_path.empty() && !options.work_dir.empty() && !options.script_path.empty() &&
+              !options.values_path.empty());
+  const Clock::time_point start = Clock::now();
+  MOERR_ASSIGN_OR_RETURN(llvm::json::Object recording, ReplayableRecording(reader, options));
+  MOERR_ASSIGN_OR_RETURN(const FailingStep failing, FindOverflowingStep(reader, options));
+  OpReduceReport report;
+  report.step = failing.step;
+  report.failure = failing.failure;
+  report.first_overflow = failing.first;
+  report.cause = failing.cause;
+  report.ops_before = failing.trace.ops.size();
+  report.bytes_before = reader.file_size();
+  const Kept kept{failing.trace.ops[failing.first].seq,
+                  failing.cause ? std::optional<uint64_t>(failing.trace.ops[*failing.cause].seq) : std::nullopt};
+
+  // One replay up to the first overflow makes every value a cut may need.
+  const std::set<uint64_t> values = ValuesUpTo(failing.trace, failing.first);
+  ReplayOptions capture;
+  capture.end_op = failing.first + 1;
+  capture.capture = &values;
+  const Clock::time_point replay_start = Clock::now();
+  absl::StatusOr<ReplayReport> whole = ReplayTrace(reader, failing.step, failing.trace, capture);
+  if (!whole.ok()) return Annotate(whole.status(), absl::StrFormat("%s, step %d", options.source, failing.step));
+  report.replay_seconds = Since(replay_start);
+  const formats::Trace base = ReplayedTrace(failing.trace, *whole, capture.end_op);  // as the replay saw it
+  if (!SameFailure(analysis::FindOverflowCause(base), kept)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s, step %d: a replay of the step does not reproduce its %s; the op-level reduce cuts the step from the "
+        "replay's values (moerr replay %s shows where it departs)",
+        options.source, failing.step, failing.failure.description, options.source));
+  }
+
+  // The value pool: every value a candidate may read, as a leaf.
+  formats::Trace pool_trace;
+  for (const formats::TensorMeta& meta : base.tensors) {
+    if (!whole->captured.count(meta.id)) continue;
+    pool_trace.tensors.push_back(meta);
+    pool_trace.tensors.back().leaf = CutLeafName(meta);
+  }
+  const std::string pool_path = (std::filesystem::path(options.work_dir) / "values.moerr").string();
+  MOERR_RETURN_IF_ERROR(WriteCutBundle(pool_path, failing.step, pool_trace, /*with_ops=*/false, whole->captured,
+                                       reader, recording, /*compress=*/false));
+  MOERR_ASSIGN_OR_RETURN(const std::unique_ptr<formats::BundleReader> pool, formats::BundleReader::Open(pool_path));
+
+  Reducer reducer(failing, base, *pool, kept, progress);
+  OpSet all(failing.first + 1);
+  for (size_t i = 0; i <= failing.first; ++i) all[i] = i;
+  OpSet ops = reducer.Slice(all);
+  if (!reducer.Fails(ops)) ops = all;  // the slice does not fail: start from the whole prefix
+  ops = reducer.Minimize(reducer.Suffix(ops));
+  MOERR_CHECK(reducer.Fails(ops)) << "the reduced set of " << ops.size() << " ops does not fail";
+  report.kept = ops;
+  report.tried = reducer.tried();
+
+  const formats::Trace cut = CutStep(base, ops);
+  llvm::json::Object annotation = recording;
+  annotation["mode"] = "replayable";
+  annotation["reduced"] = llvm::json::Object{{"from", options.source},
+                                             {"step", failing.step},
+                                             {"ops", static_cast<int64_t>(report.ops_before)},
+                                             {"kept", static_cast<int64_t>(ops.size())}};
+  MOERR_RETURN_IF_ERROR(WriteCutBundle(options.out_path, failing.step, cut, /*with_ops=*/true, whole->captured, reader,
+                                       std::move(annotation), /*compress=*/true));
+  report.bytes_after = std::filesystem::file_size(options.out_path);
+  ReproSource source{options.source, failing.step, report.ops_before, ops,
+                     recording.getInteger("threads").getValueOr(0), std::nullopt};
+  if (failing.cause) {
+    const auto at = std::find(ops.begin(), ops.end(), *failing.cause);
+    if (at != ops.end()) source.cause = static_cast<size_t>(at - ops.begin());
+  }
+  MOERR_RETURN_IF_ERROR(CatchTorch("writing the repro", [&] {
+    MOERR_ASSIGN_OR_RETURN(report.assertion,
+                           WriteReproScript(options.script_path, options.values_path, cut, whole->captured, source));
+    return absl::OkStatus();
+  }));
+  report.seconds = Since(start);
+  return report;
+}
+
+}  // namespace moerr::replayer

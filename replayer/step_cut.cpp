@@ -1,0 +1,119 @@
+#include "replayer/step_cut.h"
+
+#include <algorithm>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "formats/bundle_writer.h"
+#include "recorder/hooks/tensor_adapter.h"
+#include "support/status.h"
+
+namespace moerr::replayer {
+namespace {
+
+using formats::OpArg;
+
+// Ops per `ops` record, as the recorder batches them; each record carries the
+// metadata of the tensors its ops name first.
+constexpr size_t kBatchOps = 256;
+
+// Appends `cut`'s ops to `writer` as `ops` records of step `step`.
+absl::Status AppendOps(formats::BundleWriter& writer, int64_t step, const formats::Trace& cut) {
+  absl::flat_hash_set<uint64_t> named;
+  for (size_t begin = 0; begin < cut.ops.size(); begin += kBatchOps) {
+    formats::Record record;
+    record.kind = static_cast<uint16_t>(formats::RecordKind::kOps);
+    record.step = step;
+    const size_t end = std::min(cut.ops.size(), begin + kBatchOps);
+    for (size_t i = begin; i < end; ++i) {
+      const formats::OpEvent& op = cut.ops[i];
+      std::vector<uint64_t> ids = TensorsRead(op);
+      ids.insert(ids.end(), op.outputs.begin(), op.outputs.end());
+      for (uint64_t id : ids) {
+        const formats::TensorMeta* meta = cut.Find(id);
+        if (id != 0 && meta != nullptr && named.insert(id).second) record.ops.tensors.push_back(*meta);
+      }
+      record.ops.ops.push_back(op);
+    }
+    MOERR_RETURN_IF_ERROR(writer.AppendRecord(record));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<uint64_t> TensorsRead(const formats::OpEvent& op) {
+  std::vector<uint64_t> out;
+  for (const OpArg& a : op.args) {
+    if (a.kind == OpArg::Kind::kTensor) out.push_back(static_cast<uint64_t>(a.i));
+    if (a.kind == OpArg::Kind::kTensors || a.kind == OpArg::Kind::kOptionalTensors) {
+      for (int64_t id : a.ints) {
+        if (id >= 0) out.push_back(static_cast<uint64_t>(id));
+      }
+    }
+  }
+  return out;
+}
+
+std::string CutLeafName(const formats::TensorMeta& meta) {
+  if (!meta.leaf.empty() && !absl::StartsWith(meta.leaf, "act/")) return meta.leaf;
+  return absl::StrCat("v/", meta.id);
+}
+
+formats::Trace CutStep(const formats::Trace& step, const std::vector<size_t>& kept) {
+  formats::Trace out;
+  absl::flat_hash_set<uint64_t> seen, produced;
+  for (size_t index : kept) {
+    const formats::OpEvent& op = step.ops[index];
+    for (uint64_t id : TensorsRead(op)) {
+      const formats::TensorMeta* meta = step.Find(id);
+      if (meta == nullptr || !seen.insert(id).second || produced.contains(id)) continue;
+      formats::TensorMeta leaf = *meta;  // cut free: a value of its own
+      leaf.leaf = CutLeafName(*meta);
+      leaf.producer = -1;
+      leaf.view_of = 0;
+      leaf.storage_offset = 0;
+      out.tensors.push_back(std::move(leaf));
+    }
+    for (uint64_t id : op.outputs) {
+      const formats::TensorMeta* meta = step.Find(id);
+      if (id == 0 || meta == nullptr) continue;
+      produced.insert(id);
+      if (!seen.insert(id).second) continue;
+      formats::TensorMeta made = *meta;
+      // Random and foreign ops' outputs stay leaves (the replay takes them
+      // from the record); an activation is made by the replay.
+      made.leaf = made.leaf.empty() || absl::StartsWith(made.leaf, "act/") ? "" : CutLeafName(*meta);
+      out.tensors.push_back(std::move(made));
+    }
+    out.ops.push_back(op);
+  }
+  out.Index();
+  return out;
+}
+
+absl::Status WriteCutBundle(const std::string& path, int64_t step, const formats::Trace& cut, bool with_ops,
+                            const std::map<uint64_t, at::Tensor>& values, const formats::BundleReader& source,
+                            llvm::json::Object recording, bool compress) {
+  MOERR_ASSIGN_OR_RETURN(
+      std::unique_ptr<formats::BundleWriter> writer,
+      formats::BundleWriter::Create(path, formats::WriterOptions().set_overwrite(true).set_compress(compress).set_sync(compress)));
+  MOERR_RETURN_IF_ERROR(writer->Annotate("recording", std::move(recording)));
+  MOERR_RETURN_IF_ERROR(writer->BeginStep(step));
+  for (const formats::TensorMeta& meta : cut.tensors) {
+    auto value = values.find(meta.id);
+    if (meta.leaf.empty() || value == values.end()) continue;
+    const formats::TensorInfo* original = source.FindTensor(meta.leaf, step);
+    if (original == nullptr) original = source.FindTensor(meta.leaf);
+    MOERR_ASSIGN_OR_RETURN(formats::TensorView view, recorder::ViewOf(value->second));
+    MOERR_RETURN_IF_ERROR(Annotate(
+        writer->PutTensor(meta.leaf, original != nullptr ? original->role : formats::Role::kActivation, step, view),
+        absl::StrCat(path, ", tensor ", meta.leaf)));
+  }
+  if (with_ops) MOERR_RETURN_IF_ERROR(AppendOps(*writer, step, cut));
+  MOERR_RETURN_IF_ERROR(writer->EndStep(step));
+  return writer->Close();
+}
+
+}  // namespace moerr::replayer

@@ -1,0 +1,46 @@
+// A recorded step cut down to a subset of its ops (the op-level reduce,
+// op_reduce.h): the kept ops in recorded order, and every tensor a kept op
+// reads that no kept op produces turned into a leaf, its value given from
+// outside (a replay's, ReplayOptions::capture). Such a trace replays with
+// ReplayTrace on a bundle holding those leaves, which WriteCutBundle writes.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "formats/bundle_reader.h"
+#include "formats/trace.h"
+#include "llvm/Support/JSON.h"
+
+namespace moerr::replayer {
+
+// The ids of the tensors `op` reads (tensor arguments and list elements), in
+// argument order, repeats kept.
+std::vector<uint64_t> TensorsRead(const formats::OpEvent& op);
+
+// The name a cut-free value of `meta` takes as a leaf: its recorded leaf name
+// when that is not an activation ("param/...", "rng/...", "ext/..."; the
+// replay reads rng/ and ext/ by their prefix), else "v/<id>".
+std::string CutLeafName(const formats::TensorMeta& meta);
+
+// Ops `kept` (indices into `step.ops`, ascending) of `step`. A tensor a kept
+// op reads before any kept op produced it becomes a leaf (CutLeafName, no
+// producer, not a view: its own elements); a kept op's output keeps its
+// producer and loses an activation leaf name (the replay makes it).
+formats::Trace CutStep(const formats::Trace& step, const std::vector<size_t>& kept);
+
+// Writes step `step` as a bundle at `path`: the leaves of `cut` whose values
+// `values` holds (by tensor id; role from `source`'s tensor of that name when
+// it has one, else activation), then `cut`'s ops, unless `with_ops` is false
+// (a value pool, read by traces kept in memory). `recording`: the "recording"
+// annotation (threads, libtorch, mode).
+absl::Status WriteCutBundle(const std::string& path, int64_t step, const formats::Trace& cut, bool with_ops,
+                            const std::map<uint64_t, at::Tensor>& values, const formats::BundleReader& source,
+                            llvm::json::Object recording, bool compress);
+
+}  // namespace moerr::replayer

@@ -1,0 +1,171 @@
+"""`moerr reduce` on a step moerr cannot rebuild as a model: a plain-PyTorch
+MoE of the user's own (not an HF family, not moerr's example), one expert's
+down projection scaled by 1e37 so the step overflows in fp32. The expert's
+output reaches ~6e36, still finite; the next block's layer_norm makes NaN.
+The op-level reduce cuts the recorded op sequence down to the ops that keep
+that first overflow and its cause, and writes repro.py, which needs torch
+alone.
+
+Run by ctest with PYTHONPATH=BUILD/python and MOERR_BIN=the moerr binary."""
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+import moerr
+
+MOERR = os.environ.get("MOERR_BIN", "moerr")
+SCALE = 1e37
+
+
+class Expert(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.up = nn.Linear(d, h)
+        self.down = nn.Linear(h, d)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    """Top-2 of 4 experts, tokens gathered per expert and summed back with index_add."""
+
+    def __init__(self, d=16, h=32, n=4, k=2):
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.gate = nn.Linear(d, n, bias=False)
+        self.experts = nn.ModuleList(Expert(d, h) for _ in range(n))
+        self.k = k
+
+    def forward(self, x):
+        h = self.norm(x)
+        top, idx = self.gate(h).softmax(-1).topk(self.k, -1)
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            rows = (idx == e).any(-1).nonzero().squeeze(-1)
+            if rows.numel():
+                weight = (top * (idx == e)).sum(-1)[rows].unsqueeze(-1)
+                out = out.index_add(0, rows, expert(h[rows]) * weight)
+        return x + out
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(20, 16)
+        self.blocks = nn.ModuleList(Block() for _ in range(2))
+        self.head = nn.Linear(16, 20)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def record_step(path, mode):
+    """A training step with expert 2 of block 0 broken; returns that expert's weight."""
+    torch.manual_seed(0)
+    model = Net()
+    broken = model.blocks[0].experts[2].down.weight
+    with torch.no_grad():
+        broken.mul_(SCALE)
+    moerr.instrument(model)
+    tokens = torch.randint(0, 20, (24,), generator=torch.Generator().manual_seed(1))
+    with moerr.record(path, mode=mode, overwrite=True) as rec:
+        with rec.step():
+            loss = F.cross_entropy(model(tokens[:-1]), tokens[1:])
+            loss.backward()
+    return broken.detach().clone()
+
+
+def moerr_json(*args, code=0):
+    p = subprocess.run([MOERR, *args, "--json"], capture_output=True, text=True)
+    assert p.returncode == code, (p.returncode, p.stdout, p.stderr)
+    return json.loads(p.stdout)
+
+
+def run_repro(script):
+    """The script in a fresh process of this Python, without moerr on its path."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                          cwd=str(script.parent.parent))
+
+
+def test_reduce_cuts_a_plain_pytorch_step_to_a_standalone_repro(tmp_path):
+    path = tmp_path / "step.moerr"
+    broken = record_step(path, "replayable")
+    found = moerr_json("bisect", str(path), code=1)[0]  # 1: an overflow was found
+    cause = found["cause"]
+    assert cause["found_explosion"] and cause["module"] == "blocks.0.experts.2.down", cause
+
+    out = tmp_path / "small.moerr"
+    r = moerr_json("reduce", str(path), "-o", str(out))
+    assert r["level"] == "ops" and r["step"] == 0, r
+    # The kept ops: the first overflow (last) and its cause, and a handful around them.
+    assert r["failure"]["op_index"] == found["op_index"] and r["failure"]["cause_op_index"] == cause["op_index"], r
+    assert r["kept"][-1] == found["op_index"] and cause["op_index"] in r["kept"], r
+    assert r["kept"] == sorted(r["kept"]) and r["ops_after"] == len(r["kept"]), r
+    assert 2 <= r["ops_after"] <= 10 and r["ops_before"] > 20 * r["ops_after"], r
+    assert r["bytes_after"] < r["bytes_before"] and r["candidates"] > 0, r
+    assert r["assertion"] == "op %d %s produces NaN from finite inputs" % (r["ops_after"] - 1, found["op"]), r
+
+    # The reduced bundle replays bitwise and fails as the original did.
+    replayed = moerr_json("replay", str(out))[0]
+    assert replayed["ops"] == r["ops_after"] and replayed["differ"] == 0 and replayed["first_divergence"] is None, replayed
+    small = moerr_json("bisect", str(out), code=1)[0]
+    assert small["op"] == found["op"] and small["module"] == found["module"], small
+    assert small["cause"]["module"] == cause["module"] and small["cause"]["op"] == cause["op"], small
+
+    # repro.py: torch alone, in a fresh process, fails the way the original did.
+    script, values = tmp_path / "small.repro.py", tmp_path / "small.repro.safetensors"
+    assert "moerr" not in [line.split()[1] for line in script.read_text().splitlines() if line.startswith("import ")]
+    p = run_repro(script)
+    assert p.returncode != 0 and f"AssertionError: {r['assertion']}" in p.stderr, (p.stdout, p.stderr)
+
+    # The broken expert's weight is among the kept values; healed, the repro passes.
+    kept = load_file(str(values))
+    faulty = [name for name, t in kept.items() if t.shape == broken.shape and torch.equal(t, broken)]
+    assert len(faulty) == 1, sorted(kept)
+    kept[faulty[0]] = kept[faulty[0]] / SCALE
+    save_file(kept, str(values))
+    p = run_repro(script)
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert "the failure does not reproduce" in p.stdout, p.stdout
+
+
+def test_reduce_of_a_full_recording_keeps_the_same_ops(tmp_path):
+    replayable, full = tmp_path / "r.moerr", tmp_path / "f.moerr"
+    record_step(replayable, "replayable")
+    record_step(full, "full")
+    a = moerr_json("reduce", str(replayable), "-o", str(tmp_path / "a.moerr"))
+    b = moerr_json("reduce", str(full), "-o", str(tmp_path / "b.moerr"))
+    assert a["kept"] == b["kept"] and a["assertion"] == b["assertion"], (a, b)
+    assert b["bytes_after"] < b["bytes_before"] / 10, b
+
+
+def test_a_stats_recording_is_refused_for_want_of_values(tmp_path):
+    path = tmp_path / "stats.moerr"
+    record_step(path, "stats")
+    p = subprocess.run([MOERR, "reduce", str(path), "-o", str(tmp_path / "small.moerr")], capture_output=True, text=True)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "stats mode" in p.stderr and "not values" in p.stderr, p.stderr
+    assert not (tmp_path / "small.moerr").exists() and not (tmp_path / "small.repro.py").exists()
+
+
+def test_a_step_without_overflow_is_refused_naming_what_is_kept(tmp_path):
+    path = tmp_path / "healthy.moerr"
+    torch.manual_seed(0)
+    model = Net()
+    with moerr.record(path, mode="replayable") as rec:
+        with rec.step():
+            F.cross_entropy(model(torch.arange(12) % 20), torch.arange(12) % 20).backward()
+    p = subprocess.run([MOERR, "reduce", str(path), "-o", str(tmp_path / "small.moerr")], capture_output=True, text=True)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "no recorded step overflows" in p.stderr, p.stderr
