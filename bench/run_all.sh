@@ -69,6 +69,8 @@ section "moerr bisect against torch.autograd.detect_anomaly on the same failing 
   "$PYTHON" bench/replayer/compare_detect_anomaly.py "$BUILD" "$WORK/anomaly"
 section "Recorder overhead from Python, against torch.autograd.detect_anomaly" \
   env PYTHONPATH="$BUILD/python" "$PYTHON" bench/python/bench_python_recorder.py "$WORK/python"
+section "moerr reduce op by op (each candidate replayed) against one replay of the whole step: the demo's failing step and a plain-PyTorch step of ~5,000 ops" \
+  env PYTHONPATH="$BUILD/python" "$PYTHON" bench/replayer/bench_op_reduce.py "$BUILD" "$WORK/op_reduce"
 section "Diff throughput against numpy" \
   "$PYTHON" bench/diff/bench_diff.py "$BUILD" "$WORK/diff"
 section "moerr diff of two imported msprobe tensor dumps against numpy (MOERR_IMPORT_BENCH_MIB per side, default 256)" \

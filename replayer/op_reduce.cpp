@@ -184,6 +184,34 @@ std::set<uint64_t> ValuesUpTo(const formats::Trace& trace, size_t last) {
   return out;
 }
 
+// Writes the reduced bundle (`cut`, its leaves from `values`) and the repro,
+// and fills in what they hold.
+absl::Status WriteReduced(const formats::BundleReader& reader, const OpReduceOptions& options,
+                          const FailingStep& failing, const formats::Trace& cut,
+                          const std::map<uint64_t, at::Tensor>& values, const llvm::json::Object& recording,
+                          OpReduceReport& report) {
+  llvm::json::Object annotation = recording;
+  annotation["mode"] = "replayable";  // leaves only: the replay makes the rest
+  annotation["reduced"] = llvm::json::Object{{"from", options.source},
+                                             {"step", failing.step},
+                                             {"ops", static_cast<int64_t>(report.ops_before)},
+                                             {"kept", static_cast<int64_t>(report.kept.size())}};
+  MOERR_RETURN_IF_ERROR(WriteCutBundle(options.out_path, failing.step, cut, /*with_ops=*/true, values, reader,
+                                       std::move(annotation), /*compress=*/true));
+  report.bytes_after = std::filesystem::file_size(options.out_path);
+  ReproSource source{options.source, failing.step, report.ops_before, report.kept,
+                     recording.getInteger("threads").getValueOr(0), std::nullopt};
+  if (failing.cause) {
+    const auto at = std::find(report.kept.begin(), report.kept.end(), *failing.cause);
+    if (at != report.kept.end()) source.cause = static_cast<size_t>(at - report.kept.begin());
+  }
+  return CatchTorch("writing the repro", [&] {
+    MOERR_ASSIGN_OR_RETURN(report.assertion,
+                           WriteReproScript(options.script_path, options.values_path, cut, values, source));
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace
 
 absl::StatusOr<OpReduceReport> ReduceOps(const formats::BundleReader& reader, const OpReduceOptions& options,
@@ -236,33 +264,20 @@ absl::StatusOr<OpReduceReport> ReduceOps(const formats::BundleReader& reader, co
   OpSet all(failing.first + 1);
   for (size_t i = 0; i <= failing.first; ++i) all[i] = i;
   OpSet ops = reducer.Slice(all);
-  if (!reducer.Fails(ops)) ops = all;  // the slice does not fail: start from the whole prefix
+  if (!reducer.Fails(ops)) {  // the slice does not fail: start from the whole prefix
+    if (!reducer.Fails(all)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s, step %d: its ops up to the first overflow, replayed on the values one replay of the step made, do "
+          "not fail as the step did",
+          options.source, failing.step));
+    }
+    ops = all;
+  }
   ops = reducer.Minimize(reducer.Suffix(ops));
-  MOERR_CHECK(reducer.Fails(ops)) << "the reduced set of " << ops.size() << " ops does not fail";
   report.kept = ops;
   report.tried = reducer.tried();
 
-  const formats::Trace cut = CutStep(base, ops);
-  llvm::json::Object annotation = recording;
-  annotation["mode"] = "replayable";
-  annotation["reduced"] = llvm::json::Object{{"from", options.source},
-                                             {"step", failing.step},
-                                             {"ops", static_cast<int64_t>(report.ops_before)},
-                                             {"kept", static_cast<int64_t>(ops.size())}};
-  MOERR_RETURN_IF_ERROR(WriteCutBundle(options.out_path, failing.step, cut, /*with_ops=*/true, whole->captured, reader,
-                                       std::move(annotation), /*compress=*/true));
-  report.bytes_after = std::filesystem::file_size(options.out_path);
-  ReproSource source{options.source, failing.step, report.ops_before, ops,
-                     recording.getInteger("threads").getValueOr(0), std::nullopt};
-  if (failing.cause) {
-    const auto at = std::find(ops.begin(), ops.end(), *failing.cause);
-    if (at != ops.end()) source.cause = static_cast<size_t>(at - ops.begin());
-  }
-  MOERR_RETURN_IF_ERROR(CatchTorch("writing the repro", [&] {
-    MOERR_ASSIGN_OR_RETURN(report.assertion,
-                           WriteReproScript(options.script_path, options.values_path, cut, whole->captured, source));
-    return absl::OkStatus();
-  }));
+  MOERR_RETURN_IF_ERROR(WriteReduced(reader, options, failing, CutStep(base, ops), whole->captured, recording, report));
   report.seconds = Since(start);
   return report;
 }
