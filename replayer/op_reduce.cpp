@@ -13,6 +13,7 @@
 #include "recorder/hooks/torch_boundary.h"
 #include "replayer/program_replay.h"
 #include "replayer/repro_script.h"
+#include "replayer/row_shrink.h"
 #include "replayer/step_cut.h"
 #include "support/check.h"
 #include "support/status.h"
@@ -40,6 +41,12 @@ Kept KeptOf(const analysis::OverflowCause& found) {
 
 bool SameFailure(const std::optional<analysis::OverflowCause>& found, const Kept& kept) {
   return found && KeptOf(*found).first_seq == kept.first_seq && KeptOf(*found).cause_seq == kept.cause_seq;
+}
+
+// Whether `cut`, replayed on the leaves `pool` holds, fails as `kept` says.
+bool CutFails(const formats::BundleReader& pool, int64_t step, const formats::Trace& cut, const Kept& kept) {
+  const absl::StatusOr<ReplayReport> report = ReplayTrace(pool, step, cut);
+  return report.ok() && SameFailure(analysis::FindOverflowCause(ReplayedTrace(cut, *report, cut.ops.size())), kept);
 }
 
 // The recorded step that fails, with its trace and first overflow.
@@ -112,10 +119,7 @@ class Reducer {
   // Whether the cut to `ops` still fails the same way; each set replays once.
   bool Fails(const OpSet& ops) {
     if (auto it = tried_.find(ops); it != tried_.end()) return it->second;
-    const formats::Trace cut = CutStep(base_, ops);
-    const absl::StatusOr<ReplayReport> report = ReplayTrace(pool_, failing_.step, cut);
-    const bool fails =
-        report.ok() && SameFailure(analysis::FindOverflowCause(ReplayedTrace(cut, *report, cut.ops.size())), kept_);
+    const bool fails = CutFails(pool_, failing_.step, CutStep(base_, ops), kept_);
     tried_.emplace(ops, fails);
     if (progress_) progress_(static_cast<int64_t>(tried_.size()), absl::StrFormat("%d ops", ops.size()));
     return fails;
@@ -184,23 +188,86 @@ std::set<uint64_t> ValuesUpTo(const formats::Trace& trace, size_t last) {
   return out;
 }
 
+// What the stages after the op sets read: the recording, its failure, the
+// options.
+struct Reduction {
+  const formats::BundleReader& source;
+  const OpReduceOptions& options;
+  const FailingStep& failing;
+  Kept kept;
+  const llvm::json::Object& recording;  // its "recording" annotation
+  const OpReduceProgress& progress;
+};
+
+// A cut and its leaves' values, written as a pool bundle at `path` (each
+// candidate of the shrink replaces the last) and read back.
+absl::StatusOr<std::unique_ptr<formats::BundleReader>> WritePool(const Reduction& r, const std::string& path,
+                                                                 const ShrunkCut& c) {
+  MOERR_RETURN_IF_ERROR(WriteCutBundle(path, r.failing.step, c.cut, /*with_ops=*/false, c.values, r.source,
+                                       r.recording, /*compress=*/false));
+  return formats::BundleReader::Open(path);
+}
+
+// Shrinks the rows of the values feeding `ops` (row_shrink.h), each
+// candidate replayed; then replays the result once more for the kept ops'
+// outputs as they now are (shapes, strides, fingerprints).
+absl::StatusOr<ShrunkCut> Shrink(const Reduction& r, const formats::Trace& base, const OpSet& ops,
+                                 const std::map<uint64_t, at::Tensor>& captured, OpReduceReport& report) {
+  ShrunkCut in{CutStep(base, ops), {}};
+  for (const formats::TensorMeta& meta : in.cut.tensors) {
+    if (meta.leaf.empty()) continue;
+    auto value = captured.find(meta.id);
+    if (value == captured.end()) {
+      return absl::DataLossError(absl::StrFormat("%s, step %d: tensor %d was not made by the replay of the step",
+                                                 r.options.source, r.failing.step, meta.id));
+    }
+    in.values[meta.id] = value->second;
+  }
+  report.elements_before = CutFreeElements(in.cut);
+  const std::string path = (std::filesystem::path(r.options.work_dir) / "shrink.moerr").string();
+  ShrunkCut out = ShrinkRows(std::move(in), [&](const ShrunkCut& c) {
+    ++report.tried;
+    if (r.progress) r.progress(report.tried, "shrinking rows");
+    absl::StatusOr<std::unique_ptr<formats::BundleReader>> pool = WritePool(r, path, c);
+    return pool.ok() && CutFails(**pool, r.failing.step, c.cut, r.kept);
+  });
+  report.elements_after = CutFreeElements(out.cut);
+  MOERR_ASSIGN_OR_RETURN(const std::unique_ptr<formats::BundleReader> pool,
+                         WritePool(r, path, out));
+  std::set<uint64_t> made;
+  for (const formats::OpEvent& op : out.cut.ops) made.insert(op.outputs.begin(), op.outputs.end());
+  ReplayOptions measure;
+  measure.capture = &made;
+  MOERR_ASSIGN_OR_RETURN(const ReplayReport replayed, ReplayTrace(*pool, r.failing.step, out.cut, measure));
+  out.cut = ReplayedTrace(out.cut, replayed, out.cut.ops.size());
+  for (formats::TensorMeta& meta : out.cut.tensors) {
+    auto t = replayed.captured.find(meta.id);
+    if (meta.producer < 0 || t == replayed.captured.end()) continue;
+    meta.shape = t->second.sizes().vec();
+    meta.strides = t->second.strides().vec();
+    if (!meta.leaf.empty()) out.values[meta.id] = t->second;  // a random or foreign op's, as the cut holds it
+  }
+  out.cut.Index();
+  return out;
+}
+
 // Writes the reduced bundle (`cut`, its leaves from `values`) and the repro,
 // and fills in what they hold.
-absl::Status WriteReduced(const formats::BundleReader& reader, const OpReduceOptions& options,
-                          const FailingStep& failing, const formats::Trace& cut,
-                          const std::map<uint64_t, at::Tensor>& values, const llvm::json::Object& recording,
+absl::Status WriteReduced(const Reduction& r, const formats::Trace& cut, const std::map<uint64_t, at::Tensor>& values,
                           OpReduceReport& report) {
-  llvm::json::Object annotation = recording;
+  const OpReduceOptions& options = r.options;
+  const FailingStep& failing = r.failing;
+  llvm::json::Object annotation = r.recording;
   annotation["mode"] = "replayable";  // leaves only: the replay makes the rest
   annotation["reduced"] = llvm::json::Object{{"from", options.source},
                                              {"step", failing.step},
                                              {"ops", static_cast<int64_t>(report.ops_before)},
                                              {"kept", static_cast<int64_t>(report.kept.size())}};
-  MOERR_RETURN_IF_ERROR(WriteCutBundle(options.out_path, failing.step, cut, /*with_ops=*/true, values, reader,
+  MOERR_RETURN_IF_ERROR(WriteCutBundle(options.out_path, failing.step, cut, /*with_ops=*/true, values, r.source,
                                        std::move(annotation), /*compress=*/true));
   report.bytes_after = std::filesystem::file_size(options.out_path);
   ReproSource source{options.source, failing.step, report.ops_before, report.kept,
-                     recording.getInteger("threads").getValueOr(0), std::nullopt};
+                     r.recording.getInteger("threads").getValueOr(0), std::nullopt};
   if (failing.cause) {
     const auto at = std::find(report.kept.begin(), report.kept.end(), *failing.cause);
     if (at != report.kept.end()) source.cause = static_cast<size_t>(at - report.kept.begin());
@@ -276,8 +343,9 @@ absl::StatusOr<OpReduceReport> ReduceOps(const formats::BundleReader& reader, co
   ops = reducer.Minimize(reducer.Suffix(ops));
   report.kept = ops;
   report.tried = reducer.tried();
-
-  MOERR_RETURN_IF_ERROR(WriteReduced(reader, options, failing, CutStep(base, ops), whole->captured, recording, report));
+  const Reduction reduction{reader, options, failing, kept, recording, progress};
+  MOERR_ASSIGN_OR_RETURN(const ShrunkCut shrunk, Shrink(reduction, base, ops, whole->captured, report));
+  MOERR_RETURN_IF_ERROR(WriteReduced(reduction, shrunk.cut, shrunk.values, report));
   report.seconds = Since(start);
   return report;
 }

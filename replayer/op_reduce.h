@@ -16,7 +16,9 @@
 //   1. the ops the first overflow depends on (its backward slice);
 //   2. the shortest suffix of those that still fails (binary search);
 //   3. ddmin (Zeller) over the rest, re-sliced after each cut, until no single
-//      op can be removed: 1-minimal.
+//      op can be removed: 1-minimal;
+//   4. the rows of the values cut free halved while it still fails
+//      (row_shrink.h).
 // Output: a bundle with only the kept ops and the values feeding them, and a
 // standalone repro (repro_script.h) beside it.
 #pragma once
@@ -50,7 +52,10 @@ struct OpReduceReport {
   size_t ops_before = 0;        // ops in the recorded step
   std::vector<size_t> kept;     // recorded op indices kept, in execution order
   uint64_t bytes_before = 0, bytes_after = 0;  // file sizes: the recording, the reduced bundle
-  int64_t tried = 0;            // candidates replayed (each distinct set once)
+  int64_t tried = 0;            // candidates replayed (each distinct op set once, then each shrink)
+  // Elements of the values feeding the kept ops, before and after their rows
+  // were shrunk.
+  int64_t elements_before = 0, elements_after = 0;
   double seconds = 0;           // the whole reduction
   double replay_seconds = 0;    // of it, the one replay of the step up to the first overflow
   std::string assertion;        // what the repro asserts, "op 3 aten::linear produces Inf from finite inputs"

@@ -92,6 +92,8 @@ llvm::json::Value OpJson(const replayer::OpReduceReport& r, const replayer::OpRe
                             {"kept", std::move(kept)},
                             {"bytes_before", static_cast<int64_t>(r.bytes_before)},
                             {"bytes_after", static_cast<int64_t>(r.bytes_after)},
+                            {"elements_before", r.elements_before},
+                            {"elements_after", r.elements_after},
                             {"assertion", r.assertion},
                             {"output", o.out_path},
                             {"repro", o.script_path},
@@ -109,6 +111,9 @@ void PrintOpReport(const replayer::OpReduceReport& r, const replayer::OpReduceOp
   std::printf("| bundle bytes | %llu | %llu | %.1fx |\n", static_cast<unsigned long long>(r.bytes_before),
               static_cast<unsigned long long>(r.bytes_after),
               r.bytes_after == 0 ? 0.0 : double(r.bytes_before) / double(r.bytes_after));
+  std::printf("| elements of the values feeding them (rows shrunk) | %lld | %lld | %.1fx |\n",
+              static_cast<long long>(r.elements_before), static_cast<long long>(r.elements_after),
+              r.elements_after == 0 ? 0.0 : double(r.elements_before) / double(r.elements_after));
   std::printf("\nkept ops (recorded indices):");
   for (size_t index : r.kept) std::printf(" %zu", index);
   std::printf("\nwrote %s (moerr replay %s), %s and %s\n", o.out_path.c_str(), o.out_path.c_str(),
