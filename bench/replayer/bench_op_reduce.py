@@ -55,7 +55,7 @@ def main():
     os.makedirs(work, exist_ok=True)
     demo = os.path.join(work, "demo")
     subprocess.run([moerr_bin, "train", "--preset", "tiny", "--fault", "expert-overflow", "--steps", "1",
-                    "--record", "replayable", "-o", demo], check=True, capture_output=True,
+                    "--record", "replayable", "-o", demo, "--force"], check=True, capture_output=True,
                    env={**os.environ, "OMP_NUM_THREADS": "1"})
     plain = os.path.join(work, "plain.moerr")
     record_plain_step(plain, layers=12)
