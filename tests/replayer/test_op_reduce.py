@@ -183,3 +183,25 @@ def test_a_step_without_overflow_is_refused_naming_what_is_kept(tmp_path):
     p = subprocess.run([MOERR, "reduce", str(path), "-o", str(tmp_path / "small.moerr")], capture_output=True, text=True)
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert "no recorded step overflows" in p.stderr, p.stderr
+
+
+def test_the_reference_trainers_step_is_reduced_as_a_model_unless_ops_are_asked_for(tmp_path):
+    # The tiny preset's expert-overflow under fp16 emulation: an fp16 cast
+    # (aten::to with a ScalarType argument) overflows.
+    run = tmp_path / "run"
+    subprocess.run([MOERR, "train", "--preset", "tiny", "--fault", "expert-overflow", "--steps", "1",
+                    "--warmup-steps", "0", "--record", "replayable", "-o", str(run)],
+                   check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    bundle = run / "run.moerr"
+    found = moerr_json("bisect", str(bundle), code=1)[0]
+    r = moerr_json("reduce", str(bundle), "-o", str(tmp_path / "ops.moerr"), "--ops")
+    assert r["level"] == "ops" and r["kept"][-1] == found["op_index"], r
+    assert found["cause"]["op_index"] in r["kept"] and r["ops_after"] <= 8, (found["cause"], r)
+    script = tmp_path / "ops.repro.py"
+    assert "torch.float16" in script.read_text()  # the cast's dtype, as torch.ops takes it
+    p = run_repro(script)
+    assert p.returncode != 0 and f"AssertionError: {r['assertion']}" in p.stderr, (p.stdout, p.stderr)
+    # Without --ops the step is rebuilt as a model and loses experts and layers.
+    model = moerr_json("reduce", str(bundle), "-o", str(tmp_path / "model.moerr"))
+    assert "level" not in model and model["after"]["experts"] < model["before"]["experts"], model
+    assert not (tmp_path / "model.repro.py").exists()
