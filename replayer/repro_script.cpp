@@ -202,61 +202,74 @@ std::string PyLeaf(const formats::TensorMeta& meta) {
   return absl::StrCat("leaf(", name, ", (", absl::StrJoin(meta.strides, ", "), meta.strides.size() == 1 ? ",))" : "))");
 }
 
-// The lines of op `index` of the cut: a call through torch.ops and the
-// check, or its outputs loaded (a random or foreign op's, which the replay
-// takes from the record).
+// An op's arguments as Python expressions: positional, keyword-only (as
+// `"name": expr` entries of a dict) and those the op writes in place.
+struct PyArgs {
+  std::vector<std::string> positional, keywords, written;
+};
+
+// `schema` may be null (an op this LibTorch lacks): ints stay ints.
+absl::StatusOr<PyArgs> PyArgsOf(const formats::OpEvent& op, size_t recorded,
+                                const std::vector<c10::Argument>* schema) {
+  PyArgs out;
+  for (size_t i = 0; i < op.args.size(); ++i) {
+    const c10::Argument* arg = schema != nullptr && i < schema->size() ? &(*schema)[i] : nullptr;
+    absl::StatusOr<std::string> expr = PyArg(op.args[i], arg);
+    if (!expr.ok()) return Annotate(expr.status(), absl::StrFormat("op %d %s, argument %d", recorded, op.name, i));
+    if (arg != nullptr && arg->kwarg_only()) {
+      out.keywords.push_back(absl::StrCat(llvm::formatv("{0}", llvm::json::Value(arg->name())).str(), ": ", *expr));
+    } else {
+      out.positional.push_back(*expr);
+    }
+    if (arg != nullptr && arg->alias_info() != nullptr && arg->alias_info()->isWrite()) out.written.push_back(*expr);
+  }
+  return out;
+}
+
+// The lines of op `index` of the cut: its arguments, a call through
+// torch.ops (or its outputs loaded: a random, foreign or collective op's,
+// which the replay takes from the record), and the check.
 absl::StatusOr<std::string> PyOp(size_t index, size_t recorded, const formats::Trace& cut) {
   const formats::OpEvent& op = cut.ops[index];
   std::string out = absl::StrFormat("\n# op %d (recorded op %d): %s%s in %s (%s)\n", index, recorded, op.name,
                                     op.overload.empty() ? "" : "." + op.overload,
                                     op.module.empty() ? "no module" : op.module, formats::PhaseName(op.phase));
+  const c10::optional<c10::OperatorHandle> handle =
+      c10::Dispatcher::singleton().findSchema(c10::OperatorName(op.name, op.overload));
+  MOERR_ASSIGN_OR_RETURN(const PyArgs args, PyArgsOf(op, recorded, handle ? &handle->schema().arguments() : nullptr));
+  absl::StrAppend(&out, "a = [", absl::StrJoin(args.positional, ", "), "]\nkw = {", absl::StrJoin(args.keywords, ", "),
+                  "}\n");
   const bool from_record = !op.outputs.empty() && std::all_of(op.outputs.begin(), op.outputs.end(), [&](uint64_t id) {
     const formats::TensorMeta* meta = cut.Find(id);
     return id == 0 || (meta != nullptr && !meta->leaf.empty());
   });
   if (from_record) {
+    std::vector<std::string> outs;
     for (uint64_t id : op.outputs) {
       if (id != 0) absl::StrAppend(&out, "v[", id, "] = ", PyLeaf(*cut.Find(id)), "  # from the record\n");
+      outs.push_back(id != 0 ? absl::StrCat("v[", id, "]") : "None");
     }
-    return out;
-  }
-  const c10::optional<c10::OperatorHandle> handle =
-      c10::Dispatcher::singleton().findSchema(c10::OperatorName(op.name, op.overload));
-  if (!handle || formats::IsCollective(op)) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("op %d %s cannot run from torch.ops and the cut holds none of its outputs", recorded, op.name));
-  }
-  const std::vector<c10::Argument>& schema = handle->schema().arguments();
-  std::vector<std::string> positional, keywords, written;
-  for (size_t i = 0; i < op.args.size(); ++i) {
-    const c10::Argument* arg = i < schema.size() ? &schema[i] : nullptr;
-    absl::StatusOr<std::string> expr = PyArg(op.args[i], arg);
-    if (!expr.ok()) return Annotate(expr.status(), absl::StrFormat("op %d %s, argument %d", recorded, op.name, i));
-    if (arg != nullptr && arg->kwarg_only()) {
-      keywords.push_back(absl::StrCat(llvm::formatv("{0}", llvm::json::Value(arg->name())).str(), ": ", *expr));
-    } else {
-      positional.push_back(*expr);
+    absl::StrAppend(&out, "outs = [", absl::StrJoin(outs, ", "), "]\n");
+  } else {
+    if (!handle || formats::IsCollective(op)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "op %d %s cannot run from torch.ops and the cut holds none of its outputs", recorded, op.name));
     }
-    if (arg != nullptr && arg->alias_info() != nullptr && arg->alias_info()->isWrite()) written.push_back(*expr);
+    const std::string::size_type colons = op.name.find("::");
+    std::string call = absl::StrCat("r = torch.ops.", op.name.substr(0, colons), ".", op.name.substr(colons + 2), ".",
+                                    op.overload.empty() ? "default" : op.overload, "(*a, **kw)\n");
+    if (op.autocast >= 0) {  // the CPU autocast state it ran under
+      const auto dtype = static_cast<int64_t>(recorder::ToScalarType(static_cast<formats::DType>(op.autocast)));
+      MOERR_ASSIGN_OR_RETURN(const std::string name, PyEnum(c10::TypeKind::ScalarTypeType, dtype));
+      call = absl::StrCat("with torch.autocast(\"cpu\", dtype=", name, "):\n    ", call);
+    }
+    // An op that returns nothing (in-place _foreach_*_) has the tensors it
+    // writes as its outputs, as the recorder lists them.
+    const bool returns = !handle->schema().returns().empty();
+    absl::StrAppend(&out, call, "outs = ",
+                    returns ? "flat(r)" : absl::StrCat("[", absl::StrJoin(args.written, ", "), "]"), "\n");
+    absl::StrAppend(&out, "keep(outs, [", absl::StrJoin(op.outputs, ", "), "])\n");
   }
-  const std::string::size_type colons = op.name.find("::");
-  const std::string callee = absl::StrCat("torch.ops.", op.name.substr(0, colons), ".", op.name.substr(colons + 2), ".",
-                                          op.overload.empty() ? "default" : op.overload);
-  absl::StrAppend(&out, "a = [", absl::StrJoin(positional, ", "), "]\nkw = {", absl::StrJoin(keywords, ", "), "}\n");
-  std::string indent;
-  if (op.autocast >= 0) {
-    absl::StrAppend(&out, "with torch.autocast(\"cpu\", dtype=",
-                    *PyEnum(c10::TypeKind::ScalarTypeType,
-                            static_cast<int64_t>(recorder::ToScalarType(static_cast<formats::DType>(op.autocast)))),
-                    "):\n");
-    indent = "    ";
-  }
-  // An op that returns nothing (in-place _foreach_*_) has the tensors it
-  // writes as its outputs, as the recorder lists them.
-  const bool returns = !handle->schema().returns().empty();
-  absl::StrAppend(&out, indent, "r = ", callee, "(*a, **kw)\n");
-  absl::StrAppend(&out, "outs = ", returns ? "flat(r)" : absl::StrCat("[", absl::StrJoin(written, ", "), "]"), "\n");
-  absl::StrAppend(&out, "keep(outs, [", absl::StrJoin(op.outputs, ", "), "])\n");
   absl::StrAppend(&out, "check(", index, ", \"", op.name, "\", a + list(kw.values()), outs)\n");
   return out;
 }

@@ -205,3 +205,26 @@ def test_the_reference_trainers_step_is_reduced_as_a_model_unless_ops_are_asked_
     model = moerr_json("reduce", str(bundle), "-o", str(tmp_path / "model.moerr"))
     assert "level" not in model and model["after"]["experts"] < model["before"]["experts"], model
     assert not (tmp_path / "model.repro.py").exists()
+
+
+def test_each_rank_of_a_run_reduces_with_its_received_collectives_as_recorded_inputs(tmp_path):
+    # Two expert-parallel ranks; the broken expert lives on one of them. The
+    # other rank's first overflow is the all_to_all that brings the Inf in:
+    # its repro loads what that collective received, from the record.
+    run = tmp_path / "run"
+    subprocess.run([MOERR, "train", "--preset", "tiny", "--ranks", "2", "--ep", "2", "--fault", "expert-overflow",
+                    "--steps", "1", "--warmup-steps", "0", "--record", "replayable", "-o", str(run)],
+                   check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    collective_ranks = 0
+    for rank in (0, 1):
+        bundle = run / "run" / f"rank{rank}.moerr"
+        found = moerr_json("bisect", str(bundle), code=1)[0]
+        r = moerr_json("reduce", str(bundle), "-o", str(tmp_path / f"rank{rank}.moerr"), "--ops")
+        assert r["level"] == "ops" and r["kept"][-1] == found["op_index"], (found, r)
+        script = tmp_path / f"rank{rank}.repro.py"
+        p = run_repro(script)
+        assert p.returncode != 0 and f"AssertionError: {r['assertion']}" in p.stderr, (p.stdout, p.stderr)
+        if found["op"].startswith("c10d::"):
+            collective_ranks += 1
+            assert "# from the record" in script.read_text()
+    assert collective_ranks == 1
