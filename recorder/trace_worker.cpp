@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <utility>
 
@@ -176,6 +177,12 @@ void TraceWorker::RunJob(Item& item) {
     return;
   }
   at::DisableRecordFunctionGuard no_record;  // the copy is not an op of the traced program
+  // Nor is it the program's Python dispatch modes' (a TorchDispatchMode
+  // around the step): through one, the copy would come back owning a
+  // Python object, whose release on the worker thread needs the GIL the
+  // traced thread holds while it waits for this capture.
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot, c10::DispatchKey::PreDispatch}));
   const absl::Status copied = CatchTorch(absl::StrCat("capturing ", job.capture), [&] {
     sink_->OnTensorBytes(job.capture, job.role, tensor.detach().clone());
     return absl::OkStatus();
