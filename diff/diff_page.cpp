@@ -49,6 +49,47 @@ std::string ErrorPlot(const DiffReport& report) {
   return plot.ToSvg(960, 280);
 }
 
+double Log10OrBound(double v) {
+  if (std::isinf(v) || std::isnan(v)) return std::numeric_limits<double>::infinity();
+  return v <= 0 ? -std::numeric_limits<double>::infinity() : std::log10(v);
+}
+
+// Introduced error (each op's worse side) and inherited error along the
+// alignment, one point per bucket of judged ops (its worst); red where an
+// op of the bucket is past its budget.
+std::string IntroducedPlot(const PrecisionDiff& r) {
+  const size_t n = r.ops.size();
+  const size_t bucket = std::max<size_t>(1, (n + kMaxPoints - 1) / kMaxPoints);
+  Series inherited{"inherited from the inputs", {}, {}, "#4a7fc1", /*dots=*/true, {}};
+  Series within{"introduced, within budget", {}, {}, "#999", /*dots=*/true, {}};
+  Series beyond{"introduced, beyond budget", {}, {}, "#d00", /*dots=*/true, {}};
+  for (size_t start = 0; start < n; start += bucket) {
+    double worst_in = 0, worst_intro = 0;
+    bool past = false;
+    for (size_t i = start; i < std::min(n, start + bucket); ++i) {
+      const PrecisionOp& op = r.ops[i];
+      worst_in = std::max(worst_in, op.inherited);
+      for (const IntroducedSide& side : op.sides) {
+        if (side.known) worst_intro = std::max(worst_intro, side.introduced);
+      }
+      past = past || op.Beyond();
+    }
+    const double x = static_cast<double>(r.ops[start].pair);
+    inherited.x.push_back(x);
+    inherited.y.push_back(Log10OrBound(worst_in));
+    Series& s = past ? beyond : within;
+    s.x.push_back(x);
+    s.y.push_back(Log10OrBound(worst_intro));
+  }
+  LinePlot plot;
+  plot.x_label = absl::StrFormat("op, in execution order (%d aligned)", r.observed.ops.size());
+  plot.y_label = "log10 relative error";
+  plot.css_class = "plot introduced";
+  plot.y_min = kFloor, plot.y_max = kCeiling;
+  plot.series = {std::move(inherited), std::move(within), std::move(beyond)};
+  return plot.ToSvg(960, 280);
+}
+
 // The diverged ops, at most kMaxDivergedRows, the first divergence marked.
 void AddDiverged(HtmlPage& page, const DiffReport& report, const formats::Trace& a) {
   std::vector<std::vector<std::string>> rows;
@@ -92,13 +133,21 @@ void AddUnmatched(HtmlPage& page, const DiffReport& report, const formats::Trace
 
 }  // namespace
 
-HtmlPage DiffPage(const DiffReport& report, const formats::Trace& a, const formats::Trace& b, absl::string_view title) {
+HtmlPage DiffPage(const PrecisionDiff& precision, const formats::Trace& a, const formats::Trace& b,
+                  absl::string_view title) {
+  const DiffReport& report = precision.observed;
   HtmlPage page{std::string(title)};
   page.Paragraph(absl::StrFormat("%d ops matched, %d only in A, %d only in B; %d outputs compared (%d on their bytes, "
                                  "%.1f MB); ",
                                  report.matched, report.only_a, report.only_b, report.outputs_compared,
                                  report.tensors_compared, report.bytes_compared / 1e6),
                  absl::StrFormat("%d ops diverged.", report.diverged_ops));
+  if (!precision.ops.empty()) {
+    page.Heading(precision.estimated
+                     ? "Error each op introduces (estimated from fingerprints) and inherits (log scale)"
+                     : "Error each op introduces (against its fp64 run) and inherits from its inputs (log scale)");
+    page.Figure(IntroducedPlot(precision), "");
+  }
   page.Heading("Relative error of each op's outputs (log scale; red: beyond its threshold)");
   page.Figure(ErrorPlot(report), "");
   AddDiverged(page, report, a);

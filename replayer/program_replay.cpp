@@ -20,6 +20,8 @@
 #include "formats/collective_op.h"
 #include "recorder/fingerprint.h"
 #include "recorder/hooks/tensor_adapter.h"
+#include "replayer/boxed_call.h"
+#include "replayer/introduced_error.h"
 #include "replayer/policy_casts.h"
 #include "replayer/recorded_threads.h"
 #include "replayer/reference_run.h"
@@ -272,6 +274,10 @@ class Replay {
       }
       stack.push_back(*std::move(v));
     }
+    std::vector<c10::IValue> exact;  // taken before the call, which may write its inputs
+    if (options_.introduced && Measurable(trace_, op)) {
+      MOERR_ASSIGN_OR_RETURN(exact, ExactStack(op, schema_args));
+    }
     // The CPU autocast state the op ran under (bf16 training casts inside
     // ops); an upcast op runs without it.
     const bool autocast = op.autocast >= 0 && !(rule != nullptr && rule->Upcast());
@@ -279,45 +285,36 @@ class Replay {
     if (autocast) {
       at::autocast::set_autocast_dtype(at::kCPU, recorder::ToScalarType(static_cast<formats::DType>(op.autocast)));
     }
-    // An op that returns nothing (in-place `_foreach_*_`) has the tensors
-    // it writes as its outputs, in argument order, as the recorder lists them.
-    std::vector<c10::IValue> written;
-    if (handle.schema().returns().empty()) {
-      for (size_t i = 0; i < stack.size() && i < schema_args.size(); ++i) {
-        const c10::AliasInfo* alias = schema_args[i].alias_info();
-        if (alias != nullptr && alias->isWrite()) written.push_back(stack[i]);
-      }
-    }
     const auto start = std::chrono::steady_clock::now();
-    const absl::Status called = CatchTorch("dispatch", [&] {
-      handle.callBoxed(&stack);
-      return absl::OkStatus();
-    });
+    absl::StatusOr<std::vector<at::Tensor>> outputs = CallBoxed(handle, std::move(stack));
     report.dispatch_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    MOERR_RETURN_IF_ERROR(called);
+    MOERR_RETURN_IF_ERROR(outputs.status());
     ++report.dispatched;
-    // Outputs: tensors and tensor lists, flattened as the recorder did.
     const bool round = rule != nullptr && !rule->Upcast();
-    size_t o = 0;
-    if (!written.empty()) stack = std::move(written);
-    for (const c10::IValue& v : stack) {
-      if (v.isTensor()) {
-        const at::Tensor t = round ? RoundOutput(v.toTensor(), rule->action) : v.toTensor();
-        if (o < op.outputs.size()) {
-          MOERR_RETURN_IF_ERROR(Output(index, op, op.outputs[o++], t, sources, report, judge));
-        }
-      } else if (v.isTensorList()) {
-        for (const at::Tensor& element : v.toTensorVector()) {
-          const at::Tensor t = round ? RoundOutput(element, rule->action) : element;
-          if (o < op.outputs.size()) {
-            MOERR_RETURN_IF_ERROR(Output(index, op, op.outputs[o++], t, sources, report, judge));
-          }
-        }
-      } else {
-        ++o;
-      }
+    for (size_t o = 0; o < outputs->size() && o < op.outputs.size(); ++o) {
+      const at::Tensor& t = (*outputs)[o];
+      MOERR_RETURN_IF_ERROR(
+          Output(index, op, op.outputs[o], round ? RoundOutput(t, rule->action) : t, sources, report, judge));
     }
-    return absl::OkStatus();
+    if (exact.empty()) return absl::OkStatus();
+    return MeasureIntroduced(reader_, step_, trace_, index, handle, std::move(exact), *outputs, report);
+  }
+
+  // The arguments of `op` for its fp64 run (MeasureIntroduced): floating
+  // inputs and dtype arguments widened, the tensors it writes copied so
+  // that the run leaves the replay's values alone.
+  absl::StatusOr<std::vector<c10::IValue>> ExactStack(const formats::OpEvent& op,
+                                                      const std::vector<c10::Argument>& schema_args) {
+    static const PolicyRule kExact{PolicyRule::Selector::kTree, "", PolicyRule::Action::kFp64};
+    std::vector<c10::IValue> stack;
+    std::vector<recorder::ViewSource> unused;
+    for (size_t i = 0; i < op.args.size(); ++i) {
+      const c10::Argument* schema_arg = i < schema_args.size() ? &schema_args[i] : nullptr;
+      MOERR_ASSIGN_OR_RETURN(c10::IValue v, ToIValue(op.args[i], schema_arg, &kExact, unused));
+      const bool written = schema_arg != nullptr && schema_arg->alias_info() != nullptr && schema_arg->alias_info()->isWrite();
+      stack.push_back(written ? CopyTensors(v) : std::move(v));
+    }
+    return stack;
   }
 
   absl::Status Run(ReplayReport& report) {

@@ -37,6 +37,7 @@
 
 #include "absl/status/statusor.h"
 #include "diff/tensor_metrics.h"
+#include "diff/precision_diff.h"
 #include "diff/trace_diff.h"
 #include "formats/bundle_reader.h"
 #include "formats/trace.h"
@@ -52,6 +53,10 @@ struct ReplayOptions {
   bool stop_at_first_divergence = false;
   // Run each op on its recorded inputs (needs a full bundle).
   bool isolated = false;
+  // With `isolated`: also run each re-executed op in fp64 on the same
+  // recorded inputs, and measure the error its recorded and replayed
+  // outputs carry against that run (ReplayReport::introduced).
+  bool introduced = false;
   PrecisionPolicy policy;
   // Replay ops [0, end_op) only.
   size_t end_op = std::numeric_limits<size_t>::max();
@@ -148,6 +153,11 @@ struct ReplayReport {
   std::vector<OutputError> errors;
   // Isolated replay: every output of an op with a reference, checked.
   std::vector<ReferenceCheck> reference_checks;
+  // Isolated replay with `introduced`: every floating output the bundle
+  // holds of an op re-executed here, in execution order; ops that cannot
+  // run in fp64 are counted in `no_exact_run`.
+  std::vector<diff::ExactRunError> introduced;
+  size_t no_exact_run = 0;
   // ReplayOptions::capture's values, by id (those the replay made).
   std::map<uint64_t, at::Tensor> captured;
 };

@@ -8,6 +8,8 @@
 #include "diff/world_diff.h"
 #include "formats/bundle_reader.h"
 #include "formats/world_run.h"
+#include "replayer/introduced_error.h"
+#include "support/progress.h"
 #include "support/status.h"
 #include "tools/command.h"
 
@@ -52,7 +54,7 @@ struct DiffArgs {
   std::vector<std::string> thresholds;
   size_t top = 10;
   int threads = 0;
-  bool json = false, fingerprints_only = false;
+  bool json = false, fingerprints_only = false, estimate = false;
 };
 
 llvm::json::Object DiffJson(const DiffArgs& args, const formats::Trace& a, int64_t step_a, const formats::Trace& b,
@@ -85,6 +87,130 @@ llvm::json::Object DiffJson(const DiffArgs& args, const formats::Trace& a, int64
                             {"diverged", std::move(diverged)}, {"unmatched", std::move(unmatched)}};
 }
 
+llvm::json::Value SideJson(const diff::IntroducedSide& s) {
+  if (!s.known) return nullptr;
+  return llvm::json::Object{{"introduced", JsonNumber(s.introduced)}, {"rounding", JsonNumber(s.rounding)},
+                            {"budget", JsonNumber(s.budget)}, {"beyond", s.Beyond()},
+                            {"dtype", std::string(formats::DTypeName(s.dtype))}, {"slot", static_cast<int64_t>(s.slot)}};
+}
+
+llvm::json::Object PrecisionOpJson(const diff::PrecisionOp& p, const formats::Trace& a) {
+  const formats::OpEvent& op = a.ops[p.a];
+  return llvm::json::Object{{"op_a", p.a}, {"op_b", p.b}, {"op", op.name}, {"module", op.module},
+                            {"phase", std::string(formats::PhaseName(op.phase))}, {"observed", JsonNumber(p.observed)},
+                            {"inherited", JsonNumber(p.inherited)}, {"a", SideJson(p.sides[0])},
+                            {"b", SideJson(p.sides[1])}, {"arguments", p.arguments}, {"beyond", p.Beyond()}};
+}
+
+llvm::json::Object ProgramJson(const diff::ProgramDifference& d, const formats::Trace& a, const formats::Trace& b) {
+  auto ops = [](const formats::Trace& t, const std::vector<int64_t>& indices) {
+    llvm::json::Array out;
+    for (int64_t i : indices) out.push_back(llvm::json::Object{{"op_index", i}, {"op", t.ops[i].name}, {"module", t.ops[i].module}});
+    return out;
+  };
+  return llvm::json::Object{{"only_a", ops(a, d.only_a)}, {"only_b", ops(b, d.only_b)}};
+}
+
+// The verdict on introduced error, in --json: every judged op, the first
+// difference, the largest introduced error.
+llvm::json::Object IntroducedJson(const diff::PrecisionDiff& r, const formats::Trace& a, const formats::Trace& b) {
+  llvm::json::Array ops, programs;
+  for (const diff::PrecisionOp& p : r.ops) ops.push_back(PrecisionOpJson(p, a));
+  for (const diff::ProgramDifference& d : r.programs) programs.push_back(ProgramJson(d, a, b));
+  llvm::json::Value first = nullptr;
+  if (r.ProgramFirst()) {
+    first = llvm::json::Object{{"kind", "program"}, {"difference", ProgramJson(r.programs[*r.first_program], a, b)}};
+  } else if (r.first_op) {
+    first = llvm::json::Object{{"kind", r.ops[*r.first_op].arguments.empty() ? "introduced" : "arguments"},
+                               {"op", PrecisionOpJson(r.ops[*r.first_op], a)}};
+  }
+  return llvm::json::Object{
+      {"estimated", r.estimated}, {"estimated_because", r.estimated_because},
+      {"budget_multiple", diff::kBudgetMultiple}, {"measured_a", static_cast<int64_t>(r.measured_a)},
+      {"measured_b", static_cast<int64_t>(r.measured_b)}, {"within_rounding", !r.Found()},
+      {"first", std::move(first)},
+      {"largest", r.largest ? llvm::json::Value(PrecisionOpJson(r.ops[*r.largest], a)) : llvm::json::Value(nullptr)},
+      {"program_differences", std::move(programs)}, {"ops", std::move(ops)}};
+}
+
+void PrintSide(const char* name, const diff::IntroducedSide& s, bool estimated) {
+  if (!s.known) return;
+  if (estimated) {
+    std::printf("  the outputs differ by %.3g beyond their inputs' difference (an estimate; threshold %.3g)", s.introduced,
+                s.budget);
+    return;
+  }
+  std::printf("  %s introduces %.3g in output %zu (%s); budget %.3g (%gx this machine's run: %.3g)\n", name,
+              s.introduced, s.slot, std::string(formats::DTypeName(s.dtype)).c_str(), s.budget, diff::kBudgetMultiple,
+              s.rounding);
+}
+
+void PrintPrecisionOp(const char* title, const diff::PrecisionOp& p, const formats::Trace& a, bool estimated) {
+  std::printf("%s: op %lld of A / op %lld of B: %s\n", title, static_cast<long long>(p.a), static_cast<long long>(p.b),
+              OpLabel(a.ops[p.a]).c_str());
+  if (!p.arguments.empty()) std::printf("  the calls differ: %s\n", p.arguments.c_str());
+  PrintSide("B", p.sides[1], estimated);
+  PrintSide("A", p.sides[0], estimated);
+  std::printf("%s  inherited from its inputs: %.3g; observed difference of its outputs: %.3g\n", estimated ? "\n" : "",
+              p.inherited, p.observed);
+}
+
+// The coarsest floating dtype the judged ops' sides ran in: "bf16".
+std::string CoarsestDType(const diff::PrecisionDiff& r) {
+  auto coarseness = [](formats::DType d) {  // bits of precision, fewest last
+    switch (d) {
+      case formats::DType::kF64: return 0;
+      case formats::DType::kF32: return 1;
+      case formats::DType::kF16: return 2;
+      case formats::DType::kBF16: return 3;
+      default: return -1;
+    }
+  };
+  std::optional<formats::DType> coarsest;
+  for (const diff::PrecisionOp& p : r.ops) {
+    for (const diff::IntroducedSide& s : p.sides) {
+      if (s.known && (!coarsest || coarseness(s.dtype) > coarseness(*coarsest))) coarsest = s.dtype;
+    }
+  }
+  return coarsest ? std::string(formats::DTypeName(*coarsest)) : "the dtypes'";
+}
+
+// The verdict on introduced error: the first difference, or that every
+// difference is within rounding (and the largest introduced error).
+void PrintIntroduced(const diff::PrecisionDiff& r, const formats::Trace& a, const formats::Trace& b) {
+  if (r.estimated) {
+    std::printf("introduced error estimated from fingerprints%s%s\n",
+                r.estimated_because.empty() ? "" : ": isolated replay is not possible here (",
+                r.estimated_because.empty() ? "" : (r.estimated_because + ")").c_str());
+  } else {
+    std::printf("introduced error: each op re-run in fp64 on its own recorded inputs (%zu ops of A, %zu of B)\n",
+                r.measured_a, r.measured_b);
+  }
+  if (r.ProgramFirst()) {
+    const diff::ProgramDifference& d = r.programs[*r.first_program];
+    auto names = [](const formats::Trace& t, const std::vector<int64_t>& ops) {
+      std::string out;
+      for (int64_t i : ops) out += (out.empty() ? "" : ", ") + t.ops[i].name + " (op " + std::to_string(i) + ")";
+      return out.empty() ? std::string("nothing") : out;
+    };
+    const formats::OpEvent& where = d.only_a.empty() ? b.ops[d.only_b[0]] : a.ops[d.only_a[0]];
+    std::printf("first difference: the programs differ in %s (%s): A calls %s where B calls %s\n",
+                where.module.empty() ? "no module" : where.module.c_str(),
+                std::string(formats::PhaseName(where.phase)).c_str(), names(a, d.only_a).c_str(), names(b, d.only_b).c_str());
+  } else if (r.first_op) {
+    PrintPrecisionOp(r.estimated ? "first op introducing error beyond its threshold (estimate)"
+                                 : "first op introducing error beyond its budget",
+                     r.ops[*r.first_op], a, r.estimated);
+  } else {
+    std::printf("differences within %s rounding: no op introduces error beyond its %s\n", CoarsestDType(r).c_str(),
+                r.estimated ? "threshold (estimate)" : "budget");
+  }
+  if (r.estimated && r.Found()) {
+    std::printf("  (an estimate: a full recording of the suspect module, record(mode=\"full\"), gives the answer)\n");
+  }
+  if (!r.Found() && r.largest) PrintPrecisionOp("largest introduced error", r.ops[*r.largest], a, r.estimated);
+}
+
 // One line per diverged output of the first diverged op.
 void PrintFirstDivergence(const diff::OpDiff& first, const formats::Trace& a) {
   std::printf("first divergence: op %lld of A / op %lld of B: %s\n", static_cast<long long>(first.a),
@@ -110,9 +236,13 @@ void PrintFirstDivergence(const diff::OpDiff& first, const formats::Trace& a) {
   }
 }
 
-void PrintDiff(const DiffArgs& args, const formats::Trace& a, const diff::DiffReport& report) {
+void PrintDiff(const DiffArgs& args, const formats::Trace& a, const formats::Trace& b,
+               const diff::PrecisionDiff& precision) {
+  const diff::DiffReport& report = precision.observed;
   std::printf("%zu ops matched, %zu only in A, %zu only in B; %zu outputs compared (%zu on their bytes)\n",
               report.matched, report.only_a, report.only_b, report.outputs_compared, report.tensors_compared);
+  PrintIntroduced(precision, a, b);
+  std::printf("observed: ");
   if (!report.first_divergence) {
     std::printf("no divergence beyond the thresholds\n");
   } else {
@@ -133,17 +263,19 @@ void PrintDiff(const DiffArgs& args, const formats::Trace& a, const diff::DiffRe
 
 // Two run directories: rank by rank, or by module path when the world sizes
 // differ (diff/world_diff.h). --json: {"parts": [{"what", "rank_a", "rank_b", ...}]}.
-ExitOr RunWorldDiff(const DiffArgs& args, const diff::DiffOptions& options) {
+ExitOr RunWorldDiff(const DiffArgs& args, const replayer::PrecisionDiffOptions& options) {
   if (!args.html.empty()) return absl::InvalidArgumentError("--html compares two bundles: pass one rank's bundle of each");
   MOERR_ASSIGN_OR_RETURN(const formats::WorldStep a, formats::OpenWorldStep(args.a, args.step_a));
   MOERR_ASSIGN_OR_RETURN(const formats::WorldStep b, formats::OpenWorldStep(args.b, args.step_b));
-  MOERR_ASSIGN_OR_RETURN(const std::vector<diff::WorldDiffPart> parts, diff::DiffWorlds(a, b, options));
+  MOERR_ASSIGN_OR_RETURN(const std::vector<replayer::PrecisionPart> parts,
+                         replayer::DiffWorldPrecisions(a, b, options));
   llvm::json::Array json;
-  size_t diverged = 0;
-  for (const diff::WorldDiffPart& p : parts) {
-    diverged += p.report.diverged_ops;
+  bool found = false;
+  for (const replayer::PrecisionPart& p : parts) {
+    found = found || p.precision.Found();
     if (args.json) {
-      llvm::json::Object o = DiffJson(args, p.a, a.step, p.b, b.step, p.report);
+      llvm::json::Object o = DiffJson(args, p.a, a.step, p.b, b.step, p.precision.observed);
+      o["introduced"] = IntroducedJson(p.precision, p.a, p.b);
       o["what"] = p.what;
       o["rank_a"] = p.rank_a;
       o["rank_b"] = p.rank_b;
@@ -152,18 +284,21 @@ ExitOr RunWorldDiff(const DiffArgs& args, const diff::DiffOptions& options) {
     }
     std::printf("%s (rank %lld of A, rank %lld of B): ", p.what.c_str(), static_cast<long long>(p.rank_a),
                 static_cast<long long>(p.rank_b));
-    PrintDiff(args, p.a, p.report);
+    PrintDiff(args, p.a, p.b, p.precision);
   }
   if (args.json) PrintJson(llvm::json::Object{{"a", args.a}, {"b", args.b}, {"parts", std::move(json)}});
-  return diverged > 0 ? kExitFinding : kExitOk;
+  return found ? kExitFinding : kExitOk;
 }
 
 ExitOr RunDiff(const DiffArgs& args) {
   MOERR_RETURN_IF_ERROR(CheckNotAnInput(args.html, {args.a, args.b}));
-  diff::DiffOptions options;
-  options.compare_bytes = !args.fingerprints_only;
-  options.threads = args.threads;
-  for (const std::string& t : args.thresholds) MOERR_RETURN_IF_ERROR(options.thresholds.Set(t));
+  replayer::PrecisionDiffOptions options;
+  options.diff.compare_bytes = !args.fingerprints_only;
+  options.diff.threads = args.threads;
+  options.measure = !args.estimate;
+  for (const std::string& t : args.thresholds) MOERR_RETURN_IF_ERROR(options.diff.thresholds.Set(t));
+  PhasedProgress progress;
+  options.progress = [&](const std::string& what) { progress.Update("diff: " + what, 0, 0); };
   const bool run_a = formats::IsRunDirectory(args.a), run_b = formats::IsRunDirectory(args.b);
   if (run_a && run_b) return RunWorldDiff(args, options);
   if (run_a || run_b) {
@@ -173,18 +308,21 @@ ExitOr RunDiff(const DiffArgs& args) {
   }
   MOERR_ASSIGN_OR_RETURN(const OpenedStep a, OpenStep(args.a, args.step_a));
   MOERR_ASSIGN_OR_RETURN(const OpenedStep b, OpenStep(args.b, args.step_b));
-  MOERR_ASSIGN_OR_RETURN(const diff::DiffReport report,
-                         diff::DiffTraces(*a.reader, a.trace, a.step, *b.reader, b.trace, b.step, options));
+  MOERR_ASSIGN_OR_RETURN(const diff::PrecisionDiff report,
+                         replayer::DiffPrecisions(*a.reader, a.trace, a.step, *b.reader, b.trace, b.step, options));
+  progress.Finish();
   if (!args.html.empty()) {
     MOERR_RETURN_IF_ERROR(
         diff::DiffPage(report, a.trace, b.trace, absl::StrFormat("moerr diff %s %s", args.a, args.b)).Write(args.html));
   }
   if (args.json) {
-    PrintJson(DiffJson(args, a.trace, a.step, b.trace, b.step, report));
+    llvm::json::Object o = DiffJson(args, a.trace, a.step, b.trace, b.step, report.observed);
+    o["introduced"] = IntroducedJson(report, a.trace, b.trace);
+    PrintJson(std::move(o));
   } else {
-    PrintDiff(args, a.trace, report);
+    PrintDiff(args, a.trace, b.trace, report);
   }
-  return report.diverged_ops > 0 ? kExitFinding : kExitOk;
+  return report.Found() ? kExitFinding : kExitOk;
 }
 
 }  // namespace
@@ -192,7 +330,9 @@ ExitOr RunDiff(const DiffArgs& args) {
 void AddDiffCommand(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<DiffArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "diff", "Align two recordings of a step op by op and compare every output; the first divergence comes first");
+      "diff", "Align two recordings of a step op by op; name the first op that introduces error beyond its dtype's "
+              "rounding (a wrong kernel, a changed argument, a changed program), then the observed divergence; exits 1 "
+              "when there is one");
   cmd->add_option("A", opts->a, "Reference bundle, or a multi-rank run directory")->required()->transform(RecordingPath());
   cmd->add_option("B", opts->b,
                   "Bundle to compare with it; for two runs: rank by rank, or expert by expert when their world sizes "
@@ -204,7 +344,11 @@ void AddDiffCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--threshold", opts->thresholds,
                   "Largest acceptable relative L2 error for outputs of a dtype, e.g. f32=1e-4 (defaults: f64 1e-9, "
                   "f32 1e-5, f16 2e-3, bf16 1.6e-2, integers 0)");
-  cmd->add_flag("--fingerprints", opts->fingerprints_only, "Compare fingerprints only, even where bytes are recorded");
+  cmd->add_flag("--fingerprints", opts->fingerprints_only,
+                "Compare fingerprints only, even where bytes are recorded (introduced error is then estimated)");
+  cmd->add_flag("--estimate", opts->estimate,
+                "Estimate each op's introduced error from the observed differences instead of re-running every op "
+                "of two full recordings beside its fp64 run (faster, less certain)");
   cmd->add_option("--top", opts->top, "Diverged ops to list")->capture_default_str();
   cmd->add_option("--threads", opts->threads, "Threads comparing tensors on their bytes (default 0: one per core)")
       ->check(CLI::NonNegativeNumber);

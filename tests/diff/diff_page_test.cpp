@@ -49,9 +49,16 @@ DiffReport Report() {
   return r;
 }
 
+// The diff judged without any op's introduced error (no introduced plot).
+PrecisionDiff Unjudged(DiffReport r) {
+  PrecisionDiff p;
+  p.observed = std::move(r);
+  return p;
+}
+
 TEST(DiffPageTest, SummaryPlotDivergedAndUnmatchedOps) {
   const formats::Trace a = Ops(6, "model.a&b"), b = Ops(6, "model.b");
-  const std::string html = DiffPage(Report(), a, b, "moerr diff x <y>").Render();
+  const std::string html = DiffPage(Unjudged(Report()), a, b, "moerr diff x <y>").Render();
   EXPECT_TRUE(absl::StrContains(html, "<title>moerr diff x &lt;y&gt;</title>"));
   EXPECT_TRUE(absl::StrContains(html, "5 ops matched, 1 only in A, 1 only in B; 5 outputs compared (0 on their bytes, "
                                       "0.0 MB); <b>1 ops diverged.</b>"));
@@ -75,7 +82,7 @@ TEST(DiffPageTest, ErrorsPastThePlottedRangeSitOnItsEdges) {
   DiffReport r = Report();
   r.ops[1].error = std::numeric_limits<double>::infinity();
   const formats::Trace a = Ops(6, "m"), b = Ops(6, "m");
-  const std::string html = DiffPage(r, a, b, "t").Render();
+  const std::string html = DiffPage(Unjudged(r), a, b, "t").Render();
   EXPECT_EQ(Occurrences(html, "<circle"), 7u);
   EXPECT_FALSE(absl::StrContains(html, "nan"));
   EXPECT_FALSE(absl::StrContains(html, "inf\""));
@@ -92,11 +99,31 @@ TEST(DiffPageTest, PastFiveHundredDivergedOpsTheRestAreCounted) {
   }
   r.matched = 600, r.diverged_ops = 600, r.first_divergence = 0;
   const formats::Trace a = Ops(600, "m"), b = Ops(600, "m");
-  const std::string html = DiffPage(r, a, b, "t").Render();
+  const std::string html = DiffPage(Unjudged(r), a, b, "t").Render();
   EXPECT_EQ(Occurrences(html, "<td>fingerprints</td>"), 500u);
   EXPECT_TRUE(absl::StrContains(html, "<p>... and 100 more.</p>"));
   EXPECT_FALSE(absl::StrContains(html, "Unmatched ops"));
 }
 
 }  // namespace
+// Introduced and inherited error get their own plot: a dot of each per
+// judged op, red where the op is past its budget.
+TEST(DiffPageTest, IntroducedAndInheritedErrorArePlottedPerJudgedOp) {
+  PrecisionDiff p = Unjudged(Report());
+  for (int64_t i : {0, 1, 2}) {
+    PrecisionOp op;
+    op.pair = static_cast<size_t>(i);
+    op.a = op.b = i;
+    op.inherited = 1e-3;
+    op.sides[1] = IntroducedSide{true, 0, formats::DType::kBF16, i == 2 ? 0.18 : 2e-3, 2e-3, 8e-3};
+    p.ops.push_back(op);
+  }
+  const formats::Trace a = Ops(6, "m"), b = Ops(6, "m");
+  const std::string html = DiffPage(p, a, b, "t").Render();
+  EXPECT_TRUE(absl::StrContains(html, "introduces (against its fp64 run) and inherits"));
+  EXPECT_EQ(Occurrences(html, "<circle"), 7u + 6u);
+  EXPECT_EQ(Occurrences(html, "fill=\"#d00\"><title>"), 2u);  // op 2 here and in the observed plot
+  EXPECT_EQ(Occurrences(html, "fill=\"#4a7fc1\"><title>"), 3u);
+}
+
 }  // namespace moerr::diff

@@ -82,15 +82,19 @@ def test_bisect_names_the_broken_expert(tmp_path):
     assert found["phase"] == "forward"
 
 
-def test_diff_flags_bf16_autocast_and_not_itself(tmp_path):
+def test_diff_sees_bf16_autocast_and_calls_it_rounding(tmp_path):
     a, b = tmp_path / "fp32.moerr", tmp_path / "bf16.moerr"
     train(a, steps=1)
     train(b, steps=1, autocast=True)
     same = json.loads(run("diff", a, a, "--json"))
     assert same["diverged_ops"] == 0 and same["only_a"] == 0
-    report = json.loads(run("diff", a, b, "--json", ok=(1,)))
+    assert same["introduced"]["within_rounding"], same["introduced"]["first"]
+    # The outputs differ from the first autocast op on, and every op's
+    # share of it is within bf16 rounding (estimated: replayable bundles).
+    report = json.loads(run("diff", a, b, "--json"))
     assert report["diverged_ops"] > 0
     assert report["diverged"][0]["op"] in ("aten::linear", "aten::matmul", "aten::mm", "aten::addmm"), report["diverged"][0]
+    assert report["introduced"]["estimated"] and report["introduced"]["within_rounding"], report["introduced"]["first"]
 
 
 def test_errors_carry_moerr_messages(tmp_path):

@@ -139,7 +139,7 @@ TEST_F(JsonShapesTest, LintFindingsAndTheirExitCode) {
 }
 
 TEST_F(JsonShapesTest, DiffOfAStepWithItselfAndWithABrokenOne) {
-  const Keys root = {"a", "b", "bytes_compared", "diverged", "diverged_ops", "matched", "only_a", "only_b",
+  const Keys root = {"a", "b", "bytes_compared", "diverged", "diverged_ops", "introduced", "matched", "only_a", "only_b",
                      "outputs_compared", "step_a", "step_b", "tensors_compared", "unmatched"};
   const llvm::json::Value same = Json({"diff", "run/run.moerr", "run/run.moerr", "--json"}, 0);
   ASSERT_NE(same.getAsObject(), nullptr);
