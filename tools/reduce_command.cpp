@@ -162,7 +162,7 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("BUNDLE", opts->bundle, "A replayable or full bundle")->required();
   cmd->add_option("-o,--output", opts->out, "The reduced bundle to write (candidates go to a directory OUT.work-XXXXXX beside it, removed at the end)")
       ->required();
-  cmd->add_option("--step", opts->step, "Step to reduce (default: the first that overflowed or has a lint warning)");
+  cmd->add_option("--step", opts->step, "Step to reduce (default: the first that overflowed; as a model, also the first with a lint warning)");
   cmd->add_flag("--ops", opts->ops, "Reduce the recorded op sequence even where the step can be rebuilt as a model");
   cmd->add_flag("--force", opts->force, "Overwrite an existing output bundle");
   cmd->add_flag("--json", opts->json, "Print the report as JSON");
