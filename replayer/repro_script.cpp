@@ -197,7 +197,8 @@ absl::StatusOr<std::string> PyArg(const OpArg& a, const c10::Argument* schema_ar
 // saw a dense non-contiguous layout (the replay restores those too).
 std::string PyLeaf(const formats::TensorMeta& meta) {
   const std::string name = llvm::formatv("{0}", llvm::json::Value(meta.leaf)).str();
-  const at::Tensor probe = at::empty_strided(meta.shape, meta.strides);
+  // On the meta device: the layout alone, no memory.
+  const at::Tensor probe = at::empty_strided(meta.shape, meta.strides, at::TensorOptions().device(at::kMeta));
   if (probe.is_contiguous() || !probe.is_non_overlapping_and_dense()) return absl::StrCat("leaf(", name, ")");
   return absl::StrCat("leaf(", name, ", (", absl::StrJoin(meta.strides, ", "), meta.strides.size() == 1 ? ",))" : "))");
 }
