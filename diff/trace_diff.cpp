@@ -101,7 +101,7 @@ void Judge(OutputDiff& out, const Thresholds& thresholds) {
   const bool by_checksum = out.fingerprints.checksums_differ && !out.tensors;
   if (by_checksum && out.note.empty()) out.note = "the dumps' checksums differ";
   out.diverged = out.diverged || out.nan_mismatch > 0 || out.inf_mismatch > 0 ||
-                 out.error > thresholds.For(out.a_dtype) || by_checksum;
+                 out.error > std::max(thresholds.For(out.a_dtype), thresholds.For(out.b_dtype)) || by_checksum;
 }
 
 // The matched op pair's outputs, judged on fingerprints; those to compare on

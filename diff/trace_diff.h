@@ -19,8 +19,9 @@
 
 namespace moerr::diff {
 
-// The largest acceptable relative L2 error of an output, by the dtype of the
-// reference (A) output. Defaults: a few units in the last place, scaled for
+// The largest acceptable relative L2 error of an output, by dtype; a pair of
+// outputs is judged by the lower precision of the two (f32 against bf16:
+// bf16's). Defaults: a few units in the last place, scaled for
 // accumulation: f64 1e-9, f32 1e-5, f16 2e-3, bf16 1.6e-2; integers and bool 0.
 class Thresholds {
  public:

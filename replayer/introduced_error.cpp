@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "diff/tensor_metrics.h"
+#include "formats/collective_op.h"
 #include "recorder/hooks/tensor_adapter.h"
 #include "replayer/boxed_call.h"
 #include "support/status.h"
@@ -133,7 +134,9 @@ absl::Status MeasureIntroduced(const formats::BundleReader& reader, int64_t step
 }
 
 std::string CallDifference(const formats::OpEvent& a, const formats::OpEvent& b) {
-  if (a.name != b.name || a.overload != b.overload) return "";
+  // A collective's arguments hash the values it moved: they differ with
+  // any difference of the values, which the ops after it judge.
+  if (a.name != b.name || a.overload != b.overload || formats::IsCollective(a)) return "";
   const c10::optional<c10::OperatorHandle> handle =
       c10::Dispatcher::singleton().findSchema(c10::OperatorName(a.name, a.overload));
   const std::vector<c10::Argument>* schema = handle ? &handle->schema().arguments() : nullptr;

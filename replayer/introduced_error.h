@@ -35,8 +35,9 @@ absl::Status MeasureIntroduced(const formats::BundleReader& reader, int64_t step
                                const std::vector<at::Tensor>& replayed, ReplayReport& report);
 
 // How two matched calls differ beyond what a precision or a device changes
-// (dtype, device, layout and memory-format arguments; tensors): "argument
-// 1 (other): 1 vs 1.01", or "".
+// (dtype, device, layout and memory-format arguments; tensors; a
+// collective's hashes of what it moved): "argument 1 (other): 1 vs 1.01",
+// or "".
 std::string CallDifference(const formats::OpEvent& a, const formats::OpEvent& b);
 
 struct PrecisionDiffOptions {

@@ -342,8 +342,8 @@ void AddDiffCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--step-a", opts->step_a, "Step of A (default: its first complete step)");
   cmd->add_option("--step-b", opts->step_b, "Step of B (default: its first complete step)");
   cmd->add_option("--threshold", opts->thresholds,
-                  "Largest acceptable relative L2 error for outputs of a dtype, e.g. f32=1e-4 (defaults: f64 1e-9, "
-                  "f32 1e-5, f16 2e-3, bf16 1.6e-2, integers 0)");
+                  "Largest acceptable relative L2 error for outputs of a dtype, e.g. f32=1e-4; a pair is judged by "
+                  "its lower precision (defaults: f64 1e-9, f32 1e-5, f16 2e-3, bf16 1.6e-2, integers 0)");
   cmd->add_flag("--fingerprints", opts->fingerprints_only,
                 "Compare fingerprints only, even where bytes are recorded (introduced error is then estimated)");
   cmd->add_flag("--estimate", opts->estimate,
