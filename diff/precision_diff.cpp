@@ -37,20 +37,6 @@ double BudgetFloor(DType d) {
   }
 }
 
-// The tensors an op reads, in argument order (lists flattened, None left out).
-std::vector<uint64_t> TensorInputs(const formats::OpEvent& op) {
-  std::vector<uint64_t> ids;
-  for (const OpArg& arg : op.args) {
-    if (arg.kind == OpArg::Kind::kTensor) ids.push_back(static_cast<uint64_t>(arg.i));
-    if (arg.kind == OpArg::Kind::kTensors || arg.kind == OpArg::Kind::kOptionalTensors) {
-      for (int64_t id : arg.ints) {
-        if (id >= 0) ids.push_back(static_cast<uint64_t>(id));
-      }
-    }
-  }
-  return ids;
-}
-
 struct Side {
   const formats::BundleReader& reader;
   const formats::Trace& trace;
@@ -66,7 +52,7 @@ class InputErrors {
 
   // Queues the inputs of a matched pair.
   absl::Status Add(const formats::OpEvent& op_a, const formats::OpEvent& op_b, bool bytes) {
-    const std::vector<uint64_t> in_a = TensorInputs(op_a), in_b = TensorInputs(op_b);
+    const std::vector<uint64_t> in_a = formats::TensorsRead(op_a), in_b = formats::TensorsRead(op_b);
     for (size_t i = 0; i < in_a.size() && i < in_b.size(); ++i) {
       const TensorMeta* ma = a_.trace.Find(in_a[i]);
       const TensorMeta* mb = b_.trace.Find(in_b[i]);
@@ -100,7 +86,7 @@ class InputErrors {
 
   // The largest difference among a matched pair's inputs (after Compare).
   double Of(const formats::OpEvent& op_a, const formats::OpEvent& op_b) const {
-    const std::vector<uint64_t> in_a = TensorInputs(op_a), in_b = TensorInputs(op_b);
+    const std::vector<uint64_t> in_a = formats::TensorsRead(op_a), in_b = formats::TensorsRead(op_b);
     double worst = 0;
     for (size_t i = 0; i < in_a.size() && i < in_b.size(); ++i) {
       auto it = errors_.find(std::make_pair(in_a[i], in_b[i]));

@@ -55,6 +55,19 @@ constexpr EnumName<OpArg::Kind> kArgKinds[] = {
 
 absl::string_view ArgKindName(OpArg::Kind kind) { return EnumNameOf(kArgKinds, kind); }
 
+std::vector<uint64_t> TensorsRead(const OpEvent& op) {
+  std::vector<uint64_t> out;
+  for (const OpArg& a : op.args) {
+    if (a.kind == OpArg::Kind::kTensor) out.push_back(static_cast<uint64_t>(a.i));
+    if (a.kind == OpArg::Kind::kTensors || a.kind == OpArg::Kind::kOptionalTensors) {
+      for (int64_t id : a.ints) {
+        if (id >= 0) out.push_back(static_cast<uint64_t>(id));
+      }
+    }
+  }
+  return out;
+}
+
 void Trace::Index() {
   by_id_.clear();
   by_id_.reserve(tensors.size());

@@ -80,6 +80,11 @@ struct OpArg {
 // "tensor", "int", "wrapped_float", ...: the kind as Python's Bundle.ops shows it.
 absl::string_view ArgKindName(OpArg::Kind kind);
 
+struct OpEvent;
+// The ids of the tensors `op` reads, in argument order (lists flattened,
+// None left out, repeats kept).
+std::vector<uint64_t> TensorsRead(const OpEvent& op);
+
 struct OpEvent {
   uint64_t seq = 0;
   uint32_t thread = 0;

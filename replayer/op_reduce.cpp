@@ -109,7 +109,7 @@ class Reducer {
       const bool feeds = *it == failing_.first ||
                          std::any_of(op.outputs.begin(), op.outputs.end(), [&](uint64_t id) { return needed.contains(id); });
       if (!feeds) continue;
-      for (uint64_t id : TensorsRead(op)) needed.insert(id);
+      for (uint64_t id : formats::TensorsRead(op)) needed.insert(id);
       out.push_back(*it);
     }
     std::reverse(out.begin(), out.end());
@@ -180,7 +180,7 @@ class Reducer {
 std::set<uint64_t> ValuesUpTo(const formats::Trace& trace, size_t last) {
   std::set<uint64_t> out;
   for (size_t i = 0; i <= last; ++i) {
-    for (uint64_t id : TensorsRead(trace.ops[i])) out.insert(id);
+    for (uint64_t id : formats::TensorsRead(trace.ops[i])) out.insert(id);
     for (uint64_t id : trace.ops[i].outputs) {
       if (id != 0) out.insert(id);
     }

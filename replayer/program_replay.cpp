@@ -54,14 +54,7 @@ class Replay {
     // when none reads it), so the allocator reuses memory as the program did.
     absl::flat_hash_map<uint64_t, size_t> last_use;
     for (size_t i = 0; i < trace.ops.size(); ++i) {
-      for (const OpArg& a : trace.ops[i].args) {
-        if (a.kind == OpArg::Kind::kTensor) last_use[a.i] = i;
-        if (a.kind == OpArg::Kind::kTensors || a.kind == OpArg::Kind::kOptionalTensors) {
-          for (int64_t id : a.ints) {
-            if (id >= 0) last_use[id] = i;
-          }
-        }
-      }
+      for (uint64_t id : formats::TensorsRead(trace.ops[i])) last_use[id] = i;
       for (uint64_t id : trace.ops[i].outputs) last_use.try_emplace(id, i);
     }
     // A view first read without a producer is made from its base on demand:

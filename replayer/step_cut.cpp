@@ -28,7 +28,7 @@ absl::Status AppendOps(formats::BundleWriter& writer, int64_t step, const format
     const size_t end = std::min(cut.ops.size(), begin + kBatchOps);
     for (size_t i = begin; i < end; ++i) {
       const formats::OpEvent& op = cut.ops[i];
-      std::vector<uint64_t> ids = TensorsRead(op);
+      std::vector<uint64_t> ids = formats::TensorsRead(op);
       ids.insert(ids.end(), op.outputs.begin(), op.outputs.end());
       for (uint64_t id : ids) {
         const formats::TensorMeta* meta = cut.Find(id);
@@ -43,19 +43,6 @@ absl::Status AppendOps(formats::BundleWriter& writer, int64_t step, const format
 
 }  // namespace
 
-std::vector<uint64_t> TensorsRead(const formats::OpEvent& op) {
-  std::vector<uint64_t> out;
-  for (const OpArg& a : op.args) {
-    if (a.kind == OpArg::Kind::kTensor) out.push_back(static_cast<uint64_t>(a.i));
-    if (a.kind == OpArg::Kind::kTensors || a.kind == OpArg::Kind::kOptionalTensors) {
-      for (int64_t id : a.ints) {
-        if (id >= 0) out.push_back(static_cast<uint64_t>(id));
-      }
-    }
-  }
-  return out;
-}
-
 std::string CutLeafName(const formats::TensorMeta& meta) {
   if (!meta.leaf.empty() && !absl::StartsWith(meta.leaf, "act/")) return meta.leaf;
   return absl::StrCat("v/", meta.id);
@@ -66,7 +53,7 @@ formats::Trace CutStep(const formats::Trace& step, const std::vector<size_t>& ke
   absl::flat_hash_set<uint64_t> seen, produced;
   for (size_t index : kept) {
     const formats::OpEvent& op = step.ops[index];
-    for (uint64_t id : TensorsRead(op)) {
+    for (uint64_t id : formats::TensorsRead(op)) {
       const formats::TensorMeta* meta = step.Find(id);
       if (meta == nullptr || !seen.insert(id).second || produced.contains(id)) continue;
       formats::TensorMeta leaf = *meta;  // cut free: a value of its own

@@ -19,10 +19,6 @@
 
 namespace moerr::replayer {
 
-// The ids of the tensors `op` reads (tensor arguments and list elements), in
-// argument order, repeats kept.
-std::vector<uint64_t> TensorsRead(const formats::OpEvent& op);
-
 // The name a cut-free value of `meta` takes as a leaf: its recorded leaf name
 // when that is not an activation ("param/...", "rng/...", "ext/..."; the
 // replay reads rng/ and ext/ by their prefix), else "v/<id>".
