@@ -25,9 +25,9 @@ namespace {
 
 using formats::OpArg;
 
-// The script's fixed part: the safetensors reader, the output bookkeeping
-// (flattened as the recorder lists outputs: tensors and tensor lists in
-// order, any other value one slot) and the first-overflow check.
+// The scripts' fixed part: the safetensors reader and the output
+// bookkeeping (flattened as the recorder lists outputs: tensors and tensor
+// lists in order, any other value one slot).
 constexpr char kPrelude[] = R"PY(import json
 import math
 import struct
@@ -83,7 +83,10 @@ def keep(outputs, ids):
             v[i] = x
 
 
-def floats(xs):
+)PY";
+
+// The first-overflow check of WriteReproScript's script.
+constexpr char kOverflowCheck[] = R"PY(def floats(xs):
     for x in xs:
         if isinstance(x, (tuple, list)):
             yield from floats(x)
@@ -105,6 +108,66 @@ def check(index, name, inputs, outputs):
     if bad:
         kinds = [k for k, f in (("Inf", torch.isinf), ("NaN", torch.isnan)) if any(bool(f(x).any()) for x in bad)]
         raise AssertionError(f"op {index} {name} produces {' and '.join(kinds)} from finite inputs")
+
+
+)PY";
+
+// The divergence check of WriteDivergenceScript's script: the op's output
+// against its float64 run on the same inputs, as moerr diff measures the
+// error an op introduces (replayer/introduced_error.h).
+constexpr char kDivergenceCheck[] = R"PY(def widened(x):
+    """x for the op's exact run: floating tensors and dtypes in float64 (copies: the op may write them)."""
+    if isinstance(x, (tuple, list)):
+        return [widened(y) for y in x]
+    if isinstance(x, torch.Tensor):
+        return x.to(torch.float64, copy=True) if x.is_floating_point() else x.clone()
+    if isinstance(x, torch.dtype) and x.is_floating_point:
+        return torch.float64
+    return x
+
+
+def moved(x, device):
+    """x with its tensors copied to `device`."""
+    if isinstance(x, (tuple, list)):
+        return [moved(y, device) for y in x]
+    return x.to(device, copy=True) if isinstance(x, torch.Tensor) else x
+
+
+def rel_l2(x, exact):
+    """moerr's relative L2 error of x against exact (diff/tensor_metrics.h): over the elements finite in
+    both; inf where one holds a NaN or an Inf the other does not, or the shapes differ."""
+    x, exact = x.double().flatten(), exact.double().flatten()
+    if x.shape != exact.shape or bool((torch.isnan(x) != torch.isnan(exact)).any()):
+        return math.inf
+    nan = torch.isnan(x) | torch.isnan(exact)
+    inf = ~nan & (torch.isinf(x) | torch.isinf(exact))
+    if bool((x[inf] != exact[inf]).any()):
+        return math.inf
+    both = ~nan & ~inf
+    sq, aa = float(((x[both] - exact[both]) ** 2).sum()), float((exact[both] ** 2).sum())
+    return math.sqrt(sq / aa) if aa > 0 else (math.inf if sq > 0 else 0.0)
+
+
+def judge(index, name, module, op, a, kw, slot, budget, autocast):
+    """Output `slot` of the op (the recorded one, or with a device argument, this op run there on the
+    recorded inputs, under the recorded autocast dtype) against the op's float64 run."""
+    with torch.autocast("cpu", enabled=False):
+        exact = flat(op(*widened(a), **{k: widened(x) for k, x in kw.items()}))[slot]
+    device = sys.argv[1] if len(sys.argv) > 1 else None
+    if device is None:
+        out, what = T["recorded_output"], "the recorded output"
+    else:
+        on = torch.device(device)
+        with torch.autocast(on.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            out = flat(op(*moved(a, on), **{k: moved(x, on) for k, x in kw.items()}))[slot].cpu()
+        what = f"its output on {device}"
+    err = rel_l2(out, exact)
+    print(f"op {index} {name} ({module}): {what} against {name} in float64 on its recorded inputs: "
+          f"relative L2 {err:.3g}, budget {budget:.3g}")
+    if err > budget:
+        raise AssertionError(f"op {index} {name} ({module}): {what} differs from {name} on its recorded inputs "
+                             f"by {err:.2g} (budget {budget:.2g})")
+    print("within its budget: the divergence does not reproduce")
 
 
 )PY";
@@ -230,16 +293,37 @@ absl::StatusOr<PyArgs> PyArgsOf(const formats::OpEvent& op, size_t recorded,
 // The lines of op `index` of the cut: its arguments, a call through
 // torch.ops (or its outputs loaded: a random, foreign or collective op's,
 // which the replay takes from the record), and the check.
+// "torch.ops.aten.linear.default": how a script calls `op`.
+std::string TorchOp(const formats::OpEvent& op) {
+  const std::string::size_type colons = op.name.find("::");
+  return absl::StrCat("torch.ops.", op.name.substr(0, colons), ".", op.name.substr(colons + 2), ".",
+                      op.overload.empty() ? "default" : op.overload);
+}
+
+// The dtype of the CPU autocast state `op` ran under ("torch.bfloat16"), or
+// "None" when autocast was off.
+absl::StatusOr<std::string> AutocastDType(const formats::OpEvent& op) {
+  if (op.autocast < 0) return std::string("None");
+  const auto dtype = static_cast<int64_t>(recorder::ToScalarType(static_cast<formats::DType>(op.autocast)));
+  return PyEnum(c10::TypeKind::ScalarTypeType, dtype);
+}
+
+// Op `index` of a cut (recorded op `recorded`): a comment naming it, and its
+// arguments as `a` (positional) and `kw` (keyword-only).
+std::string ArgLines(const formats::OpEvent& op, size_t index, size_t recorded, const PyArgs& args) {
+  return absl::StrCat(absl::StrFormat("\n# op %d (recorded op %d): %s%s in %s (%s)\n", index, recorded, op.name,
+                                      op.overload.empty() ? "" : "." + op.overload,
+                                      op.module.empty() ? "no module" : op.module, formats::PhaseName(op.phase)),
+                      "a = [", absl::StrJoin(args.positional, ", "), "]\nkw = {", absl::StrJoin(args.keywords, ", "),
+                      "}\n");
+}
+
 absl::StatusOr<std::string> PyOp(size_t index, size_t recorded, const formats::Trace& cut) {
   const formats::OpEvent& op = cut.ops[index];
-  std::string out = absl::StrFormat("\n# op %d (recorded op %d): %s%s in %s (%s)\n", index, recorded, op.name,
-                                    op.overload.empty() ? "" : "." + op.overload,
-                                    op.module.empty() ? "no module" : op.module, formats::PhaseName(op.phase));
   const c10::optional<c10::OperatorHandle> handle =
       c10::Dispatcher::singleton().findSchema(c10::OperatorName(op.name, op.overload));
   MOERR_ASSIGN_OR_RETURN(const PyArgs args, PyArgsOf(op, recorded, handle ? &handle->schema().arguments() : nullptr));
-  absl::StrAppend(&out, "a = [", absl::StrJoin(args.positional, ", "), "]\nkw = {", absl::StrJoin(args.keywords, ", "),
-                  "}\n");
+  std::string out = ArgLines(op, index, recorded, args);
   const bool from_record = !op.outputs.empty() && std::all_of(op.outputs.begin(), op.outputs.end(), [&](uint64_t id) {
     const formats::TensorMeta* meta = cut.Find(id);
     return id == 0 || (meta != nullptr && !meta->leaf.empty());
@@ -256,12 +340,9 @@ absl::StatusOr<std::string> PyOp(size_t index, size_t recorded, const formats::T
       return absl::FailedPreconditionError(absl::StrFormat(
           "op %d %s cannot run from torch.ops and the cut holds none of its outputs", recorded, op.name));
     }
-    const std::string::size_type colons = op.name.find("::");
-    std::string call = absl::StrCat("r = torch.ops.", op.name.substr(0, colons), ".", op.name.substr(colons + 2), ".",
-                                    op.overload.empty() ? "default" : op.overload, "(*a, **kw)\n");
+    std::string call = absl::StrCat("r = ", TorchOp(op), "(*a, **kw)\n");
     if (op.autocast >= 0) {  // the CPU autocast state it ran under
-      const auto dtype = static_cast<int64_t>(recorder::ToScalarType(static_cast<formats::DType>(op.autocast)));
-      MOERR_ASSIGN_OR_RETURN(const std::string name, PyEnum(c10::TypeKind::ScalarTypeType, dtype));
+      MOERR_ASSIGN_OR_RETURN(const std::string name, AutocastDType(op));
       call = absl::StrCat("with torch.autocast(\"cpu\", dtype=", name, "):\n    ", call);
     }
     // An op that returns nothing (in-place _foreach_*_) has the tensors it
@@ -287,6 +368,16 @@ std::string NonFinite(const formats::Trace& cut) {
   return inf && nan ? "Inf and NaN" : nan ? "NaN" : "Inf";
 }
 
+// What follows a script's docstring: the fixed part, its `check`, and the
+// set-up that loads the values file `values_name` beside the script.
+std::string SetUp(const char* check, const std::string& values_name, int64_t threads) {
+  std::string out = absl::StrCat("\"\"\"\n", kPrelude, check, "VALUES = Path(__file__).with_name(",
+                                 llvm::formatv("{0}", llvm::json::Value(values_name)).str(),
+                                 ")\nT = load_safetensors(VALUES)\nv = {}\ntorch.set_grad_enabled(False)\n");
+  if (threads > 0) absl::StrAppend(&out, "torch.set_num_threads(", threads, ")  # as recorded\n");
+  return out;
+}
+
 // The docstring and set-up: where the cut came from, what it asserts.
 std::string Header(const formats::Trace& cut, const ReproSource& source, const std::string& values_name,
                    const std::string& assertion) {
@@ -301,11 +392,58 @@ std::string Header(const formats::Trace& cut, const ReproSource& source, const s
     absl::StrAppend(&out, absl::StrFormat("The cause (moerr bisect): op %d %s in %s, whose output exploded.\n",
                                           *source.cause, cause.name, cause.module));
   }
-  absl::StrAppend(&out, "\"\"\"\n", kPrelude, "VALUES = Path(__file__).with_name(",
-                  llvm::formatv("{0}", llvm::json::Value(values_name)).str(), ")\nT = load_safetensors(VALUES)\n",
-                  "v = {}\ntorch.set_grad_enabled(False)\n");
-  if (source.threads > 0) absl::StrAppend(&out, "torch.set_num_threads(", source.threads, ")  # as recorded\n");
+  return out + SetUp(kOverflowCheck, values_name, source.threads);
+}
+
+// The lines that load the cut's values no kept op makes ("v[7] = leaf(...)"),
+// and in `tensors` every leaf's value the safetensors file holds.
+absl::StatusOr<std::string> LeafLines(const formats::Trace& cut, const std::map<uint64_t, at::Tensor>& values,
+                                      std::vector<std::pair<std::string, formats::TensorView>>& tensors) {
+  std::string out;
+  for (const formats::TensorMeta& meta : cut.tensors) {
+    if (meta.leaf.empty() || meta.producer >= 0) continue;  // a kept op makes it, or loads it with its op
+    auto value = values.find(meta.id);
+    if (value == values.end()) return absl::DataLossError(absl::StrFormat("tensor %d has no value", meta.id));
+    absl::StrAppend(&out, "v[", meta.id, "] = ", PyLeaf(meta), "\n");
+  }
+  for (const formats::TensorMeta& meta : cut.tensors) {
+    auto value = values.find(meta.id);
+    if (meta.leaf.empty() || value == values.end()) continue;
+    MOERR_ASSIGN_OR_RETURN(formats::TensorView view, recorder::ViewOf(value->second));
+    tensors.emplace_back(meta.leaf, std::move(view));
+  }
   return out;
+}
+
+// Writes `script` and, beside it, `tensors` as safetensors.
+absl::Status WriteFiles(const std::string& script_path, const std::string& values_path, const std::string& script,
+                        const std::vector<std::pair<std::string, formats::TensorView>>& tensors,
+                        const std::string& bundle, int64_t step) {
+  MOERR_RETURN_IF_ERROR(formats::WriteSafetensors(
+      values_path, tensors, {{"moerr_bundle", bundle}, {"step", absl::StrCat(step)}}, /*overwrite=*/true));
+  std::ofstream file(script_path, std::ios::trunc);
+  file << script;
+  file.close();
+  if (!file) return absl::UnavailableError(absl::StrFormat("cannot write %s", script_path));
+  return absl::OkStatus();
+}
+
+// The docstring of WriteDivergenceScript's script.
+std::string DivergenceDocstring(const formats::OpEvent& op, const DivergenceSource& source,
+                                const std::string& script_name, const std::string& values_name,
+                                const std::string& assertion) {
+  return absl::StrFormat(
+      "\"\"\"One op of %s, step %d, reduced by `moerr reduce --against %s` (step %d): op %d %s in %s (%s),\n"
+      "the first op that introduces error beyond its budget against the reference (moerr diff: an op's\n"
+      "output against its float64 run on its own recorded inputs).\n\n"
+      "Needs torch alone. Loads the op's recorded inputs and its recorded output %d from %s beside this\n"
+      "file, runs the op in float64 on those inputs through torch.ops, and compares: while the recorded\n"
+      "output is wrong it raises\n    AssertionError: %s\n"
+      "The budget is %gx the error of this op's run here in the recorded dtypes (%s). `python %s DEVICE`\n"
+      "judges the op's output on DEVICE (cuda, npu, cpu) instead: a kernel team reruns it there.\n",
+      source.bundle, source.step, source.reference, source.reference_step, source.op, op.name,
+      op.module.empty() ? "no module" : op.module, formats::PhaseName(op.phase), source.slot, values_name, assertion,
+      source.budget_multiple, source.dtype, script_name);
 }
 
 }  // namespace
@@ -319,30 +457,55 @@ absl::StatusOr<std::string> WriteReproScript(const std::string& script_path, con
   const std::string values_name = std::filesystem::path(values_path).filename().string();
   std::string script = Header(cut, source, values_name, assertion);
   std::vector<std::pair<std::string, formats::TensorView>> tensors;
-  absl::StrAppend(&script, "\n# The values that feed the kept ops (cut free from the step).\n");
-  for (const formats::TensorMeta& meta : cut.tensors) {
-    if (meta.leaf.empty() || meta.producer >= 0) continue;  // a kept op makes it, or loads it with its op
-    auto value = values.find(meta.id);
-    if (value == values.end()) return absl::DataLossError(absl::StrFormat("tensor %d has no value", meta.id));
-    absl::StrAppend(&script, "v[", meta.id, "] = ", PyLeaf(meta), "\n");
-  }
-  for (const formats::TensorMeta& meta : cut.tensors) {
-    auto value = values.find(meta.id);
-    if (meta.leaf.empty() || value == values.end()) continue;
-    MOERR_ASSIGN_OR_RETURN(formats::TensorView view, recorder::ViewOf(value->second));
-    tensors.emplace_back(meta.leaf, std::move(view));
-  }
+  MOERR_ASSIGN_OR_RETURN(const std::string leaves, LeafLines(cut, values, tensors));
+  absl::StrAppend(&script, "\n# The values that feed the kept ops (cut free from the step).\n", leaves);
   for (size_t i = 0; i < cut.ops.size(); ++i) {
     MOERR_ASSIGN_OR_RETURN(std::string lines, PyOp(i, source.kept[i], cut));
     absl::StrAppend(&script, lines);
   }
   absl::StrAppend(&script, "\nprint(\"no op made Inf or NaN from finite inputs: the failure does not reproduce\")\n");
-  MOERR_RETURN_IF_ERROR(formats::WriteSafetensors(
-      values_path, tensors, {{"moerr_bundle", source.bundle}, {"step", absl::StrCat(source.step)}}, /*overwrite=*/true));
-  std::ofstream file(script_path, std::ios::trunc);
-  file << script;
-  file.close();
-  if (!file) return absl::UnavailableError(absl::StrFormat("cannot write %s", script_path));
+  MOERR_RETURN_IF_ERROR(WriteFiles(script_path, values_path, script, tensors, source.bundle, source.step));
+  return assertion;
+}
+
+absl::StatusOr<std::string> WriteDivergenceScript(const std::string& script_path, const std::string& values_path,
+                                                  const formats::Trace& cut,
+                                                  const std::map<uint64_t, at::Tensor>& values,
+                                                  const DivergenceSource& source) {
+  MOERR_CHECK(cut.ops.size() == 1 && source.slot < cut.ops[0].outputs.size());
+  const formats::OpEvent& op = cut.ops[0];
+  const formats::TensorMeta* judged = cut.Find(op.outputs[source.slot]);
+  MOERR_CHECK(judged != nullptr && !judged->leaf.empty() && values.count(judged->id));
+  const std::string module = op.module.empty() ? "no module" : op.module;
+  const c10::optional<c10::OperatorHandle> handle =
+      c10::Dispatcher::singleton().findSchema(c10::OperatorName(op.name, op.overload));
+  if (!handle || handle->schema().returns().empty()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "op %d %s %s: the repro runs an op through torch.ops and compares what it returns", source.op, op.name,
+        handle ? "returns nothing" : "is not an op of this LibTorch"));
+  }
+  const std::string assertion =
+      absl::StrFormat("op %d %s (%s): the recorded output differs from %s on its recorded inputs by %.2g (budget %.2g)",
+                      source.op, op.name, module, op.name, source.introduced, source.budget);
+  const std::string values_name = std::filesystem::path(values_path).filename().string();
+  std::string script = DivergenceDocstring(op, source, std::filesystem::path(script_path).filename().string(),
+                                           values_name, assertion);
+  absl::StrAppend(&script, SetUp(kDivergenceCheck, values_name, source.threads));
+  std::vector<std::pair<std::string, formats::TensorView>> tensors;
+  MOERR_ASSIGN_OR_RETURN(const std::string leaves, LeafLines(cut, values, tensors));
+  for (auto& [name, view] : tensors) {
+    if (name == judged->leaf) name = "recorded_output";  // the value judged, by the name the script reads
+  }
+  MOERR_ASSIGN_OR_RETURN(const PyArgs args, PyArgsOf(op, source.op, &handle->schema().arguments()));
+  MOERR_ASSIGN_OR_RETURN(const std::string autocast, AutocastDType(op));
+  absl::StrAppend(&script, "\n# The op's recorded inputs.\n", leaves, ArgLines(op, 0, source.op, args),
+                  absl::StrFormat("# Output %d, judged: relative L2 against the float64 run, at most the budget, "
+                                  "%gx this machine's %s rounding of it (moerr diff).\n",
+                                  source.slot, source.budget_multiple, source.dtype),
+                  absl::StrFormat("judge(%d, \"%s\", %s, %s, a, kw, %d, %s, %s)\n", source.op, op.name,
+                                  llvm::formatv("{0}", llvm::json::Value(module)).str(), TorchOp(op), source.slot,
+                                  PyFloat(source.budget), autocast));
+  MOERR_RETURN_IF_ERROR(WriteFiles(script_path, values_path, script, tensors, source.bundle, source.step));
   return assertion;
 }
 

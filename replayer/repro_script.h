@@ -1,7 +1,9 @@
-// The standalone repro of an op-level reduce (op_reduce.h): a Python script
-// that needs torch alone. It loads the cut's leaves from a safetensors file
-// beside it (its own reader, no `safetensors` package), calls the kept ops in
-// recorded order through `torch.ops.<namespace>.<op>.<overload>` (outputs of
+// The standalone repros of an op-level reduce: for a first overflow
+// (op_reduce.h, WriteReproScript) and for a divergence from a reference
+// recording (divergence_reduce.h, WriteDivergenceScript). Each is a Python
+// script that needs torch alone and loads the cut's leaves from a
+// safetensors file beside it (its own reader, no `safetensors` package).
+// The overflow's calls the kept ops in recorded order through `torch.ops.<namespace>.<op>.<overload>` (outputs of
 // random and foreign ops, which the replay takes from the record, are loaded
 // too), each under the CPU autocast state it was recorded with, with grad
 // mode off and the recorded thread count, and after each op checks what
@@ -42,5 +44,33 @@ struct ReproSource {
 absl::StatusOr<std::string> WriteReproScript(const std::string& script_path, const std::string& values_path,
                                              const formats::Trace& cut, const std::map<uint64_t, at::Tensor>& values,
                                              const ReproSource& source);
+
+// The op a divergence reduce keeps (divergence_reduce.h), for its script.
+struct DivergenceSource {
+  std::string bundle, reference;  // the recordings' paths: the one reduced, the one it is diffed against
+  int64_t step = 0, reference_step = 0;
+  size_t op = 0;                  // its recorded op index in `bundle`'s step
+  size_t slot = 0;                // the output judged: the one furthest past its budget
+  double introduced = 0;          // relative L2 of the recorded output against the op's fp64 run
+  double budget = 0;              // relative L2: `budget_multiple` x this machine's rounding in `dtype`
+  double budget_multiple = 0;
+  std::string dtype;              // the output's recorded dtype ("bf16")
+  int64_t threads = 0;            // intra-op threads it was recorded with; 0: unknown
+};
+
+// Writes a script that judges one op (`cut`, of one op; the values of its
+// leaves in `values`) as moerr diff does: it runs the op through torch.ops
+// in fp64 (floating inputs and dtype arguments widened, autocast off) on
+// the recorded inputs and raises AssertionError("op 148 aten::silu (M): the
+// recorded output differs from aten::silu on its recorded inputs by 0.18
+// (budget 0.007)") while the relative L2 of output `source.slot` as
+// recorded (a leaf of `cut` with its value in `values`; "recorded_output"
+// in the safetensors file) against that run exceeds the budget; `python SCRIPT DEVICE` judges the
+// op's run on DEVICE instead. Returns that assertion. LibTorch may throw
+// (schema lookups): callers catch at their boundary.
+absl::StatusOr<std::string> WriteDivergenceScript(const std::string& script_path, const std::string& values_path,
+                                                  const formats::Trace& cut,
+                                                  const std::map<uint64_t, at::Tensor>& values,
+                                                  const DivergenceSource& source);
 
 }  // namespace moerr::replayer

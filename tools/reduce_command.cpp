@@ -6,9 +6,12 @@
 #include <filesystem>
 
 #include "absl/strings/str_format.h"
+#include "diff/precision_diff.h"
+#include "formats/dtype.h"
 #include "formats/bundle_reader.h"
 #include "llvm/Support/JSON.h"
 #include "proxy/reduce.h"
+#include "replayer/divergence_reduce.h"
 #include "replayer/op_reduce.h"
 #include "support/progress.h"
 #include "support/status.h"
@@ -144,12 +147,85 @@ ExitOr ReduceByOps(const formats::BundleReader& reader, const replayer::OpReduce
   return kExitOk;
 }
 
+llvm::json::Value DivergenceJson(const replayer::DivergenceReduceReport& r, const replayer::DivergenceReduceOptions& o,
+                                  const std::string& against) {
+  llvm::json::Object failure{{"kind", "divergence"},
+                             {"op_index", static_cast<int64_t>(r.op_index)},
+                             {"against_op_index", static_cast<int64_t>(r.against_op_index)},
+                             {"op", r.op},
+                             {"module", r.module},
+                             {"phase", r.phase},
+                             {"slot", static_cast<int64_t>(r.slot)},
+                             {"dtype", std::string(formats::DTypeName(r.dtype))},
+                             {"introduced", JsonNumber(r.introduced)},
+                             {"rounding", JsonNumber(r.rounding)},
+                             {"budget", JsonNumber(r.budget)},
+                             {"inherited", JsonNumber(r.inherited)}};
+  return llvm::json::Object{{"level", "ops"},
+                            {"step", r.step},
+                            {"against", against},
+                            {"against_step", r.against_step},
+                            {"failure", std::move(failure)},
+                            {"seconds", r.seconds},
+                            {"diff_seconds", r.diff_seconds},
+                            {"ops_before", static_cast<int64_t>(r.ops_before)},
+                            {"ops_after", int64_t{1}},
+                            {"kept", llvm::json::Array{static_cast<int64_t>(r.op_index)}},
+                            {"bytes_before", static_cast<int64_t>(r.bytes_before)},
+                            {"bytes_after", static_cast<int64_t>(r.bytes_after)},
+                            {"assertion", r.assertion},
+                            {"output", o.out_path},
+                            {"repro", o.script_path},
+                            {"values", o.values_path}};
+}
+
+void PrintDivergenceReport(const replayer::DivergenceReduceReport& r, const replayer::DivergenceReduceOptions& o,
+                           const std::string& against) {
+  std::printf("step %lld diverges from %s (step %lld): op %zu %s in %s (%s), op %zu there,\n"
+              "  introduces %.3g in output %zu (%s); budget %.3g (%gx this machine's run: %.3g); inherited from its "
+              "inputs: %.3g\n",
+              static_cast<long long>(r.step), against.c_str(), static_cast<long long>(r.against_step), r.op_index,
+              r.op.c_str(), r.module.empty() ? "no module" : r.module.c_str(), r.phase.c_str(), r.against_op_index,
+              r.introduced, r.slot, std::string(formats::DTypeName(r.dtype)).c_str(), r.budget, diff::kBudgetMultiple,
+              r.rounding, r.inherited);
+  std::printf("kept: that op alone, on its recorded inputs; %.1f s (the diff judged on introduced error: %.1f s)\n\n",
+              r.seconds, r.diff_seconds);
+  std::printf("| | original | reduced | ratio |\n|---|---|---|---|\n");
+  std::printf("| ops | %zu | 1 | %.1fx |\n", r.ops_before, double(r.ops_before));
+  std::printf("| bundle bytes | %llu | %llu | %.1fx |\n", static_cast<unsigned long long>(r.bytes_before),
+              static_cast<unsigned long long>(r.bytes_after),
+              r.bytes_after == 0 ? 0.0 : double(r.bytes_before) / double(r.bytes_after));
+  std::printf("\nwrote %s (moerr replay %s), %s and %s\n", o.out_path.c_str(), o.out_path.c_str(),
+              o.script_path.c_str(), o.values_path.c_str());
+  std::printf("python %s raises: AssertionError: %s\n", o.script_path.c_str(), r.assertion.c_str());
+}
+
+// The divergence of `bundle` from `against` reduced to one op, into `o`'s paths.
+ExitOr ReduceAgainst(const std::string& bundle, int64_t step, const std::string& against, int64_t against_step,
+                     const replayer::DivergenceReduceOptions& o, bool json) {
+  MOERR_ASSIGN_OR_RETURN(const OpenedStep reduced, OpenStep(bundle, step));
+  MOERR_ASSIGN_OR_RETURN(const OpenedStep reference, OpenStep(against, against_step));
+  Progress bar("reduce", 0);
+  int64_t stage = 0;
+  auto report = replayer::ReduceDivergence(reduced, reference, o, [&](const std::string& what) {
+    bar.Update(++stage, what);
+  });
+  bar.Finish();
+  if (!report.ok()) return report.status();
+  if (json) {
+    PrintJson(DivergenceJson(*report, o, against));
+  } else {
+    PrintDivergenceReport(*report, o, against);
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 void AddReduceCommand(CLI::App& app, int& exit_code) {
   struct Options {
-    std::string bundle, out;
-    int64_t step = -1;
+    std::string bundle, out, against;
+    int64_t step = -1, against_step = -1;
     bool force = false, json = false, ops = false;
   };
   auto opts = std::make_shared<Options>();
@@ -158,11 +234,17 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
                 "A step moerr rebuilds as a model (the reference trainer's) loses experts, layers, response tokens "
                 "and prompts under model replay (the first overflow, or the lint warning, in the same phase and module "
                 "class); any other replayable or full recording (a plain PyTorch step) loses ops under program replay "
-                "(the same first overflow and cause), and gets OUT.repro.py, a torch-only script that asserts it");
+                "(the same first overflow and cause), and gets OUT.repro.py, a torch-only script that asserts it. With "
+                "--against REF, a divergence from a reference recording is reduced to the op that introduces it");
   cmd->add_option("BUNDLE", opts->bundle, "A replayable or full bundle")->required();
   cmd->add_option("-o,--output", opts->out, "The reduced bundle to write (candidates go to a directory OUT.work-XXXXXX beside it, removed at the end)")
       ->required();
   cmd->add_option("--step", opts->step, "Step to reduce (default: the first that overflowed; as a model, also the first with a lint warning)");
+  cmd->add_option("--against", opts->against,
+                  "A reference recording of the same step (both full): keep the first op that introduces error beyond "
+                  "its budget against it, as moerr diff REF BUNDLE judges it, cut free on its recorded inputs; "
+                  "OUT.repro.py asserts its recorded output's error against the op's fp64 run");
+  cmd->add_option("--against-step", opts->against_step, "Step of --against (default: its first complete step)");
   cmd->add_flag("--ops", opts->ops, "Reduce the recorded op sequence even where the step can be rebuilt as a model");
   cmd->add_flag("--force", opts->force, "Overwrite an existing output bundle");
   cmd->add_flag("--json", opts->json, "Print the report as JSON");
@@ -171,11 +253,17 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
     MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
     // Any step but the reference trainer's is reduced op by op; its repro
     // goes beside OUT.
-    const bool by_ops = opts->ops || !reader->ReadAnnotation("model_config").ok();
+    const bool by_ops = opts->ops || !opts->against.empty() || !reader->ReadAnnotation("model_config").ok();
     if (by_ops) {
       for (const char* suffix : {".repro.py", ".repro.safetensors"}) {
         MOERR_RETURN_IF_ERROR(CheckOverwrite(ReproStem(opts->out) + suffix, opts->force, {opts->bundle}));
       }
+    }
+    if (!opts->against.empty()) {
+      MOERR_RETURN_IF_ERROR(CheckOverwrite(opts->out, opts->force, {opts->bundle, opts->against}));
+      return ReduceAgainst(opts->bundle, opts->step, opts->against, opts->against_step,
+                           {opts->out, ReproStem(opts->out) + ".repro.py", ReproStem(opts->out) + ".repro.safetensors"},
+                           opts->json);
     }
     proxy::ReduceOptions options;
     options.step = opts->step;

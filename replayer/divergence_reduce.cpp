@@ -1,0 +1,207 @@
+#include "replayer/divergence_reduce.h"
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "diff/precision_diff.h"
+#include "formats/bundle_reader.h"
+#include "recorder/hooks/tensor_adapter.h"
+#include "recorder/hooks/torch_boundary.h"
+#include "replayer/introduced_error.h"
+#include "replayer/program_replay.h"
+#include "replayer/repro_script.h"
+#include "replayer/step_cut.h"
+#include "support/check.h"
+#include "support/status.h"
+
+namespace moerr::replayer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+std::string Where(const formats::StepTrace& s) { return absl::StrFormat("%s, step %d", s.path, s.step); }
+
+// OK when `s` holds every op's outputs (a full recording), else why the
+// divergence reduce cannot judge it: the diff would only estimate, and the
+// repro needs the recorded inputs and output of the op it keeps.
+absl::Status NeedsEveryValue(const formats::StepTrace& s) {
+  const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(*s.reader);
+  const std::string mode = recording ? recording->getString("mode").getValueOr("").str() : "";
+  if (mode == "stats") {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s was recorded in stats mode: it holds fingerprints, not values, and a divergence is reduced to an op "
+        "judged on its recorded inputs and output (record both steps with mode \"full\")",
+        s.path));
+  }
+  const bool full = std::any_of(s.trace.tensors.begin(), s.trace.tensors.end(), [](const formats::TensorMeta& m) {
+    return m.producer >= 0 && absl::StartsWith(m.leaf, "act/");
+  });
+  if (!full) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s holds no op's outputs (mode %s): a divergence is reduced to an op judged on its recorded inputs and "
+        "output (record both steps with mode \"full\")",
+        Where(s), mode.empty() ? "unknown" : mode));
+  }
+  return absl::OkStatus();
+}
+
+// The op the diff's headline names, as an index into `judged.ops`; an error
+// saying why when the headline is not an op of `bundle` beyond its budget.
+absl::StatusOr<size_t> Culprit(const diff::PrecisionDiff& judged, const formats::StepTrace& bundle,
+                               const formats::StepTrace& reference) {
+  const std::string pair = absl::StrFormat("%s against %s", Where(bundle), Where(reference));
+  if (judged.estimated) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: introduced error could only be estimated (%s); the divergence reduce keeps a measured one", pair,
+        judged.estimated_because.empty() ? "no side replayed isolated" : judged.estimated_because));
+  }
+  if (!judged.Found()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: no op introduces error beyond its budget (moerr diff %s %s): there is no divergence to reduce", pair,
+        reference.path, bundle.path));
+  }
+  if (judged.ProgramFirst()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: the first difference is the program's (other ops called; moerr diff %s %s names them), not an op's "
+        "error, and a repro of one op cannot show it",
+        pair, reference.path, bundle.path));
+  }
+  const diff::PrecisionOp& p = judged.ops[*judged.first_op];
+  MOERR_CHECK(p.a >= 0 && p.b >= 0);
+  const formats::OpEvent& op = bundle.trace.ops[static_cast<size_t>(p.b)];
+  if (p.sides[1].Beyond()) return *judged.first_op;
+  if (p.sides[0].Beyond()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: the first op beyond its budget, op %d %s in %s, is wrong in the reference, not here: reduce %s "
+        "--against %s",
+        pair, p.a, op.name, op.module, reference.path, bundle.path));
+  }
+  return absl::UnimplementedError(absl::StrFormat(
+      "%s: the first difference is op %d %s in %s called with other arguments (%s); the divergence reduce keeps an "
+      "op's introduced error, not yet a difference of its call",
+      pair, p.b, op.name, op.module, p.arguments));
+}
+
+// `cut` (the culprit alone) and the values of its leaves: its inputs as an
+// isolated replay of `bundle` up to it reads them, its outputs as recorded
+// (each keeping its recorded leaf name).
+absl::Status CutValues(const formats::StepTrace& bundle, size_t index, formats::Trace& cut,
+                       std::map<uint64_t, at::Tensor>& values) {
+  std::set<uint64_t> inputs;
+  for (const formats::TensorMeta& meta : cut.tensors) {
+    if (meta.producer < 0) inputs.insert(meta.id);
+  }
+  ReplayOptions isolated;
+  isolated.isolated = true;
+  isolated.end_op = index + 1;
+  isolated.capture = &inputs;
+  MOERR_ASSIGN_OR_RETURN(ReplayReport replayed, ReplayTrace(*bundle.reader, bundle.step, bundle.trace, isolated));
+  for (uint64_t id : inputs) {
+    auto value = replayed.captured.find(id);
+    if (value == replayed.captured.end()) {
+      return absl::DataLossError(absl::StrFormat("%s: tensor %d, an input of op %d, was not read by its replay",
+                                                 Where(bundle), id, index));
+    }
+    values[id] = value->second;
+  }
+  for (formats::TensorMeta& meta : cut.tensors) {
+    const formats::TensorMeta* recorded = meta.producer >= 0 ? bundle.trace.Find(meta.id) : nullptr;
+    if (recorded == nullptr || recorded->leaf.empty()) continue;
+    MOERR_ASSIGN_OR_RETURN(const formats::OwnedTensor owned, bundle.reader->ReadTensor(recorded->leaf, bundle.step));
+    meta.leaf = recorded->leaf;  // the recorded output stays in the bundle: the failure is its value
+    values[meta.id] = recorder::ToTensor(owned.view());
+  }
+  cut.Index();
+  return absl::OkStatus();
+}
+
+// Fills `report` with the judged op `p`: BUNDLE is its side B.
+void Describe(const diff::PrecisionOp& p, const formats::StepTrace& bundle, DivergenceReduceReport& report) {
+  const formats::OpEvent& op = bundle.trace.ops[static_cast<size_t>(p.b)];
+  const diff::IntroducedSide& side = p.sides[1];
+  report.op_index = static_cast<size_t>(p.b);
+  report.against_op_index = static_cast<size_t>(p.a);
+  report.op = op.name;
+  report.module = op.module;
+  report.phase = std::string(formats::PhaseName(op.phase));
+  report.slot = side.slot;
+  report.dtype = side.dtype;
+  report.introduced = side.introduced;
+  report.rounding = side.rounding;
+  report.budget = side.budget;
+  report.inherited = p.inherited;
+}
+
+// Writes the reduced bundle (the op and its values, mode full) and the repro.
+absl::Status WriteReduced(const formats::StepTrace& bundle, const formats::StepTrace& reference,
+                          const DivergenceReduceOptions& options, const formats::Trace& cut,
+                          const std::map<uint64_t, at::Tensor>& values, DivergenceReduceReport& report) {
+  std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(*bundle.reader);
+  llvm::json::Object annotation = recording ? *recording : llvm::json::Object{};
+  annotation["mode"] = "full";  // the op's output is recorded: the failure is its value
+  annotation["reduced"] = llvm::json::Object{{"from", bundle.path},
+                                             {"step", bundle.step},
+                                             {"against", reference.path},
+                                             {"against_step", reference.step},
+                                             {"ops", static_cast<int64_t>(report.ops_before)},
+                                             {"kept", int64_t{1}}};
+  MOERR_RETURN_IF_ERROR(WriteCutBundle(options.out_path, bundle.step, cut, /*with_ops=*/true, values, *bundle.reader,
+                                       std::move(annotation), /*compress=*/true));
+  report.bytes_after = std::filesystem::file_size(options.out_path);
+  DivergenceSource source{bundle.path, reference.path, bundle.step, reference.step, report.op_index, report.slot,
+                          report.introduced, report.budget, diff::kBudgetMultiple,
+                          std::string(formats::DTypeName(report.dtype)),
+                          recording ? recording->getInteger("threads").getValueOr(0) : 0};
+  return CatchTorch("writing the repro", [&] {
+    MOERR_ASSIGN_OR_RETURN(report.assertion, WriteDivergenceScript(options.script_path, options.values_path, cut,
+                                                                   values, source));
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace
+
+absl::StatusOr<DivergenceReduceReport> ReduceDivergence(const formats::StepTrace& bundle,
+                                                        const formats::StepTrace& reference,
+                                                        const DivergenceReduceOptions& options,
+                                                        const std::function<void(const std::string& what)>& progress) {
+  MOERR_CHECK(!options.out_path.empty() && !options.script_path.empty() && !options.values_path.empty());
+  const Clock::time_point start = Clock::now();
+  MOERR_RETURN_IF_ERROR(NeedsEveryValue(bundle));
+  MOERR_RETURN_IF_ERROR(NeedsEveryValue(reference));
+  DivergenceReduceReport report;
+  report.step = bundle.step;
+  report.against_step = reference.step;
+  report.ops_before = bundle.trace.ops.size();
+  report.bytes_before = bundle.reader->file_size();
+
+  // The diff as `moerr diff REF BUNDLE` judges it: A the reference.
+  PrecisionDiffOptions diff_options;
+  diff_options.progress = progress;
+  MOERR_ASSIGN_OR_RETURN(const diff::PrecisionDiff judged,
+                         DiffPrecisions(*reference.reader, reference.trace, reference.step, *bundle.reader,
+                                        bundle.trace, bundle.step, diff_options));
+  report.diff_seconds = Since(start);
+  MOERR_ASSIGN_OR_RETURN(const size_t culprit, Culprit(judged, bundle, reference));
+  Describe(judged.ops[culprit], bundle, report);
+
+  if (progress) progress("cutting the op free");
+  formats::Trace cut = CutStep(bundle.trace, {report.op_index});
+  std::map<uint64_t, at::Tensor> values;
+  MOERR_RETURN_IF_ERROR(Annotate(CutValues(bundle, report.op_index, cut, values), Where(bundle)));
+  if (!values.count(bundle.trace.ops[report.op_index].outputs[report.slot])) {
+    return absl::DataLossError(absl::StrFormat("%s: output %d of op %d is not in the bundle", Where(bundle),
+                                               report.slot, report.op_index));
+  }
+  MOERR_RETURN_IF_ERROR(WriteReduced(bundle, reference, options, cut, values, report));
+  report.seconds = Since(start);
+  return report;
+}
+
+}  // namespace moerr::replayer
