@@ -354,11 +354,17 @@ def instrument(model):
     MoE blocks (a `gate` Linear and an `experts` ModuleList, `top_k`; or a
     `gate` module returning (logits, top-k weights, top-k ids), as
     transformers 5's routers do, next to `experts`) report their routing.
-    Returns the hook handles."""
+    A local expert `experts.<j>` of an expert-parallel block that sets
+    `expert_offset` is named by its global index, `experts.<expert_offset +
+    j>`, as its parameters are in the bundle: expert 5 has one name on every
+    rank. Returns the hook handles."""
+    from moerr._hf import expert_offsets, global_name
+    offsets = expert_offsets(model)
     handles = []
-    for name, module in model.named_modules():
-        if not name:
+    for local_name, module in model.named_modules():
+        if not local_name:
             continue
+        name = global_name(local_name, offsets)[0]
 
         def pre(mod, args, name=name):
             # A scope left open: a forward stopped by an exception (as a

@@ -85,26 +85,35 @@ def split_fused(name, t, family=None, offset=0):
     return out
 
 
+def expert_offsets(model):
+    """{name: expert_offset} of the modules of `model` holding an `experts`
+    module (0 where the block sets none)."""
+    return {name: int(getattr(m, "expert_offset", 0)) for name, m in model.named_modules()
+            if isinstance(getattr(m, "experts", None), torch.nn.Module)}
+
+
+def global_name(name, offsets):
+    """(name, offset): `name`, a parameter's or a module's, with a local
+    expert `...experts.<j>...` of a block with expert_offset o (`offsets`,
+    expert_offsets') named `...experts.<o + j>...`, and that block's offset
+    (0 outside any block)."""
+    for block, o in offsets.items():
+        prefix = (block + "." if block else "") + "experts."
+        if name.startswith(prefix):
+            local, dot, rest = name[len(prefix):].partition(".")
+            if o and local.isdigit():
+                return f"{prefix}{int(local) + o}{dot}{rest}", o
+            return name, o
+    return name, 0
+
+
 def hf_parameters(model, family=None):
     """(parameter, its HF name, expert offset) of `model`: a local
     expert `...experts.<j>...` of a block with `expert_offset` named
     `...experts.<expert_offset + j>...`; split_fused(name, p, family, offset)
     gives its HF tensors."""
-    offsets = {name: int(getattr(m, "expert_offset", 0)) for name, m in model.named_modules()
-               if isinstance(getattr(m, "experts", None), torch.nn.Module)}
-    named = []
-    for name, p in model.named_parameters():
-        hf, offset = name, 0
-        for block, o in offsets.items():
-            prefix = (block + "." if block else "") + "experts."
-            if name.startswith(prefix):
-                offset = o
-                local, _, rest = name[len(prefix):].partition(".")
-                if o and local.isdigit():
-                    hf = f"{prefix}{int(local) + o}.{rest}"
-                break
-        named.append((p, hf, offset))
-    return named
+    offsets = expert_offsets(model)
+    return [(p, *global_name(name, offsets)) for name, p in model.named_parameters()]
 
 
 def hf_names(model, family=None):

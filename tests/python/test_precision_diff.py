@@ -185,12 +185,11 @@ def test_the_html_report_plots_introduced_and_inherited_error(runs, tmp_path):
 
 EP_RANK = """
 import torch, torch.distributed as dist
-import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 import moerr
-from moerr.examples import ExpertParallelMoeModel, expert_parallel_step, _init_gloo
+from moerr.examples import MIXTRAL_TINY, MixtralForCausalLM, causal_lm_loss, _init_gloo
 
-class Gelu(TorchDispatchMode):  # aten::silu computes gelu: rank 1's wrong kernel
+class Gelu(TorchDispatchMode):  # aten::silu computes gelu: a wrong kernel
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.silu.default:
             return torch.ops.aten.gelu.default(args[0])
@@ -198,11 +197,13 @@ class Gelu(TorchDispatchMode):  # aten::silu computes gelu: rank 1's wrong kerne
 
 _init_gloo(INIT)
 rank, world = dist.get_rank(), dist.get_world_size()
+config = dict(MIXTRAL_TINY, num_local_experts=4, num_hidden_layers=1)
 torch.manual_seed(0)
-model = ExpertParallelMoeModel(rank, world, experts=4)
+model = MixtralForCausalLM(config, rank, world)
 moerr.instrument(model)
-if BUG and rank == 1:
-    mode, expert = Gelu(), model.mlp.local[0]
+block = model.model.layers[0].block_sparse_moe
+if BUG is not None and block.expert_offset <= BUG < block.expert_offset + len(block.experts):
+    mode, expert = Gelu(), block.experts[BUG - block.expert_offset]
     def enter(m, a):
         mode.__enter__()
     def leave(m, a, o):
@@ -210,29 +211,51 @@ if BUG and rank == 1:
     expert.register_forward_pre_hook(enter)
     expert.register_forward_hook(leave)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-tokens = torch.randint(0, 16, (4, 9), generator=torch.Generator().manual_seed(100 + rank))
+batch = torch.randint(0, 32, (4, 8), generator=torch.Generator().manual_seed(100))  # the world's
+tokens = batch[rank * 4 // world:(rank + 1) * 4 // world]
 with moerr.record(RUN, ep_size=world, experts=4, mode="full", overwrite=True) as rec:
-    for name, p in model.named_parameters():
-        if ".local." not in name:
-            dist.broadcast(p.data, 0)
     with rec.step():
-        expert_parallel_step(model, opt, tokens)
+        loss = causal_lm_loss(model(tokens), tokens)
+        loss.backward()
+        for name, p in model.named_parameters():
+            if p.grad is not None and ".experts." not in name:
+                dist.all_reduce(p.grad)
+                p.grad.div_(world)
+        with moerr.scope("optimizer"):
+            opt.step()
 dist.destroy_process_group()
 """
 
 
-def test_two_expert_parallel_runs_are_judged_rank_by_rank(tmp_path):
-    """Two 2-rank runs of one step; in the second, rank 1's first expert
-    (expert 2 of the layer) has a wrong kernel. Rank 0's part is within
-    rounding, rank 1's names that expert's op."""
+@pytest.fixture(scope="module")
+def ep_runs(tmp_path_factory):
+    """One expert-parallel step of a Mixtral-layout model on one global
+    batch: on 2 ranks, healthy and with expert 2 (rank 1's first) running a
+    wrong kernel; and healthy on 4 ranks."""
     from test_distributed_record import run_ranks
-    healthy, broken = tmp_path / "healthy", tmp_path / "broken"
-    run_ranks("BUG = False\n" + EP_RANK, healthy)
-    run_ranks("BUG = True\n" + EP_RANK, broken)
-    report = json.loads(run("diff", healthy, broken, "--json", ok=(1,)))
+    d = tmp_path_factory.mktemp("ep")
+    runs = {"healthy": d / "healthy", "broken": d / "broken", "healthy4": d / "healthy4"}
+    run_ranks("BUG = None\n" + EP_RANK, runs["healthy"])
+    run_ranks("BUG = 2\n" + EP_RANK, runs["broken"])
+    run_ranks("BUG = None\n" + EP_RANK, runs["healthy4"], world=4)
+    return runs
+
+
+def test_two_expert_parallel_runs_are_judged_rank_by_rank(ep_runs):
+    report = json.loads(run("diff", ep_runs["healthy"], ep_runs["broken"], "--json", ok=(1,)))
     parts = {p["what"]: p["introduced"] for p in report["parts"]}
     assert set(parts) == {"rank 0", "rank 1"}, parts
     assert parts["rank 0"]["within_rounding"] and not parts["rank 0"]["estimated"], parts["rank 0"]["first"]
     f = parts["rank 1"]["first"]
     assert f is not None and f["kind"] == "introduced", parts["rank 1"]
-    assert f["op"]["op"] == "aten::silu" and f["op"]["module"].endswith("local.0"), f
+    assert f["op"]["op"] == "aten::silu" and f["op"]["module"] == "model.layers.0.block_sparse_moe.experts.2", f
+
+
+def test_worlds_of_two_sizes_are_judged_expert_by_expert(ep_runs):
+    report = json.loads(run("diff", ep_runs["healthy4"], ep_runs["broken"], "--json", ok=(1,)))
+    parts = {p["what"]: p["introduced"] for p in report["parts"]}
+    assert set(parts) == {f"expert {e}" for e in range(4)}, parts
+    for e in (0, 1, 3):
+        assert parts[f"expert {e}"]["within_rounding"], (e, parts[f"expert {e}"]["first"])
+    f = parts["expert 2"]["first"]
+    assert f is not None and f["kind"] == "introduced" and f["op"]["op"] == "aten::silu", parts["expert 2"]
