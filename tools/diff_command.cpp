@@ -136,8 +136,8 @@ llvm::json::Object IntroducedJson(const diff::PrecisionDiff& r, const formats::T
 void PrintSide(const char* name, const diff::IntroducedSide& s, bool estimated) {
   if (!s.known) return;
   if (estimated) {
-    std::printf("  the outputs differ by %.3g beyond their inputs' difference (an estimate; threshold %.3g)", s.introduced,
-                s.budget);
+    std::printf("  the outputs differ by %.3g beyond their inputs' difference (an estimate; threshold %.3g)\n",
+                s.introduced, s.budget);
     return;
   }
   std::printf("  %s introduces %.3g in output %zu (%s); budget %.3g (%gx this machine's run: %.3g)\n", name,
@@ -151,8 +151,7 @@ void PrintPrecisionOp(const char* title, const diff::PrecisionOp& p, const forma
   if (!p.arguments.empty()) std::printf("  the calls differ: %s\n", p.arguments.c_str());
   PrintSide("B", p.sides[1], estimated);
   PrintSide("A", p.sides[0], estimated);
-  std::printf("%s  inherited from its inputs: %.3g; observed difference of its outputs: %.3g\n", estimated ? "\n" : "",
-              p.inherited, p.observed);
+  std::printf("  inherited from its inputs: %.3g; observed difference of its outputs: %.3g\n", p.inherited, p.observed);
 }
 
 // The coarsest floating dtype the judged ops' sides ran in: "bf16".
