@@ -72,7 +72,7 @@ absl::StatusOr<FailingStep> FindOverflowingStep(const formats::BundleReader& rea
   }
   return absl::FailedPreconditionError(absl::StrFormat(
       "%s: %s; the op-level reduce keeps a first overflow (an op making Inf or NaN from finite inputs), "
-      "and keeps neither a divergence from a reference recording nor a vendor op's verdict yet",
+      "or, with --against REF, a divergence from a reference recording (a vendor op's verdict: not yet)",
       options.source,
       options.step >= 0 ? absl::StrFormat("step %d has no overflow", options.step) : "no recorded step overflows"));
 }
