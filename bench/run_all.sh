@@ -73,6 +73,8 @@ section "moerr reduce op by op (each candidate replayed) against one replay of t
   env PYTHONPATH="$BUILD/python" "$PYTHON" bench/replayer/bench_op_reduce.py "$BUILD" "$WORK/op_reduce"
 section "Diff throughput against numpy" \
   "$PYTHON" bench/diff/bench_diff.py "$BUILD" "$WORK/diff"
+section "moerr diff judging introduced error (each op beside its fp64 run) against the observed diff, on fp32 and bf16 full recordings of one plain-PyTorch MoE step" \
+  "$PYTHON" bench/diff/bench_precision_diff.py "$BUILD" "$WORK/precision_diff"
 section "moerr diff of two imported msprobe tensor dumps against numpy (MOERR_IMPORT_BENCH_MIB per side, default 256)" \
   "$PYTHON" bench/importers/bench_import_diff.py "$BUILD" "$WORK/import" --mib "${MOERR_IMPORT_BENCH_MIB:-256}"
 section "msprobe compare against moerr import msprobe + moerr diff on the same two msprobe tensor dumps of one step (MOERR_IMPORT_BENCH_MIB of forward outputs per side, default 256)" \

@@ -56,10 +56,16 @@ class InputErrors {
     for (size_t i = 0; i < in_a.size() && i < in_b.size(); ++i) {
       const TensorMeta* ma = a_.trace.Find(in_a[i]);
       const TensorMeta* mb = b_.trace.Find(in_b[i]);
-      if (ma == nullptr || mb == nullptr || !Floating(ma->dtype) || !Floating(mb->dtype)) continue;
+      if (ma == nullptr || mb == nullptr) continue;
       const std::pair<uint64_t, uint64_t> key{ma->id, mb->id};
       if (errors_.contains(key)) continue;
       const FingerprintDelta delta = CompareFingerprints(ma->fingerprint, mb->fingerprint);
+      if (!Floating(ma->dtype) || !Floating(mb->dtype)) {
+        // Indices or masks that differ (a routing choice rounding moved)
+        // change what the op computes by an amount no relative error says.
+        errors_[key] = ma->shape != mb->shape || !delta.bitwise_equal ? kInf : 0;
+        continue;
+      }
       // Checksums alone (an imported dump's) say that values differ, not by how much.
       const bool unknown = delta.checksums_differ && delta.Score() == 0;
       errors_[key] = ma->shape != mb->shape || delta.nan_mismatch + delta.inf_mismatch > 0 || unknown ? kInf
@@ -121,11 +127,14 @@ IntroducedSide Measured(const std::vector<const ExactRunError*>& errors) {
 // beyond the largest difference of its inputs. Its budget is the threshold
 // of `coarsest`, the lowest precision of the two steps (a bf16 step's
 // rounding reaches its f32 ops too), or kBudgetMultiple - 1 times the
-// inherited difference if larger (an op may amplify what it inherits).
-IntroducedSide Estimated(const OpDiff& op, double inherited, double threshold) {
+// larger of the inherited difference and `carried` if larger (an op may
+// amplify what it inherits). `carried` is the largest difference observed
+// before the op: fingerprints bound a difference from below, so inputs may
+// differ by more than theirs say, but hardly by more than anything before.
+IntroducedSide Estimated(const OpDiff& op, double inherited, double carried, double threshold) {
   IntroducedSide side;
   double worst = -1;
-  const double budget = std::max(threshold, (kBudgetMultiple - 1) * inherited);
+  const double budget = std::max(threshold, (kBudgetMultiple - 1) * std::max(inherited, carried));
   for (const OutputDiff& out : op.outputs) {
     if (!Floating(out.a_dtype) || !Floating(out.b_dtype)) continue;
     // A NaN or Inf, or a checksum, that differs where the inputs agree.
@@ -251,18 +260,23 @@ absl::StatusOr<PrecisionDiff> JudgePrecision(const formats::BundleReader& reader
       return Floating(out.a_dtype) && Floating(out.b_dtype);
     });
     if (!floating && op.arguments.empty()) continue;
-    MOERR_RETURN_IF_ERROR(inputs.Add(op_a, op_b, options.compare_bytes));
+    // An estimate reads no bytes beyond the observed diff's (an imported
+    // tensor dump's inputs would double them): its inputs are compared on
+    // fingerprints, and its budget allows for what they miss (Estimated).
+    MOERR_RETURN_IF_ERROR(inputs.Add(op_a, op_b, options.compare_bytes && !report.estimated));
     report.ops.push_back(std::move(op));
   }
   MOERR_RETURN_IF_ERROR(inputs.Compare(options.threads));
   const double coarsest = CoarsestThreshold(observed, options.thresholds);
+  double carried = 0;  // the largest finite observed difference so far
   for (PrecisionOp& op : report.ops) {
     op.inherited = inputs.Of(a.ops[op.a], b.ops[op.b]);
     // An optimizer's update divides by the root of the second moment: near
     // zero gradients it amplifies a relative difference without bound (the
     // first Adam step is the gradients' signs), so no estimate judges it.
     const bool optimizer = a.ops[op.a].phase == formats::Phase::kOptimizer;
-    if (report.estimated && !optimizer) op.sides[1] = Estimated(observed.ops[op.pair], op.inherited, coarsest);
+    if (report.estimated && !optimizer) op.sides[1] = Estimated(observed.ops[op.pair], op.inherited, carried, coarsest);
+    if (std::isfinite(op.observed)) carried = std::max(carried, op.observed);
   }
   report.programs = ProgramDifferences(observed, a, b);
   PickFirstAndLargest(report);

@@ -16,7 +16,8 @@
 //     kBudgetMultiple - 1 times the inherited difference, if larger).
 //
 // The inherited error of an op is the largest relative L2 difference among
-// its floating inputs, B against A: what arrived, not what it added. Two
+// its floating inputs, B against A: what arrived, not what it added; +inf
+// when an integer or boolean input differs (indices a routing choice moved). Two
 // more things the step's own numbers cannot explain are differences too:
 // the same op called with other arguments (a scalar, an option), and a run
 // of ops where the two programs call different ones (gelu for silu). Casts
@@ -65,7 +66,7 @@ struct PrecisionOp {
   size_t pair = 0;      // index into the observed DiffReport's ops
   int64_t a = -1, b = -1;
   double observed = 0;  // the observed report's error of the op
-  double inherited = 0; // largest relative L2 difference among its floating inputs (+inf: NaN, Inf or shapes differ)
+  double inherited = 0; // largest relative L2 difference among its inputs (+inf: NaN, Inf, shapes or integers differ)
   IntroducedSide sides[2];  // A, B
   std::string arguments;    // how the two calls differ, beyond dtypes and devices ("" when alike)
   bool Beyond() const { return sides[0].Beyond() || sides[1].Beyond() || !arguments.empty(); }
