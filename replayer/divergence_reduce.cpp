@@ -1,6 +1,7 @@
 #include "replayer/divergence_reduce.h"
 
 #include <chrono>
+#include <memory>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -51,8 +52,8 @@ absl::Status NeedsEveryValue(const formats::StepTrace& s) {
   return absl::OkStatus();
 }
 
-// The op the diff's headline names, as an index into `judged.ops`; an error
-// saying why when the headline is not an op of `bundle` beyond its budget.
+// The op the diff's headline names (an index into `judged.ops`), or an error
+// saying why the headline is not an op of `bundle` to reduce to.
 absl::StatusOr<size_t> Culprit(const diff::PrecisionDiff& judged, const formats::StepTrace& bundle,
                                const formats::StepTrace& reference) {
   const std::string pair = absl::StrFormat("%s against %s", Where(bundle), Where(reference));
@@ -82,10 +83,50 @@ absl::StatusOr<size_t> Culprit(const diff::PrecisionDiff& judged, const formats:
         "--against %s",
         pair, p.a, op.name, op.module, reference.path, bundle.path));
   }
-  return absl::UnimplementedError(absl::StrFormat(
-      "%s: the first difference is op %d %s in %s called with other arguments (%s); the divergence reduce keeps an "
-      "op's introduced error, not yet a difference of its call",
-      pair, p.b, op.name, op.module, p.arguments));
+  if (!p.sides[1].known) {  // its call differs, and its error cannot be measured here (no fp64 kernel)
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: op %d %s in %s is called with other arguments (%s), and has no fp64 run here to judge it by", pair,
+        p.b, op.name, op.module, p.arguments));
+  }
+  return *judged.first_op;
+}
+
+// `recorded` as `reference` calls it: its tensors and devices, the
+// reference's other arguments (the scalars and options the diff found
+// different; dtypes are widened to fp64 by the judgement anyway).
+absl::StatusOr<formats::OpEvent> CalledAsReference(const formats::OpEvent& recorded,
+                                                   const formats::OpEvent& reference) {
+  using Kind = formats::OpArg::Kind;
+  if (recorded.args.size() != reference.args.size()) {
+    return absl::UnimplementedError(absl::StrFormat("%s is called with %d arguments here and %d in the reference",
+                                                    recorded.name, recorded.args.size(), reference.args.size()));
+  }
+  formats::OpEvent out = recorded;
+  for (size_t i = 0; i < out.args.size(); ++i) {
+    const Kind k = recorded.args[i].kind;
+    const bool own = k == Kind::kTensor || k == Kind::kTensors || k == Kind::kOptionalTensors || k == Kind::kDevice;
+    if (!own) out.args[i] = reference.args[i];
+  }
+  return out;
+}
+
+// The error of output `slot` of `cut`'s one op, as recorded, against the
+// op's fp64 run on its recorded inputs: an isolated replay of `cut` written
+// with `values` to `path` (ReplayOptions::introduced, the diff's measure).
+absl::StatusOr<double> Introduced(const formats::StepTrace& bundle, const formats::Trace& cut,
+                                  const std::map<uint64_t, at::Tensor>& values, size_t slot, const std::string& path) {
+  MOERR_RETURN_IF_ERROR(WriteCutBundle(path, bundle.step, cut, /*with_ops=*/true, values, *bundle.reader,
+                                       llvm::json::Object{{"mode", "full"}}, /*compress=*/false));
+  MOERR_ASSIGN_OR_RETURN(const std::unique_ptr<formats::BundleReader> reader, formats::BundleReader::Open(path));
+  ReplayOptions measure;
+  measure.isolated = true;
+  measure.introduced = true;
+  MOERR_ASSIGN_OR_RETURN(const ReplayReport report, ReplayTrace(*reader, bundle.step, cut, measure));
+  for (const diff::ExactRunError& e : report.introduced) {
+    if (e.slot == slot) return e.recorded;
+  }
+  return absl::FailedPreconditionError(
+      absl::StrFormat("%s has no fp64 run of output %d here to judge it by", cut.ops[0].name, slot));
 }
 
 // `cut` (the culprit alone) and the values of its leaves: its inputs as an
@@ -136,12 +177,15 @@ void Describe(const diff::PrecisionOp& p, const formats::StepTrace& bundle, Dive
   report.rounding = side.rounding;
   report.budget = side.budget;
   report.inherited = p.inherited;
+  report.call_difference = p.arguments;
 }
 
 // Writes the reduced bundle (the op and its values, mode full) and the repro.
+// `called`: the op as the script's fp64 run calls it.
 absl::Status WriteReduced(const formats::StepTrace& bundle, const formats::StepTrace& reference,
                           const DivergenceReduceOptions& options, const formats::Trace& cut,
-                          const std::map<uint64_t, at::Tensor>& values, DivergenceReduceReport& report) {
+                          const formats::OpEvent& called, const std::map<uint64_t, at::Tensor>& values,
+                          DivergenceReduceReport& report) {
   std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(*bundle.reader);
   llvm::json::Object annotation = recording ? *recording : llvm::json::Object{};
   annotation["mode"] = "full";  // the op's output is recorded: the failure is its value
@@ -157,10 +201,11 @@ absl::Status WriteReduced(const formats::StepTrace& bundle, const formats::StepT
   DivergenceSource source{bundle.path, reference.path, bundle.step, reference.step, report.op_index, report.slot,
                           report.introduced, report.budget, diff::kBudgetMultiple,
                           std::string(formats::DTypeName(report.dtype)),
-                          recording ? recording->getInteger("threads").getValueOr(0) : 0};
+                          recording ? recording->getInteger("threads").getValueOr(0) : 0,
+                          report.call_difference};
   return CatchTorch("writing the repro", [&] {
     MOERR_ASSIGN_OR_RETURN(report.assertion, WriteDivergenceScript(options.script_path, options.values_path, cut,
-                                                                   values, source));
+                                                                   called, values, source));
     return absl::OkStatus();
   });
 }
@@ -171,7 +216,8 @@ absl::StatusOr<DivergenceReduceReport> ReduceDivergence(const formats::StepTrace
                                                         const formats::StepTrace& reference,
                                                         const DivergenceReduceOptions& options,
                                                         const std::function<void(const std::string& what)>& progress) {
-  MOERR_CHECK(!options.out_path.empty() && !options.script_path.empty() && !options.values_path.empty());
+  MOERR_CHECK(!options.out_path.empty() && !options.script_path.empty() && !options.values_path.empty() &&
+              !options.work_dir.empty());
   const Clock::time_point start = Clock::now();
   MOERR_RETURN_IF_ERROR(NeedsEveryValue(bundle));
   MOERR_RETURN_IF_ERROR(NeedsEveryValue(reference));
@@ -199,7 +245,17 @@ absl::StatusOr<DivergenceReduceReport> ReduceDivergence(const formats::StepTrace
     return absl::DataLossError(absl::StrFormat("%s: output %d of op %d is not in the bundle", Where(bundle),
                                                report.slot, report.op_index));
   }
-  MOERR_RETURN_IF_ERROR(WriteReduced(bundle, reference, options, cut, values, report));
+  formats::OpEvent called = cut.ops[0];
+  if (!report.call_difference.empty()) {
+    // Its own output is within its budget: it is judged against the op
+    // called as the reference calls it, on the same recorded inputs.
+    MOERR_ASSIGN_OR_RETURN(called, CalledAsReference(cut.ops[0], reference.trace.ops[report.against_op_index]));
+    formats::Trace as_reference = cut;
+    as_reference.ops[0] = called;
+    const std::string path = (std::filesystem::path(options.work_dir) / "called.moerr").string();
+    MOERR_ASSIGN_OR_RETURN(report.introduced, Introduced(bundle, as_reference, values, report.slot, path));
+  }
+  MOERR_RETURN_IF_ERROR(WriteReduced(bundle, reference, options, cut, called, values, report));
   report.seconds = Since(start);
   return report;
 }

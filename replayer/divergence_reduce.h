@@ -15,9 +15,11 @@
 // Refused, each saying why: a recording without the values of every op (a
 // stats or replayable bundle: the judgement would be an estimate, and the
 // repro needs the recorded output); steps whose differences are within
-// rounding; a first difference that is the program's (other ops called) or
-// the arguments' (the same op called with another scalar), or that lies in
-// the reference's op rather than BUNDLE's.
+// rounding; a first difference that is the program's (other ops called),
+// or that lies in the reference's op rather than BUNDLE's. A first
+// difference that is the op's call (the same op called with another
+// scalar, its output within its budget) is kept too: the expected output is
+// then the op called as the reference calls it.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +36,7 @@ namespace moerr::replayer {
 struct DivergenceReduceOptions {
   std::string out_path;                    // required: the reduced bundle
   std::string script_path, values_path;    // required: the repro script and its values (safetensors)
+  std::string work_dir;                    // required: where a judgement's scratch bundle goes
 };
 
 struct DivergenceReduceReport {
@@ -48,6 +51,12 @@ struct DivergenceReduceReport {
   // (`rounding`), and the budget (diff::kBudgetMultiple x rounding).
   double introduced = 0, rounding = 0, budget = 0;
   double inherited = 0;         // largest relative L2 difference of its inputs from the reference's
+  // How its call differs from the reference's ("argument 1 (other): 1 vs
+  // 1.01", the reference's value first), "" when alike. When it differs
+  // (and its own output is within its budget), `introduced` is the recorded
+  // output's error against the fp64 run of the op called as the reference
+  // calls it.
+  std::string call_difference;
   size_t ops_before = 0;        // ops in the recorded step
   uint64_t bytes_before = 0, bytes_after = 0;  // file sizes: the recording, the reduced bundle
   double seconds = 0;           // the whole reduction

@@ -148,25 +148,28 @@ def rel_l2(x, exact):
     return math.sqrt(sq / aa) if aa > 0 else (math.inf if sq > 0 else 0.0)
 
 
-def judge(index, name, module, op, a, kw, slot, budget, autocast):
+def judge(index, name, module, op, a, kw, slot, budget, autocast, expected=None, own=None):
     """Output `slot` of the op (the recorded one, or with a device argument, this op run there on the
-    recorded inputs, under the recorded autocast dtype) against the op's float64 run."""
+    recorded inputs, under the recorded autocast dtype) against the op's float64 run called with `a`, `kw`.
+    `expected` names that run when it is not the recorded call (then `own` holds the recorded call's
+    arguments, which the device run takes)."""
     with torch.autocast("cpu", enabled=False):
         exact = flat(op(*widened(a), **{k: widened(x) for k, x in kw.items()}))[slot]
+    expected = expected or name
     device = sys.argv[1] if len(sys.argv) > 1 else None
     if device is None:
         out, what = T["recorded_output"], "the recorded output"
     else:
-        on = torch.device(device)
+        on, (a, kw) = torch.device(device), own or (a, kw)
         with torch.autocast(on.type, dtype=autocast or torch.float32, enabled=autocast is not None):
             out = flat(op(*moved(a, on), **{k: moved(x, on) for k, x in kw.items()}))[slot].cpu()
         what = f"its output on {device}"
     err = rel_l2(out, exact)
-    print(f"op {index} {name} ({module}): {what} against {name} in float64 on its recorded inputs: "
+    print(f"op {index} {name} ({module}): {what} against {expected} in float64 on its recorded inputs: "
           f"relative L2 {err:.3g}, budget {budget:.3g}")
     if err > budget:
-        raise AssertionError(f"op {index} {name} ({module}): {what} differs from {name} on its recorded inputs "
-                             f"by {err:.2g} (budget {budget:.2g})")
+        raise AssertionError(f"op {index} {name} ({module}): {what} differs from {expected} on its recorded "
+                             f"inputs by {err:.2g} (budget {budget:.2g})")
     print("within its budget: the divergence does not reproduce")
 
 
@@ -469,7 +472,7 @@ absl::StatusOr<std::string> WriteReproScript(const std::string& script_path, con
 }
 
 absl::StatusOr<std::string> WriteDivergenceScript(const std::string& script_path, const std::string& values_path,
-                                                  const formats::Trace& cut,
+                                                  const formats::Trace& cut, const formats::OpEvent& called,
                                                   const std::map<uint64_t, at::Tensor>& values,
                                                   const DivergenceSource& source) {
   MOERR_CHECK(cut.ops.size() == 1 && source.slot < cut.ops[0].outputs.size());
@@ -484,9 +487,13 @@ absl::StatusOr<std::string> WriteDivergenceScript(const std::string& script_path
         "op %d %s %s: the repro runs an op through torch.ops and compares what it returns", source.op, op.name,
         handle ? "returns nothing" : "is not an op of this LibTorch"));
   }
+  const std::string expected =
+      source.call_difference.empty()
+          ? op.name
+          : absl::StrFormat("%s called as the reference calls it (%s)", op.name, source.call_difference);
   const std::string assertion =
       absl::StrFormat("op %d %s (%s): the recorded output differs from %s on its recorded inputs by %.2g (budget %.2g)",
-                      source.op, op.name, module, op.name, source.introduced, source.budget);
+                      source.op, op.name, module, expected, source.introduced, source.budget);
   const std::string values_name = std::filesystem::path(values_path).filename().string();
   std::string script = DivergenceDocstring(op, source, std::filesystem::path(script_path).filename().string(),
                                            values_name, assertion);
@@ -498,13 +505,21 @@ absl::StatusOr<std::string> WriteDivergenceScript(const std::string& script_path
   }
   MOERR_ASSIGN_OR_RETURN(const PyArgs args, PyArgsOf(op, source.op, &handle->schema().arguments()));
   MOERR_ASSIGN_OR_RETURN(const std::string autocast, AutocastDType(op));
-  absl::StrAppend(&script, "\n# The op's recorded inputs.\n", leaves, ArgLines(op, 0, source.op, args),
+  std::string call = ArgLines(op, 0, source.op, args), extra;
+  if (!source.call_difference.empty()) {  // the fp64 run calls it as the reference does
+    MOERR_ASSIGN_OR_RETURN(const PyArgs as_reference, PyArgsOf(called, source.op, &handle->schema().arguments()));
+    absl::StrAppend(&call, "own = (a, kw)\n# As the reference calls it (", source.call_difference, "):\n",
+                    "a = [", absl::StrJoin(as_reference.positional, ", "), "]\nkw = {",
+                    absl::StrJoin(as_reference.keywords, ", "), "}\n");
+    extra = absl::StrCat(", ", llvm::formatv("{0}", llvm::json::Value(expected)).str(), ", own");
+  }
+  absl::StrAppend(&script, "\n# The op's recorded inputs.\n", leaves, call,
                   absl::StrFormat("# Output %d, judged: relative L2 against the float64 run, at most the budget, "
                                   "%gx this machine's %s rounding of it (moerr diff).\n",
                                   source.slot, source.budget_multiple, source.dtype),
-                  absl::StrFormat("judge(%d, \"%s\", %s, %s, a, kw, %d, %s, %s)\n", source.op, op.name,
+                  absl::StrFormat("judge(%d, \"%s\", %s, %s, a, kw, %d, %s, %s%s)\n", source.op, op.name,
                                   llvm::formatv("{0}", llvm::json::Value(module)).str(), TorchOp(op), source.slot,
-                                  PyFloat(source.budget), autocast));
+                                  PyFloat(source.budget), autocast, extra));
   MOERR_RETURN_IF_ERROR(WriteFiles(script_path, values_path, script, tensors, source.bundle, source.step));
   return assertion;
 }

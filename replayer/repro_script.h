@@ -56,6 +56,9 @@ struct DivergenceSource {
   double budget_multiple = 0;
   std::string dtype;              // the output's recorded dtype ("bf16")
   int64_t threads = 0;            // intra-op threads it was recorded with; 0: unknown
+  // How its call differs from the reference's ("argument 1 (other): 1 vs
+  // 1.01"), "" when alike: then the fp64 run calls it as the reference does.
+  std::string call_difference;
 };
 
 // Writes a script that judges one op (`cut`, of one op; the values of its
@@ -65,11 +68,13 @@ struct DivergenceSource {
 // recorded output differs from aten::silu on its recorded inputs by 0.18
 // (budget 0.007)") while the relative L2 of output `source.slot` as
 // recorded (a leaf of `cut` with its value in `values`; "recorded_output"
-// in the safetensors file) against that run exceeds the budget; `python SCRIPT DEVICE` judges the
-// op's run on DEVICE instead. Returns that assertion. LibTorch may throw
+// in the safetensors file) against that run exceeds the budget; `python
+// SCRIPT DEVICE` judges the op's run on DEVICE instead. `called`: the op as
+// the fp64 run calls it (`cut`'s op, or with `source.call_difference`, the
+// reference's call of it on the same tensors). Returns that assertion. LibTorch may throw
 // (schema lookups): callers catch at their boundary.
 absl::StatusOr<std::string> WriteDivergenceScript(const std::string& script_path, const std::string& values_path,
-                                                  const formats::Trace& cut,
+                                                  const formats::Trace& cut, const formats::OpEvent& called,
                                                   const std::map<uint64_t, at::Tensor>& values,
                                                   const DivergenceSource& source);
 

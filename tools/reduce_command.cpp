@@ -160,7 +160,8 @@ llvm::json::Value DivergenceJson(const replayer::DivergenceReduceReport& r, cons
                              {"introduced", JsonNumber(r.introduced)},
                              {"rounding", JsonNumber(r.rounding)},
                              {"budget", JsonNumber(r.budget)},
-                             {"inherited", JsonNumber(r.inherited)}};
+                             {"inherited", JsonNumber(r.inherited)},
+                             {"call_difference", r.call_difference}};
   return llvm::json::Object{{"level", "ops"},
                             {"step", r.step},
                             {"against", against},
@@ -188,6 +189,11 @@ void PrintDivergenceReport(const replayer::DivergenceReduceReport& r, const repl
               r.op.c_str(), r.module.empty() ? "no module" : r.module.c_str(), r.phase.c_str(), r.against_op_index,
               r.introduced, r.slot, std::string(formats::DTypeName(r.dtype)).c_str(), r.budget, diff::kBudgetMultiple,
               r.rounding, r.inherited);
+  if (!r.call_difference.empty()) {
+    std::printf("  its call differs from the reference's (%s): that is its introduced error against the op called "
+                "as the reference calls it\n",
+                r.call_difference.c_str());
+  }
   std::printf("kept: that op alone, on its recorded inputs; %.1f s (the diff judged on introduced error: %.1f s)\n\n",
               r.seconds, r.diff_seconds);
   std::printf("| | original | reduced | ratio |\n|---|---|---|---|\n");
@@ -200,7 +206,7 @@ void PrintDivergenceReport(const replayer::DivergenceReduceReport& r, const repl
   std::printf("python %s raises: AssertionError: %s\n", o.script_path.c_str(), r.assertion.c_str());
 }
 
-// The divergence of `bundle` from `against` reduced to one op, into `o`'s paths.
+// The divergence of `bundle` from `against` reduced to one op, into `o`'s paths; removes its work directory.
 ExitOr ReduceAgainst(const std::string& bundle, int64_t step, const std::string& against, int64_t against_step,
                      const replayer::DivergenceReduceOptions& o, bool json) {
   MOERR_ASSIGN_OR_RETURN(const OpenedStep reduced, OpenStep(bundle, step));
@@ -211,6 +217,8 @@ ExitOr ReduceAgainst(const std::string& bundle, int64_t step, const std::string&
     bar.Update(++stage, what);
   });
   bar.Finish();
+  std::error_code ignored;
+  std::filesystem::remove_all(o.work_dir, ignored);
   if (!report.ok()) return report.status();
   if (json) {
     PrintJson(DivergenceJson(*report, o, against));
@@ -259,12 +267,6 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
         MOERR_RETURN_IF_ERROR(CheckOverwrite(ReproStem(opts->out) + suffix, opts->force, {opts->bundle}));
       }
     }
-    if (!opts->against.empty()) {
-      MOERR_RETURN_IF_ERROR(CheckOverwrite(opts->out, opts->force, {opts->bundle, opts->against}));
-      return ReduceAgainst(opts->bundle, opts->step, opts->against, opts->against_step,
-                           {opts->out, ReproStem(opts->out) + ".repro.py", ReproStem(opts->out) + ".repro.safetensors"},
-                           opts->json);
-    }
     proxy::ReduceOptions options;
     options.step = opts->step;
     options.out_path = opts->out;
@@ -276,6 +278,13 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
       return absl::UnavailableError(absl::StrFormat("cannot create %s: %s", work, std::strerror(errno)));
     }
     options.work_dir = work;
+    if (!opts->against.empty()) {
+      MOERR_RETURN_IF_ERROR(CheckOverwrite(opts->out, opts->force, {opts->bundle, opts->against}));
+      return ReduceAgainst(opts->bundle, opts->step, opts->against, opts->against_step,
+                           {opts->out, ReproStem(opts->out) + ".repro.py", ReproStem(opts->out) + ".repro.safetensors",
+                            work},
+                           opts->json);
+    }
     if (by_ops) {
       return ReduceByOps(*reader, {opts->step, opts->out, ReproStem(opts->out) + ".repro.py",
                                    ReproStem(opts->out) + ".repro.safetensors", work, opts->bundle},

@@ -6,7 +6,8 @@ TorchDispatchMode, as a device's kernel would; as in
 tests/python/test_precision_diff.py). The reduce keeps the op `moerr diff`
 names, and its repro.py, in a fresh torch-only process, shows the recorded
 output wrong; with the right value in its place, or the op rerun on this
-CPU, it passes.
+CPU, it passes. A third recording, its backward off by 1% (an op called
+with another scalar), is judged against the reference's call of the op.
 
 Run by ctest with PYTHONPATH=BUILD/python and MOERR_BIN=the moerr binary."""
 import json
@@ -45,12 +46,29 @@ class WrongKernel(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def record(path, mode="full", wrong_kernel=False):
+class ScaledSilu(torch.autograd.Function):
+    """silu with a hand-written backward whose last factor is `scale` (1.0 is right)."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.save_for_backward(x)
+        ctx.scale = scale
+        return F.silu(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        s = torch.sigmoid(x)
+        return g * (s * (1 + x * (1 - s))) * ctx.scale, None
+
+
+def record(path, mode="full", wrong_kernel=False, backward_scale=1.0):
     torch.manual_seed(0)
     model = TinyMoe(vocab=32, d=32, experts=4, layers=2)
     moerr.instrument(model)
     expert = model.layers[1].mlp.experts[3]
-    expert.forward = lambda x: expert.down_proj(F.silu(expert.gate_proj(x)) * expert.up_proj(x))
+    act = lambda x: ScaledSilu.apply(x, backward_scale)
+    expert.forward = lambda x: expert.down_proj(act(expert.gate_proj(x)) * expert.up_proj(x))
     kernel = WrongKernel()
     if wrong_kernel:
         expert.register_forward_pre_hook(lambda m, a: setattr(kernel, "on", True))
@@ -81,7 +99,8 @@ def run_repro(script, *args):
 def runs(tmp_path_factory):
     d = tmp_path_factory.mktemp("divergence")
     return {"healthy": record(d / "healthy.moerr"), "broken": record(d / "broken.moerr", wrong_kernel=True),
-            "broken_stats": record(d / "broken_stats.moerr", mode="stats", wrong_kernel=True)}
+            "broken_stats": record(d / "broken_stats.moerr", mode="stats", wrong_kernel=True),
+            "backward": record(d / "backward.moerr", backward_scale=1.01)}
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +177,24 @@ def test_a_statistics_bundle_is_refused_with_the_reason(runs, tmp_path):
 def test_a_healthy_pair_has_nothing_to_reduce(runs, tmp_path):
     p = moerr_run("reduce", runs["healthy"], "--against", runs["healthy"], "-o", tmp_path / "h.moerr", code=2)
     assert "no op introduces error beyond its budget" in p.stderr, p.stderr
+
+
+def test_an_op_called_otherwise_is_judged_against_the_references_call(runs, tmp_path):
+    """A backward off by 1% (its last factor 1.01, a Python scalar): each
+    side's aten::mul is right for its arguments, the call differs. The
+    repro's fp64 run calls it as the reference does (x 1): the recorded
+    output (x 1.01) is 1% from it."""
+    out = tmp_path / "small.moerr"
+    r = json.loads(moerr_run("reduce", runs["backward"], "--against", runs["healthy"], "-o", out, "--json").stdout)
+    f = r["failure"]
+    assert (f["op"], f["phase"]) == ("aten::mul", "backward") and "1 vs 1.01" in f["call_difference"], f
+    assert r["kept"] == [f["op_index"]] and f["introduced"] == pytest.approx(0.01, rel=1e-3), f
+    assert f["introduced"] > 100 * f["budget"], f
+    expected = "aten::mul called as the reference calls it (" + f["call_difference"] + ")"
+    p = run_repro(out.with_name("small.repro.py"))
+    assert p.returncode == 1 and "differs from " + expected + " on its recorded inputs by 0.01 " in p.stderr, p.stderr
+    assert r["assertion"] in p.stderr, (r["assertion"], p.stderr)
+    # Rerun on this CPU with its own arguments, it still differs: the
+    # program's call, not a kernel.
+    p = run_repro(out.with_name("small.repro.py"), "cpu")
+    assert p.returncode == 1 and "its output on cpu differs from " + expected in p.stderr, p.stderr
