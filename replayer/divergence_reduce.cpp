@@ -165,17 +165,12 @@ absl::Status CutValues(const formats::StepTrace& bundle, size_t index, formats::
 // Fills `report` with the judged op `p`: BUNDLE is its side B.
 void Describe(const diff::PrecisionOp& p, const formats::StepTrace& bundle, DivergenceReduceReport& report) {
   const formats::OpEvent& op = bundle.trace.ops[static_cast<size_t>(p.b)];
-  const diff::IntroducedSide& side = p.sides[1];
   report.op_index = static_cast<size_t>(p.b);
   report.against_op_index = static_cast<size_t>(p.a);
   report.op = op.name;
   report.module = op.module;
   report.phase = std::string(formats::PhaseName(op.phase));
-  report.slot = side.slot;
-  report.dtype = side.dtype;
-  report.introduced = side.introduced;
-  report.rounding = side.rounding;
-  report.budget = side.budget;
+  report.judged = p.sides[1];
   report.inherited = p.inherited;
   report.call_difference = p.arguments;
 }
@@ -198,9 +193,10 @@ absl::Status WriteReduced(const formats::StepTrace& bundle, const formats::StepT
   MOERR_RETURN_IF_ERROR(WriteCutBundle(options.out_path, bundle.step, cut, /*with_ops=*/true, values, *bundle.reader,
                                        std::move(annotation), /*compress=*/true));
   report.bytes_after = std::filesystem::file_size(options.out_path);
-  DivergenceSource source{bundle.path, reference.path, bundle.step, reference.step, report.op_index, report.slot,
-                          report.introduced, report.budget, diff::kBudgetMultiple,
-                          std::string(formats::DTypeName(report.dtype)),
+  const diff::IntroducedSide& judged = report.judged;
+  DivergenceSource source{bundle.path, reference.path, bundle.step, reference.step, report.op_index, judged.slot,
+                          judged.introduced, judged.budget, diff::kBudgetMultiple,
+                          std::string(formats::DTypeName(judged.dtype)),
                           recording ? recording->getInteger("threads").getValueOr(0) : 0,
                           report.call_difference};
   return CatchTorch("writing the repro", [&] {
@@ -241,9 +237,9 @@ absl::StatusOr<DivergenceReduceReport> ReduceDivergence(const formats::StepTrace
   formats::Trace cut = CutStep(bundle.trace, {report.op_index});
   std::map<uint64_t, at::Tensor> values;
   MOERR_RETURN_IF_ERROR(Annotate(CutValues(bundle, report.op_index, cut, values), Where(bundle)));
-  if (!values.count(bundle.trace.ops[report.op_index].outputs[report.slot])) {
+  if (!values.count(bundle.trace.ops[report.op_index].outputs[report.judged.slot])) {
     return absl::DataLossError(absl::StrFormat("%s: output %d of op %d is not in the bundle", Where(bundle),
-                                               report.slot, report.op_index));
+                                               report.judged.slot, report.op_index));
   }
   formats::OpEvent called = cut.ops[0];
   if (!report.call_difference.empty()) {
@@ -253,7 +249,8 @@ absl::StatusOr<DivergenceReduceReport> ReduceDivergence(const formats::StepTrace
     formats::Trace as_reference = cut;
     as_reference.ops[0] = called;
     const std::string path = (std::filesystem::path(options.work_dir) / "called.moerr").string();
-    MOERR_ASSIGN_OR_RETURN(report.introduced, Introduced(bundle, as_reference, values, report.slot, path));
+    MOERR_ASSIGN_OR_RETURN(report.judged.introduced,
+                           Introduced(bundle, as_reference, values, report.judged.slot, path));
   }
   MOERR_RETURN_IF_ERROR(WriteReduced(bundle, reference, options, cut, called, values, report));
   report.seconds = Since(start);

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "formats/dtype.h"
+#include "diff/precision_diff.h"
 #include "formats/step_trace.h"
 
 namespace moerr::replayer {
@@ -44,16 +44,15 @@ struct DivergenceReduceReport {
   size_t op_index = 0;          // the op kept, in the reduced recording's step
   size_t against_op_index = 0;  // the op it is matched with in the reference's step
   std::string op, module, phase;
-  size_t slot = 0;              // the output judged: the one furthest past its budget
-  formats::DType dtype = formats::DType::kF32;  // its recorded dtype
-  // Relative L2 errors against the op's fp64 run on its recorded inputs: the
-  // recorded output's, this machine's run in the recorded dtypes
-  // (`rounding`), and the budget (diff::kBudgetMultiple x rounding).
-  double introduced = 0, rounding = 0, budget = 0;
+  // Its side of the diff's verdict: the output judged (`slot`, the one
+  // furthest past its budget) and its relative L2 errors against the op's
+  // fp64 run on its recorded inputs (`introduced`: the recorded output's;
+  // `rounding`: this machine's run in the recorded dtypes; `budget`).
+  diff::IntroducedSide judged;
   double inherited = 0;         // largest relative L2 difference of its inputs from the reference's
   // How its call differs from the reference's ("argument 1 (other): 1 vs
   // 1.01", the reference's value first), "" when alike. When it differs
-  // (and its own output is within its budget), `introduced` is the recorded
+  // (and its own output is within its budget), judged.introduced is the recorded
   // output's error against the fp64 run of the op called as the reference
   // calls it.
   std::string call_difference;

@@ -155,11 +155,11 @@ llvm::json::Value DivergenceJson(const replayer::DivergenceReduceReport& r, cons
                              {"op", r.op},
                              {"module", r.module},
                              {"phase", r.phase},
-                             {"slot", static_cast<int64_t>(r.slot)},
-                             {"dtype", std::string(formats::DTypeName(r.dtype))},
-                             {"introduced", JsonNumber(r.introduced)},
-                             {"rounding", JsonNumber(r.rounding)},
-                             {"budget", JsonNumber(r.budget)},
+                             {"slot", static_cast<int64_t>(r.judged.slot)},
+                             {"dtype", std::string(formats::DTypeName(r.judged.dtype))},
+                             {"introduced", JsonNumber(r.judged.introduced)},
+                             {"rounding", JsonNumber(r.judged.rounding)},
+                             {"budget", JsonNumber(r.judged.budget)},
                              {"inherited", JsonNumber(r.inherited)},
                              {"call_difference", r.call_difference}};
   return llvm::json::Object{{"level", "ops"},
@@ -187,8 +187,8 @@ void PrintDivergenceReport(const replayer::DivergenceReduceReport& r, const repl
               "inputs: %.3g\n",
               static_cast<long long>(r.step), against.c_str(), static_cast<long long>(r.against_step), r.op_index,
               r.op.c_str(), r.module.empty() ? "no module" : r.module.c_str(), r.phase.c_str(), r.against_op_index,
-              r.introduced, r.slot, std::string(formats::DTypeName(r.dtype)).c_str(), r.budget, diff::kBudgetMultiple,
-              r.rounding, r.inherited);
+              r.judged.introduced, r.judged.slot, std::string(formats::DTypeName(r.judged.dtype)).c_str(),
+              r.judged.budget, diff::kBudgetMultiple, r.judged.rounding, r.inherited);
   if (!r.call_difference.empty()) {
     std::printf("  its call differs from the reference's (%s): that is its introduced error against the op called "
                 "as the reference calls it\n",

@@ -1,9 +1,9 @@
 """`moerr reduce BUNDLE --against REF`: a divergence from a reference
 recording cut down to the op that introduces it. One plain-PyTorch MoE step
 (moerr's TinyMoe, AdamW) recorded in full mode in fp32 twice: healthy, and
-with a wrong kernel (aten::silu of one expert computing gelu, through a
-TorchDispatchMode, as a device's kernel would; as in
-tests/python/test_precision_diff.py). The reduce keeps the op `moerr diff`
+with a wrong kernel (aten::silu of one expert computing gelu, through the
+TorchDispatchMode of tests/python/test_precision_diff.py, as a device's
+kernel would). The reduce keeps the op `moerr diff`
 names, and its repro.py, in a fresh torch-only process, shows the recorded
 output wrong; with the right value in its place, or the op rerun on this
 CPU, it passes. A third recording, its backward off by 1% (an op called
@@ -20,46 +20,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import moerr
 from moerr.examples import TinyMoe
+
+# The wrong kernel and the backward off by 1% of the diff's own test.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+from test_precision_diff import ScaledSilu, WrongKernel  # noqa: E402
 
 MOERR = os.environ.get("MOERR_BIN", "moerr")
 EXPERT = "layers.1.mlp.experts.3"
 ASSERTION = re.compile(r"AssertionError: op (\d+) aten::silu \(" + re.escape(EXPERT) +
                        r"\): the recorded output differs from aten::silu on its recorded inputs by (\S+) "
                        r"\(budget (\S+)\)")
-
-
-class WrongKernel(TorchDispatchMode):
-    """aten::silu, while `on`, computes gelu: a device's wrong kernel, the op
-    and its arguments unchanged."""
-
-    def __init__(self):
-        super().__init__()
-        self.on = False
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.on and func is torch.ops.aten.silu.default:
-            return torch.ops.aten.gelu.default(args[0])
-        return func(*args, **(kwargs or {}))
-
-
-class ScaledSilu(torch.autograd.Function):
-    """silu with a hand-written backward whose last factor is `scale` (1.0 is right)."""
-
-    @staticmethod
-    def forward(ctx, x, scale):
-        ctx.save_for_backward(x)
-        ctx.scale = scale
-        return F.silu(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        s = torch.sigmoid(x)
-        return g * (s * (1 + x * (1 - s))) * ctx.scale, None
 
 
 def record(path, mode="full", wrong_kernel=False, backward_scale=1.0):
@@ -69,7 +42,7 @@ def record(path, mode="full", wrong_kernel=False, backward_scale=1.0):
     expert = model.layers[1].mlp.experts[3]
     act = lambda x: ScaledSilu.apply(x, backward_scale)
     expert.forward = lambda x: expert.down_proj(act(expert.gate_proj(x)) * expert.up_proj(x))
-    kernel = WrongKernel()
+    kernel = WrongKernel(torch.ops.aten.gelu.default)
     if wrong_kernel:
         expert.register_forward_pre_hook(lambda m, a: setattr(kernel, "on", True))
         expert.register_forward_hook(lambda m, a, o: setattr(kernel, "on", False))
