@@ -172,7 +172,9 @@ void Describe(const diff::PrecisionOp& p, const formats::StepTrace& bundle, Dive
   report.phase = std::string(formats::PhaseName(op.phase));
   report.judged = p.sides[1];
   report.inherited = p.inherited;
-  report.call_difference = p.arguments;
+  // Its own output beyond its budget is the failure, whatever its call;
+  // within it, the failure is the call (Culprit).
+  report.call_difference = p.sides[1].Beyond() ? "" : p.arguments;
 }
 
 // Writes the reduced bundle (the op and its values, mode full) and the repro.

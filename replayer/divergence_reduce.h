@@ -51,7 +51,8 @@ struct DivergenceReduceReport {
   diff::IntroducedSide judged;
   double inherited = 0;         // largest relative L2 difference of its inputs from the reference's
   // How its call differs from the reference's ("argument 1 (other): 1 vs
-  // 1.01", the reference's value first), "" when alike. When it differs
+  // 1.01", the reference's value first) when that is the failure: "" when
+  // alike, or when its own output is beyond its budget. When it differs
   // (and its own output is within its budget), judged.introduced is the recorded
   // output's error against the fp64 run of the op called as the reference
   // calls it.
