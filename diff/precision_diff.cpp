@@ -205,16 +205,21 @@ std::vector<std::vector<const ExactRunError*>> ByOp(const std::vector<ExactRunEr
   return by_op;
 }
 
+// The first op past its budget, and the op whose introduced error differs
+// most between the sides: where the lower precision loses most (an op
+// whose result cancels loses alike on both and is not it).
 void PickFirstAndLargest(PrecisionDiff& report) {
   double largest = -1;
   for (size_t i = 0; i < report.ops.size(); ++i) {
     const PrecisionOp& op = report.ops[i];
     if (op.Beyond() && !report.first_op) report.first_op = i;
-    for (const IntroducedSide& s : op.sides) {
-      if (s.known && s.introduced > largest) {
-        largest = s.introduced;
-        report.largest = i;
-      }
+    const IntroducedSide& a = op.sides[0];
+    const IntroducedSide& b = op.sides[1];
+    if (!a.known && !b.known) continue;
+    const double gap = a.known && b.known ? std::abs(b.introduced - a.introduced) : (a.known ? a : b).introduced;
+    if (!std::isnan(gap) && gap > largest) {
+      largest = gap;
+      report.largest = i;
     }
   }
   if (!report.programs.empty()) report.first_program = 0;
@@ -241,11 +246,16 @@ absl::StatusOr<PrecisionDiff> JudgePrecision(const formats::BundleReader& reader
   const auto by_b = ByOp(exact_b, b.ops.size(), report.measured_b);
   const Side side_a{reader_a, a, step_a}, side_b{reader_b, b, step_b};
   InputErrors inputs(side_a, side_b);
+  std::vector<size_t> items;  // pairs that read a Python number out of a tensor
   for (size_t i = 0; i < observed.ops.size(); ++i) {
     const OpDiff& d = observed.ops[i];
     if (d.a < 0 || d.b < 0) continue;
     const formats::OpEvent& op_a = a.ops[d.a];
     const formats::OpEvent& op_b = b.ops[d.b];
+    if (op_a.name == "aten::item" || op_a.name == "aten::_local_scalar_dense") {
+      inputs.Add(op_a, op_b, false);
+      items.push_back(i);
+    }
     PrecisionOp op;
     op.pair = i;
     op.a = d.a;
@@ -267,10 +277,18 @@ absl::StatusOr<PrecisionDiff> JudgePrecision(const formats::BundleReader& reader
     report.ops.push_back(std::move(op));
   }
   MOERR_RETURN_IF_ERROR(inputs.Compare(options.threads));
+  std::optional<size_t> first_item;  // the first .item() of values that differ
+  for (size_t i : items) {
+    if (inputs.Of(a.ops[observed.ops[i].a], b.ops[observed.ops[i].b]) > 0) {
+      first_item = i;
+      break;
+    }
+  }
   const double coarsest = CoarsestThreshold(observed, options.thresholds);
   double carried = 0;  // the largest finite observed difference so far
   for (PrecisionOp& op : report.ops) {
     op.inherited = inputs.Of(a.ops[op.a], b.ops[op.b]);
+    if (!op.arguments.empty() && first_item && *first_item < op.pair) op.item_pair = first_item;
     // An optimizer's update divides by the root of the second moment: near
     // zero gradients it amplifies a relative difference without bound (the
     // first Adam step is the gradients' signs), so no estimate judges it.

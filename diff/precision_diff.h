@@ -19,7 +19,9 @@
 // its floating inputs, B against A: what arrived, not what it added; +inf
 // when an integer or boolean input differs (indices a routing choice moved). Two
 // more things the step's own numbers cannot explain are differences too:
-// the same op called with other arguments (a scalar, an option), and a run
+// the same op called with other arguments (a scalar, an option; unless an
+// .item() of values that differ came before, whose Python number the
+// arguments may be computed from), and a run
 // of ops where the two programs call different ones (gelu for silu). Casts
 // (.to, .detach) one side adds are precision plumbing, not a difference.
 #pragma once
@@ -69,7 +71,11 @@ struct PrecisionOp {
   double inherited = 0; // largest relative L2 difference among its inputs (+inf: NaN, Inf, shapes or integers differ)
   IntroducedSide sides[2];  // A, B
   std::string arguments;    // how the two calls differ, beyond dtypes and devices ("" when alike)
-  bool Beyond() const { return sides[0].Beyond() || sides[1].Beyond() || !arguments.empty(); }
+  // An .item() of values that differ came before (`item_pair`, an index into
+  // the observed report's ops): the arguments may be Python numbers
+  // computed from it (a clip coefficient, a loss scale), not constants.
+  std::optional<size_t> item_pair;
+  bool Beyond() const { return sides[0].Beyond() || sides[1].Beyond() || (!arguments.empty() && !item_pair); }
 };
 
 // A run of unmatched ops where the programs call different ops.
@@ -88,7 +94,7 @@ struct PrecisionDiff {
   // called otherwise (index into `ops`), or a program difference (index
   // into `programs`); neither when the differences are within rounding.
   std::optional<size_t> first_op, first_program;
-  std::optional<size_t> largest;   // into `ops`: the largest introduced error
+  std::optional<size_t> largest;   // into `ops`: the largest gap between the sides' introduced errors
   size_t measured_a = 0, measured_b = 0;  // ops measured on each side
   bool Found() const { return first_op || first_program; }
   // Whether the first difference is the program one.

@@ -99,7 +99,8 @@ llvm::json::Object PrecisionOpJson(const diff::PrecisionOp& p, const formats::Tr
   return llvm::json::Object{{"op_a", p.a}, {"op_b", p.b}, {"op", op.name}, {"module", op.module},
                             {"phase", std::string(formats::PhaseName(op.phase))}, {"observed", JsonNumber(p.observed)},
                             {"inherited", JsonNumber(p.inherited)}, {"a", SideJson(p.sides[0])},
-                            {"b", SideJson(p.sides[1])}, {"arguments", p.arguments}, {"beyond", p.Beyond()}};
+                            {"b", SideJson(p.sides[1])}, {"arguments", p.arguments},
+                            {"arguments_after_item", p.item_pair.has_value()}, {"beyond", p.Beyond()}};
 }
 
 llvm::json::Object ProgramJson(const diff::ProgramDifference& d, const formats::Trace& a, const formats::Trace& b) {
@@ -148,7 +149,10 @@ void PrintSide(const char* name, const diff::IntroducedSide& s, bool estimated) 
 void PrintPrecisionOp(const char* title, const diff::PrecisionOp& p, const formats::Trace& a, bool estimated) {
   std::printf("%s: op %lld of A / op %lld of B: %s\n", title, static_cast<long long>(p.a), static_cast<long long>(p.b),
               OpLabel(a.ops[p.a]).c_str());
-  if (!p.arguments.empty()) std::printf("  the calls differ: %s\n", p.arguments.c_str());
+  if (!p.arguments.empty()) {
+    std::printf("  the calls differ: %s%s\n", p.arguments.c_str(),
+                p.item_pair ? " (perhaps a Python number computed from an earlier .item() of values that differ)" : "");
+  }
   PrintSide("B", p.sides[1], estimated);
   PrintSide("A", p.sides[0], estimated);
   std::printf("  inherited from its inputs: %.3g; observed difference of its outputs: %.3g\n", p.inherited, p.observed);
