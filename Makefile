@@ -9,7 +9,7 @@
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
-FUZZ_SECONDS ?= 60
+FUZZ_SECONDS ?= 30
 PREFIX     ?= /usr/local
 
 # Debian packages moerr needs: the toolchain and the C++ libraries. The

@@ -371,6 +371,26 @@ def causal_lm_loss(logits, input_ids):
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), input_ids[:, 1:].reshape(-1))
 
 
+def hf_expert_parallel_step(model, opt, tokens):
+    """One training step of MixtralForCausalLM on this rank's `tokens`:
+    causal_lm_loss, dense gradients averaged over the world (an expert's
+    summed over the ranks whose tokens reached it, by the all_to_all's
+    backward), the optimizer step. Returns the loss."""
+    import torch.distributed as dist
+    import moerr
+    world = dist.get_world_size()
+    loss = causal_lm_loss(model(tokens), tokens)
+    loss.backward()
+    for name, p in model.named_parameters():
+        if p.grad is not None and ".experts." not in name:
+            dist.all_reduce(p.grad)
+            p.grad.div_(world)
+    with moerr.scope("optimizer"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return loss
+
+
 def hf_expert_parallel_main(run_dir, steps=1, config=MIXTRAL_TINY, init_method=None, batch=(2, 8), instrument=True):
     """MixtralForCausalLM's expert-parallel training step in one rank
     process (as expert_parallel_main), recorded with model= and hf_config=,
@@ -396,15 +416,7 @@ def hf_expert_parallel_main(run_dir, steps=1, config=MIXTRAL_TINY, init_method=N
             for step in range(steps):
                 tokens = torch.randint(0, config["vocab_size"], batch, generator=gen)
                 with rec.step():
-                    loss = causal_lm_loss(model(tokens), tokens)
-                    loss.backward()
-                    for name, p in model.named_parameters():
-                        if p.grad is not None and ".experts." not in name:
-                            dist.all_reduce(p.grad)
-                            p.grad.div_(world)
-                    with moerr.scope("optimizer"):
-                        opt.step()
-                        opt.zero_grad(set_to_none=True)
+                    loss = hf_expert_parallel_step(model, opt, tokens)
                     rec.outcome(loss=loss.item())
                 print(f"rank {rank} step {step}: loss {loss.item():.6f}", flush=True)
     finally:

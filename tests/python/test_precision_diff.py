@@ -197,7 +197,7 @@ EP_RANK = """
 import torch, torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 import moerr
-from moerr.examples import MIXTRAL_TINY, MixtralForCausalLM, causal_lm_loss, _init_gloo
+from moerr.examples import MIXTRAL_TINY, MixtralForCausalLM, hf_expert_parallel_step, _init_gloo
 
 class Gelu(TorchDispatchMode):  # aten::silu computes gelu: a wrong kernel
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -225,14 +225,7 @@ batch = torch.randint(0, 32, (4, 8), generator=torch.Generator().manual_seed(100
 tokens = batch[rank * 4 // world:(rank + 1) * 4 // world]
 with moerr.record(RUN, ep_size=world, experts=4, mode="full", overwrite=True) as rec:
     with rec.step():
-        loss = causal_lm_loss(model(tokens), tokens)
-        loss.backward()
-        for name, p in model.named_parameters():
-            if p.grad is not None and ".experts." not in name:
-                dist.all_reduce(p.grad)
-                p.grad.div_(world)
-        with moerr.scope("optimizer"):
-            opt.step()
+        hf_expert_parallel_step(model, opt, tokens)
 dist.destroy_process_group()
 """
 
