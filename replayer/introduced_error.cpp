@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "analysis/first_overflow.h"
 #include "diff/tensor_metrics.h"
 #include "formats/collective_op.h"
 #include "recorder/hooks/tensor_adapter.h"
@@ -19,11 +20,6 @@ namespace {
 
 using formats::OpArg;
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-bool Floating(formats::DType d) {
-  return d == formats::DType::kF64 || d == formats::DType::kF32 || d == formats::DType::kBF16 ||
-         d == formats::DType::kF16;
-}
 
 // The relative L2 error of `values` against `exact` (the fp64 run); +inf
 // where `values` hold a NaN or Inf that `exact` does not.
@@ -96,7 +92,7 @@ bool Measurable(const formats::Trace& trace, const formats::OpEvent& op) {
   for (uint64_t id : op.outputs) {
     const formats::TensorMeta* meta = id != 0 ? trace.Find(id) : nullptr;
     if (meta != nullptr && meta->producer == static_cast<int64_t>(op.seq) && !meta->leaf.empty() &&
-        Floating(meta->dtype)) {
+        analysis::IsFloating(meta->dtype)) {
       return true;
     }
   }
@@ -116,7 +112,7 @@ absl::Status MeasureIntroduced(const formats::BundleReader& reader, int64_t step
   for (size_t o = 0; o < op.outputs.size() && o < wide->size() && o < replayed.size(); ++o) {
     const formats::TensorMeta* meta = op.outputs[o] != 0 ? trace.Find(op.outputs[o]) : nullptr;
     if (meta == nullptr || meta->producer != static_cast<int64_t>(op.seq) || meta->leaf.empty() ||
-        !Floating(meta->dtype)) {
+        !analysis::IsFloating(meta->dtype)) {
       continue;
     }
     const at::Tensor& e = (*wide)[o];
