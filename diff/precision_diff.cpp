@@ -49,16 +49,20 @@ struct Side {
 // otherwise; 0 or +inf for integer and boolean ones.
 class InputErrors {
  public:
+  using Key = std::pair<uint64_t, uint64_t>;  // tensor ids in A and B
+
   InputErrors(const Side& a, const Side& b) : a_(a), b_(b) {}
 
-  // Queues the inputs of a matched pair.
-  void Add(const formats::OpEvent& op_a, const formats::OpEvent& op_b, bool bytes) {
+  // Queues the inputs of a matched pair; returns their keys for Of.
+  std::vector<Key> Add(const formats::OpEvent& op_a, const formats::OpEvent& op_b, bool bytes) {
     const std::vector<uint64_t> in_a = formats::TensorsRead(op_a), in_b = formats::TensorsRead(op_b);
+    std::vector<Key> keys;
     for (size_t i = 0; i < in_a.size() && i < in_b.size(); ++i) {
       const TensorMeta* ma = a_.trace.Find(in_a[i]);
       const TensorMeta* mb = b_.trace.Find(in_b[i]);
       if (ma == nullptr || mb == nullptr) continue;
-      const std::pair<uint64_t, uint64_t> key{ma->id, mb->id};
+      const Key key{ma->id, mb->id};
+      keys.push_back(key);
       if (errors_.contains(key)) continue;
       const FingerprintDelta delta = CompareFingerprints(ma->fingerprint, mb->fingerprint);
       if (!Floating(ma->dtype) || !Floating(mb->dtype)) {
@@ -78,6 +82,7 @@ class InputErrors {
       queued_.push_back(key);
       pairs_.push_back(BlobPair{ta->blob, tb->blob});
     }
+    return keys;
   }
 
   absl::Status Compare(int threads) {
@@ -90,22 +95,19 @@ class InputErrors {
     return absl::OkStatus();
   }
 
-  // The largest difference among a matched pair's inputs (after Compare).
-  double Of(const formats::OpEvent& op_a, const formats::OpEvent& op_b) const {
-    const std::vector<uint64_t> in_a = formats::TensorsRead(op_a), in_b = formats::TensorsRead(op_b);
+  // The largest difference among a matched pair's inputs (Add's keys),
+  // after Compare.
+  double Of(const std::vector<Key>& keys) const {
     double worst = 0;
-    for (size_t i = 0; i < in_a.size() && i < in_b.size(); ++i) {
-      auto it = errors_.find(std::make_pair(in_a[i], in_b[i]));
-      if (it != errors_.end()) worst = std::max(worst, it->second);
-    }
+    for (const Key& key : keys) worst = std::max(worst, errors_.at(key));
     return worst;
   }
 
  private:
   const Side& a_;
   const Side& b_;
-  absl::flat_hash_map<std::pair<uint64_t, uint64_t>, double> errors_;
-  std::vector<std::pair<uint64_t, uint64_t>> queued_;
+  absl::flat_hash_map<Key, double> errors_;
+  std::vector<Key> queued_;
   std::vector<BlobPair> pairs_;
 };
 
@@ -246,15 +248,16 @@ absl::StatusOr<PrecisionDiff> JudgePrecision(const formats::BundleReader& reader
   const auto by_b = ByOp(exact_b, b.ops.size(), report.measured_b);
   const Side side_a{reader_a, a, step_a}, side_b{reader_b, b, step_b};
   InputErrors inputs(side_a, side_b);
-  std::vector<size_t> items;  // pairs that read a Python number out of a tensor
+  // Pairs that read a Python number out of a tensor, with their inputs.
+  std::vector<std::pair<size_t, std::vector<InputErrors::Key>>> items;
+  std::vector<std::vector<InputErrors::Key>> read;  // each of report.ops' inputs
   for (size_t i = 0; i < observed.ops.size(); ++i) {
     const OpDiff& d = observed.ops[i];
     if (d.a < 0 || d.b < 0) continue;
     const formats::OpEvent& op_a = a.ops[d.a];
     const formats::OpEvent& op_b = b.ops[d.b];
     if (op_a.name == "aten::item" || op_a.name == "aten::_local_scalar_dense") {
-      inputs.Add(op_a, op_b, false);
-      items.push_back(i);
+      items.emplace_back(i, inputs.Add(op_a, op_b, false));
     }
     PrecisionOp op;
     op.pair = i;
@@ -273,21 +276,22 @@ absl::StatusOr<PrecisionDiff> JudgePrecision(const formats::BundleReader& reader
     // An estimate reads no bytes beyond the observed diff's (an imported
     // tensor dump's inputs would double them): its inputs are compared on
     // fingerprints, and its budget allows for what they miss (Estimated).
-    inputs.Add(op_a, op_b, options.compare_bytes && !report.estimated);
+    read.push_back(inputs.Add(op_a, op_b, options.compare_bytes && !report.estimated));
     report.ops.push_back(std::move(op));
   }
   MOERR_RETURN_IF_ERROR(inputs.Compare(options.threads));
   std::optional<size_t> first_item;  // the first .item() of values that differ
-  for (size_t i : items) {
-    if (inputs.Of(a.ops[observed.ops[i].a], b.ops[observed.ops[i].b]) > 0) {
-      first_item = i;
+  for (const auto& [pair, keys] : items) {
+    if (inputs.Of(keys) > 0) {
+      first_item = pair;
       break;
     }
   }
   const double coarsest = CoarsestThreshold(observed, options.thresholds);
   double carried = 0;  // the largest finite observed difference so far
-  for (PrecisionOp& op : report.ops) {
-    op.inherited = inputs.Of(a.ops[op.a], b.ops[op.b]);
+  for (size_t k = 0; k < report.ops.size(); ++k) {
+    PrecisionOp& op = report.ops[k];
+    op.inherited = inputs.Of(read[k]);
     if (!op.arguments.empty() && first_item && *first_item < op.pair) op.item_pair = first_item;
     // An optimizer's update divides by the root of the second moment: near
     // zero gradients it amplifies a relative difference without bound (the
