@@ -4,14 +4,21 @@
 // users meet it in RL post-training of MoE models.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "moe/faults/fault_table.h"
-#include "moe/grpo_trainer.h"
+#include "moe/grpo_options.h"
 
 namespace moerr::moe {
+
+// moe_transformer.h: a fault that changes weights includes it. The policy is
+// only passed by reference here, so the model's LibTorch modules stay out of
+// every file that names a fault.
+class MoeTransformer;
 
 struct InjectedFault {
   FaultKind kind = FaultKind::kNone;

@@ -26,52 +26,16 @@
 
 #include "moe/addition_task.h"
 #include "moe/foreach_adamw.h"
+#include "moe/grpo_options.h"
 #include "moe/moe_transformer.h"
 #include "moe/numerics.h"
 #include "moe/parallel.h"
+#include "moe/step_metrics.h"
 
 namespace moerr::moe {
 
-struct GrpoOptions {
-  int64_t prompts = 8;        // per step
-  int64_t group_size = 4;     // responses per prompt
-  // Response tokens sampled per sequence; 0: the task's whole answer. Fewer
-  // truncate every response (and the reward compares that prefix): `moerr
-  // reduce`'s truncate-tokens pass sets it.
-  int64_t response_tokens = 0;
-  // Sequences per training forward and backward; 0: all of them at once.
-  // Gradients accumulate over the micro-batches (the same gradient up to
-  // summation order, with the router aux loss taken per micro-batch, as
-  // Megatron does), so only one micro-batch's activations are alive: what
-  // an RL trainer sets to fit a step into a device's memory.
-  int64_t micro_batch = 0;
-  double temperature = 1.0;
-  double clip_eps = 0.2;
-  double kl_coef = 0.05;
-  double lr = 1e-4;
-  double weight_decay = 0.01;
-  double max_grad_norm = 1.0;
-  double aux_loss_coef = 0.01;
-  Numerics numerics;            // training precision
-  Numerics rollout_numerics;    // rollout log-prob precision (the logprob-precision fault differs)
-  double initial_loss_scale = 65536.0;  // fp16 emulation only
-  int64_t scale_growth_interval = 50;   // finite steps before the scale doubles
-  // Fault switches (fault.h sets them): naive fp16 softmax in the training
-  // log-probs; the optimizer update silently omitted.
-  bool naive_fp16_softmax = false;
-  bool skip_update = false;
-};
-
 // The response tokens a step samples per sequence under `options`.
 int64_t ResponseTokens(const GrpoOptions& options, const AdditionTask& task);
-
-// The sequences each forward of a step takes under `options` (all of the
-// step's prompts x group_size, or micro_batch of them).
-int64_t SequencesPerForward(const GrpoOptions& options);
-
-// Every field, and back; a missing or mistyped field is an error naming it.
-llvm::json::Object ToJson(const GrpoOptions& options);
-absl::StatusOr<GrpoOptions> GrpoOptionsFromJson(const llvm::json::Object& json);
 
 // Everything Step() reads besides the options: a state taken at a step's
 // start and restored into a trainer of the same options and model config
@@ -94,21 +58,6 @@ struct StepBatch {
   at::Tensor advantages;  // [n, 1] fp32, group-normalised rewards
   at::Tensor old_logp;    // [n, A] fp32, rollout log-probs
   at::Tensor ref_logp;    // [n, A] fp32, reference-model log-probs
-};
-
-struct StepMetrics {
-  int64_t step = 0;
-  double loss = 0;
-  double reward = 0;          // mean over responses
-  double kl = 0;              // mean k3 KL to the reference over response tokens
-  double grad_norm = 0;       // before clipping (unscaled); NaN/Inf when not finite
-  double loss_scale = 1;
-  double load_entropy = 0;    // mean over MoE layers of H(expert load) / log(E), in [0, 1]
-  double top_expert_share = 0;  // mean over MoE layers of the busiest expert's share of routed slots
-  double clip_fraction = 0;   // response tokens whose ratio was clipped
-  double ratio_error = 0;     // mean |ratio - 1| at the step's start (on-policy: 0)
-  bool skipped = false;       // no update was applied (non-finite gradients)
-  bool finite = true;         // loss and gradients finite
 };
 
 class GrpoTrainer {

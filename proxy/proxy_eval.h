@@ -38,6 +38,8 @@
 #include "absl/status/statusor.h"
 #include "llvm/Support/JSON.h"
 #include "moe/fault.h"
+#include "moe/moe_transformer.h"
+#include "moe/step_metrics.h"
 #include "proxy/clustering.h"
 #include "proxy/expert_diversity.h"
 #include "proxy/healing.h"

@@ -7,6 +7,7 @@
 #include "proxy/passes/reduce_pass.h"
 #include "proxy/step_bundle.h"
 #include "proxy/surgery.h"
+#include "replayer/model_replay.h"
 #include "replayer/step_failure.h"
 #include "support/filesystem.h"
 #include "support/status.h"

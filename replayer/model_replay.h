@@ -26,6 +26,7 @@
 #include "formats/trace.h"
 #include "moe/grpo_trainer.h"
 #include "recorder/recorder.h"
+#include "replayer/model_replay_report.h"
 
 namespace moerr::replayer {
 
@@ -93,19 +94,6 @@ struct ModelReplayOptions {
   recorder::CaptureMode record_mode = recorder::CaptureMode::kStats;
   bool overwrite = false;
   llvm::json::Object annotations;          // step-less, added to the recording (a proxy's "proxy")
-};
-
-struct ModelReplayReport {
-  moe::StepMetrics metrics;             // of the replayed step
-  llvm::json::Object recorded_metrics;  // the bundle's "metrics" annotation of the step; empty if none
-  int64_t recorded_decisions = 0;       // routing decisions recorded for the step
-  int64_t decisions = 0;                // routing decisions the replay made
-  int64_t forced = 0;                   // of them, taken from the record
-  int64_t slots = 0;                    // token-expert slots of the decisions compared with the record
-  int64_t live_agree = 0;               // of them, where the live router chose a recorded expert
-  std::string routing_problem;          // the first decision that could not be compared, if any
-  double seconds = 0;                   // the replayed step alone (wall clock)
-  double cpu_seconds = 0;               // the process's CPU time in it (every thread: the device time of a rank)
 };
 
 absl::StatusOr<ModelReplayReport> ReplayModelStep(const formats::BundleReader& reader, int64_t step,

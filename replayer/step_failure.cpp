@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "analysis/check.h"
 #include "formats/module_path.h"
+#include "replayer/model_replay.h"
 #include "support/status.h"
 
 namespace moerr::replayer {

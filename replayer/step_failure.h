@@ -18,9 +18,14 @@
 #include "formats/bundle_reader.h"
 #include "formats/step_trace.h"
 #include "formats/trace.h"
-#include "replayer/model_replay.h"
+#include "replayer/model_replay_report.h"
 
 namespace moerr::replayer {
+
+// model_replay.h: a caller fills it in, so it includes that header; here it is
+// only passed by reference, which keeps the trainer and LibTorch out of every
+// file that judges a failure.
+struct ModelReplayOptions;
 
 // ReplayModelStep, then its recording (options.record_path) read back.
 struct ReplayedStep {

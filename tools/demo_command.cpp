@@ -47,6 +47,7 @@
 #include "proxy/proxy_builder.h"
 #include "proxy/proxy_eval.h"
 #include "proxy/reduce.h"
+#include "replayer/model_replay.h"
 #include "replayer/precision_bisect.h"
 #include "replayer/program_replay.h"
 #include "replayer/program_result.h"

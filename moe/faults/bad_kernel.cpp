@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_format.h"
 #include "moe/fault.h"
+#include "moe/moe_transformer.h"
 #include "support/check.h"
 
 namespace moerr::moe {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "moe/fault.h"
+#include "moe/moe_transformer.h"
 
 namespace moerr::moe {
 namespace {

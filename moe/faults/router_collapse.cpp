@@ -5,6 +5,7 @@
 #include <map>
 
 #include "moe/fault.h"
+#include "moe/moe_transformer.h"
 
 namespace moerr::moe {
 namespace {

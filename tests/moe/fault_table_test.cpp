@@ -8,6 +8,7 @@
 #include "moe/fault.h"
 #include "moe/faults/fault_table.h"
 #include "moe/faults/rank_fault.h"
+#include "moe/moe_transformer.h"
 
 namespace moerr::moe {
 namespace {

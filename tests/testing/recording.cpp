@@ -10,6 +10,7 @@
 #include "moe/grpo_trainer.h"
 #include "moe/warmup.h"
 #include "recorder/recorder.h"
+#include "replayer/model_replay.h"
 #include "replayer/step_failure.h"
 
 namespace moerr::testing {
