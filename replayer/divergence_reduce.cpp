@@ -28,30 +28,6 @@ double Since(Clock::time_point start) { return std::chrono::duration<double>(Clo
 
 std::string Where(const formats::StepTrace& s) { return absl::StrFormat("%s, step %d", s.path, s.step); }
 
-// OK when `s` holds every op's outputs (a full recording), else why the
-// divergence reduce cannot judge it: the diff would only estimate, and the
-// repro needs the recorded inputs and output of the op it keeps.
-absl::Status NeedsEveryValue(const formats::StepTrace& s) {
-  const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(*s.reader);
-  const std::string mode = recording ? recording->getString("mode").getValueOr("").str() : "";
-  if (mode == "stats") {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s was recorded in stats mode: it holds fingerprints, not values, and a divergence is reduced to an op "
-        "judged on its recorded inputs and output (record both steps with mode \"full\")",
-        s.path));
-  }
-  const bool full = std::any_of(s.trace.tensors.begin(), s.trace.tensors.end(), [](const formats::TensorMeta& m) {
-    return m.producer >= 0 && absl::StartsWith(m.leaf, "act/");
-  });
-  if (!full) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "%s holds no op's outputs (mode %s): a divergence is reduced to an op judged on its recorded inputs and "
-        "output (record both steps with mode \"full\")",
-        Where(s), mode.empty() ? "unknown" : mode));
-  }
-  return absl::OkStatus();
-}
-
 // The op the diff's headline names (an index into `judged.ops`), or an error
 // saying why the headline is not an op of `bundle` to reduce to.
 absl::StatusOr<size_t> Culprit(const diff::PrecisionDiff& judged, const formats::StepTrace& bundle,
@@ -129,39 +105,6 @@ absl::StatusOr<double> Introduced(const formats::StepTrace& bundle, const format
       absl::StrFormat("%s has no fp64 run of output %d here to judge it by", cut.ops[0].name, slot));
 }
 
-// `cut` (the culprit alone) and the values of its leaves: its inputs as an
-// isolated replay of `bundle` up to it reads them, its outputs as recorded
-// (each keeping its recorded leaf name).
-absl::Status CutValues(const formats::StepTrace& bundle, size_t index, formats::Trace& cut,
-                       std::map<uint64_t, at::Tensor>& values) {
-  std::set<uint64_t> inputs;
-  for (const formats::TensorMeta& meta : cut.tensors) {
-    if (meta.producer < 0) inputs.insert(meta.id);
-  }
-  ReplayOptions isolated;
-  isolated.isolated = true;
-  isolated.end_op = index + 1;
-  isolated.capture = &inputs;
-  MOERR_ASSIGN_OR_RETURN(ReplayReport replayed, ReplayTrace(*bundle.reader, bundle.step, bundle.trace, isolated));
-  for (uint64_t id : inputs) {
-    auto value = replayed.captured.find(id);
-    if (value == replayed.captured.end()) {
-      return absl::DataLossError(absl::StrFormat("%s: tensor %d, an input of op %d, was not read by its replay",
-                                                 Where(bundle), id, index));
-    }
-    values[id] = value->second;
-  }
-  for (formats::TensorMeta& meta : cut.tensors) {
-    const formats::TensorMeta* recorded = meta.producer >= 0 ? bundle.trace.Find(meta.id) : nullptr;
-    if (recorded == nullptr || recorded->leaf.empty()) continue;
-    MOERR_ASSIGN_OR_RETURN(const formats::OwnedTensor owned, bundle.reader->ReadTensor(recorded->leaf, bundle.step));
-    meta.leaf = recorded->leaf;  // the recorded output stays in the bundle: the failure is its value
-    values[meta.id] = recorder::ToTensor(owned.view());
-  }
-  cut.Index();
-  return absl::OkStatus();
-}
-
 // Fills `report` with the judged op `p`: BUNDLE is its side B.
 void Describe(const diff::PrecisionOp& p, const formats::StepTrace& bundle, DivergenceReduceReport& report) {
   const formats::OpEvent& op = bundle.trace.ops[static_cast<size_t>(p.b)];
@@ -217,8 +160,9 @@ absl::StatusOr<DivergenceReduceReport> ReduceDivergence(const formats::StepTrace
   MOERR_CHECK(!options.out_path.empty() && !options.script_path.empty() && !options.values_path.empty() &&
               !options.work_dir.empty());
   const Clock::time_point start = Clock::now();
-  MOERR_RETURN_IF_ERROR(NeedsEveryValue(bundle));
-  MOERR_RETURN_IF_ERROR(NeedsEveryValue(reference));
+  constexpr char kWhy[] = "a divergence is reduced to an op judged on its recorded inputs and output";
+  MOERR_RETURN_IF_ERROR(NeedsRecordedOutputs(bundle, kWhy));
+  MOERR_RETURN_IF_ERROR(NeedsRecordedOutputs(reference, kWhy));
   DivergenceReduceReport report;
   report.step = bundle.step;
   report.against_step = reference.step;
@@ -236,9 +180,9 @@ absl::StatusOr<DivergenceReduceReport> ReduceDivergence(const formats::StepTrace
   Describe(judged.ops[culprit], bundle, report);
 
   if (progress) progress("cutting the op free");
-  formats::Trace cut = CutStep(bundle.trace, {report.op_index});
-  std::map<uint64_t, at::Tensor> values;
-  MOERR_RETURN_IF_ERROR(Annotate(CutValues(bundle, report.op_index, cut, values), Where(bundle)));
+  MOERR_ASSIGN_OR_RETURN(OneOpCut alone, CutOneOp(bundle, report.op_index));
+  const formats::Trace& cut = alone.cut;
+  const std::map<uint64_t, at::Tensor>& values = alone.values;
   if (!values.count(bundle.trace.ops[report.op_index].outputs[report.judged.slot])) {
     return absl::DataLossError(absl::StrFormat("%s: output %d of op %d is not in the bundle", Where(bundle),
                                                report.judged.slot, report.op_index));

@@ -58,10 +58,13 @@ struct FailingStep {
   Failure failure;
 };
 
-absl::StatusOr<FailingStep> FindOverflowingStep(const formats::BundleReader& reader, const OpReduceOptions& options) {
-  for (int64_t step : options.step >= 0 ? std::vector<int64_t>{options.step} : reader.CompleteSteps()) {
+// The first step (`options.step`, or each complete step in turn) that
+// overflows; none when no step does.
+absl::StatusOr<std::optional<FailingStep>> FirstOverflowingStep(const formats::BundleReader& reader, int64_t which,
+                                                                const std::string& source) {
+  for (int64_t step : which >= 0 ? std::vector<int64_t>{which} : reader.CompleteSteps()) {
     absl::StatusOr<formats::Trace> trace = formats::ReadTrace(reader, step);
-    if (!trace.ok()) return Annotate(trace.status(), absl::StrFormat("%s, step %d", options.source, step));
+    if (!trace.ok()) return Annotate(trace.status(), absl::StrFormat("%s, step %d", source, step));
     const std::optional<analysis::OverflowCause> found = analysis::FindOverflowCause(*trace);
     if (!found) continue;
     FailingStep out{step, {}, found->first.op_index, std::nullopt, OverflowFailure(found->first)};
@@ -70,9 +73,15 @@ absl::StatusOr<FailingStep> FindOverflowingStep(const formats::BundleReader& rea
     out.trace.Index();
     return out;
   }
+  return std::nullopt;
+}
+
+absl::StatusOr<FailingStep> FindOverflowingStep(const formats::BundleReader& reader, const OpReduceOptions& options) {
+  MOERR_ASSIGN_OR_RETURN(std::optional<FailingStep> found, FirstOverflowingStep(reader, options.step, options.source));
+  if (found) return *std::move(found);
   return absl::FailedPreconditionError(absl::StrFormat(
-      "%s: %s; the op-level reduce keeps a first overflow (an op making Inf or NaN from finite inputs), "
-      "or, with --against REF, a divergence from a reference recording (a vendor op's verdict: not yet)",
+      "%s: %s; the op-level reduce keeps a first overflow (an op making Inf or NaN from finite inputs), a vendor "
+      "op's verdict against its reference, or, with --against REF, a divergence from a reference recording",
       options.source,
       options.step >= 0 ? absl::StrFormat("step %d has no overflow", options.step) : "no recorded step overflows"));
 }
@@ -280,6 +289,11 @@ absl::Status WriteReduced(const Reduction& r, const formats::Trace& cut, const s
 }
 
 }  // namespace
+
+absl::StatusOr<bool> Overflows(const formats::BundleReader& reader, int64_t step, const std::string& source) {
+  MOERR_ASSIGN_OR_RETURN(const std::optional<FailingStep> found, FirstOverflowingStep(reader, step, source));
+  return found.has_value();
+}
 
 absl::StatusOr<OpReduceReport> ReduceOps(const formats::BundleReader& reader, const OpReduceOptions& options,
                                          const OpReduceProgress& progress) {

@@ -63,6 +63,10 @@ struct OpReduceReport {
 
 using OpReduceProgress = std::function<void(int64_t tried, const std::string& note)>;
 
+// Whether step `step` (-1: some complete step) of the recording overflows:
+// whether ReduceOps has a failure to keep. `source` names it in errors.
+absl::StatusOr<bool> Overflows(const formats::BundleReader& reader, int64_t step, const std::string& source);
+
 absl::StatusOr<OpReduceReport> ReduceOps(const formats::BundleReader& reader, const OpReduceOptions& options,
                                          const OpReduceProgress& progress = nullptr);
 

@@ -1,6 +1,5 @@
 #include "replayer/repro_script.h"
 
-#include <ATen/ops/empty_strided.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
@@ -8,15 +7,13 @@
 #include <filesystem>
 #include <fstream>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "formats/collective_op.h"
 #include "formats/safetensors.h"
-#include "llvm/Support/FormatVariadic.h"
-#include "llvm/Support/JSON.h"
 #include "recorder/hooks/tensor_adapter.h"
+#include "replayer/py_args.h"
 #include "support/check.h"
 #include "support/status.h"
 
@@ -112,16 +109,16 @@ def check(index, name, inputs, outputs):
 
 )PY";
 
-// The divergence check of WriteDivergenceScript's script: the op's output
-// against its float64 run on the same inputs, as moerr diff measures the
-// error an op introduces (replayer/introduced_error.h).
-constexpr char kDivergenceCheck[] = R"PY(def widened(x):
-    """x for the op's exact run: floating tensors and dtypes in float64 (copies: the op may write them)."""
+// The inputs of an op's float64 run and of its run on another device, for
+// the divergence and vendor-op scripts.
+constexpr char kWidening[] = R"PY(def widened(x, dtypes=True):
+    """x for an op's exact run: floating tensors (and, with `dtypes`, dtype arguments) in float64; copies,
+    as the op may write them."""
     if isinstance(x, (tuple, list)):
-        return [widened(y) for y in x]
+        return [widened(y, dtypes) for y in x]
     if isinstance(x, torch.Tensor):
         return x.to(torch.float64, copy=True) if x.is_floating_point() else x.clone()
-    if isinstance(x, torch.dtype) and x.is_floating_point:
+    if dtypes and isinstance(x, torch.dtype) and x.is_floating_point:
         return torch.float64
     return x
 
@@ -133,7 +130,12 @@ def moved(x, device):
     return x.to(device, copy=True) if isinstance(x, torch.Tensor) else x
 
 
-def rel_l2(x, exact):
+)PY";
+
+// The divergence check of WriteDivergenceScript's script: the op's output
+// against its float64 run on the same inputs, as moerr diff measures the
+// error an op introduces (replayer/introduced_error.h).
+constexpr char kDivergenceCheck[] = R"PY(def rel_l2(x, exact):
     """moerr's relative L2 error of x against exact (diff/tensor_metrics.h): over the elements finite in
     both; inf where one holds a NaN or an Inf the other does not, or the shapes differ."""
     x, exact = x.double().flatten(), exact.double().flatten()
@@ -175,151 +177,86 @@ def judge(index, name, module, op, a, kw, slot, budget, autocast, expected=None,
 
 )PY";
 
-// A Python float literal that stays a float ("1.0", not "1": a Scalar's type
-// decides type promotion).
-std::string PyFloat(double f) {
-  if (std::isnan(f)) return "float('nan')";
-  if (std::isinf(f)) return f > 0 ? "float('inf')" : "float('-inf')";
-  std::string s = absl::StrFormat("%.17g", f);
-  if (s.find_first_of(".e") == std::string::npos) s += ".0";
-  return s;
-}
 
-std::string PyBool(int64_t b) { return b != 0 ? "True" : "False"; }
+// The vendor-op check of WriteVendorScript's script: a recorded output of
+// an op this torch may lack against the op's reference (a TorchScript file
+// beside the script) in float64, in ULPs of its dtype, as moerr bisect and
+// lint judge it (replayer/reference_run.h, JudgeAgainstReference).
+constexpr char kVendorCheck[] = R"PY(def ulp_index(x, dtype):
+    """Each element's place on the number line of `dtype`, in its ULPs (diff/tensor_metrics.cpp): bf16
+    and fp16 are fp32 with 7 and 10 mantissa bits."""
+    if dtype == torch.float64:
+        bits = x.double().view(torch.int64)
+        return torch.where(bits < 0, torch.iinfo(torch.int64).min - bits, bits)
+    bits = x.double().float().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    bits = torch.where(bits >= 0x80000000, 0x80000000 - (bits & 0x7FFFFFFF), bits + 0x80000000)
+    return bits >> {torch.bfloat16: 16, torch.float16: 13}.get(dtype, 0)
 
-// An int that travels as a ScalarType, Layout or MemoryFormat (the schema's
-// real type says which), as the Python object torch.ops takes.
-absl::StatusOr<std::string> PyEnum(c10::TypeKind kind, int64_t value) {
-  static const std::map<int64_t, const char*> kScalarTypes = {
-      {static_cast<int64_t>(at::kByte), "uint8"},     {static_cast<int64_t>(at::kChar), "int8"},
-      {static_cast<int64_t>(at::kShort), "int16"},    {static_cast<int64_t>(at::kInt), "int32"},
-      {static_cast<int64_t>(at::kLong), "int64"},     {static_cast<int64_t>(at::kHalf), "float16"},
-      {static_cast<int64_t>(at::kFloat), "float32"},  {static_cast<int64_t>(at::kDouble), "float64"},
-      {static_cast<int64_t>(at::kBool), "bool"},      {static_cast<int64_t>(at::kBFloat16), "bfloat16"}};
-  static const std::map<int64_t, const char*> kLayouts = {{0, "strided"}, {1, "sparse_coo"}};
-  static const std::map<int64_t, const char*> kMemoryFormats = {
-      {0, "contiguous_format"}, {1, "preserve_format"}, {2, "channels_last"}, {3, "channels_last_3d"}};
-  const std::map<int64_t, const char*>& table = kind == c10::TypeKind::ScalarTypeType ? kScalarTypes
-                                                 : kind == c10::TypeKind::LayoutType   ? kLayouts
-                                                                                       : kMemoryFormats;
-  auto it = table.find(value);
-  if (it == table.end()) return absl::UnimplementedError(absl::StrFormat("enum value %d has no Python name here", value));
-  return absl::StrCat("torch.", it->second);
-}
 
-// The kind of enum an int argument travels as, or NoneType for a plain int.
-c10::TypeKind EnumKind(const c10::Argument* arg) {
-  if (arg == nullptr) return c10::TypeKind::NoneType;
-  c10::TypePtr type = arg->real_type();  // type() says int: these travel as ints
-  if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
-  const c10::TypeKind kind = type->kind();
-  const bool is_enum = kind == c10::TypeKind::ScalarTypeType || kind == c10::TypeKind::LayoutType ||
-                       kind == c10::TypeKind::MemoryFormatType;
-  return is_enum ? kind : c10::TypeKind::NoneType;
-}
+def distance(x, exact, dtype):
+    """The largest distance in ULPs of `dtype` between x and exact over the elements finite in both, and
+    how many elements hold a NaN or an Inf the other does not."""
+    x, exact = x.double().flatten(), exact.double().flatten()
+    if x.shape != exact.shape:
+        raise SystemExit(f"shapes differ: {tuple(x.shape)} and {tuple(exact.shape)}")
+    nan = torch.isnan(x) | torch.isnan(exact)
+    inf = ~nan & (torch.isinf(x) | torch.isinf(exact))
+    mismatched = int((torch.isnan(x) != torch.isnan(exact)).sum()) + int((inf & (x != exact)).sum())
+    both = ~nan & ~inf & (x != exact)
+    ulps = (ulp_index(x[both], dtype) - ulp_index(exact[both], dtype)).abs()
+    return (int(ulps.max()) if ulps.numel() else 0), mismatched
 
-std::string PyTensor(int64_t id) { return id < 0 ? "None" : absl::StrCat("v[", id, "]"); }
 
-// Argument `a` as a Python expression for torch.ops.
-absl::StatusOr<std::string> PyArg(const OpArg& a, const c10::Argument* schema_arg) {
-  switch (a.kind) {
-    case OpArg::Kind::kNone: return std::string("None");
-    case OpArg::Kind::kTensor: return PyTensor(a.i);
-    case OpArg::Kind::kTensors:
-    case OpArg::Kind::kOptionalTensors: {
-      std::vector<std::string> items;
-      for (int64_t id : a.ints) items.push_back(PyTensor(id));
-      return absl::StrCat("[", absl::StrJoin(items, ", "), "]");
-    }
-    case OpArg::Kind::kInt: {
-      const c10::TypeKind kind = EnumKind(schema_arg);
-      return kind == c10::TypeKind::NoneType ? absl::StrCat(a.i) : PyEnum(kind, a.i);
-    }
-    case OpArg::Kind::kWrappedInt: return absl::StrCat(a.i);
-    case OpArg::Kind::kFloat:
-    case OpArg::Kind::kWrappedFloat: return PyFloat(a.f);
-    case OpArg::Kind::kBool:
-    case OpArg::Kind::kWrappedBool: return PyBool(a.i);
-    case OpArg::Kind::kText: return llvm::formatv("{0}", llvm::json::Value(a.text)).str();
-    case OpArg::Kind::kInts: return absl::StrCat("[", absl::StrJoin(a.ints, ", "), "]");
-    case OpArg::Kind::kFloats: {
-      std::vector<std::string> items;
-      for (double f : a.floats) items.push_back(PyFloat(f));
-      return absl::StrCat("[", absl::StrJoin(items, ", "), "]");
-    }
-    case OpArg::Kind::kBools: {
-      std::vector<std::string> items;
-      for (int64_t b : a.ints) items.push_back(PyBool(b));
-      return absl::StrCat("[", absl::StrJoin(items, ", "), "]");
-    }
-    case OpArg::Kind::kDevice:
-      return absl::StrCat("torch.device(", llvm::formatv("{0}", llvm::json::Value(a.text)).str(), ")");
-    case OpArg::Kind::kUnsupported: break;
-  }
-  return absl::UnimplementedError(absl::StrFormat("an argument of kind %s has no Python form", a.text));
-}
+def reference_inputs(a, kw):
+    """The reference's arguments, as moerr passes them (replayer/op_references.h): every argument of the op
+    when forward takes that many, else its tensors alone."""
+    args = a + list(kw.values())
+    params = REFERENCE.forward.schema.arguments[1:]
+    required = len(params)
+    while required > 0 and params[required - 1].has_default_value():
+        required -= 1
+    if required <= len(args) <= len(params):
+        return args
+    tensors = [x for x in args if isinstance(x, torch.Tensor)]
+    if len(tensors) != len(params):
+        raise SystemExit(f"the reference takes {len(params)} arguments; the op has {len(args)}")
+    return tensors
 
-// `leaf("NAME")` of a cut-free value, with its recorded strides when the op
-// saw a dense non-contiguous layout (the replay restores those too).
-std::string PyLeaf(const formats::TensorMeta& meta) {
-  const std::string name = llvm::formatv("{0}", llvm::json::Value(meta.leaf)).str();
-  // On the meta device: the layout alone, no memory.
-  const at::Tensor probe = at::empty_strided(meta.shape, meta.strides, at::TensorOptions().device(at::kMeta));
-  if (probe.is_contiguous() || !probe.is_non_overlapping_and_dense()) return absl::StrCat("leaf(", name, ")");
-  return absl::StrCat("leaf(", name, ", (", absl::StrJoin(meta.strides, ", "), meta.strides.size() == 1 ? ",))" : "))");
-}
 
-// An op's arguments as Python expressions: positional, keyword-only (as
-// `"name": expr` entries of a dict) and those the op writes in place.
-struct PyArgs {
-  std::vector<std::string> positional, keywords, written;
-};
+def judge(index, name, overload, module, a, kw, slot, dtype, allowance):
+    """Output `slot` of the op (as recorded, or with a device argument, the op itself run there on the
+    recorded inputs) against the reference's float64 run: suspect beyond twice the larger of `allowance`
+    and the reference's own distance from that run in the recorded dtypes, or with a NaN or Inf the
+    reference's run has not."""
+    inputs = reference_inputs(a, kw)
+    with torch.autocast("cpu", enabled=False):
+        exact = flat(REFERENCE(*widened(inputs, dtypes=False)))[slot]
+        mine = flat(REFERENCE(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]))[slot]
+    device = sys.argv[1] if len(sys.argv) > 1 else None
+    if device is None:
+        out, what = T["recorded_output"], "the recorded output"
+    else:
+        if device.startswith("npu"):
+            import torch_npu  # noqa: F401  registers the npu ops and device
+        namespace, _, op_name = name.partition("::")
+        if not hasattr(getattr(torch.ops, namespace), op_name):
+            raise SystemExit(f"{name} is not an op of this torch: run it where its library is loaded")
+        op, on = getattr(getattr(getattr(torch.ops, namespace), op_name), overload), torch.device(device)
+        out = flat(op(*moved(a, on), **{k: moved(x, on) for k, x in kw.items()}))[slot].cpu()
+        what = f"its output on {device}"
+    recorded_ulps, recorded_bad = distance(out, exact, dtype)
+    own_ulps, own_bad = distance(mine, exact, dtype)
+    allowed = 2 * max(own_ulps, allowance)
+    ulp = str(dtype).replace("torch.", "")
+    print(f"op {index} {name} ({module}): {what} {slot} is {recorded_ulps} ULPs of {ulp} from its reference in "
+          f"float64 ({recorded_bad} NaN or Inf it has not); the reference in {ulp} is {own_ulps} (allowed {allowed})")
+    if recorded_ulps > allowed or recorded_bad > own_bad:
+        raise AssertionError(f"op {index} {name} ({module}): {what} {slot} is {recorded_ulps} ULPs of {ulp} from "
+                             f"its reference in float64 (allowed {allowed})")
+    print("within what its reference allows: the verdict does not reproduce")
 
-// `schema` may be null (an op this LibTorch lacks): ints stay ints.
-absl::StatusOr<PyArgs> PyArgsOf(const formats::OpEvent& op, size_t recorded,
-                                const std::vector<c10::Argument>* schema) {
-  PyArgs out;
-  for (size_t i = 0; i < op.args.size(); ++i) {
-    const c10::Argument* arg = schema != nullptr && i < schema->size() ? &(*schema)[i] : nullptr;
-    absl::StatusOr<std::string> expr = PyArg(op.args[i], arg);
-    if (!expr.ok()) return Annotate(expr.status(), absl::StrFormat("op %d %s, argument %d", recorded, op.name, i));
-    if (arg != nullptr && arg->kwarg_only()) {
-      out.keywords.push_back(absl::StrCat(llvm::formatv("{0}", llvm::json::Value(arg->name())).str(), ": ", *expr));
-    } else {
-      out.positional.push_back(*expr);
-    }
-    if (arg != nullptr && arg->alias_info() != nullptr && arg->alias_info()->isWrite()) out.written.push_back(*expr);
-  }
-  return out;
-}
 
-// The lines of op `index` of the cut: its arguments, a call through
-// torch.ops (or its outputs loaded: a random, foreign or collective op's,
-// which the replay takes from the record), and the check.
-// "torch.ops.aten.linear.default": how a script calls `op`.
-std::string TorchOp(const formats::OpEvent& op) {
-  const std::string::size_type colons = op.name.find("::");
-  return absl::StrCat("torch.ops.", op.name.substr(0, colons), ".", op.name.substr(colons + 2), ".",
-                      op.overload.empty() ? "default" : op.overload);
-}
-
-// The dtype of the CPU autocast state `op` ran under ("torch.bfloat16"), or
-// "None" when autocast was off.
-absl::StatusOr<std::string> AutocastDType(const formats::OpEvent& op) {
-  if (op.autocast < 0) return std::string("None");
-  const auto dtype = static_cast<int64_t>(recorder::ToScalarType(static_cast<formats::DType>(op.autocast)));
-  return PyEnum(c10::TypeKind::ScalarTypeType, dtype);
-}
-
-// Op `index` of a cut (recorded op `recorded`): a comment naming it, and its
-// arguments as `a` (positional) and `kw` (keyword-only).
-std::string ArgLines(const formats::OpEvent& op, size_t index, size_t recorded, const PyArgs& args) {
-  return absl::StrCat(absl::StrFormat("\n# op %d (recorded op %d): %s%s in %s (%s)\n", index, recorded, op.name,
-                                      op.overload.empty() ? "" : "." + op.overload,
-                                      op.module.empty() ? "no module" : op.module, formats::PhaseName(op.phase)),
-                      "a = [", absl::StrJoin(args.positional, ", "), "]\nkw = {", absl::StrJoin(args.keywords, ", "),
-                      "}\n");
-}
+)PY";
 
 absl::StatusOr<std::string> PyOp(size_t index, size_t recorded, const formats::Trace& cut) {
   const formats::OpEvent& op = cut.ops[index];
@@ -373,9 +310,9 @@ std::string NonFinite(const formats::Trace& cut) {
 
 // What follows a script's docstring: the fixed part, its `check`, and the
 // set-up that loads the values file `values_name` beside the script.
-std::string SetUp(const char* check, const std::string& values_name, int64_t threads) {
+std::string SetUp(const std::string& check, const std::string& values_name, int64_t threads) {
   std::string out = absl::StrCat("\"\"\"\n", kPrelude, check, "VALUES = Path(__file__).with_name(",
-                                 llvm::formatv("{0}", llvm::json::Value(values_name)).str(),
+                                 PyString(values_name),
                                  ")\nT = load_safetensors(VALUES)\nv = {}\ntorch.set_grad_enabled(False)\n");
   if (threads > 0) absl::StrAppend(&out, "torch.set_num_threads(", threads, ")  # as recorded\n");
   return out;
@@ -449,6 +386,37 @@ std::string DivergenceDocstring(const formats::OpEvent& op, const DivergenceSour
       source.budget_multiple, source.dtype, script_name);
 }
 
+// The Python name of a floating dtype ("float32"), as the vendor script
+// prints it.
+std::string PyDTypeName(formats::DType dtype) {
+  switch (dtype) {
+    case formats::DType::kF64: return "float64";
+    case formats::DType::kF16: return "float16";
+    case formats::DType::kBF16: return "bfloat16";
+    default: return "float32";
+  }
+}
+
+// The docstring of WriteVendorScript's script.
+std::string VendorDocstring(const formats::OpEvent& op, const VendorSource& source, const std::string& script_name,
+                            const std::string& values_name, const std::string& assertion) {
+  return absl::StrFormat(
+      "\"\"\"One op of %s, step %d, reduced by `moerr reduce`:\n    op %d %s in %s (%s),\n"
+      "a vendor op whose recorded output is further from its reference than the reference's own\n"
+      "rounding allows (the vendor-op verdict of moerr bisect and lint).\n\n"
+      "Needs torch alone. Beside this file: the op's recorded inputs and its recorded output %d\n"
+      "(%s), and the op's reference as TorchScript (%s, a copy of\n%s).\n"
+      "It runs the reference on those inputs in float64 and in the recorded dtypes, and measures\n"
+      "each output against the float64 run in ULPs of %s. The recorded output may be at most twice\n"
+      "the larger of %d ULPs and the reference's own distance; while it is not, this raises\n"
+      "    AssertionError: %s\n"
+      "`python %s DEVICE` judges the op itself instead, run on DEVICE (npu, cuda) where its\n"
+      "library is loaded: a kernel team reruns it there.\n",
+      source.bundle, source.step, source.op, op.name, op.module.empty() ? "no module" : op.module,
+      formats::PhaseName(op.phase), source.slot, values_name, source.reference_name, source.reference_origin,
+      PyDTypeName(source.dtype), source.allowance, assertion, script_name);
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> WriteReproScript(const std::string& script_path, const std::string& values_path,
@@ -497,7 +465,7 @@ absl::StatusOr<std::string> WriteDivergenceScript(const std::string& script_path
   const std::string values_name = std::filesystem::path(values_path).filename().string();
   std::string script = DivergenceDocstring(op, source, std::filesystem::path(script_path).filename().string(),
                                            values_name, assertion);
-  absl::StrAppend(&script, SetUp(kDivergenceCheck, values_name, source.threads));
+  absl::StrAppend(&script, SetUp(absl::StrCat(kWidening, kDivergenceCheck), values_name, source.threads));
   std::vector<std::pair<std::string, formats::TensorView>> tensors;
   MOERR_ASSIGN_OR_RETURN(const std::string leaves, LeafLines(cut, values, tensors));
   for (auto& [name, view] : tensors) {
@@ -511,15 +479,52 @@ absl::StatusOr<std::string> WriteDivergenceScript(const std::string& script_path
     absl::StrAppend(&call, "own = (a, kw)\n# As the reference calls it (", source.call_difference, "):\n",
                     "a = [", absl::StrJoin(as_reference.positional, ", "), "]\nkw = {",
                     absl::StrJoin(as_reference.keywords, ", "), "}\n");
-    extra = absl::StrCat(", ", llvm::formatv("{0}", llvm::json::Value(expected)).str(), ", own");
+    extra = absl::StrCat(", ", PyString(expected), ", own");
   }
   absl::StrAppend(&script, "\n# The op's recorded inputs.\n", leaves, call,
                   absl::StrFormat("# Output %d, judged: relative L2 against the float64 run, at most the budget, "
                                   "%gx this machine's %s rounding of it (moerr diff).\n",
                                   source.slot, source.budget_multiple, source.dtype),
                   absl::StrFormat("judge(%d, \"%s\", %s, %s, a, kw, %d, %s, %s%s)\n", source.op, op.name,
-                                  llvm::formatv("{0}", llvm::json::Value(module)).str(), TorchOp(op), source.slot,
+                                  PyString(module), TorchOp(op), source.slot,
                                   PyFloat(source.budget), autocast, extra));
+  MOERR_RETURN_IF_ERROR(WriteFiles(script_path, values_path, script, tensors, source.bundle, source.step));
+  return assertion;
+}
+
+absl::StatusOr<std::string> WriteVendorScript(const std::string& script_path, const std::string& values_path,
+                                              const formats::Trace& cut, const std::map<uint64_t, at::Tensor>& values,
+                                              const VendorSource& source) {
+  MOERR_CHECK(cut.ops.size() == 1 && source.slot < cut.ops[0].outputs.size());
+  const formats::OpEvent& op = cut.ops[0];
+  const formats::TensorMeta* judged = cut.Find(op.outputs[source.slot]);
+  MOERR_CHECK(judged != nullptr && !judged->leaf.empty() && values.count(judged->id));
+  const std::string module = op.module.empty() ? "no module" : op.module;
+  const std::string assertion = absl::StrFormat(
+      "op %d %s (%s): the recorded output %d is %d ULPs of %s from its reference in float64 (allowed %d)", source.op,
+      op.name, module, source.slot, source.recorded_ulps, PyDTypeName(source.dtype), source.allowed_ulps);
+  const std::string values_name = std::filesystem::path(values_path).filename().string();
+  std::string script = VendorDocstring(op, source, std::filesystem::path(script_path).filename().string(),
+                                       values_name, assertion);
+  absl::StrAppend(&script, SetUp(absl::StrCat(kWidening, kVendorCheck), values_name, source.threads),
+                  "REFERENCE = torch.jit.load(str(Path(__file__).with_name(", PyString(source.reference_name),
+                  ")))\n");
+  std::vector<std::pair<std::string, formats::TensorView>> tensors;
+  MOERR_ASSIGN_OR_RETURN(const std::string leaves, LeafLines(cut, values, tensors));
+  for (auto& [name, view] : tensors) {
+    if (name == judged->leaf) name = "recorded_output";  // the value judged, by the name the script reads
+  }
+  // The op's schema, where this LibTorch has it (a vendor op usually has
+  // not: every argument is then positional, as recorded).
+  const c10::optional<c10::OperatorHandle> handle =
+      c10::Dispatcher::singleton().findSchema(c10::OperatorName(op.name, op.overload));
+  MOERR_ASSIGN_OR_RETURN(const PyArgs args, PyArgsOf(op, source.op, handle ? &handle->schema().arguments() : nullptr));
+  absl::StrAppend(&script, "\n# The op's recorded inputs.\n", leaves, ArgLines(op, 0, source.op, args),
+                  absl::StrFormat("# Output %d, judged against the reference's float64 run (moerr bisect, lint).\n",
+                                  source.slot),
+                  absl::StrFormat("judge(%d, %s, %s, %s, a, kw, %d, torch.%s, %d)\n", source.op, PyString(op.name),
+                                  PyString(op.overload.empty() ? "default" : op.overload), PyString(module),
+                                  source.slot, PyDTypeName(source.dtype), source.allowance));
   MOERR_RETURN_IF_ERROR(WriteFiles(script_path, values_path, script, tensors, source.bundle, source.step));
   return assertion;
 }

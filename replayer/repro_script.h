@@ -1,12 +1,14 @@
 // The standalone repros of an op-level reduce: for a first overflow
-// (op_reduce.h, WriteReproScript) and for a divergence from a reference
-// recording (divergence_reduce.h, WriteDivergenceScript). Each is a Python
-// script that needs torch alone and loads the cut's leaves from a
-// safetensors file beside it (its own reader, no `safetensors` package).
-// The overflow's calls the kept ops in recorded order through `torch.ops.<namespace>.<op>.<overload>` (outputs of
-// random and foreign ops, which the replay takes from the record, are loaded
-// too), each under the CPU autocast state it was recorded with, with grad
-// mode off and the recorded thread count, and after each op checks what
+// (op_reduce.h, WriteReproScript), for a divergence from a reference
+// recording (divergence_reduce.h, WriteDivergenceScript) and for a vendor
+// op's verdict (vendor_reduce.h, WriteVendorScript). Each is a Python script
+// that needs torch alone and loads the cut's leaves from a safetensors file
+// beside it (its own reader, no `safetensors` package). The overflow's calls
+// the kept ops in recorded order through
+// `torch.ops.<namespace>.<op>.<overload>` (outputs of random and foreign
+// ops, which the replay takes from the record, are loaded too), each under
+// the CPU autocast state it was recorded with, with grad mode off and the
+// recorded thread count, and after each op checks what
 // analysis::FindFirstOverflow checks: an op whose floating inputs (tensors and
 // scalars) are finite and one of whose floating outputs is not raises
 // AssertionError("op 3 aten::linear produces Inf from finite inputs"). It
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "formats/dtype.h"
 #include "formats/trace.h"
 
 namespace moerr::replayer {
@@ -77,5 +80,34 @@ absl::StatusOr<std::string> WriteDivergenceScript(const std::string& script_path
                                                   const formats::Trace& cut, const formats::OpEvent& called,
                                                   const std::map<uint64_t, at::Tensor>& values,
                                                   const DivergenceSource& source);
+
+// The op a vendor-op reduce keeps (vendor_reduce.h), for its script.
+struct VendorSource {
+  std::string bundle;            // the recording's path
+  int64_t step = 0;
+  size_t op = 0;                 // its recorded op index
+  size_t slot = 0;               // the output judged: its most distant suspect one
+  formats::DType dtype = formats::DType::kF32;  // that output's recorded dtype
+  // The reference's file as the script finds it beside itself, and where it
+  // was copied from.
+  std::string reference_name, reference_origin;
+  uint64_t allowance = 0;        // the reference's ULPs (op_references.h)
+  uint64_t recorded_ulps = 0, allowed_ulps = 0;  // moerr's verdict, as the script asserts it
+  int64_t threads = 0;           // intra-op threads it was recorded with; 0: unknown
+};
+
+// Writes a script that judges one vendor op (`cut`, of one op; its leaves'
+// values in `values`, its recorded output `source.slot` among them) as
+// moerr bisect and lint do: it runs the op's reference on the recorded
+// inputs in float64 and in the recorded dtypes, and raises
+// AssertionError("op 41 fakenpu::npu_swiglu_backward (mlp): the recorded
+// output 0 is 8388615 ULPs of float32 from its reference in float64 (allowed
+// 14)") while the recorded output is suspect (reference_run.h,
+// JudgeAgainstReference); `python SCRIPT DEVICE` judges the op itself run on
+// DEVICE. Returns that assertion. LibTorch may throw (schema lookups):
+// callers catch at their boundary.
+absl::StatusOr<std::string> WriteVendorScript(const std::string& script_path, const std::string& values_path,
+                                              const formats::Trace& cut, const std::map<uint64_t, at::Tensor>& values,
+                                              const VendorSource& source);
 
 }  // namespace moerr::replayer

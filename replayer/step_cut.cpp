@@ -1,12 +1,16 @@
 #include "replayer/step_cut.h"
 
 #include <algorithm>
+#include <optional>
+#include <set>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "formats/bundle_writer.h"
 #include "recorder/hooks/tensor_adapter.h"
+#include "replayer/program_replay.h"
 #include "support/status.h"
 
 namespace moerr::replayer {
@@ -101,6 +105,60 @@ absl::Status WriteCutBundle(const std::string& path, int64_t step, const formats
   if (with_ops) MOERR_RETURN_IF_ERROR(AppendOps(*writer, step, cut));
   MOERR_RETURN_IF_ERROR(writer->EndStep(step));
   return writer->Close();
+}
+
+absl::Status NeedsRecordedOutputs(const formats::StepTrace& s, absl::string_view why) {
+  const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(*s.reader);
+  const std::string mode = recording ? recording->getString("mode").getValueOr("").str() : "";
+  if (mode == "stats") {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s was recorded in stats mode: it holds fingerprints, not values, and %s (record with mode \"full\")",
+        s.path, why));
+  }
+  const bool full = mode == "full" || std::any_of(s.trace.tensors.begin(), s.trace.tensors.end(),
+                                                 [](const formats::TensorMeta& m) {
+                                                   return m.producer >= 0 && absl::StartsWith(m.leaf, "act/");
+                                                 });
+  if (!full) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("%s, step %d holds no op's outputs (mode %s): %s (record with mode \"full\")", s.path,
+                        s.step, mode.empty() ? "unknown" : mode, why));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OneOpCut> CutOneOp(const formats::StepTrace& s, size_t index, const OpReferences* references) {
+  OneOpCut out{CutStep(s.trace, {index}), {}};
+  std::set<uint64_t> inputs;
+  for (const formats::TensorMeta& meta : out.cut.tensors) {
+    if (meta.producer < 0) inputs.insert(meta.id);
+  }
+  ReplayOptions isolated;
+  isolated.isolated = true;
+  isolated.end_op = index + 1;
+  isolated.capture = &inputs;
+  isolated.references = references;
+  const std::string where = absl::StrFormat("%s, step %d", s.path, s.step);
+  absl::StatusOr<ReplayReport> replayed = ReplayTrace(*s.reader, s.step, s.trace, isolated);
+  if (!replayed.ok()) return Annotate(replayed.status(), where);
+  for (uint64_t id : inputs) {
+    auto value = replayed->captured.find(id);
+    if (value == replayed->captured.end()) {
+      return absl::DataLossError(
+          absl::StrFormat("%s: tensor %d, an input of op %d, was not read by its replay", where, id, index));
+    }
+    out.values[id] = value->second;
+  }
+  for (formats::TensorMeta& meta : out.cut.tensors) {
+    const formats::TensorMeta* recorded = meta.producer >= 0 ? s.trace.Find(meta.id) : nullptr;
+    if (recorded == nullptr || recorded->leaf.empty()) continue;
+    absl::StatusOr<formats::OwnedTensor> owned = s.reader->ReadTensor(recorded->leaf, s.step);
+    if (!owned.ok()) return Annotate(owned.status(), where);
+    meta.leaf = recorded->leaf;
+    out.values[meta.id] = recorder::ToTensor(owned->view());
+  }
+  out.cut.Index();
+  return out;
 }
 
 }  // namespace moerr::replayer

@@ -12,10 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "formats/bundle_reader.h"
+#include "formats/step_trace.h"
 #include "formats/trace.h"
 #include "llvm/Support/JSON.h"
+#include "replayer/op_references.h"
 
 namespace moerr::replayer {
 
@@ -38,5 +41,22 @@ formats::Trace CutStep(const formats::Trace& step, const std::vector<size_t>& ke
 absl::Status WriteCutBundle(const std::string& path, int64_t step, const formats::Trace& cut, bool with_ops,
                             const std::map<uint64_t, at::Tensor>& values, const formats::BundleReader& source,
                             llvm::json::Object recording, bool compress);
+
+// OK when `s` holds every op's outputs (a full recording), else why not:
+// `why` says what needs them ("a divergence is reduced to an op judged on
+// its recorded inputs and output").
+absl::Status NeedsRecordedOutputs(const formats::StepTrace& s, absl::string_view why);
+
+// Op `index` of `s` alone (CutStep), and the values of its leaves: its inputs
+// as an isolated replay of `s` up to it reads them, its outputs as recorded
+// (each keeping its recorded leaf name: the op's failure is their value).
+// An op this LibTorch lacks reads its inputs only through its reference in
+// `references` (else it is served from the record).
+struct OneOpCut {
+  formats::Trace cut;
+  std::map<uint64_t, at::Tensor> values;  // by tensor id
+};
+absl::StatusOr<OneOpCut> CutOneOp(const formats::StepTrace& s, size_t index,
+                                  const OpReferences* references = nullptr);
 
 }  // namespace moerr::replayer

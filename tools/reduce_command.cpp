@@ -13,6 +13,9 @@
 #include "proxy/reduce.h"
 #include "replayer/divergence_reduce.h"
 #include "replayer/op_reduce.h"
+#include "replayer/op_references.h"
+#include "replayer/vendor_check.h"
+#include "replayer/vendor_reduce.h"
 #include "support/progress.h"
 #include "support/status.h"
 #include "tools/command.h"
@@ -228,11 +231,79 @@ ExitOr ReduceAgainst(const std::string& bundle, int64_t step, const std::string&
   return kExitOk;
 }
 
+llvm::json::Value VendorJson(const replayer::VendorReduceReport& r, const replayer::VendorReduceOptions& o) {
+  llvm::json::Object failure = replayer::VendorNumbers(r.verdict);
+  failure["kind"] = "vendor_op";
+  failure["op_index"] = static_cast<int64_t>(r.op_index);
+  failure["op"] = r.op;
+  failure["module"] = r.module;
+  failure["phase"] = r.phase;
+  failure["reference"] = r.reference;
+  return llvm::json::Object{{"level", "ops"},
+                            {"step", r.step},
+                            {"failure", std::move(failure)},
+                            {"checked_ops", static_cast<int64_t>(r.checked_ops)},
+                            {"suspect_ops", static_cast<int64_t>(r.suspect_ops)},
+                            {"seconds", r.seconds},
+                            {"check_seconds", r.check_seconds},
+                            {"ops_before", static_cast<int64_t>(r.ops_before)},
+                            {"ops_after", int64_t{1}},
+                            {"kept", llvm::json::Array{static_cast<int64_t>(r.op_index)}},
+                            {"bytes_before", static_cast<int64_t>(r.bytes_before)},
+                            {"bytes_after", static_cast<int64_t>(r.bytes_after)},
+                            {"assertion", r.assertion},
+                            {"output", o.out_path},
+                            {"repro", o.script_path},
+                            {"values", o.values_path},
+                            {"reference_copy", o.reference_path}};
+}
+
+void PrintVendorReport(const replayer::VendorReduceReport& r, const replayer::VendorReduceOptions& o) {
+  std::printf("step %lld: no op overflows; ops with a reference suspect (moerr bisect's vendor-op verdict): %zu of "
+              "%zu; the first:\n  %s\n",
+              static_cast<long long>(r.step), r.suspect_ops, r.checked_ops,
+              r.description.c_str());
+  std::printf("kept: that op alone, on its recorded inputs, against %s; %.1f s (the check of the step: %.1f s)\n\n",
+              r.reference.c_str(), r.seconds, r.check_seconds);
+  std::printf("| | original | reduced | ratio |\n|---|---|---|---|\n");
+  std::printf("| ops | %zu | 1 | %.1fx |\n", r.ops_before, double(r.ops_before));
+  std::printf("| bundle bytes | %llu | %llu | %.1fx |\n", static_cast<unsigned long long>(r.bytes_before),
+              static_cast<unsigned long long>(r.bytes_after),
+              r.bytes_after == 0 ? 0.0 : double(r.bytes_before) / double(r.bytes_after));
+  std::printf("\nwrote %s (moerr replay %s --isolated --reference %s=FILE), %s, %s and %s\n", o.out_path.c_str(),
+              o.out_path.c_str(), r.op.c_str(), o.script_path.c_str(), o.values_path.c_str(), o.reference_path.c_str());
+  std::printf("python %s raises: AssertionError: %s\n", o.script_path.c_str(), r.assertion.c_str());
+}
+
+// The vendor op's verdict of step `step` of `bundle` reduced to that op,
+// into `o`'s paths; removes its work directory.
+ExitOr ReduceVendor(const std::string& bundle, int64_t step, const std::vector<std::string>& reference_specs,
+                    const replayer::VendorReduceOptions& o, bool json) {
+  MOERR_ASSIGN_OR_RETURN(const OpenedStep opened, OpenStep(bundle, step));
+  MOERR_ASSIGN_OR_RETURN(const replayer::OpReferences references, replayer::OpReferences::Load(reference_specs));
+  Progress bar("reduce", 0);
+  int64_t stage = 0;
+  auto report = replayer::ReduceVendorOp(opened, references, o, [&](const std::string& what) {
+    bar.Update(++stage, what);
+  });
+  bar.Finish();
+  std::error_code ignored;
+  std::filesystem::remove_all(o.work_dir, ignored);
+  if (!report.ok()) return report.status();
+  if (json) {
+    PrintJson(VendorJson(*report, o));
+  } else {
+    PrintVendorReport(*report, o);
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 void AddReduceCommand(CLI::App& app, int& exit_code) {
   struct Options {
     std::string bundle, out, against;
+    std::vector<std::string> references;  // --reference OP=FILE
     int64_t step = -1, against_step = -1;
     bool force = false, json = false, ops = false;
   };
@@ -253,6 +324,11 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
                   "its budget against it, as moerr diff REF BUNDLE judges it, cut free on its recorded inputs; "
                   "OUT.repro.py asserts its recorded output's error against the op's fp64 run");
   cmd->add_option("--against-step", opts->against_step, "Step of --against (default: its first complete step)");
+  cmd->add_option("--reference", opts->references,
+                  "OP=FILE: a TorchScript reference of op OP (as for moerr replay). A full recording with no "
+                  "overflow whose ops have references (moerr's shipped ones load without it) keeps the first op whose "
+                  "recorded output is further from its reference than the reference's rounding allows, as bisect "
+                  "judges it; OUT.repro.py asserts that against a copy of the reference, OUT.repro.reference.pt");
   cmd->add_flag("--ops", opts->ops, "Reduce the recorded op sequence even where the step can be rebuilt as a model");
   cmd->add_flag("--force", opts->force, "Overwrite an existing output bundle");
   cmd->add_flag("--json", opts->json, "Print the report as JSON");
@@ -263,7 +339,7 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
     // goes beside OUT.
     const bool by_ops = opts->ops || !opts->against.empty() || !reader->ReadAnnotation("model_config").ok();
     if (by_ops) {
-      for (const char* suffix : {".repro.py", ".repro.safetensors"}) {
+      for (const char* suffix : {".repro.py", ".repro.safetensors", ".repro.reference.pt"}) {
         MOERR_RETURN_IF_ERROR(CheckOverwrite(ReproStem(opts->out) + suffix, opts->force, {opts->bundle}));
       }
     }
@@ -286,6 +362,15 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
                            opts->json);
     }
     if (by_ops) {
+      // No overflow to keep: a vendor op's verdict, if an op has a reference.
+      MOERR_ASSIGN_OR_RETURN(const bool overflows, replayer::Overflows(*reader, opts->step, opts->bundle));
+      if (!overflows) {
+        const std::string stem = ReproStem(opts->out);
+        return ReduceVendor(opts->bundle, opts->step, opts->references,
+                            {opts->out, stem + ".repro.py", stem + ".repro.safetensors", stem + ".repro.reference.pt",
+                             work},
+                            opts->json);
+      }
       return ReduceByOps(*reader, {opts->step, opts->out, ReproStem(opts->out) + ".repro.py",
                                    ReproStem(opts->out) + ".repro.safetensors", work, opts->bundle},
                          opts->json);
