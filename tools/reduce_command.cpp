@@ -314,7 +314,8 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
                 "and prompts under model replay (the first overflow, or the lint warning, in the same phase and module "
                 "class); any other replayable or full recording (a plain PyTorch step) loses ops under program replay "
                 "(the same first overflow and cause), and gets OUT.repro.py, a torch-only script that asserts it. With "
-                "--against REF, a divergence from a reference recording is reduced to the op that introduces it");
+                "--against REF, a divergence from a reference recording is reduced to the op that introduces it; a full "
+                "recording that does not overflow, to its first vendor op whose output its reference calls suspect");
   cmd->add_option("BUNDLE", opts->bundle, "A replayable or full bundle")->required();
   cmd->add_option("-o,--output", opts->out, "The reduced bundle to write (candidates go to a directory OUT.work-XXXXXX beside it, removed at the end)")
       ->required();
