@@ -19,6 +19,7 @@
 #include "support/progress.h"
 #include "support/status.h"
 #include "tools/command.h"
+#include "world/run_directory.h"
 
 namespace moerr::tools {
 namespace {
@@ -134,8 +135,16 @@ std::string ReproStem(const std::string& out) {
   return has ? out.substr(0, out.size() - suffix.size()) : out;
 }
 
+// `report` (a JSON object) with the run's rank it reduced, when it did.
+llvm::json::Value WithRank(llvm::json::Value report, int64_t rank) {
+  if (rank >= 0) {
+    if (llvm::json::Object* o = report.getAsObject()) (*o)["rank"] = rank;
+  }
+  return report;
+}
+
 // The op-level reduce into `o`'s paths; removes its work directory.
-ExitOr ReduceByOps(const formats::BundleReader& reader, const replayer::OpReduceOptions& o, bool json) {
+ExitOr ReduceByOps(const formats::BundleReader& reader, const replayer::OpReduceOptions& o, int64_t rank, bool json) {
   Progress bar("reduce", 0);
   auto report = replayer::ReduceOps(reader, o, [&](int64_t tried, const std::string& note) { bar.Update(tried, note); });
   bar.Finish();
@@ -143,7 +152,7 @@ ExitOr ReduceByOps(const formats::BundleReader& reader, const replayer::OpReduce
   std::filesystem::remove_all(o.work_dir, ignored);
   if (!report.ok()) return report.status();
   if (json) {
-    PrintJson(OpJson(*report, o));
+    PrintJson(WithRank(OpJson(*report, o), rank));
   } else {
     PrintOpReport(*report, o);
   }
@@ -211,7 +220,7 @@ void PrintDivergenceReport(const replayer::DivergenceReduceReport& r, const repl
 
 // The divergence of `bundle` from `against` reduced to one op, into `o`'s paths; removes its work directory.
 ExitOr ReduceAgainst(const std::string& bundle, int64_t step, const std::string& against, int64_t against_step,
-                     const replayer::DivergenceReduceOptions& o, bool json) {
+                     const replayer::DivergenceReduceOptions& o, int64_t rank, bool json) {
   MOERR_ASSIGN_OR_RETURN(const OpenedStep reduced, OpenStep(bundle, step));
   MOERR_ASSIGN_OR_RETURN(const OpenedStep reference, OpenStep(against, against_step));
   Progress bar("reduce", 0);
@@ -224,7 +233,7 @@ ExitOr ReduceAgainst(const std::string& bundle, int64_t step, const std::string&
   std::filesystem::remove_all(o.work_dir, ignored);
   if (!report.ok()) return report.status();
   if (json) {
-    PrintJson(DivergenceJson(*report, o, against));
+    PrintJson(WithRank(DivergenceJson(*report, o, against), rank));
   } else {
     PrintDivergenceReport(*report, o, against);
   }
@@ -278,7 +287,7 @@ void PrintVendorReport(const replayer::VendorReduceReport& r, const replayer::Ve
 // The vendor op's verdict of step `step` of `bundle` reduced to that op,
 // into `o`'s paths; removes its work directory.
 ExitOr ReduceVendor(const std::string& bundle, int64_t step, const std::vector<std::string>& reference_specs,
-                    const replayer::VendorReduceOptions& o, bool json) {
+                    const replayer::VendorReduceOptions& o, int64_t rank, bool json) {
   MOERR_ASSIGN_OR_RETURN(const OpenedStep opened, OpenStep(bundle, step));
   MOERR_ASSIGN_OR_RETURN(const replayer::OpReferences references, replayer::OpReferences::Load(reference_specs));
   Progress bar("reduce", 0);
@@ -291,7 +300,7 @@ ExitOr ReduceVendor(const std::string& bundle, int64_t step, const std::vector<s
   std::filesystem::remove_all(o.work_dir, ignored);
   if (!report.ok()) return report.status();
   if (json) {
-    PrintJson(VendorJson(*report, o));
+    PrintJson(WithRank(VendorJson(*report, o), rank));
   } else {
     PrintVendorReport(*report, o);
   }
@@ -304,7 +313,7 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
   struct Options {
     std::string bundle, out, against;
     std::vector<std::string> references;  // --reference OP=FILE
-    int64_t step = -1, against_step = -1;
+    int64_t step = -1, against_step = -1, rank = -1;
     bool force = false, json = false, ops = false;
   };
   auto opts = std::make_shared<Options>();
@@ -316,7 +325,11 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
                 "(the same first overflow and cause), and gets OUT.repro.py, a torch-only script that asserts it. With "
                 "--against REF, a divergence from a reference recording is reduced to the op that introduces it; a full "
                 "recording that does not overflow, to its first vendor op whose output its reference calls suspect");
-  cmd->add_option("BUNDLE", opts->bundle, "A replayable or full bundle")->required();
+  cmd->add_option("BUNDLE", opts->bundle,
+                  "A replayable or full bundle, or a run directory: then one rank's bundle (--rank), by default the "
+                  "rank where the overflow began, as bisect names it")
+      ->required();
+  cmd->add_option("--rank", opts->rank, "In a run directory, the rank to reduce, its received collectives kept as recorded inputs");
   cmd->add_option("-o,--output", opts->out, "The reduced bundle to write (candidates go to a directory OUT.work-XXXXXX beside it, removed at the end)")
       ->required();
   cmd->add_option("--step", opts->step, "Step to reduce (default: the first that overflowed; as a model, also the first with a lint warning)");
@@ -334,20 +347,28 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--force", opts->force, "Overwrite an existing output bundle");
   cmd->add_flag("--json", opts->json, "Print the report as JSON");
   OnRun(cmd, exit_code, [opts]() -> ExitOr {
-    MOERR_RETURN_IF_ERROR(CheckOverwrite(opts->out, opts->force, {opts->bundle}));
-    MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
+    bool origin = false;
+    MOERR_ASSIGN_OR_RETURN(const world::RankBundle target,
+                           world::OneRankOf(opts->bundle, opts->rank, opts->step, &origin));
+    if (target.rank >= 0) {
+      std::fprintf(stderr, "moerr: reducing rank %lld%s: %s\n", static_cast<long long>(target.rank),
+                   origin ? ", where the overflow began" : "", target.path.c_str());
+    }
+    const std::string& bundle = target.path;
+    MOERR_RETURN_IF_ERROR(CheckOverwrite(opts->out, opts->force, {bundle}));
+    MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(bundle));
     // Any step but the reference trainer's is reduced op by op; its repro
     // goes beside OUT.
     const bool by_ops = opts->ops || !opts->against.empty() || !reader->ReadAnnotation("model_config").ok();
     if (by_ops) {
       for (const char* suffix : {".repro.py", ".repro.safetensors", ".repro.reference.pt"}) {
-        MOERR_RETURN_IF_ERROR(CheckOverwrite(ReproStem(opts->out) + suffix, opts->force, {opts->bundle}));
+        MOERR_RETURN_IF_ERROR(CheckOverwrite(ReproStem(opts->out) + suffix, opts->force, {bundle}));
       }
     }
     proxy::ReduceOptions options;
     options.step = opts->step;
     options.out_path = opts->out;
-    options.source = opts->bundle;
+    options.source = bundle;
     // A directory of its own, so removing it afterwards removes only what
     // the reduction wrote.
     std::string work = opts->out + ".work-XXXXXX";
@@ -356,25 +377,25 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
     }
     options.work_dir = work;
     if (!opts->against.empty()) {
-      MOERR_RETURN_IF_ERROR(CheckOverwrite(opts->out, opts->force, {opts->bundle, opts->against}));
-      return ReduceAgainst(opts->bundle, opts->step, opts->against, opts->against_step,
+      MOERR_RETURN_IF_ERROR(CheckOverwrite(opts->out, opts->force, {bundle, opts->against}));
+      return ReduceAgainst(bundle, opts->step, opts->against, opts->against_step,
                            {opts->out, ReproStem(opts->out) + ".repro.py", ReproStem(opts->out) + ".repro.safetensors",
                             work},
-                           opts->json);
+                           target.rank, opts->json);
     }
     if (by_ops) {
       // No overflow to keep: a vendor op's verdict, if an op has a reference.
-      MOERR_ASSIGN_OR_RETURN(const bool overflows, replayer::Overflows(*reader, opts->step, opts->bundle));
+      MOERR_ASSIGN_OR_RETURN(const bool overflows, replayer::Overflows(*reader, opts->step, bundle));
       if (!overflows) {
         const std::string stem = ReproStem(opts->out);
-        return ReduceVendor(opts->bundle, opts->step, opts->references,
+        return ReduceVendor(bundle, opts->step, opts->references,
                             {opts->out, stem + ".repro.py", stem + ".repro.safetensors", stem + ".repro.reference.pt",
                              work},
-                            opts->json);
+                            target.rank, opts->json);
       }
       return ReduceByOps(*reader, {opts->step, opts->out, ReproStem(opts->out) + ".repro.py",
-                                   ReproStem(opts->out) + ".repro.safetensors", work, opts->bundle},
-                         opts->json);
+                                   ReproStem(opts->out) + ".repro.safetensors", work, bundle},
+                         target.rank, opts->json);
     }
     Progress bar("reduce", 0);
     auto report = proxy::Reduce(*reader, options, [&](int64_t tried, const std::string& pass) {
@@ -385,7 +406,7 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
     std::filesystem::remove_all(options.work_dir, ignored);
     if (!report.ok()) return report.status();
     if (opts->json) {
-      PrintJson(ToJson(*report, opts->out));
+      PrintJson(WithRank(ToJson(*report, opts->out), target.rank));
     } else {
       PrintReport(*report, opts->out);
     }

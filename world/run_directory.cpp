@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "analysis/cross_rank.h"
+#include "analysis/world_overflow.h"
 #include "formats/world_run.h"
 #include "support/exit_code.h"
 #include "support/status.h"
@@ -32,6 +33,29 @@ absl::StatusOr<std::vector<RankBundle>> BundlesOf(const std::string& path, int64
     }
   }
   return out;
+}
+
+absl::StatusOr<RankBundle> OneRankOf(const std::string& path, int64_t rank, int64_t step, bool* origin) {
+  if (origin != nullptr) *origin = false;
+  if (!formats::IsRunDirectory(path) || rank >= 0) {
+    MOERR_ASSIGN_OR_RETURN(const std::vector<RankBundle> bundles, BundlesOf(path, rank));
+    if (bundles.empty()) return absl::NotFoundError(absl::StrFormat("%s lists no rank %d", path, rank));
+    return bundles.front();
+  }
+  MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(path));
+  MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> steps,
+                         RunSteps(world, step >= 0 ? std::vector<int64_t>{step} : std::vector<int64_t>{}));
+  for (int64_t s : steps) {
+    MOERR_RETURN_IF_ERROR(formats::ReadWorldStep(world, s));
+    if (const std::optional<analysis::WorldOverflow> found = analysis::FindWorldOverflow(world)) {
+      MOERR_ASSIGN_OR_RETURN(const std::vector<RankBundle> bundles, BundlesOf(path, found->rank));
+      if (origin != nullptr) *origin = true;
+      return bundles.front();
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "%s: %s of the run overflows, so there is no rank where an overflow began; --rank K picks a rank to reduce",
+      path, step >= 0 ? absl::StrFormat("step %d", step) : std::string("no step")));
 }
 
 std::string RankPrefix(const RankBundle& b) { return b.rank < 0 ? "" : absl::StrFormat("rank %d: ", b.rank); }

@@ -24,6 +24,13 @@ struct RankBundle {
 };
 absl::StatusOr<std::vector<RankBundle>> BundlesOf(const std::string& path, int64_t rank = -1);
 
+// The one bundle a single-rank command (reduce) reads from `path`: the file
+// itself when it is a bundle; in a run directory, rank `rank`'s (>= 0), or
+// else the rank where the overflow began (analysis::FindWorldOverflow, as
+// bisect names it) in step `step`, or in the first step where one did when
+// `step` is -1. `origin` is set when the rank was found so.
+absl::StatusOr<RankBundle> OneRankOf(const std::string& path, int64_t rank, int64_t step, bool* origin = nullptr);
+
 // "rank 3: " for a rank of a run, "" for a lone bundle.
 std::string RankPrefix(const RankBundle& b);
 

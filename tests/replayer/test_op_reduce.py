@@ -215,11 +215,11 @@ def test_each_rank_of_a_run_reduces_with_its_received_collectives_as_recorded_in
     subprocess.run([MOERR, "train", "--preset", "tiny", "--ranks", "2", "--ep", "2", "--fault", "expert-overflow",
                     "--steps", "1", "--warmup-steps", "0", "--record", "replayable", "-o", str(run)],
                    check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    collective_ranks = 0
+    collective_ranks, reduced = 0, {}
     for rank in (0, 1):
         bundle = run / "run" / f"rank{rank}.moerr"
         found = moerr_json("bisect", str(bundle), code=1)[0]
-        r = moerr_json("reduce", str(bundle), "-o", str(tmp_path / f"rank{rank}.moerr"), "--ops")
+        r = reduced[rank] = moerr_json("reduce", str(bundle), "-o", str(tmp_path / f"rank{rank}.moerr"), "--ops")
         assert r["level"] == "ops" and r["kept"][-1] == found["op_index"], (found, r)
         script = tmp_path / f"rank{rank}.repro.py"
         p = run_repro(script)
@@ -228,3 +228,10 @@ def test_each_rank_of_a_run_reduces_with_its_received_collectives_as_recorded_in
             collective_ranks += 1
             assert "# from the record" in script.read_text()
     assert collective_ranks == 1
+    # The run directory: by default the rank where bisect says the overflow
+    # began (the broken expert's, not the one that received its Inf).
+    origin = moerr_json("bisect", str(run / "run"), code=1)[0]["rank"]
+    r = moerr_json("reduce", str(run / "run"), "-o", str(tmp_path / "origin.moerr"), "--ops")
+    assert r["rank"] == origin and r["kept"] == reduced[origin]["kept"], (origin, r)
+    r = moerr_json("reduce", str(run / "run"), "--rank", str(1 - origin), "-o", str(tmp_path / "other.moerr"), "--ops")
+    assert r["rank"] == 1 - origin and r["kept"] == reduced[1 - origin]["kept"], r
