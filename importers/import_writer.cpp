@@ -1,5 +1,7 @@
 #include "importers/import_writer.h"
 
+#include <ATen/ATen.h>
+
 #include <filesystem>
 
 #include "absl/strings/match.h"

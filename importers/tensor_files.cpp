@@ -1,5 +1,7 @@
 #include "importers/tensor_files.h"
 
+#include <ATen/ATen.h>
+
 #include <fstream>
 #include <sstream>
 

@@ -3,7 +3,7 @@
 // raw bytes). Both come back as contiguous CPU tensors.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <string>

@@ -1,5 +1,7 @@
 #include "moe/addition_task.h"
 
+#include <ATen/ATen.h>
+
 namespace moerr::moe {
 
 AdditionTask::Batch AdditionTask::Sample(int64_t n, std::mt19937_64& rng) const {

@@ -4,7 +4,7 @@
 // one length and all answers another, so batches need no padding.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <random>

@@ -1,5 +1,6 @@
 #include "moe/numerics.h"
 
+#include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 

@@ -7,7 +7,7 @@
 // faults run under fp16-emu: their numbers are set on its boundaries.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <string>
 

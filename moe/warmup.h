@@ -2,7 +2,8 @@
 // RL step a model with measurable ability.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
 
 #include <functional>
 

@@ -1,5 +1,6 @@
 #include "proxy/expert_diversity.h"
 
+#include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/grad_mode.h>
 

@@ -5,7 +5,7 @@
 // whose outputs differ are what warm-up makes of a random model.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "llvm/Support/JSON.h"
 #include "moe/moe_transformer.h"

@@ -6,7 +6,7 @@
 // and its mean output over all tokens; from the weights, the router rows.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <map>

@@ -9,7 +9,7 @@
 // activations [B, S, hidden] and the statistics, whatever the model's size.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <functional>

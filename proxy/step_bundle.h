@@ -4,7 +4,7 @@
 // model replay runs.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <functional>
 #include <optional>

@@ -1,5 +1,7 @@
 #include "proxy/surgery.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <regex>
 

@@ -7,7 +7,7 @@
 // moments) map to the proxy's names; recorded routing maps to kept experts.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <optional>
 #include <string>

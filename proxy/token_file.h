@@ -4,7 +4,7 @@
 // ids separated by commas or white space.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <string>
