@@ -118,7 +118,7 @@ void PrintOpReport(const replayer::OpReduceReport& r, const replayer::OpReduceOp
   std::printf("| bundle bytes | %llu | %llu | %.1fx |\n", static_cast<unsigned long long>(r.bytes_before),
               static_cast<unsigned long long>(r.bytes_after),
               r.bytes_after == 0 ? 0.0 : double(r.bytes_before) / double(r.bytes_after));
-  std::printf("| elements of the values feeding them (rows shrunk) | %lld | %lld | %.1fx |\n",
+  std::printf("| elements of the values feeding them (shrunk) | %lld | %lld | %.1fx |\n",
               static_cast<long long>(r.elements_before), static_cast<long long>(r.elements_after),
               r.elements_after == 0 ? 0.0 : double(r.elements_before) / double(r.elements_after));
   std::printf("\nkept ops (recorded indices):");

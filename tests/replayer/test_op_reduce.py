@@ -139,14 +139,15 @@ def test_reduce_cuts_a_plain_pytorch_step_to_a_standalone_repro(tmp_path, autoca
     p = run_repro(script)
     assert p.returncode != 0 and f"AssertionError: {r['assertion']}" in p.stderr, (p.stdout, p.stderr)
 
-    # The broken expert's weight (or a block of its rows, when the reduce
-    # shrank them) is the one huge kept value; healed, the repro passes.
+    # The broken expert's weight (or a block of it, when the reduce shrank
+    # its rows or columns) is the one huge kept value; healed, the repro passes.
     kept = load_file(str(values))
     faulty = [name for name, t in kept.items() if t.is_floating_point() and t.numel() and t.abs().max() > SCALE / 1e6]
     assert len(faulty) == 1, sorted(kept)
     t = kept[faulty[0]]
-    assert t.shape[1:] == broken.shape[1:], (t.shape, broken.shape)
-    assert any(torch.equal(t, broken[i:i + t.shape[0]]) for i in range(broken.shape[0] - t.shape[0] + 1))
+    (rows, cols), (all_rows, all_cols) = t.shape, broken.shape
+    assert any(torch.equal(t, broken[i:i + rows, j:j + cols])
+               for i in range(all_rows - rows + 1) for j in range(all_cols - cols + 1)), (t.shape, broken.shape)
     kept[faulty[0]] = t / SCALE
     save_file(kept, str(values))
     p = run_repro(script)
@@ -235,3 +236,24 @@ def test_each_rank_of_a_run_reduces_with_its_received_collectives_as_recorded_in
     assert r["rank"] == origin and r["kept"] == reduced[origin]["kept"], (origin, r)
     r = moerr_json("reduce", str(run / "run"), "--rank", str(1 - origin), "-o", str(tmp_path / "other.moerr"), "--ops")
     assert r["rank"] == 1 - origin and r["kept"] == reduced[1 - origin]["kept"], r
+
+
+def test_tokens_of_a_batch_of_sequences_shrink_along_their_own_dimension(tmp_path):
+    # [batch, tokens, hidden] activations, an overflowing projection: the
+    # values cut free lose tokens (dim 1), not only rows (dim 0).
+    torch.manual_seed(0)
+    proj, norm = nn.Linear(8, 8), nn.LayerNorm(8)
+    with torch.no_grad():
+        proj.weight.mul_(SCALE)
+    x = torch.randn(2, 12, 8)
+    path = tmp_path / "seq.moerr"
+    with moerr.record(path, mode="replayable", overwrite=True) as rec:
+        with rec.step():
+            norm(proj(torch.tanh(x))).sum().backward()
+    r = moerr_json("reduce", str(path), "-o", str(tmp_path / "small.moerr"))
+    assert r["elements_after"] < r["elements_before"], r
+    values = load_file(str(tmp_path / "small.repro.safetensors"))
+    activations = [t for t in values.values() if t.dim() == 3]
+    assert activations and all(t.shape[1] < 12 for t in activations), {k: t.shape for k, t in values.items()}
+    p = run_repro(tmp_path / "small.repro.py")
+    assert p.returncode != 0 and f"AssertionError: {r['assertion']}" in p.stderr, (p.stdout, p.stderr)
