@@ -143,20 +143,56 @@ llvm::json::Value WithRank(llvm::json::Value report, int64_t rank) {
   return report;
 }
 
+// Removes the reduction's work directory, then prints `report`: as JSON
+// (`to_json`, with the run's `rank`) or as text (`print`).
+template <typename Report, typename JsonFn, typename PrintFn>
+ExitOr Conclude(const absl::StatusOr<Report>& report, const std::string& work_dir, int64_t rank, bool json,
+                JsonFn to_json, PrintFn print) {
+  std::error_code ignored;
+  std::filesystem::remove_all(work_dir, ignored);
+  if (!report.ok()) return report.status();
+  if (json) {
+    PrintJson(WithRank(to_json(*report), rank));
+  } else {
+    print(*report);
+  }
+  return kExitOk;
+}
+
+// The --json fields of a reduce that keeps one op: the op, the sizes and
+// the files written.
+llvm::json::Object OneOpJson(size_t op_index, size_t ops_before, uint64_t bytes_before, uint64_t bytes_after,
+                             const std::string& assertion, const std::string& out, const std::string& repro,
+                             const std::string& values) {
+  return llvm::json::Object{{"level", "ops"},
+                            {"ops_before", static_cast<int64_t>(ops_before)},
+                            {"ops_after", int64_t{1}},
+                            {"kept", llvm::json::Array{static_cast<int64_t>(op_index)}},
+                            {"bytes_before", static_cast<int64_t>(bytes_before)},
+                            {"bytes_after", static_cast<int64_t>(bytes_after)},
+                            {"assertion", assertion},
+                            {"output", out},
+                            {"repro", repro},
+                            {"values", values}};
+}
+
+// The size table of a reduce that keeps one op.
+void PrintOneOpTable(size_t ops_before, uint64_t bytes_before, uint64_t bytes_after) {
+  std::printf("| | original | reduced | ratio |\n|---|---|---|---|\n");
+  std::printf("| ops | %zu | 1 | %.1fx |\n", ops_before, double(ops_before));
+  std::printf("| bundle bytes | %llu | %llu | %.1fx |\n", static_cast<unsigned long long>(bytes_before),
+              static_cast<unsigned long long>(bytes_after),
+              bytes_after == 0 ? 0.0 : double(bytes_before) / double(bytes_after));
+}
+
 // The op-level reduce into `o`'s paths; removes its work directory.
 ExitOr ReduceByOps(const formats::BundleReader& reader, const replayer::OpReduceOptions& o, int64_t rank, bool json) {
   Progress bar("reduce", 0);
   auto report = replayer::ReduceOps(reader, o, [&](int64_t tried, const std::string& note) { bar.Update(tried, note); });
   bar.Finish();
-  std::error_code ignored;
-  std::filesystem::remove_all(o.work_dir, ignored);
-  if (!report.ok()) return report.status();
-  if (json) {
-    PrintJson(WithRank(OpJson(*report, o), rank));
-  } else {
-    PrintOpReport(*report, o);
-  }
-  return kExitOk;
+  return Conclude(
+      report, o.work_dir, rank, json, [&](const auto& r) { return OpJson(r, o); },
+      [&](const auto& r) { PrintOpReport(r, o); });
 }
 
 llvm::json::Value DivergenceJson(const replayer::DivergenceReduceReport& r, const replayer::DivergenceReduceOptions& o,
@@ -174,22 +210,15 @@ llvm::json::Value DivergenceJson(const replayer::DivergenceReduceReport& r, cons
                              {"budget", JsonNumber(r.judged.budget)},
                              {"inherited", JsonNumber(r.inherited)},
                              {"call_difference", r.call_difference}};
-  return llvm::json::Object{{"level", "ops"},
-                            {"step", r.step},
-                            {"against", against},
-                            {"against_step", r.against_step},
-                            {"failure", std::move(failure)},
-                            {"seconds", r.seconds},
-                            {"diff_seconds", r.diff_seconds},
-                            {"ops_before", static_cast<int64_t>(r.ops_before)},
-                            {"ops_after", int64_t{1}},
-                            {"kept", llvm::json::Array{static_cast<int64_t>(r.op_index)}},
-                            {"bytes_before", static_cast<int64_t>(r.bytes_before)},
-                            {"bytes_after", static_cast<int64_t>(r.bytes_after)},
-                            {"assertion", r.assertion},
-                            {"output", o.out_path},
-                            {"repro", o.script_path},
-                            {"values", o.values_path}};
+  llvm::json::Object out = OneOpJson(r.op_index, r.ops_before, r.bytes_before, r.bytes_after, r.assertion, o.out_path,
+                                     o.script_path, o.values_path);
+  out["step"] = r.step;
+  out["against"] = against;
+  out["against_step"] = r.against_step;
+  out["failure"] = std::move(failure);
+  out["seconds"] = r.seconds;
+  out["diff_seconds"] = r.diff_seconds;
+  return out;
 }
 
 void PrintDivergenceReport(const replayer::DivergenceReduceReport& r, const replayer::DivergenceReduceOptions& o,
@@ -208,11 +237,7 @@ void PrintDivergenceReport(const replayer::DivergenceReduceReport& r, const repl
   }
   std::printf("kept: that op alone, on its recorded inputs; %.1f s (the diff judged on introduced error: %.1f s)\n\n",
               r.seconds, r.diff_seconds);
-  std::printf("| | original | reduced | ratio |\n|---|---|---|---|\n");
-  std::printf("| ops | %zu | 1 | %.1fx |\n", r.ops_before, double(r.ops_before));
-  std::printf("| bundle bytes | %llu | %llu | %.1fx |\n", static_cast<unsigned long long>(r.bytes_before),
-              static_cast<unsigned long long>(r.bytes_after),
-              r.bytes_after == 0 ? 0.0 : double(r.bytes_before) / double(r.bytes_after));
+  PrintOneOpTable(r.ops_before, r.bytes_before, r.bytes_after);
   std::printf("\nwrote %s (moerr replay %s), %s and %s\n", o.out_path.c_str(), o.out_path.c_str(),
               o.script_path.c_str(), o.values_path.c_str());
   std::printf("python %s raises: AssertionError: %s\n", o.script_path.c_str(), r.assertion.c_str());
@@ -229,15 +254,9 @@ ExitOr ReduceAgainst(const std::string& bundle, int64_t step, const std::string&
     bar.Update(++stage, what);
   });
   bar.Finish();
-  std::error_code ignored;
-  std::filesystem::remove_all(o.work_dir, ignored);
-  if (!report.ok()) return report.status();
-  if (json) {
-    PrintJson(WithRank(DivergenceJson(*report, o, against), rank));
-  } else {
-    PrintDivergenceReport(*report, o, against);
-  }
-  return kExitOk;
+  return Conclude(
+      report, o.work_dir, rank, json, [&](const auto& r) { return DivergenceJson(r, o, against); },
+      [&](const auto& r) { PrintDivergenceReport(r, o, against); });
 }
 
 llvm::json::Value VendorJson(const replayer::VendorReduceReport& r, const replayer::VendorReduceOptions& o) {
@@ -248,23 +267,16 @@ llvm::json::Value VendorJson(const replayer::VendorReduceReport& r, const replay
   failure["module"] = r.module;
   failure["phase"] = r.phase;
   failure["reference"] = r.reference;
-  return llvm::json::Object{{"level", "ops"},
-                            {"step", r.step},
-                            {"failure", std::move(failure)},
-                            {"checked_ops", static_cast<int64_t>(r.checked_ops)},
-                            {"suspect_ops", static_cast<int64_t>(r.suspect_ops)},
-                            {"seconds", r.seconds},
-                            {"check_seconds", r.check_seconds},
-                            {"ops_before", static_cast<int64_t>(r.ops_before)},
-                            {"ops_after", int64_t{1}},
-                            {"kept", llvm::json::Array{static_cast<int64_t>(r.op_index)}},
-                            {"bytes_before", static_cast<int64_t>(r.bytes_before)},
-                            {"bytes_after", static_cast<int64_t>(r.bytes_after)},
-                            {"assertion", r.assertion},
-                            {"output", o.out_path},
-                            {"repro", o.script_path},
-                            {"values", o.values_path},
-                            {"reference_copy", o.reference_path}};
+  llvm::json::Object out = OneOpJson(r.op_index, r.ops_before, r.bytes_before, r.bytes_after, r.assertion, o.out_path,
+                                     o.script_path, o.values_path);
+  out["step"] = r.step;
+  out["failure"] = std::move(failure);
+  out["checked_ops"] = static_cast<int64_t>(r.checked_ops);
+  out["suspect_ops"] = static_cast<int64_t>(r.suspect_ops);
+  out["seconds"] = r.seconds;
+  out["check_seconds"] = r.check_seconds;
+  out["reference_copy"] = o.reference_path;
+  return out;
 }
 
 void PrintVendorReport(const replayer::VendorReduceReport& r, const replayer::VendorReduceOptions& o) {
@@ -274,11 +286,7 @@ void PrintVendorReport(const replayer::VendorReduceReport& r, const replayer::Ve
               r.description.c_str());
   std::printf("kept: that op alone, on its recorded inputs, against %s; %.1f s (the check of the step: %.1f s)\n\n",
               r.reference.c_str(), r.seconds, r.check_seconds);
-  std::printf("| | original | reduced | ratio |\n|---|---|---|---|\n");
-  std::printf("| ops | %zu | 1 | %.1fx |\n", r.ops_before, double(r.ops_before));
-  std::printf("| bundle bytes | %llu | %llu | %.1fx |\n", static_cast<unsigned long long>(r.bytes_before),
-              static_cast<unsigned long long>(r.bytes_after),
-              r.bytes_after == 0 ? 0.0 : double(r.bytes_before) / double(r.bytes_after));
+  PrintOneOpTable(r.ops_before, r.bytes_before, r.bytes_after);
   std::printf("\nwrote %s (moerr replay %s --isolated --reference %s=FILE), %s, %s and %s\n", o.out_path.c_str(),
               o.out_path.c_str(), r.op.c_str(), o.script_path.c_str(), o.values_path.c_str(), o.reference_path.c_str());
   std::printf("python %s raises: AssertionError: %s\n", o.script_path.c_str(), r.assertion.c_str());
@@ -296,15 +304,9 @@ ExitOr ReduceVendor(const std::string& bundle, int64_t step, const std::vector<s
     bar.Update(++stage, what);
   });
   bar.Finish();
-  std::error_code ignored;
-  std::filesystem::remove_all(o.work_dir, ignored);
-  if (!report.ok()) return report.status();
-  if (json) {
-    PrintJson(WithRank(VendorJson(*report, o), rank));
-  } else {
-    PrintVendorReport(*report, o);
-  }
-  return kExitOk;
+  return Conclude(
+      report, o.work_dir, rank, json, [&](const auto& r) { return VendorJson(r, o); },
+      [&](const auto& r) { PrintVendorReport(r, o); });
 }
 
 }  // namespace
@@ -402,15 +404,9 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
       bar.Update(tried, pass);
     });
     bar.Finish();
-    std::error_code ignored;
-    std::filesystem::remove_all(options.work_dir, ignored);
-    if (!report.ok()) return report.status();
-    if (opts->json) {
-      PrintJson(WithRank(ToJson(*report, opts->out), target.rank));
-    } else {
-      PrintReport(*report, opts->out);
-    }
-    return kExitOk;
+    return Conclude(
+        report, options.work_dir, target.rank, opts->json, [&](const auto& r) { return ToJson(r, opts->out); },
+        [&](const auto& r) { PrintReport(r, opts->out); });
   });
 }
 
