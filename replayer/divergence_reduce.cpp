@@ -1,16 +1,13 @@
 #include "replayer/divergence_reduce.h"
 
 #include <chrono>
-#include <memory>
 #include <filesystem>
 #include <map>
-#include <set>
+#include <memory>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "diff/precision_diff.h"
 #include "formats/bundle_reader.h"
-#include "recorder/hooks/tensor_adapter.h"
 #include "recorder/hooks/torch_boundary.h"
 #include "replayer/introduced_error.h"
 #include "replayer/program_replay.h"
