@@ -1,6 +1,9 @@
 #include <cstdio>
+#include <optional>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "analysis/beside_run.h"
 #include "analysis/collective_order.h"
 #include "analysis/cross_rank.h"
 #include "formats/bundle_reader.h"
@@ -28,8 +31,9 @@ llvm::json::Object FateJson(const analysis::RankFate& f, const formats::RankStep
 }
 
 // A run directory: each rank's bundle and how its step ended. Exit 1 when
-// some rank did not finish the step.
-ExitOr InspectRun(const std::string& dir, int64_t step, bool json) {
+// some rank did not finish the step. `beside`: moerr's recording of the
+// same job, whose modules name the collectives of the order analysis.
+ExitOr InspectRun(const std::string& dir, int64_t step, bool json, const std::string& beside) {
   MOERR_ASSIGN_OR_RETURN(const formats::WorldStep world, formats::OpenWorldStep(dir, step));
   const std::vector<analysis::RankFate> fates = analysis::RankFates(world);
   bool all_finished = true;
@@ -40,14 +44,20 @@ ExitOr InspectRun(const std::string& dir, int64_t step, bool json) {
   bool in_order = true;
   for (const analysis::GroupOrder& g : order) in_order &= !g.Broken() && g.missing.empty();
   const ExitOr verdict = all_finished && in_order ? kExitOk : kExitFinding;
+  std::optional<analysis::BesideRun> aligned;
+  if (!beside.empty()) {
+    MOERR_ASSIGN_OR_RETURN(aligned, analysis::AlignBeside(order, world, beside));
+  }
   const formats::WorldManifest& m = world.manifest;
   if (json) {
     llvm::json::Array ranks, groups;
     for (size_t r = 0; r < fates.size(); ++r) ranks.push_back(FateJson(fates[r], world.ranks[r]));
     for (const analysis::GroupOrder& g : order) groups.push_back(analysis::GroupOrderJson(g));
-    PrintJson(llvm::json::Object{{"run", dir}, {"world_size", m.world_size}, {"ep_size", m.ep_size},
-                                 {"experts", m.experts}, {"step", world.step}, {"ranks", std::move(ranks)},
-                                 {"collective_order", std::move(groups)}});
+    llvm::json::Object out{{"run", dir}, {"world_size", m.world_size}, {"ep_size", m.ep_size},
+                           {"experts", m.experts}, {"step", world.step}, {"ranks", std::move(ranks)},
+                           {"collective_order", std::move(groups)}};
+    if (aligned) out["beside"] = analysis::BesideJson(*aligned);
+    PrintJson(std::move(out));
     return verdict;
   }
   const std::string layout = m.experts > 0 ? absl::StrFormat("expert-parallel groups of %d, %d experts per MoE layer",
@@ -82,6 +92,7 @@ ExitOr InspectRun(const std::string& dir, int64_t step, bool json) {
     }
   }
   for (const analysis::GroupOrder& g : order) std::printf("%s\n", analysis::DescribeGroupOrder(g).c_str());
+  if (aligned) std::printf("%s\n", analysis::DescribeBeside(*aligned).c_str());
   return verdict;
 }
 
@@ -92,6 +103,7 @@ void AddInspectCommand(CLI::App& app, int& exit_code) {
     std::string bundle;
     int64_t step = -1;
     bool json = false;
+    std::string beside;
   };
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
@@ -101,9 +113,19 @@ void AddInspectCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("BUNDLE", opts->bundle, "Bundle file (.moerr), or a run directory (world.json)")->required()
       ->transform(RecordingPath());
   cmd->add_option("--step", opts->step, "Run directory: the step to look at (default: the first)");
+  cmd->add_option("--beside", opts->beside,
+                  "Run directory: moerr's own recording of the same job (moerr.record, world.json); the "
+                  "collectives the order analysis names (last completed, first disagreement) are looked up "
+                  "there by group and sequence number, and each rank's module and phase printed")
+      ->check(CLI::ExistingDirectory);
   cmd->add_flag("--json", opts->json, "Print JSON instead of a table");
   OnRun(cmd, exit_code, [opts]() -> ExitOr {
-    if (formats::IsRunDirectory(opts->bundle)) return InspectRun(opts->bundle, opts->step, opts->json);
+    if (formats::IsRunDirectory(opts->bundle)) return InspectRun(opts->bundle, opts->step, opts->json, opts->beside);
+    if (!opts->beside.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--beside ", opts->beside, ": compares a run directory "
+                                                     "(world.json) with a recording; ", opts->bundle,
+                                                     " is one bundle"));
+    }
     MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(opts->bundle));
     MOERR_ASSIGN_OR_RETURN(const formats::BundleSummary summary, formats::Summarize(*reader));
     if (opts->json) {

@@ -17,6 +17,14 @@ three "gradient bucket" all_reduces; the scenarios differ in bucket 1:
   sizes  the odd rank all_reduces a tensor of another size in bucket 1.
   kill   the killed rank SIGKILLs itself just before bucket 1; its dump is
          missing.
+  beside as "kind", with moerr.record running too (python package on
+         PYTHONPATH): after the prelude every rank enters moerr.record(OUT +
+         "_moerr"), which writes rank<K>.moerr there, and runs one step of a
+         model whose modules layers.0 and layers.1 each call a collective in
+         their forward, the odd rank an all_gather in layers.1 where its peer
+         all_reduces. Flight Recorder sees the collectives of the prelude and
+         moerr.record's own start too; moerr numbers from the recording's
+         start.
 
 What gloo does (torch 2.11, CPU): it pairs collectives by their tag, i.e.
 by per-group call order, never by kind, size or call site. In "skip" the
@@ -72,7 +80,7 @@ import threading
 import time
 
 DUMP_PREFIX = "nccl_trace_rank_"
-SCENARIOS = ("ok", "skip", "kind", "sizes", "kill")
+SCENARIOS = ("ok", "skip", "kind", "sizes", "kill", "beside")
 TIMEOUT_S = 5           # collective timeout given to init_process_group
 LINGER_S = TIMEOUT_S + 3   # how long a finished rank waits for its peers
 JOB_DEADLINE_S = 25     # the parent kills whatever still runs after this
@@ -220,8 +228,42 @@ def middle_bucket(dist, torch, rank, world, scenario):
         bucket_all_reduce(dist, torch, world, 1)
 
 
-def run_scenario(dist, torch, rank, world, scenario):
+def beside_model(dist, torch, rank, world):
+    """Two layers, each a module whose forward calls a collective: the odd
+    rank's layers.1 all_gathers where its peers all_reduce."""
+    class Layer(torch.nn.Module):
+        def __init__(self, odd):
+            super().__init__()
+            self.odd = odd
+
+        def forward(self, x):
+            if self.odd:
+                odd_bucket_all_gather(dist, torch, world)
+            else:
+                bucket_all_reduce(dist, torch, world, 1)
+            return x * 2
+
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([Layer(False), Layer(rank == odd_rank(world))])
+    return model
+
+
+def run_beside(dist, torch, rank, world, out_dir):
+    import moerr
+    model = beside_model(dist, torch, rank, world)
+    moerr.instrument(model)
+    with moerr.record(out_dir.rstrip("/") + "_moerr", overwrite=True) as rec:
+        with rec.step():
+            x = torch.ones(NUMEL)
+            for layer in model.layers:
+                x = layer(x)
+
+
+def run_scenario(dist, torch, rank, world, scenario, out_dir):
     prelude(dist, torch, world)
+    if scenario == "beside":
+        run_beside(dist, torch, rank, world, out_dir)
+        return
     bucket_all_reduce(dist, torch, world, 0)
     middle_bucket(dist, torch, rank, world, scenario)
     bucket_all_reduce(dist, torch, world, 2)
@@ -285,7 +327,7 @@ def rank_main(rank, world, scenario, out_dir, port, as_json, outcomes):
     threading.Thread(target=stall_watchdog, args=(rank, out_dir, as_json), daemon=True).start()
     outcome = "completed"
     try:
-        run_scenario(dist, torch, rank, world, scenario)
+        run_scenario(dist, torch, rank, world, scenario, out_dir)
     except Exception as exc:   # gloo raises RuntimeError / DistBackendError
         outcome = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     with _dump_lock:

@@ -3,14 +3,18 @@
 // The real dumps of real gloo jobs, checked against torch's own analyzer,
 // are tests/importers/test_flight_recorder.py; here: the parser on a real
 // pickle, the refusal of objects, and the verdicts on JSON dumps written
-// from the documented layout.
+// from the documented layout, alone and beside a recording written here
+// (analysis/beside_run.h).
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "analysis/beside_run.h"
 #include "analysis/collective_order.h"
+#include "formats/bundle_writer.h"
+#include "formats/collective_op.h"
 #include "formats/world_run.h"
 #include "gtest/gtest.h"
 #include "importers/flight_recorder_dump.h"
@@ -215,6 +219,90 @@ TEST(CollectiveOrderTest, AGapInTheNumbersIsNeitherWalkedNorADisagreement) {
   const analysis::GroupOrder g = analysis::CheckCollectiveOrder(*world).at(0);
   EXPECT_EQ(g.first_disagreement, -1) << analysis::DescribeGroupOrder(g);
   EXPECT_EQ(g.reached.at(1), 999999999999999);
+}
+
+// moerr's own recording of ranks 0..2 of WriteDump's job, from its second
+// collective on: rank r's calls `kinds`, each in module layers.<i>, in the
+// backward; rank 1's writer never finished (rank1.moerr.partial).
+void WriteRecording(const std::string& run, const std::vector<std::vector<std::string>>& kinds) {
+  formats::WorldManifest m;
+  m.world_size = static_cast<int64_t>(kinds.size());
+  m.groups["world"] = {{0, 1, 2}};
+  for (int64_t r = 0; r < m.world_size; ++r) m.ranks.push_back({r, absl::StrCat("rank", r, ".moerr"), {}});
+  ASSERT_TRUE(formats::WriteWorldManifest(run, m).ok());
+  for (size_t r = 0; r < kinds.size(); ++r) {
+    formats::Record ops;
+    ops.kind = static_cast<uint16_t>(formats::RecordKind::kOps);
+    ops.step = 0;
+    for (size_t i = 0; i < kinds[r].size(); ++i) {
+      formats::CollectiveOp c;
+      c.kind = kinds[r][i];
+      c.group = "world";
+      c.seq = static_cast<int64_t>(i);
+      c.group_rank = static_cast<int64_t>(r);
+      c.group_size = 3;
+      formats::OpEvent op;
+      op.seq = i;
+      op.phase = formats::Phase::kBackward;
+      op.module = absl::StrCat("layers.", i);
+      formats::ToOpEvent(c, op);
+      ops.ops.ops.push_back(op);
+    }
+    auto writer = formats::BundleWriter::Create(absl::StrCat(run, "/rank", r, ".moerr"),
+                                                formats::WriterOptions().set_sync(false));
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE((*writer)->BeginStep(0).ok());
+    ASSERT_TRUE((*writer)->AppendRecord(ops).ok());
+    ASSERT_TRUE((*writer)->EndStep(0).ok());
+    if (r != 1) {
+      ASSERT_TRUE((*writer)->Close().ok());
+    }
+  }
+}
+
+TEST(BesideRunTest, NamesTheModuleOfEachRanksCallAtTheDisagreement) {
+  TempDir dir;
+  std::filesystem::create_directory(dir.File("dumps"));
+  for (int r = 0; r < 3; ++r) {
+    WriteDump(dir.File("dumps/nccl_trace_rank_" + std::to_string(r)),
+              {"all_reduce:4", "all_reduce:4", r == 2 ? "all_gather:4" : "all_reduce:4", "broadcast:8"});
+  }
+  ASSERT_TRUE(ImportFlightRecorder({dir.File("dumps")}, dir.File("run")).ok());
+  auto world = formats::OpenWorldStep(dir.File("run"));
+  ASSERT_TRUE(world.ok()) << world.status();
+  const std::vector<analysis::GroupOrder> order = analysis::CheckCollectiveOrder(*world);
+  ASSERT_EQ(order.at(0).first_disagreement, 2);
+  std::filesystem::create_directory(dir.File("moerr"));
+  WriteRecording(dir.File("moerr"), {{"all_reduce", "all_reduce", "broadcast"},
+                                     {"all_reduce", "all_reduce", "broadcast"},
+                                     {"all_reduce", "all_gather", "broadcast"}});
+  auto beside = analysis::AlignBeside(order, *world, dir.File("moerr"));
+  ASSERT_TRUE(beside.ok()) << beside.status();
+  EXPECT_EQ(beside->rank_notes,
+            std::vector<std::string>{"rank 1: its bundle was never finished; read to its last complete frame"});
+  const analysis::GroupBeside& g = beside->groups.at(0);
+  EXPECT_EQ(g.moerr_group, "world");
+  EXPECT_EQ(g.offset, 1);  // the recording started after the dump's #1
+  EXPECT_EQ(g.other_offsets, 0);
+  ASSERT_EQ(g.disagreement.size(), 3u);
+  for (const analysis::BesideCall& c : g.disagreement) {
+    EXPECT_TRUE(c.found);
+    EXPECT_EQ(c.seq, 1);
+    EXPECT_EQ(c.module, "layers.1");
+    EXPECT_EQ(c.phase, "backward");
+    EXPECT_EQ(c.kind, c.rank == 2 ? "all_gather" : "all_reduce");
+  }
+  // Rank 3's dump is missing, and every rank completed only #1: before the recording.
+  ASSERT_EQ(g.completed.size(), 4u);
+  EXPECT_EQ(g.completed[0].note, "it came before the recording started");
+  const std::string text = analysis::DescribeBeside(*beside);
+  EXPECT_NE(text.find("rank 2 in #3 (layers.1, backward; moerr's all_gather #1)"), std::string::npos) << text;
+  // A recording whose kinds match under no numbering is said so.
+  std::filesystem::create_directory(dir.File("other"));
+  WriteRecording(dir.File("other"), {{"all_gather"}, {"all_gather"}, {"all_gather"}});
+  beside = analysis::AlignBeside(order, *world, dir.File("other"));
+  ASSERT_TRUE(beside.ok()) << beside.status();
+  EXPECT_EQ(beside->groups.at(0).offset, -1);
 }
 
 TEST(FlightRecorderImportTest, TwoDumpsOfOneRankAreRefused) {

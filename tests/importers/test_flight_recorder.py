@@ -10,6 +10,7 @@ is checked. moerr reads the dumps as gloo wrote them.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -21,8 +22,9 @@ import torch_fr_analysis as torch_fr  # noqa: E402
 
 MOERR = os.environ.get("MOERR_BIN", "moerr")
 
-# (scenario, ranks): every fault at 4 ranks, and the cheap ones at 2.
-CASES = [("ok", 2), ("kind", 2), ("skip", 4), ("kind", 4), ("sizes", 4), ("kill", 4)]
+# (scenario, ranks): every fault at 4 ranks, and the cheap ones at 2;
+# "beside" also records with moerr.record.
+CASES = [("ok", 2), ("kind", 2), ("skip", 4), ("kind", 4), ("sizes", 4), ("kill", 4), ("beside", 2)]
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +116,42 @@ def test_the_json_variant_reads_as_the_pickle(dumps, tmp_path):
     for key in ("first_disagreement", "last_completed", "missing"):
         assert from_json[key] == from_pickle[key]
     assert [s["ranks"] for s in from_json["sides"]] == [s["ranks"] for s in from_pickle["sides"]]
+
+
+def test_beside_moerrs_recording_names_the_module_each_rank_waited_in(dumps, tmp_path):
+    dump_dir, run = dumps[("beside", 2)], str(tmp_path / "run")
+    recording = dump_dir.rstrip("/") + "_moerr"
+    moerr_verdict(dump_dir, run)
+    inspect = subprocess.run([MOERR, "inspect", run, "--beside", recording, "--json"], capture_output=True, text=True)
+    assert inspect.returncode == 1, inspect.stderr
+    out = json.loads(inspect.stdout)
+    order = {g["group"]: g for g in out["collective_order"]}["world"]
+    beside = {g["group"]: g for g in out["beside"]["groups"]}["world"]
+    assert beside["moerr_group"] == "world", out["beside"]["text"]
+    # Flight Recorder also numbers the prelude and moerr.record's own
+    # all_gather_object; the recording counts from its start.
+    assert beside["offset"] > 0 and beside["other_offsets"] == 0, out["beside"]["text"]
+    at = {c["rank"]: c for c in beside["disagreement"]}
+    assert sorted(at) == [0, 1], out["beside"]["text"]
+    for rank, c in at.items():
+        assert c["dump_seq"] == order["first_disagreement"] and c["seq"] == order["first_disagreement"] - beside["offset"]
+        assert c["found"] and c["module"] == "layers.1", out["beside"]["text"]
+    # The odd rank's all_gather ran as all_to_all_single: the dump's kind.
+    assert at[jobs.odd_rank(2)]["kind"] == "all_gather" and at[0]["kind"] == "all_reduce"
+    assert side(order, "other_kind")["call"]["kind"] == "all_to_all"
+    assert all(c["module"] == "layers.0" and c["phase"] == "forward" for c in beside["completed"]), out["beside"]["text"]
+    text = subprocess.run([MOERR, "inspect", run, "--beside", recording], capture_output=True, text=True).stdout
+    assert "group world is its world" in text and "(layers.1; moerr's all_gather #1" in text, text
+    # The recording's bundle read as a writer killed left it: salvaged, named.
+    partial = tmp_path / "partial"
+    shutil.copytree(recording, partial)
+    os.rename(partial / "rank1.moerr", partial / "rank1.moerr.partial")
+    again = subprocess.run([MOERR, "inspect", run, "--beside", str(partial), "--json"], capture_output=True, text=True)
+    assert again.returncode == 1, again.stderr
+    notes = json.loads(again.stdout)["beside"]["rank_notes"]
+    assert notes == ["rank 1: its bundle was never finished; read to its last complete frame"], notes
+    # A group the recording never used is said, not guessed.
+    assert {g["group"]: g for g in out["beside"]["groups"]}["pg1"]["offset"] == -1
 
 
 def test_torch_refuses_gloo_dumps_that_moerr_reads(dumps):

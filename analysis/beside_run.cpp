@@ -1,0 +1,269 @@
+#include "analysis/beside_run.h"
+
+#include <map>
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "formats/collective_op.h"
+#include "support/status.h"
+
+namespace moerr::analysis {
+namespace {
+
+using Kinds = std::map<int64_t, BesideCall>;  // by the side's own number
+using RankGroups = std::map<std::string, Kinds>;  // by group name
+
+// The collectives of every step of every rank of the recording, and the one
+// each rank failed in (recorder.h's "collective_failed" annotation: it never
+// returned, so it is no op of the trace).
+absl::StatusOr<std::vector<RankGroups>> ReadRecording(const std::string& dir, std::vector<std::string>& notes) {
+  MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(dir));
+  std::vector<RankGroups> out(world.ranks.size());
+  std::set<int64_t> steps;
+  for (const formats::RankStep& r : world.ranks) {
+    if (!r.reader) {
+      notes.push_back(absl::StrFormat("rank %d: its bundle cannot be read: %s", r.rank, r.error.message()));
+      continue;
+    }
+    // An import (Flight Recorder's, msprobe's) knows no module: aligning
+    // the dumps with one would only name nothing.
+    const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(*r.reader);
+    if (recording && recording->getObject("imported") != nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s is imported from another tool's dumps, not recorded by moerr.record", r.path));
+    }
+    if (r.partial) notes.push_back(absl::StrFormat("rank %d: its bundle was never finished; read to its last "
+                                                   "complete frame", r.rank));
+    for (int64_t s : r.reader->Steps()) steps.insert(s);
+  }
+  for (int64_t step : steps) {
+    if (!formats::ReadWorldStep(world, step).ok()) continue;
+    for (size_t r = 0; r < world.ranks.size(); ++r) {
+      if (!world.ranks[r].trace) continue;
+      for (const formats::OpEvent& op : world.ranks[r].trace->ops) {
+        if (!formats::IsCollective(op)) continue;
+        absl::StatusOr<formats::CollectiveOp> c = formats::CollectiveOf(op);
+        if (!c.ok()) continue;  // cross_rank.h reports a malformed record
+        BesideCall call{static_cast<int64_t>(r), c->seq, -1, true, c->kind, op.module,
+                        std::string(formats::PhaseName(op.phase)), ""};
+        out[r][c->group].emplace(c->seq, std::move(call));  // a coalesced group: its first op
+      }
+    }
+  }
+  for (size_t r = 0; r < world.ranks.size(); ++r) {
+    if (!world.ranks[r].reader) continue;
+    absl::StatusOr<llvm::json::Value> failed = world.ranks[r].reader->ReadAnnotation("collective_failed");
+    const llvm::json::Object* o = failed.ok() ? failed->getAsObject() : nullptr;
+    if (o == nullptr) continue;
+    BesideCall call{static_cast<int64_t>(r), o->getInteger("seq").getValueOr(-1), -1, true,
+                    o->getString("kind").getValueOr("").str(), o->getString("module").getValueOr("").str(), "",
+                    "it never returned: " + o->getString("error").getValueOr("").str()};
+    out[r][o->getString("group").getValueOr("").str()].emplace(call.seq, std::move(call));
+  }
+  return out;
+}
+
+// The dump's collectives as the import wrote them: kind per rank, group, seq.
+std::vector<RankGroups> ReadDumps(const formats::WorldStep& fr) {
+  std::vector<RankGroups> out(fr.ranks.size());
+  for (size_t r = 0; r < fr.ranks.size(); ++r) {
+    if (!fr.ranks[r].trace) continue;
+    for (const formats::OpEvent& op : fr.ranks[r].trace->ops) {
+      if (!formats::IsCollective(op)) continue;
+      absl::StatusOr<formats::CollectiveOp> c = formats::CollectiveOf(op);
+      if (!c.ok()) continue;
+      out[r][c->group].emplace(c->seq, BesideCall{static_cast<int64_t>(r), c->seq, c->seq, true, c->kind, "", "", ""});
+    }
+  }
+  return out;
+}
+
+// The same call under both names. On gloo, moerr.record runs all_gather as
+// an all_to_all_single (python/moerr/_distributed.py), and gloo runs
+// reduce_scatter_tensor as one all_reduce: Flight Recorder sees those.
+bool SameKind(const std::string& dumped, const std::string& recorded) {
+  return dumped == recorded || (recorded == "all_gather" && dumped == "all_to_all") ||
+         (recorded == "reduce_scatter" && dumped == "all_reduce");
+}
+
+// The recording's name of the order analysis' group: the default group is
+// "world" in both; another is "ranks:" and its members in the recording.
+std::string RecordedGroup(const GroupOrder& g) {
+  return g.group == "world" ? g.group : absl::StrCat("ranks:", absl::StrJoin(g.ranks, ","));
+}
+
+// The largest offset under which every number both sides hold for a member
+// has the same kind, and how many others fit; -1 when none does.
+std::pair<int64_t, int64_t> FitOffset(const GroupOrder& g, const std::string& recorded,
+                                      const std::vector<RankGroups>& dumps, const std::vector<RankGroups>& rec) {
+  int64_t hi = -1;
+  for (int64_t r : g.ranks) {
+    if (r < 0 || static_cast<size_t>(r) >= dumps.size()) continue;
+    auto it = dumps[static_cast<size_t>(r)].find(g.group);
+    if (it != dumps[static_cast<size_t>(r)].end() && !it->second.empty()) hi = std::max(hi, it->second.rbegin()->first);
+  }
+  int64_t best = -1, fits = 0;
+  for (int64_t d = 0; d <= hi; ++d) {
+    int64_t compared = 0;
+    bool ok = true;
+    for (int64_t r : g.ranks) {
+      if (r < 0 || static_cast<size_t>(r) >= dumps.size() || static_cast<size_t>(r) >= rec.size()) continue;
+      auto dumped = dumps[static_cast<size_t>(r)].find(g.group);
+      auto recorded_calls = rec[static_cast<size_t>(r)].find(recorded);
+      if (dumped == dumps[static_cast<size_t>(r)].end()) continue;
+      if (recorded_calls == rec[static_cast<size_t>(r)].end()) continue;
+      for (const auto& [seq, call] : recorded_calls->second) {
+        auto at = dumped->second.find(seq + d);
+        if (at == dumped->second.end()) continue;  // the ring buffer dropped it, or the dump ends before
+        ++compared;
+        ok &= SameKind(at->second.kind, call.kind);
+      }
+    }
+    if (!ok || compared == 0) continue;
+    ++fits;
+    best = d;
+  }
+  return {best, best < 0 ? 0 : fits - 1};
+}
+
+BesideCall Lookup(int64_t rank, int64_t fr_seq, const GroupBeside& gb, const std::string& dumped_kind,
+                  const std::vector<RankGroups>& rec) {
+  BesideCall out;
+  out.rank = rank;
+  out.fr_seq = fr_seq;
+  out.seq = fr_seq - gb.offset;
+  if (rank < 0 || static_cast<size_t>(rank) >= rec.size()) {
+    out.note = "the recording has no such rank";
+    return out;
+  }
+  if (out.seq < 0) {
+    out.note = "it came before the recording started";
+    return out;
+  }
+  auto group = rec[static_cast<size_t>(rank)].find(gb.moerr_group);
+  auto it = group == rec[static_cast<size_t>(rank)].end() ? Kinds::const_iterator() : group->second.find(out.seq);
+  if (group == rec[static_cast<size_t>(rank)].end() || it == group->second.end()) {
+    out.note = absl::StrFormat("the recording of rank %d has no #%d in %s", rank, out.seq, gb.moerr_group);
+    return out;
+  }
+  out = it->second;
+  out.fr_seq = fr_seq;
+  if (!dumped_kind.empty() && !SameKind(dumped_kind, out.kind)) {
+    out.note = absl::StrCat("the recording has ", out.kind, " where the dump has ", dumped_kind,
+                            out.note.empty() ? "" : "; ", out.note);
+  }
+  return out;
+}
+
+GroupBeside AlignGroup(const GroupOrder& g, const std::vector<RankGroups>& dumps, const std::vector<RankGroups>& rec,
+                       const std::set<std::string>& recorded_groups) {
+  GroupBeside gb;
+  gb.group = g.group;
+  gb.flight_recorder = g.flight_recorder;
+  const std::string name = RecordedGroup(g);
+  if (!recorded_groups.count(name)) {
+    gb.note = absl::StrCat("the recording has no collective in group ", name);
+    return gb;
+  }
+  gb.moerr_group = name;
+  std::tie(gb.offset, gb.other_offsets) = FitOffset(g, name, dumps, rec);
+  if (gb.offset < 0) {
+    gb.note = "no numbering of the recording's collectives matches the dump's kinds";
+    return gb;
+  }
+  if (g.last_completed >= 0) {
+    for (int64_t r : g.ranks) gb.completed.push_back(Lookup(r, g.last_completed, gb, g.completed_call.kind, rec));
+  }
+  for (const OrderSide& s : g.sides) {
+    const bool entered = s.kind != OrderSide::Kind::kNeverEntered;
+    if (!entered && s.last_seq < 0) continue;
+    for (int64_t r : s.ranks) {
+      gb.disagreement.push_back(Lookup(r, entered ? g.first_disagreement : s.last_seq, gb, s.call.kind, rec));
+    }
+  }
+  return gb;
+}
+
+// "layers.1, forward; moerr's #1", or what the recording lacks.
+std::string Where(const BesideCall& c) {
+  if (!c.found) return c.note;
+  std::string where = c.module.empty() ? "no module" : c.module;
+  if (!c.phase.empty()) absl::StrAppend(&where, ", ", c.phase);
+  absl::StrAppend(&where, "; moerr's ", c.kind, " #", c.seq);
+  return c.note.empty() ? where : absl::StrCat(where, "; ", c.note);
+}
+
+// "rank 0 in #9 (layers.1, forward; moerr's all_reduce #1), rank 1 in ...",
+// numbered as the dump is (SeqName).
+std::string Calls(const GroupBeside& g, const std::vector<BesideCall>& calls) {
+  std::vector<std::string> parts;
+  for (const BesideCall& c : calls) {
+    parts.push_back(absl::StrFormat("rank %d in #%d (%s)", c.rank, c.fr_seq + (g.flight_recorder ? 1 : 0), Where(c)));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+llvm::json::Object CallJson(const BesideCall& c) {
+  return llvm::json::Object{{"rank", c.rank},         {"seq", c.seq},     {"dump_seq", c.fr_seq}, {"found", c.found},
+                            {"kind", c.kind},         {"module", c.module}, {"phase", c.phase},
+                            {"note", c.note}};
+}
+
+}  // namespace
+
+absl::StatusOr<BesideRun> AlignBeside(const std::vector<GroupOrder>& order, const formats::WorldStep& fr,
+                                      const std::string& moerr_dir) {
+  BesideRun run;
+  run.dir = moerr_dir;
+  absl::StatusOr<std::vector<RankGroups>> read = ReadRecording(moerr_dir, run.rank_notes);
+  if (!read.ok()) {
+    return absl::Status(read.status().code(),
+                        absl::StrCat("the moerr run beside the dumps, ", moerr_dir, ": ", read.status().message()));
+  }
+  const std::vector<RankGroups>& rec = *read;
+  const std::vector<RankGroups> dumps = ReadDumps(fr);
+  std::set<std::string> recorded_groups;
+  for (const RankGroups& r : rec) {
+    for (const auto& [name, _] : r) recorded_groups.insert(name);
+  }
+  for (const GroupOrder& g : order) run.groups.push_back(AlignGroup(g, dumps, rec, recorded_groups));
+  return run;
+}
+
+std::string DescribeBeside(const BesideRun& run) {
+  std::vector<std::string> lines{absl::StrCat("beside moerr run ", run.dir, ":")};
+  for (const std::string& n : run.rank_notes) lines.push_back("  " + n);
+  for (const GroupBeside& g : run.groups) {
+    std::string line = absl::StrCat("  group ", g.group);
+    if (g.offset < 0) {
+      lines.push_back(absl::StrCat(line, ": ", g.note));
+      continue;
+    }
+    absl::StrAppendFormat(&line, " is its %s, numbered %d later in the dump%s", g.moerr_group, g.offset,
+                          g.other_offsets ? absl::StrFormat(" (%d other numberings fit too)", g.other_offsets) : "");
+    if (!g.completed.empty()) absl::StrAppend(&line, "; last completed: ", Calls(g, g.completed));
+    if (!g.disagreement.empty()) absl::StrAppend(&line, "; at the disagreement: ", Calls(g, g.disagreement));
+    lines.push_back(line);
+  }
+  return absl::StrJoin(lines, "\n");
+}
+
+llvm::json::Object BesideJson(const BesideRun& run) {
+  llvm::json::Array groups;
+  for (const GroupBeside& g : run.groups) {
+    llvm::json::Array completed, disagreement;
+    for (const BesideCall& c : g.completed) completed.push_back(CallJson(c));
+    for (const BesideCall& c : g.disagreement) disagreement.push_back(CallJson(c));
+    groups.push_back(llvm::json::Object{{"group", g.group}, {"moerr_group", g.moerr_group}, {"offset", g.offset},
+                                        {"other_offsets", g.other_offsets}, {"note", g.note},
+                                        {"completed", std::move(completed)},
+                                        {"disagreement", std::move(disagreement)}});
+  }
+  return llvm::json::Object{{"run", run.dir}, {"rank_notes", llvm::json::Array(run.rank_notes)},
+                            {"groups", std::move(groups)}, {"text", DescribeBeside(run)}};
+}
+
+}  // namespace moerr::analysis
