@@ -84,9 +84,11 @@ void AddNote(const llvm::json::Object& note, const std::vector<std::string>& fra
       if (i >= 0 && static_cast<size_t>(i) < frames.size()) call.frames.push_back(frames[static_cast<size_t>(i)]);
     }
   }
-  // The innermost frame outside torch: where the user's code called it.
+  // The innermost frame outside torch and moerr's own wrappers of its
+  // collectives (moerr/_distributed.py, when the ranks also record): where
+  // the user's code called it.
   for (const std::string& f : call.frames) {
-    if (!absl::StrContains(f, "/torch/")) {
+    if (!absl::StrContains(f, "/torch/") && !absl::StrContains(f, "/moerr/_")) {
       call.where = f;
       break;
     }
