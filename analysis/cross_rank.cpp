@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "analysis/first_overflow.h"
+#include "formats/dtype.h"
 
 namespace moerr::analysis {
 namespace {
@@ -196,7 +197,7 @@ std::vector<RankLoad> RankLoads(const formats::WorldStep& world) {
       if (op.phase != formats::Phase::kForward || !formats::IsCollective(op) || op.outputs.empty()) continue;
       const formats::TensorMeta* out = trace.Find(op.outputs[0]);
       absl::StatusOr<formats::CollectiveOp> c = formats::CollectiveOf(op);
-      if (out == nullptr || !IsFloating(out->dtype) || !c.ok() || c->kind != "all_to_all") continue;
+      if (out == nullptr || !formats::IsFloating(out->dtype) || !c.ok() || c->kind != "all_to_all") continue;
       RankLoad& load = loads[{op.module, passes[op.module]++}];
       if (load.rows.empty()) load.rows.assign(ranks, -1);
       load.rows[r] = std::accumulate(c->recv_rows.begin(), c->recv_rows.end(), int64_t{0});

@@ -6,6 +6,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "formats/dtype.h"
 #include "support/check.h"
 
 namespace moerr::analysis {
@@ -36,11 +37,6 @@ double DTypeMax(formats::DType dtype) {
     case formats::DType::kBool: return 1.0;
   }
   return 0;
-}
-
-bool IsFloating(formats::DType dtype) {
-  return dtype == formats::DType::kF64 || dtype == formats::DType::kF32 || dtype == formats::DType::kBF16 ||
-         dtype == formats::DType::kF16;
 }
 
 std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, const OverflowOptions& options) {
@@ -79,7 +75,7 @@ std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, cons
     if (!inputs_finite) continue;
     for (uint64_t id : op.outputs) {
       const formats::TensorMeta* meta = ProducedValues(trace, op, id, uninitialised);
-      if (meta == nullptr || !IsFloating(meta->dtype)) continue;
+      if (meta == nullptr || !formats::IsFloating(meta->dtype)) continue;
       const double limit = options.limit > 0 ? options.limit : DTypeMax(meta->dtype);
       const bool beyond = options.fraction > 0 && meta->fingerprint.abs_max > options.fraction * limit;
       if (meta->fingerprint.Finite() && !beyond) continue;
@@ -111,7 +107,7 @@ std::vector<HeadroomPoint> HeadroomProfile(const formats::Trace& trace, double l
     std::optional<HeadroomPoint> least;
     for (uint64_t id : op.outputs) {
       const formats::TensorMeta* m = ProducedValues(trace, op, id, uninitialised);
-      if (m == nullptr || !IsFloating(m->dtype)) continue;
+      if (m == nullptr || !formats::IsFloating(m->dtype)) continue;
       const formats::Fingerprint& f = m->fingerprint;
       const double range = limit > 0 ? limit : DTypeMax(m->dtype);
       const double bits = !f.Finite() ? -std::numeric_limits<double>::infinity()

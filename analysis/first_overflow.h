@@ -27,10 +27,6 @@ struct OverflowOptions {
 // Largest finite value of `dtype` (floating types; integers: their maximum).
 double DTypeMax(formats::DType dtype);
 
-// f64, f32, bf16, f16: the types whose values can overflow to Inf. Integer
-// and bool tensors are never overflow candidates.
-bool IsFloating(formats::DType dtype);
-
 struct HeadroomPoint {
   size_t op_index = 0;
   const formats::OpEvent* op = nullptr;

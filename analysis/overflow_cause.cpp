@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "formats/dtype.h"
 #include "formats/module_path.h"
 
 namespace moerr::analysis {
@@ -32,7 +33,7 @@ class StepIndex {
   // `id` when it holds floating, initialised values of non-zero abs-max.
   const formats::TensorMeta* Value(uint64_t id) const {
     const formats::TensorMeta* meta = id ? trace_.Find(id) : nullptr;
-    if (meta == nullptr || !IsFloating(meta->dtype) || uninitialised_.contains(id)) return nullptr;
+    if (meta == nullptr || !formats::IsFloating(meta->dtype) || uninitialised_.contains(id)) return nullptr;
     return meta->fingerprint.abs_max > 0 ? meta : nullptr;
   }
 

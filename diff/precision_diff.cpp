@@ -10,6 +10,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "diff/bundle_tensor_compare.h"
+#include "formats/dtype.h"
 #include "support/status.h"
 
 namespace moerr::diff {
@@ -20,7 +21,6 @@ using formats::OpArg;
 using formats::TensorMeta;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-bool Floating(DType d) { return d == DType::kF64 || d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
 
 // The smallest budget of a side in `d`: a quarter of a unit in the last
 // place (an exact op, replayed with no error at all, may differ from a
@@ -65,7 +65,7 @@ class InputErrors {
       keys.push_back(key);
       if (errors_.contains(key)) continue;
       const FingerprintDelta delta = CompareFingerprints(ma->fingerprint, mb->fingerprint);
-      if (!Floating(ma->dtype) || !Floating(mb->dtype)) {
+      if (!formats::IsFloating(ma->dtype) || !formats::IsFloating(mb->dtype)) {
         // Indices or masks that differ (a routing choice rounding moved)
         // change what the op computes by an amount no relative error says.
         errors_[key] = ma->shape != mb->shape || !delta.bitwise_equal ? kInf : 0;
@@ -138,7 +138,7 @@ IntroducedSide Estimated(const OpDiff& op, double inherited, double carried, dou
   double worst = -1;
   const double budget = std::max(threshold, (kBudgetMultiple - 1) * std::max(inherited, carried));
   for (const OutputDiff& out : op.outputs) {
-    if (!Floating(out.a_dtype) || !Floating(out.b_dtype)) continue;
+    if (!formats::IsFloating(out.a_dtype) || !formats::IsFloating(out.b_dtype)) continue;
     // A NaN or Inf, or a checksum, that differs where the inputs agree.
     const bool checksum = out.fingerprints.checksums_differ && !out.tensors && inherited == 0;
     const bool blown = (out.nan_mismatch + out.inf_mismatch > 0 && !std::isinf(inherited)) || checksum;
@@ -156,8 +156,8 @@ double CoarsestThreshold(const DiffReport& observed, const Thresholds& threshold
   double worst = 0;
   for (const OpDiff& d : observed.ops) {
     for (const OutputDiff& out : d.outputs) {
-      if (Floating(out.a_dtype)) worst = std::max(worst, thresholds.For(out.a_dtype));
-      if (Floating(out.b_dtype)) worst = std::max(worst, thresholds.For(out.b_dtype));
+      if (formats::IsFloating(out.a_dtype)) worst = std::max(worst, thresholds.For(out.a_dtype));
+      if (formats::IsFloating(out.b_dtype)) worst = std::max(worst, thresholds.For(out.b_dtype));
     }
   }
   return worst;
@@ -270,7 +270,7 @@ absl::StatusOr<PrecisionDiff> JudgePrecision(const formats::BundleReader& reader
       op.sides[1] = Measured(by_b[d.b]);
     }
     const bool floating = std::any_of(d.outputs.begin(), d.outputs.end(), [](const OutputDiff& out) {
-      return Floating(out.a_dtype) && Floating(out.b_dtype);
+      return formats::IsFloating(out.a_dtype) && formats::IsFloating(out.b_dtype);
     });
     if (!floating && op.arguments.empty()) continue;
     // An estimate reads no bytes beyond the observed diff's (an imported

@@ -57,6 +57,10 @@ T Read(const std::byte* data, int64_t i) {
 
 }  // namespace
 
+bool IsFloating(DType dtype) {
+  return dtype == DType::kF64 || dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+}
+
 int ItemSize(DType dtype) { return Info(dtype).item_size; }
 absl::string_view DTypeName(DType dtype) { return Info(dtype).name; }
 absl::string_view SafetensorsDTypeName(DType dtype) { return Info(dtype).safetensors_name; }

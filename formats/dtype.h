@@ -24,6 +24,9 @@ inline constexpr int kNumDTypes = 10;
 
 // Bytes per element: 8, 4, 2, 2, 8, 4, 2, 1, 1, 1.
 int ItemSize(DType dtype);
+// f64, f32, bf16, f16: the types whose values can overflow to Inf and carry
+// a rounding error. Integer and bool tensors are neither.
+bool IsFloating(DType dtype);
 // "f32", "bf16", ... as moerr prints them.
 absl::string_view DTypeName(DType dtype);
 // safetensors spelling: "F32", "BF16", "BOOL", ...

@@ -80,6 +80,14 @@ const TensorMeta* Trace::Find(uint64_t id) const {
   return it != by_id_.end() && it->first == id ? &tensors[it->second] : nullptr;
 }
 
+bool HoldsOpOutputs(const BundleReader& reader, const Trace& trace) {
+  const std::optional<llvm::json::Object> recording = RecordingAnnotation(reader);
+  if (recording && recording->getString("mode").getValueOr("") == "full") return true;
+  return std::any_of(trace.tensors.begin(), trace.tensors.end(), [](const TensorMeta& meta) {
+    return meta.producer >= 0 && meta.leaf.rfind("act/", 0) == 0;
+  });
+}
+
 absl::StatusOr<Trace> ReadTrace(const BundleReader& reader, int64_t step) {
   Trace trace;
   for (const RecordRef& ref : reader.index().records) {

@@ -138,4 +138,10 @@ bool AllocatesUninitialised(absl::string_view op);
 
 absl::StatusOr<Trace> ReadTrace(const BundleReader& reader, int64_t step);
 
+// Whether `trace`, a step of `reader`, holds every op's outputs (a full
+// recording): the recording annotation says mode "full", or, in a bundle
+// written before it said so, some op's activation ("act/") is stored. A
+// cut of one foreign op holds only "ext/" outputs: there the mode decides.
+bool HoldsOpOutputs(const BundleReader& reader, const Trace& trace);
+
 }  // namespace moerr::formats

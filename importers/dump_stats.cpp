@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/strip.h"
+#include "formats/dtype.h"
 
 namespace moerr::importers {
 namespace {
@@ -92,8 +93,6 @@ void FloatingStats(const DumpValue& v, Fingerprint& f) {
   }
 }
 
-bool IsFloating(DType d) { return d == DType::kF64 || d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; }
-
 // msprobe's "md5" field as a checksum: 8 hex digits are the md5 summary's
 // CRC-32, "0x" and 16 hex digits the xor summary's 64-bit xor. Any other
 // text is left unread (no checksum), as is an empty one.
@@ -137,7 +136,7 @@ Fingerprint FingerprintFromStats(const DumpValue& v, DType dtype, uint64_t numel
     SetUnknown(f, ~uint32_t{0});
     return f;
   }
-  if (IsFloating(dtype)) {
+  if (formats::IsFloating(dtype)) {
     FloatingStats(v, f);
   } else if (dtype == DType::kBool) {
     // Max is any(), Min is all(): no mean or norm.
@@ -157,7 +156,7 @@ Fingerprint FingerprintFromStats(const DumpValue& v, DType dtype, uint64_t numel
 }
 
 void ApplyNanCheck(const DumpEntry& entry, DType dtype, Fingerprint& f) {
-  if (entry.is_nan.value_or(0) == 0 || !IsFloating(dtype) || !f.Finite()) return;
+  if (entry.is_nan.value_or(0) == 0 || !formats::IsFloating(dtype) || !f.Finite()) return;
   f.nan = 1;
   f.unknown |= Fingerprint::kNan;
 }

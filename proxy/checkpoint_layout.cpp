@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "formats/dtype.h"
 #include "moe/expert_layout.h"
 #include "moe/moe_transformer.h"
 #include "recorder/hooks/torch_boundary.h"
@@ -66,11 +67,6 @@ absl::StatusOr<Shapes> ExpectedShapes(const moe::MoeConfig& config) {
   return out;
 }
 
-bool IsFloating(formats::DType d) {
-  return d == formats::DType::kF32 || d == formats::DType::kBF16 || d == formats::DType::kF16 ||
-         d == formats::DType::kF64;
-}
-
 }  // namespace
 
 absl::StatusOr<CheckpointLayout> CheckCheckpointLayout(const formats::CheckpointReader& reader,
@@ -109,7 +105,7 @@ absl::StatusOr<CheckpointLayout> CheckCheckpointLayout(const formats::Checkpoint
     if (it->second != t.shape) {
       problems.push_back(absl::StrFormat("%s: \"%s\" has shape [%s], config.json implies [%s]", file, t.name,
                                          absl::StrJoin(t.shape, ", "), absl::StrJoin(it->second, ", ")));
-    } else if (!IsFloating(t.dtype)) {
+    } else if (!formats::IsFloating(t.dtype)) {
       problems.push_back(absl::StrFormat("%s: \"%s\" has dtype %s, not a floating-point one", file, t.name,
                                          formats::DTypeName(t.dtype)));
     }

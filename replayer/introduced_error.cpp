@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "analysis/first_overflow.h"
 #include "diff/tensor_metrics.h"
 #include "formats/collective_op.h"
+#include "formats/dtype.h"
 #include "recorder/hooks/tensor_adapter.h"
 #include "replayer/boxed_call.h"
 #include "support/status.h"
@@ -92,7 +92,7 @@ bool Measurable(const formats::Trace& trace, const formats::OpEvent& op) {
   for (uint64_t id : op.outputs) {
     const formats::TensorMeta* meta = id != 0 ? trace.Find(id) : nullptr;
     if (meta != nullptr && meta->producer == static_cast<int64_t>(op.seq) && !meta->leaf.empty() &&
-        analysis::IsFloating(meta->dtype)) {
+        formats::IsFloating(meta->dtype)) {
       return true;
     }
   }
@@ -112,7 +112,7 @@ absl::Status MeasureIntroduced(const formats::BundleReader& reader, int64_t step
   for (size_t o = 0; o < op.outputs.size() && o < wide->size() && o < replayed.size(); ++o) {
     const formats::TensorMeta* meta = op.outputs[o] != 0 ? trace.Find(op.outputs[o]) : nullptr;
     if (meta == nullptr || meta->producer != static_cast<int64_t>(op.seq) || meta->leaf.empty() ||
-        !analysis::IsFloating(meta->dtype)) {
+        !formats::IsFloating(meta->dtype)) {
       continue;
     }
     const at::Tensor& e = (*wide)[o];

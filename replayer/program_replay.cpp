@@ -13,7 +13,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -569,13 +568,7 @@ absl::StatusOr<ReplayReport> ReplayTrace(const formats::BundleReader& reader, in
         "and RNG that a replay runs; bisect, lint, diff and report read it (docs/IMPORT.md)",
         imported->getString("from").getValueOr("another tool's dump").str()));
   }
-  // A full recording names itself so; one recorded before it did holds some
-  // op's activation ("act/"). A cut of one foreign op holds only "ext/" ones.
-  const bool full = (recording && recording->getString("mode").getValueOr("") == "full") ||
-                    std::any_of(trace.tensors.begin(), trace.tensors.end(), [](const formats::TensorMeta& meta) {
-                      return meta.producer >= 0 && absl::StartsWith(meta.leaf, "act/");
-                    });
-  if (options.isolated && !full) {
+  if (options.isolated && !formats::HoldsOpOutputs(reader, trace)) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "isolated replay needs every op's outputs, and step %d holds none (record with --record full)", step));
   }

@@ -115,11 +115,7 @@ absl::Status NeedsRecordedOutputs(const formats::StepTrace& s, absl::string_view
         "%s was recorded in stats mode: it holds fingerprints, not values, and %s (record with mode \"full\")",
         s.path, why));
   }
-  const bool full = mode == "full" || std::any_of(s.trace.tensors.begin(), s.trace.tensors.end(),
-                                                 [](const formats::TensorMeta& m) {
-                                                   return m.producer >= 0 && absl::StartsWith(m.leaf, "act/");
-                                                 });
-  if (!full) {
+  if (!formats::HoldsOpOutputs(*s.reader, s.trace)) {
     return absl::FailedPreconditionError(
         absl::StrFormat("%s, step %d holds no op's outputs (mode %s): %s (record with mode \"full\")", s.path,
                         s.step, mode.empty() ? "unknown" : mode, why));
