@@ -40,30 +40,10 @@ absl::StatusOr<ReferenceCheck> FirstSuspect(const formats::StepTrace& bundle, co
   return check.suspect.front();
 }
 
-// The verdict on output `slot` of `cut`'s one op, judged again on the cut
-// alone (written with `values` to `path`): the reduced bundle must say what
-// the step said.
-absl::StatusOr<ReferenceCheck> JudgeCut(const formats::StepTrace& bundle, const OneOpCut& alone, size_t slot,
-                                        const OpReferences& references, const std::string& path) {
-  MOERR_RETURN_IF_ERROR(WriteCutBundle(path, bundle.step, alone.cut, /*with_ops=*/true, alone.values, *bundle.reader,
-                                       llvm::json::Object{{"mode", "full"}}, /*compress=*/false));
-  MOERR_ASSIGN_OR_RETURN(const std::unique_ptr<formats::BundleReader> reader, formats::BundleReader::Open(path));
-  const VendorCheck check = CheckVendorOps(*reader, bundle.step, alone.cut, references);
-  if (!check.skipped.empty()) {
-    return absl::InternalError(absl::StrFormat("the op cut free could not be checked: %s", check.skipped));
-  }
-  for (const ReferenceCheck& c : check.suspect) {
-    if (c.slot == slot) return c;
-  }
-  return absl::InternalError(absl::StrFormat(
-      "op %s cut free on its recorded inputs is not suspect in output %d, as it was in the step", alone.cut.ops[0].name,
-      slot));
-}
-
-// Writes the reduced bundle, the reference beside the repro, and the repro.
-absl::Status WriteReduced(const formats::StepTrace& bundle, const VendorReduceOptions& options, const OneOpCut& alone,
-                          const OpReferences::Info& reference, VendorReduceReport& report) {
-  std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(*bundle.reader);
+// Writes the reduced bundle: the op cut free, with its recorded outputs.
+absl::Status WriteBundle(const formats::StepTrace& bundle, const VendorReduceOptions& options, const OneOpCut& alone,
+                         VendorReduceReport& report) {
+  const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(*bundle.reader);
   llvm::json::Object annotation = recording ? *recording : llvm::json::Object{};
   annotation["mode"] = "full";  // the op's outputs are recorded: the failure is their value
   annotation["reduced"] = llvm::json::Object{{"from", bundle.path},
@@ -74,6 +54,29 @@ absl::Status WriteReduced(const formats::StepTrace& bundle, const VendorReduceOp
   MOERR_RETURN_IF_ERROR(WriteCutBundle(options.out_path, bundle.step, alone.cut, /*with_ops=*/true, alone.values,
                                        *bundle.reader, std::move(annotation), /*compress=*/true));
   report.bytes_after = std::filesystem::file_size(options.out_path);
+  return absl::OkStatus();
+}
+
+// The verdict on output `slot` of the reduced bundle's one op, judged again
+// on what was written: it must say what the step said.
+absl::StatusOr<ReferenceCheck> JudgeWritten(const std::string& path, int64_t step, const formats::Trace& cut,
+                                            size_t slot, const OpReferences& references) {
+  MOERR_ASSIGN_OR_RETURN(const std::unique_ptr<formats::BundleReader> reader, formats::BundleReader::Open(path));
+  const VendorCheck check = CheckVendorOps(*reader, step, cut, references);
+  if (!check.skipped.empty()) {
+    return absl::InternalError(absl::StrFormat("the op cut free could not be checked: %s", check.skipped));
+  }
+  for (const ReferenceCheck& c : check.suspect) {
+    if (c.slot == slot) return c;
+  }
+  return absl::InternalError(absl::StrFormat(
+      "op %s cut free on its recorded inputs is not suspect in output %d, as it was in the step", cut.ops[0].name,
+      slot));
+}
+
+// Copies the reference beside the repro, and writes the repro.
+absl::Status WriteRepro(const formats::StepTrace& bundle, const VendorReduceOptions& options, const OneOpCut& alone,
+                        const OpReferences::Info& reference, VendorReduceReport& report) {
   std::error_code error;
   std::filesystem::copy_file(reference.file, options.reference_path,
                              std::filesystem::copy_options::overwrite_existing, error);
@@ -81,6 +84,7 @@ absl::Status WriteReduced(const formats::StepTrace& bundle, const VendorReduceOp
     return absl::UnavailableError(
         absl::StrFormat("cannot copy %s to %s: %s", reference.file, options.reference_path, error.message()));
   }
+  const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(*bundle.reader);
   const VendorSource source{bundle.path,
                             bundle.step,
                             report.op_index,
@@ -105,7 +109,7 @@ absl::StatusOr<VendorReduceReport> ReduceVendorOp(const formats::StepTrace& bund
                                                   const VendorReduceOptions& options,
                                                   const std::function<void(const std::string& what)>& progress) {
   MOERR_CHECK(!options.out_path.empty() && !options.script_path.empty() && !options.values_path.empty() &&
-              !options.reference_path.empty() && !options.work_dir.empty());
+              !options.reference_path.empty());
   const Clock::time_point start = Clock::now();
   if (!HasReferencedOps(bundle.trace, references)) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -135,14 +139,19 @@ absl::StatusOr<VendorReduceReport> ReduceVendorOp(const formats::StepTrace& bund
 
   if (progress) progress("cutting the op free");
   MOERR_ASSIGN_OR_RETURN(const OneOpCut alone, CutOneOp(bundle, suspect.op_index, &references));
-  if (progress) progress("judging the op cut free");
-  const std::string path = (std::filesystem::path(options.work_dir) / "cut.moerr").string();
-  absl::StatusOr<ReferenceCheck> verdict = JudgeCut(bundle, alone, suspect.slot, references, path);
-  if (!verdict.ok()) return Annotate(verdict.status(), absl::StrFormat("%s, step %d", bundle.path, bundle.step));
+  MOERR_RETURN_IF_ERROR(WriteBundle(bundle, options, alone, report));
+  if (progress) progress("judging the reduced bundle");
+  absl::StatusOr<ReferenceCheck> verdict =
+      JudgeWritten(options.out_path, bundle.step, alone.cut, suspect.slot, references);
+  if (!verdict.ok()) {
+    std::error_code ignored;
+    std::filesystem::remove(options.out_path, ignored);  // it does not show the failure
+    return Annotate(verdict.status(), absl::StrFormat("%s, step %d", bundle.path, bundle.step));
+  }
   report.verdict = *verdict;
   report.verdict.op_index = suspect.op_index;  // in the recorded step, not the cut
   report.description = DescribeVendorOp(report.verdict, bundle.trace);
-  MOERR_RETURN_IF_ERROR(WriteReduced(bundle, options, alone, *reference, report));
+  MOERR_RETURN_IF_ERROR(WriteRepro(bundle, options, alone, *reference, report));
   report.seconds = Since(start);
   return report;
 }

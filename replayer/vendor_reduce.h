@@ -5,11 +5,11 @@
 // from its reference's fp64 run than the reference's own rounding allows.
 //
 // That verdict is made on the op's recorded inputs and outputs alone, so the
-// op alone is kept, cut free (step_cut.h, CutOneOp), and judged again on the
-// cut before anything is written. Output: a full-mode bundle of that op
-// (`moerr replay OUT --isolated --reference OP=FILE` repeats the verdict), and
-// a repro (repro_script.h, WriteVendorScript) with the reference's
-// TorchScript file copied beside it.
+// op alone is kept, cut free (step_cut.h, CutOneOp). Output: a full-mode
+// bundle of that op (`moerr replay OUT --isolated --reference OP=FILE`
+// repeats the verdict), judged again once written (and removed when it does
+// not show the failure), and a repro (repro_script.h, WriteVendorScript)
+// with the reference's TorchScript file copied beside it.
 //
 // Refused, each saying why: a recording without every op's outputs; a step
 // none of whose ops has a reference; one whose isolated replay fails (the
@@ -31,7 +31,6 @@ struct VendorReduceOptions {
   std::string out_path;                  // required: the reduced bundle
   std::string script_path, values_path;  // required: the repro script and its values (safetensors)
   std::string reference_path;            // required: where the op's reference is copied, beside the script
-  std::string work_dir;                  // required: where the cut is judged again
 };
 
 struct VendorReduceReport {

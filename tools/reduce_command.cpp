@@ -293,9 +293,9 @@ void PrintVendorReport(const replayer::VendorReduceReport& r, const replayer::Ve
 }
 
 // The vendor op's verdict of step `step` of `bundle` reduced to that op,
-// into `o`'s paths; removes its work directory.
+// into `o`'s paths; removes the work directory `work`, which it does not need.
 ExitOr ReduceVendor(const std::string& bundle, int64_t step, const std::vector<std::string>& reference_specs,
-                    const replayer::VendorReduceOptions& o, int64_t rank, bool json) {
+                    const replayer::VendorReduceOptions& o, const std::string& work, int64_t rank, bool json) {
   MOERR_ASSIGN_OR_RETURN(const OpenedStep opened, OpenStep(bundle, step));
   MOERR_ASSIGN_OR_RETURN(const replayer::OpReferences references, replayer::OpReferences::Load(reference_specs));
   Progress bar("reduce", 0);
@@ -305,7 +305,7 @@ ExitOr ReduceVendor(const std::string& bundle, int64_t step, const std::vector<s
   });
   bar.Finish();
   return Conclude(
-      report, o.work_dir, rank, json, [&](const auto& r) { return VendorJson(r, o); },
+      report, work, rank, json, [&](const auto& r) { return VendorJson(r, o); },
       [&](const auto& r) { PrintVendorReport(r, o); });
 }
 
@@ -391,9 +391,8 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
       if (!overflows) {
         const std::string stem = ReproStem(opts->out);
         return ReduceVendor(bundle, opts->step, opts->references,
-                            {opts->out, stem + ".repro.py", stem + ".repro.safetensors", stem + ".repro.reference.pt",
-                             work},
-                            target.rank, opts->json);
+                            {opts->out, stem + ".repro.py", stem + ".repro.safetensors", stem + ".repro.reference.pt"},
+                            work, target.rank, opts->json);
       }
       return ReduceByOps(*reader, {opts->step, opts->out, ReproStem(opts->out) + ".repro.py",
                                    ReproStem(opts->out) + ".repro.safetensors", work, bundle},
