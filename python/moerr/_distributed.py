@@ -3,11 +3,14 @@ collectives (docs/DISTRIBUTED.md, "Python").
 
 With torch.distributed initialised, `moerr.record(RUN)` writes rank K's
 bundle to RUN/rank<K>.moerr and rank 0 writes RUN/world.json. While it
-records, torch.distributed's collectives are wrapped (`Collectives`), so
-each call is recorded as the op c10d::<kind> with what this rank sent and
-what arrived; they are restored when the recording closes.
+records, torch.distributed's collectives are wrapped (`Collectives`), and
+torch's functional collectives replaced by ones that call them
+(`_functional.py`), in every loaded module that binds them by name, so each call is
+recorded as the op c10d::<kind> with what this rank sent and what arrived;
+they are restored when the recording closes.
 """
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -117,10 +120,27 @@ def _gather_by_all_to_all(all_to_all_single, tensor, group, size):
     return received
 
 
+def _rebind(names, old, new):
+    """In every loaded module, each global `names[i]` bound to `old[i]` is
+    bound to `new[i]`: what `from torch.distributed import all_reduce`
+    made. A name bound under another name (`import ... as`, `real =
+    dist.all_reduce`), or held elsewhere (a local, a closure, a dict),
+    keeps what it holds."""
+    for module in list(sys.modules.values()):
+        globs = getattr(module, "__dict__", None)
+        if not isinstance(globs, dict) or str(getattr(module, "__name__", "")).startswith("moerr."):
+            continue
+        for name, was, now in zip(names, old, new):
+            if globs.get(name) is was:
+                globs[name] = now
+
+
 class Collectives:
-    """torch.distributed's collectives wrapped for one recording, in the
-    torch.distributed namespace and in distributed_c10d (whose object
-    collectives call them): each call is handed to the recorder
+    """torch.distributed's collectives wrapped for one recording, in every
+    loaded module that binds them (torch.distributed, distributed_c10d,
+    whose object collectives call them, and a module that imported a name
+    itself), with torch's functional collectives, which call them
+    (`_functional.py`): each call is handed to the recorder
     (`PyRecorder.collective`) with its group's name, its sequence number in
     that group (counted from the recording's start) and its splits. A rank
     outside the call's group runs it as is (torch does nothing there).
@@ -142,24 +162,36 @@ class Collectives:
         self._rec = recorder
         self._seq = {}  # group name -> collectives issued in it
         self._real = {}
+        self._names, self._torch, self._ours = [], [], []  # each name, torch's function and its wrapper
         self._inside = False  # in a transfer: a collective it calls is part of it
 
     def install(self):
+        """Replaces torch.distributed's collectives and the functional
+        collectives (`_functional.functions()`) wherever a loaded module
+        binds them under their names: torch.distributed, distributed_c10d,
+        and a module that imported one (`from torch.distributed import
+        all_to_all_single`, as transformers' expert parallelism does)."""
+        from . import _functional
+        self._names, self._torch, self._ours = [], [], []
         for name in self.NAMES + self.REFUSED + self.OBJECTS:
             real = getattr(dist, name, None)
             if real is None:
                 continue
             self._real[name] = real
-            wrapper = (getattr(self, "_" + name) if name in self.NAMES else
-                       self._refusal(name) if name in self.REFUSED else self._untraced(name))
-            for module in (dist, dist.distributed_c10d):
-                if getattr(module, name, None) is real:
-                    setattr(module, name, wrapper)
+            self._names.append(name)
+            self._torch.append(real)
+            self._ours.append(getattr(self, "_" + name) if name in self.NAMES else
+                              self._refusal(name) if name in self.REFUSED else self._untraced(name))
+        for name, real, wrapper in _functional.functions():
+            self._names.append(name)
+            self._torch.append(real)
+            self._ours.append(wrapper)
+        _rebind(self._names, self._torch, self._ours)
 
     def restore(self):
-        for name, real in self._real.items():
-            for module in (dist, dist.distributed_c10d):
-                setattr(module, name, real)
+        """Puts torch's functions back wherever a wrapper is bound, in the
+        modules that imported one while recording too."""
+        _rebind(self._names, self._ours, self._torch)
         self._real.clear()
 
     def _untraced(self, name):

@@ -283,29 +283,43 @@ try:
     with moerr.record(RUN, mode=MODE, overwrite=True) as rec:
         with rec.step():
             x = (torch.arange(8.0) * (rank + 1)).requires_grad_()
-            # An AsyncCollectiveTensor: its result holds no bytes until waited on.
-            y = funcol.all_to_all_single_autograd(x.view(4, 2), None, None, dist.group.WORLD)
+            y = CALL
             torch.nn.functional.linear(y, torch.ones(3, 2)).sum().backward()
     print("recorded", rank)
 except ValueError as e:
     print("refused", rank, e)
 """
+CALLS = {
+    # torch's function, replaced while recording (moerr/_functional.py).
+    "function": "funcol.all_to_all_single_autograd(x.view(4, 2), None, None, dist.group.WORLD)",
+    # Its op, called directly: an AsyncCollectiveTensor, no bytes until waited on.
+    "op": "funcol._maybe_wrap_tensor(torch.ops._c10d_functional.all_to_all_single("
+          "x.view(4, 2), [2, 2], [2, 2], funcol._resolve_group_name(dist.group.WORLD)))",
+}
 
 
 @pytest.mark.parametrize("mode", ["stats", "replayable"])
-def test_functional_collectives_are_recorded_without_a_crash(tmp_path, mode):
+@pytest.mark.parametrize("call", ["function", "op"])
+def test_functional_collectives_are_recorded_without_a_crash(tmp_path, mode, call):
     # torch's functional collectives (transformers' own expert parallelism
-    # uses them) are not wrapped as collectives. Their pending result has no
-    # bytes when the recorder reads it: its fingerprint is marked unknown,
-    # and a replayable recording, which must capture it, is refused by name.
-    # Before, the recorder read the null storage and both ranks segfaulted.
+    # uses them): their functions are recorded as collectives, the
+    # gradient's all_to_all too, and each rank replays alone. Called through
+    # the op, its pending result has no bytes when the recorder reads it:
+    # its fingerprint is marked unknown, and a replayable recording, which
+    # must capture it, is refused by name. (Once, the recorder read the null
+    # storage and both ranks segfaulted.)
     run = tmp_path / "run"
-    out = run_ranks(FUNCTIONAL.replace("MODE", repr(mode)), run)
-    if mode == "replayable":
+    out = run_ranks(FUNCTIONAL.replace("MODE", repr(mode)).replace("CALL", CALLS[call]), run)
+    if mode == "replayable" and call == "op":
         assert all(f"refused {r}" in o and "its bytes are not readable here" in o for r, o in enumerate(out)), out
         return
     assert [f"recorded {r}" in o for r, o in enumerate(out)] == [True, True], out
     for rank in (0, 1):
-        assert any(op["name"] == "aten::linear" for op in moerr.Bundle(run / f"rank{rank}.moerr").ops(0))
+        names = [op["name"] for op in moerr.Bundle(run / f"rank{rank}.moerr").ops(0)]
+        assert "aten::linear" in names, names
+        assert names.count("c10d::all_to_all") == (2 if call == "function" else 0), names
     rc, text = moerr_cli("inspect", run)
     assert rc == 0, text
+    if mode == "replayable":
+        rc, text = moerr_cli("replay", run, "--rank", 1)
+        assert rc == 0 and "outputs compared, 0 differ" in text and "c10d::all_to_all x2" in text, text
