@@ -183,3 +183,57 @@ def test_bisect_crosses_the_functional_all_to_all_to_rank_1(tmp_path):
     assert found["carried"]["kind"] == "all_to_all", found
     ranks = {r["rank"]: r for r in found["ranks"]}
     assert ranks[0]["received"] and not ranks[1]["received"], ranks
+
+
+EVERY_FUNCTION = """
+import torch, torch.distributed as dist, moerr
+import torch.distributed._functional_collectives as funcol
+dist.init_process_group("gloo", init_method=INIT, rank=int(os.environ["RANK"]), world_size=2)
+rank, WORLD = dist.get_rank(), dist.group.WORLD
+SPLITS = [3, 1] if rank == 0 else [1, 3]  # rows kept, rows sent; rows kept, rows received
+
+
+def step(wait):
+    # Each function, and the gradients of those torch differentiates (the
+    # reverse collective), as plain tensors. (torch's own wait_tensor fails
+    # on an AsyncCollectiveTensor that requires grad: torch's results are
+    # waited on by their first use.)
+    x = (torch.arange(8.0).reshape(4, 2) * (rank + 1) - 5).requires_grad_()
+    outs = [funcol.all_reduce(x, "max", WORLD),
+            funcol.all_gather_tensor(x, 0, WORLD),
+            funcol.all_gather_tensor(x, 1, WORLD),
+            funcol.reduce_scatter_tensor(x, "sum", 0, WORLD),
+            funcol.reduce_scatter_tensor(x, "sum", 1, WORLD),
+            funcol.all_to_all_single(x, SPLITS, SPLITS, WORLD),
+            funcol.broadcast(x, 1, WORLD)]
+    outs = [wait(o) for o in outs]
+    sum((o * (i + 1)).sum() for i, o in enumerate(outs[1:6])).backward()
+    return [o.detach().clone() for o in outs] + [x.grad.clone()], {type(o).__name__ for o in outs}
+
+
+theirs, types = step(lambda o: o)  # torch's own functional collectives
+assert "AsyncCollectiveTensor" in types, types
+with moerr.record(RUN, mode="replayable", overwrite=True) as rec:
+    with rec.step():
+        ours, types = step(funcol.wait_tensor)
+assert types == {"Tensor"}, types  # received: their value exists
+for i, (a, b) in enumerate(zip(theirs, ours)):
+    assert a.shape == b.shape and torch.equal(a, b), (i, a, b)
+print("bitwise equal", rank, len(ours))
+dist.destroy_process_group()
+"""
+
+
+def test_every_function_gives_torchs_bytes_and_replays(tmp_path):
+    run = tmp_path / "run"
+    out = run_ranks(EVERY_FUNCTION, run)
+    assert all(f"bitwise equal {r} 8" in o for r, o in enumerate(out)), out
+    kinds = ["all_reduce", "all_gather", "all_gather", "reduce_scatter", "reduce_scatter", "all_to_all", "broadcast"]
+    # backward, last output first: all_to_all's, reduce_scatter's (all_gather), all_gather's (reduce_scatter)
+    backward = ["all_to_all", "all_gather", "all_gather", "reduce_scatter", "reduce_scatter"]
+    for rank in (0, 1):
+        assert collectives(run, rank) == ([("c10d::" + k, "forward") for k in kinds] +
+                                          [("c10d::" + k, "backward") for k in backward]), collectives(run, rank)
+    rc, out = moerr_cli("replay", run)
+    assert rc == 0, out
+    assert out.count("0 differ") == 2 and "cross-rank check of 24 collective records: every rank received" in out, out
