@@ -11,8 +11,9 @@ The plan's grouped_gemm style makes each rank's experts DTensor parameters.
 Their gradients and the optimizer's ops on them run on DTensors, wrapper
 tensors with no storage, at the top of the dispatcher: a replayable
 recording cannot capture them and refuses by name. With those shards made
-plain local parameters (their values unchanged), the step records, each
-rank replays alone bitwise, and with one expert of rank 1 scaled by 1e37
+plain local parameters (their values unchanged), the step records (with
+model= and hf_config=), each rank replays alone bitwise, `replay --ranks 1`
+agrees within the tolerance, and with one expert of rank 1 scaled by 1e37
 bisect names rank 1, the experts module and the expert's linear.
 
 Run by ctest with PYTHONPATH=BUILD/python and MOERR_BIN=the moerr binary."""
@@ -28,7 +29,7 @@ pytest.importorskip("transformers")
 from test_distributed_record import moerr_cli, run_ranks  # noqa: E402
 
 OWN_EP = """
-import torch, torch.distributed as dist, transformers, moerr
+import json, torch, torch.distributed as dist, transformers, moerr
 import transformers.distributed.expert_parallel as ep
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
@@ -58,7 +59,8 @@ moerr.instrument(model)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 ids = torch.randint(0, config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(100 + rank))
 try:
-    with moerr.record(RUN, overwrite=True, ep_size=2, experts=config.num_experts) as rec:
+    for_fewer_ranks = dict(model=model, hf_config=json.loads(config.to_json_string())) if LOCAL else {}
+    with moerr.record(RUN, overwrite=True, ep_size=2, experts=config.num_experts, **for_fewer_ranks) as rec:
         assert ep.all_to_all_single_autograd.__module__ == "moerr._functional"
         with rec.step():
             loss = model(input_ids=ids, labels=ids).loss
@@ -103,6 +105,17 @@ def test_the_ranks_agree_on_every_transfer(own_ep_run):
     rc, out = moerr_cli("replay", own_ep_run)
     assert rc == 0, out
     assert "cross-rank check of 82 collective records: every rank received what was sent" in out, out
+
+
+def test_replay_on_one_rank_agrees_within_the_tolerance(own_ep_run):
+    # record(model=, hf_config=): moerr's own Qwen2-MoE rebuilt from the
+    # config, every rank's batch on one process, the routing served.
+    rc, out = moerr_cli("replay", own_ep_run, "--ranks", 1, "--json")
+    assert rc == 0, out
+    report = json.loads(out[out.index("{"):])
+    assert report["ok"] and report["original_ranks"] == 2 and report["ranks"] == 1, out
+    assert all(r["relative"] is not None and r["relative"] <= report["tolerance"] for r in report["compared"]), out
+    assert report["routing"] == {"served_slots": 128, "router_agrees": 128, "decisions_routed_live": 0}, out
 
 
 def test_bisect_names_rank_1_and_its_expert(tmp_path):
