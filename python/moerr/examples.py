@@ -428,9 +428,10 @@ def hf_expert_parallel_main(run_dir, steps=1, config=MIXTRAL_TINY, init_method=N
 # [r*E/N, (r+1)*E/N) of every block, the block's experts module routing its
 # slots through all_to_all to the ranks that hold them. transformers' own
 # expert parallelism (DistributedConfig(ep_size=...), its AllToAllEP) is not
-# used: from_pretrained(distributed_config=) needs accelerate, and its
-# dispatch calls torch's functional collectives, which moerr.record does not
-# wrap (docs/DISTRIBUTED.md, "Python").
+# used: from_pretrained(distributed_config=) needs accelerate, and applied by
+# hand it makes the experts DTensor parameters, which a replayable recording
+# cannot capture (docs/DISTRIBUTED.md, "transformers' own expert
+# parallelism": with them made plain, it records).
 
 QWEN2_MOE_TINY = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "moe_intermediate_size": 16,
                   "shared_expert_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -8,9 +8,8 @@ the model and agrees within the stated tolerance; with one expert of rank 1
 scaled by 1e37, bisect names rank 1, the experts module and the expert.
 
 transformers' own expert parallelism is not what runs here:
-from_pretrained(distributed_config=) needs accelerate, and its dispatch
-(AllToAllEP) goes through torch's functional collectives, which
-moerr.record does not wrap (docs/DISTRIBUTED.md, "Python").
+from_pretrained(distributed_config=) needs accelerate; applied by hand it
+is test_transformers_own_ep.py.
 
 Run by ctest with PYTHONPATH=BUILD/python and MOERR_BIN=the moerr binary."""
 import json
