@@ -215,6 +215,12 @@ absl::StatusOr<Method> ParseMethod(const std::string& name) { return ParseEnum(k
 
 std::string MethodName(Method m) { return std::string(EnumNameOf(kMethods, m, "?")); }
 
+std::vector<std::string> MethodNames() {
+  std::vector<std::string> names;
+  for (const EnumName<Method>& m : kMethods) names.emplace_back(m.name);
+  return names;
+}
+
 at::Tensor FusedDistance(const LayerStats& s, const ClusterOptions& options) {
   const at::Tensor freq = s.frequency.clamp_min(1);
   // Co-activation similarity normalised by both frequencies: 1 for experts

@@ -38,6 +38,7 @@ namespace moerr::proxy {
 enum class Method { kCluster, kFrequency, kRandom, kReap, kHcMedoid, kClusterFrequency };
 absl::StatusOr<Method> ParseMethod(const std::string& name);
 std::string MethodName(Method m);
+std::vector<std::string> MethodNames();  // every method, in the table's order
 
 struct ClusterOptions {
   Method method = Method::kCluster;

@@ -116,6 +116,19 @@ CLI::Validator RecordingPath() {
       "");
 }
 
+CLI::Option* AddParsedOption(CLI::App* cmd, const std::string& name, std::function<absl::Status(const std::string&)> parse,
+                             const std::string& help, const std::string& default_text) {
+  CLI::Option* option = cmd->add_option_function<std::string>(
+      name,
+      [name, parse = std::move(parse)](const std::string& text) {
+        const absl::Status parsed = parse(text);
+        if (!parsed.ok()) throw CLI::ValidationError(name, std::string(parsed.message()));
+      },
+      help);
+  if (!default_text.empty()) option->default_str(default_text);
+  return option;
+}
+
 absl::StatusOr<std::string> RaisedLine(const formats::BundleReader& reader, int64_t step) {
   MOERR_ASSIGN_OR_RETURN(const std::optional<formats::RaisedStep> raised, formats::ReadRaisedStep(reader, step));
   if (!raised) return std::string();

@@ -36,6 +36,12 @@ void OnRun(CLI::App* cmd, int& exit_code, std::function<ExitOr()> body);
 // becomes the recording it holds (formats::ResolveRecording); a directory
 // that holds none is a usage error naming what it holds.
 CLI::Validator RecordingPath();
+// An option whose text `parse` reads into a library options struct as the
+// command line is parsed, so the option's default is the struct's own,
+// shown in help as `default_text`. A value `parse` refuses is a usage error
+// (exit 2) with its message, before the command runs.
+CLI::Option* AddParsedOption(CLI::App* cmd, const std::string& name, std::function<absl::Status(const std::string&)> parse,
+                             const std::string& help, const std::string& default_text = "");
 // Called inside a catch block at main's boundary: prints the exception in
 // flight (c10::Error without its backtrace, kj::Exception, std::exception)
 // as an internal error and returns kExitInternal. Library code returns

@@ -1,11 +1,13 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <new>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -36,6 +38,12 @@ absl::Status ParseKeep(const std::string& text, proxy::ProxyOptions& options) {
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrFormat("--keep %s: a fraction like 1/4 or a count of experts", text));
+}
+
+// --keep's text of `options`' keep: "3", or "1/4" for a fraction 1/N.
+std::string KeepText(const proxy::ProxyOptions& options) {
+  if (options.keep > 0) return absl::StrCat(options.keep);
+  return absl::StrFormat("1/%d", static_cast<int>(std::lround(1 / options.keep_fraction)));
 }
 
 // The text report of a proxy: the sizes, the implicated experts, each
@@ -77,12 +85,18 @@ int64_t DefaultRanks(int64_t original_ranks, const proxy::ProxyOptions& options,
   return m;
 }
 
+// The options bind to the library's structs, whose defaults are the
+// command's: `checkpoint.proxy` is the proxy of a bundle or run too, and
+// --seed seeds the clustering, the calibration batch and healing alike.
 struct ProxyArgs {
-  std::string bundle, out, keep = "1/4", method = "cluster";
-  std::string checkpoint, tokens;
-  int64_t step = -1, ep = 1, ranks = 0, heal = 0, calib_tokens = 256;
-  uint64_t seed = 0, max_shard_size = 0;
-  bool no_forced = false, force = false, whole_batch = false, json = false;
+  std::string bundle;
+  proxy::CheckpointProxyOptions checkpoint;
+  proxy::HealOptions heal;  // steps: --heal
+  bool json = false;
+
+  proxy::ProxyOptions& proxy() { return checkpoint.proxy; }
+  const proxy::ProxyOptions& proxy() const { return checkpoint.proxy; }
+  std::string method() const { return proxy::MethodName(proxy().cluster.method); }
 };
 
 std::string Gb(uint64_t bytes) { return absl::StrFormat("%.2f GB", bytes / 1e9); }
@@ -157,23 +171,12 @@ llvm::json::Value CheckpointProxyJson(const proxy::CheckpointProxyReport& r, con
 // moerr proxy --checkpoint DIR: the streamed proxy of an HF checkpoint.
 ExitOr RunCheckpointProxy(const ProxyArgs& a) {
   if (!a.bundle.empty()) return absl::InvalidArgumentError("give a BUNDLE or --checkpoint DIR, not both");
-  if (a.step >= 0 || a.ranks > 0 || a.whole_batch || a.heal > 0) {
+  if (a.proxy().step >= 0 || a.proxy().ranks > 0 || a.proxy().whole_batch || a.heal.steps > 0) {
     return absl::InvalidArgumentError("--step, --ranks, --whole-batch and --heal apply to a bundle, not --checkpoint");
   }
-  MOERR_RETURN_IF_ERROR(CheckNotAnInput(a.out + "/config.json", {a.checkpoint + "/config.json"}));
-  proxy::CheckpointProxyOptions options;
-  options.checkpoint = a.checkpoint;
-  options.proxy.out_dir = a.out;
-  options.proxy.overwrite = a.force;
-  options.proxy.ep = a.ep;
-  options.proxy.cluster.seed = a.seed;
-  options.proxy.cluster.force = !a.no_forced;
-  MOERR_RETURN_IF_ERROR(ParseKeep(a.keep, options.proxy));
-  MOERR_ASSIGN_OR_RETURN(options.proxy.cluster.method, proxy::ParseMethod(a.method));
-  options.calibration.tokens_file = a.tokens;
-  options.calibration.tokens = a.calib_tokens;
-  options.calibration.seed = a.seed;
-  options.max_shard_bytes = a.max_shard_size;
+  MOERR_RETURN_IF_ERROR(
+      CheckNotAnInput(a.proxy().out_dir + "/config.json", {a.checkpoint.checkpoint + "/config.json"}));
+  proxy::CheckpointProxyOptions options = a.checkpoint;
   options.progress = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   options.calibration.progress = options.progress;
   absl::StatusOr<proxy::CheckpointProxyReport> made = absl::UnknownError("not run");
@@ -183,13 +186,13 @@ ExitOr RunCheckpointProxy(const ProxyArgs& a) {
     made = absl::ResourceExhaustedError(absl::StrFormat(
         "proxy of %s: out of memory (the calibration holds one decoder layer in fp32 and the activations of "
         "--calib-tokens tokens)",
-        a.checkpoint));
+        a.checkpoint.checkpoint));
   }
   MOERR_ASSIGN_OR_RETURN(const proxy::CheckpointProxyReport report, std::move(made));
   if (a.json) {
-    std::printf("%s\n", llvm::formatv("{0:2}", CheckpointProxyJson(report, a.method)).str().c_str());
+    std::printf("%s\n", llvm::formatv("{0:2}", CheckpointProxyJson(report, a.method())).str().c_str());
   } else {
-    PrintCheckpointProxy(report, a.method);
+    PrintCheckpointProxy(report, a.method());
   }
   return kExitOk;
 }
@@ -200,7 +203,7 @@ ExitOr RunCheckpointProxy(const ProxyArgs& a) {
 // proxied as --checkpoint's, the calibration on every rank's recorded batch
 // (unless --tokens names others).
 ExitOr RunHfRunProxy(ProxyArgs a, formats::WorldStep& world, bool calib_given) {
-  if (a.step >= 0 || a.ranks > 0 || a.whole_batch || a.heal > 0) {
+  if (a.proxy().step >= 0 || a.proxy().ranks > 0 || a.proxy().whole_batch || a.heal.steps > 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s was recorded from a Python loop (moerr.record(model=, hf_config=)): its proxy is an HF checkpoint, as "
         "--checkpoint's, to which --step, --ranks, --whole-batch and --heal do not apply",
@@ -212,7 +215,8 @@ ExitOr RunHfRunProxy(ProxyArgs a, formats::WorldStep& world, bool calib_given) {
   const std::string tmp = dir;
   absl::Status s = replayer::WriteHfCheckpoint(record, tmp + "/checkpoint");
   absl::StatusOr<int64_t> tokens = !s.ok()             ? absl::StatusOr<int64_t>(s)
-                                   : a.tokens.empty() ? replayer::WriteHfBatch(record, tmp + "/batch.safetensors")
+                                   : a.checkpoint.calibration.tokens_file.empty()
+                                       ? replayer::WriteHfBatch(record, tmp + "/batch.safetensors")
                                                       : absl::StatusOr<int64_t>(0);  // --tokens: not needed
   ExitOr result = absl::UnknownError("not run");
   if (!tokens.ok()) {
@@ -220,10 +224,11 @@ ExitOr RunHfRunProxy(ProxyArgs a, formats::WorldStep& world, bool calib_given) {
   } else {
     const std::string run = a.bundle;
     a.bundle.clear();
-    a.checkpoint = tmp + "/checkpoint";
-    if (a.tokens.empty()) {
-      a.tokens = tmp + "/batch.safetensors";
-      if (!calib_given) a.calib_tokens = *tokens;
+    a.checkpoint.checkpoint = tmp + "/checkpoint";
+    proxy::CalibrationOptions& calibration = a.checkpoint.calibration;
+    if (calibration.tokens_file.empty()) {
+      calibration.tokens_file = tmp + "/batch.safetensors";
+      if (!calib_given) calibration.tokens = *tokens;
     }
     if (!a.json) std::printf("%s: the Python loop's model (%d ranks' parameters) as an HF checkpoint\n", run.c_str(),
                              static_cast<int>(record.ranks.size()));
@@ -245,33 +250,21 @@ ExitOr RunBundleProxy(const ProxyArgs& a, bool calib_given, bool shard_size_give
     MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(a.bundle));
     if (replayer::HasHfModel(world)) return RunHfRunProxy(a, world, calib_given);
   }
-  if (a.json || !a.tokens.empty() || calib_given || shard_size_given) {
+  if (a.json || !a.checkpoint.calibration.tokens_file.empty() || calib_given || shard_size_given) {
     return absl::InvalidArgumentError("--json, --tokens, --calib-tokens and --max-shard-size apply to --checkpoint");
   }
-  MOERR_RETURN_IF_ERROR(CheckNotAnInput(a.out + "/proxy.moerr", {a.bundle}));
-  proxy::ProxyOptions options;
-  options.step = a.step;
-  options.out_dir = a.out;
+  MOERR_RETURN_IF_ERROR(CheckNotAnInput(a.proxy().out_dir + "/proxy.moerr", {a.bundle}));
+  proxy::ProxyOptions options = a.proxy();
   options.source = a.bundle;
-  options.overwrite = a.force;
-  options.ep = a.ep;
-  options.whole_batch = a.whole_batch;
-  options.cluster.seed = a.seed;
-  options.cluster.force = !a.no_forced;
-  absl::Status parsed = ParseKeep(a.keep, options);
-  auto method = proxy::ParseMethod(a.method);
-  if (!method.ok()) parsed = method.status();
-  MOERR_RETURN_IF_ERROR(parsed);
-  options.cluster.method = *method;
-  if (a.heal > 0 && formats::IsRunDirectory(a.bundle)) {
+  if (a.heal.steps > 0 && formats::IsRunDirectory(a.bundle)) {
     return absl::InvalidArgumentError("--heal heals the proxy of one bundle, not of a run directory");
   }
   if (formats::IsRunDirectory(a.bundle)) {
     MOERR_ASSIGN_OR_RETURN(formats::WorldStep world, formats::OpenWorld(a.bundle));
     options.ranks =
-        a.ranks > 0 ? a.ranks : DefaultRanks(world.manifest.world_size, options, world.manifest.experts);
+        options.ranks > 0 ? options.ranks : DefaultRanks(world.manifest.world_size, options, world.manifest.experts);
     MOERR_ASSIGN_OR_RETURN(const proxy::ProxyReport report, proxy::BuildWorldProxy(world, options));
-    PrintProxy(report, a.method);
+    PrintProxy(report, a.method());
     std::printf("  it trains on the batch of %s\n",
                 report.shards.empty()
                     ? "every original rank"
@@ -282,15 +275,12 @@ ExitOr RunBundleProxy(const ProxyArgs& a, bool calib_given, bool shard_size_give
                 report.cluster_map.c_str());
     return kExitOk;
   }
-  if (a.ranks > 0) return absl::InvalidArgumentError("--ranks maps a multi-rank run directory (world.json)");
+  if (options.ranks > 0) return absl::InvalidArgumentError("--ranks maps a multi-rank run directory (world.json)");
   MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(a.bundle));
   MOERR_ASSIGN_OR_RETURN(const proxy::ProxyReport report, proxy::BuildProxy(*reader, options));
-  PrintProxy(report, a.method);
-  if (a.heal > 0) {
-    proxy::HealOptions heal;
-    heal.steps = a.heal;
-    heal.seed = a.seed;
-    MOERR_ASSIGN_OR_RETURN(const proxy::HealReport healed, proxy::HealProxy(*reader, report, heal, a.bundle));
+  PrintProxy(report, a.method());
+  if (a.heal.steps > 0) {
+    MOERR_ASSIGN_OR_RETURN(const proxy::HealReport healed, proxy::HealProxy(*reader, report, a.heal, a.bundle));
     size_t rows = 0;
     for (const auto& [name, indices] : healed.frozen.rows) rows += indices.size();
     std::printf("healed %lld steps: logit KL to the original %.4f -> %.4f per token; frozen: %zu parameters of "
@@ -314,54 +304,70 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("BUNDLE", opts->bundle,
                   "A replayable or full bundle of the reference trainer, or a multi-rank run directory recorded by "
                   "moerr train --ranks N --record replayable, or by a Python loop with moerr.record(model=, hf_config=) "
-                  "(its model proxied as --checkpoint's, calibrated on the recorded batches)")
-;
-  cmd->add_option("--checkpoint", opts->checkpoint,
+                  "(its model proxied as --checkpoint's, calibrated on the recorded batches)");
+  proxy::CheckpointProxyOptions& checkpoint = opts->checkpoint;
+  proxy::ProxyOptions& p = opts->proxy();
+  cmd->add_option("--checkpoint", checkpoint.checkpoint,
                   "Instead of a bundle: an HF checkpoint directory (model.safetensors, or an index and shards), "
                   "proxied tensor by tensor with a layer-by-layer calibration, so it need not fit in memory");
-  cmd->add_option("-o,--output", opts->out,
+  cmd->add_option("-o,--output", p.out_dir,
                   "Output directory: proxy.moerr (of a run: the proxy run, world.json and rank<m>.moerr), "
                   "checkpoint/, clusters.json; of --checkpoint: the proxy's HF checkpoint and clusters.json")
       ->required();
-  cmd->add_option("--keep", opts->keep, "Experts kept per MoE layer: a fraction (1/2, 1/4, 1/8) or a count")
-      ->capture_default_str();
-  cmd->add_option("--method", opts->method, "cluster, cluster-frequency, frequency, random, reap or hc-medoid")->capture_default_str();
-  cmd->add_option("--step", opts->step, "Step to map (default: the first that overflowed, else the first)");
-  cmd->add_option("--ranks", opts->ranks,
+  AddParsedOption(
+      cmd, "--keep", [&p](const std::string& text) { return ParseKeep(text, p); },
+      "Experts kept per MoE layer: a fraction (1/2, 1/4, 1/8) or a count", KeepText(p));
+  AddParsedOption(
+      cmd, "--method",
+      [&p](const std::string& text) -> absl::Status {
+        MOERR_ASSIGN_OR_RETURN(p.cluster.method, proxy::ParseMethod(text));
+        return absl::OkStatus();
+      },
+      absl::StrCat(absl::StrJoin(proxy::MethodNames(), ", "), ": how the kept experts are chosen"),
+      proxy::MethodName(p.cluster.method));
+  cmd->add_option("--step", p.step, "Step to map (default: the first that overflowed, else the first)");
+  cmd->add_option("--ranks", p.ranks,
                   "Of a run: the proxy's ranks M (dividing the run's N; EP M; default N times the kept fraction, so "
                   "each rank hosts as many experts as before)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_flag("--whole-batch", opts->whole_batch,
+  cmd->add_flag("--whole-batch", p.whole_batch,
                 "Of a run: train on every rank's batch shard (default: the shards of M ranks, the failing one "
                 "among them, so each proxy rank does what an original rank did)");
-  cmd->add_option("--ep", opts->ep, "Expert-parallel size: keep a multiple of it in every layer")
+  cmd->add_option("--ep", p.ep, "Expert-parallel size: keep a multiple of it in every layer")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--seed", opts->seed, "Seed of the random method and the calibration batch");
-  cmd->add_flag("--no-forced-keeps", opts->no_forced,
-                "Do not force in the experts the recorded failure names or super experts");
-  cmd->add_option("--heal", opts->heal,
+  cmd->add_option_function<uint64_t>(
+         "--seed",
+         [opts](uint64_t seed) {
+           opts->proxy().cluster.seed = opts->checkpoint.calibration.seed = opts->heal.seed = seed;
+         },
+         "Seed of the random method, the calibration batch and healing")
+      ->default_str(absl::StrCat(p.cluster.seed));
+  cmd->add_flag_callback(
+      "--no-forced-keeps", [&p] { p.cluster.force = false; },
+      "Do not force in the experts the recorded failure names or super experts");
+  cmd->add_option("--heal", opts->heal.steps,
                   "Distil the proxy N steps towards the original's next-token distributions on task sequences, "
                   "the forced-keep experts frozen (0: off; may heal the failure away: check with moerr proxy-eval "
                   "--heal)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
-  CLI::Option* calib = cmd->add_option("--calib-tokens", opts->calib_tokens,
+  CLI::Option* calib = cmd->add_option("--calib-tokens", checkpoint.calibration.tokens,
                   "Of --checkpoint: calibration tokens (whole sequences, at least this many; each sequence cut to "
                   "this many; at most 1048576)")
       ->capture_default_str()
       ->check(CLI::Range(int64_t{1}, proxy::kMaxCalibrationTokens));
-  cmd->add_option("--tokens", opts->tokens,
+  cmd->add_option("--tokens", checkpoint.calibration.tokens_file,
                   "Of --checkpoint: calibration token ids, a safetensors file with input_ids [B, T] or a text file of "
                   "one sequence per line (default: the built-in addition task)");
-  CLI::Option* shard_size = cmd->add_option("--max-shard-size", opts->max_shard_size,
+  CLI::Option* shard_size = cmd->add_option("--max-shard-size", checkpoint.max_shard_bytes,
                   "Of --checkpoint: shard the output, at most this many bytes per shard (5GB, 500MB; default: the "
                   "original's style, shards no larger than its largest)")
       ->transform(CLI::AsSizeValue(true));
   cmd->add_flag("--json", opts->json, "Of --checkpoint: the report as JSON on stdout");
-  cmd->add_flag("--force", opts->force, "Overwrite an earlier proxy in the output directory");
+  cmd->add_flag("--force", p.overwrite, "Overwrite an earlier proxy in the output directory");
   OnRun(cmd, exit_code, [opts, calib, shard_size]() -> ExitOr {
-    if (!opts->checkpoint.empty()) return RunCheckpointProxy(*opts);
+    if (!opts->checkpoint.checkpoint.empty()) return RunCheckpointProxy(*opts);
     return RunBundleProxy(*opts, calib->count() > 0, shard_size->count() > 0);
   });
 }

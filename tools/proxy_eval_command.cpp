@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "moe/moe_config.h"
 #include "proxy/proxy_eval.h"
@@ -23,13 +24,32 @@ std::string Cell(double v, int digits = 3, const char* suffix = "") {
   return std::isfinite(v) ? absl::StrFormat("%.*f%s", digits, v, suffix) : std::string("-");
 }
 
+// The options bind to the library's structs, whose defaults are the
+// command's: --keep parses into both (fractions for the evaluation, their
+// text for the cost on fewer ranks); --faults' names are read by each mode.
 struct ProxyEvalArgs {
   proxy::EvalOptions eval;
-  std::vector<std::string> keeps = {"1/2", "1/4", "1/8"}, faults;
-  std::string json, family = "qwen3_moe";
+  std::vector<std::string> faults;
+  std::string json;
   int64_t ranks = 0;  // > 0: the cost on fewer ranks (rank_cost_eval.h)
-  world::RankCostOptions on_ranks;  // --child-timeout and --rounds bind here
+  world::RankCostOptions on_ranks;  // --child-timeout, --rounds and --keep bind here
 };
+
+// --keep's fractions "1/2 1/4 1/8" into `args`: each as a fraction for the
+// evaluation, and as its text for the cost on fewer ranks.
+absl::Status ParseKeeps(const std::vector<std::string>& keeps, ProxyEvalArgs& args) {
+  args.eval.keeps.clear();
+  for (const std::string& k : keeps) {
+    std::vector<std::string> parts = absl::StrSplit(k, '/');
+    int64_t a = 0, b = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &a) || !absl::SimpleAtoi(parts[1], &b) || a < 1 || b < a) {
+      return absl::InvalidArgumentError("--keep " + k + ": a fraction like 1/4");
+    }
+    args.eval.keeps.push_back(double(a) / b);
+  }
+  args.on_ranks.keeps = keeps;
+  return absl::OkStatus();
+}
 
 // --ranks N: the options of the cost on fewer ranks (every fault by default):
 // --preset and --warmup-steps only when given (world::RankCostOptions' defaults,
@@ -46,7 +66,6 @@ absl::StatusOr<world::RankCostOptions> RankCostOptionsOf(const ProxyEvalArgs& ar
   if (cmd.get_option("--preset")->count() > 0) o.preset = args.eval.preset;
   if (cmd.get_option("--warmup-steps")->count() > 0) o.warmup_steps = args.eval.warmup_steps;
   o.ranks = args.ranks;
-  o.keeps = args.keeps;
   o.out_dir = args.eval.out_dir;
   // A step or two per fault there: the faults that fail at once.
   for (const moe::FaultKind f : moe::AllFaults()) {
@@ -67,19 +86,9 @@ absl::StatusOr<world::RankCostOptions> RankCostOptionsOf(const ProxyEvalArgs& ar
   return o;
 }
 
-// The options with --family, --keep and --faults parsed into them.
+// The options with --faults parsed into them.
 absl::StatusOr<proxy::EvalOptions> ParseEvalArgs(const ProxyEvalArgs& args) {
   proxy::EvalOptions eval = args.eval;
-  MOERR_ASSIGN_OR_RETURN(eval.family, moe::ParseFamily(args.family));
-  eval.keeps.clear();
-  for (const std::string& k : args.keeps) {
-    std::vector<std::string> parts = absl::StrSplit(k, '/');
-    int64_t a = 0, b = 0;
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &a) || !absl::SimpleAtoi(parts[1], &b) || a < 1 || b < a) {
-      return absl::InvalidArgumentError("--keep " + k + ": a fraction like 1/4");
-    }
-    eval.keeps.push_back(double(a) / b);
-  }
   if (!args.faults.empty()) {
     eval.faults.clear();
     for (const std::string& f : args.faults) {
@@ -271,12 +280,24 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
                   "Model size, one of:\n" + std::string(absl::StripTrailingAsciiWhitespace(moe::PresetHelp())))
       ->capture_default_str()
       ->check(CLI::IsMember(moe::PresetNames()));
-  cmd->add_option("--family", opts->family, "Model family: qwen2_moe, qwen3_moe, deepseek_v3, mixtral")
-      ->capture_default_str();
+  AddParsedOption(
+      cmd, "--family",
+      [opts](const std::string& text) -> absl::Status {
+        MOERR_ASSIGN_OR_RETURN(opts->eval.family, moe::ParseFamily(text));
+        return absl::OkStatus();
+      },
+      "Model family: qwen2_moe, qwen3_moe, deepseek_v3, mixtral", moe::FamilyName(opts->eval.family));
   cmd->add_option("--warmup-steps", opts->eval.warmup_steps, "Supervised warm-up steps")->capture_default_str();
   cmd->add_option("--steps", opts->eval.steps, "Healthy RL steps for the dynamics")->capture_default_str();
   cmd->add_option("--seeds", opts->eval.seeds, "Seeds per fault")->capture_default_str();
-  cmd->add_option("--keep", opts->keeps, "Kept fractions (1/2 1/4 1/8)");
+  cmd->add_option_function<std::vector<std::string>>(
+         "--keep",
+         [opts](const std::vector<std::string>& keeps) {
+           const absl::Status parsed = ParseKeeps(keeps, *opts);
+           if (!parsed.ok()) throw CLI::ValidationError("--keep", std::string(parsed.message()));
+         },
+         "Kept fractions")
+      ->default_str(absl::StrJoin(opts->on_ranks.keeps, " "));
   cmd->add_option("--methods", opts->eval.methods, "cluster, cluster-unforced, cluster-frequency, frequency, random, reap, hc-medoid");
   cmd->add_option("--faults", opts->faults,
                   "Faults (default: the whole catalogue; with --ranks, the faults that fail at once, without the "
