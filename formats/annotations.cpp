@@ -130,7 +130,7 @@ absl::StatusOr<llvm::json::Object> ReadObjectAnnotation(const BundleReader& read
 
 // ---- recording ---------------------------------------------------------------
 
-llvm::json::Value ToJson(const Recording& r) {
+llvm::json::Object ToJson(const Recording& r) {
   llvm::json::Object o = r.other;
   if (!r.mode.empty()) o["mode"] = r.mode;
   if (r.trigger) o["trigger"] = *r.trigger;
@@ -177,7 +177,7 @@ std::optional<Recording> RecordingOf(const BundleReader& reader) {
 
 // ---- replay_time -------------------------------------------------------------
 
-llvm::json::Value ToJson(const ReplayTime& t) {
+llvm::json::Object ToJson(const ReplayTime& t) {
   return llvm::json::Object{{"seconds", t.seconds}, {"cpu_seconds", t.cpu_seconds}};
 }
 
@@ -196,7 +196,7 @@ absl::StatusOr<ReplayTime> ReadReplayTime(const BundleReader& reader, int64_t st
 
 // ---- fault -------------------------------------------------------------------
 
-llvm::json::Value ToJson(const FaultNote& n) {
+llvm::json::Object ToJson(const FaultNote& n) {
   llvm::json::Object o{{"kind", n.kind}};
   if (n.rank) o["rank"] = *n.rank;
   return o;
@@ -217,7 +217,7 @@ absl::StatusOr<FaultNote> ReadFaultNote(const BundleReader& reader, absl::string
 
 // ---- collective_failed -------------------------------------------------------
 
-llvm::json::Value ToJson(const CollectiveFailed& c) {
+llvm::json::Object ToJson(const CollectiveFailed& c) {
   return llvm::json::Object{{"kind", c.kind},     {"group", c.group}, {"seq", c.seq},
                             {"step", c.step},     {"module", c.module}, {"error", c.error},
                             {"group_rank", c.group_rank}};
@@ -248,7 +248,7 @@ absl::StatusOr<CollectiveFailed> ReadCollectiveFailed(const BundleReader& reader
 
 // ---- hf_model ------------------------------------------------------------------
 
-llvm::json::Value ToJson(const HfModel& m) {
+llvm::json::Object ToJson(const HfModel& m) {
   llvm::json::Object o{{"file", m.file}, {"step", m.step}, {"objective", m.objective}};
   o["logits_dtype"] = m.logits_dtype ? llvm::json::Value(*m.logits_dtype) : llvm::json::Value(nullptr);
   if (m.config) o["config"] = llvm::json::Object(*m.config);

@@ -86,7 +86,7 @@ struct Recording {
 
   int64_t threads_or_zero() const { return threads.value_or(0); }
 };
-llvm::json::Value ToJson(const Recording& r);
+llvm::json::Object ToJson(const Recording& r);
 absl::StatusOr<Recording> RecordingFrom(const llvm::json::Value& v, absl::string_view where);
 absl::StatusOr<Recording> ReadRecording(const BundleReader& reader, absl::string_view bundle);
 // ReadRecording, with a bundle that has none (or a malformed one) as nullopt:
@@ -99,7 +99,7 @@ struct ReplayTime {
   double seconds = 0;
   double cpu_seconds = 0;
 };
-llvm::json::Value ToJson(const ReplayTime& t);
+llvm::json::Object ToJson(const ReplayTime& t);
 absl::StatusOr<ReplayTime> ReplayTimeFrom(const llvm::json::Value& v, absl::string_view where);
 absl::StatusOr<ReplayTime> ReadReplayTime(const BundleReader& reader, int64_t step, absl::string_view bundle);
 
@@ -110,7 +110,7 @@ struct FaultNote {
   std::string kind;             // moe::FaultName
   std::optional<int64_t> rank;  // absent: every rank
 };
-llvm::json::Value ToJson(const FaultNote& f);
+llvm::json::Object ToJson(const FaultNote& f);
 absl::StatusOr<FaultNote> FaultNoteFrom(const llvm::json::Value& v, absl::string_view where);
 absl::StatusOr<FaultNote> ReadFaultNote(const BundleReader& reader, absl::string_view bundle);
 
@@ -126,7 +126,7 @@ struct CollectiveFailed {
   std::string error;    // what the process group said
   int64_t group_rank = -1;
 };
-llvm::json::Value ToJson(const CollectiveFailed& c);
+llvm::json::Object ToJson(const CollectiveFailed& c);
 absl::StatusOr<CollectiveFailed> CollectiveFailedFrom(const llvm::json::Value& v, absl::string_view where);
 absl::StatusOr<CollectiveFailed> ReadCollectiveFailed(const BundleReader& reader, absl::string_view bundle);
 
@@ -141,7 +141,7 @@ struct HfModel {
   std::optional<std::string> logits_dtype;  // "float32", ...; absent or null: not captured
   std::optional<llvm::json::Object> config;  // config.json's fields
 };
-llvm::json::Value ToJson(const HfModel& m);
+llvm::json::Object ToJson(const HfModel& m);
 absl::StatusOr<HfModel> HfModelFrom(const llvm::json::Value& v, absl::string_view where);
 absl::StatusOr<HfModel> ReadHfModel(const BundleReader& reader, absl::string_view bundle);
 

@@ -1,6 +1,7 @@
 #include "formats/bundle_reader.h"
 
 #include "absl/strings/str_format.h"
+#include "formats/annotations.h"
 #include "formats/chunk_codec.h"
 #include "formats/salvage.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -207,7 +208,7 @@ absl::StatusOr<VerifyReport> BundleReader::Verify() const {
 }
 
 std::optional<llvm::json::Object> RecordingAnnotation(const BundleReader& reader) {
-  absl::StatusOr<llvm::json::Value> recording = reader.ReadAnnotation("recording");
+  absl::StatusOr<llvm::json::Value> recording = reader.ReadAnnotation(kRecordingAnnotation);
   const llvm::json::Object* o = recording.ok() ? recording->getAsObject() : nullptr;
   if (o == nullptr) return std::nullopt;
   return *o;

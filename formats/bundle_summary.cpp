@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "formats/annotations.h"
 #include "formats/json_number.h"
 #include "support/status.h"
 
@@ -71,7 +72,7 @@ absl::StatusOr<std::map<int64_t, std::vector<std::pair<std::string, double>>>> R
   for (const RecordRef& r : reader.index().records) {
     if (r.kind != static_cast<uint16_t>(RecordKind::kAnnotation) || r.step < 0) continue;
     MOERR_ASSIGN_OR_RETURN(Record record, reader.ReadRecord(r));
-    if (record.key == "outcome") out[r.step] = OutcomeMetrics(record.value);
+    if (record.key == kOutcomeAnnotation) out[r.step] = OutcomeMetrics(record.value);
   }
   return out;
 }
@@ -147,7 +148,7 @@ std::string ImportedValueText(const llvm::json::Value& v) {
 // "optimizer.param_groups.0.lr").
 std::string RenderImported(const std::string& key, const llvm::json::Object& entries) {
   constexpr size_t kMaxListed = 16;
-  const bool values = key == "imported_values";
+  const bool values = key == kImportedValuesAnnotation;
   std::vector<std::pair<size_t, std::string>> paths;
   for (const auto& [path, v] : entries) paths.emplace_back(llvm::StringRef(path).count('.'), path.str());
   std::sort(paths.begin(), paths.end());
@@ -202,7 +203,7 @@ std::string RenderText(const BundleSummary& s, const std::string& path) {
   }
   out += RenderOutcomes(s.outcomes);
   for (const auto& [key, value] : s.annotations) {
-    if ((key == "imported_values" || key == "imported_skipped") && value.getAsObject() != nullptr) {
+    if ((key == kImportedValuesAnnotation || key == kImportedSkippedAnnotation) && value.getAsObject() != nullptr) {
       out += RenderImported(key, *value.getAsObject());
       continue;
     }

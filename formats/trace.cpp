@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "formats/annotations.h"
 #include "formats/bundle_reader.h"
 #include "support/enum_table.h"
 #include "support/status.h"
@@ -81,8 +82,8 @@ const TensorMeta* Trace::Find(uint64_t id) const {
 }
 
 bool HoldsOpOutputs(const BundleReader& reader, const Trace& trace) {
-  const std::optional<llvm::json::Object> recording = RecordingAnnotation(reader);
-  if (recording && recording->getString("mode").getValueOr("") == "full") return true;
+  const std::optional<Recording> recording = RecordingOf(reader);
+  if (recording && recording->mode == "full") return true;
   return std::any_of(trace.tensors.begin(), trace.tensors.end(), [](const TensorMeta& meta) {
     return meta.producer >= 0 && meta.leaf.rfind("act/", 0) == 0;
   });

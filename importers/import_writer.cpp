@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "formats/annotations.h"
 #include "formats/bundle_index.h"
 #include "formats/world_manifest.h"
 #include "recorder/hooks/tensor_adapter.h"
@@ -27,9 +28,11 @@ absl::StatusOr<std::unique_ptr<ImportWriter>> ImportWriter::Create(const std::st
   MOERR_ASSIGN_OR_RETURN(std::unique_ptr<formats::BundleWriter> writer,
                          formats::BundleWriter::Create(path, formats::WriterOptions().set_overwrite(overwrite)));
   // Not replayable: the ops are a dump's API calls, not dispatcher ops.
-  MOERR_RETURN_IF_ERROR(writer->Annotate(
-      "recording", llvm::json::Object{{"mode", full ? "full" : "stats"}, {"trigger", "always"},
-                                      {"imported", std::move(source)}}));
+  formats::Recording recording;
+  recording.mode = full ? "full" : "stats";
+  recording.trigger = "always";
+  recording.imported = std::move(source);
+  MOERR_RETURN_IF_ERROR(writer->Annotate(formats::kRecordingAnnotation, formats::ToJson(recording)));
   return std::unique_ptr<ImportWriter>(new ImportWriter(std::move(writer), full));
 }
 
@@ -102,7 +105,7 @@ absl::Status ImportWriter::Annotate(const std::string& key, llvm::json::Value va
 absl::Status ImportWriter::EndStep(llvm::json::Object step_note) {
   MOERR_CHECK(pending_outputs_.empty()) << "outputs without their op";
   MOERR_RETURN_IF_ERROR(Flush());
-  MOERR_RETURN_IF_ERROR(Annotate("imported_step", std::move(step_note)));
+  MOERR_RETURN_IF_ERROR(Annotate(formats::kImportedStepAnnotation, std::move(step_note)));
   const int64_t step = step_;
   step_ = -1;
   return writer_->EndStep(step);

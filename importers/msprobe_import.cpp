@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "formats/annotations.h"
 #include "formats/collective_op.h"
 #include "formats/world_manifest.h"
 #include "importers/dataflow_index.h"
@@ -308,7 +309,7 @@ absl::Status ImportStep(std::unique_ptr<ImportWriter>& out, const std::string& p
   if (present && !stack.empty()) {
     llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(QuoteNonFiniteWords(stack));
     if (!parsed) return absl::InvalidArgumentError(absl::StrCat(stack_path, ": not valid JSON: ", llvm::toString(parsed.takeError())));
-    MOERR_RETURN_IF_ERROR(writer.Annotate("msprobe_stack", std::move(*parsed)));
+    MOERR_RETURN_IF_ERROR(writer.Annotate(formats::kMsprobeStackAnnotation, std::move(*parsed)));
   }
   return writer.EndStep(llvm::json::Object{{"source", dump_path},
                                            {"task", dump.task},
@@ -421,7 +422,8 @@ absl::StatusOr<ImportResult> ImportMsprobe(const std::string& dir, const std::st
       }
     }
     if (overflow_check) {
-      MOERR_RETURN_IF_ERROR(writer->Annotate("msprobe_overflow_check", llvm::json::Object(*overflow_check)));
+      MOERR_RETURN_IF_ERROR(
+          writer->Annotate(formats::kMsprobeOverflowCheckAnnotation, llvm::json::Object(*overflow_check)));
     }
     MOERR_RETURN_IF_ERROR(writer->Close());
     result.stats.steps += writer->stats().steps;

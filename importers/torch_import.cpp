@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "formats/annotations.h"
 #include "formats/json_number.h"
 #include "importers/tensor_files.h"
 #include "importers/torch_save_file.h"
@@ -217,13 +218,15 @@ class TorchImport {
                                                               {"values", result_.values},
                                                               {"values_kept", values_.size()},
                                                               {"skipped", result_.skipped.size()}}));
-    if (!values_.empty()) MOERR_RETURN_IF_ERROR(writer_->Annotate("imported_values", std::move(values_)));
+    if (!values_.empty()) {
+      MOERR_RETURN_IF_ERROR(writer_->Annotate(formats::kImportedValuesAnnotation, std::move(values_)));
+    }
     if (!result_.skipped.empty()) {
       llvm::json::Object skipped;
       for (size_t i = 0; i < result_.skipped.size() && i < kMaxKept; ++i) {
         skipped[result_.skipped[i].first] = result_.skipped[i].second;
       }
-      MOERR_RETURN_IF_ERROR(writer_->Annotate("imported_skipped", std::move(skipped)));
+      MOERR_RETURN_IF_ERROR(writer_->Annotate(formats::kImportedSkippedAnnotation, std::move(skipped)));
     }
     MOERR_RETURN_IF_ERROR(writer_->Close());
     closed_ = true;

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "absl/strings/str_format.h"
+#include "formats/annotations.h"
 #include "formats/json_number.h"
 #include "formats/module_path.h"
 #include "moe/checkpoint.h"
@@ -125,8 +126,7 @@ absl::StatusOr<HealReport> HealProxy(const formats::BundleReader& original, cons
     {
       MOERR_ASSIGN_OR_RETURN(auto reader, formats::BundleReader::Open(built.bundle));
       MOERR_ASSIGN_OR_RETURN(proxy_step, LoadStepBundle(*reader, built.step, built.bundle));
-      MOERR_ASSIGN_OR_RETURN(llvm::json::Value annotation, reader->ReadAnnotation("proxy"));
-      if (const llvm::json::Object* o = annotation.getAsObject()) info = *o;
+      MOERR_ASSIGN_OR_RETURN(info, formats::ReadObjectAnnotation(*reader, formats::kProxyAnnotation, -1, built.bundle));
     }
     MOERR_ASSIGN_OR_RETURN(moe::MoeTransformer student, LoadPolicy(proxy_step));
     report = Distil(teacher, student, ForcedKeepParameters(student, built.plans), options);
@@ -148,7 +148,8 @@ absl::StatusOr<HealReport> HealProxy(const formats::BundleReader& original, cons
       }
     }
     info["healing"] = ToJson(report);
-    MOERR_RETURN_IF_ERROR(WriteStepBundle(proxy_step, built.bundle, llvm::json::Object{{"proxy", std::move(info)}}));
+    MOERR_RETURN_IF_ERROR(
+        WriteStepBundle(proxy_step, built.bundle, llvm::json::Object{{formats::kProxyAnnotation, std::move(info)}}));
     return Annotate(moe::SaveCheckpoint(student, built.checkpoint, /*overwrite=*/true), built.checkpoint);
   });
   MOERR_RETURN_IF_ERROR(Annotate(status, where));

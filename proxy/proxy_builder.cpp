@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "analysis/first_overflow.h"
 #include "analysis/world_overflow.h"
+#include "formats/annotations.h"
 #include "formats/world_manifest.h"
 #include "formats/module_path.h"
 #include "moe/addition_task.h"
@@ -123,7 +124,8 @@ absl::Status WriteOutputs(const StepBundle& bundle, const ProxyOptions& options,
   const llvm::json::Object info = ProxyInfo(options, report);
   MOERR_RETURN_IF_ERROR(WriteCheckpointAndMap(bundle, info, options, report));
   report.bundle = options.out_dir + "/proxy.moerr";
-  return WriteStepBundle(bundle, report.bundle, llvm::json::Object{{"proxy", llvm::json::Object(info)}});
+  return WriteStepBundle(bundle, report.bundle,
+                         llvm::json::Object{{formats::kProxyAnnotation, llvm::json::Object(info)}});
 }
 
 // The step of a run to map: `options.step`, else the first step rank 0
@@ -212,8 +214,8 @@ absl::Status WriteWorldOutputs(const StepBundle& bundle, const ProxyOptions& opt
       options.out_dir, formats::ExpertParallelWorld(report.ranks, report.ranks, report.kept)));
   for (int64_t m = 0; m < report.ranks; ++m) {
     const std::string path = absl::StrFormat("%s/rank%d.moerr", options.out_dir, m);
-    MOERR_RETURN_IF_ERROR(
-        WriteStepBundle(Shard(bundle, m, report.ranks), path, llvm::json::Object{{"proxy", llvm::json::Object(info)}}));
+    MOERR_RETURN_IF_ERROR(WriteStepBundle(Shard(bundle, m, report.ranks), path,
+                                          llvm::json::Object{{formats::kProxyAnnotation, llvm::json::Object(info)}}));
   }
   return absl::OkStatus();
 }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_format.h"
 #include "moe/addition_task.h"
+#include "formats/annotations.h"
 #include "formats/bundle_writer.h"
 #include "formats/trace.h"
 #include "moe/checkpoint.h"
@@ -57,8 +58,8 @@ absl::StatusOr<std::vector<RoutingEntry>> ReadRoutingEntries(const formats::Bund
 }
 
 llvm::json::Object StepMetrics(const formats::BundleReader& reader, int64_t step) {
-  auto m = reader.ReadAnnotation("metrics", step);
-  return m.ok() && m->getAsObject() ? *m->getAsObject() : llvm::json::Object{};
+  absl::StatusOr<llvm::json::Object> m = formats::ReadObjectAnnotation(reader, formats::kMetricsAnnotation, step, "");
+  return m.ok() ? *std::move(m) : llvm::json::Object{};
 }
 
 // Step `step` of `trainer`: its config, options and state (copies).
@@ -272,7 +273,9 @@ absl::Status WriteStepBundle(const StepBundle& b, const std::string& path, const
     MOERR_RETURN_IF_ERROR(replayer::WriteTrainer(*writer, b.config, b.options, b.step, b.state));
     MOERR_RETURN_IF_ERROR(WriteRouting(*writer, b));
     MOERR_RETURN_IF_ERROR(WriteBatch(*writer, b));
-    if (!b.metrics.empty()) MOERR_RETURN_IF_ERROR(writer->Annotate("metrics", llvm::json::Object(b.metrics), b.step));
+    if (!b.metrics.empty()) {
+      MOERR_RETURN_IF_ERROR(writer->Annotate(formats::kMetricsAnnotation, llvm::json::Object(b.metrics), b.step));
+    }
     for (const auto& [key, value] : annotations) MOERR_RETURN_IF_ERROR(writer->Annotate(key.str(), value));
     MOERR_RETURN_IF_ERROR(writer->EndStep(b.step));
     return writer->Close();

@@ -89,7 +89,7 @@ absl::StatusOr<formats::OpEvent> CalledAsReference(const formats::OpEvent& recor
 absl::StatusOr<double> Introduced(const formats::StepTrace& bundle, const formats::Trace& cut,
                                   const std::map<uint64_t, at::Tensor>& values, size_t slot, const std::string& path) {
   MOERR_RETURN_IF_ERROR(WriteCutBundle(path, bundle.step, cut, /*with_ops=*/true, values, *bundle.reader,
-                                       llvm::json::Object{{"mode", "full"}}, /*compress=*/false));
+                                       formats::Recording{"full"}, /*compress=*/false));
   MOERR_ASSIGN_OR_RETURN(const std::unique_ptr<formats::BundleReader> reader, formats::BundleReader::Open(path));
   ReplayOptions measure;
   measure.isolated = true;
@@ -123,23 +123,23 @@ absl::Status WriteReduced(const formats::StepTrace& bundle, const formats::StepT
                           const DivergenceReduceOptions& options, const formats::Trace& cut,
                           const formats::OpEvent& called, const std::map<uint64_t, at::Tensor>& values,
                           DivergenceReduceReport& report) {
-  std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(*bundle.reader);
-  llvm::json::Object annotation = recording ? *recording : llvm::json::Object{};
-  annotation["mode"] = "full";  // the op's output is recorded: the failure is its value
-  annotation["reduced"] = llvm::json::Object{{"from", bundle.path},
-                                             {"step", bundle.step},
-                                             {"against", reference.path},
-                                             {"against_step", reference.step},
-                                             {"ops", static_cast<int64_t>(report.ops_before)},
-                                             {"kept", int64_t{1}}};
+  const std::optional<formats::Recording> recording = formats::RecordingOf(*bundle.reader);
+  formats::Recording annotation = recording.value_or(formats::Recording{});
+  annotation.mode = "full";  // the op's output is recorded: the failure is its value
+  annotation.reduced = llvm::json::Object{{"from", bundle.path},
+                                          {"step", bundle.step},
+                                          {"against", reference.path},
+                                          {"against_step", reference.step},
+                                          {"ops", static_cast<int64_t>(report.ops_before)},
+                                          {"kept", int64_t{1}}};
   MOERR_RETURN_IF_ERROR(WriteCutBundle(options.out_path, bundle.step, cut, /*with_ops=*/true, values, *bundle.reader,
-                                       std::move(annotation), /*compress=*/true));
+                                       annotation, /*compress=*/true));
   report.bytes_after = std::filesystem::file_size(options.out_path);
   const diff::IntroducedSide& judged = report.judged;
   DivergenceSource source{bundle.path, reference.path, bundle.step, reference.step, report.op_index, judged.slot,
                           judged.introduced, judged.budget, diff::kBudgetMultiple,
                           std::string(formats::DTypeName(judged.dtype)),
-                          recording ? recording->getInteger("threads").getValueOr(0) : 0,
+                          annotation.threads_or_zero(),
                           report.call_difference};
   return CatchTorch("writing the repro", [&] {
     MOERR_ASSIGN_OR_RETURN(report.assertion, WriteDivergenceScript(options.script_path, options.values_path, cut,

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "formats/annotations.h"
 #include "formats/hf_checkpoint.h"
 #include "formats/json_number.h"
 #include "formats/module_path.h"
@@ -74,13 +75,13 @@ absl::Status NoCapture(const formats::WorldStep& world, int64_t rank) {
   return absl::FailedPreconditionError(absl::StrFormat(
       "%s, rank %d: no \"%s\" annotation (rank 0 has one): every rank must pass model= and hf_config= to "
       "moerr.record",
-      world.dir, rank, kHfModelAnnotation));
+      world.dir, rank, formats::kHfModelAnnotation));
 }
 
 // Rank 0's config, the model built from it; another rank's must be the same.
-absl::Status ReadConfig(const formats::WorldStep& world, int64_t rank, const llvm::json::Object& o,
+absl::Status ReadConfig(const formats::WorldStep& world, int64_t rank, const formats::HfModel& capture,
                         HfWorldRecord& record) {
-  const llvm::json::Object* config = o.getObject("config");
+  const llvm::json::Object* config = capture.config ? &*capture.config : nullptr;
   if (config == nullptr) {
     return absl::InvalidArgumentError(absl::StrFormat("%s, rank %d: the hf_model annotation has no config", world.dir,
                                                       rank));
@@ -103,7 +104,7 @@ absl::Status ReadConfig(const formats::WorldStep& world, int64_t rank, const llv
 
 // The first sign in a rank's capture that the loop did not run in fp32: a
 // parameter stored in another dtype, or logits computed in one.
-void NoteLoopPrecision(const formats::SafetensorsFile& f, llvm::Optional<llvm::StringRef> logits_dtype,
+void NoteLoopPrecision(const formats::SafetensorsFile& f, const std::optional<std::string>& logits_dtype,
                        HfWorldRecord& record) {
   if (!record.loop_precision.empty()) return;
   for (const auto& [name, view] : f.tensors) {
@@ -112,7 +113,7 @@ void NoteLoopPrecision(const formats::SafetensorsFile& f, llvm::Optional<llvm::S
       return;
     }
   }
-  if (logits_dtype && *logits_dtype != "float32") record.loop_precision = logits_dtype->str() + " logits";
+  if (logits_dtype && *logits_dtype != "float32") record.loop_precision = *logits_dtype + " logits";
 }
 
 // Rank `rank`'s capture: its annotation and file, checked against rank 0's
@@ -120,34 +121,31 @@ void NoteLoopPrecision(const formats::SafetensorsFile& f, llvm::Optional<llvm::S
 absl::Status ReadRank(const formats::WorldStep& world, int64_t rank, HfWorldRecord& record) {
   const formats::RankStep& r = world.ranks.at(static_cast<size_t>(rank));
   if (!r.reader) return absl::Status(r.error.code(), absl::StrFormat("%s, rank %d: %s", world.dir, rank, r.error.message()));
-  absl::StatusOr<llvm::json::Value> a = r.reader->ReadAnnotation(kHfModelAnnotation);
-  const llvm::json::Object* o = a.ok() ? a->getAsObject() : nullptr;
-  if (o == nullptr) return NoCapture(world, rank);
-  const auto file = o->getString("file");
-  const auto step = o->getInteger("step");
-  const auto objective = o->getString("objective");
-  if (!file || !step || file->find("..") != llvm::StringRef::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s, rank %d: the \"%s\" annotation lacks its file or step, or names a file outside the run",
-                        world.dir, rank, kHfModelAnnotation));
+  absl::StatusOr<formats::HfModel> capture =
+      formats::ReadHfModel(*r.reader, absl::StrFormat("%s, rank %d", world.dir, rank));
+  if (absl::IsNotFound(capture.status())) return NoCapture(world, rank);
+  if (!capture.ok()) return capture.status();
+  if (capture->file.find("..") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s, rank %d: the \"%s\" annotation names a file outside the run",
+                                                      world.dir, rank, formats::kHfModelAnnotation));
   }
-  if (!objective || *objective != kObjective) {
+  if (capture->objective != kObjective) {
     return absl::InvalidArgumentError(absl::StrFormat("%s, rank %d: objective \"%s\": the replay knows \"%s\" only",
-                                                      world.dir, rank, objective ? objective->str() : "", kObjective));
+                                                      world.dir, rank, capture->objective, kObjective));
   }
-  if (rank == 0) record.step = *step;
-  if (*step != record.step) {
+  if (rank == 0) record.step = capture->step;
+  if (capture->step != record.step) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: rank %d captured step %d, rank 0 step %d", world.dir, rank,
-                                                      *step, record.step));
+                                                      capture->step, record.step));
   }
-  MOERR_RETURN_IF_ERROR(ReadConfig(world, rank, *o, record));
-  const std::string path = world.dir + "/" + file->str();
+  MOERR_RETURN_IF_ERROR(ReadConfig(world, rank, *capture, record));
+  const std::string path = world.dir + "/" + capture->file;
   MOERR_ASSIGN_OR_RETURN(formats::SafetensorsFile f, formats::ReadSafetensors(path));
   for (const std::string need : {kInputIds, "out/loss", "out/logits"}) {
     if (Find(f, need) == nullptr) return absl::InvalidArgumentError(absl::StrFormat("%s: no \"%s\"", path, need));
   }
   MOERR_RETURN_IF_ERROR(CheckBatch(path, f, record.config.vocab_size));
-  NoteLoopPrecision(f, o->getString("logits_dtype"), record);
+  NoteLoopPrecision(f, capture->logits_dtype, record);
   record.ranks.push_back(std::move(f));
   return absl::OkStatus();
 }
@@ -284,7 +282,7 @@ void Pass(moe::MoeTransformer& model, const at::Tensor& ids, int64_t rank,
 
 std::string WhyNoCapture(const formats::RankStep& rank) {
   if (!rank.reader) return "";
-  absl::StatusOr<llvm::json::Value> a = rank.reader->ReadAnnotation(kHfModelUnwrittenAnnotation);
+  absl::StatusOr<llvm::json::Value> a = rank.reader->ReadAnnotation(formats::kHfModelUnwrittenAnnotation);
   if (!a.ok()) return "";
   const auto why = a->getAsString();
   return why ? why->str() : "";
@@ -292,7 +290,7 @@ std::string WhyNoCapture(const formats::RankStep& rank) {
 
 bool HasHfModel(const formats::WorldStep& world) {
   return !world.ranks.empty() && world.ranks[0].reader &&
-         world.ranks[0].reader->ReadAnnotation(kHfModelAnnotation).ok();
+         world.ranks[0].reader->ReadAnnotation(formats::kHfModelAnnotation).ok();
 }
 
 absl::StatusOr<HfWorldRecord> ReadHfWorld(formats::WorldStep& world) {

@@ -38,10 +38,10 @@
 
 namespace moerr::replayer {
 
-inline constexpr char kHfModelAnnotation[] = "hf_model";
-// Written instead by a rank whose capture was not (its forward ran other
-// than once, or no backward reached the model): why, a JSON string.
-inline constexpr char kHfModelUnwrittenAnnotation[] = "hf_model_unwritten";
+// A rank's capture is its "hf_model" annotation (formats::HfModel); a rank
+// whose capture was not written (its forward ran other than once, or no
+// backward reached the model) has "hf_model_unwritten" instead: why, a JSON
+// string (formats/annotations.h).
 // The largest deviation a compared tensor may have, relative to its
 // recorded magnitude: max|replay - record| / max(max|record|, kHfFloor).
 inline constexpr double kHfTolerance = 1e-4;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "formats/annotations.h"
 #include "formats/trace.h"
 #include "moe/moe_config.h"
 #include "moe/training_run.h"
@@ -75,12 +76,11 @@ class RecordedRouting : public recorder::RoutingSource {
 };
 
 absl::StatusOr<llvm::json::Object> ReadObject(const formats::BundleReader& reader, const char* key, int64_t step) {
-  absl::StatusOr<llvm::json::Value> value = reader.ReadAnnotation(key, step);
-  if (!value.ok()) {
+  absl::StatusOr<llvm::json::Object> value = formats::ReadObjectAnnotation(reader, key, step, "");
+  if (absl::IsNotFound(value.status())) {
     return Annotate(value.status(), "model replay needs a bundle recorded from the reference trainer");
   }
-  if (const llvm::json::Object* object = value->getAsObject()) return *object;
-  return absl::InvalidArgumentError(absl::StrFormat("annotation \"%s\" is not a JSON object", key));
+  return value;
 }
 
 // A state tensor's role: weights, or Adam moments.
@@ -92,13 +92,13 @@ formats::Role StateRole(const std::string& name) {
 }  // namespace
 
 absl::Status RecordTrainerStart(recorder::Recorder& rec, const moe::GrpoTrainer& trainer) {
-  MOERR_RETURN_IF_ERROR(rec.Annotate("model_config", moe::ToHfConfig(trainer.policy()->config())));
-  return rec.Annotate("grpo_options", moe::ToJson(trainer.options()));
+  MOERR_RETURN_IF_ERROR(rec.Annotate(formats::kModelConfigAnnotation, moe::ToHfConfig(trainer.policy()->config())));
+  return rec.Annotate(formats::kGrpoOptionsAnnotation, moe::ToJson(trainer.options()));
 }
 
 absl::Status RecordTrainerStep(recorder::Recorder& rec, const moe::GrpoTrainer& trainer) {
   moe::TrainerState state = trainer.SaveState();
-  MOERR_RETURN_IF_ERROR(rec.AnnotateStep("trainer_state", std::move(state.scalars)));
+  MOERR_RETURN_IF_ERROR(rec.AnnotateStep(formats::kTrainerStateAnnotation, std::move(state.scalars)));
   if (rec.mode() == recorder::CaptureMode::kStats) return absl::OkStatus();
   at::DisableRecordFunctionGuard no_record;
   for (auto& [name, t] : state.tensors) {
@@ -122,16 +122,16 @@ absl::StatusOr<moe::StepMetrics> RecordStep(recorder::Recorder& rec, moe::GrpoTr
   MOERR_RETURN_IF_ERROR(RecordTrainerStep(rec, trainer));
   const moe::StepMetrics m = trainer.Step();
   MOERR_RETURN_IF_ERROR(RecordTrainerBatch(rec, trainer));
-  MOERR_RETURN_IF_ERROR(rec.AnnotateStep("metrics", moe::MetricsToJson(m)));
+  MOERR_RETURN_IF_ERROR(rec.AnnotateStep(formats::kMetricsAnnotation, moe::MetricsToJson(m)));
   MOERR_RETURN_IF_ERROR(rec.StepEnd(step, {m.loss, m.grad_norm}));
   return m;
 }
 
 absl::Status WriteTrainer(formats::BundleWriter& writer, const moe::MoeConfig& config, const moe::GrpoOptions& options,
                           int64_t step, const moe::TrainerState& state) {
-  MOERR_RETURN_IF_ERROR(writer.Annotate("model_config", moe::ToHfConfig(config)));
-  MOERR_RETURN_IF_ERROR(writer.Annotate("grpo_options", moe::ToJson(options)));
-  MOERR_RETURN_IF_ERROR(writer.Annotate("trainer_state", llvm::json::Object(state.scalars), step));
+  MOERR_RETURN_IF_ERROR(writer.Annotate(formats::kModelConfigAnnotation, moe::ToHfConfig(config)));
+  MOERR_RETURN_IF_ERROR(writer.Annotate(formats::kGrpoOptionsAnnotation, moe::ToJson(options)));
+  MOERR_RETURN_IF_ERROR(writer.Annotate(formats::kTrainerStateAnnotation, llvm::json::Object(state.scalars), step));
   for (const auto& [name, t] : state.tensors) {
     const at::Tensor copy = t.detach().contiguous();
     MOERR_ASSIGN_OR_RETURN(formats::TensorView view, recorder::ViewOf(copy));
@@ -146,9 +146,9 @@ absl::StatusOr<TrainerInputs> ReadTrainerInputs(const formats::BundleReader& rea
     return absl::NotFoundError(absl::StrFormat("step %d is not a complete step of the bundle", step));
   }
   TrainerInputs in;
-  MOERR_ASSIGN_OR_RETURN(llvm::json::Object config_json, ReadObject(reader, "model_config", -1));
-  MOERR_ASSIGN_OR_RETURN(llvm::json::Object grpo_json, ReadObject(reader, "grpo_options", -1));
-  MOERR_ASSIGN_OR_RETURN(in.scalars, ReadObject(reader, "trainer_state", step));
+  MOERR_ASSIGN_OR_RETURN(llvm::json::Object config_json, ReadObject(reader, formats::kModelConfigAnnotation, -1));
+  MOERR_ASSIGN_OR_RETURN(llvm::json::Object grpo_json, ReadObject(reader, formats::kGrpoOptionsAnnotation, -1));
+  MOERR_ASSIGN_OR_RETURN(in.scalars, ReadObject(reader, formats::kTrainerStateAnnotation, step));
   MOERR_ASSIGN_OR_RETURN(in.config, moe::FromHfConfig(config_json));
   MOERR_ASSIGN_OR_RETURN(in.options, moe::GrpoOptionsFromJson(grpo_json));
   const std::string prefix = kStatePrefix;
@@ -233,9 +233,9 @@ absl::StatusOr<ModelReplayReport> ReplayTrainerStep(moe::GrpoTrainer& trainer, R
     policy->SetRoutingSource(nullptr);
     policy->SetRoutingObserver(nullptr);
     MOERR_RETURN_IF_ERROR(RecordTrainerBatch(*rec, trainer));
-    MOERR_RETURN_IF_ERROR(rec->AnnotateStep("metrics", moe::MetricsToJson(report.metrics)));
-    MOERR_RETURN_IF_ERROR(rec->AnnotateStep(
-        "replay_time", llvm::json::Object{{"seconds", report.seconds}, {"cpu_seconds", report.cpu_seconds}}));
+    MOERR_RETURN_IF_ERROR(rec->AnnotateStep(formats::kMetricsAnnotation, moe::MetricsToJson(report.metrics)));
+    MOERR_RETURN_IF_ERROR(rec->AnnotateStep(formats::kReplayTimeAnnotation,
+                                            formats::ToJson(formats::ReplayTime{report.seconds, report.cpu_seconds})));
     MOERR_RETURN_IF_ERROR(rec->StepEnd(step, {report.metrics.loss, report.metrics.grad_norm}));
     MOERR_RETURN_IF_ERROR(rec->Stop());
     const ModelReplayReport& counts = routing.counts();
@@ -263,8 +263,8 @@ absl::StatusOr<ModelReplayReport> ReplayModelStep(const formats::BundleReader& r
   report.recorded_decisions = static_cast<int64_t>(trace.routing.size());
   // A bundle without routing (a reduced batch) routes live by design.
   if (report.recorded_decisions == 0) report.routing_problem.clear();
-  if (auto metrics = reader.ReadAnnotation("metrics", step); metrics.ok() && metrics->getAsObject()) {
-    report.recorded_metrics = *metrics->getAsObject();
+  if (auto metrics = formats::ReadObjectAnnotation(reader, formats::kMetricsAnnotation, step, ""); metrics.ok()) {
+    report.recorded_metrics = *std::move(metrics);
   }
   return report;
 }

@@ -88,11 +88,12 @@ absl::StatusOr<FailingStep> FindOverflowingStep(const formats::BundleReader& rea
 
 // The recording's own annotation, or an error naming why its values cannot
 // be replayed (a stats bundle holds fingerprints only).
-absl::StatusOr<llvm::json::Object> ReplayableRecording(const formats::BundleReader& reader,
+absl::StatusOr<formats::Recording> ReplayableRecording(const formats::BundleReader& reader,
                                                        const OpReduceOptions& options) {
-  std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(reader);
-  if (!recording) recording = llvm::json::Object{};
-  if (recording->getString("mode").getValueOr("") == "stats") {
+  absl::StatusOr<formats::Recording> recording = formats::ReadRecording(reader, options.source);
+  if (absl::IsNotFound(recording.status())) recording = formats::Recording{};
+  if (!recording.ok()) return recording.status();
+  if (recording->mode == "stats") {
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s was recorded in stats mode: it holds fingerprints, not values, and an op-level reduce replays ops on "
         "their values (record with mode \"replayable\" or \"full\")",
@@ -204,7 +205,7 @@ struct Reduction {
   const OpReduceOptions& options;
   const FailingStep& failing;
   Kept kept;
-  const llvm::json::Object& recording;  // its "recording" annotation
+  const formats::Recording& recording;  // its "recording" annotation
   const OpReduceProgress& progress;
 };
 
@@ -266,17 +267,17 @@ absl::Status WriteReduced(const Reduction& r, const formats::Trace& cut, const s
                           OpReduceReport& report) {
   const OpReduceOptions& options = r.options;
   const FailingStep& failing = r.failing;
-  llvm::json::Object annotation = r.recording;
-  annotation["mode"] = "replayable";  // leaves only: the replay makes the rest
-  annotation["reduced"] = llvm::json::Object{{"from", options.source},
-                                             {"step", failing.step},
-                                             {"ops", static_cast<int64_t>(report.ops_before)},
-                                             {"kept", static_cast<int64_t>(report.kept.size())}};
+  formats::Recording annotation = r.recording;
+  annotation.mode = "replayable";  // leaves only: the replay makes the rest
+  annotation.reduced = llvm::json::Object{{"from", options.source},
+                                          {"step", failing.step},
+                                          {"ops", static_cast<int64_t>(report.ops_before)},
+                                          {"kept", static_cast<int64_t>(report.kept.size())}};
   MOERR_RETURN_IF_ERROR(WriteCutBundle(options.out_path, failing.step, cut, /*with_ops=*/true, values, r.source,
-                                       std::move(annotation), /*compress=*/true));
+                                       annotation, /*compress=*/true));
   report.bytes_after = std::filesystem::file_size(options.out_path);
   ReproSource source{options.source, failing.step, report.ops_before, report.kept,
-                     r.recording.getInteger("threads").getValueOr(0), std::nullopt};
+                     r.recording.threads_or_zero(), std::nullopt};
   if (failing.cause) {
     const auto at = std::find(report.kept.begin(), report.kept.end(), *failing.cause);
     if (at != report.kept.end()) source.cause = static_cast<size_t>(at - report.kept.begin());
@@ -300,7 +301,7 @@ absl::StatusOr<OpReduceReport> ReduceOps(const formats::BundleReader& reader, co
   MOERR_CHECK(!options.out_path.empty() && !options.work_dir.empty() && !options.script_path.empty() &&
               !options.values_path.empty());
   const Clock::time_point start = Clock::now();
-  MOERR_ASSIGN_OR_RETURN(llvm::json::Object recording, ReplayableRecording(reader, options));
+  MOERR_ASSIGN_OR_RETURN(const formats::Recording recording, ReplayableRecording(reader, options));
   MOERR_ASSIGN_OR_RETURN(const FailingStep failing, FindOverflowingStep(reader, options));
   OpReduceReport report;
   report.step = failing.step;

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "formats/annotations.h"
 #include "formats/collective_op.h"
 #include "recorder/fingerprint.h"
 #include "recorder/hooks/tensor_adapter.h"
@@ -560,9 +561,9 @@ absl::StatusOr<ReplayReport> ReplayStep(const formats::BundleReader& reader, int
 absl::StatusOr<ReplayReport> ReplayTrace(const formats::BundleReader& reader, int64_t step,
                                          const formats::Trace& trace, const ReplayOptions& options) {
   if (trace.ops.empty()) return absl::NotFoundError(absl::StrFormat("step %d has no recorded ops", step));
-  const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(reader);
-  const int64_t recorded_threads = recording ? recording->getInteger("threads").getValueOr(0) : 0;
-  if (const llvm::json::Object* imported = recording ? recording->getObject("imported") : nullptr) {
+  const std::optional<formats::Recording> recording = formats::RecordingOf(reader);
+  const int64_t recorded_threads = recording ? recording->threads_or_zero() : 0;
+  if (const llvm::json::Object* imported = recording && recording->imported ? &*recording->imported : nullptr) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "this bundle was imported from %s: a dump holds the API calls it saw, not the dispatcher ops, parameters "
         "and RNG that a replay runs; bisect, lint, diff and report read it (docs/IMPORT.md)",

@@ -86,11 +86,11 @@ formats::Trace CutStep(const formats::Trace& step, const std::vector<size_t>& ke
 
 absl::Status WriteCutBundle(const std::string& path, int64_t step, const formats::Trace& cut, bool with_ops,
                             const std::map<uint64_t, at::Tensor>& values, const formats::BundleReader& source,
-                            llvm::json::Object recording, bool compress) {
+                            const formats::Recording& recording, bool compress) {
   MOERR_ASSIGN_OR_RETURN(
       std::unique_ptr<formats::BundleWriter> writer,
       formats::BundleWriter::Create(path, formats::WriterOptions().set_overwrite(true).set_compress(compress).set_sync(compress)));
-  MOERR_RETURN_IF_ERROR(writer->Annotate("recording", std::move(recording)));
+  MOERR_RETURN_IF_ERROR(writer->Annotate(formats::kRecordingAnnotation, formats::ToJson(recording)));
   MOERR_RETURN_IF_ERROR(writer->BeginStep(step));
   for (const formats::TensorMeta& meta : cut.tensors) {
     auto value = values.find(meta.id);
@@ -108,8 +108,8 @@ absl::Status WriteCutBundle(const std::string& path, int64_t step, const formats
 }
 
 absl::Status NeedsRecordedOutputs(const formats::StepTrace& s, absl::string_view why) {
-  const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(*s.reader);
-  const std::string mode = recording ? recording->getString("mode").getValueOr("").str() : "";
+  const std::optional<formats::Recording> recording = formats::RecordingOf(*s.reader);
+  const std::string mode = recording ? recording->mode : "";
   if (mode == "stats") {
     return absl::FailedPreconditionError(absl::StrFormat(
         "%s was recorded in stats mode: it holds fingerprints, not values, and %s (record with mode \"full\")",

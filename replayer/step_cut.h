@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "formats/annotations.h"
 #include "formats/bundle_reader.h"
 #include "formats/step_trace.h"
 #include "formats/trace.h"
@@ -37,10 +38,10 @@ formats::Trace CutStep(const formats::Trace& step, const std::vector<size_t>& ke
 // `values` holds (by tensor id; role from `source`'s tensor of that name when
 // it has one, else activation), then `cut`'s ops, unless `with_ops` is false
 // (a value pool, read by traces kept in memory). `recording`: the "recording"
-// annotation (threads, libtorch, mode).
+// annotation (threads, libtorch, mode, what it was reduced from).
 absl::Status WriteCutBundle(const std::string& path, int64_t step, const formats::Trace& cut, bool with_ops,
                             const std::map<uint64_t, at::Tensor>& values, const formats::BundleReader& source,
-                            llvm::json::Object recording, bool compress);
+                            const formats::Recording& recording, bool compress);
 
 // OK when `s` holds every op's outputs (a full recording), else why not:
 // `why` says what needs them ("a divergence is reduced to an op judged on

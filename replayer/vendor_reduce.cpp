@@ -43,16 +43,15 @@ absl::StatusOr<ReferenceCheck> FirstSuspect(const formats::StepTrace& bundle, co
 // Writes the reduced bundle: the op cut free, with its recorded outputs.
 absl::Status WriteBundle(const formats::StepTrace& bundle, const VendorReduceOptions& options, const OneOpCut& alone,
                          VendorReduceReport& report) {
-  const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(*bundle.reader);
-  llvm::json::Object annotation = recording ? *recording : llvm::json::Object{};
-  annotation["mode"] = "full";  // the op's outputs are recorded: the failure is their value
-  annotation["reduced"] = llvm::json::Object{{"from", bundle.path},
-                                             {"step", bundle.step},
-                                             {"ops", static_cast<int64_t>(report.ops_before)},
-                                             {"kept", int64_t{1}},
-                                             {"reference", report.op}};
+  formats::Recording annotation = formats::RecordingOf(*bundle.reader).value_or(formats::Recording{});
+  annotation.mode = "full";  // the op's outputs are recorded: the failure is their value
+  annotation.reduced = llvm::json::Object{{"from", bundle.path},
+                                          {"step", bundle.step},
+                                          {"ops", static_cast<int64_t>(report.ops_before)},
+                                          {"kept", int64_t{1}},
+                                          {"reference", report.op}};
   MOERR_RETURN_IF_ERROR(WriteCutBundle(options.out_path, bundle.step, alone.cut, /*with_ops=*/true, alone.values,
-                                       *bundle.reader, std::move(annotation), /*compress=*/true));
+                                       *bundle.reader, annotation, /*compress=*/true));
   report.bytes_after = std::filesystem::file_size(options.out_path);
   return absl::OkStatus();
 }
@@ -84,7 +83,7 @@ absl::Status WriteRepro(const formats::StepTrace& bundle, const VendorReduceOpti
     return absl::UnavailableError(
         absl::StrFormat("cannot copy %s to %s: %s", reference.file, options.reference_path, error.message()));
   }
-  const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(*bundle.reader);
+  const std::optional<formats::Recording> recording = formats::RecordingOf(*bundle.reader);
   const VendorSource source{bundle.path,
                             bundle.step,
                             report.op_index,
@@ -95,7 +94,7 @@ absl::Status WriteRepro(const formats::StepTrace& bundle, const VendorReduceOpti
                             reference.ulps,
                             report.verdict.recorded_ulps,
                             report.verdict.allowed_ulps,
-                            recording ? recording->getInteger("threads").getValueOr(0) : 0};
+                            recording ? recording->threads_or_zero() : 0};
   return CatchTorch("writing the repro", [&] {
     MOERR_ASSIGN_OR_RETURN(report.assertion,
                            WriteVendorScript(options.script_path, options.values_path, alone.cut, alone.values, source));

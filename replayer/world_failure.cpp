@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_format.h"
 #include "analysis/world_overflow.h"
+#include "formats/annotations.h"
 #include "support/status.h"
 
 namespace moerr::replayer {
@@ -36,25 +37,19 @@ std::string FailureRuleOfFault(moe::FaultKind kind) {
 }
 
 llvm::json::Object FaultAnnotation(moe::FaultKind kind, int64_t rank) {
-  return llvm::json::Object{{"kind", moe::FaultName(kind)}, {"rank", rank}};
+  return formats::ToJson(formats::FaultNote{moe::FaultName(kind), rank});
 }
 
 absl::StatusOr<std::optional<RecordedFault>> ReadFaultOfRun(const formats::WorldStep& run) {
   if (run.ranks.empty() || !run.ranks[0].reader) return std::optional<RecordedFault>();
-  const absl::StatusOr<llvm::json::Value> v = run.ranks[0].reader->ReadAnnotation("fault");
-  if (absl::IsNotFound(v.status())) return std::optional<RecordedFault>();
-  const std::string where = absl::StrFormat("%s, rank 0: the \"fault\" annotation", run.dir);
-  if (!v.ok()) return Annotate(v.status(), where);
-  const llvm::json::Object* o = v->getAsObject();
-  const auto name = o ? o->getString("kind") : llvm::None;
-  const llvm::json::Value* rank = o ? o->get("rank") : nullptr;
-  if (!name || (rank != nullptr && !rank->getAsInteger())) {
-    return absl::DataLossError(where + " is not {\"kind\": NAME, \"rank\": INTEGER}");
-  }
-  const absl::StatusOr<moe::FaultKind> kind = moe::ParseFault(name->str());
-  if (!kind.ok()) return Annotate(kind.status(), where);
+  const std::string bundle = absl::StrFormat("%s, rank 0", run.dir);
+  const absl::StatusOr<formats::FaultNote> note = formats::ReadFaultNote(*run.ranks[0].reader, bundle);
+  if (absl::IsNotFound(note.status())) return std::optional<RecordedFault>();
+  if (!note.ok()) return note.status();
+  const absl::StatusOr<moe::FaultKind> kind = moe::ParseFault(note->kind);
+  if (!kind.ok()) return Annotate(kind.status(), formats::AnnotationWhere(bundle, formats::kFaultAnnotation));
   if (*kind == moe::FaultKind::kNone) return std::optional<RecordedFault>();
-  return std::optional<RecordedFault>(RecordedFault{*kind, rank ? *rank->getAsInteger() : -1});
+  return std::optional<RecordedFault>(RecordedFault{*kind, note->rank.value_or(-1)});
 }
 
 std::optional<RecordedFault> FaultOfRun(const formats::WorldStep& run) {

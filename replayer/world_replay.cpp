@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "formats/annotations.h"
 #include "formats/module_path.h"
 #include "moe/addition_task.h"
 #include "recorder/hooks/tensor_adapter.h"
@@ -225,8 +226,9 @@ absl::StatusOr<ModelReplayReport> ReplayWorldRank(const formats::WorldStep& worl
                          ReplayTrainerStep(*trainer, std::move(routing), world.step, model, parallel));
   report.recorded_decisions = decisions;
   const formats::BundleReader& base = *world.ranks[static_cast<size_t>(rank * plan.covers())].reader;
-  if (auto metrics = base.ReadAnnotation("metrics", world.step); metrics.ok() && metrics->getAsObject()) {
-    report.recorded_metrics = *metrics->getAsObject();
+  if (auto metrics = formats::ReadObjectAnnotation(base, formats::kMetricsAnnotation, world.step, world.dir);
+      metrics.ok()) {
+    report.recorded_metrics = *std::move(metrics);
   }
   return report;
 }

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "analysis/check.h"
 #include "analysis/overflow_cause.h"
+#include "formats/annotations.h"
 #include "formats/bundle_summary.h"
 #include "formats/raised_step.h"
 #include "report/step_figures.h"
@@ -21,11 +22,10 @@ namespace {
 // Whether precision bisect can replay the bundle: a recording not in stats
 // mode. An imported dump never is, whatever its mode (replay refuses it).
 bool Replayable(const formats::BundleReader& reader) {
-  const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(reader);
+  const std::optional<formats::Recording> recording = formats::RecordingOf(reader);
   if (!recording) return true;
-  if (recording->getObject("imported") != nullptr) return false;
-  const auto mode = recording->getString("mode");
-  return !mode || *mode != "stats";
+  if (recording->imported) return false;
+  return recording->mode != "stats";
 }
 
 }  // namespace

@@ -37,6 +37,7 @@
 #include "analysis/finding_output.h"
 #include "analysis/first_overflow.h"
 #include "analysis/overflow_cause.h"
+#include "formats/annotations.h"
 #include "formats/bundle_reader.h"
 #include "formats/bundle_summary.h"
 #include "formats/bundle_writer.h"
@@ -102,7 +103,8 @@ OwnedTensor Int32Uniform(std::vector<int64_t> shape, int high, uint64_t seed) {
   auto writer = formats::BundleWriter::Create(path, formats::WriterOptions().set_overwrite(true));
   if (!writer.ok()) _exit(3);
   auto& w = **writer;
-  (void)w.Annotate("model", llvm::json::Object{{"layers", 4}, {"experts", 8}, {"top_k", 2}, {"hidden", 256}});
+  (void)w.Annotate(formats::kDemoModelAnnotation,
+                   llvm::json::Object{{"layers", 4}, {"experts", 8}, {"top_k", 2}, {"hidden", 256}});
   std::vector<std::pair<std::string, OwnedTensor>> params;
   for (int l = 0; l < 4; ++l)
     for (int e = 0; e < 8; ++e)

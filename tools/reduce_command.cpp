@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "diff/precision_diff.h"
 #include "formats/dtype.h"
+#include "formats/annotations.h"
 #include "formats/bundle_reader.h"
 #include "llvm/Support/JSON.h"
 #include "proxy/reduce.h"
@@ -361,7 +362,8 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
     MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(bundle));
     // Any step but the reference trainer's is reduced op by op; its repro
     // goes beside OUT.
-    const bool by_ops = opts->ops || !opts->against.empty() || !reader->ReadAnnotation("model_config").ok();
+    const bool by_ops =
+        opts->ops || !opts->against.empty() || !reader->ReadAnnotation(formats::kModelConfigAnnotation).ok();
     if (by_ops) {
       for (const char* suffix : {".repro.py", ".repro.safetensors", ".repro.reference.pt"}) {
         MOERR_RETURN_IF_ERROR(CheckOverwrite(ReproStem(opts->out) + suffix, opts->force, {bundle}));

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "analysis/first_overflow.h"
 #include "diff/trace_diff.h"
+#include "formats/annotations.h"
 #include "formats/bundle_reader.h"
 #include "formats/module_path.h"
 #include "formats/world_manifest.h"
@@ -31,9 +32,9 @@ namespace {
 // from the bundle's "proxy" annotation; otherwise "".
 std::string OriginalExpert(const formats::BundleReader& reader, const std::string& module) {
   const auto expert = formats::ExpertOf(module);
-  auto info = reader.ReadAnnotation("proxy");
-  if (!expert || !info.ok() || !info->getAsObject()) return "";
-  const llvm::json::Array* layers = info->getAsObject()->getArray("layers");
+  absl::StatusOr<llvm::json::Object> info = formats::ReadObjectAnnotation(reader, formats::kProxyAnnotation, -1, "");
+  if (!expert || !info.ok()) return "";
+  const llvm::json::Array* layers = info->getArray("layers");
   for (size_t i = 0; layers != nullptr && i < layers->size(); ++i) {
     const llvm::json::Object* layer = (*layers)[i].getAsObject();
     const llvm::json::Array* kept = layer ? layer->getArray("kept") : nullptr;
@@ -177,7 +178,7 @@ ExitOr ModelReplay(const formats::BundleReader& reader, int64_t step, replayer::
 // annotation) and `moerr reduce` write hold a model's state and routing,
 // which model replay runs.
 absl::Status NoOpsToReplay(const formats::BundleReader& reader, const std::string& path, int64_t step) {
-  if (reader.ReadAnnotation("proxy").ok()) {
+  if (reader.ReadAnnotation(formats::kProxyAnnotation).ok()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s is a proxy bundle: it records no ops to re-execute; replay it with --model: moerr replay %s --model",
         path, path));

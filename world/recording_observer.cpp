@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include "formats/annotations.h"
 #include "formats/world_manifest.h"
 #include "replayer/model_replay.h"
 #include "support/filesystem.h"
@@ -33,7 +34,7 @@ absl::Status RecordingObserver::OnStart(moe::GrpoTrainer& trainer) {
                                                  trainer.policy()->config().num_experts)));
     }
   }
-  if (!fault_.empty()) MOERR_RETURN_IF_ERROR(rec_->Annotate("fault", llvm::json::Object(fault_)));
+  if (!fault_.empty()) MOERR_RETURN_IF_ERROR(rec_->Annotate(formats::kFaultAnnotation, llvm::json::Object(fault_)));
   return replayer::RecordTrainerStart(*rec_, trainer);
 }
 
@@ -48,8 +49,8 @@ absl::Status RecordingObserver::BeforeStep(int64_t step) {
 
 absl::Status RecordingObserver::AfterStep(const moe::StepMetrics& m, double loss_scale) {
   MOERR_RETURN_IF_ERROR(replayer::RecordTrainerBatch(*rec_, *trainer_));
-  MOERR_RETURN_IF_ERROR(rec_->AnnotateStep("metrics", moe::MetricsToJson(m)));
-  MOERR_RETURN_IF_ERROR(rec_->AnnotateStep("loss_scale", loss_scale));
+  MOERR_RETURN_IF_ERROR(rec_->AnnotateStep(formats::kMetricsAnnotation, moe::MetricsToJson(m)));
+  MOERR_RETURN_IF_ERROR(rec_->AnnotateStep(formats::kLossScaleAnnotation, loss_scale));
   return rec_->StepEnd(m.step, {m.loss, m.grad_norm});
 }
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_format.h"
 #include "distributed/process_group.h"
+#include "formats/annotations.h"
 #include "formats/json_output.h"
 #include "formats/world_manifest.h"
 #include "formats/world_run.h"
@@ -44,7 +45,7 @@ absl::Status ReplayPart(const ReplayRanksArgs& args, const std::string& out, int
   options.overwrite = true;  // the launcher claimed the directory
   // A proxy run's replay is marked as one, so that bisect can name the
   // original experts behind its experts.
-  if (auto proxy = ProxyOfRun(world)) options.annotations["proxy"] = *std::move(proxy);
+  if (auto proxy = ProxyOfRun(world)) options.annotations[formats::kProxyAnnotation] = *std::move(proxy);
   return replayer::ReplayWorldRank(world, plan, rank, parallel, options).status();
 }
 
@@ -96,7 +97,7 @@ absl::StatusOr<std::string> ClaimOut(const ReplayRanksArgs& args) {
 absl::Status CheckRebuildable(const formats::WorldStep& world) {
   const formats::RankStep& r = world.ranks[0];
   if (!r.reader) return absl::Status(r.error.code(), absl::StrFormat("%s, rank 0: %s", world.dir, r.error.message()));
-  if (r.reader->ReadAnnotation("model_config").ok()) return absl::OkStatus();
+  if (r.reader->ReadAnnotation(formats::kModelConfigAnnotation).ok()) return absl::OkStatus();
   const std::string why = replayer::WhyNoCapture(r);
   if (!why.empty()) {
     return absl::FailedPreconditionError(absl::StrFormat(

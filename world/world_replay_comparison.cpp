@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_format.h"
 #include "diff/world_diff.h"
+#include "formats/annotations.h"
 #include "formats/json_number.h"
 #include "formats/module_path.h"
 #include "formats/world_manifest.h"
@@ -42,16 +43,11 @@ ReplayedPart Summarize(const diff::WorldDiffPart& p) {
 absl::StatusOr<std::vector<double>> RankCpuSeconds(const formats::WorldStep& w) {
   std::vector<double> out;
   for (const formats::RankStep& r : w.ranks) {
-    auto t = r.reader ? r.reader->ReadAnnotation("replay_time", w.step) : absl::NotFoundError("no bundle");
-    const llvm::json::Object* o = t.ok() ? t->getAsObject() : nullptr;
-    const llvm::Optional<double> seconds = o ? o->getNumber("cpu_seconds") : llvm::None;
-    if (!seconds) {
-      return absl::DataLossError(absl::StrFormat("%s, rank %d, step %d: no \"replay_time\" annotation with "
-                                                 "\"cpu_seconds\"%s",
-                                                 w.dir, r.rank, w.step,
-                                                 t.ok() ? "" : ": " + std::string(t.status().message())));
-    }
-    out.push_back(*seconds);
+    const std::string bundle = absl::StrFormat("%s, rank %d", w.dir, r.rank);
+    if (!r.reader) return absl::DataLossError(absl::StrFormat("%s: no bundle: %s", bundle, r.error.message()));
+    const absl::StatusOr<formats::ReplayTime> t = formats::ReadReplayTime(*r.reader, w.step, bundle);
+    if (!t.ok()) return absl::DataLossError(t.status().message());
+    out.push_back(t->cpu_seconds);
   }
   return out;
 }
@@ -65,8 +61,9 @@ double Sum(const std::vector<double>& v) {
 llvm::json::Object Metrics(const formats::WorldStep& w) {
   const formats::RankStep& r = w.ranks[0];
   if (!r.reader) return {};
-  auto m = r.reader->ReadAnnotation("metrics", w.step);
-  return m.ok() && m->getAsObject() ? *m->getAsObject() : llvm::json::Object{};
+  absl::StatusOr<llvm::json::Object> m =
+      formats::ReadObjectAnnotation(*r.reader, formats::kMetricsAnnotation, w.step, w.dir);
+  return m.ok() ? *std::move(m) : llvm::json::Object{};
 }
 
 // ---- A proxy's experts -------------------------------------------------
@@ -249,9 +246,10 @@ llvm::json::Array DenseJson(const WorldReplayComparison& c) {
 
 std::optional<llvm::json::Object> ProxyOfRun(const formats::WorldStep& run) {
   if (run.ranks.empty() || !run.ranks[0].reader) return std::nullopt;
-  auto info = run.ranks[0].reader->ReadAnnotation("proxy");
-  if (!info.ok() || !info->getAsObject()) return std::nullopt;
-  return *info->getAsObject();
+  absl::StatusOr<llvm::json::Object> info =
+      formats::ReadObjectAnnotation(*run.ranks[0].reader, formats::kProxyAnnotation, -1, run.dir);
+  if (!info.ok()) return std::nullopt;
+  return *std::move(info);
 }
 
 std::optional<OriginalExpert> OriginalOf(const llvm::json::Object& proxy, const std::string& module) {

@@ -17,6 +17,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "analysis/checks/common.h"
+#include "formats/annotations.h"
 #include "support/status.h"
 
 namespace moerr::analysis {
@@ -36,9 +37,10 @@ class OptimizerHazards : public Check {
   absl::Status Run(const LintInput& input, std::vector<Finding>& out) const override {
     const StepView& s = input.bundle;
     MOERR_RETURN_IF_ERROR(SecondMoments(s, out));
-    absl::StatusOr<llvm::json::Value> metrics = s.reader->ReadAnnotation("metrics", s.step);
-    const llvm::json::Object* m = metrics.ok() ? metrics->getAsObject() : nullptr;
-    if (m == nullptr) return absl::OkStatus();
+    absl::StatusOr<llvm::json::Object> metrics =
+        formats::ReadObjectAnnotation(*s.reader, formats::kMetricsAnnotation, s.step, s.path);
+    if (!metrics.ok()) return absl::OkStatus();
+    const llvm::json::Object* m = &*metrics;
     const bool skipped = m->getBoolean("skipped").getValueOr(false);
     const bool finite = m->getBoolean("finite").getValueOr(true);
     const double scale = m->getNumber("loss_scale").getValueOr(1.0);

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_join.h"
 #include "analysis/checks/common.h"
+#include "formats/annotations.h"
 
 namespace moerr::analysis {
 namespace {
@@ -61,13 +62,13 @@ class ProxyPreservation : public Check {
     if (!input.original) return absl::OkStatus();
     const StepView& p = input.bundle;
     const StepView& o = *input.original;
-    auto proxy_config = p.reader->ReadAnnotation("model_config");
-    auto original_config = o.reader->ReadAnnotation("model_config");
-    if (proxy_config.ok() && original_config.ok() && proxy_config->getAsObject() && original_config->getAsObject()) {
+    auto proxy_config = formats::ReadObjectAnnotation(*p.reader, formats::kModelConfigAnnotation, -1, p.path);
+    auto original_config = formats::ReadObjectAnnotation(*o.reader, formats::kModelConfigAnnotation, -1, o.path);
+    if (proxy_config.ok() && original_config.ok()) {
       std::vector<std::string> changed;
       for (const char* key : {"model_type", "scoring_func", "num_experts_per_tok", "norm_topk_prob", "topk_method"}) {
-        const llvm::json::Value* a = proxy_config->getAsObject()->get(key);
-        const llvm::json::Value* b = original_config->getAsObject()->get(key);
+        const llvm::json::Value* a = proxy_config->get(key);
+        const llvm::json::Value* b = original_config->get(key);
         if ((a == nullptr) != (b == nullptr) || (a && *a != *b)) changed.push_back(key);
       }
       Finding f = checks::At(kName, changed.empty() ? Severity::kInfo : Severity::kWarning, p, "model");
