@@ -46,7 +46,7 @@ std::string Rises(const CauseLink& link) {
 
 // The cause and the chain from it to the first overflow, as text. A long
 // chain shows its first and last ops.
-void PrintCause(const OverflowCause& found, size_t ops, int64_t step) {
+void PrintCause(const OverflowCause& found, size_t ops, int64_t step, bool ends_in_overflow) {
   const CauseLink& cause = found.cause;
   auto where = [](const formats::OpEvent& op) {
     return absl::StrFormat("%s in %s (%s phase)", op.name, op.module.empty() ? "(no module)" : op.module,
@@ -66,7 +66,8 @@ void PrintCause(const OverflowCause& found, size_t ops, int64_t step) {
                 "imported dump a call the dump does not hold, which may be where the value was made\n",
                 cause.outside_abs_max);
   }
-  std::printf("  chain from the cause to the first overflow (%zu ops):\n", found.chain.size());
+  std::printf("  chain from the cause to %s (%zu ops):\n",
+              ends_in_overflow ? "the first overflow" : "the value it sent", found.chain.size());
   constexpr size_t kShown = 5;
   for (size_t k = 0; k < found.chain.size(); ++k) {
     if (found.chain.size() > 2 * kShown + 1 && k == kShown) {
@@ -75,7 +76,7 @@ void PrintCause(const OverflowCause& found, size_t ops, int64_t step) {
       continue;
     }
     const CauseLink& link = found.chain[k];
-    const bool last = k + 1 == found.chain.size();
+    const bool last = ends_in_overflow && k + 1 == found.chain.size();
     std::printf("    op %6zu %-24s %-22s %s, %s\n", link.op_index, link.op->name.c_str(),
                 last ? "first overflow" : absl::StrFormat("abs-max %.6g", link.abs_max).c_str(),
                 link.op->module.empty() ? "(no module)" : link.op->module.c_str(),

@@ -19,7 +19,9 @@ namespace moerr::analysis {
 
 // The cause and the chain from it to the first overflow, as text; `ops` is
 // the step's op count. A long chain shows its first and last ops.
-void PrintCause(const OverflowCause& found, size_t ops, int64_t step);
+// `ends_in_overflow` false: the chain ends at the op whose output a rank
+// sent on (a walk across ranks, cross_rank_walk.h), not at an overflow.
+void PrintCause(const OverflowCause& found, size_t ops, int64_t step, bool ends_in_overflow = true);
 // The first overflow as text: its output and the headroom trend before it.
 void PrintFirstOverflow(const FirstOverflow& found, size_t ops, int64_t step);
 // The JSON of one step's result: the first overflow's keys (those of

@@ -237,34 +237,29 @@ std::optional<CauseLink> InnerCause(const StepIndex& step, Peers& peers, size_t 
   return std::nullopt;
 }
 
-}  // namespace
 
-std::optional<OverflowCause> FindOverflowCause(const formats::Trace& trace, const OverflowOptions& options,
-                                               const std::vector<const formats::Trace*>& earlier) {
-  std::optional<FirstOverflow> first = FindFirstOverflow(trace, options);
-  if (!first) return std::nullopt;
-  const StepIndex step(trace);
-  Peers peers;
-  peers.Add(step);
-  for (const formats::Trace* t : earlier) {
-    if (t != nullptr) peers.Add(StepIndex(*t));
-  }
-  std::vector<CauseLink> chain = WalkBack(step, first->op_index, first->output);
+// The walk back from `first` (its op and the output the walk starts from),
+// over `step` with `peers` filled. `judge_first`: whether `first`'s own op
+// may be the cause (the start of a walk that is not an overflow).
+OverflowCause CauseFrom(const StepIndex& step, Peers& peers, FirstOverflow first, bool judge_first) {
+  std::vector<CauseLink> chain = WalkBack(step, first.op_index, first.output);
   // The first overflow is judged too (its finite values), but is the cause
   // only as the fallback: the walk looks for an exploded op before it.
   Judge(step, peers, chain.back());
+  const bool last_exploded = judge_first && chain.back().exploded;
   chain.back().exploded = false;
   size_t cause = chain.size() - 1;
-  for (size_t k = chain.size() - 1; k-- > 0;) {
+  for (size_t k = chain.size() - 1; !last_exploded && k-- > 0;) {
     Judge(step, peers, chain[k]);
     if (chain[k].exploded) {
       cause = k;
       break;
     }
   }
+  chain.back().exploded = last_exploded;
   OverflowCause out;
-  out.first = std::move(*first);
-  out.found_explosion = cause + 1 < chain.size();
+  out.first = std::move(first);
+  out.found_explosion = last_exploded || cause + 1 < chain.size();
   if (out.found_explosion && chain[cause].op->scope) {
     if (std::optional<CauseLink> inner = InnerCause(step, peers, chain[cause].op_index)) {
       out.chain.push_back(*inner);
@@ -273,6 +268,40 @@ std::optional<OverflowCause> FindOverflowCause(const formats::Trace& trace, cons
   out.chain.insert(out.chain.end(), chain.begin() + static_cast<std::ptrdiff_t>(cause), chain.end());
   out.cause = out.chain.front();
   return out;
+}
+
+Peers PeersOf(const StepIndex& step, const std::vector<const formats::Trace*>& earlier) {
+  Peers peers;
+  peers.Add(step);
+  for (const formats::Trace* t : earlier) {
+    if (t != nullptr) peers.Add(StepIndex(*t));
+  }
+  return peers;
+}
+
+}  // namespace
+
+std::optional<OverflowCause> FindOverflowCause(const formats::Trace& trace, const OverflowOptions& options,
+                                               const std::vector<const formats::Trace*>& earlier) {
+  std::optional<FirstOverflow> first = FindFirstOverflow(trace, options);
+  if (!first) return std::nullopt;
+  const StepIndex step(trace);
+  Peers peers = PeersOf(step, earlier);
+  return CauseFrom(step, peers, *std::move(first), /*judge_first=*/false);
+}
+
+std::optional<OverflowCause> FindCauseOf(const formats::Trace& trace, size_t op_index, uint64_t output,
+                                         const std::vector<const formats::Trace*>& earlier) {
+  const formats::TensorMeta* meta = op_index < trace.ops.size() ? trace.Find(output) : nullptr;
+  if (meta == nullptr) return std::nullopt;
+  const StepIndex step(trace);
+  Peers peers = PeersOf(step, earlier);
+  FirstOverflow start;
+  start.op_index = op_index;
+  start.op = &trace.ops[op_index];
+  start.output = output;
+  start.fingerprint = meta->fingerprint;
+  return CauseFrom(step, peers, std::move(start), /*judge_first=*/true);
 }
 
 void AddUncertainLinks(const llvm::json::Value& imported_step, const formats::Trace& trace, OverflowCause& found) {

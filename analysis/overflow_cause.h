@@ -113,6 +113,14 @@ struct OverflowCause {
 std::optional<OverflowCause> FindOverflowCause(const formats::Trace& trace, const OverflowOptions& options = {},
                                                const std::vector<const formats::Trace*>& earlier = {});
 
+// The same walk from op `op_index`'s output `output`, which need not
+// overflow: the values a rank sent in a collective that carried them to
+// another rank (analysis/cross_rank_walk.h). `first` describes that op and
+// output; the op itself is judged too and is the cause when it exploded.
+// Nullopt when the trace does not hold `output`.
+std::optional<OverflowCause> FindCauseOf(const formats::Trace& trace, size_t op_index, uint64_t output,
+                                         const std::vector<const formats::Trace*>& earlier = {});
+
 // Fills found.uncertain from an imported step's "dataflow" (its
 // imported_step annotation, docs/IMPORT.md): {"uncertain": [{"op": seq,
 // "tensor": id, "how", "candidates": [seqs]}]}. A recording has none.

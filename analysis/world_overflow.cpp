@@ -67,6 +67,29 @@ void FindSpread(const formats::WorldStep& world, const formats::Trace& origin, s
   }
 }
 
+// From each rank in out.ranks' order, the walk across ranks; the first that
+// ends at an exploded op with no ambiguous crossing, else the first. Sets
+// out.path, out.rank and out.cause; puts out.ranks back in rank order.
+void ChooseWalk(const formats::WorldStep& world, std::map<int64_t, OverflowCause>& causes, WorldOverflow& out) {
+  std::optional<CrossRankPath> chosen;
+  for (const RankOverflow& r : out.ranks) {
+    CrossRankPath path = WalkAcrossRanks(world, r.rank, causes.at(r.rank));
+    const RankWalk& end = path.walks.back();
+    const bool found = !path.stopped && end.walk.found_explosion && !formats::IsCollective(*end.walk.cause.op);
+    if (!chosen || found) chosen = std::move(path);
+    if (found) break;
+  }
+  out.path = *std::move(chosen);
+  std::sort(out.ranks.begin(), out.ranks.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  out.rank = out.path.stopped ? out.path.walks.front().rank : out.path.walks.back().rank;
+  if (out.path.stopped) {
+    // The origin is not known past an ambiguous crossing: the start rank's own walk is reported.
+    out.cause = out.path.walks.front().walk;
+    return;
+  }
+  out.cause = out.path.walks.back().walk;
+}
+
 }  // namespace
 
 std::optional<WorldOverflow> FindWorldOverflow(const formats::WorldStep& world, const OverflowOptions& options) {
@@ -85,13 +108,21 @@ std::optional<WorldOverflow> FindWorldOverflow(const formats::WorldStep& world, 
   if (out.ranks.empty()) return std::nullopt;
   // Not arrived before arrived, not received before received; then fewer
   // collectives before; then the lower rank.
-  const RankOverflow& origin = *std::min_element(out.ranks.begin(), out.ranks.end(), [](const auto& a, const auto& b) {
+  std::sort(out.ranks.begin(), out.ranks.end(), [](const auto& a, const auto& b) {
     return std::make_tuple(a.arrived, a.received, a.collectives_before, a.rank) <
            std::make_tuple(b.arrived, b.received, b.collectives_before, b.rank);
   });
-  out.rank = origin.rank;
-  const formats::Trace& trace = *world.ranks[static_cast<size_t>(origin.rank)].trace;
-  out.cause = std::move(causes.at(origin.rank));
+  ChooseWalk(world, causes, out);
+  const formats::Trace& trace = *world.ranks[static_cast<size_t>(out.rank)].trace;
+  if (!out.path.crossings.empty()) {
+    // The collective nearest the origin on the path: where the values left it.
+    if (!out.path.stopped) {
+      out.carried = out.path.crossings.back().collective;
+      out.carried_module = out.path.crossings.back().module;
+    }
+    FindSpread(world, trace, out.cause.cause.op_index, out);
+    return out;
+  }
   // Where the value left the origin: the first collective after the cause.
   for (size_t k = 1; out.cause.found_explosion && k + 1 < out.cause.chain.size(); ++k) {
     const formats::OpEvent& op = *out.cause.chain[k].op;
@@ -102,7 +133,7 @@ std::optional<WorldOverflow> FindWorldOverflow(const formats::WorldStep& world, 
     }
     break;
   }
-  FindSpread(world, trace, origin.op_index, out);
+  FindSpread(world, trace, out.cause.first.op_index, out);
   return out;
 }
 

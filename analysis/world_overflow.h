@@ -14,6 +14,15 @@
 // values; among several (ranks that overflowed independently), the one
 // whose overflow comes after the fewest collectives of its step, then the
 // lowest rank.
+//
+// That order ranks the ranks' own first overflows. The origin is then found
+// row by row (cross_rank_walk.h): from each overflowing rank in that order,
+// the cause walk crosses every collective that delivered what went wrong to
+// the senders of those rows and goes on there; the first walk that ends at
+// an op that exploded, with no ambiguous crossing, names the origin (else
+// the first walk). A rank whose exploded values all left it (its own tokens
+// never met the expert) can so be the origin while every rank's first
+// overflow, its own included, arrived or was received.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/cross_rank_walk.h"
 #include "analysis/overflow_cause.h"
 #include "formats/collective_op.h"
 #include "formats/world_run.h"
@@ -41,7 +51,12 @@ struct RankOverflow {
 
 struct WorldOverflow {
   int64_t rank = 0;        // where it began
-  OverflowCause cause;     // on that rank (first overflow, cause, chain)
+  // On that rank: its first overflow, cause and chain; when the walk crossed
+  // collectives (path.crossings not empty), the walk there, from its cause
+  // to the op whose output it sent (`first` is that op, not an overflow).
+  OverflowCause cause;
+  // The walk across ranks from the rank it started on to the origin.
+  CrossRankPath path;
   // How it spread: the first collective after the first overflow in which
   // the origin sent values that are not finite, and the ranks whose output
   // of it is not finite. Absent when it did not leave the origin.

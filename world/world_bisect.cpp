@@ -24,9 +24,42 @@
 namespace moerr::world {
 namespace {
 
+// What the walk across ranks crossed (analysis/cross_rank_walk.h): which
+// sender's rows held the values each receiver got, and how that is known.
+void PrintCrossings(const analysis::CrossRankPath& path) {
+  for (const analysis::Crossing& x : path.crossings) {
+    const std::string what = x.not_finite ? "values that are not finite" : "the large values";
+    const std::string how = x.evidence == "values" ? "read from the received values"
+                            : x.evidence == "inputs" ? "each sender's input is what it sent"
+                                                     : "from whole inputs' statistics only";
+    std::printf("  %s: rank %lld received %s (%s)\n", formats::DescribeCollective(x.collective, x.module).c_str(),
+                static_cast<long long>(x.receiver), what.c_str(), how.c_str());
+    for (const analysis::Carrier& k : x.carriers) {
+      const std::string magnitude = k.finite ? absl::StrFormat("abs-max %.6g", k.abs_max) : "not finite";
+      if (k.sent_row >= 0) {
+        std::printf("    from rank %lld: its rows %lld-%lld, rows %lld-%lld there, %s\n",
+                    static_cast<long long>(k.rank), static_cast<long long>(k.sent_row),
+                    static_cast<long long>(k.sent_row + k.rows - 1), static_cast<long long>(k.received_row),
+                    static_cast<long long>(k.received_row + k.rows - 1), magnitude.c_str());
+      } else {
+        std::printf("    from rank %lld: its input, %s\n", static_cast<long long>(k.rank), magnitude.c_str());
+      }
+    }
+    if (x.ambiguous) {
+      std::printf("    ambiguous: more than one of these senders' inputs holds %s, and the recording stores no "
+                  "received values to tell whose rows did (a stats recording, or a summed collective): the walk "
+                  "stops here\n",
+                  what.c_str());
+    }
+  }
+}
+
 // Where the overflow went from its origin, and each rank's own first overflow.
 void PrintWorldOverflow(const analysis::WorldOverflow& found) {
-  if (found.carried) {
+  if (!found.path.crossings.empty()) {
+    std::printf("  path: %s\n", analysis::DescribePath(found.path).c_str());
+    PrintCrossings(found.path);
+  } else if (found.carried) {
     const analysis::CauseLink& cause = found.cause.cause;
     std::printf("  path: rank %lld %s in %s -> %s -> the ranks' later ops\n", static_cast<long long>(found.rank),
                 cause.op->name.c_str(), cause.op->module.empty() ? "(no module)" : cause.op->module.c_str(),
@@ -58,6 +91,17 @@ llvm::json::Object WorldOverflowJson(const analysis::WorldOverflow& found, int64
                                        {"received", r.received}});
   }
   out["ranks"] = std::move(ranks);
+  // Origin first: the ranks and the collectives the cause walk crossed.
+  out["path"] = analysis::PathJson(found.path);
+  out["path_stopped"] = found.path.stopped;
+  if (!found.path.crossings.empty()) {
+    // The first overflow the walk started from (the top-level op is then the origin's op that sent the values).
+    const analysis::RankWalk& start = found.path.walks.front();
+    out["started_on"] = llvm::json::Object{{"rank", start.rank},
+                                           {"op_index", static_cast<int64_t>(start.walk.first.op_index)},
+                                           {"op", start.walk.first.op->name},
+                                           {"module", start.walk.first.op->module}};
+  }
   if (found.carried) {
     out["carried"] = llvm::json::Object{{"kind", found.carried->kind}, {"group", found.carried->group},
                                         {"seq", found.carried->seq}, {"module", found.carried_module}};
@@ -115,9 +159,17 @@ ExitOr RunWorldBisect(const std::string& dir, std::vector<int64_t> steps,
     } else {
       exit_code = kExitFinding;
       const formats::Trace& trace = *world.ranks[static_cast<size_t>(found->rank)].trace;
-      std::printf("step %lld: the overflow began on rank %lld of %zu\n", static_cast<long long>(step),
-                  static_cast<long long>(found->rank), world.ranks.size());
-      analysis::PrintCause(found->cause, trace.ops.size(), step);
+      const bool crossed = !found->path.crossings.empty() && !found->path.stopped;
+      if (found->path.stopped) {
+        std::printf("step %lld: the overflow reached rank %lld of %zu from another rank, which the recording does "
+                    "not tell (below); rank %lld's own walk:\n",
+                    static_cast<long long>(step), static_cast<long long>(found->rank), world.ranks.size(),
+                    static_cast<long long>(found->rank));
+      } else {
+        std::printf("step %lld: the overflow began on rank %lld of %zu\n", static_cast<long long>(step),
+                    static_cast<long long>(found->rank), world.ranks.size());
+      }
+      analysis::PrintCause(found->cause, trace.ops.size(), step, !crossed);
       PrintWorldOverflow(*found);
       if (auto check = OriginOverflowCheck(world, *found, step)) analysis::PrintOverflowCheck(*check, found->rank);
       if (const auto original = proxy ? OriginalOf(*proxy, found->cause.first.op->module) : std::nullopt) {
