@@ -1,5 +1,8 @@
 #include "analysis/beside_run.h"
 
+#include <cmath>
+#include <complex>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <set>
@@ -95,36 +98,134 @@ std::string RecordedGroup(const GroupOrder& g) {
   return g.group == "world" ? g.group : absl::StrCat("ranks:", absl::StrJoin(g.ranks, ","));
 }
 
-// The largest offset under which every number both sides hold for a member
-// has the same kind, and how many others fit; -1 when none does.
-std::pair<int64_t, int64_t> FitOffset(const GroupOrder& g, const std::string& recorded,
-                                      const std::vector<RankGroups>& dumps, const std::vector<RankGroups>& rec) {
-  int64_t hi = -1;
-  for (int64_t r : g.ranks) {
-    if (r < 0 || static_cast<size_t>(r) >= dumps.size()) continue;
-    auto it = dumps[static_cast<size_t>(r)].find(g.group);
-    if (it != dumps[static_cast<size_t>(r)].end() && !it->second.empty()) hi = std::max(hi, it->second.rbegin()->first);
+using Complex = std::complex<double>;
+
+// In-place radix-2 FFT; `a.size()` a power of two. `inverse` leaves the
+// result unscaled (times the size).
+void Fft(std::vector<Complex>& a, bool inverse) {
+  const size_t n = a.size();
+  for (size_t i = 1, j = 0; i < n; ++i) {
+    size_t bit = n >> 1;
+    for (; j & bit; bit >>= 1) j ^= bit;
+    j ^= bit;
+    if (i < j) std::swap(a[i], a[j]);
   }
-  int64_t best = -1, fits = 0;
-  for (int64_t d = 0; d <= hi; ++d) {
-    int64_t compared = 0;
-    bool ok = true;
-    for (int64_t r : g.ranks) {
-      if (r < 0 || static_cast<size_t>(r) >= dumps.size() || static_cast<size_t>(r) >= rec.size()) continue;
-      auto dumped = dumps[static_cast<size_t>(r)].find(g.group);
-      auto recorded_calls = rec[static_cast<size_t>(r)].find(recorded);
-      if (dumped == dumps[static_cast<size_t>(r)].end()) continue;
-      if (recorded_calls == rec[static_cast<size_t>(r)].end()) continue;
-      for (const auto& [seq, call] : recorded_calls->second) {
-        auto at = dumped->second.find(seq + d);
-        if (at == dumped->second.end()) continue;  // the ring buffer dropped it, or the dump ends before
-        ++compared;
-        ok &= SameKind(at->second.kind, call.kind);
+  for (size_t len = 2; len <= n; len <<= 1) {
+    const double angle = 2 * M_PI / static_cast<double>(len) * (inverse ? 1 : -1);
+    const Complex w_len(std::cos(angle), std::sin(angle));
+    for (size_t i = 0; i < n; i += len) {
+      Complex w(1);
+      for (size_t k = 0; k < len / 2; ++k, w *= w_len) {
+        const Complex u = a[i + k], v = a[i + k + len / 2] * w;
+        a[i + k] = u + v;
+        a[i + k + len / 2] = u - v;
       }
     }
-    if (!ok || compared == 0) continue;
+  }
+}
+
+// Adds to `sum` the spectrum of the correlation of `x` with `y` (real, of
+// the spectrum's size, `x` reversed by its caller): both transformed in one
+// complex FFT of x + iy.
+void AddCorrelation(const std::vector<double>& x, const std::vector<double>& y, std::vector<Complex>& sum) {
+  const size_t n = sum.size();
+  std::vector<Complex> z(n);
+  for (size_t i = 0; i < n; ++i) z[i] = Complex(x[i], y[i]);
+  Fft(z, false);
+  for (size_t j = 0; j < n; ++j) {
+    const Complex a = z[j], b = std::conj(z[(n - j) % n]);
+    sum[j] += (a + b) * 0.5 * ((a - b) * Complex(0, -0.5));  // X[j] * Y[j]
+  }
+}
+
+// The numbers of one member: what the dump and the recording called, by number.
+struct MemberKinds {
+  const Kinds* dumped;
+  const Kinds* recorded;
+};
+
+// Per offset d (the dump's number minus the recording's) from `first`: how
+// many numbers both sides hold, and how many of those have the same kind
+// (SameKind), summed over the members. Correlations by FFT over the
+// numbers' spans: O(K n log n) for K recorded kinds, where trying each
+// offset in turn is O(n^2) per member.
+struct OffsetCounts {
+  int64_t first = 0;
+  std::vector<int64_t> compared, alike;
+};
+
+OffsetCounts CountByOffset(const std::vector<MemberKinds>& members, int64_t rlo, int64_t rhi, int64_t dlo,
+                           int64_t dhi) {
+  const size_t lr = static_cast<size_t>(rhi - rlo + 1), ld = static_cast<size_t>(dhi - dlo + 1);
+  size_t n = 1;
+  while (n < lr + ld - 1) n <<= 1;
+  std::set<std::string> kinds;
+  for (const MemberKinds& m : members) {
+    for (const auto& [_, call] : *m.recorded) kinds.insert(call.kind);
+  }
+  std::vector<Complex> compared(n), alike(n);
+  std::vector<double> x(n), y(n);
+  // Index t of the correlation: (rhi - s) + (s' - dlo), so d = s' - s = t - (rhi - dlo).
+  for (const MemberKinds& m : members) {
+    std::fill(x.begin(), x.end(), 0.0);
+    std::fill(y.begin(), y.end(), 0.0);
+    for (const auto& [seq, _] : *m.recorded) x[static_cast<size_t>(rhi - seq)] = 1;
+    for (const auto& [seq, _] : *m.dumped) y[static_cast<size_t>(seq - dlo)] = 1;
+    AddCorrelation(x, y, compared);
+    for (const std::string& kind : kinds) {
+      std::fill(x.begin(), x.end(), 0.0);
+      std::fill(y.begin(), y.end(), 0.0);
+      bool any = false;
+      for (const auto& [seq, call] : *m.recorded) {
+        if (call.kind == kind) x[static_cast<size_t>(rhi - seq)] = 1, any = true;
+      }
+      if (!any) continue;
+      for (const auto& [seq, call] : *m.dumped) y[static_cast<size_t>(seq - dlo)] = SameKind(call.kind, kind) ? 1 : 0;
+      AddCorrelation(x, y, alike);
+    }
+  }
+  Fft(compared, true);
+  Fft(alike, true);
+  OffsetCounts out;
+  out.first = dlo - rhi;
+  for (size_t t = 0; t < lr + ld - 1; ++t) {
+    out.compared.push_back(std::llround(compared[t].real() / static_cast<double>(n)));
+    out.alike.push_back(std::llround(alike[t].real() / static_cast<double>(n)));
+  }
+  return out;
+}
+
+// The offset (0 or more) under which every number both sides hold for a
+// member has the same kind, comparing the most numbers (ties: the largest
+// offset), and how many others fit; -1 when none does, -2 when the numbers
+// span more than kMaxSpan (a dump's numbers are untrusted).
+constexpr int64_t kMaxSpan = int64_t{1} << 22;
+
+std::pair<int64_t, int64_t> FitOffset(const GroupOrder& g, const std::string& recorded,
+                                      const std::vector<RankGroups>& dumps, const std::vector<RankGroups>& rec) {
+  std::vector<MemberKinds> members;
+  int64_t rlo = INT64_MAX, rhi = INT64_MIN, dlo = INT64_MAX, dhi = INT64_MIN;
+  for (int64_t r : g.ranks) {
+    if (r < 0 || static_cast<size_t>(r) >= dumps.size() || static_cast<size_t>(r) >= rec.size()) continue;
+    auto dumped = dumps[static_cast<size_t>(r)].find(g.group);
+    auto recorded_calls = rec[static_cast<size_t>(r)].find(recorded);
+    if (dumped == dumps[static_cast<size_t>(r)].end() || dumped->second.empty()) continue;
+    if (recorded_calls == rec[static_cast<size_t>(r)].end() || recorded_calls->second.empty()) continue;
+    members.push_back({&dumped->second, &recorded_calls->second});
+    rlo = std::min(rlo, recorded_calls->second.begin()->first);
+    rhi = std::max(rhi, recorded_calls->second.rbegin()->first);
+    dlo = std::min(dlo, dumped->second.begin()->first);
+    dhi = std::max(dhi, dumped->second.rbegin()->first);
+  }
+  if (members.empty()) return {-1, 0};
+  if (rhi - rlo >= kMaxSpan || dhi - dlo >= kMaxSpan) return {-2, 0};
+  const OffsetCounts counts = CountByOffset(members, rlo, rhi, dlo, dhi);
+  int64_t best = -1, most = 0, fits = 0;
+  for (size_t t = 0; t < counts.compared.size(); ++t) {
+    const int64_t d = counts.first + static_cast<int64_t>(t);
+    if (d < 0 || counts.compared[t] == 0 || counts.alike[t] != counts.compared[t]) continue;
     ++fits;
-    best = d;
+    if (counts.compared[t] >= most) best = d, most = counts.compared[t];
   }
   return {best, best < 0 ? 0 : fits - 1};
 }
@@ -171,7 +272,9 @@ GroupBeside AlignGroup(const GroupOrder& g, const std::vector<RankGroups>& dumps
   gb.moerr_group = name;
   std::tie(gb.offset, gb.other_offsets) = FitOffset(g, name, dumps, rec);
   if (gb.offset < 0) {
-    gb.note = "no numbering of the recording's collectives matches the dump's kinds";
+    gb.note = gb.offset == -2 ? "the numbers of the dump or the recording span too far to align"
+                              : "no numbering of the recording's collectives matches the dump's kinds";
+    gb.offset = -1;
     return gb;
   }
   if (g.last_completed >= 0) {

@@ -7,9 +7,12 @@
 // group's creation and moerr from the recording's start (moerr.record's own
 // setup, all_gather_object, is among Flight Recorder's). Per group, the
 // offset is the one under which every collective both sides hold has the
-// same kind; of several, the largest (a dump taken at the hang ends where
-// the recording ends). A group moerr does not know, a rank absent from
-// either run, a kind that differs at the aligned number are reported.
+// same kind; of several (a loop's collectives repeat), the one under which
+// the sides share the most collectives, then the largest (a dump taken at
+// the hang ends where the recording ends). Every offset is judged at once,
+// by correlating the sides' kinds (FFT), in O(n log n) for n numbers. A
+// group moerr does not know, a rank absent from either run, a kind that
+// differs at the aligned number are reported.
 #pragma once
 
 #include <cstdint>

@@ -114,8 +114,20 @@ CollectiveCall CallOf(const formats::Trace& trace, const formats::OpEvent& op, c
   return call;
 }
 
-// A coalesced group's ops share a sequence number: one call of them all.
+// A coalesced group's ops share a sequence number: one call of them all,
+// each kept (`coalesced`) to be compared op by op. Flight Recorder closes
+// the group with a "coalesced" entry of no sizes, whose state is the
+// group's (its ops are never started on their own).
 void Merge(CollectiveCall& into, const CollectiveCall& call) {
+  if (into.coalesced.empty()) {
+    CollectiveCall first = into;
+    into.coalesced.push_back(std::move(first));
+  }
+  if (call.kind == "coalesced") {
+    into.state = call.state;
+    return;
+  }
+  into.coalesced.push_back(call);
   absl::StrAppend(&into.kind, "+", call.kind);
   auto append = [](auto& to, const auto& from) { to.insert(to.end(), from.begin(), from.end()); };
   append(into.input_sizes, call.input_sizes);
@@ -173,11 +185,30 @@ RankCalls ReadRank(const formats::RankStep& r, int64_t step) {
 // As torch's analyzer judges sizes (flight_recorder/components/types.py,
 // Op.match): an all_to_all's are each rank's own split, a scatter's input
 // and a gather's output only the root's.
-bool SameSizes(const CollectiveCall& a, const CollectiveCall& b) {
+bool SameOpSizes(const CollectiveCall& a, const CollectiveCall& b) {
   const bool own_sizes = absl::StartsWith(a.kind, "all_to_all") || absl::StartsWith(a.kind, "alltoall");
   if (!own_sizes && a.kind != "scatter" && a.input_sizes != b.input_sizes) return false;
   if (!own_sizes && a.kind != "gather" && a.output_sizes != b.output_sizes) return false;
   return a.input_dtypes == b.input_dtypes && a.output_dtypes == b.output_dtypes;
+}
+
+// The first op of two coalesced groups of the same kinds whose sizes or
+// dtypes differ, as torch's analyzer checks a group's collectives one by
+// one (utils.py, match_coalesced_groups_with_non_p2p); -1 when none does.
+int64_t FirstOtherOp(const CollectiveCall& a, const CollectiveCall& b) {
+  // One op is a group of itself (a group of one against the op alone).
+  const std::vector<CollectiveCall> one_a{a}, one_b{b};
+  const std::vector<CollectiveCall>& ops_a = a.coalesced.empty() ? one_a : a.coalesced;
+  const std::vector<CollectiveCall>& ops_b = b.coalesced.empty() ? one_b : b.coalesced;
+  for (size_t i = 0; i < std::min(ops_a.size(), ops_b.size()); ++i) {
+    if (!SameOpSizes(ops_a[i], ops_b[i])) return static_cast<int64_t>(i);
+  }
+  return ops_a.size() == ops_b.size() ? -1 : static_cast<int64_t>(std::min(ops_a.size(), ops_b.size()));
+}
+
+bool SameSizes(const CollectiveCall& a, const CollectiveCall& b) {
+  if (a.coalesced.empty() && b.coalesced.empty()) return SameOpSizes(a, b);
+  return FirstOtherOp(a, b) < 0;
 }
 
 // The sides at `seq`: the ranks grouped by what they called there. The
@@ -262,6 +293,55 @@ std::vector<P2PMismatch> CheckP2P(const GroupOrder& g, const std::vector<RankCal
   return out;
 }
 
+// The cell of `rank`'s call at `seq` (`sides`: SidesAt there); `kind` what it called.
+OrderStrip::Cell CellOf(int64_t rank, int64_t seq, const Calls& c, const RankCalls& rc, const GroupOrder& g,
+                        const std::vector<OrderSide>& sides, std::string& kind) {
+  const std::string& group = g.group;
+  const int64_t disagreement = g.first_disagreement;
+  using Cell = OrderStrip::Cell;
+  auto it = c.find(seq);
+  if (it == c.end()) return Cell::kNoEntry;
+  kind = it->second.kind;
+  for (const OrderSide& s : sides) {
+    if (std::find(s.ranks.begin(), s.ranks.end(), rank) == s.ranks.end()) continue;
+    if (s.kind == OrderSide::Kind::kOtherKind) return Cell::kOtherKind;
+    if (s.kind == OrderSide::Kind::kOtherSizes) return Cell::kOtherSizes;
+  }
+  // A recording holds the calls that returned; Flight Recorder's state is
+  // the entry's, or before the disagreement the group's pg_status (gloo
+  // leaves every entry "scheduled", and counts one that failed as completed).
+  auto done = rc.completed.find(group);
+  const bool before = disagreement < 0 || seq < disagreement;
+  if (!rc.flight_recorder || it->second.state == "completed" ||
+      (before && done != rc.completed.end() && seq <= done->second)) {
+    return Cell::kCompleted;
+  }
+  return it->second.state == "started" ? Cell::kStarted : Cell::kScheduled;
+}
+
+OrderStrip StripOf(const GroupOrder& g, const std::map<int64_t, const Calls*>& calls,
+                   const std::vector<RankCalls>& ranks) {
+  OrderStrip strip;
+  int64_t hi = -1;
+  for (const auto& [_, last] : g.reached) hi = std::max(hi, last);
+  if (hi < g.first_seq) return strip;
+  // A few numbers every rank completed before the disagreement (or the
+  // ranks' last calls), then on to the ranks' last calls.
+  constexpr int64_t kBefore = 3;
+  const int64_t anchor = g.first_disagreement >= 0 ? g.first_disagreement : hi;
+  strip.begin = std::max({g.first_seq, std::min(g.last_completed + 1, anchor) - kBefore, anchor - kStripMax / 2});
+  strip.end = std::min(hi, strip.begin + kStripMax - 1);
+  for (int64_t seq = strip.begin; seq <= strip.end; ++seq) {
+    const std::vector<OrderSide> sides = SidesAt(seq, calls);
+    for (const auto& [rank, c] : calls) {
+      std::string kind;
+      strip.cells[rank].push_back(CellOf(rank, seq, *c, ranks[static_cast<size_t>(rank)], g, sides, kind));
+      strip.kinds[rank].push_back(std::move(kind));
+    }
+  }
+  return strip;
+}
+
 GroupOrder CheckGroup(const std::string& group, const std::vector<int64_t>& members,
                       const std::vector<RankCalls>& ranks, const formats::WorldStep& world) {
   GroupOrder g;
@@ -327,6 +407,7 @@ GroupOrder CheckGroup(const std::string& group, const std::vector<int64_t>& memb
     if (it != calls.begin()->second->end()) g.completed_call = it->second;
   }
   g.p2p = CheckP2P(g, ranks);
+  g.strip = StripOf(g, calls, ranks);
   return g;
 }
 
@@ -368,9 +449,17 @@ std::string DescribeSide(const OrderSide& s, const OrderSide& expected, int64_t 
     case OrderSide::Kind::kOtherKind:
       return absl::StrFormat("%s %s in %s #%d%s%s", Ranks(s.ranks), s.ranks.size() == 1 ? "is" : "are", s.call.kind,
                              seq, At(s.call), ahead);
-    case OrderSide::Kind::kOtherSizes:
-      return absl::StrFormat("%s entered %s #%d with %s where the others have %s%s", Ranks(s.ranks), s.call.kind, seq,
-                             Sizes(s.call), Sizes(expected.call), At(s.call));
+    case OrderSide::Kind::kOtherSizes: {
+      const int64_t i = FirstOtherOp(s.call, expected.call);
+      if (s.call.coalesced.empty() || i < 0 || static_cast<size_t>(i) >= s.call.coalesced.size() ||
+          static_cast<size_t>(i) >= expected.call.coalesced.size()) {
+        return absl::StrFormat("%s entered %s #%d with %s where the others have %s%s", Ranks(s.ranks), s.call.kind,
+                               seq, Sizes(s.call), Sizes(expected.call), At(s.call));
+      }
+      return absl::StrFormat("%s entered coalesced %s #%d with, at its op %d (%s), %s where the others have %s%s",
+                             Ranks(s.ranks), s.call.kind, seq, i + 1, s.call.coalesced[i].kind,
+                             Sizes(s.call.coalesced[i]), Sizes(expected.call.coalesced[i]), At(s.call));
+    }
   }
   return "";
 }
@@ -387,6 +476,7 @@ llvm::json::Object CallJson(const CollectiveCall& c) {
                             {"state", c.state},
                             {"where", c.where},
                             {"frames", llvm::json::Array(c.frames)},
+                            {"coalesced_ops", static_cast<int64_t>(c.coalesced.size())},
                             {"op", c.op}};
 }
 
@@ -400,6 +490,33 @@ const char* SideKindName(OrderSide::Kind kind) {
     case OrderSide::Kind::kOtherSizes: return "other_sizes";
   }
   return "?";
+}
+
+const char* CellName(OrderStrip::Cell cell) {
+  static constexpr const char* kNames[] = {"no entry", "completed", "started", "scheduled", "other kind", "other sizes"};
+  return kNames[static_cast<int>(cell)];  // by OrderStrip::Cell
+}
+
+std::string DescribeOrderStrip(const GroupOrder& g) {
+  const OrderStrip& s = g.strip;
+  if (s.end < s.begin) return "";
+  static constexpr char kLetter[] = {'.', 'C', 'S', 'Q', 'K', 'Z'};  // by OrderStrip::Cell
+  std::string out = absl::StrFormat("  group %s, %s to %s (C completed, S started, Q scheduled, . no entry, "
+                                    "K other kind, Z other sizes):\n", g.group, SeqName(g, s.begin), SeqName(g, s.end));
+  const int width = static_cast<int>(std::to_string(g.ranks.empty() ? 0 : *std::max_element(g.ranks.begin(), g.ranks.end())).size());
+  for (int64_t rank : g.ranks) {
+    auto it = s.cells.find(rank);
+    std::string row;
+    if (it == s.cells.end()) row = g.flight_recorder ? "(no dump)" : "(no bundle)";
+    for (size_t i = 0; it != s.cells.end() && i < it->second.size(); ++i) row += kLetter[static_cast<int>(it->second[i])];
+    absl::StrAppendFormat(&out, "  rank %*d  %s\n", width, rank, row);
+  }
+  const int64_t d = g.first_disagreement;
+  if (d >= s.begin && d <= s.end) {
+    absl::StrAppend(&out, std::string(static_cast<size_t>(9 + width + (d - s.begin)), ' '), "^ ", SeqName(g, d),
+                    ", the first disagreement\n");
+  }
+  return out;
 }
 
 std::string SeqName(const GroupOrder& g, int64_t seq) { return absl::StrCat("#", seq + (g.flight_recorder ? 1 : 0)); }

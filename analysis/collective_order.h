@@ -32,6 +32,11 @@ struct CollectiveCall {
   std::string where;   // the innermost frame outside torch, or the op's module
   std::vector<std::string> frames;  // "file:line in function", innermost first
   int64_t op = -1;     // the first op's index in the rank's trace
+  // A coalesced group's ops in call order (Flight Recorder's entries that
+  // share one collective_seq_id, less the "coalesced" entry that closes
+  // them), compared op by op as torch's analyzer compares them; empty for
+  // one op. The fields above join theirs.
+  std::vector<CollectiveCall> coalesced;
 };
 
 struct OrderSide {
@@ -53,6 +58,19 @@ struct P2PMismatch {
   CollectiveCall send, recv;           // what each side called (kind "" where it has none)
 };
 
+// The ranks x sequence-number strip of a group (report/world_section.h
+// draws it, DescribeOrderStrip prints it): the last few numbers every rank
+// completed, up to the first disagreement and the ranks' last calls, at
+// most kStripMax numbers.
+struct OrderStrip {
+  enum class Cell { kNoEntry, kCompleted, kStarted, kScheduled, kOtherKind, kOtherSizes };
+  int64_t begin = 0, end = -1;  // the numbers shown, [begin, end]; empty when end < begin
+  // Per present member: a cell per number, and the kind it called there ("": none).
+  std::map<int64_t, std::vector<Cell>> cells;
+  std::map<int64_t, std::vector<std::string>> kinds;
+};
+constexpr int64_t kStripMax = 48;
+
 struct GroupOrder {
   std::string group;  // the trace's name: "world", "pg1"
   std::string desc;   // Flight Recorder's description ("default_pg"), or ""
@@ -72,6 +90,7 @@ struct GroupOrder {
   // Point-to-point ops, paired by sender and receiver in order: the first
   // that does not pair up, per pair.
   std::vector<P2PMismatch> p2p;
+  OrderStrip strip;
   bool Broken() const { return first_disagreement >= 0 || !p2p.empty(); }
 };
 
@@ -85,5 +104,10 @@ std::string DescribeGroupOrder(const GroupOrder& g);
 std::string SeqName(const GroupOrder& g, int64_t seq);
 llvm::json::Object GroupOrderJson(const GroupOrder& g);
 const char* SideKindName(OrderSide::Kind kind);
+// "completed", "started", "scheduled", "no entry", "other kind", "other sizes".
+const char* CellName(OrderStrip::Cell cell);
+// The strip as text, a line per rank and a letter per number (the legend
+// first), the first disagreement marked under it; "" when it is empty.
+std::string DescribeOrderStrip(const GroupOrder& g);
 
 }  // namespace moerr::analysis

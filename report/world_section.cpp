@@ -17,7 +17,9 @@ namespace {
 
 // Heatmap categories (svg_plot.h's palette).
 constexpr int kNotFinite = 1, kFine = 2, kLow = 3, kFirstOverflow = 4;
-constexpr int kOrderOther = 1, kOrderWaiting = 3, kOrderAfter = 9;
+// By analysis::OrderStrip::Cell: no entry grey, completed green, started
+// orange, scheduled blue, other kind red, other sizes purple.
+constexpr int kOrderColour[] = {9, 2, 3, 0, 1, 4};
 constexpr double kLowBits = 4;
 
 void AddFates(HtmlPage& page, const formats::WorldStep& world) {
@@ -75,51 +77,47 @@ void AddLoads(HtmlPage& page, const formats::WorldStep& world) {
 void AddCollectiveOrder(HtmlPage& page, const formats::WorldStep& world) {
   for (const analysis::GroupOrder& g : analysis::CheckCollectiveOrder(world)) {
     page.Paragraph(analysis::DescribeGroupOrder(g));
-    if (!g.Broken() && g.missing.empty()) continue;
+    if (g.strip.end < g.strip.begin) continue;
     page.Figure(CollectiveOrderFigure(g),
-                "Green: a call every rank made alike; orange: the call the expected side waits in; red: where the "
-                "other ranks are instead (another kind, other sizes, or no call yet); grey: calls after the "
-                "disagreement; blank: no call. Hover a cell for its rank and sequence number.");
+                "Each rank's call at each sequence number: green completed, orange started, blue scheduled (Flight "
+                "Recorder's state; a recorded call returned), grey no entry, red another kind than its peers', "
+                "purple other sizes or dtypes; outlined: the first number where the ranks disagree; a missing "
+                "rank's row is blank. Hover a cell for its rank, number, state and kind.");
   }
 }
 
 }  // namespace
 
-std::string CollectiveOrderFigure(const analysis::GroupOrder& g, int max_cols) {
-  // The window: the calls before the disagreement and a few after it, or
-  // the last calls when the ranks agree.
-  int64_t hi = g.first_seq;
-  for (const auto& [_, last] : g.reached) hi = std::max(hi, last);
-  const int64_t d = g.first_disagreement;
-  const int64_t end = d >= 0 ? std::min(hi, d + 7) : hi;
-  const int64_t begin = std::max(g.first_seq, end - max_cols + 1);
+std::string CollectiveOrderFigure(const analysis::GroupOrder& g) {
+  using Cell = analysis::OrderStrip::Cell;
+  const analysis::OrderStrip& strip = g.strip;
   Heatmap map;
   map.title = absl::StrFormat("Group %s: each rank's collectives by sequence number", g.group);
   map.row_label = "rank";
   map.col_label = "sequence number";
-  for (int64_t s = begin; s <= end; ++s) map.cols.push_back((s - begin) % 8 == 0 || s == d ? analysis::SeqName(g, s) : "");
-  std::map<int64_t, const analysis::OrderSide*> side_of;
-  for (const analysis::OrderSide& s : g.sides) {
-    for (int64_t r : s.ranks) side_of[r] = &s;
+  const int64_t d = g.first_disagreement;
+  for (int64_t s = strip.begin; s <= strip.end; ++s) {
+    map.cols.push_back((s - strip.begin) % 8 == 0 || s == d ? analysis::SeqName(g, s) : "");
   }
+  if (d >= strip.begin && d <= strip.end) map.marked_col = static_cast<int>(d - strip.begin);
   for (int64_t rank : g.ranks) {
-    map.rows.push_back(std::to_string(rank));
+    auto cells = strip.cells.find(rank);
+    map.rows.push_back(cells == strip.cells.end() ? absl::StrCat(rank, " (missing)") : std::to_string(rank));
     std::vector<int>& category = map.category.emplace_back();
     std::vector<std::string>& tips = map.tooltip.emplace_back();
-    auto it = g.reached.find(rank);
-    for (int64_t s = begin; s <= end; ++s) {
-      std::string tip = absl::StrFormat("rank %d, %s", rank, analysis::SeqName(g, s));
-      int cell = -1;
-      if (it == g.reached.end()) {
-        tip += ": missing (no dump or bundle)";
-      } else if (s == d && side_of.count(rank)) {
-        const analysis::OrderSide& side = *side_of[rank];
-        cell = side.kind == analysis::OrderSide::Kind::kExpected ? kOrderWaiting : kOrderOther;
-        tip += absl::StrCat(": ", analysis::SideKindName(side.kind), " (", side.call.kind, ")");
-      } else if (s <= it->second) {
-        cell = d >= 0 && s > d ? kOrderAfter : kFine;
+    for (int64_t s = strip.begin; s <= strip.end; ++s) {
+      std::string tip = absl::StrFormat("rank %d, %s: ", rank, analysis::SeqName(g, s));
+      if (cells == strip.cells.end()) {
+        category.push_back(-1);
+        tips.push_back(tip + (g.flight_recorder ? "missing (no dump)" : "missing (no bundle)"));
+        continue;
       }
-      category.push_back(cell);
+      const size_t i = static_cast<size_t>(s - strip.begin);
+      const Cell cell = cells->second[i];
+      category.push_back(kOrderColour[static_cast<int>(cell)]);
+      const std::string& kind = strip.kinds.at(rank)[i];
+      absl::StrAppend(&tip, analysis::CellName(cell), kind.empty() ? "" : absl::StrCat(" (", kind, ")"),
+                      s == d ? ", the first disagreement" : "");
       tips.push_back(std::move(tip));
     }
     map.values.push_back(std::vector<double>(category.size(), 0));

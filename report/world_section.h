@@ -20,10 +20,10 @@ absl::Status AddWorldSection(HtmlPage& page, const formats::WorldStep& world);
 // under 4 bits, not finite), the bin of the rank's first overflow marked.
 std::string RankStripFigure(const formats::WorldStep& world, int bins = 48);
 
-// The ranks x sequence-number strip of one group: up to `max_cols` calls
-// ending a few after the first disagreement, each cell coloured by whether
-// the rank made it alike, is on the expected or another side there, or is
-// past it; a missing rank's row is blank.
-std::string CollectiveOrderFigure(const analysis::GroupOrder& g, int max_cols = 48);
+// The ranks x sequence-number strip of one group (its OrderStrip): each
+// cell coloured by the rank's call there (completed, started, scheduled,
+// no entry, another kind, other sizes), the first disagreement's column
+// outlined; a missing rank's row is blank.
+std::string CollectiveOrderFigure(const analysis::GroupOrder& g);
 
 }  // namespace moerr::report

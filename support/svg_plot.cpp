@@ -170,7 +170,10 @@ std::string Heatmap::ToSvg(int cell) const {
   std::string svg = Open(static_cast<int>(width), static_cast<int>(height), css_class);
   svg += Text(8, 16, title, "start", "font-size=\"13\" font-weight=\"bold\"");
   svg += Text(left + cell * double(cols.size()) / 2, 36, col_label);
-  for (size_t c = 0; c < cols.size(); ++c) svg += Text(left + cell * (c + 0.5), top - 6, cols[c]);
+  for (size_t c = 0; c < cols.size(); ++c) {
+    svg += Text(left + cell * (c + 0.5), top - 6, cols[c], "middle",
+                static_cast<int>(c) == marked_col ? "font-weight=\"bold\"" : "");
+  }
   svg += Text(8, top - 6, row_label, "start");
   for (size_t r = 0; r < rows.size(); ++r) {
     const double y = top + cell * double(r);
@@ -197,6 +200,11 @@ std::string Heatmap::ToSvg(int cell) const {
                     dark ? "fill=\"#fff\" pointer-events=\"none\"" : "pointer-events=\"none\"");
       }
     }
+  }
+  if (marked_col >= 0 && static_cast<size_t>(marked_col) < cols.size()) {
+    absl::StrAppendFormat(&svg, "<rect class=\"marked-col\" x=\"%.1f\" y=\"%.1f\" width=\"%d\" height=\"%.1f\" "
+                                "fill=\"none\" stroke=\"#000\" stroke-width=\"2\"/>\n",
+                          left + cell * double(marked_col), top, cell, cell * double(rows.size()));
   }
   return svg + "</svg>\n";
 }

@@ -48,6 +48,7 @@ struct Heatmap {
   std::vector<std::vector<int>> category;
   std::vector<std::vector<std::string>> text;     // shown in the cell; may be empty
   std::vector<std::vector<std::string>> tooltip;  // on hover; may be empty
+  int marked_col = -1;  // a column outlined across every row, its label bold (-1: none)
 
   std::string ToSvg(int cell = 26) const;
 };

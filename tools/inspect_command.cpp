@@ -91,7 +91,11 @@ ExitOr InspectRun(const std::string& dir, int64_t step, bool json, const std::st
       case analysis::RankFate::Kind::kDumped: break;
     }
   }
-  for (const analysis::GroupOrder& g : order) std::printf("%s\n", analysis::DescribeGroupOrder(g).c_str());
+  for (const analysis::GroupOrder& g : order) {
+    std::printf("%s\n", analysis::DescribeGroupOrder(g).c_str());
+    // Where it broke, a rank per line (report draws the same strip).
+    if (g.first_disagreement >= 0 || !g.missing.empty()) std::printf("%s", analysis::DescribeOrderStrip(g).c_str());
+  }
   if (aligned) std::printf("%s\n", analysis::DescribeBeside(*aligned).c_str());
   return verdict;
 }

@@ -14,7 +14,13 @@ in-process (read_dir + build_db) and as its CLI (`python -m
 torch.distributed.flight_recorder.fr_trace`, interpreter and torch import
 included). Floors: two moerr processes that do nothing, and Python's C
 unpickler on the same files. Best of 3; moerr reads and writes a rank per
-task on every core."""
+task on every core.
+
+Then `inspect --beside`'s alignment (analysis/beside_run.h) on the same
+import: build/bench/beside_bench writes a moerr recording of every rank's
+collectives from collective_seq_id 6 on (BESIDE_OFFSET later in the dump)
+and times the order analysis and the alignment (the recording's 64 bundles
+read, and the offset fitted by the kinds' correlation)."""
 import json
 import os
 import pickle
@@ -27,6 +33,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 KINDS = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all"]
 ODD_RANK, ODD_SEQ = 37, 1500
+BESIDE_OFFSET = 5
 
 
 def arg(name, default):
@@ -106,6 +113,9 @@ def main():
     # Python's C unpickler reading the same files.
     start_s, _ = best(lambda: subprocess.run([moerr, "--help"], capture_output=True, check=True))
     load_s, _ = best(lambda: [pickle.load(open(os.path.join(dumps, f), "rb")) for f in os.listdir(dumps)])
+    beside = subprocess.run([os.path.join(build, "bench", "beside_bench"), run, os.path.join(work, "moerr_run"),
+                             "--offset", str(BESIDE_OFFSET)], capture_output=True, text=True, check=True)
+    beside = json.loads(beside.stdout)
     odd = [s for s in ours["sides"] if s["state"] != "waiting"]
     print(f"{world} ranks x {entries} entries, {size / 1e6:.0f} MB of pickles; rank {ODD_RANK % world} desyncs at "
           f"collective_seq_id {ODD_SEQ}; best of 3 (the CLI: one run); moerr on every core, torch on one\n")
@@ -117,6 +127,12 @@ def main():
     print(f"| floor: `moerr --help`, twice (process start-up, LibTorch's static init) | {2 * start_s:.2f} | "
           f"{2 * start_s / moerr_s:.1f}x |")
     print(f"| floor: Python's `pickle.load` of every dump | {load_s:.2f} | {load_s / moerr_s:.1f}x |")
+    print(f"\n| `inspect --beside`, in-process (best of 3) | seconds |\n|---|---|")
+    print(f"| order analysis (CheckCollectiveOrder) | {beside['order_s']:.2f} |")
+    print(f"| alignment with a moerr recording of the same {world} ranks (AlignBeside: its bundles read, the offset "
+          f"fitted) | {beside['align_s']:.2f} |")
+    print(f"\nalignment: offset {beside['offset']} (the recording starts {beside['true_offset']} collectives into "
+          f"the dump); {beside['other_offsets']} other offsets fit too (the kinds repeat every {len(KINDS)}).")
     sides = "; ".join(f"ranks {s['ranks']} {s['state']}" for s in odd)
     print(f"\nmoerr: first disagreement at collective_seq_id {ours['flight_recorder_seq']}, "
           f"{sides}. torch: first failing collective "

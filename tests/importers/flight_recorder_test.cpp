@@ -20,6 +20,7 @@
 #include "importers/flight_recorder_dump.h"
 #include "importers/flight_recorder_import.h"
 #include "importers/torch_unpickler.h"
+#include "report/world_section.h"
 #include "tests/testing/test_util.h"
 
 namespace moerr::importers {
@@ -303,6 +304,117 @@ TEST(BesideRunTest, NamesTheModuleOfEachRanksCallAtTheDisagreement) {
   beside = analysis::AlignBeside(order, *world, dir.File("other"));
   ASSERT_TRUE(beside.ok()) << beside.status();
   EXPECT_EQ(beside->groups.at(0).offset, -1);
+}
+
+// A JSON dump of the default group of 2 ranks: "name:size:seq" per entry
+// (size 0: no sizes), every one "scheduled".
+void WriteEntries(const std::string& path, const std::vector<std::string>& entries) {
+  std::ofstream out(path);
+  out << R"({"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},)"
+      << R"("entries": [)";
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::vector<std::string> f = absl::StrSplit(entries[i], ':');
+    const std::string sizes = f[1] == "0" ? "[]" : absl::StrCat("[[", f[1], "]]");
+    const std::string dtypes = f[1] == "0" ? "[]" : R"(["Float"])";
+    out << (i ? "," : "") << R"({"record_id": )" << i << R"(, "pg_id": 0, "process_group": ["0", "default_pg"],)"
+        << R"("collective_seq_id": )" << f[2] << R"(, "p2p_seq_id": 0, "op_id": )" << i + 1
+        << R"(, "profiling_name": "nccl:)" << f[0] << R"(", "input_sizes": )" << sizes << R"(, "input_dtypes": )"
+        << dtypes << R"(, "output_sizes": )" << sizes << R"(, "output_dtypes": )" << dtypes
+        << R"(, "state": "scheduled", "is_p2p": false, "frames": []})";
+  }
+  out << "]}";
+}
+
+// NCCL's coalescing manager: the group's ops share collective_seq_id 2,
+// closed by a "coalesced" entry. Compared op by op: rank 1's second op has
+// other sizes; the strip marks it.
+TEST(CollectiveOrderTest, ComparesACoalescedGroupOpByOp) {
+  TempDir dir;
+  WriteEntries(dir.File("fr_0"), {"all_reduce:4:1", "all_reduce:4:2", "all_reduce:8:2", "coalesced:0:2", "broadcast:4:3"});
+  WriteEntries(dir.File("fr_1"), {"all_reduce:4:1", "all_reduce:4:2", "all_reduce:16:2", "coalesced:0:2", "broadcast:4:3"});
+  ASSERT_TRUE(ImportFlightRecorder({dir.path()}, dir.File("run")).ok());
+  auto world = formats::OpenWorldStep(dir.File("run"));
+  ASSERT_TRUE(world.ok()) << world.status();
+  const analysis::GroupOrder g = analysis::CheckCollectiveOrder(*world).at(0);
+  const std::string text = analysis::DescribeGroupOrder(g);
+  EXPECT_EQ(g.first_disagreement, 1) << text;
+  ASSERT_EQ(g.sides.size(), 2u) << text;
+  EXPECT_EQ(g.sides[1].kind, OrderSide::Kind::kOtherSizes);
+  EXPECT_EQ(g.sides[1].ranks, std::vector<int64_t>{1});
+  const analysis::CollectiveCall& call = g.sides[1].call;
+  EXPECT_EQ(call.kind, "all_reduce+all_reduce");  // the closing entry is no op of the group
+  ASSERT_EQ(call.coalesced.size(), 2u);
+  EXPECT_EQ(call.coalesced[1].input_sizes, std::vector<std::vector<int64_t>>{{16}});
+  EXPECT_EQ(call.input_sizes, (std::vector<std::vector<int64_t>>{{4}, {16}}));
+  EXPECT_NE(text.find("rank 1 entered coalesced all_reduce+all_reduce #2 with, at its op 2 (all_reduce), input [16] "
+                      "Float, output [16] Float where the others have input [8] Float"),
+            std::string::npos)
+      << text;
+  // The strip: #1 to #3, pg_status absent (nothing completed), rank 1's
+  // group of other sizes at #2, marked.
+  EXPECT_EQ(g.strip.begin, 0);
+  EXPECT_EQ(g.strip.end, 2);
+  using Cell = analysis::OrderStrip::Cell;
+  EXPECT_EQ(g.strip.cells.at(0), (std::vector<Cell>{Cell::kScheduled, Cell::kScheduled, Cell::kScheduled}));
+  EXPECT_EQ(g.strip.cells.at(1), (std::vector<Cell>{Cell::kScheduled, Cell::kOtherSizes, Cell::kScheduled}));
+  const std::string strip = analysis::DescribeOrderStrip(g);
+  EXPECT_NE(strip.find("  rank 1  QZQ\n           ^ #2, the first disagreement"), std::string::npos) << strip;
+  const std::string svg = report::CollectiveOrderFigure(g);
+  EXPECT_NE(svg.find("<title>rank 1, #2: other sizes (all_reduce+all_reduce), the first disagreement</title>"),
+            std::string::npos);
+  EXPECT_NE(svg.find("class=\"marked-col\" x=\"126.0\""), std::string::npos) << svg;  // the second column
+  // Alike on both ranks: one call per group, no disagreement.
+  WriteEntries(dir.File("fr_1"), {"all_reduce:4:1", "all_reduce:4:2", "all_reduce:8:2", "coalesced:0:2", "broadcast:4:3"});
+  ASSERT_TRUE(ImportFlightRecorder({dir.File("fr_0"), dir.File("fr_1")}, dir.File("alike")).ok());
+  world = formats::OpenWorldStep(dir.File("alike"));
+  ASSERT_TRUE(world.ok()) << world.status();
+  EXPECT_EQ(analysis::CheckCollectiveOrder(*world).at(0).first_disagreement, -1);
+}
+
+// A recorded run: each rank's calls returned (completed), rank 2's other
+// kind at #1 marked, in the report's strip and the terminal's.
+TEST(CollectiveOrderTest, TheStripOfARecordedRun) {
+  TempDir dir;
+  WriteRecording(dir.path(), {{"all_reduce", "all_reduce", "broadcast"},
+                              {"all_reduce", "all_reduce", "broadcast"},
+                              {"all_reduce", "all_gather", "broadcast"}});
+  auto world = formats::OpenWorldStep(dir.path());
+  ASSERT_TRUE(world.ok()) << world.status();
+  const analysis::GroupOrder g = analysis::CheckCollectiveOrder(*world).at(0);
+  ASSERT_EQ(g.first_disagreement, 1) << analysis::DescribeGroupOrder(g);
+  using Cell = analysis::OrderStrip::Cell;
+  EXPECT_EQ(g.strip.cells.at(2), (std::vector<Cell>{Cell::kCompleted, Cell::kOtherKind, Cell::kCompleted}));
+  EXPECT_EQ(g.strip.kinds.at(2)[1], "all_gather");
+  const std::string strip = analysis::DescribeOrderStrip(g);
+  EXPECT_NE(strip.find("  rank 2  CKC\n           ^ #1, the first disagreement"), std::string::npos) << strip;
+  EXPECT_NE(report::CollectiveOrderFigure(g).find("<title>rank 2, #1: other kind (all_gather), the first "
+                                                  "disagreement</title>"),
+            std::string::npos);
+}
+
+// A loop's collectives repeat: several offsets fit. The one under which the
+// sides share the most collectives wins, of equals the largest (the dump
+// ends where the recording ends).
+TEST(BesideRunTest, ARepeatingLoopAlignsWhereTheMostCollectivesCompare) {
+  TempDir dir;
+  std::filesystem::create_directory(dir.File("dumps"));
+  const std::vector<std::string> loop{"all_reduce:4", "all_gather:4", "all_reduce:4", "all_gather:4",
+                                      "all_reduce:4", "all_gather:4", "all_reduce:4", "all_gather:4"};
+  for (int r = 0; r < 3; ++r) WriteDump(dir.File("dumps/nccl_trace_rank_" + std::to_string(r)), loop);
+  ASSERT_TRUE(ImportFlightRecorder({dir.File("dumps")}, dir.File("run")).ok());
+  auto world = formats::OpenWorldStep(dir.File("run"));
+  ASSERT_TRUE(world.ok()) << world.status();
+  std::filesystem::create_directory(dir.File("moerr"));
+  // The recording starts at the dump's #3: 6 collectives.
+  const std::vector<std::string> recorded{"all_reduce", "all_gather", "all_reduce", "all_gather", "all_reduce",
+                                          "all_gather"};
+  WriteRecording(dir.File("moerr"), {recorded, recorded, recorded});
+  auto beside = analysis::AlignBeside(analysis::CheckCollectiveOrder(*world), *world, dir.File("moerr"));
+  ASSERT_TRUE(beside.ok()) << beside.status();
+  // Offsets 0 and 2 compare all 6 on each rank, 4 and 6 fewer; 1, 3, 5 and
+  // 7 pair all_reduce with all_gather.
+  EXPECT_EQ(beside->groups.at(0).offset, 2);
+  EXPECT_EQ(beside->groups.at(0).other_offsets, 3);
 }
 
 TEST(FlightRecorderImportTest, TwoDumpsOfOneRankAreRefused) {

@@ -159,16 +159,100 @@ def test_torch_refuses_gloo_dumps_that_moerr_reads(dumps):
     assert "gloo" in torch_fr.torch_refuses(dumps[("kind", 2)], fill_pg_config_for=2)
 
 
+def order_strip(html, group="world"):
+    """The order strip of `group` in a report page: its marked column's
+    label, its row labels, and each cell's tooltip by (rank, number)."""
+    import re
+    svg = html[html.index(f"Group {group}: each rank's collectives"):]
+    svg = svg[:svg.index("</svg>")]
+    marked = re.findall(r'text-anchor="middle" font-weight="bold">([^<]*)</text>', svg)
+    rows = re.findall(r'text-anchor="end" >([^<]*)</text>', svg)
+    cells = {}
+    for tip in re.findall(r"<title>rank (\d+), #(\d+): ([^<]*)</title>", svg):
+        cells[(int(tip[0]), int(tip[1]))] = tip[2]
+    assert svg.count('class="marked-col"') == len(marked)
+    return marked, rows, cells
+
+
 def test_the_report_draws_the_order_strip(dumps, tmp_path):
     run = str(tmp_path / "run")
-    moerr_verdict(dumps[("kind", 4)], run)
+    _, group, text = moerr_verdict(dumps[("kind", 4)], run)
     page = str(tmp_path / "r.html")
     subprocess.run([MOERR, "report", run, "-o", page], check=True, capture_output=True)
     html = open(page).read()
-    assert 'class="order-strip"' in html
-    # The odd rank's cell at the disagreement, with what it called there.
-    assert f"rank {jobs.odd_rank(4)}, #7: other_kind (all_gather)" in html
     assert "rank-strip" not in html  # no values: no headroom strip
+    marked, rows, cells = order_strip(html)
+    seq, odd = group["flight_recorder_seq"], jobs.odd_rank(4)
+    # The first disagreement's column is outlined, every rank has a row.
+    assert marked == [f"#{seq}"] and rows == ["0", "1", "2", "3"], (marked, rows)
+    assert cells[(odd, seq)] == "other kind (all_gather), the first disagreement", cells[(odd, seq)]
+    for rank in (0, 1, 3):
+        assert cells[(rank, seq)].startswith("scheduled (all_reduce)"), cells[(rank, seq)]
+    # Before it, the collectives pg_status says every rank completed.
+    assert cells[(0, seq - 1)] == "completed (all_reduce)", cells
+    # The terminal's form of the same strip: the odd rank's K under the mark.
+    lines = text.splitlines()
+    row = next(line for line in lines if line.startswith(f"  rank {odd}  "))
+    mark = next(line for line in lines if line.strip().startswith(f"^ #{seq}"))
+    assert row[mark.index("^")] == "K", text
+
+
+def test_the_report_of_a_recorded_run_draws_the_order_strip(dumps, tmp_path):
+    # moerr's own recording of the "beside" job, numbered from 0: both ranks
+    # returned from layers.0's all_reduce (#0); the collective they then
+    # waited in never returned, so it is no op of either trace.
+    recording = dumps[("beside", 2)].rstrip("/") + "_moerr"
+    inspect = subprocess.run([MOERR, "inspect", recording, "--json"], capture_output=True, text=True)
+    group = {g["group"]: g for g in json.loads(inspect.stdout)["collective_order"]}["world"]
+    assert group["first_disagreement"] == -1 and group["last_completed"] == 0, group["text"]
+    page = str(tmp_path / "r.html")
+    subprocess.run([MOERR, "report", recording, "-o", page], check=True, capture_output=True)
+    html = open(page).read()
+    assert "rank-strip" in html  # a recording holds values: the headroom strip too
+    marked, rows, cells = order_strip(html)
+    assert marked == [] and rows == ["0", "1"], (marked, rows)
+    assert cells == {(0, 0): "completed (all_reduce)", (1, 0): "completed (all_reduce)"}, cells
+
+
+# Coalesced ops as NCCL records them (coalesced_fr_fixture.py: gloo records
+# a coalesced block as one entry, and no send or recv).
+import coalesced_fr_fixture as coalesced  # noqa: E402
+
+
+def test_a_coalesced_group_is_compared_op_by_op_as_torch_compares_it(tmp_path):
+    dumps = str(tmp_path / "dumps")
+    seq = coalesced.write_coalesced_dumps(dumps, odd="sizes", p2p=False)
+    rc, group, text = moerr_verdict(dumps, str(tmp_path / "run"))
+    theirs = torch_fr.torch_verdict(dumps, 2)
+    assert rc == 1
+    assert group["flight_recorder_seq"] == theirs["seq"] == seq, (group["text"], theirs)
+    odd = side(group, "other_sizes")
+    assert odd["ranks"] == theirs["culprits"] == [1], (group["text"], theirs)
+    assert theirs["mismatch"] == ["SIZE_OR_SYNTAX_MISMATCH"]
+    assert odd["call"]["coalesced_ops"] == 2 and odd["call"]["kind"] == "all_reduce+all_reduce", odd
+    assert "at its op 2 (all_reduce), input [16] Float, output [16] Float where the others have input [8]" in text
+    # Alike on every rank: no disagreement, as torch finds none.
+    seq = coalesced.write_coalesced_dumps(str(tmp_path / "ok"), odd="none", p2p=False)
+    rc, group, _ = moerr_verdict(str(tmp_path / "ok"), str(tmp_path / "ok_run"))
+    assert torch_fr.torch_verdict(str(tmp_path / "ok"), 2)["ok"]
+    assert rc == 0 and group["first_disagreement"] == -1, group["text"]
+
+
+@pytest.mark.parametrize("odd", ["none", "p2p"])
+def test_a_batch_of_sends_and_recvs_is_paired_peer_by_peer(tmp_path, odd):
+    dumps = str(tmp_path / "dumps")
+    coalesced.write_coalesced_dumps(dumps, odd=odd)
+    rc, group, text = moerr_verdict(dumps, str(tmp_path / "run"))
+    if odd == "none":
+        assert rc == 0 and group["p2p"] == [], text
+    else:
+        # Rank 1 receives [5] from rank 0, which sends [3].
+        assert rc == 1
+        assert [(m["sender"], m["receiver"], m["what"]) for m in group["p2p"]] == [(0, 1, "the sizes differ")], text
+    # torch's analyzer gives no answer on a batch: logging one, it calls
+    # tabulate, which this venv lacks (and with tabulate it logs a valid
+    # exchange as MISMATCH and passes the job either way).
+    assert torch_fr.torch_refuses(dumps) == "NameError: name 'tabulate' is not defined"
 
 
 # torch_npu's HCCL dumps (hccl_fr_fixture.py: the layout of Ascend/pytorch's
