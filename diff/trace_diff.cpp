@@ -5,6 +5,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "diff/bundle_tensor_compare.h"
 #include "support/status.h"
 
@@ -31,6 +32,14 @@ Thresholds::Thresholds() {
   rel_l2_[static_cast<int>(DType::kF32)] = 1e-5;
   rel_l2_[static_cast<int>(DType::kF16)] = 2e-3;
   rel_l2_[static_cast<int>(DType::kBF16)] = 1.6e-2;
+}
+
+std::string Thresholds::Text() const {
+  std::vector<std::string> parts;
+  for (int d = 0; d < formats::kNumDTypes; ++d) {
+    if (rel_l2_[d] > 0) parts.push_back(absl::StrFormat("%s %g", DTypeName(static_cast<DType>(d)), rel_l2_[d]));
+  }
+  return absl::StrJoin(parts, ", ");
 }
 
 absl::Status Thresholds::Set(absl::string_view spec) {

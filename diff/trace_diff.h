@@ -29,6 +29,8 @@ class Thresholds {
   // "f32=1e-4" (dtype names as `moerr inspect` prints them).
   absl::Status Set(absl::string_view spec);
   double For(formats::DType dtype) const { return rel_l2_[static_cast<int>(dtype)]; }
+  // "f64 1e-09, f32 1e-05, ...": every non-zero threshold, for help text.
+  std::string Text() const;
 
  private:
   std::array<double, formats::kNumDTypes> rel_l2_;

@@ -118,13 +118,13 @@ CLI::Validator RecordingPath() {
 
 CLI::Option* AddParsedOption(CLI::App* cmd, const std::string& name, std::function<absl::Status(const std::string&)> parse,
                              const std::string& help, const std::string& default_text) {
-  CLI::Option* option = cmd->add_option_function<std::string>(
-      name,
-      [name, parse = std::move(parse)](const std::string& text) {
+  // A validator runs on each value given, so a repeated option parses each.
+  CLI::Option* option = cmd->add_option(name, help)->check(CLI::Validator(
+      [parse = std::move(parse)](std::string& text) {
         const absl::Status parsed = parse(text);
-        if (!parsed.ok()) throw CLI::ValidationError(name, std::string(parsed.message()));
+        return parsed.ok() ? std::string() : std::string(parsed.message());
       },
-      help);
+      ""));
   if (!default_text.empty()) option->default_str(default_text);
   return option;
 }

@@ -39,7 +39,8 @@ CLI::Validator RecordingPath();
 // An option whose text `parse` reads into a library options struct as the
 // command line is parsed, so the option's default is the struct's own,
 // shown in help as `default_text`. A value `parse` refuses is a usage error
-// (exit 2) with its message, before the command runs.
+// (exit 2) with its message, before the command runs. Given more than once
+// (with MultiOptionPolicy::TakeAll), each value is parsed in turn.
 CLI::Option* AddParsedOption(CLI::App* cmd, const std::string& name, std::function<absl::Status(const std::string&)> parse,
                              const std::string& help, const std::string& default_text = "");
 // Called inside a catch block at main's boundary: prints the exception in

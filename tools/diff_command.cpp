@@ -48,13 +48,14 @@ llvm::json::Object OutputJson(const diff::OutputDiff& o) {
   return out;
 }
 
+// `options` binds --threshold, --fingerprints, --estimate and --threads,
+// so their defaults are the library's.
 struct DiffArgs {
   std::string a, b, html;
   int64_t step_a = -1, step_b = -1;
-  std::vector<std::string> thresholds;
   size_t top = 10;
-  int threads = 0;
-  bool json = false, fingerprints_only = false, estimate = false;
+  bool json = false;
+  replayer::PrecisionDiffOptions options;
 };
 
 llvm::json::Object DiffJson(const DiffArgs& args, const formats::Trace& a, int64_t step_a, const formats::Trace& b,
@@ -295,11 +296,7 @@ ExitOr RunWorldDiff(const DiffArgs& args, const replayer::PrecisionDiffOptions& 
 
 ExitOr RunDiff(const DiffArgs& args) {
   MOERR_RETURN_IF_ERROR(CheckNotAnInput(args.html, {args.a, args.b}));
-  replayer::PrecisionDiffOptions options;
-  options.diff.compare_bytes = !args.fingerprints_only;
-  options.diff.threads = args.threads;
-  options.measure = !args.estimate;
-  for (const std::string& t : args.thresholds) MOERR_RETURN_IF_ERROR(options.diff.thresholds.Set(t));
+  replayer::PrecisionDiffOptions options = args.options;
   PhasedProgress progress;
   options.progress = [&](const std::string& what) { progress.Update("diff: " + what, 0, 0); };
   const bool run_a = formats::IsRunDirectory(args.a), run_b = formats::IsRunDirectory(args.b);
@@ -344,16 +341,20 @@ void AddDiffCommand(CLI::App& app, int& exit_code) {
       ->transform(RecordingPath());
   cmd->add_option("--step-a", opts->step_a, "Step of A (default: its first complete step)");
   cmd->add_option("--step-b", opts->step_b, "Step of B (default: its first complete step)");
-  cmd->add_option("--threshold", opts->thresholds,
+  diff::DiffOptions& diff = opts->options.diff;
+  AddParsedOption(cmd, "--threshold", [&diff](const std::string& spec) { return diff.thresholds.Set(spec); },
                   "Largest acceptable relative L2 error for outputs of a dtype, e.g. f32=1e-4; a pair is judged by "
-                  "its lower precision (defaults: f64 1e-9, f32 1e-5, f16 2e-3, bf16 1.6e-2, integers 0)");
-  cmd->add_flag("--fingerprints", opts->fingerprints_only,
-                "Compare fingerprints only, even where bytes are recorded (introduced error is then estimated)");
-  cmd->add_flag("--estimate", opts->estimate,
-                "Estimate each op's introduced error from the observed differences instead of re-running every op "
-                "of two full recordings beside its fp64 run (faster, less certain)");
+                  "its lower precision (defaults: " + diff.thresholds.Text() + ", integers 0)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  cmd->add_flag_callback(
+      "--fingerprints", [&diff] { diff.compare_bytes = false; },
+      "Compare fingerprints only, even where bytes are recorded (introduced error is then estimated)");
+  cmd->add_flag_callback(
+      "--estimate", [opts] { opts->options.measure = false; },
+      "Estimate each op's introduced error from the observed differences instead of re-running every op "
+      "of two full recordings beside its fp64 run (faster, less certain)");
   cmd->add_option("--top", opts->top, "Diverged ops to list")->capture_default_str();
-  cmd->add_option("--threads", opts->threads, "Threads comparing tensors on their bytes (default 0: one per core)")
+  cmd->add_option("--threads", diff.threads, "Threads comparing tensors on their bytes (default 0: one per core)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--html", opts->html, "Also write a self-contained HTML report here");
   cmd->add_flag("--json", opts->json, "Print JSON");
