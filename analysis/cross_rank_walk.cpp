@@ -110,9 +110,15 @@ std::optional<Crossing> FindCarriers(const formats::WorldStep& world, int64_t re
   x.evidence = blocks                                               ? "values"
                : c.kind == "all_gather" || c.kind == "broadcast" ? "inputs"
                                                                  : "whole inputs";
+  // An all_gather into a list: the output the walk came through is one sender's.
+  int64_t only = c.kind == "broadcast" ? c.root : -1;
+  const auto listed = std::find(op.outputs.begin(), op.outputs.end(), output);
+  if (c.kind == "all_gather" && static_cast<int64_t>(op.outputs.size()) == c.group_size && listed != op.outputs.end()) {
+    only = listed - op.outputs.begin();
+  }
   std::vector<Carrier> all;
   for (int64_t g = 0; g < c.group_size; ++g) {
-    if (g == c.group_rank || (c.kind == "broadcast" && g != c.root)) continue;
+    if (g == c.group_rank || (only >= 0 && g != only)) continue;
     const int64_t peer = world.manifest.WorldRankOf(c.group, receiver, g);
     if (peer < 0 || peer >= static_cast<int64_t>(world.ranks.size())) continue;
     const formats::RankStep& theirs = world.ranks[static_cast<size_t>(peer)];

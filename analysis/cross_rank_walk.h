@@ -10,8 +10,9 @@
 //   * all_to_all: block j is the output's rows [sum(recv_rows[0..j)),
 //     +recv_rows[j]), rank j's input rows [sum(j.send_rows[0..i)),
 //     +j.send_rows[i]) for receiver i;
-//   * all_gather: block j is output j (a list) or the j-th of group_size
-//     equal row blocks of the one output, rank j's whole input;
+//   * all_gather: block j is output j (a list: the output the walk came
+//     through names its one sender) or the j-th of group_size equal row
+//     blocks of the one output, rank j's whole input;
 //   * broadcast: the root's whole input;
 //   * all_reduce, reduce_scatter: every element sums every rank's input.
 // A carrier is a block that holds values that are not finite, or (when none

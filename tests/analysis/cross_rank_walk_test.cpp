@@ -189,5 +189,23 @@ TEST(CrossRankWalk, AllGatherBlocksAreWholeInputsSoSeveralLargeOnesAllCarriedThe
             "aten::layer_norm in moe");
 }
 
+TEST(CrossRankWalk, AnAllGatherIntoAListCrossesToTheSenderOfTheOutputWalked) {
+  // Rank 0 gathers into three tensors; the layer_norm reads the third, rank 2's.
+  formats::WorldStep world = Step(/*rank1_sent=*/kLarge, "all_gather");
+  formats::Trace& t = *world.ranks[0].trace;
+  t.tensors.push_back(Value(20, 1, 1));
+  t.tensors.push_back(Value(21, 1, kLarge));
+  t.ops[1].outputs = {20, 21, 11};
+  t.Index();
+  const std::optional<WorldOverflow> found = FindWorldOverflow(world);
+  ASSERT_TRUE(found.has_value());
+  ASSERT_EQ(found->path.crossings.size(), 1u);
+  const Crossing& x = found->path.crossings[0];
+  ASSERT_EQ(x.carriers.size(), 1u);
+  EXPECT_EQ(x.carriers[0].rank, 2);
+  EXPECT_EQ(found->rank, 2);
+  EXPECT_EQ(found->cause.cause.op->name, "aten::linear");
+}
+
 }  // namespace
 }  // namespace moerr::analysis
