@@ -128,6 +128,32 @@ absl::StatusOr<llvm::json::Object> ReadObjectAnnotation(const BundleReader& read
   return absl::InvalidArgumentError(where + " is not a JSON object");
 }
 
+// ---- proxy -------------------------------------------------------------------
+
+const llvm::json::Object* ProxyLayerOf(const llvm::json::Object& proxy, int64_t layer) {
+  const llvm::json::Array* layers = proxy.getArray("layers");
+  for (size_t i = 0; layers != nullptr && i < layers->size(); ++i) {
+    const llvm::json::Object* o = (*layers)[i].getAsObject();
+    if (o != nullptr && o->getInteger("layer") == layer) return o;
+  }
+  return nullptr;
+}
+
+std::optional<int64_t> ProxyArrayAt(const llvm::json::Object* o, const char* key, int64_t i) {
+  const llvm::json::Array* a = o ? o->getArray(key) : nullptr;
+  if (a == nullptr || i < 0 || i >= static_cast<int64_t>(a->size())) return std::nullopt;
+  if (auto v = (*a)[static_cast<size_t>(i)].getAsInteger()) return *v;
+  return std::nullopt;
+}
+
+std::optional<int64_t> ProxyKeptExpert(const llvm::json::Object& proxy, int64_t layer, int64_t expert) {
+  return ProxyArrayAt(ProxyLayerOf(proxy, layer), "kept", expert);
+}
+
+std::optional<int64_t> ProxyMapsTo(const llvm::json::Object& proxy, int64_t layer, int64_t original) {
+  return ProxyArrayAt(ProxyLayerOf(proxy, layer), "maps_to", original);
+}
+
 // ---- recording ---------------------------------------------------------------
 
 llvm::json::Object ToJson(const Recording& r) {

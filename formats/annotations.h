@@ -71,6 +71,20 @@ std::string AnnotationWhere(absl::string_view bundle, absl::string_view key, int
 absl::StatusOr<llvm::json::Object> ReadObjectAnnotation(const BundleReader& reader, absl::string_view key,
                                                         int64_t step, absl::string_view bundle);
 
+// ---- proxy (opaque) ------------------------------------------------------------
+// The lookups every reader of a "proxy" annotation shares. Its "layers" hold
+// one plan per layer: {"layer": L, "kept": [original expert of proxy expert
+// j], "maps_to": [kept expert standing for original expert e], ...}.
+//
+// The plan of `layer`; nullptr when the annotation has none.
+const llvm::json::Object* ProxyLayerOf(const llvm::json::Object& proxy, int64_t layer);
+// Element `i` of the integer array `key` of `o` (nullptr: none), if there.
+std::optional<int64_t> ProxyArrayAt(const llvm::json::Object* o, const char* key, int64_t i);
+// The original expert that proxy expert `expert` of `layer` is ("kept").
+std::optional<int64_t> ProxyKeptExpert(const llvm::json::Object& proxy, int64_t layer, int64_t expert);
+// The kept expert that stands for original expert `original` of `layer` ("maps_to").
+std::optional<int64_t> ProxyMapsTo(const llvm::json::Object& proxy, int64_t layer, int64_t original);
+
 // ---- recording ---------------------------------------------------------------
 // How the bundle was written: by the recorder, cut by a reduce, or imported
 // from another tool's dump.

@@ -34,16 +34,8 @@ std::string OriginalExpert(const formats::BundleReader& reader, const std::strin
   const auto expert = formats::ExpertOf(module);
   absl::StatusOr<llvm::json::Object> info = formats::ReadObjectAnnotation(reader, formats::kProxyAnnotation, -1, "");
   if (!expert || !info.ok()) return "";
-  const llvm::json::Array* layers = info->getArray("layers");
-  for (size_t i = 0; layers != nullptr && i < layers->size(); ++i) {
-    const llvm::json::Object* layer = (*layers)[i].getAsObject();
-    const llvm::json::Array* kept = layer ? layer->getArray("kept") : nullptr;
-    if (kept == nullptr || layer->getInteger("layer") != expert->first || expert->second >= int64_t(kept->size())) {
-      continue;
-    }
-    if (auto original = (*kept)[expert->second].getAsInteger()) {
-      return absl::StrFormat(" (the original's expert %d)", *original);
-    }
+  if (const auto original = formats::ProxyKeptExpert(*info, expert->first, expert->second)) {
+    return absl::StrFormat(" (the original's expert %d)", *original);
   }
   return "";
 }

@@ -68,29 +68,6 @@ llvm::json::Object Metrics(const formats::WorldStep& w) {
 
 // ---- A proxy's experts -------------------------------------------------
 
-// The proxy's plan of `layer` in its annotation.
-const llvm::json::Object* LayerOf(const llvm::json::Object& proxy, int64_t layer) {
-  const llvm::json::Array* layers = proxy.getArray("layers");
-  for (size_t i = 0; layers != nullptr && i < layers->size(); ++i) {
-    const llvm::json::Object* o = (*layers)[i].getAsObject();
-    if (o != nullptr && o->getInteger("layer") == layer) return o;
-  }
-  return nullptr;
-}
-
-// Element `i` of integer array `key` of `o`, if there.
-std::optional<int64_t> At(const llvm::json::Object* o, const char* key, int64_t i) {
-  const llvm::json::Array* a = o ? o->getArray(key) : nullptr;
-  if (a == nullptr || i < 0 || i >= static_cast<int64_t>(a->size())) return std::nullopt;
-  if (auto v = (*a)[static_cast<size_t>(i)].getAsInteger()) return *v;
-  return std::nullopt;
-}
-
-// The original expert that proxy expert `expert` of `layer` is.
-std::optional<int64_t> KeptExpert(const llvm::json::Object& proxy, int64_t layer, int64_t expert) {
-  return At(LayerOf(proxy, layer), "kept", expert);
-}
-
 bool ProxyReproduced(const WorldReplayComparison& c) {
   const llvm::json::Object* failure = c.proxy->getObject("failure");
   if (failure == nullptr) return !c.replayed;
@@ -108,8 +85,8 @@ bool ProxyReproduced(const WorldReplayComparison& c) {
   }
   const auto here = formats::ExpertOf(op.module);
   if (!here || here->first != failure->getInteger("layer")) return false;
-  const auto original = KeptExpert(*c.proxy, here->first, here->second);
-  return original && (*original == *failed || At(LayerOf(*c.proxy, here->first), "maps_to", *failed) == *original);
+  const auto original = formats::ProxyKeptExpert(*c.proxy, here->first, here->second);
+  return original && (*original == *failed || formats::ProxyMapsTo(*c.proxy, here->first, *failed) == *original);
 }
 
 // ---- Text ---------------------------------------------------------------
@@ -255,7 +232,7 @@ std::optional<llvm::json::Object> ProxyOfRun(const formats::WorldStep& run) {
 std::optional<OriginalExpert> OriginalOf(const llvm::json::Object& proxy, const std::string& module) {
   const auto expert = formats::ExpertOf(module);
   if (!expert) return std::nullopt;
-  const auto kept = KeptExpert(proxy, expert->first, expert->second);
+  const auto kept = formats::ProxyKeptExpert(proxy, expert->first, expert->second);
   if (!kept) return std::nullopt;
   // The placement names the proxy rank and the original rank (a run's proxy).
   const llvm::json::Array* placement = proxy.getArray("placement");
@@ -268,7 +245,7 @@ std::optional<OriginalExpert> OriginalOf(const llvm::json::Object& proxy, const 
       if (experts == nullptr || l->getInteger("layer") != expert->first) continue;
       for (size_t j = 0; j < experts->size(); ++j) {
         if ((*experts)[j].getAsInteger() != expert->second) continue;
-        const auto host = At(l, "original_ranks", static_cast<int64_t>(j));
+        const auto host = formats::ProxyArrayAt(l, "original_ranks", static_cast<int64_t>(j));
         return OriginalExpert{expert->first, *kept, host.value_or(-1), static_cast<int64_t>(m)};
       }
     }
@@ -281,16 +258,16 @@ bool StandsFor(const llvm::json::Object& proxy, const std::string& shown, const 
   const auto here = formats::ExpertOf(shown);
   if (!failed || !here) return !failed && !here && shown == original;
   if (failed->first != here->first) return false;
-  const auto kept = KeptExpert(proxy, here->first, here->second);
-  return kept && (*kept == failed->second || At(LayerOf(proxy, here->first), "maps_to", failed->second) == *kept);
+  const auto kept = formats::ProxyKeptExpert(proxy, here->first, here->second);
+  return kept && (*kept == failed->second || formats::ProxyMapsTo(proxy, here->first, failed->second) == *kept);
 }
 
 std::optional<int64_t> ProxyRankOf(const llvm::json::Object& proxy, int64_t layer, int64_t expert) {
-  const llvm::json::Object* plan = LayerOf(proxy, layer);
+  const llvm::json::Object* plan = formats::ProxyLayerOf(proxy, layer);
   const llvm::json::Array* kept = plan ? plan->getArray("kept") : nullptr;
   const llvm::json::Array* placement = proxy.getArray("placement");
   if (kept == nullptr || placement == nullptr || placement->empty()) return std::nullopt;
-  const auto mapped = At(plan, "maps_to", expert);
+  const auto mapped = formats::ProxyArrayAt(plan, "maps_to", expert);
   for (size_t j = 0; j < kept->size(); ++j) {
     const auto e = (*kept)[j].getAsInteger();
     if (e && (*e == expert || (mapped && *e == *mapped))) {

@@ -115,5 +115,16 @@ TEST(Annotations, AbsentIsNotFoundAndMalformedNamesBundleKeyAndField) {
   EXPECT_EQ(HfModelFrom(llvm::json::Object{{"step", 1}}, "x").status().message(), R"(x: field "file" is missing)");
 }
 
+TEST(Annotations, TheProxyLookupsReadTheLayersPlan) {
+  llvm::json::Object layer{{"layer", 1}, {"kept", llvm::json::Array{5, 9}}, {"maps_to", llvm::json::Array{0, 0, 5, 9}}};
+  llvm::json::Object proxy;
+  proxy["layers"] = llvm::json::Array{std::move(layer)};
+  EXPECT_EQ(ProxyKeptExpert(proxy, 1, 1), 9);
+  EXPECT_EQ(ProxyMapsTo(proxy, 1, 2), 5);
+  EXPECT_FALSE(ProxyKeptExpert(proxy, 1, 2).has_value());  // past the kept experts
+  EXPECT_FALSE(ProxyKeptExpert(proxy, 0, 0).has_value());  // no plan for layer 0
+  EXPECT_EQ(ProxyLayerOf(proxy, 0), nullptr);
+}
+
 }  // namespace
 }  // namespace moerr::formats
