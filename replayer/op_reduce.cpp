@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_format.h"
 #include "analysis/overflow_cause.h"
+#include "formats/collective_op.h"
 #include "formats/trace.h"
 #include "recorder/hooks/torch_boundary.h"
 #include "replayer/program_replay.h"
@@ -67,6 +68,16 @@ absl::StatusOr<std::optional<FailingStep>> FirstOverflowingStep(const formats::B
     if (!trace.ok()) return Annotate(trace.status(), absl::StrFormat("%s, step %d", source, step));
     const std::optional<analysis::OverflowCause> found = analysis::FindOverflowCause(*trace);
     if (!found) continue;
+    if (formats::IsCollective(*found->first.op)) {
+      // Its output is what peers sent, served from the record in a replay of
+      // this rank alone: no op here made it, and a repro would assert the
+      // record against itself.
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s, step %d: the first values that are not finite are the output of op %zu %s in %s, a collective: its "
+          "peers made them, and a reduce of this rank alone serves them from the record; reduce the run directory "
+          "(moerr reduce RUN picks the rank where an op made them) or the rank moerr bisect RUN names",
+          source, step, found->first.op_index, found->first.op->name, found->first.op->module));
+    }
     FailingStep out{step, {}, found->first.op_index, std::nullopt, OverflowFailure(found->first)};
     if (found->found_explosion) out.cause = found->cause.op_index;
     out.trace = *std::move(trace);

@@ -350,12 +350,12 @@ void AddReduceCommand(CLI::App& app, int& exit_code) {
   cmd->add_flag("--force", opts->force, "Overwrite an existing output bundle");
   cmd->add_flag("--json", opts->json, "Print the report as JSON");
   OnRun(cmd, exit_code, [opts]() -> ExitOr {
-    bool origin = false;
+    std::string why;
     MOERR_ASSIGN_OR_RETURN(const world::RankBundle target,
-                           world::OneRankOf(opts->bundle, opts->rank, opts->step, &origin));
+                           world::OneRankOf(opts->bundle, opts->rank, opts->step, &why));
     if (target.rank >= 0) {
-      std::fprintf(stderr, "moerr: reducing rank %lld%s: %s\n", static_cast<long long>(target.rank),
-                   origin ? ", where the overflow began" : "", target.path.c_str());
+      std::fprintf(stderr, "moerr: reducing rank %lld%s: %s\n", static_cast<long long>(target.rank), why.c_str(),
+                   target.path.c_str());
     }
     const std::string& bundle = target.path;
     MOERR_RETURN_IF_ERROR(CheckOverwrite(opts->out, opts->force, {bundle}));

@@ -1,5 +1,6 @@
 #include "world/run_directory.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/match.h"
@@ -35,8 +36,8 @@ absl::StatusOr<std::vector<RankBundle>> BundlesOf(const std::string& path, int64
   return out;
 }
 
-absl::StatusOr<RankBundle> OneRankOf(const std::string& path, int64_t rank, int64_t step, bool* origin) {
-  if (origin != nullptr) *origin = false;
+absl::StatusOr<RankBundle> OneRankOf(const std::string& path, int64_t rank, int64_t step, std::string* why) {
+  if (why != nullptr) why->clear();
   if (!formats::IsRunDirectory(path) || rank >= 0) {
     MOERR_ASSIGN_OR_RETURN(const std::vector<RankBundle> bundles, BundlesOf(path, rank));
     if (bundles.empty()) return absl::NotFoundError(absl::StrFormat("%s lists no rank %d", path, rank));
@@ -48,8 +49,23 @@ absl::StatusOr<RankBundle> OneRankOf(const std::string& path, int64_t rank, int6
   for (int64_t s : steps) {
     MOERR_RETURN_IF_ERROR(formats::ReadWorldStep(world, s));
     if (const std::optional<analysis::WorldOverflow> found = analysis::FindWorldOverflow(world)) {
-      MOERR_ASSIGN_OR_RETURN(const std::vector<RankBundle> bundles, BundlesOf(path, found->rank));
-      if (origin != nullptr) *origin = true;
+      // The origin's first overflow may be values that arrived back from the
+      // ranks its own exploded rows overflowed on: nothing on it overflows
+      // from finite inputs, so the rank the walk started on is reduced.
+      int64_t target = found->rank;
+      std::string reason = ", where the overflow began";
+      const auto at_origin = std::find_if(found->ranks.begin(), found->ranks.end(),
+                                          [&](const analysis::RankOverflow& r) { return r.rank == found->rank; });
+      if (at_origin != found->ranks.end() && at_origin->arrived && !found->path.walks.empty() &&
+          found->path.walks.front().rank != found->rank) {
+        target = found->path.walks.front().rank;
+        reason = absl::StrFormat(", whose first overflow is made from finite inputs there; the overflow began on "
+                                 "rank %d, whose first non-finite values arrived through a collective (moerr "
+                                 "bisect %s names the path)",
+                                 found->rank, path);
+      }
+      MOERR_ASSIGN_OR_RETURN(const std::vector<RankBundle> bundles, BundlesOf(path, target));
+      if (why != nullptr) *why = reason;
       return bundles.front();
     }
   }

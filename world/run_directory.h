@@ -26,10 +26,14 @@ absl::StatusOr<std::vector<RankBundle>> BundlesOf(const std::string& path, int64
 
 // The one bundle a single-rank command (reduce) reads from `path`: the file
 // itself when it is a bundle; in a run directory, rank `rank`'s (>= 0), or
-// else the rank where the overflow began (analysis::FindWorldOverflow, as
-// bisect names it) in step `step`, or in the first step where one did when
-// `step` is -1. `origin` is set when the rank was found so.
-absl::StatusOr<RankBundle> OneRankOf(const std::string& path, int64_t rank, int64_t step, bool* origin = nullptr);
+// else, in step `step` (the first step where the run overflowed when -1),
+// the rank whose first overflow an op of its own made from finite inputs:
+// where the overflow began (analysis::FindWorldOverflow, as bisect names
+// it), or, when that rank's first overflow arrived through a collective,
+// the rank bisect's walk across ranks started on. `why` is set to the
+// reason so found (", where the overflow began"; empty for a bundle or
+// `rank`).
+absl::StatusOr<RankBundle> OneRankOf(const std::string& path, int64_t rank, int64_t step, std::string* why = nullptr);
 
 // "rank 3: " for a rank of a run, "" for a lone bundle.
 std::string RankPrefix(const RankBundle& b);

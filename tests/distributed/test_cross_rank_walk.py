@@ -188,3 +188,24 @@ def test_the_walk_crosses_the_rows_to_the_expert_that_exploded(tmp_path, world, 
             f"(rows {sent[0]}-{sent[1] - 1} to rank {receiver}) -> rank {receiver} aten::layer_norm in blocks.1.norm"
             in text), text
     assert f"from rank {origin}: its rows {sent[0]}-{sent[1] - 1}, rows {got[0]}-{got[1] - 1} there" in text, text
+
+
+def test_reduce_takes_the_rank_where_an_op_made_the_overflow(tmp_path):
+    """The origin's own first overflow arrived in a collective, so `reduce
+    RUN` reduces the rank the walk started on, whose layer_norm overflows
+    from finite inputs; the origin's bundle alone is refused, naming the
+    collective."""
+    world, run = 4, tmp_path / "run"
+    run_ranks(STEP.replace("MODE", repr("replayable")), run, world)
+    origin = world // 2
+    rc, out = moerr_cli("bisect", run, "--json")
+    receiver = json.loads(out)[0]["started_on"]["rank"]
+    p = subprocess.run([MOERR, "reduce", str(run), "-o", str(tmp_path / "small.moerr"), "--json"],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.loads(p.stdout)["rank"] == receiver, p.stdout
+    assert f"reducing rank {receiver}" in p.stderr and f"the overflow began on rank {origin}" in p.stderr, p.stderr
+    rc, out = moerr_cli("reduce", run / f"rank{origin}.moerr", "-o", tmp_path / "origin.moerr")
+    assert rc == 2, out
+    assert "c10d::all_to_all" in out and "a collective: its peers made them" in out, out
+    assert not (tmp_path / "origin.moerr").exists()

@@ -209,33 +209,34 @@ def test_the_reference_trainers_step_is_reduced_as_a_model_unless_ops_are_asked_
 
 
 def test_each_rank_of_a_run_reduces_with_its_received_collectives_as_recorded_inputs(tmp_path):
-    # Two expert-parallel ranks; the broken expert lives on one of them. The
+    # Two expert-parallel ranks; the broken expert lives on one of them. Its
+    # bundle reduces on its own, collectives served from the record. The
     # other rank's first overflow is the all_to_all that brings the Inf in:
-    # its repro loads what that collective received, from the record.
+    # no op of its own made it, so reducing it alone is refused, naming the
+    # collective and where to look.
     run = tmp_path / "run"
     subprocess.run([MOERR, "train", "--preset", "tiny", "--ranks", "2", "--ep", "2", "--fault", "expert-overflow",
                     "--steps", "1", "--warmup-steps", "0", "--record", "replayable", "-o", str(run)],
                    check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    collective_ranks, reduced = 0, {}
-    for rank in (0, 1):
-        bundle = run / "run" / f"rank{rank}.moerr"
-        found = moerr_json("bisect", str(bundle), code=1)[0]
-        r = reduced[rank] = moerr_json("reduce", str(bundle), "-o", str(tmp_path / f"rank{rank}.moerr"), "--ops")
-        assert r["level"] == "ops" and r["kept"][-1] == found["op_index"], (found, r)
-        script = tmp_path / f"rank{rank}.repro.py"
-        p = run_repro(script)
-        assert p.returncode != 0 and f"AssertionError: {r['assertion']}" in p.stderr, (p.stdout, p.stderr)
-        if found["op"].startswith("c10d::"):
-            collective_ranks += 1
-            assert "# from the record" in script.read_text()
-    assert collective_ranks == 1
+    origin = moerr_json("bisect", str(run / "run"), code=1)[0]["rank"]
+    bundle = run / "run" / f"rank{origin}.moerr"
+    found = moerr_json("bisect", str(bundle), code=1)[0]
+    reduced = moerr_json("reduce", str(bundle), "-o", str(tmp_path / "origin-alone.moerr"), "--ops")
+    assert reduced["level"] == "ops" and reduced["kept"][-1] == found["op_index"], (found, reduced)
+    p = run_repro(tmp_path / "origin-alone.repro.py")
+    assert p.returncode != 0 and f"AssertionError: {reduced['assertion']}" in p.stderr, (p.stdout, p.stderr)
+    other = run / "run" / f"rank{1 - origin}.moerr"
+    assert moerr_json("bisect", str(other), code=1)[0]["op"].startswith("c10d::")
+    p = subprocess.run([MOERR, "reduce", str(other), "-o", str(tmp_path / "other.moerr"), "--ops"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "a collective: its peers made them" in p.stderr, (p.stdout, p.stderr)
     # The run directory: by default the rank where bisect says the overflow
     # began (the broken expert's, not the one that received its Inf).
-    origin = moerr_json("bisect", str(run / "run"), code=1)[0]["rank"]
     r = moerr_json("reduce", str(run / "run"), "-o", str(tmp_path / "origin.moerr"), "--ops")
-    assert r["rank"] == origin and r["kept"] == reduced[origin]["kept"], (origin, r)
-    r = moerr_json("reduce", str(run / "run"), "--rank", str(1 - origin), "-o", str(tmp_path / "other.moerr"), "--ops")
-    assert r["rank"] == 1 - origin and r["kept"] == reduced[1 - origin]["kept"], r
+    assert r["rank"] == origin and r["kept"] == reduced["kept"], (origin, r)
+    p = subprocess.run([MOERR, "reduce", str(run / "run"), "--rank", str(1 - origin), "-o",
+                        str(tmp_path / "other.moerr"), "--ops"], capture_output=True, text=True)
+    assert p.returncode == 2 and "c10d::" in p.stderr, (p.stdout, p.stderr)
 
 
 def test_tokens_of_a_batch_of_sequences_shrink_along_their_own_dimension(tmp_path):
