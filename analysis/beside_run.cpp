@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "formats/annotations.h"
 #include "formats/collective_op.h"
 #include "support/status.h"
 
@@ -33,8 +34,8 @@ absl::StatusOr<std::vector<RankGroups>> ReadRecording(const std::string& dir, st
     }
     // An import (Flight Recorder's, msprobe's) knows no module: aligning
     // the dumps with one would only name nothing.
-    const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(*r.reader);
-    if (recording && recording->getObject("imported") != nullptr) {
+    const std::optional<formats::Recording> recording = formats::RecordingOf(*r.reader);
+    if (recording && recording->imported) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s is imported from another tool's dumps, not recorded by moerr.record", r.path));
     }
@@ -58,13 +59,13 @@ absl::StatusOr<std::vector<RankGroups>> ReadRecording(const std::string& dir, st
   }
   for (size_t r = 0; r < world.ranks.size(); ++r) {
     if (!world.ranks[r].reader) continue;
-    absl::StatusOr<llvm::json::Value> failed = world.ranks[r].reader->ReadAnnotation("collective_failed");
-    const llvm::json::Object* o = failed.ok() ? failed->getAsObject() : nullptr;
-    if (o == nullptr) continue;
-    BesideCall call{static_cast<int64_t>(r), o->getInteger("seq").getValueOr(-1), -1, true,
-                    o->getString("kind").getValueOr("").str(), o->getString("module").getValueOr("").str(), "",
-                    "it never returned: " + o->getString("error").getValueOr("").str()};
-    out[r][o->getString("group").getValueOr("").str()].emplace(call.seq, std::move(call));
+    // Absent or malformed: the rank failed in no collective it saw.
+    absl::StatusOr<formats::CollectiveFailed> failed =
+        formats::ReadCollectiveFailed(*world.ranks[r].reader, world.ranks[r].path);
+    if (!failed.ok()) continue;
+    BesideCall call{static_cast<int64_t>(r), failed->seq, -1, true, failed->kind, failed->module, "",
+                    "it never returned: " + failed->error};
+    out[r][failed->group].emplace(call.seq, std::move(call));
   }
   return out;
 }

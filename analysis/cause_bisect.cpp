@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "formats/annotations.h"
 #include "formats/json_number.h"
 #include "support/status.h"
 
@@ -148,19 +149,21 @@ llvm::json::Object CauseJson(const OverflowCause& found, int64_t step) {
 
 std::optional<llvm::json::Object> OverflowCheckCrossCheck(const formats::BundleReader& reader, int64_t step,
                                                           int64_t rank, size_t first_op) {
-  absl::StatusOr<llvm::json::Value> check = reader.ReadAnnotation("msprobe_overflow_check");
-  absl::StatusOr<llvm::json::Value> imported = reader.ReadAnnotation("imported_step", step);
-  if (!check.ok() || !imported.ok() || check->getAsObject() == nullptr || imported->getAsObject() == nullptr) {
-    return std::nullopt;
-  }
-  const llvm::json::Object* first = check->getAsObject()->getObject("first");
-  const llvm::json::Array* entries = imported->getAsObject()->getArray("entries");
+  // Either absent or not an object: no cross-check (the errors, which would
+  // name the bundle, are dropped, so none is named).
+  absl::StatusOr<llvm::json::Object> check =
+      formats::ReadObjectAnnotation(reader, formats::kMsprobeOverflowCheckAnnotation, -1, "");
+  absl::StatusOr<llvm::json::Object> imported =
+      formats::ReadObjectAnnotation(reader, formats::kImportedStepAnnotation, step, "");
+  if (!check.ok() || !imported.ok()) return std::nullopt;
+  const llvm::json::Object* first = check->getObject("first");
+  const llvm::json::Array* entries = imported->getArray("entries");
   const auto theirs = first ? first->getString(std::to_string(rank)) : llvm::None;
   const auto ours = entries && first_op < entries->size() ? (*entries)[first_op].getAsString() : llvm::None;
   llvm::json::Object out{{"entry", theirs ? llvm::json::Value(theirs->str()) : llvm::json::Value(nullptr)},
                          {"moerr_entry", ours ? llvm::json::Value(ours->str()) : llvm::json::Value(nullptr)},
                          {"agrees", theirs && ours && *theirs == *ours}};
-  if (const auto file = check->getAsObject()->getString("file")) out["file"] = file->str();
+  if (const auto file = check->getString("file")) out["file"] = file->str();
   return out;
 }
 
@@ -187,8 +190,10 @@ ExitOr RunCauseBisect(const formats::BundleReader& reader, int64_t step, const f
     MOERR_ASSIGN_OR_RETURN(before, formats::ReadTrace(reader, step - 1));
   }
   auto found = FindOverflowCause(trace, options, {before ? &*before : nullptr});
-  if (absl::StatusOr<llvm::json::Value> imported = reader.ReadAnnotation("imported_step", step); found && imported.ok()) {
-    AddUncertainLinks(*imported, trace, *found);
+  if (absl::StatusOr<llvm::json::Object> imported =
+          formats::ReadObjectAnnotation(reader, formats::kImportedStepAnnotation, step, "");
+      found && imported.ok()) {
+    AddUncertainLinks(llvm::json::Value(*std::move(imported)), trace, *found);
   }
   // An imported dump without statistics (msprobe's xor summary, which
   // writes only a 0-d tensor's value) says of no other value whether it is
@@ -214,9 +219,9 @@ ExitOr RunCauseBisect(const formats::BundleReader& reader, int64_t step, const f
     return kExitOk;
   }
   // An import's rank (msprobe's overflow_check names ranks).
-  const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(reader);
-  const llvm::json::Object* imported = recording ? recording->getObject("imported") : nullptr;
-  const int64_t rank = imported ? imported->getInteger("rank").getValueOr(0) : 0;
+  const std::optional<formats::Recording> recording = formats::RecordingOf(reader);
+  const int64_t rank =
+      recording && recording->imported ? recording->imported->getInteger("rank").getValueOr(0) : 0;
   std::optional<llvm::json::Object> check = OverflowCheckCrossCheck(reader, step, rank, found->first.op_index);
   if (json) {
     llvm::json::Object result = CauseJson(*found, step);

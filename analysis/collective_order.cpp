@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "formats/annotations.h"
 #include "formats/collective_op.h"
 #include "llvm/Support/ThreadPool.h"
 
@@ -35,27 +36,25 @@ struct RankCalls {
 
 // The step's Flight Recorder annotation (importers/flight_recorder_import.h),
 // read into `out`; per op seq, its note.
-absl::flat_hash_map<int64_t, const llvm::json::Object*> ReadNotes(const llvm::json::Value& v,
+absl::flat_hash_map<int64_t, const llvm::json::Object*> ReadNotes(const llvm::json::Object& root,
                                                                   std::vector<std::string>& frames, RankCalls& out) {
   absl::flat_hash_map<int64_t, const llvm::json::Object*> notes;
-  const llvm::json::Object* root = v.getAsObject();
-  if (root == nullptr) return notes;
   out.flight_recorder = true;
-  if (const llvm::json::Array* f = root->getArray("frames")) {
+  if (const llvm::json::Array* f = root.getArray("frames")) {
     for (const llvm::json::Value& s : *f) frames.push_back(s.getAsString().getValueOr("").str());
   }
-  if (const llvm::json::Object* status = root->getObject("pg_status")) {
+  if (const llvm::json::Object* status = root.getObject("pg_status")) {
     for (const auto& [group, s] : *status) {
       const llvm::json::Object* o = s.getAsObject();
       if (o != nullptr) out.completed[group.str()] = o->getInteger("last_completed").getValueOr(-1) - 1;
     }
   }
-  if (const llvm::json::Object* groups = root->getObject("groups")) {
+  if (const llvm::json::Object* groups = root.getObject("groups")) {
     for (const auto& [group, g] : *groups) {
       if (const llvm::json::Object* o = g.getAsObject()) out.desc[group.str()] = o->getString("desc").getValueOr("").str();
     }
   }
-  if (const llvm::json::Array* entries = root->getArray("entries")) {
+  if (const llvm::json::Array* entries = root.getArray("entries")) {
     for (const llvm::json::Value& e : *entries) {
       const llvm::json::Object* o = e.getAsObject();
       if (o != nullptr) notes[o->getInteger("op").getValueOr(-1)] = o;
@@ -159,7 +158,9 @@ void AddP2P(const llvm::json::Object& note, absl::string_view group, CollectiveC
 RankCalls ReadRank(const formats::RankStep& r, int64_t step) {
   RankCalls out;
   std::vector<std::string> frames;
-  absl::StatusOr<llvm::json::Value> annotation = r.reader->ReadAnnotation(formats::kFlightRecorderAnnotation, step);
+  // Absent or not an object: the rank's step carries no Flight Recorder notes.
+  absl::StatusOr<llvm::json::Object> annotation =
+      formats::ReadObjectAnnotation(*r.reader, formats::kFlightRecorderAnnotation, step, r.path);
   const auto notes = annotation.ok() ? ReadNotes(*annotation, frames, out)
                                      : absl::flat_hash_map<int64_t, const llvm::json::Object*>();
   const formats::Trace& trace = *r.trace;

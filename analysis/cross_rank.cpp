@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "analysis/first_overflow.h"
+#include "formats/annotations.h"
 #include "formats/dtype.h"
 
 namespace moerr::analysis {
@@ -91,9 +92,9 @@ void CheckSameResult(int64_t rank, const Recorded& mine, int64_t peer, const Rec
 }
 
 bool IsFlightRecorderImport(const formats::BundleReader& reader) {
-  const std::optional<llvm::json::Object> recording = formats::RecordingAnnotation(reader);
-  const llvm::json::Object* imported = recording ? recording->getObject("imported") : nullptr;
-  return imported != nullptr && imported->getString("tool").getValueOr("") == "flight_recorder";
+  const std::optional<formats::Recording> recording = formats::RecordingOf(reader);
+  return recording && recording->imported &&
+         recording->imported->getString("tool").getValueOr("") == "flight_recorder";
 }
 
 std::string DescribeOp(size_t index, const formats::OpEvent& op) {
@@ -151,10 +152,12 @@ std::vector<RankFate> RankFates(const formats::WorldStep& world) {
       f.ops = r.trace->ops.size();
       f.last_op = DescribeOp(f.ops - 1, r.trace->ops.back());
     }
-    absl::StatusOr<llvm::json::Value> failed =
-        r.reader ? r.reader->ReadAnnotation("collective_failed") : absl::NotFoundError("");
-    const llvm::json::Object* o = failed.ok() ? failed->getAsObject() : nullptr;
-    if (o != nullptr && o->getInteger("step").getValueOr(-1) != world.step) o = nullptr;  // another step's
+    // Absent or malformed: the rank was not seen waiting in a collective.
+    std::optional<formats::CollectiveFailed> failed;
+    if (r.reader) {
+      absl::StatusOr<formats::CollectiveFailed> c = formats::ReadCollectiveFailed(*r.reader, r.path);
+      if (c.ok() && c->step == world.step) failed = *std::move(c);  // else another step's
+    }
     if (!r.reader) {
       f.kind = RankFate::Kind::kUnreadable;
       f.detail = std::string(r.error.message());
@@ -162,14 +165,14 @@ std::vector<RankFate> RankFates(const formats::WorldStep& world) {
       f.kind = RankFate::Kind::kDumped;
     } else if (r.step_complete) {
       f.kind = RankFate::Kind::kFinished;
-    } else if (o != nullptr) {
+    } else if (failed) {
       f.kind = RankFate::Kind::kWaited;
       formats::CollectiveOp c;
-      c.kind = o->getString("kind").getValueOr("?").str();
-      c.group = o->getString("group").getValueOr("?").str();
-      c.seq = o->getInteger("seq").getValueOr(-1);
-      f.waited_in = formats::DescribeCollective(c, o->getString("module").getValueOr("").str());
-      f.detail = o->getString("error").getValueOr("").str();
+      c.kind = failed->kind;
+      c.group = failed->group;
+      c.seq = failed->seq;
+      f.waited_in = formats::DescribeCollective(c, failed->module);
+      f.detail = failed->error;
     } else {
       f.kind = RankFate::Kind::kDied;
       if (r.partial) {

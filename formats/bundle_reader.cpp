@@ -1,7 +1,6 @@
 #include "formats/bundle_reader.h"
 
 #include "absl/strings/str_format.h"
-#include "formats/annotations.h"
 #include "formats/chunk_codec.h"
 #include "formats/salvage.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -205,13 +204,6 @@ absl::StatusOr<VerifyReport> BundleReader::Verify() const {
     report.raw_bytes += blob.raw_size;
   }
   return report;
-}
-
-std::optional<llvm::json::Object> RecordingAnnotation(const BundleReader& reader) {
-  absl::StatusOr<llvm::json::Value> recording = reader.ReadAnnotation(kRecordingAnnotation);
-  const llvm::json::Object* o = recording.ok() ? recording->getAsObject() : nullptr;
-  if (o == nullptr) return std::nullopt;
-  return *o;
 }
 
 }  // namespace moerr::formats

@@ -78,9 +78,4 @@ class BundleReader {
   absl::flat_hash_map<std::pair<std::string, int64_t>, uint32_t> tensor_by_name_;
 };
 
-// The bundle's "recording" annotation, how it was written (mode, trigger,
-// threads; "imported" with the source of a bundle imported from another
-// tool's dump); nullopt when it has none.
-std::optional<llvm::json::Object> RecordingAnnotation(const BundleReader& reader);
-
 }  // namespace moerr::formats

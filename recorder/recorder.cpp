@@ -13,6 +13,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_format.h"
+#include "formats/annotations.h"
 #include "formats/frame.h"
 #include "formats/json_number.h"
 #include "formats/trace.h"
@@ -97,14 +98,15 @@ absl::StatusOr<std::unique_ptr<Recorder>> Recorder::Start(RecordOptions options)
       options.trigger == Trigger::kAnomaly ? std::min(options.batch_ops, kRingBatchOps) : options.batch_ops;
   rec->tracer_ = std::make_unique<OpTracer>(options.mode, rec.get(), batch_ops);
   rec->tracer_->set_enabled(false);
-  MOERR_RETURN_IF_ERROR(rec->writer_->Annotate(
-      "recording", llvm::json::Object{{"mode", CaptureModeName(options.mode)},
-                                      {"trigger", options.trigger == Trigger::kAlways   ? "always"
-                                                  : options.trigger == Trigger::kWindow ? "window"
-                                                                                        : "anomaly"},
-                                      {"libtorch", absl::StrFormat("%d.%d.%d", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH)},
-                                      {"threads", at::get_num_threads()},
-                                      {"deterministic", static_cast<bool>(at::globalContext().deterministicAlgorithms())}}));
+  formats::Recording recording;
+  recording.mode = std::string(CaptureModeName(options.mode));
+  recording.trigger = options.trigger == Trigger::kAlways   ? "always"
+                      : options.trigger == Trigger::kWindow ? "window"
+                                                            : "anomaly";
+  recording.libtorch = absl::StrFormat("%d.%d.%d", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH);
+  recording.threads = at::get_num_threads();
+  recording.deterministic = static_cast<bool>(at::globalContext().deterministicAlgorithms());
+  MOERR_RETURN_IF_ERROR(rec->writer_->Annotate(formats::kRecordingAnnotation, formats::ToJson(recording)));
   if (options.crash_handler) InstallCrashHandler(rec->writer_->crash_fd());
   return rec;
 }
@@ -226,10 +228,8 @@ void Recorder::FlushToFile() {
 void Recorder::OnCollectiveFailed(const CollectiveCall& call, const std::string& why) {
   if (stopped_) return;
   const std::string module = tracer_->CollectiveFailed();
-  llvm::json::Object failed{{"kind", call.kind},   {"group", call.group}, {"seq", call.seq},
-                            {"step", step_},       {"module", module},    {"error", why},
-                            {"group_rank", call.group_rank}};
-  absl::Status s = Annotate("collective_failed", std::move(failed));
+  const formats::CollectiveFailed failed{call.kind, call.group, call.seq, step_, module, why, call.group_rank};
+  absl::Status s = Annotate(formats::kCollectiveFailedAnnotation, formats::ToJson(failed));
   if (!s.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_.ok()) failed_ = s;
@@ -324,7 +324,7 @@ absl::Status Recorder::StepEnd(int64_t step, StepOutcome outcome) {
   if (!outcome.metrics.empty()) {
     llvm::json::Object metrics;
     for (const auto& [name, value] : outcome.metrics) metrics[name] = formats::JsonNumberOrName(value);
-    MOERR_RETURN_IF_ERROR(AnnotateStep("outcome", std::move(metrics)));
+    MOERR_RETURN_IF_ERROR(AnnotateStep(formats::kOutcomeAnnotation, std::move(metrics)));
   }
   in_step_ = false;
   if (Streaming()) {
@@ -365,7 +365,7 @@ absl::Status Recorder::StepRaised(int64_t step, formats::RaisedStep raised) {
 
 absl::Status Recorder::KeepRing(llvm::json::Object why, bool complete) {
   if (anomaly_step_ < 0) anomaly_step_ = step_;
-  MOERR_RETURN_IF_ERROR(AnnotateStep("anomaly", std::move(why)));
+  MOERR_RETURN_IF_ERROR(AnnotateStep(formats::kAnomalyAnnotation, std::move(why)));
   RetargetCrashHandler(writer_->crash_fd());
   std::lock_guard<std::mutex> lock(mu_);
   MOERR_RETURN_IF_ERROR(ring_->End(complete));

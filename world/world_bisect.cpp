@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "analysis/cause_bisect.h"
 #include "analysis/world_overflow.h"
+#include "formats/annotations.h"
 #include "formats/json_output.h"
 #include "formats/world_run.h"
 #include "replayer/vendor_check.h"
@@ -138,9 +139,13 @@ ExitOr RunWorldBisect(const std::string& dir, std::vector<int64_t> steps,
     std::optional<analysis::WorldOverflow> found = analysis::FindWorldOverflow(world, options);
     if (found) {
       const formats::RankStep& origin = world.ranks[static_cast<size_t>(found->rank)];
-      absl::StatusOr<llvm::json::Value> imported =
-          origin.reader ? origin.reader->ReadAnnotation("imported_step", step) : absl::NotFoundError("");
-      if (imported.ok()) analysis::AddUncertainLinks(*imported, *origin.trace, found->cause);
+      absl::StatusOr<llvm::json::Object> imported =
+          origin.reader
+              ? formats::ReadObjectAnnotation(*origin.reader, formats::kImportedStepAnnotation, step, origin.path)
+              : absl::NotFoundError("");
+      if (imported.ok()) {
+        analysis::AddUncertainLinks(llvm::json::Value(*std::move(imported)), *origin.trace, found->cause);
+      }
     }
     llvm::json::Object result;
     if (!found) {
