@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "formats/json_number.h"
 #include "support/status.h"
 
 namespace moerr::formats {
@@ -270,6 +271,31 @@ absl::StatusOr<CollectiveFailed> CollectiveFailedFrom(const llvm::json::Value& v
 
 absl::StatusOr<CollectiveFailed> ReadCollectiveFailed(const BundleReader& reader, absl::string_view bundle) {
   return ReadTyped<CollectiveFailed>(reader, kCollectiveFailedAnnotation, -1, bundle, &CollectiveFailedFrom);
+}
+
+// ---- metrics -----------------------------------------------------------------
+
+absl::StatusOr<StepMetricsNote> StepMetricsNoteFrom(const llvm::json::Value& v, absl::string_view where) {
+  Fields f(v, where);
+  StepMetricsNote m;
+  f.Optional("skipped", m.skipped);
+  f.Optional("finite", m.finite);
+  MOERR_RETURN_IF_ERROR(f.status());
+  // A number, or the name MetricsToJson writes for a non-finite scale.
+  if (const llvm::json::Value* scale = f.object().get("loss_scale")) {
+    if (const auto n = scale->getAsNumber()) {
+      m.loss_scale = *n;
+    } else if (!NumberOrName(*scale)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: field \"loss_scale\" is neither a number nor \"nan\", \"inf\" or \"-inf\"", where));
+    }
+  }
+  return m;
+}
+
+absl::StatusOr<StepMetricsNote> ReadStepMetricsNote(const BundleReader& reader, int64_t step,
+                                                    absl::string_view bundle) {
+  return ReadTyped<StepMetricsNote>(reader, kMetricsAnnotation, step, bundle, &StepMetricsNoteFrom);
 }
 
 // ---- hf_model ------------------------------------------------------------------

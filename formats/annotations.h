@@ -15,7 +15,8 @@
 //   grpo_options   the trainer's options as moe::ToJson writes them (moe parses them);
 //   trainer_state  the trainer's scalars (moe::TrainerState; GrpoTrainer::RestoreState parses them);
 //   metrics        moe::StepMetrics as moe::MetricsToJson writes them, non-finite as names;
-//                  readers show it field by field, by name;
+//                  readers show it field by field, by name; the fields a check
+//                  judges are read through StepMetricsNote below;
 //   proxy          how a proxy was built: the proxy builder's report, copied
 //                  whole into a replay's bundle (world/world_replay_comparison.h reads it);
 //   imported_step  an importer's note on the step: "source" and the fields of
@@ -143,6 +144,21 @@ struct CollectiveFailed {
 llvm::json::Object ToJson(const CollectiveFailed& c);
 absl::StatusOr<CollectiveFailed> CollectiveFailedFrom(const llvm::json::Value& v, absl::string_view where);
 absl::StatusOr<CollectiveFailed> ReadCollectiveFailed(const BundleReader& reader, absl::string_view bundle);
+
+// ---- metrics (per step) --------------------------------------------------------
+// The fields of a "metrics" annotation that moerr judges (the lint's
+// optimizer-hazards check); moe::MetricsToJson writes it (formats cannot
+// depend on moe), and the rest of it is read whole, by name, through
+// ReadObjectAnnotation.
+struct StepMetricsNote {
+  std::optional<bool> skipped;       // the optimizer skipped the update (gradients not finite at the scale)
+  std::optional<bool> finite;        // the step's loss and gradients were finite
+  std::optional<double> loss_scale;  // the fp16 loss scale of the step; nullopt when absent or not
+                                     // finite (written as a name, "inf" or "nan")
+};
+absl::StatusOr<StepMetricsNote> StepMetricsNoteFrom(const llvm::json::Value& v, absl::string_view where);
+absl::StatusOr<StepMetricsNote> ReadStepMetricsNote(const BundleReader& reader, int64_t step,
+                                                    absl::string_view bundle);
 
 // ---- hf_model ------------------------------------------------------------------
 // A Python loop's capture for replay on other ranks (python/moerr/_hf.py

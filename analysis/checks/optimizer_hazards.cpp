@@ -37,13 +37,12 @@ class OptimizerHazards : public Check {
   absl::Status Run(const LintInput& input, std::vector<Finding>& out) const override {
     const StepView& s = input.bundle;
     MOERR_RETURN_IF_ERROR(SecondMoments(s, out));
-    absl::StatusOr<llvm::json::Object> metrics =
-        formats::ReadObjectAnnotation(*s.reader, formats::kMetricsAnnotation, s.step, s.path);
+    // Absent (or malformed): the step's outcome is not judged.
+    absl::StatusOr<formats::StepMetricsNote> metrics = formats::ReadStepMetricsNote(*s.reader, s.step, s.path);
     if (!metrics.ok()) return absl::OkStatus();
-    const llvm::json::Object* m = &*metrics;
-    const bool skipped = m->getBoolean("skipped").getValueOr(false);
-    const bool finite = m->getBoolean("finite").getValueOr(true);
-    const double scale = m->getNumber("loss_scale").getValueOr(1.0);
+    const bool skipped = metrics->skipped.value_or(false);
+    const bool finite = metrics->finite.value_or(true);
+    const double scale = metrics->loss_scale.value_or(1.0);
     if (skipped) {
       Finding f = checks::At(kName, Severity::kWarning, s, "step");
       f.message = absl::StrFormat("the update was skipped: gradients not finite at loss scale %g", scale);

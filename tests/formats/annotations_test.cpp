@@ -115,6 +115,35 @@ TEST(Annotations, AbsentIsNotFoundAndMalformedNamesBundleKeyAndField) {
   EXPECT_EQ(HfModelFrom(llvm::json::Object{{"step", 1}}, "x").status().message(), R"(x: field "file" is missing)");
 }
 
+TEST(Annotations, StepMetricsNoteReadsTheJudgedFieldsOfMetrics) {
+  // As moe::MetricsToJson writes them: non-finite values as names.
+  TempDir dir;
+  {
+    auto writer = BundleWriter::Create(dir.File("m.moerr"), WriterOptions().set_sync(false)).value();
+    ASSERT_TRUE(writer->Annotate(kMetricsAnnotation,
+                                 llvm::json::Object{{"step", 3}, {"loss", "nan"}, {"grad_norm", "inf"},
+                                                    {"loss_scale", 0.5}, {"skipped", true}, {"finite", false}},
+                                 3).ok());
+    ASSERT_TRUE(writer->Annotate(kMetricsAnnotation, llvm::json::Object{{"loss", 0.25}}, 4).ok());
+    ASSERT_TRUE(writer->Close().ok());
+  }
+  auto reader = BundleReader::Open(dir.File("m.moerr")).value();
+  const StepMetricsNote three = ReadStepMetricsNote(*reader, 3, "m.moerr").value();
+  EXPECT_EQ(three.skipped, true);
+  EXPECT_EQ(three.finite, false);
+  EXPECT_EQ(three.loss_scale, 0.5);
+  const StepMetricsNote four = ReadStepMetricsNote(*reader, 4, "m.moerr").value();  // an older trainer's
+  EXPECT_FALSE(four.skipped || four.finite || four.loss_scale);
+  EXPECT_TRUE(absl::IsNotFound(ReadStepMetricsNote(*reader, 5, "m.moerr").status()));
+
+  // A non-finite scale is written as a name: not malformed, but no number.
+  EXPECT_FALSE(StepMetricsNoteFrom(llvm::json::Object{{"loss_scale", "inf"}}, "x")->loss_scale.has_value());
+  EXPECT_EQ(StepMetricsNoteFrom(llvm::json::Object{{"skipped", 1}}, "x").status().message(),
+            R"(x: field "skipped" is not a boolean)");
+  EXPECT_EQ(StepMetricsNoteFrom(llvm::json::Object{{"loss_scale", "big"}}, "x").status().message(),
+            R"(x: field "loss_scale" is neither a number nor "nan", "inf" or "-inf")");
+}
+
 TEST(Annotations, TheProxyLookupsReadTheLayersPlan) {
   llvm::json::Object layer{{"layer", 1}, {"kept", llvm::json::Array{5, 9}}, {"maps_to", llvm::json::Array{0, 0, 5, 9}}};
   llvm::json::Object proxy;
