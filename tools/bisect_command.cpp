@@ -19,9 +19,9 @@ namespace moerr::tools {
 
 void AddBisectCommand(CLI::App& app, int& exit_code) {
   struct Options {
-    std::string bundle, limit = "dtype";
+    std::string bundle;
     std::vector<int64_t> steps;
-    double fraction = 0;
+    analysis::OverflowOptions overflow;  // --fraction and --limit bind here
     bool json = false, precision = false;
     std::string upcast = "fp32", policy_out = "precision-policy.txt";
     std::vector<std::string> references;  // --reference OP=FILE
@@ -35,10 +35,19 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("BUNDLE", opts->bundle, "Bundle file, or a multi-rank run directory (world.json)")->required()
       ->transform(RecordingPath());
   cmd->add_option("--step", opts->steps, "Steps to search (default: every complete step and every raised one)");
-  cmd->add_option("--limit", opts->limit, "Range to judge outputs against: dtype, fp16 or bf16")
-      ->check(CLI::IsMember({"dtype", "fp16", "bf16"}))
-      ->capture_default_str();
-  cmd->add_option("--fraction", opts->fraction,
+  AddParsedOption(
+      cmd, "--limit",
+      [opts](const std::string& range) -> absl::Status {
+        if (range != "dtype" && range != "fp16" && range != "bf16") {
+          return absl::InvalidArgumentError("--limit " + range + ": one of dtype, fp16 or bf16");
+        }
+        opts->overflow.limit = range == "fp16"   ? analysis::DTypeMax(formats::DType::kF16)
+                               : range == "bf16" ? analysis::DTypeMax(formats::DType::kBF16)
+                                                 : 0;
+        return absl::OkStatus();
+      },
+      "Range to judge outputs against: dtype, fp16 or bf16", "dtype");
+  cmd->add_option("--fraction", opts->overflow.fraction,
                   "Also count outputs whose abs-max exceeds this fraction of the limit (0: only non-finite)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
@@ -56,11 +65,7 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
                   "output further from the reference's fp64 run than its dtype explains is reported");
   cmd->add_flag("--json", opts->json, "Print JSON");
   OnRun(cmd, exit_code, [opts]() -> ExitOr {
-    analysis::OverflowOptions options;
-    options.fraction = opts->fraction;
-    options.limit = opts->limit == "fp16"   ? analysis::DTypeMax(formats::DType::kF16)
-                    : opts->limit == "bf16" ? analysis::DTypeMax(formats::DType::kBF16)
-                                            : 0;
+    const analysis::OverflowOptions& options = opts->overflow;
     if (formats::IsRunDirectory(opts->bundle)) {
       if (opts->precision) {
         return absl::InvalidArgumentError(absl::StrFormat(

@@ -182,15 +182,14 @@ absl::Status NoOpsToReplay(const formats::BundleReader& reader, const std::strin
 }
 
 struct ReplayArgs {
-  std::string bundle;
-  std::vector<int64_t> steps;
-  bool check = false, isolated = false, model = false, live_routing = false, force = false, json = false;
-  std::string policy, precision, out;
+  // BUNDLE, --step, --out, --force and --json (every mode's) bind here, and
+  // so do --ranks M (a run directory's step on M ranks) and
+  // --collective-timeout: what `world::ReplayOnRanks` takes as it is.
+  world::ReplayRanksArgs base;
+  bool check = false, isolated = false, model = false, live_routing = false;
+  std::string policy, precision;
   std::vector<std::string> references;  // --reference OP=FILE
   int64_t rank = -1;                      // --rank K of a run directory
-  // --ranks M (live replay of a run directory on M ranks) and
-  // --collective-timeout bind here; the shared options are copied in.
-  world::ReplayRanksArgs on_ranks;
 };
 
 // `moerr replay --model` of each of `steps`: the worst exit code of them.
@@ -199,7 +198,7 @@ ExitOr ModelReplays(const ReplayArgs& args, const formats::BundleReader& reader,
   if (args.isolated || args.check || !args.policy.empty()) {
     return absl::InvalidArgumentError("--model does not combine with --isolated, --check or --policy");
   }
-  if (!args.out.empty() && steps.size() != 1) {
+  if (!args.base.out.empty() && steps.size() != 1) {
     return absl::InvalidArgumentError("--out keeps one step's replay: pass one --step");
   }
   replayer::ModelReplayOptions model;
@@ -211,20 +210,20 @@ ExitOr ModelReplays(const ReplayArgs& args, const formats::BundleReader& reader,
   int exit_code = kExitOk;
   llvm::json::Array results;  // --json: one object per step
   for (int64_t step : steps) {
-    const bool keep = !args.out.empty();
-    model.record_path = keep ? args.out
+    const bool keep = !args.base.out.empty();
+    model.record_path = keep ? args.base.out
                              : (std::filesystem::temp_directory_path() /
                                 absl::StrFormat("moerr-model-replay-%d-%d.moerr", ::getpid(), step))
                                    .string();
-    model.overwrite = !keep || args.force;
+    model.overwrite = !keep || args.base.force;
     llvm::json::Object result;
-    const ExitOr code = ModelReplay(reader, step, model, args.json ? &result : nullptr);
+    const ExitOr code = ModelReplay(reader, step, model, args.base.json ? &result : nullptr);
     if (!keep) std::filesystem::remove(model.record_path);
     if (!code.ok()) return code.status();
     exit_code = std::max(exit_code, *code);
     results.push_back(std::move(result));
   }
-  if (args.json) PrintJson(std::move(results));
+  if (args.base.json) PrintJson(std::move(results));
   return exit_code;
 }
 
@@ -234,10 +233,10 @@ ExitOr ModelReplays(const ReplayArgs& args, const formats::BundleReader& reader,
 ExitOr ProgramReplay(const ReplayArgs& args, const formats::BundleReader& reader, int64_t step,
                             const replayer::ReplayOptions& options, llvm::json::Array& results) {
   MOERR_ASSIGN_OR_RETURN(const formats::Trace trace, formats::ReadTrace(reader, step));
-  if (trace.ops.empty()) return NoOpsToReplay(reader, args.bundle, step);
+  if (trace.ops.empty()) return NoOpsToReplay(reader, args.base.run, step);
   // A raised step replays up to its last recorded op, where the original stopped.
   MOERR_ASSIGN_OR_RETURN(const std::string raised, RaisedLine(reader, step));
-  if (!raised.empty() && !args.json) {
+  if (!raised.empty() && !args.base.json) {
     std::printf("%s\n  replaying its %zu recorded ops, up to where the original step stopped\n", raised.c_str(),
                 trace.ops.size());
   }
@@ -264,7 +263,7 @@ ExitOr ProgramReplay(const ReplayArgs& args, const formats::BundleReader& reader
     result.same = again.outputs == report.outputs;  // bitwise (Fingerprint::operator==)
     if (!*result.same) exit_code = kExitFinding;
   }
-  if (args.json) {
+  if (args.base.json) {
     llvm::json::Object json = replayer::ProgramReplayJson(result);
     if (!raised.empty()) json["raised"] = raised;
     results.push_back(std::move(json));
@@ -274,11 +273,11 @@ ExitOr ProgramReplay(const ReplayArgs& args, const formats::BundleReader& reader
   return exit_code;
 }
 
-// Replays every step asked of the bundle `args.bundle`: --model prints its
+// Replays every step asked of the bundle `args.base.run`: --model prints its
 // own results; program replays add theirs to `results` (JSON) or print them.
 ExitOr ReplayBundle(const ReplayArgs& args, llvm::json::Array& results) {
-  MOERR_RETURN_IF_ERROR(CheckNotAnInput(args.out, {args.bundle}));
-  MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(args.bundle));
+  MOERR_RETURN_IF_ERROR(CheckNotAnInput(args.base.out, {args.base.run}));
+  MOERR_ASSIGN_OR_RETURN(const auto reader, formats::BundleReader::Open(args.base.run));
   replayer::ReplayOptions options;
   options.isolated = args.isolated;
   MOERR_ASSIGN_OR_RETURN(const replayer::OpReferences references, replayer::OpReferences::Load(args.references));
@@ -286,7 +285,7 @@ ExitOr ReplayBundle(const ReplayArgs& args, llvm::json::Array& results) {
   if (!args.policy.empty()) {
     MOERR_ASSIGN_OR_RETURN(options.policy, replayer::PrecisionPolicy::Load(args.policy));
   }
-  MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, StepsToRead(*reader, args.bundle, args.steps));
+  MOERR_ASSIGN_OR_RETURN(const std::vector<int64_t> steps, StepsToRead(*reader, args.base.run, args.base.steps));
   if (args.model) return ModelReplays(args, *reader, steps);
   int exit_code = kExitOk;
   for (int64_t step : steps) {
@@ -303,8 +302,8 @@ ExitOr ReplayBundle(const ReplayArgs& args, llvm::json::Array& results) {
 // --json: {"ranks": [{"rank": K, "steps": [...]} or {"rank": K, "error": WHY}],
 // "cross_rank": [...]}.
 ExitOr ReplayRun(const ReplayArgs& args) {
-  MOERR_ASSIGN_OR_RETURN(const std::vector<world::RankBundle> bundles, world::BundlesOf(args.bundle, args.rank));
-  if (args.model || !args.out.empty()) {
+  MOERR_ASSIGN_OR_RETURN(const std::vector<world::RankBundle> bundles, world::BundlesOf(args.base.run, args.rank));
+  if (args.model || !args.base.out.empty()) {
     return absl::InvalidArgumentError("--model and --out replay one bundle: not a run directory");
   }
   // Bad options are the command's error, not a rank's.
@@ -318,14 +317,14 @@ ExitOr ReplayRun(const ReplayArgs& args) {
       continue;
     }
     ReplayArgs one = args;
-    one.bundle = b.path;
-    if (!args.json) std::printf("rank %lld (%s)\n", static_cast<long long>(b.rank), b.path.c_str());
+    one.base.run = b.path;
+    if (!args.base.json) std::printf("rank %lld (%s)\n", static_cast<long long>(b.rank), b.path.c_str());
     llvm::json::Array steps;
     const ExitOr code = ReplayBundle(one, steps);
     if (!code.ok() && ExitCodeOf(code.status()) == kExitError) {  // a bug in moerr still stops it
       exit_code = std::max(exit_code, kExitFinding);
       const std::string why(code.status().message());
-      if (!args.json) std::printf("  rank %lld not replayed: %s\n", static_cast<long long>(b.rank), why.c_str());
+      if (!args.base.json) std::printf("  rank %lld not replayed: %s\n", static_cast<long long>(b.rank), why.c_str());
       ranks.push_back(llvm::json::Object{{"rank", b.rank}, {"bundle", b.path}, {"error", why}});
       continue;
     }
@@ -335,10 +334,10 @@ ExitOr ReplayRun(const ReplayArgs& args) {
   }
   if (args.rank < 0) {
     MOERR_ASSIGN_OR_RETURN(const int code,
-                           world::CheckRunCollectives(args.bundle, args.steps, args.json ? &checks : nullptr));
+                           world::CheckRunCollectives(args.base.run, args.base.steps, args.base.json ? &checks : nullptr));
     exit_code = std::max(exit_code, code);
   }
-  if (args.json) PrintJson(llvm::json::Object{{"ranks", std::move(ranks)}, {"cross_rank", std::move(checks)}});
+  if (args.base.json) PrintJson(llvm::json::Object{{"ranks", std::move(ranks)}, {"cross_rank", std::move(checks)}});
   return exit_code;
 }
 
@@ -350,22 +349,16 @@ ExitOr ReplayRunOnRanks(const ReplayArgs& args) {
         "--ranks re-executes the whole step on other ranks: it does not combine with --rank, --model, --isolated, "
         "--check, --policy, --precision, --live-routing or --reference");
   }
-  world::ReplayRanksArgs ranks = args.on_ranks;
-  ranks.run = args.bundle;
-  ranks.steps = args.steps;
-  ranks.out = args.out;
-  ranks.force = args.force;
-  ranks.json = args.json;
-  return world::ReplayOnRanks(ranks);
+  return world::ReplayOnRanks(args.base);
 }
 
 ExitOr RunReplay(const ReplayArgs& args) {
   // A proxy run (moerr proxy RUN) records no ops: it runs on its ranks.
-  if (args.on_ranks.ranks > 0 || (args.rank < 0 && world::IsProxyRun(args.bundle))) return ReplayRunOnRanks(args);
-  if (formats::IsRunDirectory(args.bundle) || args.rank >= 0) return ReplayRun(args);
+  if (args.base.ranks > 0 || (args.rank < 0 && world::IsProxyRun(args.base.run))) return ReplayRunOnRanks(args);
+  if (formats::IsRunDirectory(args.base.run) || args.rank >= 0) return ReplayRun(args);
   llvm::json::Array results;  // --json: one object per step
   MOERR_ASSIGN_OR_RETURN(const int exit_code, ReplayBundle(args, results));
-  if (args.json && !args.model) PrintJson(std::move(results));
+  if (args.base.json && !args.model) PrintJson(std::move(results));
   return exit_code;
 }
 
@@ -376,13 +369,13 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "replay", "Re-execute recorded steps op by op from their leaves (or, --isolated, each op on its recorded inputs) "
       "and compare every output with the record");
-  cmd->add_option("BUNDLE", opts->bundle, "A replayable or full bundle, or a multi-rank run directory (world.json)")
+  cmd->add_option("BUNDLE", opts->base.run, "A replayable or full bundle, or a multi-rank run directory (world.json)")
       ->required()
       ->transform(RecordingPath());
   cmd->add_option("--rank", opts->rank,
                   "Run directory: replay rank K alone (its collectives from the record); default every rank, then "
                   "check that what each rank received is what the others sent");
-  cmd->add_option("--ranks", opts->on_ranks.ranks,
+  cmd->add_option("--ranks", opts->base.ranks,
                   "Run directory: re-execute the step live on M ranks (M divides the run's ranks; 1: the whole world "
                   "in this process), each hosting the experts of the ranks it stands for, with the recorded routing "
                   "and batch; compare every expert's ops, the step's metrics, the first overflow and the run's failure "
@@ -391,12 +384,12 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
                   "A Python loop recorded with moerr.record(model=, hf_config=): its HF-layout model rebuilt, each "
                   "rank's layer outputs, loss and gradients compared within a relative 1e-4 (docs/DISTRIBUTED.md)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--collective-timeout", opts->on_ranks.collective_timeout_s,
+  cmd->add_option("--collective-timeout", opts->base.collective_timeout_s,
                   "With --ranks (or a proxy run): seconds a collective (and the rendezvous) may take before the "
                   "replay rank fails naming it")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 86400.0));
-  cmd->add_option("--step", opts->steps, "Steps to replay (default: every complete step and every raised one)");
+  cmd->add_option("--step", opts->base.steps, "Steps to replay (default: every complete step and every raised one)");
   cmd->add_flag("--check", opts->check, "Replay twice and demand bitwise equal results (determinism)");
   cmd->add_flag("--isolated", opts->isolated,
                 "Run each op on its recorded inputs, so each op's error is its own (full bundles)");
@@ -406,10 +399,10 @@ void AddReplayCommand(CLI::App& app, int& exit_code) {
                 "op by op with the record");
   cmd->add_flag("--live-routing", opts->live_routing, "With --model: let the routers choose instead of the record");
   cmd->add_option("--precision", opts->precision, "With --model: train and roll out in fp32, bf16, fp16 or fp16-emu");
-  cmd->add_option("--out", opts->out,
+  cmd->add_option("--out", opts->base.out,
                   "With --model: keep the replayed step's recording here; with --ranks: the replay's run directory");
-  cmd->add_flag("--force", opts->force, "With --out: overwrite an existing recording");
-  cmd->add_flag("--json", opts->json, "Print the results as JSON, one object per step");
+  cmd->add_flag("--force", opts->base.force, "With --out: overwrite an existing recording");
+  cmd->add_flag("--json", opts->base.json, "Print the results as JSON, one object per step");
   cmd->add_option("--reference", opts->references,
                   "OP=FILE: run op OP (\"npu::npu_swiglu\") through the TorchScript reference FILE wherever it "
                   "appears; its forward takes the op's arguments (or its tensor arguments) in schema order. "
