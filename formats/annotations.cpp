@@ -202,6 +202,11 @@ std::optional<Recording> RecordingOf(const BundleReader& reader) {
   return *std::move(r);
 }
 
+bool HoldsReplayableValues(const BundleReader& reader) {
+  const std::optional<Recording> recording = RecordingOf(reader);
+  return !recording || (!recording->imported && recording->mode != "stats");
+}
+
 // ---- replay_time -------------------------------------------------------------
 
 llvm::json::Object ToJson(const ReplayTime& t) {

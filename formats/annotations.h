@@ -107,6 +107,10 @@ absl::StatusOr<Recording> ReadRecording(const BundleReader& reader, absl::string
 // ReadRecording, with a bundle that has none (or a malformed one) as nullopt:
 // for readers to whom the annotation is a hint.
 std::optional<Recording> RecordingOf(const BundleReader& reader);
+// Whether the bundle's values can be replayed (precision bisect, replay): a
+// recording not in stats mode, and not imported (replay refuses an imported
+// dump, whatever its mode). True for a bundle with no recording annotation.
+bool HoldsReplayableValues(const BundleReader& reader);
 
 // ---- replay_time (per step) ------------------------------------------------------
 // Wall and process CPU seconds of a model replay's step (replayer/model_replay.h).

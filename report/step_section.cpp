@@ -14,21 +14,6 @@
 #include "support/status.h"
 
 namespace moerr::report {
-namespace {
-
-// Whether the bundle holds what a replay needs: its recording mode (the
-// recorder's "recording" annotation) is not "stats". Without the annotation
-// (a bundle another tool wrote), assumed so.
-// Whether precision bisect can replay the bundle: a recording not in stats
-// mode. An imported dump never is, whatever its mode (replay refuses it).
-bool Replayable(const formats::BundleReader& reader) {
-  const std::optional<formats::Recording> recording = formats::RecordingOf(reader);
-  if (!recording) return true;
-  if (recording->imported) return false;
-  return recording->mode != "stats";
-}
-
-}  // namespace
 
 absl::Status AddStepSection(HtmlPage& page, const formats::BundleReader& reader, const std::string& path,
                             int64_t step, const formats::Trace& trace,
@@ -44,7 +29,7 @@ absl::Status AddStepSection(HtmlPage& page, const formats::BundleReader& reader,
   // The step's overflow, found once for the verdict, the text and the figure.
   const std::optional<analysis::OverflowCause> found = analysis::FindOverflowCause(trace);
   const analysis::FirstOverflow* first = found ? &found->first : nullptr;
-  if (found) AddOverflowVerdict(page, path, step, trace, *found, Replayable(reader));
+  if (found) AddOverflowVerdict(page, path, step, trace, *found, formats::HoldsReplayableValues(reader));
   page.Heading(absl::StrFormat("Step %d of %s", step, path));
   if (raised) {
     page.Paragraph("The step raised " + raised->Headline() + ". The ops below are those recorded before it.");

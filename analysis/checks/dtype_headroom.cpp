@@ -15,6 +15,7 @@
 #include "analysis/checks/common.h"
 #include "analysis/first_overflow.h"
 #include "analysis/overflow_cause.h"
+#include "formats/annotations.h"
 
 namespace moerr::analysis {
 namespace {
@@ -70,7 +71,10 @@ std::optional<Finding> FirstOverflowFinding(const StepView& s) {
   f.numbers["cause_op_index"] = static_cast<int64_t>(cause.op_index);
   f.numbers["cause_op"] = cause.op->name;
   f.numbers["cause_module"] = cause.op->module;
-  f.next = absl::StrFormat("moerr bisect %s --step %d --precision", s.path, s.step);
+  // Precision bisect replays the step with modules upcast: it needs values
+  // (not a stats bundle or an imported dump) and 16-bit ops to upcast.
+  const bool precision = s.reader != nullptr && formats::HoldsReplayableValues(*s.reader) && Holds16Bit(*s.trace);
+  f.next = absl::StrFormat("moerr bisect %s --step %d%s", s.path, s.step, precision ? " --precision" : "");
   return f;
 }
 

@@ -160,6 +160,22 @@ TEST(ProxyPreservationTest, FlagsAChangedLoadAndNotItself) {
   EXPECT_TRUE(entropy) << Describe(flagged);
 }
 
+// Precision bisect replays the step: the first overflow's next step asks
+// for it only where the bundle holds values, not on a stats recording.
+TEST(LintTest, AStatsBundlesOverflowSuggestsBisectWithoutPrecision) {
+  TempDir dir;
+  moe::InjectedFault injected;
+  bool finite = true;
+  const std::string path = dir.File("stats.moerr");
+  auto reader = testing::RecordFaultyStep(path, moe::FaultKind::kExpertOverflow, recorder::CaptureMode::kStats,
+                                          injected, finite, 0, 2);
+  const std::vector<Finding> named = Warnings(LintAll(*reader, path), "dtype-headroom");
+  ASSERT_FALSE(named.empty());
+  EXPECT_EQ(named.front().severity, Severity::kError);
+  EXPECT_NE(named.front().next.find("moerr bisect"), std::string::npos) << named.front().next;
+  EXPECT_EQ(named.front().next.find("--precision"), std::string::npos) << named.front().next;
+}
+
 TEST(LintTest, AnUnknownCheckIsAnError) {
   formats::Trace trace;
   const LintInput input{StepView{nullptr, "x", 0, &trace}, std::nullopt};
