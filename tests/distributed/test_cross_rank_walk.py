@@ -14,32 +14,21 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
-MOERR = os.environ.get("MOERR_BIN", "moerr")
-TIMEOUT = 120  # seconds per process
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python"))
+from test_distributed_record import MOERR, TIMEOUT, moerr_cli, run_ranks  # noqa: E402
+
 TOKENS = 12    # per rank: tokens[:, :-1] of a [2, 7] batch
 
 STEP = """
 import torch, torch.nn as nn, torch.nn.functional as F, torch.distributed as dist, moerr
+from moerr.examples import AllToAll
 
 def destination(rank, world, t):
     # Token t of `rank` goes to the expert on this rank: never its own.
     return (rank + 1 + t % (world - 1)) % world
-
-class AllToAll(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, send, recv):
-        ctx.send, ctx.recv = send, recv
-        out = x.new_empty((sum(recv),) + tuple(x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), recv, send)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        return AllToAll.apply(grad, ctx.recv, ctx.send), None, None
 
 class Expert(nn.Module):
     def __init__(self, d):
@@ -115,27 +104,6 @@ dist.destroy_process_group()
 
 def destination(rank, world, t):
     return (rank + 1 + t % (world - 1)) % world
-
-
-def run_ranks(code, run_dir, world):
-    env = dict(os.environ, WORLD_SIZE=str(world), GLOO_SOCKET_IFNAME="lo",
-               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    prelude = f"import os\nRUN = {str(run_dir)!r}\nINIT = {'file://' + str(run_dir) + '.store'!r}\n"
-    procs = [subprocess.Popen([sys.executable, "-c", prelude + textwrap.dedent(code)], env=dict(env, RANK=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    for r, p in enumerate(procs):
-        try:
-            out, _ = p.communicate(timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail(f"rank {r} still running after {TIMEOUT} s")
-        assert p.returncode == 0 and f"recorded {r}" in out, f"rank {r} exited {p.returncode}:\n{out}"
-
-
-def moerr_cli(*args):
-    p = subprocess.run([MOERR, *map(str, args)], capture_output=True, text=True, timeout=TIMEOUT)
-    return p.returncode, p.stdout + p.stderr
 
 
 def combine_rows(world, origin, receiver):
