@@ -39,6 +39,13 @@ double DTypeMax(formats::DType dtype) {
   return 0;
 }
 
+absl::StatusOr<double> ParseOverflowLimit(const std::string& name) {
+  if (name == "dtype") return 0.0;
+  if (name == "fp16") return DTypeMax(formats::DType::kF16);
+  if (name == "bf16") return DTypeMax(formats::DType::kBF16);
+  return absl::InvalidArgumentError("--limit " + name + ": one of dtype, fp16 or bf16");
+}
+
 std::optional<FirstOverflow> FindFirstOverflow(const formats::Trace& trace, const OverflowOptions& options) {
   absl::flat_hash_map<uint64_t, size_t> by_seq;
   for (size_t i = 0; i < trace.ops.size(); ++i) by_seq[trace.ops[i].seq] = i;

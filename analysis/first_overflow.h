@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "formats/trace.h"
 
 namespace moerr::analysis {
@@ -26,6 +27,10 @@ struct OverflowOptions {
 
 // Largest finite value of `dtype` (floating types; integers: their maximum).
 double DTypeMax(formats::DType dtype);
+
+// OverflowOptions::limit named: "dtype" (0: each output's own), "fp16" or
+// "bf16" (their largest finite value); InvalidArgument for any other name.
+absl::StatusOr<double> ParseOverflowLimit(const std::string& name);
 
 struct HeadroomPoint {
   size_t op_index = 0;

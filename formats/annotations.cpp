@@ -95,17 +95,25 @@ class Fields {
   absl::Status status_;
 };
 
+// The annotation `key` of `step` as JSON: NotFound naming the bundle when
+// it has none, its read error annotated with where otherwise.
+absl::StatusOr<llvm::json::Value> ReadValue(const BundleReader& reader, absl::string_view key, int64_t step,
+                                            absl::string_view bundle) {
+  absl::StatusOr<llvm::json::Value> v = reader.ReadAnnotation(key, step);
+  if (absl::IsNotFound(v.status())) {
+    return absl::NotFoundError(absl::StrFormat("%s: no annotation \"%s\"%s", bundle.empty() ? "the bundle" : bundle,
+                                               key, step < 0 ? "" : absl::StrFormat(" at step %d", step)));
+  }
+  if (!v.ok()) return Annotate(v.status(), AnnotationWhere(bundle, key, step));
+  return v;
+}
+
 // The annotation `key` of `step`, parsed by `from`.
 template <typename T>
 absl::StatusOr<T> ReadTyped(const BundleReader& reader, const char* key, int64_t step, absl::string_view bundle,
                             absl::StatusOr<T> (*from)(const llvm::json::Value&, absl::string_view)) {
-  absl::StatusOr<llvm::json::Value> v = reader.ReadAnnotation(key, step);
-  if (absl::IsNotFound(v.status())) {
-    return absl::NotFoundError(absl::StrFormat("%s: no annotation \"%s\"%s", bundle, key,
-                                               step < 0 ? "" : absl::StrFormat(" at step %d", step)));
-  }
-  if (!v.ok()) return Annotate(v.status(), AnnotationWhere(bundle, key, step));
-  return from(*v, AnnotationWhere(bundle, key, step));
+  MOERR_ASSIGN_OR_RETURN(const llvm::json::Value v, ReadValue(reader, key, step, bundle));
+  return from(v, AnnotationWhere(bundle, key, step));
 }
 
 }  // namespace
@@ -118,15 +126,9 @@ std::string AnnotationWhere(absl::string_view bundle, absl::string_view key, int
 
 absl::StatusOr<llvm::json::Object> ReadObjectAnnotation(const BundleReader& reader, absl::string_view key,
                                                         int64_t step, absl::string_view bundle) {
-  absl::StatusOr<llvm::json::Value> v = reader.ReadAnnotation(key, step);
-  const std::string where = AnnotationWhere(bundle, key, step);
-  if (absl::IsNotFound(v.status())) {
-    return absl::NotFoundError(absl::StrFormat("%s: no annotation \"%s\"%s", bundle.empty() ? "the bundle" : bundle,
-                                               key, step < 0 ? "" : absl::StrFormat(" at step %d", step)));
-  }
-  if (!v.ok()) return Annotate(v.status(), where);
-  if (llvm::json::Object* o = v->getAsObject()) return std::move(*o);
-  return absl::InvalidArgumentError(where + " is not a JSON object");
+  MOERR_ASSIGN_OR_RETURN(llvm::json::Value v, ReadValue(reader, key, step, bundle));
+  if (llvm::json::Object* o = v.getAsObject()) return std::move(*o);
+  return absl::InvalidArgumentError(AnnotationWhere(bundle, key, step) + " is not a JSON object");
 }
 
 // ---- proxy -------------------------------------------------------------------
@@ -203,8 +205,10 @@ std::optional<Recording> RecordingOf(const BundleReader& reader) {
 }
 
 bool HoldsReplayableValues(const BundleReader& reader) {
-  const std::optional<Recording> recording = RecordingOf(reader);
-  return !recording || (!recording->imported && recording->mode != "stats");
+  const absl::StatusOr<Recording> recording = ReadRecording(reader, "");
+  if (absl::IsNotFound(recording.status())) return true;  // another tool's bundle: assumed to
+  // A malformed annotation may hide a stats or imported recording: not claimed.
+  return recording.ok() && !recording->imported && recording->mode != "stats";
 }
 
 // ---- replay_time -------------------------------------------------------------

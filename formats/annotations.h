@@ -109,7 +109,8 @@ absl::StatusOr<Recording> ReadRecording(const BundleReader& reader, absl::string
 std::optional<Recording> RecordingOf(const BundleReader& reader);
 // Whether the bundle's values can be replayed (precision bisect, replay): a
 // recording not in stats mode, and not imported (replay refuses an imported
-// dump, whatever its mode). True for a bundle with no recording annotation.
+// dump, whatever its mode). True for a bundle with no recording annotation,
+// false for one whose annotation is malformed (its mode cannot be told).
 bool HoldsReplayableValues(const BundleReader& reader);
 
 // ---- replay_time (per step) ------------------------------------------------------
@@ -127,7 +128,7 @@ absl::StatusOr<ReplayTime> ReadReplayTime(const BundleReader& reader, int64_t st
 // rank; also the "fault" field of a proxy annotation and of a verdict.
 struct FaultNote {
   std::string kind;             // moe::FaultName
-  std::optional<int64_t> rank;  // absent: every rank
+  std::optional<int64_t> rank;  // the faulty rank; -1 or absent: every rank
 };
 llvm::json::Object ToJson(const FaultNote& f);
 absl::StatusOr<FaultNote> FaultNoteFrom(const llvm::json::Value& v, absl::string_view where);

@@ -38,12 +38,7 @@ void AddBisectCommand(CLI::App& app, int& exit_code) {
   AddParsedOption(
       cmd, "--limit",
       [opts](const std::string& range) -> absl::Status {
-        if (range != "dtype" && range != "fp16" && range != "bf16") {
-          return absl::InvalidArgumentError("--limit " + range + ": one of dtype, fp16 or bf16");
-        }
-        opts->overflow.limit = range == "fp16"   ? analysis::DTypeMax(formats::DType::kF16)
-                               : range == "bf16" ? analysis::DTypeMax(formats::DType::kBF16)
-                                                 : 0;
+        MOERR_ASSIGN_OR_RETURN(opts->overflow.limit, analysis::ParseOverflowLimit(range));
         return absl::OkStatus();
       },
       "Range to judge outputs against: dtype, fp16 or bf16", "dtype");

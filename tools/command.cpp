@@ -8,6 +8,8 @@
 
 #include <c10/util/Exception.h>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "formats/raised_step.h"
@@ -54,6 +56,15 @@ absl::Status CheckOverwrite(const std::string& path, bool force, const std::vect
   MOERR_RETURN_IF_ERROR(CheckNotAnInput(path, inputs));
   if (force || !std::filesystem::exists(path)) return absl::OkStatus();
   return absl::AlreadyExistsError(path + " exists; pass --force to overwrite it");
+}
+
+std::optional<double> ParseFraction(const std::string& text) {
+  const std::vector<std::string> parts = absl::StrSplit(text, '/');
+  int64_t a = 0, b = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &a) || !absl::SimpleAtoi(parts[1], &b) || a < 1 || b < a) {
+    return std::nullopt;
+  }
+  return double(a) / double(b);
 }
 
 absl::Status ClaimWorkDir(const std::string& dir, const std::string& command, const std::vector<std::string>& own) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,10 @@ absl::Status CheckOverwrite(const std::string& path, bool force, const std::vect
 // names and own[0] (what every run leaves, its cache): an earlier run from
 // before the mark. FailedPrecondition otherwise, so nothing someone else put
 // there is lost. Creates and marks it.
+// "1/4" -> 0.25: a fraction a/b of integers with 0 < a <= b (--keep);
+// nullopt for any other text.
+std::optional<double> ParseFraction(const std::string& text);
+
 absl::Status ClaimWorkDir(const std::string& dir, const std::string& command, const std::vector<std::string>& own);
 
 // The steps a command reads from the bundle at `path`: `requested`, each of

@@ -342,12 +342,13 @@ void AddDiffCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--step-a", opts->step_a, "Step of A (default: its first complete step)");
   cmd->add_option("--step-b", opts->step_b, "Step of B (default: its first complete step)");
   diff::DiffOptions& diff = opts->options.diff;
-  AddParsedOption(cmd, "--threshold", [&diff](const std::string& spec) { return diff.thresholds.Set(spec); },
+  AddParsedOption(cmd, "--threshold",
+                  [opts](const std::string& spec) { return opts->options.diff.thresholds.Set(spec); },
                   "Largest acceptable relative L2 error for outputs of a dtype, e.g. f32=1e-4; a pair is judged by "
                   "its lower precision (defaults: " + diff.thresholds.Text() + ", integers 0)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   cmd->add_flag_callback(
-      "--fingerprints", [&diff] { diff.compare_bytes = false; },
+      "--fingerprints", [opts] { opts->options.diff.compare_bytes = false; },
       "Compare fingerprints only, even where bytes are recorded (introduced error is then estimated)");
   cmd->add_flag_callback(
       "--estimate", [opts] { opts->options.measure = false; },

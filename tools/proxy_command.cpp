@@ -10,7 +10,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "formats/bundle_reader.h"
 #include "formats/world_manifest.h"
 #include "formats/world_run.h"
@@ -26,14 +25,13 @@ namespace {
 
 // "1/4" -> fraction 0.25; "3" -> 3 experts.
 absl::Status ParseKeep(const std::string& text, proxy::ProxyOptions& options) {
-  std::vector<std::string> parts = absl::StrSplit(text, '/');
-  int64_t a = 0, b = 0;
-  if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &a) && absl::SimpleAtoi(parts[1], &b) && a > 0 && b >= a) {
+  if (const std::optional<double> fraction = ParseFraction(text)) {
     options.keep = 0;
-    options.keep_fraction = double(a) / b;
+    options.keep_fraction = *fraction;
     return absl::OkStatus();
   }
-  if (parts.size() == 1 && absl::SimpleAtoi(parts[0], &a) && a > 0) {
+  int64_t a = 0;
+  if (absl::SimpleAtoi(text, &a) && a > 0) {
     options.keep = a;
     return absl::OkStatus();
   }
@@ -315,12 +313,12 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
                   "checkpoint/, clusters.json; of --checkpoint: the proxy's HF checkpoint and clusters.json")
       ->required();
   AddParsedOption(
-      cmd, "--keep", [&p](const std::string& text) { return ParseKeep(text, p); },
+      cmd, "--keep", [opts](const std::string& text) { return ParseKeep(text, opts->proxy()); },
       "Experts kept per MoE layer: a fraction (1/2, 1/4, 1/8) or a count", KeepText(p));
   AddParsedOption(
       cmd, "--method",
-      [&p](const std::string& text) -> absl::Status {
-        MOERR_ASSIGN_OR_RETURN(p.cluster.method, proxy::ParseMethod(text));
+      [opts](const std::string& text) -> absl::Status {
+        MOERR_ASSIGN_OR_RETURN(opts->proxy().cluster.method, proxy::ParseMethod(text));
         return absl::OkStatus();
       },
       absl::StrCat(absl::StrJoin(proxy::MethodNames(), ", "), ": how the kept experts are chosen"),
@@ -344,7 +342,7 @@ void AddProxyCommand(CLI::App& app, int& exit_code) {
          "Seed of the random method, the calibration batch and healing")
       ->default_str(absl::StrCat(p.cluster.seed));
   cmd->add_flag_callback(
-      "--no-forced-keeps", [&p] { p.cluster.force = false; },
+      "--no-forced-keeps", [opts] { opts->proxy().cluster.force = false; },
       "Do not force in the experts the recorded failure names or super experts");
   cmd->add_option("--heal", opts->heal.steps,
                   "Distil the proxy N steps towards the original's next-token distributions on task sequences, "

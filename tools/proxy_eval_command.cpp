@@ -5,10 +5,8 @@
 #include <fstream>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "moe/moe_config.h"
 #include "proxy/proxy_eval.h"
 #include "support/progress.h"
@@ -40,12 +38,9 @@ struct ProxyEvalArgs {
 absl::Status ParseKeeps(const std::vector<std::string>& keeps, ProxyEvalArgs& args) {
   args.eval.keeps.clear();
   for (const std::string& k : keeps) {
-    std::vector<std::string> parts = absl::StrSplit(k, '/');
-    int64_t a = 0, b = 0;
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &a) || !absl::SimpleAtoi(parts[1], &b) || a < 1 || b < a) {
-      return absl::InvalidArgumentError("--keep " + k + ": a fraction like 1/4");
-    }
-    args.eval.keeps.push_back(double(a) / b);
+    const std::optional<double> fraction = ParseFraction(k);
+    if (!fraction) return absl::InvalidArgumentError("--keep " + k + ": a fraction like 1/4");
+    args.eval.keeps.push_back(*fraction);
   }
   args.on_ranks.keeps = keeps;
   return absl::OkStatus();

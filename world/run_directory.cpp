@@ -1,12 +1,12 @@
 #include "world/run_directory.h"
 
-#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "analysis/cross_rank.h"
 #include "analysis/world_overflow.h"
+#include "formats/collective_op.h"
 #include "formats/world_run.h"
 #include "support/exit_code.h"
 #include "support/status.h"
@@ -36,6 +36,36 @@ absl::StatusOr<std::vector<RankBundle>> BundlesOf(const std::string& path, int64
   return out;
 }
 
+namespace {
+
+// Whether `r`'s first overflow is an op of its own (not values that arrived
+// in a collective), which a reduce of that rank alone replays.
+bool OverflowsOnItsOwn(const analysis::WorldOverflow& found, int64_t rank) {
+  for (const analysis::RankOverflow& r : found.ranks) {
+    if (r.rank == rank) return !r.arrived && r.op != nullptr && !formats::IsCollective(*r.op);
+  }
+  return false;
+}
+
+// The rank a reduce of the run takes: the origin when its first overflow is
+// its own; else the rank bisect's walk started on, else the first rank whose
+// first overflow is its own (the origin's exploded rows overflowed there).
+absl::StatusOr<int64_t> ReducibleRank(const analysis::WorldOverflow& found, const std::string& path, int64_t step) {
+  if (OverflowsOnItsOwn(found, found.rank)) return found.rank;
+  if (!found.path.walks.empty() && OverflowsOnItsOwn(found, found.path.walks.front().rank)) {
+    return found.path.walks.front().rank;
+  }
+  for (const analysis::RankOverflow& r : found.ranks) {
+    if (OverflowsOnItsOwn(found, r.rank)) return r.rank;
+  }
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "%s, step %d: on every rank the first values that are not finite arrived through a collective, so no rank's "
+      "step overflows on its own; moerr bisect %s names where they began",
+      path, step, path));
+}
+
+}  // namespace
+
 absl::StatusOr<RankBundle> OneRankOf(const std::string& path, int64_t rank, int64_t step, std::string* why) {
   if (why != nullptr) why->clear();
   if (!formats::IsRunDirectory(path) || rank >= 0) {
@@ -49,23 +79,15 @@ absl::StatusOr<RankBundle> OneRankOf(const std::string& path, int64_t rank, int6
   for (int64_t s : steps) {
     MOERR_RETURN_IF_ERROR(formats::ReadWorldStep(world, s));
     if (const std::optional<analysis::WorldOverflow> found = analysis::FindWorldOverflow(world)) {
-      // The origin's first overflow may be values that arrived back from the
-      // ranks its own exploded rows overflowed on: nothing on it overflows
-      // from finite inputs, so the rank the walk started on is reduced.
-      int64_t target = found->rank;
-      std::string reason = ", where the overflow began";
-      const auto at_origin = std::find_if(found->ranks.begin(), found->ranks.end(),
-                                          [&](const analysis::RankOverflow& r) { return r.rank == found->rank; });
-      if (at_origin != found->ranks.end() && at_origin->arrived && !found->path.walks.empty() &&
-          found->path.walks.front().rank != found->rank) {
-        target = found->path.walks.front().rank;
-        reason = absl::StrFormat(", whose first overflow is made from finite inputs there; the overflow began on "
-                                 "rank %d, whose first non-finite values arrived through a collective (moerr "
-                                 "bisect %s names the path)",
-                                 found->rank, path);
-      }
+      MOERR_ASSIGN_OR_RETURN(const int64_t target, ReducibleRank(*found, path, world.step));
       MOERR_ASSIGN_OR_RETURN(const std::vector<RankBundle> bundles, BundlesOf(path, target));
-      if (why != nullptr) *why = reason;
+      if (why != nullptr) {
+        *why = target == found->rank
+                   ? ", where the overflow began"
+                   : absl::StrFormat(", whose first overflow an op of its own made; the overflow began on rank %d, "
+                                     "where no op overflowed on its own (moerr bisect %s names the path)",
+                                     found->rank, path);
+      }
       return bundles.front();
     }
   }

@@ -27,12 +27,12 @@ absl::StatusOr<std::vector<RankBundle>> BundlesOf(const std::string& path, int64
 // The one bundle a single-rank command (reduce) reads from `path`: the file
 // itself when it is a bundle; in a run directory, rank `rank`'s (>= 0), or
 // else, in step `step` (the first step where the run overflowed when -1),
-// the rank whose first overflow an op of its own made from finite inputs:
-// where the overflow began (analysis::FindWorldOverflow, as bisect names
-// it), or, when that rank's first overflow arrived through a collective,
-// the rank bisect's walk across ranks started on. `why` is set to the
-// reason so found (", where the overflow began"; empty for a bundle or
-// `rank`).
+// a rank whose first overflow an op of its own made (not values that
+// arrived in a collective, which a reduce of one rank cannot replay): where
+// the overflow began (analysis::FindWorldOverflow, as bisect names it), else
+// the rank bisect's walk across ranks started on, else the first such rank;
+// FailedPrecondition when there is none. `why` is set to the reason so
+// found (", where the overflow began"; empty for a bundle or `rank`).
 absl::StatusOr<RankBundle> OneRankOf(const std::string& path, int64_t rank, int64_t step, std::string* why = nullptr);
 
 // "rank 3: " for a rank of a run, "" for a lone bundle.

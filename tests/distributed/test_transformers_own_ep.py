@@ -114,6 +114,7 @@ def test_replay_on_one_rank_agrees_within_the_tolerance(own_ep_run):
     assert rc == 0, out
     report = json.loads(out[out.index("{"):])
     assert report["ok"] and report["original_ranks"] == 2 and report["ranks"] == 1, out
+    assert report["compared"], out
     assert all(r["relative"] is not None and r["relative"] <= report["tolerance"] for r in report["compared"]), out
     assert report["routing"] == {"served_slots": 128, "router_agrees": 128, "decisions_routed_live": 0}, out
 
