@@ -1,5 +1,6 @@
 #include "analysis/beside_run.h"
 
+#include <algorithm>
 #include <cmath>
 #include <complex>
 #include <cstdint>
@@ -100,6 +101,7 @@ std::string RecordedGroup(const GroupOrder& g) {
 }
 
 using Complex = std::complex<double>;
+constexpr double kPi = 3.14159265358979323846;
 
 // In-place radix-2 FFT; `a.size()` a power of two. `inverse` leaves the
 // result unscaled (times the size).
@@ -112,7 +114,7 @@ void Fft(std::vector<Complex>& a, bool inverse) {
     if (i < j) std::swap(a[i], a[j]);
   }
   for (size_t len = 2; len <= n; len <<= 1) {
-    const double angle = 2 * M_PI / static_cast<double>(len) * (inverse ? 1 : -1);
+    const double angle = 2 * kPi / static_cast<double>(len) * (inverse ? 1 : -1);
     const Complex w_len(std::cos(angle), std::sin(angle));
     for (size_t i = 0; i < n; i += len) {
       Complex w(1);
@@ -125,13 +127,11 @@ void Fft(std::vector<Complex>& a, bool inverse) {
   }
 }
 
-// Adds to `sum` the spectrum of the correlation of `x` with `y` (real, of
-// the spectrum's size, `x` reversed by its caller): both transformed in one
-// complex FFT of x + iy.
-void AddCorrelation(const std::vector<double>& x, const std::vector<double>& y, std::vector<Complex>& sum) {
+// Adds to `sum` the spectrum of the correlation of x with y, real and of
+// the spectrum's size, given as z = x + iy (x reversed by its caller): both
+// transformed in one complex FFT, in place (z is scratch afterwards).
+void AddCorrelation(std::vector<Complex>& z, std::vector<Complex>& sum) {
   const size_t n = sum.size();
-  std::vector<Complex> z(n);
-  for (size_t i = 0; i < n; ++i) z[i] = Complex(x[i], y[i]);
   Fft(z, false);
   for (size_t j = 0; j < n; ++j) {
     const Complex a = z[j], b = std::conj(z[(n - j) % n]);
@@ -145,50 +145,52 @@ struct MemberKinds {
   const Kinds* recorded;
 };
 
-// Per offset d (the dump's number minus the recording's) from `first`: how
-// many numbers both sides hold, and how many of those have the same kind
-// (SameKind), summed over the members. Correlations by FFT over the
-// numbers' spans: O(K n log n) for K recorded kinds, where trying each
-// offset in turn is O(n^2) per member.
+// The numbers both sides of a group hold, over its members: each side's
+// lowest and highest, and the recorded kinds.
+struct Spans {
+  std::vector<MemberKinds> members;
+  int64_t rlo = INT64_MAX, rhi = INT64_MIN, dlo = INT64_MAX, dhi = INT64_MIN;
+  std::set<std::string> kinds;
+};
+
+// Per offset d (the dump's number minus the recording's) from `first`
+// (dlo - rhi): how many numbers both sides hold, and how many of those
+// have the same kind (SameKind), summed over the members. Correlations by
+// FFT over the numbers' spans: O(K n log n) for K recorded kinds, where
+// trying each offset in turn is O(n^2) per member. `n` the FFT's size (a
+// power of two, at least the spans' sum); the spans fit in size_t (FitOffset).
 struct OffsetCounts {
   int64_t first = 0;
   std::vector<int64_t> compared, alike;
 };
 
-OffsetCounts CountByOffset(const std::vector<MemberKinds>& members, int64_t rlo, int64_t rhi, int64_t dlo,
-                           int64_t dhi) {
-  const size_t lr = static_cast<size_t>(rhi - rlo + 1), ld = static_cast<size_t>(dhi - dlo + 1);
-  size_t n = 1;
-  while (n < lr + ld - 1) n <<= 1;
-  std::set<std::string> kinds;
-  for (const MemberKinds& m : members) {
-    for (const auto& [_, call] : *m.recorded) kinds.insert(call.kind);
-  }
-  std::vector<Complex> compared(n), alike(n);
-  std::vector<double> x(n), y(n);
-  // Index t of the correlation: (rhi - s) + (s' - dlo), so d = s' - s = t - (rhi - dlo).
-  for (const MemberKinds& m : members) {
-    std::fill(x.begin(), x.end(), 0.0);
-    std::fill(y.begin(), y.end(), 0.0);
-    for (const auto& [seq, _] : *m.recorded) x[static_cast<size_t>(rhi - seq)] = 1;
-    for (const auto& [seq, _] : *m.dumped) y[static_cast<size_t>(seq - dlo)] = 1;
-    AddCorrelation(x, y, compared);
-    for (const std::string& kind : kinds) {
-      std::fill(x.begin(), x.end(), 0.0);
-      std::fill(y.begin(), y.end(), 0.0);
+OffsetCounts CountByOffset(const Spans& sp, size_t n, int64_t first) {
+  const size_t lr = static_cast<size_t>(sp.rhi - sp.rlo) + 1, ld = static_cast<size_t>(sp.dhi - sp.dlo) + 1;
+  // One buffer for every FFT's input, x in the real parts, y in the imaginary.
+  std::vector<Complex> compared(n), alike(n), z(n);
+  // Index t of the correlation: (rhi - s) + (s' - dlo), so d = s' - s = t + first.
+  for (const MemberKinds& m : sp.members) {
+    std::fill(z.begin(), z.end(), Complex());
+    for (const auto& [seq, _] : *m.recorded) z[static_cast<size_t>(sp.rhi - seq)].real(1);
+    for (const auto& [seq, _] : *m.dumped) z[static_cast<size_t>(seq - sp.dlo)].imag(1);
+    AddCorrelation(z, compared);
+    for (const std::string& kind : sp.kinds) {
+      std::fill(z.begin(), z.end(), Complex());
       bool any = false;
       for (const auto& [seq, call] : *m.recorded) {
-        if (call.kind == kind) x[static_cast<size_t>(rhi - seq)] = 1, any = true;
+        if (call.kind == kind) z[static_cast<size_t>(sp.rhi - seq)].real(1), any = true;
       }
       if (!any) continue;
-      for (const auto& [seq, call] : *m.dumped) y[static_cast<size_t>(seq - dlo)] = SameKind(call.kind, kind) ? 1 : 0;
-      AddCorrelation(x, y, alike);
+      for (const auto& [seq, call] : *m.dumped) {
+        if (SameKind(call.kind, kind)) z[static_cast<size_t>(seq - sp.dlo)].imag(1);
+      }
+      AddCorrelation(z, alike);
     }
   }
   Fft(compared, true);
   Fft(alike, true);
   OffsetCounts out;
-  out.first = dlo - rhi;
+  out.first = first;
   for (size_t t = 0; t < lr + ld - 1; ++t) {
     out.compared.push_back(std::llround(compared[t].real() / static_cast<double>(n)));
     out.alike.push_back(std::llround(alike[t].real() / static_cast<double>(n)));
@@ -196,39 +198,84 @@ OffsetCounts CountByOffset(const std::vector<MemberKinds>& members, int64_t rlo,
   return out;
 }
 
+// A dump's numbers are untrusted: each side's span is at most kMaxSpan
+// numbers, and the points the FFTs transform (per member, one per kind it
+// recorded and one more, each of the FFT's size) at most kMaxWork: at the
+// limits, 3 vectors of 2^23 complex numbers (384 MiB), 8 FFTs of them.
+constexpr int64_t kMaxSpan = int64_t{1} << 22;
+constexpr uint64_t kMaxWork = uint64_t{1} << 26;
+
 // The offset (0 or more) under which every number both sides hold for a
 // member has the same kind, comparing the most numbers (ties: the largest
-// offset), and how many others fit; -1 when none does, -2 when the numbers
-// span more than kMaxSpan (a dump's numbers are untrusted).
-constexpr int64_t kMaxSpan = int64_t{1} << 22;
+// offset), and how many others fit; offset -1 and a note when none does or
+// the numbers are too far apart or too many to align.
+struct Fit {
+  int64_t offset = -1, others = 0;
+  std::string note;
+};
 
-std::pair<int64_t, int64_t> FitOffset(const GroupOrder& g, const std::string& recorded,
-                                      const std::vector<RankGroups>& dumps, const std::vector<RankGroups>& rec) {
-  std::vector<MemberKinds> members;
-  int64_t rlo = INT64_MAX, rhi = INT64_MIN, dlo = INT64_MAX, dhi = INT64_MIN;
+Fit FitOffset(const GroupOrder& g, const std::string& recorded, const std::vector<RankGroups>& dumps,
+              const std::vector<RankGroups>& rec) {
+  Spans sp;
   for (int64_t r : g.ranks) {
     if (r < 0 || static_cast<size_t>(r) >= dumps.size() || static_cast<size_t>(r) >= rec.size()) continue;
     auto dumped = dumps[static_cast<size_t>(r)].find(g.group);
     auto recorded_calls = rec[static_cast<size_t>(r)].find(recorded);
     if (dumped == dumps[static_cast<size_t>(r)].end() || dumped->second.empty()) continue;
     if (recorded_calls == rec[static_cast<size_t>(r)].end() || recorded_calls->second.empty()) continue;
-    members.push_back({&dumped->second, &recorded_calls->second});
-    rlo = std::min(rlo, recorded_calls->second.begin()->first);
-    rhi = std::max(rhi, recorded_calls->second.rbegin()->first);
-    dlo = std::min(dlo, dumped->second.begin()->first);
-    dhi = std::max(dhi, dumped->second.rbegin()->first);
+    sp.members.push_back({&dumped->second, &recorded_calls->second});
+    sp.rlo = std::min(sp.rlo, recorded_calls->second.begin()->first);
+    sp.rhi = std::max(sp.rhi, recorded_calls->second.rbegin()->first);
+    sp.dlo = std::min(sp.dlo, dumped->second.begin()->first);
+    sp.dhi = std::max(sp.dhi, dumped->second.rbegin()->first);
   }
-  if (members.empty()) return {-1, 0};
-  if (rhi - rlo >= kMaxSpan || dhi - dlo >= kMaxSpan) return {-2, 0};
-  const OffsetCounts counts = CountByOffset(members, rlo, rhi, dlo, dhi);
-  int64_t best = -1, most = 0, fits = 0;
+  Fit fit;
+  if (sp.members.empty()) {
+    fit.note = "no numbering of the recording's collectives matches the dump's kinds";
+    return fit;
+  }
+  // Each difference checked before it is used: the numbers span all of int64.
+  int64_t rspan = 0, dspan = 0, first = 0, last = 0;
+  if (__builtin_sub_overflow(sp.rhi, sp.rlo, &rspan) || __builtin_sub_overflow(sp.dhi, sp.dlo, &dspan) ||
+      rspan >= kMaxSpan || dspan >= kMaxSpan) {
+    fit.note = absl::StrFormat("the numbers of the dump (#%d to #%d) or the recording (#%d to #%d) span more than "
+                               "%d to align", sp.dlo, sp.dhi, sp.rlo, sp.rhi, kMaxSpan);
+    return fit;
+  }
+  if (__builtin_sub_overflow(sp.dlo, sp.rhi, &first) || __builtin_sub_overflow(sp.dhi, sp.rlo, &last)) {
+    fit.note = absl::StrFormat("the numbers of the dump (#%d to #%d) and the recording's (#%d to #%d) are too far "
+                               "apart to align", sp.dlo, sp.dhi, sp.rlo, sp.rhi);
+    return fit;
+  }
+  size_t n = 1;
+  while (n < static_cast<size_t>(rspan) + static_cast<size_t>(dspan) + 1) n <<= 1;
+  // Per member: one FFT of its numbers, one per kind it recorded.
+  uint64_t ffts = 0;
+  for (const MemberKinds& m : sp.members) {
+    std::set<std::string> own;
+    for (const auto& [_, call] : *m.recorded) own.insert(call.kind);
+    ffts += 1 + own.size();
+    sp.kinds.insert(own.begin(), own.end());
+  }
+  if (ffts > kMaxWork / n) {
+    fit.note = absl::StrFormat("aligning %d ranks' numbers, spanning %d, takes %d FFTs of %d points: more than %d "
+                               "points", sp.members.size(), rspan + dspan + 1, ffts, n, kMaxWork);
+    return fit;
+  }
+  const OffsetCounts counts = CountByOffset(sp, n, first);
+  int64_t most = 0, fits = 0;
   for (size_t t = 0; t < counts.compared.size(); ++t) {
-    const int64_t d = counts.first + static_cast<int64_t>(t);
+    const int64_t d = counts.first + static_cast<int64_t>(t);  // at most `last`
     if (d < 0 || counts.compared[t] == 0 || counts.alike[t] != counts.compared[t]) continue;
     ++fits;
-    if (counts.compared[t] >= most) best = d, most = counts.compared[t];
+    if (counts.compared[t] >= most) fit.offset = d, most = counts.compared[t];
   }
-  return {best, best < 0 ? 0 : fits - 1};
+  if (fit.offset < 0) {
+    fit.note = "no numbering of the recording's collectives matches the dump's kinds";
+  } else {
+    fit.others = fits - 1;
+  }
+  return fit;
 }
 
 BesideCall Lookup(int64_t rank, int64_t fr_seq, const GroupBeside& gb, const std::string& dumped_kind,
@@ -236,7 +283,9 @@ BesideCall Lookup(int64_t rank, int64_t fr_seq, const GroupBeside& gb, const std
   BesideCall out;
   out.rank = rank;
   out.fr_seq = fr_seq;
-  out.seq = fr_seq - gb.offset;
+  // gb.offset >= 0: only a number far below the dump's others underflows,
+  // one before the recording started.
+  if (__builtin_sub_overflow(fr_seq, gb.offset, &out.seq)) out.seq = -1;
   if (rank < 0 || static_cast<size_t>(rank) >= rec.size()) {
     out.note = "the recording has no such rank";
     return out;
@@ -271,11 +320,11 @@ GroupBeside AlignGroup(const GroupOrder& g, const std::vector<RankGroups>& dumps
     return gb;
   }
   gb.moerr_group = name;
-  std::tie(gb.offset, gb.other_offsets) = FitOffset(g, name, dumps, rec);
+  Fit fit = FitOffset(g, name, dumps, rec);
+  gb.offset = fit.offset;
+  gb.other_offsets = fit.others;
   if (gb.offset < 0) {
-    gb.note = gb.offset == -2 ? "the numbers of the dump or the recording span too far to align"
-                              : "no numbering of the recording's collectives matches the dump's kinds";
-    gb.offset = -1;
+    gb.note = std::move(fit.note);
     return gb;
   }
   if (g.last_completed >= 0) {
@@ -305,7 +354,7 @@ std::string Where(const BesideCall& c) {
 std::string Calls(const GroupBeside& g, const std::vector<BesideCall>& calls) {
   std::vector<std::string> parts;
   for (const BesideCall& c : calls) {
-    parts.push_back(absl::StrFormat("rank %d in #%d (%s)", c.rank, c.fr_seq + (g.flight_recorder ? 1 : 0), Where(c)));
+    parts.push_back(absl::StrFormat("rank %d in #%d (%s)", c.rank, ShownSeq(c.fr_seq, g.flight_recorder), Where(c)));
   }
   return absl::StrJoin(parts, ", ");
 }

@@ -244,7 +244,8 @@ std::vector<OrderSide> SidesAt(int64_t seq, const std::map<int64_t, const Calls*
   std::rotate(sides.begin(), expected, expected + 1);
   for (size_t i = 1; i < sides.size(); ++i) {
     OrderSide& s = sides[i];
-    s.calls_ahead = s.last_seq - sides[0].last_seq;
+    // Saturated within +-INT64_MAX (std::abs prints it): the numbers are untrusted.
+    s.calls_ahead = std::max(SaturatingAdd(s.last_seq, -std::max(sides[0].last_seq, -INT64_MAX)), -INT64_MAX);
     if (s.kind == OrderSide::Kind::kNeverEntered) continue;
     s.kind = s.call.kind != sides[0].call.kind ? OrderSide::Kind::kOtherKind : OrderSide::Kind::kOtherSizes;
   }
@@ -330,9 +331,13 @@ OrderStrip StripOf(const GroupOrder& g, const std::map<int64_t, const Calls*>& c
   // ranks' last calls), then on to the ranks' last calls.
   constexpr int64_t kBefore = 3;
   const int64_t anchor = g.first_disagreement >= 0 ? g.first_disagreement : hi;
-  strip.begin = std::max({g.first_seq, std::min(g.last_completed + 1, anchor) - kBefore, anchor - kStripMax / 2});
-  strip.end = std::min(hi, strip.begin + kStripMax - 1);
-  for (int64_t seq = strip.begin; seq <= strip.end; ++seq) {
+  // anchor >= first_seq >= 0 and last_completed >= -1: only the additions can overflow.
+  strip.begin = std::max({g.first_seq, std::min(SaturatingAdd(g.last_completed, 1), anchor) - kBefore,
+                          anchor - kStripMax / 2});
+  strip.end = std::min(hi, SaturatingAdd(strip.begin, kStripMax - 1));
+  // Counted, not compared with end: end may be INT64_MAX.
+  for (int64_t i = 0; i <= strip.end - strip.begin; ++i) {
+    const int64_t seq = strip.begin + i;
     const std::vector<OrderSide> sides = SidesAt(seq, calls);
     for (const auto& [rank, c] : calls) {
       std::string kind;
@@ -434,7 +439,7 @@ std::string At(const CollectiveCall& c) { return c.where.empty() ? "" : absl::St
 // `seq` and the numbers printed are shifted by `shown` (1 for Flight
 // Recorder's numbering from 1).
 std::string DescribeSide(const OrderSide& s, const OrderSide& expected, int64_t seq, int64_t shown) {
-  seq += shown;
+  seq = SaturatingAdd(seq, shown);
   const std::string ahead =
       s.calls_ahead == 0 ? ""
                          : absl::StrFormat(", %d %s call%s than its peers", std::abs(s.calls_ahead),
@@ -446,7 +451,7 @@ std::string DescribeSide(const OrderSide& s, const OrderSide& expected, int64_t 
     case OrderSide::Kind::kNeverEntered:
       return s.last_seq < 0 ? absl::StrFormat("%s never entered it: no call in the group", Ranks(s.ranks))
                             : absl::StrFormat("%s never entered it: the last call is %s #%d%s%s", Ranks(s.ranks),
-                                              s.call.kind, s.last_seq + shown, At(s.call), ahead);
+                                              s.call.kind, SaturatingAdd(s.last_seq, shown), At(s.call), ahead);
     case OrderSide::Kind::kOtherKind:
       return absl::StrFormat("%s %s in %s #%d%s%s", Ranks(s.ranks), s.ranks.size() == 1 ? "is" : "are", s.call.kind,
                              seq, At(s.call), ahead);
@@ -493,34 +498,14 @@ const char* SideKindName(OrderSide::Kind kind) {
   return "?";
 }
 
-const char* CellName(OrderStrip::Cell cell) {
-  static constexpr const char* kNames[] = {"no entry", "completed", "started", "scheduled", "other kind", "other sizes"};
-  return kNames[static_cast<int>(cell)];  // by OrderStrip::Cell
-}
+std::string SeqName(const GroupOrder& g, int64_t seq) { return absl::StrCat("#", ShownSeq(seq, g.flight_recorder)); }
 
-std::string DescribeOrderStrip(const GroupOrder& g) {
-  const OrderStrip& s = g.strip;
-  if (s.end < s.begin) return "";
-  static constexpr char kLetter[] = {'.', 'C', 'S', 'Q', 'K', 'Z'};  // by OrderStrip::Cell
-  std::string out = absl::StrFormat("  group %s, %s to %s (C completed, S started, Q scheduled, . no entry, "
-                                    "K other kind, Z other sizes):\n", g.group, SeqName(g, s.begin), SeqName(g, s.end));
-  const int width = static_cast<int>(std::to_string(g.ranks.empty() ? 0 : *std::max_element(g.ranks.begin(), g.ranks.end())).size());
-  for (int64_t rank : g.ranks) {
-    auto it = s.cells.find(rank);
-    std::string row;
-    if (it == s.cells.end()) row = g.flight_recorder ? "(no dump)" : "(no bundle)";
-    for (size_t i = 0; it != s.cells.end() && i < it->second.size(); ++i) row += kLetter[static_cast<int>(it->second[i])];
-    absl::StrAppendFormat(&out, "  rank %*d  %s\n", width, rank, row);
-  }
-  const int64_t d = g.first_disagreement;
-  if (d >= s.begin && d <= s.end) {
-    absl::StrAppend(&out, std::string(static_cast<size_t>(9 + width + (d - s.begin)), ' '), "^ ", SeqName(g, d),
-                    ", the first disagreement\n");
-  }
-  return out;
-}
+int64_t ShownSeq(int64_t seq, bool flight_recorder) { return SaturatingAdd(seq, flight_recorder ? 1 : 0); }
 
-std::string SeqName(const GroupOrder& g, int64_t seq) { return absl::StrCat("#", seq + (g.flight_recorder ? 1 : 0)); }
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  int64_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum) ? (b < 0 ? INT64_MIN : INT64_MAX) : sum;
+}
 
 std::string DescribeGroupOrder(const GroupOrder& g) {
   // Numbered as the source numbers them: a recording from 0, Flight
@@ -529,14 +514,14 @@ std::string DescribeGroupOrder(const GroupOrder& g) {
   std::string out = absl::StrFormat("group %s (%s%d ranks%s): ", g.group, g.desc.empty() ? "" : g.desc + ", ",
                                     g.ranks.size(), shown ? ", by collective_seq_id" : "");
   if (g.last_completed >= 0) {
-    absl::StrAppendFormat(&out, "every rank completed %s #%d", g.completed_call.kind, g.last_completed + shown);
+    absl::StrAppendFormat(&out, "every rank completed %s #%d", g.completed_call.kind, SaturatingAdd(g.last_completed, shown));
   } else {
     absl::StrAppend(&out, "no collective completed on every rank");
   }
   if (g.first_disagreement < 0) {
     absl::StrAppend(&out, "; the ranks agree on every collective");
   } else {
-    absl::StrAppendFormat(&out, "; at #%d ", g.first_disagreement + shown);
+    absl::StrAppendFormat(&out, "; at #%d ", SaturatingAdd(g.first_disagreement, shown));
     std::vector<std::string> sides;
     for (const OrderSide& s : g.sides) sides.push_back(DescribeSide(s, g.sides[0], g.first_disagreement, shown));
     absl::StrAppend(&out, absl::StrJoin(sides, "; "));
@@ -574,7 +559,7 @@ llvm::json::Object GroupOrderJson(const GroupOrder& g) {
       {"last_completed", g.last_completed},
       {"last_completed_call", g.last_completed >= 0 ? llvm::json::Value(CallJson(g.completed_call)) : nullptr},
       {"first_disagreement", g.first_disagreement},
-      {"flight_recorder_seq", g.flight_recorder && g.first_disagreement >= 0 ? llvm::json::Value(g.first_disagreement + 1)
+      {"flight_recorder_seq", g.flight_recorder && g.first_disagreement >= 0 ? llvm::json::Value(ShownSeq(g.first_disagreement, true))
                                                                               : nullptr},
       {"sides", std::move(sides)},
       {"text", DescribeGroupOrder(g)}};

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/order_strip.h"
 #include "formats/world_run.h"
 #include "llvm/Support/JSON.h"
 
@@ -58,19 +59,6 @@ struct P2PMismatch {
   CollectiveCall send, recv;           // what each side called (kind "" where it has none)
 };
 
-// The ranks x sequence-number strip of a group (report/world_section.h
-// draws it, DescribeOrderStrip prints it): the last few numbers every rank
-// completed, up to the first disagreement and the ranks' last calls, at
-// most kStripMax numbers.
-struct OrderStrip {
-  enum class Cell { kNoEntry, kCompleted, kStarted, kScheduled, kOtherKind, kOtherSizes };
-  int64_t begin = 0, end = -1;  // the numbers shown, [begin, end]; empty when end < begin
-  // Per present member: a cell per number, and the kind it called there ("": none).
-  std::map<int64_t, std::vector<Cell>> cells;
-  std::map<int64_t, std::vector<std::string>> kinds;
-};
-constexpr int64_t kStripMax = 48;
-
 struct GroupOrder {
   std::string group;  // the trace's name: "world", "pg1"
   std::string desc;   // Flight Recorder's description ("default_pg"), or ""
@@ -102,12 +90,12 @@ std::vector<GroupOrder> CheckCollectiveOrder(const formats::WorldStep& world);
 std::string DescribeGroupOrder(const GroupOrder& g);
 // "#8", or "#9" where the group is numbered as Flight Recorder numbers.
 std::string SeqName(const GroupOrder& g, int64_t seq);
+// `seq` as shown: 1 more where numbered as Flight Recorder numbers, at most
+// INT64_MAX (a dump's numbers are untrusted).
+int64_t ShownSeq(int64_t seq, bool flight_recorder);
+// a + b, or the int64 bound it passes.
+int64_t SaturatingAdd(int64_t a, int64_t b);
 llvm::json::Object GroupOrderJson(const GroupOrder& g);
 const char* SideKindName(OrderSide::Kind kind);
-// "completed", "started", "scheduled", "no entry", "other kind", "other sizes".
-const char* CellName(OrderStrip::Cell cell);
-// The strip as text, a line per rank and a letter per number (the legend
-// first), the first disagreement marked under it; "" when it is empty.
-std::string DescribeOrderStrip(const GroupOrder& g);
 
 }  // namespace moerr::analysis

@@ -201,7 +201,9 @@ absl::StatusOr<llvm::json::Object> RankImport::AddEntry(ImportWriter& w, const F
   c.kind = e.kind;
   const std::string group = FlightRecorderGroupName(e.group_name, e.group_desc, e.pg_id);
   c.group = e.is_p2p ? group + "/p2p" : group;
-  c.seq = (e.is_p2p ? e.p2p_seq_id : e.collective_seq_id) - 1;
+  // Stored from 0; a dump's id is untrusted, INT64_MIN kept as it is.
+  const int64_t id = e.is_p2p ? e.p2p_seq_id : e.collective_seq_id;
+  c.seq = id == INT64_MIN ? id : id - 1;
   const std::vector<int64_t>& members = groups_.members.at(group);
   const auto at = std::find(members.begin(), members.end(), dump_.rank);
   c.group_rank = at == members.end() ? -1 : at - members.begin();

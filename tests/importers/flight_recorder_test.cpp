@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "analysis/beside_run.h"
 #include "analysis/collective_order.h"
@@ -222,13 +223,14 @@ TEST(CollectiveOrderTest, AGapInTheNumbersIsNeitherWalkedNorADisagreement) {
   EXPECT_EQ(g.reached.at(1), 999999999999999);
 }
 
-// moerr's own recording of ranks 0..2 of WriteDump's job, from its second
-// collective on: rank r's calls `kinds`, each in module layers.<i>, in the
+// moerr's own recording of ranks 0..2 of WriteDump's job (of `kinds.size()`
+// ranks in the world group), from its second collective on: rank r's calls `kinds`, each in module layers.<i>, in the
 // backward; rank 1's writer never finished (rank1.moerr.partial).
 void WriteRecording(const std::string& run, const std::vector<std::vector<std::string>>& kinds) {
   formats::WorldManifest m;
   m.world_size = static_cast<int64_t>(kinds.size());
-  m.groups["world"] = {{0, 1, 2}};
+  m.groups["world"] = {{}};
+  for (int64_t r = 0; r < m.world_size; ++r) m.groups["world"][0].push_back(r);
   for (int64_t r = 0; r < m.world_size; ++r) m.ranks.push_back({r, absl::StrCat("rank", r, ".moerr"), {}});
   ASSERT_TRUE(formats::WriteWorldManifest(run, m).ok());
   for (size_t r = 0; r < kinds.size(); ++r) {
@@ -241,7 +243,7 @@ void WriteRecording(const std::string& run, const std::vector<std::vector<std::s
       c.group = "world";
       c.seq = static_cast<int64_t>(i);
       c.group_rank = static_cast<int64_t>(r);
-      c.group_size = 3;
+      c.group_size = m.world_size;
       formats::OpEvent op;
       op.seq = i;
       op.phase = formats::Phase::kBackward;
@@ -415,6 +417,111 @@ TEST(BesideRunTest, ARepeatingLoopAlignsWhereTheMostCollectivesCompare) {
   // 7 pair all_reduce with all_gather.
   EXPECT_EQ(beside->groups.at(0).offset, 2);
   EXPECT_EQ(beside->groups.at(0).other_offsets, 3);
+}
+
+// A JSON dump of the default group of `world` ranks: per entry its
+// collective_seq_id as written and its kind, every one "scheduled".
+void WriteNumbered(const std::string& path, int world, const std::vector<std::pair<std::string, std::string>>& calls) {
+  std::vector<std::string> ranks;
+  for (int r = 0; r < world; ++r) ranks.push_back(std::to_string(r));
+  std::ofstream out(path);
+  out << R"({"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[)"
+      << absl::StrJoin(ranks, ", ") << R"(]"}}, "entries": [)";
+  for (size_t i = 0; i < calls.size(); ++i) {
+    out << (i ? "," : "") << R"({"record_id": )" << i << R"(, "pg_id": 0, "process_group": ["0", "default_pg"],)"
+        << R"("collective_seq_id": )" << calls[i].first << R"(, "p2p_seq_id": 0, "op_id": )" << i + 1
+        << R"(, "profiling_name": "nccl:)" << calls[i].second << R"(", "input_sizes": [[4]],)"
+        << R"("input_dtypes": ["Float"], "output_sizes": [[4]], "output_dtypes": ["Float"],)"
+        << R"("state": "scheduled", "is_p2p": false, "frames": []})";
+  }
+  out << "]}";
+}
+
+// Sequence numbers at the ends of int64 in a dump: judged, stripped, shown
+// and aligned beside a recording without overflowing, the alignment refused
+// with a note where the numbers are too far apart.
+TEST(BesideRunTest, NumbersAtTheEndsOfInt64AreNotedNotOverflowed) {
+  const std::string max = "9223372036854775807", min = "-9223372036854775808";
+  TempDir dir;
+  std::filesystem::create_directory(dir.File("moerr"));
+  WriteRecording(dir.File("moerr"), {{"all_reduce", "all_reduce"}, {"all_reduce", "all_reduce"},
+                                     {"all_reduce", "all_gather"}});
+  // The last numbers of int64: rank 2 all_gathers at the last.
+  std::filesystem::create_directory(dir.File("high"));
+  for (int r = 0; r < 3; ++r) {
+    WriteNumbered(dir.File("high/fr_" + std::to_string(r)), 3,
+                  {{"9223372036854775806", "all_reduce"}, {max, r == 2 ? "all_gather" : "all_reduce"}});
+  }
+  ASSERT_TRUE(ImportFlightRecorder({dir.File("high")}, dir.File("high_run")).ok());
+  auto world = formats::OpenWorldStep(dir.File("high_run"));
+  ASSERT_TRUE(world.ok()) << world.status();
+  std::vector<analysis::GroupOrder> order = analysis::CheckCollectiveOrder(*world);
+  const analysis::GroupOrder& g = order.at(0);
+  EXPECT_EQ(g.first_disagreement, INT64_MAX - 1);  // stored as collective_seq_id - 1
+  EXPECT_EQ(g.strip.begin, INT64_MAX - 2);
+  EXPECT_EQ(g.strip.end, INT64_MAX - 1);  // not begin + kStripMax - 1, which overflows
+  EXPECT_EQ(g.strip.cells.at(2).size(), 2u);
+  EXPECT_NE(analysis::DescribeGroupOrder(g).find("at #" + max + " "), std::string::npos)
+      << analysis::DescribeGroupOrder(g);
+  EXPECT_NE(analysis::DescribeOrderStrip(g).find("^ #" + max + ", the first disagreement"), std::string::npos)
+      << analysis::DescribeOrderStrip(g);
+  auto beside = analysis::AlignBeside(order, *world, dir.File("moerr"));
+  ASSERT_TRUE(beside.ok()) << beside.status();
+  EXPECT_EQ(beside->groups.at(0).offset, INT64_MAX - 2);  // far, but within int64
+  EXPECT_NE(analysis::DescribeBeside(*beside).find("rank 2 in #" + max + " (layers.1"), std::string::npos)
+      << analysis::DescribeBeside(*beside);
+  // Both ends in one dump: the span does not fit in int64.
+  std::filesystem::create_directory(dir.File("both"));
+  for (int r = 0; r < 3; ++r) {
+    WriteNumbered(dir.File("both/fr_" + std::to_string(r)), 3, {{min, "all_reduce"}, {max, "all_reduce"}});
+  }
+  ASSERT_TRUE(ImportFlightRecorder({dir.File("both")}, dir.File("both_run")).ok());
+  world = formats::OpenWorldStep(dir.File("both_run"));
+  ASSERT_TRUE(world.ok()) << world.status();
+  order = analysis::CheckCollectiveOrder(*world);
+  beside = analysis::AlignBeside(order, *world, dir.File("moerr"));
+  ASSERT_TRUE(beside.ok()) << beside.status();
+  EXPECT_EQ(beside->groups.at(0).offset, -1);
+  EXPECT_NE(beside->groups.at(0).note.find("span more than 4194304 to align"), std::string::npos)
+      << beside->groups.at(0).note;
+  // The first numbers of int64: the dump's minus the recording's is below it.
+  std::filesystem::create_directory(dir.File("low"));
+  for (int r = 0; r < 3; ++r) {
+    WriteNumbered(dir.File("low/fr_" + std::to_string(r)), 3, {{min, "all_reduce"}, {"-9223372036854775806", "all_reduce"}});
+  }
+  ASSERT_TRUE(ImportFlightRecorder({dir.File("low")}, dir.File("low_run")).ok());
+  world = formats::OpenWorldStep(dir.File("low_run"));
+  ASSERT_TRUE(world.ok()) << world.status();
+  order = analysis::CheckCollectiveOrder(*world);
+  EXPECT_EQ(order.at(0).strip.end, -1);  // no number from 0 on to show
+  beside = analysis::AlignBeside(order, *world, dir.File("moerr"));
+  ASSERT_TRUE(beside.ok()) << beside.status();
+  EXPECT_EQ(beside->groups.at(0).offset, -1);
+  EXPECT_NE(beside->groups.at(0).note.find("are too far apart to align"), std::string::npos)
+      << beside->groups.at(0).note;
+}
+
+// 16 ranks whose dumps number 2 calls 4,000,000 apart, each recording 3
+// kinds: 64 FFTs of 2^22 points, more than the limit: said, not computed.
+TEST(BesideRunTest, ManySparseMembersAreRefusedBeforeTheirFfts) {
+  constexpr int kRanks = 16;
+  TempDir dir;
+  std::filesystem::create_directory(dir.File("dumps"));
+  for (int r = 0; r < kRanks; ++r) {
+    WriteNumbered(dir.File("dumps/fr_" + std::to_string(r)), kRanks, {{"1", "all_reduce"}, {"4000001", "broadcast"}});
+  }
+  ASSERT_TRUE(ImportFlightRecorder({dir.File("dumps")}, dir.File("run")).ok());
+  auto world = formats::OpenWorldStep(dir.File("run"));
+  ASSERT_TRUE(world.ok()) << world.status();
+  std::filesystem::create_directory(dir.File("moerr"));
+  WriteRecording(dir.File("moerr"), std::vector<std::vector<std::string>>(kRanks, {"all_reduce", "all_gather",
+                                                                                   "broadcast"}));
+  auto beside = analysis::AlignBeside(analysis::CheckCollectiveOrder(*world), *world, dir.File("moerr"));
+  ASSERT_TRUE(beside.ok()) << beside.status();
+  const analysis::GroupBeside& g = beside->groups.at(0);
+  EXPECT_EQ(g.offset, -1);
+  EXPECT_EQ(g.note, "aligning 16 ranks' numbers, spanning 4000003, takes 64 FFTs of 4194304 points: more than "
+                    "67108864 points");
 }
 
 TEST(FlightRecorderImportTest, TwoDumpsOfOneRankAreRefused) {
