@@ -53,6 +53,11 @@ void PrintCause(const OverflowCause& found, size_t ops, int64_t step, bool ends_
     return absl::StrFormat("%s in %s (%s phase)", op.name, op.module.empty() ? "(no module)" : op.module,
                            formats::PhaseName(op.phase));
   };
+  if (!found.found_explosion && !ends_in_overflow) {
+    std::printf("step %lld: no op on the way to the value it sent exploded; op %zu of %zu, %s, made that value\n",
+                static_cast<long long>(step), cause.op_index, ops, where(*cause.op).c_str());
+    return;
+  }
   if (!found.found_explosion) {
     std::printf("step %lld: no op before the first overflow exploded; op %zu of %zu, %s, is its own cause\n",
                 static_cast<long long>(step), cause.op_index, ops, where(*cause.op).c_str());

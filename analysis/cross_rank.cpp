@@ -1,5 +1,6 @@
 #include "analysis/cross_rank.h"
 
+#include <algorithm>
 #include <map>
 #include <numeric>
 #include <tuple>
@@ -42,18 +43,14 @@ Collectives CollectivesOf(const formats::Trace& trace, int64_t rank, std::vector
   return out;
 }
 
-int64_t RowsBefore(const std::vector<int64_t>& rows, int64_t slice) {
-  return std::accumulate(rows.begin(), rows.begin() + slice, int64_t{0});
-}
-
 // Sender `from` (its record `sent`) against receiver `to` (`got`).
 void CheckAllToAll(int64_t from, const Recorded& sent, int64_t to, const Recorded& got,
                    std::vector<CollectiveMismatch>& out) {
   const int64_t j = got.c.group_rank, i = sent.c.group_rank;
   auto mismatch = [&](std::string what) {
     CollectiveMismatch m{got.c, got.op->module, from, to, 0, 0, std::move(what)};
-    if (i < static_cast<int64_t>(got.c.recv_rows.size())) {
-      m.first_row = RowsBefore(got.c.recv_rows, i);
+    if (i >= 0 && i < static_cast<int64_t>(got.c.recv_rows.size())) {
+      m.first_row = formats::RowsBefore(got.c.recv_rows, i);
       m.rows = got.c.recv_rows[i];
     }
     out.push_back(std::move(m));
@@ -114,9 +111,11 @@ std::vector<CollectiveMismatch> CheckCollectives(const formats::WorldStep& world
     for (const auto& [key, got] : by_rank[to]) {
       const int64_t receiver = static_cast<int64_t>(to);
       const bool sums = got.c.kind == "all_reduce" || got.c.kind == "all_gather";
-      for (int64_t g = 0; g < got.c.group_size; ++g) {
+      // The manifest's group bounds the trace's group_size (untrusted).
+      const int64_t members = std::min(got.c.group_size, world.manifest.GroupSizeOf(key.first, receiver));
+      for (int64_t g = 0; g < members; ++g) {
         const int64_t from = world.manifest.WorldRankOf(key.first, receiver, g);
-        if (from < 0 || from == receiver) continue;
+        if (from < 0 || from == receiver || from >= static_cast<int64_t>(by_rank.size())) continue;
         if (got.c.kind == "broadcast" && g != got.c.root) continue;
         if (sums && from < receiver) continue;  // each pair once
         auto it = by_rank[static_cast<size_t>(from)].find(key);

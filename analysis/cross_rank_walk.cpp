@@ -18,22 +18,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Of `trace`, the index of the collective at (group, seq).
-std::optional<size_t> FindCollective(const formats::Trace& trace, const formats::CollectiveOp& c) {
-  for (size_t i = 0; i < trace.ops.size(); ++i) {
-    if (!formats::IsCollective(trace.ops[i])) continue;
-    absl::StatusOr<formats::CollectiveOp> other = formats::CollectiveOf(trace.ops[i]);
-    if (other.ok() && other->group == c.group && other->seq == c.seq) return i;
-  }
-  return std::nullopt;
-}
-
-int64_t RowsBefore(const std::vector<int64_t>& rows, int64_t j) {
-  int64_t n = 0;
-  for (int64_t k = 0; k < j && k < static_cast<int64_t>(rows.size()); ++k) n += rows[static_cast<size_t>(k)];
-  return n;
-}
-
 // The largest finite abs-max of `ids` in `trace` and whether all are finite.
 std::pair<double, bool> Magnitude(const formats::Trace& trace, const std::vector<uint64_t>& ids) {
   double abs_max = 0;
@@ -60,13 +44,14 @@ std::optional<std::vector<std::pair<double, bool>>> BlockValues(const formats::R
   int64_t numel = 1;
   for (int64_t d : t->shape) numel *= d;
   const int64_t rows = t->shape[0];
-  if (rows <= 0 || RowsBefore(recv_rows, static_cast<int64_t>(recv_rows.size())) != rows) return std::nullopt;
+  // Every count in [0, rows], checked before summing: a block then lies in the tensor.
+  if (rows <= 0 || !formats::SplitsRows(recv_rows, rows)) return std::nullopt;
   const int64_t row_elems = numel / rows;
   std::vector<std::pair<double, bool>> out;
   for (size_t j = 0; j < recv_rows.size(); ++j) {
     double abs_max = 0;
     bool finite = true;
-    const int64_t begin = RowsBefore(recv_rows, static_cast<int64_t>(j)) * row_elems;
+    const int64_t begin = formats::RowsBefore(recv_rows, static_cast<int64_t>(j)) * row_elems;
     for (int64_t e = begin; e < begin + recv_rows[j] * row_elems; ++e) {
       const double v = formats::LoadElement(t->dtype, t->bytes.data(), e);
       if (std::isfinite(v)) abs_max = std::max(abs_max, std::abs(v));
@@ -117,12 +102,13 @@ std::optional<Crossing> FindCarriers(const formats::WorldStep& world, int64_t re
     only = listed - op.outputs.begin();
   }
   std::vector<Carrier> all;
-  for (int64_t g = 0; g < c.group_size; ++g) {
+  const int64_t members = GroupMembers(world, c, receiver);
+  for (int64_t g = 0; g < members; ++g) {
     if (g == c.group_rank || (only >= 0 && g != only)) continue;
     const int64_t peer = world.manifest.WorldRankOf(c.group, receiver, g);
     if (peer < 0 || peer >= static_cast<int64_t>(world.ranks.size())) continue;
     const formats::RankStep& theirs = world.ranks[static_cast<size_t>(peer)];
-    const std::optional<size_t> at = theirs.trace ? FindCollective(*theirs.trace, c) : std::nullopt;
+    const std::optional<size_t> at = theirs.trace ? formats::FindCollective(*theirs.trace, c) : std::nullopt;
     if (!at) continue;
     const absl::StatusOr<formats::CollectiveOp> sent = formats::CollectiveOf(theirs.trace->ops[*at]);
     if (!sent.ok()) continue;
@@ -130,12 +116,13 @@ std::optional<Crossing> FindCarriers(const formats::WorldStep& world, int64_t re
     k.rank = peer;
     k.op_index = *at;
     std::tie(k.abs_max, k.finite) = Magnitude(*theirs.trace, sent->inputs);
-    // An all_to_all without its splits (an import that has none): whole inputs only.
-    if (c.kind == "all_to_all" && g < static_cast<int64_t>(c.recv_rows.size()) &&
+    // An all_to_all without its splits (an import that has none): whole
+    // inputs only. CollectiveOf's splits are counts >= 0 that sum within int64.
+    if (c.kind == "all_to_all" && g < static_cast<int64_t>(c.recv_rows.size()) && c.group_rank >= 0 &&
         c.group_rank < static_cast<int64_t>(sent->send_rows.size())) {
       k.rows = c.recv_rows[static_cast<size_t>(g)];
-      k.sent_row = RowsBefore(sent->send_rows, c.group_rank);
-      k.received_row = RowsBefore(c.recv_rows, g);
+      k.sent_row = formats::RowsBefore(sent->send_rows, c.group_rank);
+      k.received_row = formats::RowsBefore(c.recv_rows, g);
       if (k.rows == 0) continue;  // it sent this rank nothing
       if (blocks) std::tie(k.abs_max, k.finite) = (*blocks)[static_cast<size_t>(g)];
     }
@@ -167,6 +154,10 @@ std::optional<size_t> ProducerOf(const formats::Trace& trace, uint64_t id, size_
 
 }  // namespace
 
+int64_t GroupMembers(const formats::WorldStep& world, const formats::CollectiveOp& c, int64_t rank) {
+  return std::min(c.group_size, world.manifest.GroupSizeOf(c.group, rank));
+}
+
 CrossRankPath WalkAcrossRanks(const formats::WorldStep& world, int64_t start, const OverflowCause& start_cause) {
   CrossRankPath path;
   path.walks.push_back({start, start_cause, true});
@@ -192,7 +183,11 @@ CrossRankPath WalkAcrossRanks(const formats::WorldStep& world, int64_t start, co
     const std::optional<size_t> producer = ProducerOf(theirs, value, next.op_index);
     std::optional<OverflowCause> walk = producer ? FindCauseOf(theirs, *producer, value) : std::nullopt;
     if (!walk) {
-      path.stopped = true;  // a value no op of its step made (a parameter, the batch)
+      // A value no op of its step made (a parameter, the batch): its one sender is known.
+      path.stopped = true;
+      const formats::TensorMeta* meta = value != 0 ? theirs.Find(value) : nullptr;
+      path.leaf = SentLeaf{next.rank, next.op_index, &theirs.ops[next.op_index], value,
+                           meta != nullptr ? meta->leaf : ""};
       break;
     }
     path.walks.push_back({next.rank, *std::move(walk), false});
@@ -205,6 +200,12 @@ namespace {
 std::string Node(const RankWalk& w, bool origin) {
   const formats::OpEvent& op = origin ? *w.walk.cause.op : *w.walk.first.op;
   return absl::StrFormat("rank %d %s in %s", w.rank, op.name, op.module.empty() ? "(no module)" : op.module);
+}
+
+std::string LeafText(const SentLeaf& leaf) {
+  if (leaf.tensor == 0) return absl::StrFormat("rank %d (what it sent is not recorded)", leaf.rank);
+  return absl::StrFormat("rank %d input tensor %d%s", leaf.rank, leaf.tensor,
+                         leaf.name.empty() ? "" : absl::StrCat(" (", leaf.name, ")"));
 }
 
 std::string CrossingText(const Crossing& x) {
@@ -226,7 +227,8 @@ std::string DescribePath(const CrossRankPath& path) {
   std::string out;
   if (path.stopped) {
     const Crossing& x = path.crossings.back();
-    out = absl::StrCat(x.ambiguous ? "rank ? (ambiguous) -> " : "rank ? -> ", CrossingText(x), " -> ");
+    out = absl::StrCat(path.leaf ? LeafText(*path.leaf) : x.ambiguous ? "rank ? (ambiguous)" : "rank ?", " -> ",
+                       CrossingText(x), " -> ");
   }
   for (size_t k = path.walks.size(); k-- > 0;) {
     absl::StrAppend(&out, Node(path.walks[k], k + 1 == path.walks.size() && !path.stopped));
@@ -260,6 +262,13 @@ llvm::json::Array PathJson(const CrossRankPath& path) {
                                      {"to", x.receiver}, {"evidence", x.evidence}, {"not_finite", x.not_finite},
                                      {"ambiguous", x.ambiguous}, {"carriers", std::move(carriers)}});
   };
+  if (const std::optional<SentLeaf>& leaf = path.leaf) {
+    // The sender's record of the collective, with the input it sent.
+    out.push_back(llvm::json::Object{
+        {"rank", leaf->rank}, {"op_index", static_cast<int64_t>(leaf->op_index)}, {"op", leaf->op->name},
+        {"module", leaf->op->module}, {"phase", std::string(formats::PhaseName(leaf->op->phase))},
+        {"leaf", llvm::json::Object{{"tensor", static_cast<int64_t>(leaf->tensor)}, {"name", leaf->name}}}});
+  }
   for (size_t k = path.walks.size(); k-- > 0;) {
     if (k + 1 == path.walks.size() && path.stopped) crossing(path.crossings.back());
     node(path.walks[k], k + 1 == path.walks.size() && !path.stopped);

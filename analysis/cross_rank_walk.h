@@ -15,8 +15,10 @@
 //     blocks of the one output, rank j's whole input;
 //   * broadcast: the root's whole input;
 //   * all_reduce, reduce_scatter: every element sums every rank's input.
-// A carrier is a block that holds values that are not finite, or (when none
-// does) whose abs-max stands kInputRiseBits above what the receiver sent.
+// A carrier is, when the received output is not finite, a block that holds
+// values that are not finite; when it is finite, a block whose abs-max
+// stands kInputRiseBits above what the receiver sent (and within
+// kInputRiseBits of the largest block).
 // Evidence: "values" when the received output is stored in the bundle
 // (replayable and full recordings: recv/<id>) and each block is read;
 // "inputs" when only fingerprints exist and the block is the sender's whole
@@ -31,6 +33,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,16 +75,33 @@ struct RankWalk {
   bool ends_in_overflow = false;  // walk.first is the rank's first overflow
 };
 
+// What a sender sent that no op of its step made (a parameter, the batch):
+// where a walk that crossed to it ends.
+struct SentLeaf {
+  int64_t rank = 0;     // world rank of the sender
+  size_t op_index = 0;  // its record of the collective
+  const formats::OpEvent* op = nullptr;  // that record, in its trace
+  uint64_t tensor = 0;  // the input it sent; 0 when the record names none
+  std::string name;     // the bundle's name of that tensor when captured, else empty
+};
+
 struct CrossRankPath {
   // walks.front() is where the walk started, walks.back() where it ended
   // (the origin); crossings[k] led from walks[k] (the receiver) to
   // walks[k + 1] (the sender).
   std::vector<RankWalk> walks;
   std::vector<Crossing> crossings;
-  // The last crossing named no sender to follow (ambiguous, or its carrier
-  // sent a value no op of its step made).
+  // The last crossing named no op to go on from: it is ambiguous
+  // (crossings.back().ambiguous), or its one sender sent a value no op of
+  // its step made (`leaf`).
   bool stopped = false;
+  std::optional<SentLeaf> leaf;
 };
+
+// The group ranks of `c`, a collective `rank` ran, that the walk visits:
+// c.group_size (the bundle's word) bounded by the size of the manifest's
+// instance of c.group holding `rank`.
+int64_t GroupMembers(const formats::WorldStep& world, const formats::CollectiveOp& c, int64_t rank);
 
 // The walk from rank `start`'s overflow cause `start_cause` (its
 // FindOverflowCause), across every collective that delivered what went
@@ -90,11 +110,13 @@ CrossRankPath WalkAcrossRanks(const formats::WorldStep& world, int64_t start, co
 
 // "rank 2 aten::linear in blocks.0.moe.experts.0 -> all_to_all #3 in world
 // (rows 0-3 to rank 0) -> rank 0 aten::layer_norm in blocks.1.norm": from
-// the origin to where the walk started.
+// the origin to where the walk started. A leaf starts "rank 1 input tensor 7
+// (param/w) -> ...", an ambiguous stop "rank ? (ambiguous) -> ...".
 std::string DescribePath(const CrossRankPath& path);
 
 // The path as JSON, origin first: rank nodes {"rank", "op_index", "op",
-// "module", "phase"} and between them crossing nodes {"collective", "group",
+// "module", "phase"} (a leaf's: the sender's collective, with "leaf":
+// {"tensor", "name"}) and between them crossing nodes {"collective", "group",
 // "seq", "module", "from", "to", "evidence", "not_finite", "ambiguous",
 // "carriers": [{"rank", "sent_rows", "received_rows", "abs_max", "finite"}]}.
 llvm::json::Array PathJson(const CrossRankPath& path);

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <tuple>
+#include <utility>
 
 #include "formats/module_path.h"
 #include "support/check.h"
@@ -17,16 +19,6 @@ bool AnyNotFinite(const formats::Trace& trace, const std::vector<uint64_t>& ids)
   });
 }
 
-// Of `trace`, the collective at (group, seq), or null.
-const formats::OpEvent* FindCollective(const formats::Trace& trace, const formats::CollectiveOp& c) {
-  for (const formats::OpEvent& op : trace.ops) {
-    if (!formats::IsCollective(op)) continue;
-    absl::StatusOr<formats::CollectiveOp> other = formats::CollectiveOf(op);
-    if (other.ok() && other->group == c.group && other->seq == c.seq) return &op;
-  }
-  return nullptr;
-}
-
 // Whether `op` (a rank's first overflowing op) is a collective in which a
 // peer sent values that are not finite: they arrived. A collective whose
 // every sender sent finite values overflowed itself (a sum past the range).
@@ -34,13 +26,17 @@ bool ArrivedFromPeer(const formats::WorldStep& world, int64_t rank, const format
   if (!formats::IsCollective(op)) return false;
   absl::StatusOr<formats::CollectiveOp> c = formats::CollectiveOf(op);
   if (!c.ok()) return false;
-  for (int64_t g = 0; g < c->group_size; ++g) {
+  const int64_t members = GroupMembers(world, *c, rank);
+  for (int64_t g = 0; g < members; ++g) {
     const int64_t peer = world.manifest.WorldRankOf(c->group, rank, g);
-    if (peer < 0 || peer == rank || !world.ranks[static_cast<size_t>(peer)].trace) continue;
+    if (peer < 0 || peer == rank || peer >= static_cast<int64_t>(world.ranks.size()) ||
+        !world.ranks[static_cast<size_t>(peer)].trace) {
+      continue;
+    }
     const formats::Trace& theirs = *world.ranks[static_cast<size_t>(peer)].trace;
-    const formats::OpEvent* sent = FindCollective(theirs, *c);
-    if (sent == nullptr) continue;
-    absl::StatusOr<formats::CollectiveOp> s = formats::CollectiveOf(*sent);
+    const std::optional<size_t> sent = formats::FindCollective(theirs, *c);
+    if (!sent) continue;
+    absl::StatusOr<formats::CollectiveOp> s = formats::CollectiveOf(theirs.ops[*sent]);
     if (s.ok() && AnyNotFinite(theirs, s->inputs)) return true;
   }
   return false;
@@ -56,37 +52,47 @@ void FindSpread(const formats::WorldStep& world, const formats::Trace& origin, s
     if (!c.ok() || !AnyNotFinite(origin, c->inputs)) continue;
     out.spread = *c;
     out.spread_module = op.module;
-    for (int64_t g = 0; g < c->group_size; ++g) {
+    const int64_t members = GroupMembers(world, *c, out.rank);
+    for (int64_t g = 0; g < members; ++g) {
       const int64_t peer = world.manifest.WorldRankOf(c->group, out.rank, g);
-      if (peer < 0 || peer == out.rank || !world.ranks[static_cast<size_t>(peer)].trace) continue;
+      if (peer < 0 || peer == out.rank || peer >= static_cast<int64_t>(world.ranks.size()) ||
+          !world.ranks[static_cast<size_t>(peer)].trace) {
+        continue;
+      }
       const formats::Trace& theirs = *world.ranks[static_cast<size_t>(peer)].trace;
-      const formats::OpEvent* got = FindCollective(theirs, *c);
-      if (got != nullptr && AnyNotFinite(theirs, got->outputs)) out.reached.push_back(peer);
+      const std::optional<size_t> got = formats::FindCollective(theirs, *c);
+      if (got && AnyNotFinite(theirs, theirs.ops[*got].outputs)) out.reached.push_back(peer);
     }
     return;
   }
 }
 
 // From each rank in out.ranks' order, the walk across ranks; the first that
-// ends at an exploded op with no ambiguous crossing, else the first. Sets
-// out.path, out.rank and out.cause; puts out.ranks back in rank order.
+// ends at an exploded op with no stop, else the first rank's. Sets out.path,
+// out.rank, out.cause and out.unexploded; puts out.ranks back in rank order.
 void ChooseWalk(const formats::WorldStep& world, std::map<int64_t, OverflowCause>& causes, WorldOverflow& out) {
   std::optional<CrossRankPath> chosen;
+  bool found = false;
   for (const RankOverflow& r : out.ranks) {
     CrossRankPath path = WalkAcrossRanks(world, r.rank, causes.at(r.rank));
     const RankWalk& end = path.walks.back();
-    const bool found = !path.stopped && end.walk.found_explosion && !formats::IsCollective(*end.walk.cause.op);
+    found = !path.stopped && end.walk.found_explosion && !formats::IsCollective(*end.walk.cause.op);
     if (!chosen || found) chosen = std::move(path);
     if (found) break;
   }
   out.path = *std::move(chosen);
   std::sort(out.ranks.begin(), out.ranks.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
-  out.rank = out.path.stopped ? out.path.walks.front().rank : out.path.walks.back().rank;
-  if (out.path.stopped) {
-    // The origin is not known past an ambiguous crossing: the start rank's own walk is reported.
+  // The fallback's walk crossed to a sender and ended at an op that did not
+  // explode: that sender is not known to be the origin.
+  out.unexploded = !found && !out.path.stopped && !out.path.crossings.empty();
+  if (out.path.stopped || out.unexploded) {
+    // No origin is known: the rank the walk started on (the first in the
+    // causal order) and its own walk are reported, as without the walk.
+    out.rank = out.path.walks.front().rank;
     out.cause = out.path.walks.front().walk;
     return;
   }
+  out.rank = out.path.walks.back().rank;
   out.cause = out.path.walks.back().walk;
 }
 
@@ -116,7 +122,7 @@ std::optional<WorldOverflow> FindWorldOverflow(const formats::WorldStep& world, 
   const formats::Trace& trace = *world.ranks[static_cast<size_t>(out.rank)].trace;
   if (!out.path.crossings.empty()) {
     // The collective nearest the origin on the path: where the values left it.
-    if (!out.path.stopped) {
+    if (out.Crossed()) {
       out.carried = out.path.crossings.back().collective;
       out.carried_module = out.path.crossings.back().module;
     }

@@ -19,8 +19,10 @@
 // row by row (cross_rank_walk.h): from each overflowing rank in that order,
 // the cause walk crosses every collective that delivered what went wrong to
 // the senders of those rows and goes on there; the first walk that ends at
-// an op that exploded, with no ambiguous crossing, names the origin (else
-// the first walk). A rank whose exploded values all left it (its own tokens
+// an op that exploded, with no stop (an ambiguous crossing, a leaf sent),
+// names the origin. When none does, the first rank in that order is
+// reported with its own walk (`unexploded` when its walk crossed to a
+// sender whose walk found no op that exploded). A rank whose exploded values all left it (its own tokens
 // never met the expert) can so be the origin while every rank's first
 // overflow, its own included, arrived or was received.
 #pragma once
@@ -52,11 +54,18 @@ struct RankOverflow {
 struct WorldOverflow {
   int64_t rank = 0;        // where it began
   // On that rank: its first overflow, cause and chain; when the walk crossed
-  // collectives (path.crossings not empty), the walk there, from its cause
-  // to the op whose output it sent (`first` is that op, not an overflow).
+  // collectives (Crossed()), the walk there, from its cause to the op whose
+  // output it sent (`first` is that op, not an overflow).
   OverflowCause cause;
   // The walk across ranks from the rank it started on to the origin.
   CrossRankPath path;
+  // The walk crossed and went on to a sender, but no walk ended at an op
+  // that exploded: `rank` and `cause` are the start rank's own, as when
+  // path.stopped.
+  bool unexploded = false;
+  // Whether `cause` is the origin's walk on a sender (its `first` is the op
+  // whose output it sent, not an overflow).
+  bool Crossed() const { return !path.crossings.empty() && !path.stopped && !unexploded; }
   // How it spread: the first collective after the first overflow in which
   // the origin sent values that are not finite, and the ranks whose output
   // of it is not finite. Absent when it did not leave the origin.

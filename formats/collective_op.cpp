@@ -1,5 +1,10 @@
 #include "formats/collective_op.h"
 
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <utility>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -14,6 +19,21 @@ enum Arg { kInputs, kGroup, kSeq, kPlace, kSendRows, kRecvRows, kSendHashes, kRe
 
 std::vector<int64_t> AsInts(const std::vector<uint64_t>& v) { return std::vector<int64_t>(v.begin(), v.end()); }
 std::vector<uint64_t> AsHashes(const std::vector<int64_t>& v) { return std::vector<uint64_t>(v.begin(), v.end()); }
+
+// Why split sizes `rows` of a group of `group_size` are not rows; empty when they are.
+std::string BadSplits(const std::vector<int64_t>& rows, int64_t group_size) {
+  if (rows.empty()) return "";
+  if (static_cast<int64_t>(rows.size()) != group_size) {
+    return absl::StrFormat("%d split sizes for a group of %d", rows.size(), group_size);
+  }
+  int64_t sum = 0;
+  for (int64_t n : rows) {
+    if (n < 0) return absl::StrFormat("a split size of %d rows", n);
+    if (n > std::numeric_limits<int64_t>::max() - sum) return "split sizes whose sum overflows";
+    sum += n;
+  }
+  return "";
+}
 
 }  // namespace
 
@@ -36,6 +56,11 @@ absl::StatusOr<CollectiveOp> CollectiveOf(const OpEvent& op) {
   if (!shaped) {
     return absl::DataLossError(absl::StrFormat("op %d (%s): not a collective's arguments", op.seq, op.name));
   }
+  for (const auto& [rows, name] : {std::pair(&a[kSendRows].ints, "send"), std::pair(&a[kRecvRows].ints, "receive")}) {
+    if (std::string bad = BadSplits(*rows, a[kPlace].ints[1]); !bad.empty()) {
+      return absl::DataLossError(absl::StrFormat("op %d (%s): %s rows: %s", op.seq, op.name, name, bad));
+    }
+  }
   CollectiveOp c;
   c.kind = op.name.substr(kCollectivePrefix.size());
   c.group = a[kGroup].text;
@@ -49,6 +74,31 @@ absl::StatusOr<CollectiveOp> CollectiveOf(const OpEvent& op) {
   c.recv_hashes = AsHashes(a[kRecvHashes].ints);
   c.inputs = AsHashes(a[kInputs].ints);
   return c;
+}
+
+int64_t RowsBefore(const std::vector<int64_t>& rows, int64_t slice) {
+  const int64_t end = std::clamp<int64_t>(slice, 0, static_cast<int64_t>(rows.size()));
+  int64_t n = 0;
+  for (int64_t k = 0; k < end; ++k) n += rows[static_cast<size_t>(k)];
+  return n;
+}
+
+bool SplitsRows(const std::vector<int64_t>& rows, int64_t total) {
+  int64_t sum = 0;
+  for (int64_t n : rows) {
+    if (n < 0 || n > total - sum) return false;  // total - sum >= 0 here: no overflow
+    sum += n;
+  }
+  return sum == total;
+}
+
+std::optional<size_t> FindCollective(const Trace& trace, const CollectiveOp& c) {
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    if (!IsCollective(trace.ops[i])) continue;
+    absl::StatusOr<CollectiveOp> other = CollectiveOf(trace.ops[i]);
+    if (other.ok() && other->group == c.group && other->seq == c.seq) return i;
+  }
+  return std::nullopt;
 }
 
 void ToOpEvent(const CollectiveOp& c, OpEvent& op) {

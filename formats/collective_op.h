@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,8 +47,22 @@ size_t CountCollectives(const Trace& trace, size_t end = SIZE_MAX);
 bool IsCollectiveName(absl::string_view name);
 
 // The collective `op` records; DataLoss when its arguments are not the layout
-// ToOpEvent writes.
+// ToOpEvent writes, or its split sizes are not rows: send_rows and recv_rows
+// are each empty or one count per group rank, every count >= 0 and their
+// sum within int64 (so RowsBefore cannot overflow).
 absl::StatusOr<CollectiveOp> CollectiveOf(const OpEvent& op);
+
+// The rows before slice `slice` of split sizes `rows` as CollectiveOf
+// returns them: sum(rows[0..slice)), `slice` clamped to [0, rows.size()].
+int64_t RowsBefore(const std::vector<int64_t>& rows, int64_t slice);
+
+// Whether split sizes `rows` split `total` rows: every count in [0, total]
+// and their sum `total`. Checks each count before summing, so any vector is safe.
+bool SplitsRows(const std::vector<int64_t>& rows, int64_t total);
+
+// The index in `trace` of the collective at (c.group, c.seq); nullopt when
+// the rank ran none.
+std::optional<size_t> FindCollective(const Trace& trace, const CollectiveOp& c);
 
 // Writes `c`'s kind into op.name and its fields into op.args (replacing
 // them); op.outputs, phase and module are the caller's.

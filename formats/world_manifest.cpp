@@ -90,6 +90,15 @@ int64_t WorldManifest::WorldRankOf(const std::string& group, int64_t rank, int64
   return -1;
 }
 
+int64_t WorldManifest::GroupSizeOf(const std::string& group, int64_t rank) const {
+  auto it = groups.find(group);
+  if (it == groups.end()) return 0;
+  for (const std::vector<int64_t>& g : it->second) {
+    if (std::find(g.begin(), g.end(), rank) != g.end()) return static_cast<int64_t>(g.size());
+  }
+  return 0;
+}
+
 WorldManifest ExpertParallelWorld(int64_t world_size, int64_t ep_size, int64_t experts) {
   WorldManifest w;
   w.world_size = world_size;

@@ -43,6 +43,10 @@ struct WorldManifest {
   // The world rank that is `group_rank` in the instance of `group` holding
   // `rank`; -1 when the manifest has no such group or rank.
   int64_t WorldRankOf(const std::string& group, int64_t rank, int64_t group_rank) const;
+  // The size of the instance of `group` holding `rank`; 0 when none does.
+  // What bounds a walk over a collective's group ranks: a trace's
+  // group_size is the bundle's word, this the manifest's.
+  int64_t GroupSizeOf(const std::string& group, int64_t rank) const;
 };
 
 // llvm::json's reader of one ranks[] entry.

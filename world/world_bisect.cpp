@@ -82,9 +82,22 @@ void PrintWorldOverflow(const analysis::WorldOverflow& found) {
   }
 }
 
+// Where the walk across ranks ended: "origin" (at `rank`'s op), "ambiguous",
+// "leaf" (a sender's input no op made) or "unexploded" (no walk ended at an
+// op that exploded); in all but the first, `rank` is the rank it started on.
+const char* PathEnd(const analysis::WorldOverflow& found) {
+  if (found.path.leaf) return "leaf";
+  if (found.path.stopped) return "ambiguous";
+  return found.unexploded ? "unexploded" : "origin";
+}
+
 llvm::json::Object WorldOverflowJson(const analysis::WorldOverflow& found, int64_t step) {
   llvm::json::Object out = analysis::CauseJson(found.cause, step);
   out["rank"] = found.rank;
+  // What the top-level op keys describe: the rank's first overflow, or
+  // (crossed) the origin's op whose output it sent, judged against no range.
+  out["op_is"] = found.Crossed() ? "sent_value" : "first_overflow";
+  if (found.Crossed()) out["limit"] = nullptr;
   llvm::json::Array ranks;
   for (const analysis::RankOverflow& r : found.ranks) {
     ranks.push_back(llvm::json::Object{{"rank", r.rank}, {"op_index", static_cast<int64_t>(r.op_index)},
@@ -95,6 +108,7 @@ llvm::json::Object WorldOverflowJson(const analysis::WorldOverflow& found, int64
   // Origin first: the ranks and the collectives the cause walk crossed.
   out["path"] = analysis::PathJson(found.path);
   out["path_stopped"] = found.path.stopped;
+  out["path_end"] = PathEnd(found);
   if (!found.path.crossings.empty()) {
     // The first overflow the walk started from (the top-level op is then the origin's op that sent the values).
     const analysis::RankWalk& start = found.path.walks.front();
@@ -115,13 +129,41 @@ llvm::json::Object WorldOverflowJson(const analysis::WorldOverflow& found, int64
   return out;
 }
 
-// msprobe's overflow_check beside the origin's first overflow, for a run
-// imported with its result (analysis::OverflowCheckCrossCheck).
+// msprobe's overflow_check beside the origin's own first overflow, for a
+// run imported with its result (analysis::OverflowCheckCrossCheck); none
+// when the origin has no overflow of its own (its values left it first).
+// Not found.cause.first: after a crossing that is the op whose output it sent.
 std::optional<llvm::json::Object> OriginOverflowCheck(const formats::WorldStep& world,
                                                       const analysis::WorldOverflow& found, int64_t step) {
   const formats::RankStep& origin = world.ranks[static_cast<size_t>(found.rank)];
-  if (!origin.reader) return std::nullopt;
-  return analysis::OverflowCheckCrossCheck(*origin.reader, step, found.rank, found.cause.first.op_index);
+  const auto own = std::find_if(found.ranks.begin(), found.ranks.end(),
+                                [&](const analysis::RankOverflow& r) { return r.rank == found.rank; });
+  if (!origin.reader || own == found.ranks.end()) return std::nullopt;
+  return analysis::OverflowCheckCrossCheck(*origin.reader, step, found.rank, own->op_index);
+}
+
+// The headline of a step whose overflow `found` names.
+void PrintHeadline(const analysis::WorldOverflow& found, int64_t step, size_t ranks) {
+  const auto s = static_cast<long long>(step);
+  const auto r = static_cast<long long>(found.rank);
+  if (const std::optional<analysis::SentLeaf>& leaf = found.path.leaf) {
+    const std::string what = leaf->tensor == 0 ? std::string("a value its record does not name")
+                             : absl::StrFormat("its input tensor %d%s", leaf->tensor,
+                                               leaf->name.empty() ? "" : " (" + leaf->name + ")");
+    std::printf("step %lld: the overflow reached rank %lld of %zu from rank %lld, which sent %s, made by no op of "
+                "its step (a parameter or the batch) (below); rank %lld's own walk:\n",
+                s, r, ranks, static_cast<long long>(leaf->rank), what.c_str(), r);
+  } else if (found.path.stopped) {
+    std::printf("step %lld: the overflow reached rank %lld of %zu from another rank, which the recording does "
+                "not tell (below); rank %lld's own walk:\n",
+                s, r, ranks, r);
+  } else if (found.unexploded) {
+    std::printf("step %lld: the walk across ranks ends at no op that exploded (below); rank %lld of %zu, the first "
+                "in causal order, and its own walk:\n",
+                s, r, ranks);
+  } else {
+    std::printf("step %lld: the overflow began on rank %lld of %zu\n", s, r, ranks);
+  }
 }
 
 }  // namespace
@@ -164,17 +206,8 @@ ExitOr RunWorldBisect(const std::string& dir, std::vector<int64_t> steps,
     } else {
       exit_code = kExitFinding;
       const formats::Trace& trace = *world.ranks[static_cast<size_t>(found->rank)].trace;
-      const bool crossed = !found->path.crossings.empty() && !found->path.stopped;
-      if (found->path.stopped) {
-        std::printf("step %lld: the overflow reached rank %lld of %zu from another rank, which the recording does "
-                    "not tell (below); rank %lld's own walk:\n",
-                    static_cast<long long>(step), static_cast<long long>(found->rank), world.ranks.size(),
-                    static_cast<long long>(found->rank));
-      } else {
-        std::printf("step %lld: the overflow began on rank %lld of %zu\n", static_cast<long long>(step),
-                    static_cast<long long>(found->rank), world.ranks.size());
-      }
-      analysis::PrintCause(found->cause, trace.ops.size(), step, !crossed);
+      PrintHeadline(*found, step, world.ranks.size());
+      analysis::PrintCause(found->cause, trace.ops.size(), step, !found->Crossed());
       PrintWorldOverflow(*found);
       if (auto check = OriginOverflowCheck(world, *found, step)) analysis::PrintOverflowCheck(*check, found->rank);
       if (const auto original = proxy ? OriginalOf(*proxy, found->cause.first.op->module) : std::nullopt) {

@@ -7,6 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <functional>
+
 #include "analysis/world_overflow.h"
 #include "formats/collective_op.h"
 
@@ -205,6 +208,109 @@ TEST(CrossRankWalk, AnAllGatherIntoAListCrossesToTheSenderOfTheOutputWalked) {
   EXPECT_EQ(x.carriers[0].rank, 2);
   EXPECT_EQ(found->rank, 2);
   EXPECT_EQ(found->cause.cause.op->name, "aten::linear");
+}
+
+// Bad input: a bundle's collective records are untrusted.
+
+// Rank 0's record of the all_to_all (op 1) with other arguments.
+void SetRankZeroCollective(formats::WorldStep& world, const std::function<void(formats::CollectiveOp&)>& edit) {
+  formats::Trace& t = *world.ranks[0].trace;
+  formats::CollectiveOp c = *formats::CollectiveOf(t.ops[1]);
+  edit(c);
+  formats::ToOpEvent(c, t.ops[1]);
+}
+
+TEST(CrossRankWalk, SplitSizesThatAreNotRowsAreRefusedWhereTheCollectiveIsRead) {
+  // [-2, 6, 0] sums to the 4 rows of the output but reads before it.
+  for (std::vector<int64_t> rows : {std::vector<int64_t>{-2, 6, 0}, std::vector<int64_t>{INT64_MAX, INT64_MAX, 2},
+                                    std::vector<int64_t>{2, 2}}) {
+    formats::WorldStep world = Step(/*rank1_sent=*/1);
+    SetRankZeroCollective(world, [&](formats::CollectiveOp& c) { c.recv_rows = rows; });
+    EXPECT_FALSE(formats::CollectiveOf(world.ranks[0].trace->ops[1]).ok());
+    const std::optional<WorldOverflow> found = FindWorldOverflow(world);
+    ASSERT_TRUE(found.has_value());
+    // Not a collective's record: the walk cannot cross it and stays on rank 0.
+    EXPECT_TRUE(found->path.crossings.empty());
+    EXPECT_EQ(found->rank, 0);
+  }
+  EXPECT_FALSE(formats::SplitsRows({-2, 6}, 4));
+  EXPECT_FALSE(formats::SplitsRows({INT64_MAX, INT64_MAX, 2}, 4));
+  EXPECT_FALSE(formats::SplitsRows({5}, 4));
+  EXPECT_TRUE(formats::SplitsRows({0, 4}, 4));
+  EXPECT_EQ(formats::RowsBefore({1, 2, 3}, -1), 0);
+  EXPECT_EQ(formats::RowsBefore({1, 2, 3}, 2), 3);
+  EXPECT_EQ(formats::RowsBefore({1, 2, 3}, 99), 6);
+}
+
+TEST(CrossRankWalk, AHugeGroupSizeIsBoundedByTheManifestsGroup) {
+  formats::WorldStep world = Step(/*rank1_sent=*/1, "broadcast", /*root=*/2);
+  for (size_t r = 0; r < world.ranks.size(); ++r) {
+    formats::Trace& t = *world.ranks[r].trace;
+    for (formats::OpEvent& op : t.ops) {
+      if (!formats::IsCollective(op)) continue;
+      formats::CollectiveOp c = *formats::CollectiveOf(op);
+      c.group_size = int64_t{1} << 62;  // a loop over it would not end
+      formats::ToOpEvent(c, op);
+    }
+  }
+  const std::optional<WorldOverflow> found = FindWorldOverflow(world);
+  ASSERT_TRUE(found.has_value());
+  // The manifest's three ranks are visited: the walk still crosses to the root.
+  ASSERT_EQ(found->path.crossings.size(), 1u);
+  EXPECT_EQ(found->rank, 2);
+  EXPECT_EQ(world.manifest.GroupSizeOf("world", 0), 3);
+  EXPECT_EQ(world.manifest.GroupSizeOf("expert-parallel", 0), 0);
+}
+
+TEST(CrossRankWalk, ASenderWhoseValueNoOpMadeIsNamedWithItsLeaf) {
+  // Rank 2 broadcasts its step input 2 (a parameter, say) as it is, 1e30.
+  formats::WorldStep world = Step(/*rank1_sent=*/1, "broadcast", /*root=*/2);
+  formats::Trace& t = *world.ranks[2].trace;
+  t.tensors[2].fingerprint.abs_max = kLarge;  // tensor 2, no producer
+  t.tensors[2].leaf = "param/w";
+  formats::CollectiveOp c = *formats::CollectiveOf(t.ops[2]);
+  c.inputs = {2};
+  formats::ToOpEvent(c, t.ops[2]);
+  t.Index();
+  const std::optional<WorldOverflow> found = FindWorldOverflow(world);
+  ASSERT_TRUE(found.has_value());
+  const CrossRankPath& path = found->path;
+  EXPECT_TRUE(path.stopped);
+  ASSERT_TRUE(path.leaf.has_value());
+  EXPECT_EQ(path.leaf->rank, 2);
+  EXPECT_EQ(path.leaf->tensor, 2u);
+  EXPECT_EQ(path.leaf->name, "param/w");
+  ASSERT_EQ(path.crossings.size(), 1u);
+  EXPECT_FALSE(path.crossings[0].ambiguous);
+  EXPECT_EQ(found->rank, 0);  // the rank it started on, with its own walk
+  EXPECT_EQ(DescribePath(path),
+            "rank 2 input tensor 2 (param/w) -> broadcast #0 in world (to rank 0) -> rank 0 aten::layer_norm in moe");
+  const llvm::json::Array json = PathJson(path);
+  ASSERT_EQ(json.size(), 3u);
+  const llvm::json::Object* leaf = json[0].getAsObject()->getObject("leaf");
+  ASSERT_NE(leaf, nullptr);
+  EXPECT_EQ(leaf->getInteger("tensor").getValueOr(-1), 2);
+  EXPECT_EQ(json[0].getAsObject()->getInteger("rank").getValueOr(-1), 2);
+  EXPECT_EQ(json[1].getAsObject()->getInteger("from").getValueOr(-1), 2);
+}
+
+TEST(CrossRankWalk, AWalkToASenderWhoseWalkFoundNoExplosionNamesNoOrigin) {
+  // Rank 2's linear makes 1e30 from inputs as large: nothing exploded on
+  // rank 2, so the rank it crossed to is not known to be the origin.
+  formats::WorldStep world = Step(/*rank1_sent=*/1, "broadcast", /*root=*/2);
+  formats::Trace& t = *world.ranks[2].trace;
+  t.tensors[2].fingerprint.abs_max = kLarge;  // the linear's weight
+  t.Index();
+  const std::optional<WorldOverflow> found = FindWorldOverflow(world);
+  ASSERT_TRUE(found.has_value());
+  ASSERT_EQ(found->path.walks.size(), 2u);
+  EXPECT_FALSE(found->path.walks.back().walk.found_explosion);
+  EXPECT_FALSE(found->path.stopped);
+  EXPECT_TRUE(found->unexploded);
+  EXPECT_FALSE(found->Crossed());
+  EXPECT_EQ(found->rank, 0);  // the start rank, with its own walk
+  EXPECT_EQ(found->cause.first.op->name, "aten::layer_norm");
+  EXPECT_FALSE(found->carried.has_value());
 }
 
 }  // namespace
