@@ -184,11 +184,12 @@ absl::StatusOr<Recording> RecordingFrom(const llvm::json::Value& v, absl::string
   f.Optional("reduced", r.reduced);
   MOERR_RETURN_IF_ERROR(f.status());
   r.mode = mode.value_or("");
-  for (const auto& [key, value] : f.object()) {
+  for (const auto& field : f.object()) {
     static constexpr const char* kNamed[] = {"mode", "trigger", "libtorch", "threads", "deterministic", "imported",
                                              "reduced"};
+    const llvm::json::ObjectKey& key = field.first;
     if (std::none_of(std::begin(kNamed), std::end(kNamed), [&](const char* n) { return key == n; })) {
-      r.other[key] = value;
+      r.other[key] = field.second;
     }
   }
   return r;
