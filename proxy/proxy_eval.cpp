@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <random>
 
@@ -13,6 +14,7 @@
 #include "formats/json_number.h"
 #include "moe/checkpoint.h"
 #include "moe/warmup.h"
+#include "proxy/hf_config_file.h"
 #include "proxy/proxy_builder.h"
 #include "proxy/surgery.h"
 #include "recorder/recorder.h"
@@ -96,7 +98,7 @@ ProxyOptions Configure(double keep, const std::string& method, const std::string
   return o;
 }
 
-// Known methods, and the output directories made.
+// Known methods, a config file moerr can build, and the output directories made.
 absl::Status Prepare(const EvalOptions& options) {
   if (options.out_dir.empty()) return absl::InvalidArgumentError("an output directory is required (-o DIR)");
   for (const std::string& m : options.methods) {
@@ -105,21 +107,42 @@ absl::Status Prepare(const EvalOptions& options) {
           "unknown method \"%s\" (cluster, cluster-unforced, cluster-frequency, frequency, random, reap, hc-medoid)", m));
     }
   }
-  for (const std::string& dir : {options.out_dir, options.out_dir + "/warmup"}) {
+  if (!options.hf_config.empty()) {
+    MOERR_RETURN_IF_ERROR(ReadHfConfigFile(options.hf_config, moe::AdditionTask::kVocab).status());
+  }
+  for (const std::string& dir : {options.out_dir, options.out_dir + "/warmup", options.out_dir + "/proxies"}) {
     MOERR_RETURN_IF_ERROR(MakeDirectory(dir));
   }
   return absl::OkStatus();
 }
 
-// The warm model, cached across runs of the same preset, family and warm-up
-// length (what it was made from is in its directory's name).
-// `report`'s expert diversity of the model before (the same seeded
-// initialisation) and after the warm-up, on 64 task sequences.
+// The model's config and the directory its warm-up is cached in: a
+// preset's, OUT/warmup/PRESET-FAMILY-STEPS, or a config file's, keyed by its
+// bytes, OUT/warmup/hf-DIGEST-STEPS (another file never reuses it). With a
+// file, `report`'s preset and family are the file and the family it names.
+absl::StatusOr<std::pair<moe::MoeConfig, std::string>> WarmSource(const EvalOptions& options, EvalReport& report) {
+  if (options.hf_config.empty()) {
+    MOERR_ASSIGN_OR_RETURN(moe::MoeConfig config, moe::Preset(options.preset, options.family));
+    return std::make_pair(config, absl::StrFormat("%s/warmup/%s-%s-%d", options.out_dir, options.preset,
+                                                  moe::FamilyName(options.family), options.warmup_steps));
+  }
+  MOERR_ASSIGN_OR_RETURN(HfConfigFile file, ReadHfConfigFile(options.hf_config, moe::AdditionTask::kVocab));
+  report.preset = options.hf_config;
+  report.family = moe::FamilyName(file.config.family);
+  return std::make_pair(file.config,
+                        absl::StrFormat("%s/warmup/hf-%s-%d", options.out_dir, file.digest, options.warmup_steps));
+}
+
+// The warm model, cached across runs of the same model and warm-up length
+// (what it was made from is in its directory's name, `report`'s
+// warm_checkpoint). `report`'s expert diversity of the model before (the same
+// seeded initialisation) and after the warm-up, on 64 task sequences.
 absl::StatusOr<moe::MoeTransformer> WarmModel(const EvalOptions& options, const EvalProgress& progress,
                                               EvalReport& report) {
-  MOERR_ASSIGN_OR_RETURN(moe::MoeConfig config, moe::Preset(options.preset, options.family));
-  const std::string warm_dir = absl::StrFormat("%s/warmup/%s-%s-%d", options.out_dir, options.preset,
-                                               moe::FamilyName(options.family), options.warmup_steps);
+  MOERR_ASSIGN_OR_RETURN(const auto source, WarmSource(options, report));
+  const moe::MoeConfig& config = source.first;
+  const std::string& warm_dir = source.second;
+  report.warm_checkpoint = warm_dir;
   std::mt19937_64 rng(7);
   const moe::AdditionTask::Batch calib = moe::AdditionTask().Sample(64, rng);
   const at::Tensor calibration = at::cat({calib.prompts, calib.answers}, 1);
@@ -170,10 +193,32 @@ absl::StatusOr<Baseline> MeasureBaseline(const moe::MoeTransformer& warm, const 
   return b;
 }
 
+// Copies the files of `built`'s checkpoint and its cluster map into `dir`,
+// which is emptied first: an HF checkpoint (config.json, model.safetensors)
+// that the next build into OUT/proxy does not overwrite.
+absl::Status KeepCheckpoint(const ProxyReport& built, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  fs::remove_all(dir, error);
+  if (!error) fs::create_directories(dir, error);
+  std::vector<fs::path> files = {built.cluster_map};
+  for (fs::directory_iterator it(built.checkpoint, error), end; !error && it != end; it.increment(error)) {
+    files.push_back(it->path());
+  }
+  for (size_t i = 0; i < files.size() && !error; ++i) {
+    fs::copy_file(files[i], fs::path(dir) / files[i].filename(), fs::copy_options::overwrite_existing, error);
+  }
+  if (error) return absl::UnavailableError(absl::StrFormat("cannot keep the proxy in %s: %s", dir, error.message()));
+  return absl::OkStatus();
+}
+
 // Builds the proxy of step `step` of `reader` for `row`'s configuration,
-// healed when the row is.
+// healed when the row is. With `kept` (the row's static proxy), the proxy is
+// also kept as OUT/proxies/<kept>of<E>-<method>[-heal<N>] (KeepCheckpoint),
+// named in `*kept`.
 absl::StatusOr<ProxyReport> BuildRowProxy(const formats::BundleReader& reader, const std::string& path, int64_t step,
-                                          const EvalRow& row, const EvalOptions& options, HealReport* healed = nullptr) {
+                                          const EvalRow& row, const EvalOptions& options, HealReport* healed = nullptr,
+                                          std::string* kept = nullptr) {
   MOERR_ASSIGN_OR_RETURN(ProxyReport built,
                          BuildProxy(reader, Configure(row.keep, row.method, options.out_dir + "/proxy", step, path,
                                                       options.sample_seed)));
@@ -182,6 +227,11 @@ absl::StatusOr<ProxyReport> BuildRowProxy(const formats::BundleReader& reader, c
     heal.steps = row.heal_steps;
     MOERR_ASSIGN_OR_RETURN(HealReport report, HealProxy(reader, built, heal, path));
     if (healed) *healed = std::move(report);
+  }
+  if (kept != nullptr) {
+    const std::string heal = row.heal_steps > 0 ? absl::StrFormat("-heal%d", row.heal_steps) : "";
+    *kept = absl::StrFormat("%s/proxies/%dof%d-%s%s", options.out_dir, built.kept, built.experts, row.method, heal);
+    MOERR_RETURN_IF_ERROR(KeepCheckpoint(built, *kept));
   }
   return built;
 }
@@ -205,7 +255,8 @@ absl::StatusOr<EvalRow> EvaluateConfiguration(moe::MoeTransformer& warm, const B
   row.method = method;
   row.heal_steps = heal_steps;
   HealReport healed;
-  MOERR_ASSIGN_OR_RETURN(ProxyReport built, BuildRowProxy(*base.healthy, base.healthy_path, 0, row, options, &healed));
+  MOERR_ASSIGN_OR_RETURN(ProxyReport built, BuildRowProxy(*base.healthy, base.healthy_path, 0, row, options, &healed,
+                                                                &row.checkpoint));
   row.heal_kl_before = healed.kl_before, row.heal_kl_after = healed.kl_after;
   row.kept = built.kept;
   row.params_ratio = double(built.params_original) / built.params_proxy;
@@ -387,7 +438,8 @@ llvm::json::Object StaticRowJson(const EvalRow& r) {
                          {"routing_agreement", num(r.routing_agreement)},
                          {"accuracy", num(r.accuracy)},
                          {"params_ratio", num(r.params_ratio)},
-                         {"heal_steps", r.heal_steps}};
+                         {"heal_steps", r.heal_steps},
+                         {"checkpoint", r.checkpoint}};
   if (r.heal_steps > 0) {
     row["heal_kl_before"] = num(r.heal_kl_before);
     row["heal_kl_after"] = num(r.heal_kl_after);
@@ -418,10 +470,12 @@ llvm::json::Object ToJson(const EvalReport& report) {
         {"response_magnitude_error", num(r.response_error.magnitude)}, {"onset_vs_random", num(r.onset_vs_random)},
         {"magnitude_vs_random", num(r.magnitude_vs_random)}};
     AddDynamicsJson(r, row);
+    row["checkpoint"] = r.checkpoint;
     rows.push_back(std::move(row));
   }
   return llvm::json::Object{{"preset", report.preset},
                             {"family", report.family},
+                            {"warm_checkpoint", report.warm_checkpoint},
                             {"static_only", report.static_only},
                             {"experts", report.experts},
                             {"original_accuracy", report.original_accuracy},

@@ -52,6 +52,10 @@ namespace moerr::proxy {
 struct EvalOptions {
   std::string preset = "small";
   moe::Family family = moe::Family::kQwen3Moe;
+  // Non-empty: the model is this transformers config.json's (hf_config_file.h)
+  // instead of preset's and family's; its warm-up is cached under
+  // OUT/warmup/hf-DIGEST-STEPS (DIGEST: of the file's bytes).
+  std::string hf_config;
   int64_t warmup_steps = 600;
   // Required: the warm-up checkpoint (OUT/warmup/PRESET-FAMILY-STEPS, reused
   // by a later run of the same three), bundles, report.
@@ -93,6 +97,9 @@ struct EvalRow {
   double keep = 0;
   std::string method;
   int64_t kept = 0;
+  // The static proxy (built from the healthy step, healed when the row is)
+  // kept as an HF checkpoint: OUT/proxies/<kept>of<E>-<method>[-heal<N>].
+  std::string checkpoint;
   int64_t heal_steps = 0;  // > 0: the proxies were healed this long
   double heal_kl_before = 0, heal_kl_after = 0;  // of the static proxy, per token
   double hidden_cosine = 0, logit_kl = 0, routing_agreement = 0, accuracy = 0;
@@ -116,7 +123,8 @@ struct EvalRow {
 };
 
 struct EvalReport {
-  std::string preset, family;
+  std::string preset, family;  // with hf_config: the file, and the family it names
+  std::string warm_checkpoint;  // the warm original, an HF checkpoint (OUT/warmup/...)
   bool static_only = false;  // the rows hold static fidelity and the parameter ratio only
   double original_accuracy = 0;
   int64_t experts = 0;

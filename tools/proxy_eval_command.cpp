@@ -7,7 +7,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "moe/addition_task.h"
 #include "moe/moe_config.h"
+#include "proxy/hf_config_file.h"
 #include "proxy/proxy_eval.h"
 #include "support/progress.h"
 #include "support/status.h"
@@ -50,7 +52,8 @@ absl::Status ParseKeeps(const std::vector<std::string>& keeps, ProxyEvalArgs& ar
 // --preset and --warmup-steps only when given (world::RankCostOptions' defaults,
 // wide-ep and 20, otherwise); the options it does not use are refused.
 absl::StatusOr<world::RankCostOptions> RankCostOptionsOf(const ProxyEvalArgs& args, const CLI::App& cmd) {
-  for (const char* unused : {"--family", "--methods", "--heal", "--seeds", "--steps", "--memory-micro-batch",
+  for (const char* unused : {"--hf-config", "--family", "--methods", "--heal", "--seeds", "--steps",
+                             "--memory-micro-batch",
                              "--ema-window", "--slope-window", "--response-at", "--response-steps", "--static-only",
                              "--sample-seed", "--dynamics-steps"}) {
     if (cmd.get_option(unused)->count() > 0) {
@@ -97,7 +100,7 @@ absl::StatusOr<proxy::EvalOptions> ParseEvalArgs(const ProxyEvalArgs& args) {
 // The names proxy-eval writes in its work directory: the --json report too
 // when it goes there (-o DIR --json DIR/report.json, however spelled).
 std::vector<std::string> OwnFiles(const std::string& json_path, const std::string& out_dir) {
-  std::vector<std::string> own = {"warmup", "healthy.moerr", "proxy", "fault.moerr", "proxy-replay.moerr"};
+  std::vector<std::string> own = {"warmup", "healthy.moerr", "proxy", "fault.moerr", "proxy-replay.moerr", "proxies"};
   if (!json_path.empty()) {
     namespace fs = std::filesystem;
     std::error_code a, b, c, d;
@@ -106,6 +109,19 @@ std::vector<std::string> OwnFiles(const std::string& json_path, const std::strin
     if (!a && !b && !c && json_dir == fs::weakly_canonical(dir, d) && !d) own.push_back(json.filename().string());
   }
   return own;
+}
+
+// The model: "preset `fine` (qwen3_moe)", or "--hf-config FILE (qwen3_moe)".
+std::string ModelText(const proxy::EvalReport& report, const proxy::EvalOptions& eval) {
+  if (eval.hf_config.empty()) return absl::StrFormat("preset `%s` (%s)", report.preset, report.family);
+  return absl::StrFormat("--hf-config %s (%s)", report.preset, report.family);
+}
+
+// Where the static proxies were kept as HF checkpoints, and the warm original.
+void PrintKeptCheckpoints(const proxy::EvalReport& report, const proxy::EvalOptions& eval) {
+  std::printf("\n%zu static proxies kept as HF checkpoints (transformers' from_pretrained, moerr forward "
+              "--checkpoint) in %s/proxies/<kept>of<E>-<method>[-heal<N>]; the warm original: %s\n",
+              report.rows.size(), eval.out_dir.c_str(), report.warm_checkpoint.c_str());
 }
 
 // "cluster", or "cluster +heal N" for a healed row.
@@ -175,9 +191,9 @@ void PrintVersusRandomTable(const proxy::EvalReport& report, const proxy::EvalOp
 
 // --static-only: static fidelity and the parameter ratio of every row.
 void PrintStaticTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval) {
-  std::printf("preset `%s` (%s), %lld experts per MoE layer; original accuracy %.3f (256 problems, sample seed %llu); "
+  std::printf("%s, %lld experts per MoE layer; original accuracy %.3f (256 problems, sample seed %llu); "
               "static fidelity only\n\n",
-              report.preset.c_str(), report.family.c_str(), static_cast<long long>(report.experts),
+              ModelText(report, eval).c_str(), static_cast<long long>(report.experts),
               report.original_accuracy, static_cast<unsigned long long>(eval.sample_seed));
   std::printf("| keep | method | hidden cos | logit KL | routing agr. | accuracy | params ratio |\n");
   std::printf("|---|---|---|---|---|---|---|\n");
@@ -190,10 +206,9 @@ void PrintStaticTable(const proxy::EvalReport& report, const proxy::EvalOptions&
 }
 
 void PrintTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval) {
-  std::printf("preset `%s` (%s), %lld experts per MoE layer; original accuracy %.3f; %lld healthy RL steps; "
+  std::printf("%s, %lld experts per MoE layer; original accuracy %.3f; %lld healthy RL steps; "
               "faults x %lld seeds; peak memory in micro-batches of %lld sequences\n\n",
-              report.preset.c_str(), report.family.c_str(), static_cast<long long>(report.experts),
-              report.original_accuracy,
+              ModelText(report, eval).c_str(), static_cast<long long>(report.experts), report.original_accuracy,
               static_cast<long long>(eval.steps), static_cast<long long>(eval.seeds),
               static_cast<long long>(eval.memory_micro_batch));
   std::printf("experts before -> after the warm-up (64 task sequences): routing entropy %.3f -> %.3f, load entropy "
@@ -238,7 +253,16 @@ ExitOr RunProxyEval(const ProxyEvalArgs& args, const CLI::App& cmd) {
       return absl::InvalidArgumentError(absl::StrFormat("proxy-eval --static-only does not use %s", unused));
     }
   }
+  for (const char* model : {"--preset", "--family"}) {
+    if (!args.eval.hf_config.empty() && cmd.get_option(model)->count() > 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "proxy-eval: --hf-config and %s are exclusive (the config file names the model and its family)", model));
+    }
+  }
   MOERR_ASSIGN_OR_RETURN(const proxy::EvalOptions eval, ParseEvalArgs(args));
+  if (!eval.hf_config.empty()) {  // before the work directory is made
+    MOERR_RETURN_IF_ERROR(proxy::ReadHfConfigFile(eval.hf_config, moe::AdditionTask::kVocab).status());
+  }
   MOERR_RETURN_IF_ERROR(ClaimWorkDir(eval.out_dir, "proxy-eval", OwnFiles(args.json, eval.out_dir)));
   PhasedProgress bar;
   auto report = proxy::EvaluateProxies(eval, [&](const std::string& phase, int64_t done, int64_t total) {
@@ -253,6 +277,7 @@ ExitOr RunProxyEval(const ProxyEvalArgs& args, const CLI::App& cmd) {
     PrintDynamicsTable(*report, eval);
     PrintVersusRandomTable(*report, eval);
   }
+  PrintKeptCheckpoints(*report, eval);
   if (!args.json.empty()) {
     std::ofstream out(args.json, std::ios::trunc);
     out << llvm::formatv("{0:2}", llvm::json::Value(proxy::ToJson(*report))).str() << "\n";
@@ -275,6 +300,9 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
                   "Model size, one of:\n" + std::string(absl::StripTrailingAsciiWhitespace(moe::PresetHelp())))
       ->capture_default_str()
       ->check(CLI::IsMember(moe::PresetNames()));
+  cmd->add_option("--hf-config", opts->eval.hf_config,
+                  "A transformers config.json (Qwen2-MoE, Qwen3-MoE, DeepSeek-V3, Mixtral) to build the model from "
+                  "instead of --preset and --family; warmed up as a preset is, cached by the file's content");
   AddParsedOption(
       cmd, "--family",
       [opts](const std::string& text) -> absl::Status {
