@@ -17,6 +17,7 @@
 #include "proxy/hf_config_file.h"
 #include "proxy/proxy_builder.h"
 #include "proxy/surgery.h"
+#include "proxy/weight_noise.h"
 #include "recorder/recorder.h"
 #include "replayer/model_replay.h"
 #include "replayer/step_failure.h"
@@ -68,8 +69,7 @@ void StaticFidelity(moe::MoeTransformer& original, moe::MoeTransformer& proxy, c
     cosine += at::cosine_similarity(fo.hidden[l].to(at::kDouble), fp.hidden[l].to(at::kDouble), -1).mean().item<double>();
   }
   row.hidden_cosine = cosine / fo.hidden.size();
-  const at::Tensor lo = at::log_softmax(fo.logits.to(at::kDouble), -1), lp = at::log_softmax(fp.logits.to(at::kDouble), -1);
-  row.logit_kl = (lo.exp() * (lo - lp)).sum(-1).mean().item<double>();
+  row.logit_kl = LogitKl(fo.logits, fp.logits);
   double agree = 0, slots = 0;
   for (const LayerPlan& plan : plans) {
     const at::Tensor a = original_calls.at(plan.layer).back().first, b = proxy_calls.at(plan.layer).back().first;
@@ -308,7 +308,10 @@ absl::Status RecordFault(const moe::MoeTransformer& warm, moe::FaultKind fault, 
 // case; each configuration of `rows` built from each recorded step in turn,
 // model-replayed and judged by replayer::Reproduces (the same kind and rule;
 // localised: also the same phase and module class, since a proxy renumbers
-// experts) until one reproduces it: the proxy's onset.
+// experts) until one reproduces it: the proxy's onset. A proxy that shows
+// the failure at a step before the original's onset is early: it fails where
+// the original did not, which is not reproducing the fault (nor localising
+// it), whatever it shows later.
 absl::Status ReproduceFault(const moe::MoeTransformer& warm, moe::FaultKind fault, int64_t seed,
                             const EvalOptions& options, std::vector<EvalRow>& rows) {
   const std::string path = options.out_dir + "/fault.moerr";
@@ -339,6 +342,10 @@ absl::Status ReproduceFault(const moe::MoeTransformer& warm, moe::FaultKind faul
       MOERR_ASSIGN_OR_RETURN(const replayer::Reproduction shown,
                              replayer::Reproduces(*r.reader, s, r.trace, *original));
       if (shown == replayer::Reproduction::kNo) continue;
+      if (s < onset) {
+        ++row.early;
+        break;
+      }
       ++row.reproduced;
       row.localised += shown == replayer::Reproduction::kSamePlace;
       row.onset_delta += std::abs(double(s - onset));
@@ -465,7 +472,7 @@ llvm::json::Object ToJson(const EvalReport& report) {
         {"replayed_corr_kl", num(r.replayed_corr_kl)}, {"replayed_corr_grad_norm", num(r.replayed_corr_grad_norm)},
         {"peak_memory_ratio", num(r.peak_memory_ratio)},
         {"whole_batch_peak_memory_ratio", num(r.whole_batch_peak_memory_ratio)}, {"fault_cases", r.cases},
-        {"reproduced", r.reproduced}, {"localised", r.localised}, {"onset_delta", num(r.onset_delta)}, {"params_ratio", num(r.params_ratio)},
+        {"reproduced", r.reproduced}, {"early", r.early}, {"localised", r.localised}, {"onset_delta", num(r.onset_delta)}, {"params_ratio", num(r.params_ratio)},
         {"step_time_ratio", num(r.step_time_ratio)}, {"response_onset_error", num(r.response_error.onset)},
         {"response_magnitude_error", num(r.response_error.magnitude)}, {"onset_vs_random", num(r.onset_vs_random)},
         {"magnitude_vs_random", num(r.magnitude_vs_random)}};

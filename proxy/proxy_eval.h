@@ -20,7 +20,9 @@
 //     failing step is mapped to the proxy and model-replayed; reproduced when
 //     the proxy's replay raises the lint finding that names the fault in the
 //     original; localised when also in the same phase and module class
-//     (module path without indices); the onset difference in steps;
+//     (module path without indices); the onset difference in steps; early
+//     (not reproduced) when the proxy fails at a step before the original's
+//     onset;
 //   healing (`heal_steps` > 0): every configuration again with its proxies
 //     healed (healing.h), reported beside the unhealed row;
 //   cost: policy parameters, peak tensor memory (both models, gradients,
@@ -106,6 +108,9 @@ struct EvalRow {
   double corr_loss = 0, corr_reward = 0, corr_kl = 0, corr_grad_norm = 0;  // own rollouts
   double replayed_corr_loss = 0, replayed_corr_kl = 0, replayed_corr_grad_norm = 0;  // the original's steps replayed
   int64_t cases = 0, reproduced = 0, localised = 0;
+  // Cases the proxy showed the failure at a step before the original's onset
+  // (counted neither reproduced nor localised).
+  int64_t early = 0;
   double onset_delta = 0;  // mean |proxy onset - original onset| over reproduced cases, steps
   // Trends of the own-rollout and the replayed trajectories.
   Trend trend_loss, trend_reward, trend_kl, trend_grad_norm;

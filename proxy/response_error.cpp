@@ -22,8 +22,11 @@ ResponseError MeasureResponseError(const std::vector<ResponsePair>& responses) {
   if (responses.empty()) return out;
   double onset = 0, magnitude = 0;
   for (const auto& [original, proxy, none] : responses) {  // `none`: the onset of a run without one
-    onset += std::abs(double((proxy.onset >= 0 ? proxy.onset : none) - (original.onset >= 0 ? original.onset : none)));
     const ResponseComparison c = CompareResponse(original, proxy);
+    // An early proxy onset is a response the original does not show there:
+    // a miss, as if the proxy had not responded.
+    const int64_t proxy_onset = proxy.onset >= 0 && !c.early ? proxy.onset : none;
+    onset += std::abs(double(proxy_onset - (original.onset >= 0 ? original.onset : none)));
     magnitude += (LogRatio(c.grad_spike_ratio) + LogRatio(c.scale_drop_ratio) + LogRatio(c.reward_collapse_ratio)) / 3;
   }
   out.faults = static_cast<int64_t>(responses.size());

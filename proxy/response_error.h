@@ -21,7 +21,8 @@ struct ResponseError {
   // Mean over faults of |proxy onset - original onset|, steps. A run without
   // an onset is counted as having it one step past its last (step `end`),
   // so a response only one side shows costs the rest of the window; neither
-  // responding costs 0.
+  // responding costs 0. A proxy onset before the original's
+  // (ResponseComparison::early) is a miss: counted as no proxy onset.
   double onset = std::numeric_limits<double>::quiet_NaN();
   // Mean over faults of the mean |log2| of the three response ratios
   // (ResponseComparison: grad spike, loss-scale drops, reward collapse), each

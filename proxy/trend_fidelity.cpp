@@ -144,9 +144,11 @@ FaultResponse MeasureResponse(const std::vector<moe::StepMetrics>& run, int64_t 
 
 ResponseComparison CompareResponse(const FaultResponse& original, const FaultResponse& proxy) {
   ResponseComparison c;
-  c.both_respond = original.onset >= 0 && proxy.onset >= 0;
-  c.same_onset_presence = (original.onset >= 0) == (proxy.onset >= 0);
-  if (c.both_respond) c.onset_delta = proxy.onset - original.onset;
+  const bool both_onsets = original.onset >= 0 && proxy.onset >= 0;
+  c.early = both_onsets && proxy.onset < original.onset;
+  c.both_respond = both_onsets && !c.early;
+  c.same_onset_presence = (original.onset >= 0) == (proxy.onset >= 0) && !c.early;
+  if (both_onsets) c.onset_delta = proxy.onset - original.onset;
   c.grad_spike_ratio =
       RatioOf(original.grad_spike, proxy.grad_spike, original.grad_spike <= 1.5, proxy.grad_spike <= 1.5);
   c.scale_drop_ratio = RatioOf(double(original.scale_drops), double(proxy.scale_drops), original.scale_drops == 0,
@@ -188,6 +190,7 @@ llvm::json::Object ToJson(const FaultResponse& r) {
 llvm::json::Object ToJson(const ResponseComparison& c) {
   const auto& num = formats::JsonNumber;
   return llvm::json::Object{{"both_respond", c.both_respond},
+                            {"early", c.early},
                             {"onset_delta", c.onset_delta},
                             {"grad_spike_ratio", num(c.grad_spike_ratio)},
                             {"scale_drop_ratio", num(c.scale_drop_ratio)},

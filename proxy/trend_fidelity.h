@@ -66,10 +66,17 @@ struct FaultResponse {
 
 FaultResponse MeasureResponse(const std::vector<moe::StepMetrics>& run, int64_t k, int64_t tail = 2);
 
-// A proxy's response against the original's.
+// A proxy's response against the original's. A proxy whose onset comes
+// before the original's is early: it answers a fault the original has not
+// yet answered, so it is neither responding alike nor both responding.
 struct ResponseComparison {
-  bool both_respond = false, same_onset_presence = false;
-  int64_t onset_delta = 0;  // proxy onset - original onset, when both respond
+  // Both have an onset, the proxy's not before the original's.
+  bool both_respond = false;
+  // Both have an onset and the proxy's is not early, or neither has one.
+  bool same_onset_presence = false;
+  bool early = false;  // both have an onset, the proxy's before the original's
+  // Proxy onset - original onset, when both have one (< 0: early).
+  int64_t onset_delta = 0;
   // Proxy / original; 1 when both are nil (no spike: <= 1.5, no collapse:
   // < 0.05, no drops) or both infinite; Inf or 0 when only one responds.
   double grad_spike_ratio = 1, scale_drop_ratio = 1, reward_collapse_ratio = 1;

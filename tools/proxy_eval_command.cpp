@@ -217,18 +217,19 @@ void PrintTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval)
               report.warm.load_entropy, report.initial.output_cosine_distance, report.warm.output_cosine_distance);
   std::printf("| keep | method | hidden cos | logit KL | routing agr. | accuracy | r(loss) | r(reward) | r(KL) | "
               "r(grad norm) | replayed r(loss) | replayed r(KL) | replayed r(grad norm) | faults reproduced | "
-              "localised | onset diff | params ratio | peak memory ratio | whole-batch peak ratio | step-time ratio |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "localised | early | onset diff | params ratio | peak memory ratio | whole-batch peak ratio | step-time ratio |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const proxy::EvalRow& r : report.rows) {
     std::printf("| %lld/%lld | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %lld/%lld | %lld/%lld | "
-                "%s | %s | %s | %s | %s |\n",
+                "%lld/%lld | %s | %s | %s | %s | %s |\n",
                 static_cast<long long>(r.kept), static_cast<long long>(report.experts), MethodCell(r).c_str(),
                 Cell(r.hidden_cosine).c_str(), Cell(r.logit_kl, 4).c_str(), Cell(r.routing_agreement).c_str(),
                 Cell(r.accuracy).c_str(), Cell(r.corr_loss).c_str(), Cell(r.corr_reward).c_str(),
                 Cell(r.corr_kl).c_str(), Cell(r.corr_grad_norm).c_str(), Cell(r.replayed_corr_loss).c_str(),
                 Cell(r.replayed_corr_kl).c_str(), Cell(r.replayed_corr_grad_norm).c_str(),
                 static_cast<long long>(r.reproduced), static_cast<long long>(r.cases),
-                static_cast<long long>(r.localised), static_cast<long long>(r.cases), Cell(r.onset_delta, 2).c_str(),
+                static_cast<long long>(r.localised), static_cast<long long>(r.cases), static_cast<long long>(r.early),
+                static_cast<long long>(r.cases), Cell(r.onset_delta, 2).c_str(),
                 Cell(r.params_ratio, 2, "x").c_str(), Cell(r.peak_memory_ratio, 2, "x").c_str(),
                 Cell(r.whole_batch_peak_memory_ratio, 2, "x").c_str(), Cell(r.step_time_ratio, 2, "x").c_str());
   }

@@ -6,17 +6,20 @@
 //   noise REL   every parameter tensor p plus Gaussian noise of standard
 //               deviation REL * rms(p) (generator seeds 0 .. N-1 of
 //               --noise-seeds N, one row each);
+//   matched K   noise whose logit KL is within 1.25x of K (--match-kl K,
+//               proxy/weight_noise.h's MatchNoiseToKl, noise seed 0): the
+//               original under any perturbation of a proxy's size; the row
+//               names the rel and the KL reached;
 //   seed S      the same weights, trainer seed S (other prompts and samples).
 // Each row: the logit KL(original || variant) per token on proxy-eval's
 // held-out batch (sample seed 0), the per-step Pearson r and the smoothed
 // (EMA span 5) r of reward, loss, KL and grad norm. A proxy cannot be asked
 // to track the original more closely than these variants do.
 //
-//   trend_noise_floor WARM_CHECKPOINT_DIR [--steps N] [--noise REL]... [--noise-seeds N] [--seed S]...
+//   trend_noise_floor WARM_CHECKPOINT_DIR [--steps N] [--noise REL]... [--noise-seeds N] [--match-kl K]...
+//                     [--seed S]...
 //   trend_noise_floor --preset NAME [...]   (a fresh model of the preset, torch seed 0)
 //   (WARM_CHECKPOINT_DIR: proxy-eval's OUT/warmup/PRESET-FAMILY-STEPS)
-#include <ATen/CPUGeneratorImpl.h>
-#include <torch/csrc/autograd/grad_mode.h>
 #include <torch/utils.h>
 
 #include <cstdio>
@@ -29,31 +32,12 @@
 #include "moe/grpo_trainer.h"
 #include "proxy/proxy_eval.h"
 #include "proxy/trend_fidelity.h"
+#include "proxy/weight_noise.h"
 
 namespace {
 
 using moerr::moe::MoeTransformer;
 using moerr::proxy::Trajectory;
-
-// `model`'s copy with each parameter p plus N(0, (rel * rms(p))^2) noise.
-MoeTransformer Perturbed(const MoeTransformer& model, double rel, uint64_t seed) {
-  MoeTransformer out = moerr::moe::CopyOf(model);
-  at::Generator gen = at::detail::createCPUGenerator(seed);
-  torch::NoGradGuard no_grad;
-  for (at::Tensor& p : out->parameters()) {
-    const double rms = p.to(at::kDouble).pow(2).mean().sqrt().item<double>();
-    p.add_(at::randn(p.sizes(), gen, p.options()) * (rel * rms));
-  }
-  return out;
-}
-
-// KL(a || b) per token of the next-token distributions on `tokens`.
-double LogitKl(MoeTransformer& a, MoeTransformer& b, const at::Tensor& tokens) {
-  torch::NoGradGuard no_grad;
-  const at::Tensor la = at::log_softmax(a->Forward(tokens, false).logits.to(at::kDouble), -1);
-  const at::Tensor lb = at::log_softmax(b->Forward(tokens, false).logits.to(at::kDouble), -1);
-  return (la.exp() * (la - lb)).sum(-1).mean().item<double>();
-}
 
 void PrintRow(const std::string& name, double kl, const Trajectory& o, const Trajectory& t) {
   using moerr::proxy::CompareTrend;
@@ -73,17 +57,18 @@ int main(int argc, char** argv) {
   if (argc < 2 || (std::string(argv[1]) == "--preset" && !fresh)) {
     std::fprintf(stderr,
                  "usage: trend_noise_floor WARM_CHECKPOINT_DIR|--preset NAME [--steps N] [--noise REL]... "
-                 "[--noise-seeds N] [--seed S]...\n");
+                 "[--noise-seeds N] [--match-kl K]... [--seed S]...\n");
     return 2;
   }
   int64_t steps = 30, noise_seeds = 1;
-  std::vector<double> noises;
+  std::vector<double> noises, match_kls;
   std::vector<uint64_t> seeds;
   for (int i = fresh ? 3 : 2; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--steps") steps = std::atol(argv[i + 1]);
     else if (flag == "--noise") noises.push_back(std::atof(argv[i + 1]));
     else if (flag == "--noise-seeds") noise_seeds = std::atol(argv[i + 1]);
+    else if (flag == "--match-kl") match_kls.push_back(std::atof(argv[i + 1]));
     else if (flag == "--seed") seeds.push_back(std::strtoull(argv[i + 1], nullptr, 10));
     else {
       std::fprintf(stderr, "unknown option %s\n", flag.c_str());
@@ -115,11 +100,23 @@ int main(int argc, char** argv) {
   for (double rel : noises) {
     for (int64_t g = 0; g < noise_seeds; ++g) {
       std::fprintf(stderr, "noise %g, noise seed %lld\n", rel, static_cast<long long>(g));
-      MoeTransformer v = Perturbed(warm, rel, g);
+      MoeTransformer v = moerr::proxy::Perturbed(warm, rel, g);
       char name[48];
       std::snprintf(name, sizeof name, "noise %g (seed %lld)", rel, static_cast<long long>(g));
-      PrintRow(name, LogitKl(warm, v, tokens), original, moerr::proxy::Train(v, steps, 5));
+      PrintRow(name, moerr::proxy::LogitKl(warm, v, tokens), original, moerr::proxy::Train(v, steps, 5));
     }
+  }
+  for (double target : match_kls) {
+    std::fprintf(stderr, "noise matched to logit KL %g\n", target);
+    absl::StatusOr<moerr::proxy::MatchedNoise> m = moerr::proxy::MatchNoiseToKl(warm, tokens, target, 0);
+    if (!m.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(m.status().message()).c_str());
+      return 1;
+    }
+    char name[80];
+    std::snprintf(name, sizeof name, "matched KL %g: noise %.3g (%lld tries)", target, m->rel,
+                  static_cast<long long>(m->tries));
+    PrintRow(name, m->kl, original, moerr::proxy::Train(m->model, steps, 5));
   }
   for (uint64_t s : seeds) {
     std::fprintf(stderr, "seed %llu\n", static_cast<unsigned long long>(s));

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "proxy/proxy_eval.h"
+#include "proxy/response_error.h"
 #include "tests/testing/test_util.h"
 
 namespace moerr::proxy {
@@ -177,6 +178,40 @@ TEST(FaultResponseTest, LossScaleDropsAndRewardCollapseAreCounted) {
   EXPECT_FALSE(c.same_onset_presence);
   EXPECT_DOUBLE_EQ(c.scale_drop_ratio, 0.0);
   EXPECT_FALSE(c.magnitude_within_2x);
+}
+
+// A proxy onset before the original's is early: not responding alike, and a
+// miss in the onset error; a later or equal one responds alike.
+TEST(FaultResponseTest, AProxyThatRespondsBeforeTheOriginalDoesNotCount) {
+  const FaultResponse original = MeasureResponse(SyntheticRun(4, 6, [](int64_t s) { return Spike(s, 6, 10.0, 8); }), 4);
+  ASSERT_EQ(original.onset, 6);
+  const auto proxy_at = [](int64_t onset) {
+    return MeasureResponse(SyntheticRun(4, 6, [onset](int64_t s) { return Spike(s, onset, 10.0, onset + 2); }), 4);
+  };
+  const ResponseComparison early = CompareResponse(original, proxy_at(4));
+  EXPECT_TRUE(early.early);
+  EXPECT_FALSE(early.both_respond);
+  EXPECT_FALSE(early.same_onset_presence);
+  EXPECT_EQ(early.onset_delta, -2);
+  const ResponseComparison equal = CompareResponse(original, proxy_at(6));
+  EXPECT_FALSE(equal.early);
+  EXPECT_TRUE(equal.both_respond);
+  EXPECT_TRUE(equal.same_onset_presence);
+  EXPECT_EQ(equal.onset_delta, 0);
+  const ResponseComparison late = CompareResponse(original, proxy_at(7));
+  EXPECT_FALSE(late.early);
+  EXPECT_TRUE(late.both_respond);
+  EXPECT_TRUE(late.same_onset_presence);
+  EXPECT_EQ(late.onset_delta, 1);
+  // The runs end before step 10: an early proxy costs 10 - 6 steps, as one
+  // that never responds does; a late one its lateness.
+  const FaultResponse none = MeasureResponse(SyntheticRun(4, 6, [](int64_t s) { return Spike(s, 99, 1.0, 99); }), 4);
+  EXPECT_DOUBLE_EQ(MeasureResponseError({{original, proxy_at(4), 10}}).onset, 4.0);
+  EXPECT_DOUBLE_EQ(MeasureResponseError({{original, none, 10}}).onset, 4.0);
+  EXPECT_DOUBLE_EQ(MeasureResponseError({{original, proxy_at(7), 10}}).onset, 1.0);
+  EXPECT_DOUBLE_EQ(MeasureResponseError({{original, proxy_at(6), 10}}).onset, 0.0);
+  const llvm::json::Object json = ToJson(early);
+  EXPECT_EQ(json.getBoolean("early"), std::optional<bool>(true));
 }
 
 // The new metrics end to end: a tiny fine-grained preset (16 experts, top-4,
