@@ -168,9 +168,11 @@ struct Baseline {
   std::string healthy_path;
   std::unique_ptr<formats::BundleReader> healthy;
   at::Tensor tokens;  // [64, S] held-out sequences
-  Trajectory trajectory;
+  Trajectory trajectory;  // at the first trainer seed (5)
+  std::vector<Trajectory> seeds;  // at each trainer seed (TrainerSeeds), metrics only
   int64_t peak_bytes = 0;
-  std::map<moe::FaultKind, FaultResponse> responses;  // the original's, per fault
+  // The original's, per fault, per trainer seed in TrainerSeeds order.
+  std::map<moe::FaultKind, std::vector<FaultResponse>> responses;
 };
 
 absl::StatusOr<Baseline> MeasureBaseline(const moe::MoeTransformer& warm, const EvalOptions& options) {
@@ -183,12 +185,15 @@ absl::StatusOr<Baseline> MeasureBaseline(const moe::MoeTransformer& warm, const 
   const moe::AdditionTask::Batch held_out = moe::AdditionTask().Sample(64, rng);
   b.tokens = at::cat({held_out.prompts, held_out.answers}, 1);
   if (options.static_only) return b;
-  b.trajectory = Train(warm, options.steps, 5);
+  b.trajectory = Train(warm, options.steps, kFirstTrainerSeed);
+  b.seeds = TrainSeeds(warm, options.steps, options.trainer_seeds, &b.trajectory);
   b.peak_bytes = MicroBatchedPeakMemory(warm, options.memory_micro_batch);
   for (moe::FaultKind fault : options.faults) {
-    MOERR_ASSIGN_OR_RETURN(const auto run,
-                           FaultResponseRun(warm, fault, options.response_at, StepsAfter(fault, options), 5));
-    b.responses[fault] = MeasureResponse(run, options.response_at);
+    for (uint64_t seed : TrainerSeeds(options.trainer_seeds)) {
+      MOERR_ASSIGN_OR_RETURN(const auto run,
+                             FaultResponseRun(warm, fault, options.response_at, StepsAfter(fault, options), seed));
+      b.responses[fault].push_back(MeasureResponse(run, options.response_at));
+    }
   }
   return b;
 }
@@ -245,6 +250,24 @@ void CompareTrends(const Trajectory& original, const Trajectory& t, bool replaye
   if (!replayed) row.trend_reward = CompareTrend(original.reward, t.reward, o);
 }
 
+// Each fault injected into `proxy` at each trainer seed, compared with the
+// original's response at the same seed, into `row.responses`.
+absl::Status RespondToFaults(const moe::MoeTransformer& proxy, const Baseline& base, const EvalOptions& options,
+                             EvalRow& row) {
+  const std::vector<uint64_t> seeds = TrainerSeeds(options.trainer_seeds);
+  for (const auto& [fault, responses] : base.responses) {
+    const int64_t after = StepsAfter(fault, options);
+    for (size_t i = 0; i < seeds.size(); ++i) {
+      MOERR_ASSIGN_OR_RETURN(const auto run, FaultResponseRun(proxy, fault, options.response_at, after, seeds[i]));
+      FaultResponseRow r{fault, responses.at(i), MeasureResponse(run, options.response_at), {},
+                         options.response_at + after, seeds[i]};
+      r.comparison = CompareResponse(r.original, r.proxy);
+      row.responses.push_back(std::move(r));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Static fidelity, dynamics, fault response and cost of one kept fraction
 // and method (healed for `heal_steps` > 0).
 absl::StatusOr<EvalRow> EvaluateConfiguration(moe::MoeTransformer& warm, const Baseline& base, double keep,
@@ -265,24 +288,20 @@ absl::StatusOr<EvalRow> EvaluateConfiguration(moe::MoeTransformer& warm, const B
   row.accuracy = moe::Accuracy(proxy, moe::AdditionTask(), 256, 1 + options.sample_seed);
   if (options.static_only) return row;
   const Trajectory& original = base.trajectory;
-  const Trajectory t = Train(proxy, options.steps, 5);
+  const Trajectory t = Train(proxy, options.steps, kFirstTrainerSeed);
   row.corr_loss = Pearson(original.loss, t.loss);
   row.corr_reward = Pearson(original.reward, t.reward);
   row.corr_kl = Pearson(original.kl, t.kl);
   row.corr_grad_norm = Pearson(original.grad_norm, t.grad_norm);
-  const Trajectory replayed = Train(proxy, options.steps, 5, &original, &built.plans);
+  const Trajectory replayed = Train(proxy, options.steps, kFirstTrainerSeed, &original, &built.plans);
   row.replayed_corr_loss = Pearson(original.loss, replayed.loss);
   row.replayed_corr_kl = Pearson(original.kl, replayed.kl);
   row.replayed_corr_grad_norm = Pearson(original.grad_norm, replayed.grad_norm);
   CompareTrends(original, t, false, options.trend, row);
   CompareTrends(original, replayed, true, options.trend, row);
-  for (const auto& [fault, response] : base.responses) {
-    const int64_t after = StepsAfter(fault, options);
-    MOERR_ASSIGN_OR_RETURN(const auto run, FaultResponseRun(proxy, fault, options.response_at, after, 5));
-    FaultResponseRow r{fault, response, MeasureResponse(run, options.response_at), {}, options.response_at + after};
-    r.comparison = CompareResponse(r.original, r.proxy);
-    row.responses.push_back(std::move(r));
-  }
+  row.seed_band = MeasureSeedBands(base.seeds, TrainSeeds(proxy, options.steps, options.trainer_seeds, &t),
+                                   options.trend.ema_window);
+  MOERR_RETURN_IF_ERROR(RespondToFaults(proxy, base, options, row));
   row.step_time_ratio = original.seconds / t.seconds;
   row.peak_memory_ratio = double(base.peak_bytes) / MicroBatchedPeakMemory(proxy, options.memory_micro_batch);
   row.whole_batch_peak_memory_ratio = double(original.peak_bytes) / t.peak_bytes;
@@ -358,6 +377,9 @@ absl::Status ReproduceFault(const moe::MoeTransformer& warm, moe::FaultKind faul
 }  // namespace
 
 absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const EvalProgress& progress) {
+  if (options.trainer_seeds < 1) {
+    return absl::InvalidArgumentError(absl::StrFormat("trainer seeds: %d (at least 1)", options.trainer_seeds));
+  }
   MOERR_RETURN_IF_ERROR(Prepare(options));
   const EvalProgress report_progress = [&](const std::string& phase, int64_t done, int64_t total) {
     if (progress) progress(phase, done, total);
@@ -371,6 +393,8 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
     report.experts = warm->config().num_experts;
     report.original_accuracy = moe::Accuracy(warm, moe::AdditionTask(), 256, 1 + options.sample_seed);
     MOERR_ASSIGN_OR_RETURN(const Baseline base, MeasureBaseline(warm, options));
+    report.trainer_seeds = options.trainer_seeds;
+    report.original_seeds = base.seeds;
 
     std::vector<int64_t> heals = {0};
     if (options.heal_steps > 0) heals.push_back(options.heal_steps);
@@ -419,9 +443,11 @@ void AddDynamicsJson(const EvalRow& r, llvm::json::Object& row) {
   row["replayed_trend"] = llvm::json::Object{{"loss", ToJson(r.replayed_trend_loss)},
                                              {"kl", ToJson(r.replayed_trend_kl)},
                                              {"grad_norm", ToJson(r.replayed_trend_grad_norm)}};
+  row["seed_band"] = ToJson(r.seed_band);
   llvm::json::Array responses;
   for (const FaultResponseRow& f : r.responses) {
     responses.push_back(llvm::json::Object{{"fault", moe::FaultName(f.fault)},
+                                           {"seed", static_cast<int64_t>(f.seed)},
                                            {"original", ToJson(f.original)},
                                            {"proxy", ToJson(f.proxy)},
                                            {"comparison", ToJson(f.comparison)}});
@@ -432,6 +458,19 @@ void AddDynamicsJson(const EvalRow& r, llvm::json::Object& row) {
     row["heal_kl_before"] = formats::JsonNumber(r.heal_kl_before);
     row["heal_kl_after"] = formats::JsonNumber(r.heal_kl_after);
   }
+}
+
+// The trainer seeds, and the original's run at each (the band's data).
+void AddSeedsJson(const EvalReport& report, llvm::json::Object& out) {
+  out["trainer_seeds"] = report.trainer_seeds;
+  llvm::json::Array runs;
+  const std::vector<uint64_t> seeds = TrainerSeeds(report.trainer_seeds);
+  for (size_t i = 0; i < report.original_seeds.size() && i < seeds.size(); ++i) {
+    llvm::json::Object run = SeriesJson(report.original_seeds[i]);
+    run["seed"] = static_cast<int64_t>(seeds[i]);
+    runs.push_back(std::move(run));
+  }
+  out["original_seeds"] = std::move(runs);
 }
 
 // A row of a static-only report: what was measured, nothing else.
@@ -480,7 +519,7 @@ llvm::json::Object ToJson(const EvalReport& report) {
     row["checkpoint"] = r.checkpoint;
     rows.push_back(std::move(row));
   }
-  return llvm::json::Object{{"preset", report.preset},
+  llvm::json::Object out{{"preset", report.preset},
                             {"family", report.family},
                             {"warm_checkpoint", report.warm_checkpoint},
                             {"static_only", report.static_only},
@@ -489,6 +528,8 @@ llvm::json::Object ToJson(const EvalReport& report) {
                             {"expert_diversity", llvm::json::Object{{"initial", ToJson(report.initial)},
                                                                     {"warm", ToJson(report.warm)}}},
                             {"rows", std::move(rows)}};
+  if (!report.static_only) AddSeedsJson(report, out);
+  return out;
 }
 
 }  // namespace moerr::proxy

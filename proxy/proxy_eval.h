@@ -12,10 +12,17 @@
 //     step is replayed on a proxy);
 //   trend fidelity (trend_fidelity.h): EMA-smoothed correlation, slope-sign
 //     agreement over windows and total-drift ratio of the same trajectories;
+//     these and the replayed run are of trainer seed 5;
+//   dynamics over trainer seeds (seed_dynamics.h): the own-rollout runs of
+//     the original and the proxy at each of `trainer_seeds` seeds, the
+//     proxy's seed-mean against the original's band (mean +- 2 sd over
+//     seeds), and the leave-one-seed-out r of the proxy beside that of one
+//     more seed of the original;
 //   fault response: each catalogue fault injected into the original and into
 //     the proxy after `response_at` healthy steps, `response_steps` more
-//     steps each: onset difference, response magnitudes proxy / original,
-//     whether both recover or persist alike;
+//     steps each, at each trainer seed, compared seed by seed: onset
+//     difference, response magnitudes proxy / original, whether both recover
+//     or persist alike;
 //   fault reproduction: for each catalogue fault and seed, the original's
 //     failing step is mapped to the proxy and model-replayed; reproduced when
 //     the proxy's replay raises the lint finding that names the fault in the
@@ -46,6 +53,7 @@
 #include "proxy/expert_diversity.h"
 #include "proxy/healing.h"
 #include "proxy/response_error.h"
+#include "proxy/seed_dynamics.h"
 #include "proxy/trajectory.h"
 #include "proxy/trend_fidelity.h"
 
@@ -63,6 +71,10 @@ struct EvalOptions {
   // by a later run of the same three), bundles, report.
   std::string out_dir;
   int64_t steps = 30;                   // healthy RL steps for the dynamics
+  // Trainer seeds of the healthy runs and the fault responses: 5, 6, ...,
+  // 5 + trainer_seeds - 1 (TrainerSeeds). The per-step r, the trends and the
+  // replayed run are of seed 5 alone; the seed band needs >= 2.
+  int64_t trainer_seeds = 3;
   int64_t seeds = 3;                    // per fault
   std::vector<double> keeps = {0.5, 0.25, 0.125};
   // "cluster", "cluster-unforced", "cluster-frequency" (not run by default), and the baselines
@@ -93,6 +105,7 @@ struct FaultResponseRow {
   FaultResponse original, proxy;
   ResponseComparison comparison;
   int64_t end = 0;  // one past both runs' last step
+  uint64_t seed = kFirstTrainerSeed;  // the trainer seed of both runs
 };
 
 struct EvalRow {
@@ -115,7 +128,9 @@ struct EvalRow {
   // Trends of the own-rollout and the replayed trajectories.
   Trend trend_loss, trend_reward, trend_kl, trend_grad_norm;
   Trend replayed_trend_loss, replayed_trend_kl, replayed_trend_grad_norm;
-  std::vector<FaultResponseRow> responses;
+  // The own-rollout runs over the trainer seeds against the original's.
+  SeedBands seed_band;
+  std::vector<FaultResponseRow> responses;  // per fault, per trainer seed
   // The fault responses' distance from the original's (response_error.h),
   // and random pruning's (the row of method "random" at the same keep and
   // healing) minus this row's: > 0 nearer the original than random; NaN
@@ -135,6 +150,10 @@ struct EvalReport {
   int64_t experts = 0;
   ExpertDiversity initial, warm;  // the preset's experts before and after the warm-up
   std::vector<EvalRow> rows;
+  // The original's healthy runs (own rollouts, metrics only), one per
+  // trainer seed in TrainerSeeds order; empty when static only.
+  int64_t trainer_seeds = 0;
+  std::vector<Trajectory> original_seeds;
 };
 
 // Each row's response_error from its responses, then its onset_vs_random

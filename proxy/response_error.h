@@ -17,22 +17,24 @@ namespace moerr::proxy {
 inline constexpr double kMagnitudeRatioCap = 16;
 
 struct ResponseError {
+  // Fault cases: each fault at each trainer seed (a pair of runs at the same
+  // seed), every one weighing the same.
   int64_t faults = 0;
-  // Mean over faults of |proxy onset - original onset|, steps. A run without
+  // Mean over fault cases of |proxy onset - original onset|, steps. A run without
   // an onset is counted as having it one step past its last (step `end`),
   // so a response only one side shows costs the rest of the window; neither
   // responding costs 0. A proxy onset before the original's
   // (ResponseComparison::early) is a miss: counted as no proxy onset.
   double onset = std::numeric_limits<double>::quiet_NaN();
-  // Mean over faults of the mean |log2| of the three response ratios
+  // Mean over fault cases of the mean |log2| of the three response ratios
   // (ResponseComparison: grad spike, loss-scale drops, reward collapse), each
   // clamped to [1/kMagnitudeRatioCap, kMagnitudeRatioCap]: 0 when every
   // response is as large as the original's, 1 when a factor 2 apart.
   double magnitude = std::numeric_limits<double>::quiet_NaN();
 };
 
-// One fault's response in the original and in a proxy; both runs end before
-// step `end`.
+// One fault case's response in the original and in a proxy (the same fault
+// and trainer seed); both runs end before step `end`.
 struct ResponsePair {
   FaultResponse original, proxy;
   int64_t end = 0;

@@ -55,7 +55,7 @@ absl::StatusOr<world::RankCostOptions> RankCostOptionsOf(const ProxyEvalArgs& ar
   for (const char* unused : {"--hf-config", "--family", "--methods", "--heal", "--seeds", "--steps",
                              "--memory-micro-batch",
                              "--ema-window", "--slope-window", "--response-at", "--response-steps", "--static-only",
-                             "--sample-seed", "--dynamics-steps"}) {
+                             "--sample-seed", "--dynamics-steps", "--trainer-seeds"}) {
     if (cmd.get_option(unused)->count() > 0) {
       return absl::InvalidArgumentError(absl::StrFormat("proxy-eval --ranks does not use %s", unused));
     }
@@ -132,12 +132,14 @@ std::string MethodCell(const proxy::EvalRow& r) {
 // The trends (EMA-smoothed correlation; slope-sign agreement; drift ratio)
 // and the fault responses of every row.
 void PrintDynamicsTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval) {
-  std::printf("\ntrends over %lld healthy RL steps: smoothed r (EMA span %lld steps), slope-sign agreement over "
-              "windows of %lld steps, drift ratio (proxy / original); fault response: each fault injected after "
-              "%lld healthy steps, %lld steps more (%lld for a fault whose onset comes from the dynamics)\n\n",
+  std::printf("\ntrends over %lld healthy RL steps at trainer seed 5: smoothed r (EMA span %lld steps), slope-sign "
+              "agreement over windows of %lld steps, drift ratio (proxy / original); fault response: each fault "
+              "injected after %lld healthy steps, %lld steps more (%lld for a fault whose onset comes from the "
+              "dynamics), at each of %lld trainer seeds and compared seed by seed (counts of faults x seeds)\n\n",
               static_cast<long long>(eval.steps), static_cast<long long>(eval.trend.ema_window),
               static_cast<long long>(eval.trend.slope_window), static_cast<long long>(eval.response_at),
-              static_cast<long long>(eval.response_steps), static_cast<long long>(eval.dynamics_steps));
+              static_cast<long long>(eval.response_steps), static_cast<long long>(eval.dynamics_steps),
+              static_cast<long long>(eval.trainer_seeds));
   std::printf("| keep | method | smoothed r(reward) | smoothed r(loss) | smoothed r(KL) | smoothed r(grad norm) | "
               "slope agr. (reward/loss/KL/grad) | drift ratio (reward/loss/KL/grad) | replayed smoothed r "
               "(loss/KL/grad) | responding alike | magnitude within 2x | same outcome | onset diff |\n");
@@ -168,13 +170,46 @@ void PrintDynamicsTable(const proxy::EvalReport& report, const proxy::EvalOption
   }
 }
 
+// "in band / r proxy / r one more seed" of one metric.
+std::string BandCell(const proxy::SeedBand& b) {
+  return absl::StrFormat("%s / %s / %s", Cell(100 * b.in_band, 0, "%"), Cell(b.r_proxy), Cell(b.r_extra_seed));
+}
+
+// The own-rollout dynamics over the trainer seeds against the original's
+// band (proxy/seed_dynamics.h), and whether each row meets the goal.
+void PrintSeedBandTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval) {
+  std::printf("\ndynamics over %lld trainer seeds (smoothed, EMA span %lld): share of steps in the original's band "
+              "(mean +- 2 sd), leave-one-seed-out r of the proxy / of one more original seed\n\n",
+              static_cast<long long>(eval.trainer_seeds), static_cast<long long>(eval.trend.ema_window));
+  if (eval.trainer_seeds < 2) {
+    std::printf("one trainer seed has no spread to judge by: --trainer-seeds 2 or more for the band and the goal\n");
+    return;
+  }
+  std::printf("| keep | method | reward: in band / r proxy / r seed | loss | KL | grad norm |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (const proxy::EvalRow& r : report.rows) {
+    std::printf("| %lld/%lld | %s | %s | %s | %s | %s |\n", static_cast<long long>(r.kept),
+                static_cast<long long>(report.experts), MethodCell(r).c_str(), BandCell(r.seed_band.reward).c_str(),
+                BandCell(r.seed_band.loss).c_str(), BandCell(r.seed_band.kl).c_str(),
+                BandCell(r.seed_band.grad_norm).c_str());
+  }
+  std::printf("\ngoal: reward, KL and grad norm in the band on >= %.0f%% of steps, and r proxy >= r seed\n",
+              100 * proxy::kInBandGoal);
+  for (const proxy::EvalRow& r : report.rows) {
+    const std::vector<std::string> shortfalls = proxy::SeedGoalShortfalls(r.seed_band);
+    const std::string verdict = shortfalls.empty() ? "holds" : "not met: " + absl::StrJoin(shortfalls, "; ");
+    std::printf("%lld/%lld %s: %s\n", static_cast<long long>(r.kept), static_cast<long long>(report.experts),
+                MethodCell(r).c_str(), verdict.c_str());
+  }
+}
+
 // Each row's fault-response error and random pruning's minus it
 // (proxy/response_error.h): > 0, nearer the original's response than random.
 void PrintVersusRandomTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval) {
   std::printf("\nfault response against random pruning: onset error = mean |proxy onset - original onset| over the "
-              "faults (a missing onset counted one step past the run), magnitude error = mean |log2 ratio| of the "
-              "grad-norm spike, loss-scale drops and reward collapse (ratios capped at %gx); vs random = random's "
-              "error minus the method's at the same keep (> 0: better than random)\n\n",
+              "fault cases (faults x trainer seeds; a missing onset counted one step past the run), magnitude error = "
+              "mean |log2 ratio| of the grad-norm spike, loss-scale drops and reward collapse (ratios capped at %gx); "
+              "vs random = random's error minus the method's at the same keep (> 0: better than random)\n\n",
               proxy::kMagnitudeRatioCap);
   if (std::find(eval.methods.begin(), eval.methods.end(), "random") == eval.methods.end()) {
     std::printf("random is not among --methods: the vs-random columns need it (add random to --methods)\n\n");
@@ -206,7 +241,7 @@ void PrintStaticTable(const proxy::EvalReport& report, const proxy::EvalOptions&
 }
 
 void PrintTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval) {
-  std::printf("%s, %lld experts per MoE layer; original accuracy %.3f; %lld healthy RL steps; "
+  std::printf("%s, %lld experts per MoE layer; original accuracy %.3f; %lld healthy RL steps (r: trainer seed 5); "
               "faults x %lld seeds; peak memory in micro-batches of %lld sequences\n\n",
               ModelText(report, eval).c_str(), static_cast<long long>(report.experts), report.original_accuracy,
               static_cast<long long>(eval.steps), static_cast<long long>(eval.seeds),
@@ -249,7 +284,8 @@ ExitOr RunProxyEval(const ProxyEvalArgs& args, const CLI::App& cmd) {
     }
   }
   for (const char* unused : {"--seeds", "--steps", "--faults", "--memory-micro-batch", "--ema-window",
-                             "--slope-window", "--response-at", "--response-steps", "--dynamics-steps"}) {
+                             "--slope-window", "--response-at", "--response-steps", "--dynamics-steps",
+                             "--trainer-seeds"}) {
     if (args.eval.static_only && cmd.get_option(unused)->count() > 0) {
       return absl::InvalidArgumentError(absl::StrFormat("proxy-eval --static-only does not use %s", unused));
     }
@@ -276,6 +312,7 @@ ExitOr RunProxyEval(const ProxyEvalArgs& args, const CLI::App& cmd) {
   } else {
     PrintTable(*report, eval);
     PrintDynamicsTable(*report, eval);
+    PrintSeedBandTable(*report, eval);
     PrintVersusRandomTable(*report, eval);
   }
   PrintKeptCheckpoints(*report, eval);
@@ -314,6 +351,12 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--warmup-steps", opts->eval.warmup_steps, "Supervised warm-up steps")->capture_default_str();
   cmd->add_option("--steps", opts->eval.steps, "Healthy RL steps for the dynamics")->capture_default_str();
   cmd->add_option("--seeds", opts->eval.seeds, "Seeds per fault")->capture_default_str();
+  cmd->add_option("--trainer-seeds", opts->eval.trainer_seeds,
+                  "Trainer seeds (5, 6, ...) of the healthy runs of the original and each proxy, judged against the "
+                  "original's band over them, and of the fault responses; the per-step r, the trends and the "
+                  "replayed run are of seed 5")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 10));
   cmd->add_option_function<std::vector<std::string>>(
          "--keep",
          [opts](const std::vector<std::string>& keeps) {

@@ -367,7 +367,8 @@ TEST(ProxyEvalTest, ReplayedRunsRouteAsTheOriginalDid) {
 }
 
 // proxy-eval on the tiny model, unwarmed, in `dir`: a short run of one
-// configuration (`cluster` at 1/2) and one fault.
+// configuration (`cluster` at 1/2) and one fault, over two trainer seeds
+// (the fewest with a band).
 EvalOptions TinyEval(const TempDir& dir) {
   EvalOptions options;
   options.preset = "tiny";
@@ -375,6 +376,7 @@ EvalOptions TinyEval(const TempDir& dir) {
   options.out_dir = dir.File("eval");
   options.steps = 3;
   options.seeds = 1;
+  options.trainer_seeds = 2;
   options.keeps = {0.5};
   options.methods = {"cluster"};
   options.faults = {moe::FaultKind::kRouterCollapse};
@@ -409,8 +411,35 @@ TEST(ProxyEvalTest, MeasuresEveryConfiguration) {
     EXPECT_GT(row.peak_memory_ratio, row.whole_batch_peak_memory_ratio);
   }
   EXPECT_EQ(report.rows[0].reproduced, 2);  // cluster keeps the broken expert
-  EXPECT_NE(llvm::formatv("{0}", llvm::json::Value(ToJson(report))).str().find("\"routing_agreement\""),
-            std::string::npos);
+  // Dynamics over the trainer seeds: the original's run at each, and each
+  // metric of each row judged against them; fault responses per seed.
+  ASSERT_EQ(report.original_seeds.size(), 2u);
+  EXPECT_EQ(report.original_seeds[0].loss.size(), 4u);
+  EXPECT_NE(report.original_seeds[0].loss, report.original_seeds[1].loss);  // other prompts
+  for (const EvalRow& row : report.rows) {
+    SCOPED_TRACE(row.method);
+    const SeedBands& bands = row.seed_band;
+    for (const SeedBand* b : {&bands.loss, &bands.reward, &bands.kl, &bands.grad_norm}) {
+      EXPECT_EQ(b->seeds, 2);
+      EXPECT_EQ(b->steps, 4);
+      EXPECT_GE(b->in_band, 0.0);
+      EXPECT_LE(b->in_band, 1.0);
+    }
+    // The loss and the grad norm move from step to step: each r is defined.
+    for (const SeedBand* b : {&row.seed_band.loss, &row.seed_band.grad_norm}) {
+      EXPECT_TRUE(std::isfinite(b->r_proxy));
+      EXPECT_TRUE(std::isfinite(b->r_extra_seed));
+    }
+    ASSERT_EQ(row.responses.size(), 4u);  // 2 faults x 2 trainer seeds
+    EXPECT_EQ(row.responses[0].seed, 5u);
+    EXPECT_EQ(row.responses[1].seed, 6u);
+    EXPECT_EQ(row.response_error.faults, 4);
+  }
+  const std::string json = llvm::formatv("{0}", llvm::json::Value(ToJson(report))).str();
+  EXPECT_NE(json.find("\"routing_agreement\""), std::string::npos);
+  EXPECT_NE(json.find("\"trainer_seeds\":2"), std::string::npos);
+  EXPECT_NE(json.find("\"seed_band\":{"), std::string::npos);
+  EXPECT_NE(json.find("\"r_extra_seed\""), std::string::npos);
 }
 
 // --static-only: the static fidelity of each configuration and nothing

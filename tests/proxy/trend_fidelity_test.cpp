@@ -226,6 +226,7 @@ TEST(ProxyEvalTrendTest, TinyFineGrainedPresetEndToEnd) {
   o.warmup_steps = 30;
   o.steps = 8;
   o.seeds = 1;
+  o.trainer_seeds = 1;  // the trends and responses at seed 5 alone (proxy_test covers the seeds)
   o.keeps = {0.5};
   o.methods = {"cluster"};
   o.faults = {moe::FaultKind::kGradOverflow, moe::FaultKind::kRouterCollapse};
