@@ -1,0 +1,188 @@
+// The rule that picks the default proxy method (method_ranking.h) on
+// hand-built proxy-eval reports: faults count only against random pruning,
+// then the dynamics goal, then logit KL, then accuracy.
+#include "proxy/method_ranking.h"
+
+#include <gtest/gtest.h>
+
+#include "proxy/clustering.h"
+
+namespace moerr::proxy {
+namespace {
+
+constexpr int64_t kEnd = 10;  // one past both runs' last step
+
+// The original's response to the fault: onset at step 4, a 5x grad spike.
+FaultResponse OriginalResponse() {
+  FaultResponse r;
+  r.onset = 4;
+  r.grad_spike = 5;
+  r.outcome = FaultResponse::Outcome::kRecovered;
+  return r;
+}
+
+FaultResponse NoResponse() { return FaultResponse{}; }
+
+FaultResponse Spike(int64_t onset, double grad_spike) {
+  FaultResponse r = OriginalResponse();
+  r.onset = onset;
+  r.grad_spike = grad_spike;
+  return r;
+}
+
+FaultResponseRow Case(const FaultResponse& proxy, uint64_t seed = kFirstTrainerSeed) {
+  FaultResponseRow r;
+  r.fault = moe::FaultKind::kNone;
+  r.original = OriginalResponse();
+  r.proxy = proxy;
+  r.comparison = CompareResponse(r.original, r.proxy);
+  r.end = kEnd;
+  r.seed = seed;
+  return r;
+}
+
+EvalRow Row(const std::string& method, double keep, double kl, double accuracy,
+            std::vector<FaultResponseRow> responses = {}) {
+  EvalRow row;
+  row.method = method;
+  row.keep = keep;
+  row.logit_kl = kl;
+  row.accuracy = accuracy;
+  row.responses = std::move(responses);
+  return row;
+}
+
+// A report with dynamics runs but a single trainer seed (no dynamics goal),
+// so that only faults, KL and accuracy decide.
+EvalReport FaultReport(std::vector<EvalRow> rows) {
+  EvalReport report;
+  report.trainer_seeds = 1;
+  report.rows = std::move(rows);
+  return report;
+}
+
+TEST(MethodRankingTest, AFaultRandomReproducesEquallyEarnsNoCredit) {
+  // cluster answers the fault exactly as the original does, but so does
+  // random: no credit, and reap's lower KL wins.
+  const auto ranking = RankMethods(FaultReport({Row("cluster", 0.5, 0.20, 0.9, {Case(Spike(4, 5))}),
+                                                Row("reap", 0.5, 0.10, 0.9, {Case(NoResponse())}),
+                                                Row("random", 0.5, 0.30, 0.9, {Case(Spike(4, 5))})}));
+  ASSERT_TRUE(ranking.ok()) << ranking.status();
+  ASSERT_EQ(ranking->groups.size(), 1u);
+  const GroupRanking& g = ranking->groups[0];
+  EXPECT_TRUE(g.faults_judged);
+  EXPECT_FALSE(g.dynamics_judged);
+  EXPECT_EQ(g.winner, "reap");
+  EXPECT_NE(g.reason.find("logit KL"), std::string::npos) << g.reason;
+  for (const MethodScore& s : g.order) EXPECT_EQ(s.fault_score, 0) << s.method;
+  EXPECT_NE(ranking->notes.size(), 0u);  // no dynamics goal, said
+}
+
+TEST(MethodRankingTest, ReproducingWhereRandomFailsWinsBeforeKl) {
+  const auto ranking = RankMethods(FaultReport({Row("reap", 0.5, 0.05, 0.95, {Case(NoResponse())}),
+                                                Row("cluster", 0.5, 0.40, 0.50, {Case(Spike(5, 5))}),
+                                                Row("random", 0.5, 0.30, 0.9, {Case(NoResponse())})}));
+  ASSERT_TRUE(ranking.ok()) << ranking.status();
+  const GroupRanking& g = ranking->groups[0];
+  EXPECT_EQ(g.winner, "cluster");
+  EXPECT_EQ(g.order[0].fault_score, 1);
+  EXPECT_EQ(g.order[0].discriminating_cases, 1);
+  EXPECT_EQ(g.order[0].fault_cases, 1);
+  EXPECT_NE(g.reason.find("by faults"), std::string::npos) << g.reason;
+  EXPECT_EQ(ranking->winner, "cluster");
+}
+
+TEST(MethodRankingTest, ReproducingBetterThanRandomCounts) {
+  // Random reproduces too, but 3 steps late (onset) or with a 4x larger
+  // spike (magnitude); the method on time and at the original's size counts.
+  for (const FaultResponse& random : {Spike(7, 5), Spike(4, 20)}) {
+    const auto ranking = RankMethods(FaultReport({Row("reap", 0.5, 0.05, 0.95, {Case(NoResponse())}),
+                                                  Row("cluster", 0.5, 0.40, 0.5, {Case(Spike(4, 5))}),
+                                                  Row("random", 0.5, 0.30, 0.9, {Case(random)})}));
+    ASSERT_TRUE(ranking.ok()) << ranking.status();
+    EXPECT_EQ(ranking->groups[0].winner, "cluster");
+    EXPECT_EQ(ranking->groups[0].order[0].fault_score, 1);
+  }
+}
+
+TEST(MethodRankingTest, ReplayedReproductionsCountOnlyAboveRandoms) {
+  std::vector<EvalRow> rows = {Row("reap", 0.5, 0.05, 0.9), Row("cluster", 0.5, 0.40, 0.9),
+                               Row("random", 0.5, 0.30, 0.9)};
+  rows[0].reproduced = 2, rows[1].reproduced = 3, rows[2].reproduced = 2;
+  const auto ranking = RankMethods(FaultReport(rows));
+  ASSERT_TRUE(ranking.ok()) << ranking.status();
+  const GroupRanking& g = ranking->groups[0];
+  EXPECT_EQ(g.winner, "cluster");
+  EXPECT_EQ(g.order[0].fault_score, 1);  // 3 - 2
+  EXPECT_EQ(g.order[1].method, "reap");  // 0 above random, then the lower KL
+  EXPECT_EQ(g.order[1].fault_score, 0);
+}
+
+TEST(MethodRankingTest, TiesFallToKlThenAccuracy) {
+  // Equal faults (both reproduce where random fails): KL decides.
+  auto ranking = RankMethods(FaultReport({Row("cluster", 0.5, 0.20, 0.9, {Case(Spike(4, 5))}),
+                                          Row("reap", 0.5, 0.10, 0.5, {Case(Spike(4, 5))}),
+                                          Row("random", 0.5, 0.30, 0.9, {Case(NoResponse())})}));
+  ASSERT_TRUE(ranking.ok()) << ranking.status();
+  EXPECT_EQ(ranking->groups[0].winner, "reap");
+  EXPECT_NE(ranking->groups[0].reason.find("by logit KL"), std::string::npos) << ranking->groups[0].reason;
+  // Equal faults and KL: accuracy decides.
+  ranking = RankMethods(FaultReport({Row("cluster", 0.5, 0.10, 0.9, {Case(Spike(4, 5))}),
+                                     Row("reap", 0.5, 0.10, 0.5, {Case(Spike(4, 5))}),
+                                     Row("random", 0.5, 0.30, 0.9, {Case(NoResponse())})}));
+  ASSERT_TRUE(ranking.ok()) << ranking.status();
+  EXPECT_EQ(ranking->groups[0].winner, "cluster");
+  EXPECT_NE(ranking->groups[0].reason.find("by accuracy"), std::string::npos) << ranking->groups[0].reason;
+}
+
+TEST(MethodRankingTest, WithoutARandomRowTheFaultCriterionIsSkippedAndSaid) {
+  // cluster reproduces, reap does not, but without random nothing
+  // discriminates: KL decides.
+  const auto ranking = RankMethods(FaultReport({Row("cluster", 0.5, 0.20, 0.9, {Case(Spike(4, 5))}),
+                                                Row("reap", 0.5, 0.10, 0.9, {Case(NoResponse())})}));
+  ASSERT_TRUE(ranking.ok()) << ranking.status();
+  EXPECT_FALSE(ranking->groups[0].faults_judged);
+  EXPECT_EQ(ranking->groups[0].winner, "reap");
+  bool said = false;
+  for (const std::string& n : ranking->notes) said |= n.find("no random row") != std::string::npos;
+  EXPECT_TRUE(said);
+}
+
+TEST(MethodRankingTest, StaticOnlyRanksByKlAndSaysSo) {
+  EvalReport report;
+  report.static_only = true;
+  report.rows = {Row("cluster", 0.5, 0.30, 0.9), Row("reap", 0.5, 0.10, 0.8), Row("random", 0.5, 0.50, 0.9),
+                 Row("cluster", 0.25, 0.40, 0.8), Row("reap", 0.25, 0.50, 0.8), Row("random", 0.25, 0.90, 0.7)};
+  const auto ranking = RankMethods(report);
+  ASSERT_TRUE(ranking.ok()) << ranking.status();
+  ASSERT_EQ(ranking->groups.size(), 2u);
+  EXPECT_FALSE(ranking->groups[0].faults_judged);
+  EXPECT_EQ(ranking->groups[0].winner, "reap");
+  EXPECT_EQ(ranking->groups[1].winner, "cluster");
+  // One keep each: the lower mean KL decides (reap 0.30, cluster 0.35).
+  EXPECT_EQ(ranking->winner, "reap");
+  ASSERT_FALSE(ranking->notes.empty());
+  EXPECT_NE(ranking->notes[0].find("static only"), std::string::npos);
+}
+
+TEST(MethodRankingTest, OverallTieGoesToTheLowerMeanKlAndNamesTheDefault) {
+  EvalReport report;
+  report.static_only = true;
+  report.rows = {Row("cluster", 0.5, 0.30, 0.9), Row("reap", 0.5, 0.10, 0.8),
+                 Row("cluster", 0.25, 0.40, 0.8), Row("reap", 0.25, 0.90, 0.8)};
+  const auto ranking = RankMethods(report);
+  ASSERT_TRUE(ranking.ok()) << ranking.status();
+  EXPECT_EQ(ranking->winner, "cluster");  // 1 keep each; mean KL 0.35 vs 0.50
+  EXPECT_NE(ranking->reason.find("mean logit KL"), std::string::npos) << ranking->reason;
+  EXPECT_EQ(ranking->current_default, MethodName(ClusterOptions{}.method));
+  const std::vector<std::string> lines = RankingLines(*ranking);
+  ASSERT_EQ(lines.size(), 2u + ranking->notes.size() + 1u);
+  EXPECT_NE(lines.back().find("it is the current default"), std::string::npos) << lines.back();
+}
+
+TEST(MethodRankingTest, AnEmptyReportIsAnError) {
+  EXPECT_FALSE(RankMethods(EvalReport{}).ok());
+}
+
+}  // namespace
+}  // namespace moerr::proxy
