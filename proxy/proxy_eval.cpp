@@ -301,6 +301,9 @@ absl::StatusOr<EvalRow> EvaluateConfiguration(moe::MoeTransformer& warm, const B
   CompareTrends(original, replayed, true, options.trend, row);
   row.seed_band = MeasureSeedBands(base.seeds, TrainSeeds(proxy, options.steps, options.trainer_seeds, &t),
                                    options.trend.ema_window);
+  if (options.noise_rows) {  // matched on the tokens row.logit_kl was measured on
+    row.noise = MeasureNoiseRow(warm, base.tokens, row.logit_kl, base.seeds, options.steps, options.trend);
+  }
   MOERR_RETURN_IF_ERROR(RespondToFaults(proxy, base, options, row));
   row.step_time_ratio = original.seconds / t.seconds;
   row.peak_memory_ratio = double(base.peak_bytes) / MicroBatchedPeakMemory(proxy, options.memory_micro_batch);
@@ -444,6 +447,7 @@ void AddDynamicsJson(const EvalRow& r, llvm::json::Object& row) {
                                              {"kl", ToJson(r.replayed_trend_kl)},
                                              {"grad_norm", ToJson(r.replayed_trend_grad_norm)}};
   row["seed_band"] = ToJson(r.seed_band);
+  if (r.noise) row["noise"] = ToJson(*r.noise);
   llvm::json::Array responses;
   for (const FaultResponseRow& f : r.responses) {
     responses.push_back(llvm::json::Object{{"fault", moe::FaultName(f.fault)},

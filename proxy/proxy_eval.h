@@ -18,6 +18,10 @@
 //     proxy's seed-mean against the original's band (mean +- 2 sd over
 //     seeds), and the leave-one-seed-out r of the proxy beside that of one
 //     more seed of the original;
+//   noise rows (`noise_rows`, noise_row.h): per row, the warm original with
+//     weight noise matched to the row's logit KL on the same held-out batch,
+//     its own-rollout runs at the same trainer seeds judged by the same band
+//     and predictor: what any perturbation of that size does;
 //   fault response: each catalogue fault injected into the original and into
 //     the proxy after `response_at` healthy steps, `response_steps` more
 //     steps each, at each trainer seed, compared seed by seed: onset
@@ -41,6 +45,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +57,7 @@
 #include "proxy/clustering.h"
 #include "proxy/expert_diversity.h"
 #include "proxy/healing.h"
+#include "proxy/noise_row.h"
 #include "proxy/response_error.h"
 #include "proxy/seed_dynamics.h"
 #include "proxy/trajectory.h"
@@ -97,6 +103,8 @@ struct EvalOptions {
   // built from, their calibration batch, the held-out batch and the accuracy
   // problems (the original's accuracy is measured on the same problems).
   uint64_t sample_seed = 0;
+  // With dynamics: each row's matched-KL noise row (EvalRow::noise).
+  bool noise_rows = true;
 };
 
 // One fault's response in the original and in a proxy (trend_fidelity.h).
@@ -130,6 +138,9 @@ struct EvalRow {
   Trend replayed_trend_loss, replayed_trend_kl, replayed_trend_grad_norm;
   // The own-rollout runs over the trainer seeds against the original's.
   SeedBands seed_band;
+  // The original with weight noise at this row's logit KL, over the same
+  // trainer seeds; nullopt when static only or without noise_rows.
+  std::optional<NoiseRow> noise;
   std::vector<FaultResponseRow> responses;  // per fault, per trainer seed
   // The fault responses' distance from the original's (response_error.h),
   // and random pruning's (the row of method "random" at the same keep and

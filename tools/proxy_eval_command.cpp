@@ -55,7 +55,7 @@ absl::StatusOr<world::RankCostOptions> RankCostOptionsOf(const ProxyEvalArgs& ar
   for (const char* unused : {"--hf-config", "--family", "--methods", "--heal", "--seeds", "--steps",
                              "--memory-micro-batch",
                              "--ema-window", "--slope-window", "--response-at", "--response-steps", "--static-only",
-                             "--sample-seed", "--dynamics-steps", "--trainer-seeds"}) {
+                             "--sample-seed", "--dynamics-steps", "--trainer-seeds", "--noise-rows"}) {
     if (cmd.get_option(unused)->count() > 0) {
       return absl::InvalidArgumentError(absl::StrFormat("proxy-eval --ranks does not use %s", unused));
     }
@@ -175,12 +175,26 @@ std::string BandCell(const proxy::SeedBand& b) {
   return absl::StrFormat("%s / %s / %s", Cell(100 * b.in_band, 0, "%"), Cell(b.r_proxy), Cell(b.r_extra_seed));
 }
 
+// "noise @KL 0.00246 (rel 0.0859)": a noise row by the KL it reached and
+// its size; by the KL it was asked for when the match failed.
+std::string NoiseCell(const proxy::NoiseRow& n) {
+  if (!n.error.empty()) return absl::StrFormat("noise @KL %.3g: not matched", n.target_kl);
+  return absl::StrFormat("noise @KL %.3g (rel %.3g)", n.kl, n.rel);
+}
+
 // The own-rollout dynamics over the trainer seeds against the original's
-// band (proxy/seed_dynamics.h), and whether each row meets the goal.
+// band (proxy/seed_dynamics.h), each row followed by its matched-KL noise
+// row (proxy/noise_row.h), and whether each meets the goal.
 void PrintSeedBandTable(const proxy::EvalReport& report, const proxy::EvalOptions& eval) {
   std::printf("\ndynamics over %lld trainer seeds (smoothed, EMA span %lld): share of steps in the original's band "
-              "(mean +- 2 sd), leave-one-seed-out r of the proxy / of one more original seed\n\n",
+              "(mean +- 2 sd), leave-one-seed-out r of the proxy / of one more original seed\n",
               static_cast<long long>(eval.trainer_seeds), static_cast<long long>(eval.trend.ema_window));
+  if (eval.noise_rows) {
+    std::printf("under each row, its noise row: the original with weight noise (noise seed %llu) matched to the "
+                "row's logit KL within 1.25x on the same held-out batch, over the same trainer seeds\n",
+                static_cast<unsigned long long>(proxy::kNoiseRowSeed));
+  }
+  std::printf("\n");
   if (eval.trainer_seeds < 2) {
     std::printf("one trainer seed has no spread to judge by: --trainer-seeds 2 or more for the band and the goal\n");
     return;
@@ -192,6 +206,11 @@ void PrintSeedBandTable(const proxy::EvalReport& report, const proxy::EvalOption
                 static_cast<long long>(report.experts), MethodCell(r).c_str(), BandCell(r.seed_band.reward).c_str(),
                 BandCell(r.seed_band.loss).c_str(), BandCell(r.seed_band.kl).c_str(),
                 BandCell(r.seed_band.grad_norm).c_str());
+    if (!r.noise) continue;
+    const proxy::SeedBands& b = r.noise->seed_band;
+    std::printf("| %lld/%lld | %s | %s | %s | %s | %s |\n", static_cast<long long>(r.kept),
+                static_cast<long long>(report.experts), NoiseCell(*r.noise).c_str(), BandCell(b.reward).c_str(),
+                BandCell(b.loss).c_str(), BandCell(b.kl).c_str(), BandCell(b.grad_norm).c_str());
   }
   std::printf("\ngoal: reward, KL and grad norm in the band on >= %.0f%% of steps, and r proxy >= r seed\n",
               100 * proxy::kInBandGoal);
@@ -200,6 +219,12 @@ void PrintSeedBandTable(const proxy::EvalReport& report, const proxy::EvalOption
     const std::string verdict = shortfalls.empty() ? "holds" : "not met: " + absl::StrJoin(shortfalls, "; ");
     std::printf("%lld/%lld %s: %s\n", static_cast<long long>(r.kept), static_cast<long long>(report.experts),
                 MethodCell(r).c_str(), verdict.c_str());
+    if (!r.noise) continue;
+    const std::vector<std::string> noise = proxy::SeedGoalShortfalls(r.noise->seed_band);
+    const std::string noise_verdict = !r.noise->error.empty() ? r.noise->error
+                                      : noise.empty()         ? "holds too"
+                                                              : "not met: " + absl::StrJoin(noise, "; ");
+    std::printf("  its %s: %s\n", NoiseCell(*r.noise).c_str(), noise_verdict.c_str());
   }
 }
 
@@ -285,7 +310,7 @@ ExitOr RunProxyEval(const ProxyEvalArgs& args, const CLI::App& cmd) {
   }
   for (const char* unused : {"--seeds", "--steps", "--faults", "--memory-micro-batch", "--ema-window",
                              "--slope-window", "--response-at", "--response-steps", "--dynamics-steps",
-                             "--trainer-seeds"}) {
+                             "--trainer-seeds", "--noise-rows"}) {
     if (args.eval.static_only && cmd.get_option(unused)->count() > 0) {
       return absl::InvalidArgumentError(absl::StrFormat("proxy-eval --static-only does not use %s", unused));
     }
@@ -357,6 +382,9 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
                   "replayed run are of seed 5")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 10));
+  cmd->add_flag("--noise-rows,!--no-noise-rows", opts->eval.noise_rows,
+                "Beside each row, the original with weight noise matched to its logit KL, run over the same trainer "
+                "seeds and judged by the same band (default on; --no-noise-rows: off)");
   cmd->add_option_function<std::vector<std::string>>(
          "--keep",
          [opts](const std::vector<std::string>& keeps) {

@@ -18,6 +18,7 @@
 #include "moe/checkpoint.h"
 #include "moe/router.h"
 #include "proxy/surgery.h"
+#include "proxy/weight_noise.h"
 #include "recorder/hooks/tensor_adapter.h"
 #include "replayer/model_replay.h"
 #include "tests/testing/test_util.h"
@@ -434,12 +435,36 @@ TEST(ProxyEvalTest, MeasuresEveryConfiguration) {
     EXPECT_EQ(row.responses[0].seed, 5u);
     EXPECT_EQ(row.responses[1].seed, 6u);
     EXPECT_EQ(row.response_error.faults, 4);
+    // Its noise row: the original with noise matched to the row's logit KL
+    // (within MatchNoiseToKl's factor), judged over the same seeds.
+    ASSERT_TRUE(row.noise.has_value());
+    const NoiseRow& noise = *row.noise;
+    ASSERT_EQ(noise.error, "");
+    EXPECT_EQ(noise.target_kl, row.logit_kl);
+    EXPECT_GT(noise.rel, 0.0);
+    EXPECT_GE(noise.kl, row.logit_kl / MatchOptions().factor);
+    EXPECT_LE(noise.kl, row.logit_kl * MatchOptions().factor);
+    for (const SeedBand* b : {&noise.seed_band.loss, &noise.seed_band.reward, &noise.seed_band.kl,
+                              &noise.seed_band.grad_norm}) {
+      EXPECT_EQ(b->seeds, 2);
+      EXPECT_EQ(b->steps, 4);
+      EXPECT_TRUE(std::isfinite(b->in_band));
+      EXPECT_GE(b->in_band, 0.0);
+      EXPECT_LE(b->in_band, 1.0);
+    }
+    EXPECT_TRUE(std::isfinite(noise.corr_grad_norm));
   }
+  // Each row's noise is matched to its own logit KL.
+  EXPECT_NE(report.rows[0].noise->rel, report.rows[1].noise->rel);
   const std::string json = llvm::formatv("{0}", llvm::json::Value(ToJson(report))).str();
   EXPECT_NE(json.find("\"routing_agreement\""), std::string::npos);
   EXPECT_NE(json.find("\"trainer_seeds\":2"), std::string::npos);
   EXPECT_NE(json.find("\"seed_band\":{"), std::string::npos);
   EXPECT_NE(json.find("\"r_extra_seed\""), std::string::npos);
+  EXPECT_NE(json.find("\"noise\":{"), std::string::npos);
+  for (const char* key : {"\"target_kl\"", "\"rel\"", "\"tries\"", "\"noise_seed\":0", "\"smoothed_corr\""}) {
+    EXPECT_NE(json.find(key), std::string::npos) << key;
+  }
 }
 
 // --static-only: the static fidelity of each configuration and nothing
