@@ -33,7 +33,8 @@ TEST_F(ArgumentsTest, EveryHelpNamesTheSubcommandsOptionsAndExits0) {
       {"diff", {"--step-a", "--step-b", "--threshold", "--fingerprints", "--top", "--threads", "--html", "--json"}},
       {"lint", {"BUNDLE", "--step", "--only", "--against", "--against-step", "--json", "--list"}},
       {"proxy", {"BUNDLE", "--output", "--keep", "--method", "--step", "--ep", "--seed", "--no-forced-keeps", "--force"}},
-      {"proxy-eval", {"--output", "--preset", "--family", "--keep", "--methods", "--faults", "--trainer-seeds", "--json"}},
+      {"proxy-eval", {"--output", "--preset", "--family", "--keep", "--methods", "--faults", "--trainer-seeds", "--no-noise-rows",
+                      "--json"}},
       {"reduce", {"BUNDLE", "--output", "--step", "--ops", "--force", "--json"}},
       {"report", {"BUNDLE", "--output", "--step", "--would-fit", "--force"}},
   };
@@ -65,6 +66,7 @@ TEST_F(ArgumentsTest, AValueASubcommandCannotUseExits2NamingIt) {
       {{"proxy-eval", "-o", "out/eval", "--trainer-seeds", "0"}, "--trainer-seeds"},
       {{"proxy-eval", "-o", "out/eval", "--static-only", "--trainer-seeds", "2"},
        "--static-only does not use --trainer-seeds"},
+      {{"proxy-eval", "-o", "out/eval", "--static-only", "--no-noise-rows"}, "--static-only does not use --noise-rows"},
       {{"proxy-eval", "-o", "out/eval", "--family", "no-such-family"}, "no-such-family"},
       {{"proxy-eval", "-o", "out/eval", "--ranks", "2", "--keep", "1/2", "--faults", "lr-divergence"},
        "lr-divergence fails only steps after injection"},
