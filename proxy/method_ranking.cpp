@@ -85,17 +85,18 @@ int CompareOn(int c, const MethodScore& a, const MethodScore& b) {
   }
 }
 
+// The measure of criterion `c` of `s`, as the reason quotes it.
 std::string Measure(int c, const MethodScore& s) {
   switch (c) {
-    case 0: return absl::StrFormat("%d fault(s) that discriminate (%d of %d response cases)", s.fault_score,
-                                   s.discriminating_cases, s.fault_cases);
-    case 1: return absl::StrFormat("%d of 3 metrics meeting the dynamics goal", s.dynamics_goal_met);
-    case 2: return absl::StrFormat("logit KL %.4g", s.logit_kl);
-    default: return absl::StrFormat("accuracy %.3f", s.accuracy);
+    case 0: return absl::StrFormat("%d (%d of %d response cases)", s.fault_score, s.discriminating_cases,
+                                   s.fault_cases);
+    case 1: return absl::StrFormat("%d of 3 metrics", s.dynamics_goal_met);
+    case 2: return absl::StrFormat("%.4g", s.logit_kl);
+    default: return absl::StrFormat("%.3f", s.accuracy);
   }
 }
 
-constexpr const char* kCriterionName[] = {"faults", "dynamics goal", "logit KL", "accuracy"};
+constexpr const char* kCriterionName[] = {"faults that discriminate", "dynamics goal", "logit KL", "accuracy"};
 
 // Orders g.order by the criteria that apply and names the deciding one.
 void Decide(GroupRanking& g) {

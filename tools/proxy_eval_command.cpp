@@ -10,6 +10,7 @@
 #include "moe/addition_task.h"
 #include "moe/moe_config.h"
 #include "proxy/hf_config_file.h"
+#include "proxy/method_ranking.h"
 #include "proxy/proxy_eval.h"
 #include "support/progress.h"
 #include "support/status.h"
@@ -341,9 +342,16 @@ ExitOr RunProxyEval(const ProxyEvalArgs& args, const CLI::App& cmd) {
     PrintVersusRandomTable(*report, eval);
   }
   PrintKeptCheckpoints(*report, eval);
+  const auto ranking = proxy::RankMethods(*report);  // an error only for a report without rows
+  if (ranking.ok()) {
+    std::printf("\nmethod ranking by the rule: %s\n", proxy::RankingRuleText().c_str());
+    for (const std::string& line : proxy::RankingLines(*ranking)) std::printf("%s\n", line.c_str());
+  }
   if (!args.json.empty()) {
+    llvm::json::Object json = proxy::ToJson(*report);
+    if (ranking.ok()) json["ranking"] = proxy::ToJson(*ranking);
     std::ofstream out(args.json, std::ios::trunc);
-    out << llvm::formatv("{0:2}", llvm::json::Value(proxy::ToJson(*report))).str() << "\n";
+    out << llvm::formatv("{0:2}", llvm::json::Value(std::move(json))).str() << "\n";
     if (!out.good()) return absl::UnavailableError("cannot write " + args.json);
   }
   return kExitOk;
