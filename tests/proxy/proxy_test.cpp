@@ -467,6 +467,21 @@ TEST(ProxyEvalTest, MeasuresEveryConfiguration) {
   }
 }
 
+// A noise row whose KL cannot be matched keeps MatchNoiseToKl's message
+// instead of failing the evaluation, and runs nothing.
+TEST(ProxyEvalTest, AnUnmatchableNoiseRowSaysWhy) {
+  torch::manual_seed(0);
+  const moe::MoeTransformer model(moe::Preset("tiny").value());
+  const at::Tensor tokens = at::randint(0, model->config().vocab_size, {2, 6}, at::kLong);
+  const std::vector<Trajectory> original(2);
+  const NoiseRow row = MeasureNoiseRow(model, tokens, 0.0, original, 3, TrendOptions{});
+  EXPECT_NE(row.error.find("finite and > 0"), std::string::npos) << row.error;
+  EXPECT_EQ(row.seed_band.reward.seeds, 0);  // not run
+  const std::string json = llvm::formatv("{0}", llvm::json::Value(ToJson(row))).str();
+  EXPECT_NE(json.find("\"error\":"), std::string::npos) << json;
+  EXPECT_EQ(json.find("\"seed_band\""), std::string::npos) << json;
+}
+
 // --static-only: the static fidelity of each configuration and nothing
 // else, in the rows and in the JSON; another sample seed is another sample.
 TEST(ProxyEvalTest, StaticOnlyMeasuresStaticFidelityAlone) {
