@@ -57,7 +57,10 @@ int64_t MicroBatchedPeakMemory(const moe::MoeTransformer& model, int64_t micro_b
 // Healthy RL steps of copies of `model` (GRPO defaults, `seed`), then
 // `fault` injected (moe::InjectFault, into the policy as trained so far) and
 // `after` more steps under its options, with a fresh optimizer: every
-// step's metrics.
+// step's metrics. The post-fault trainer is seeded `seed + 1` (its prompt
+// stream differs from the healthy phase's), so the faulty phase of trainer
+// seed s samples the same prompts as the healthy phase of trainer seed s + 1:
+// runs at consecutive trainer seeds are not independent draws.
 absl::StatusOr<std::vector<moe::StepMetrics>> FaultResponseRun(const moe::MoeTransformer& model, moe::FaultKind fault,
                                                                int64_t healthy, int64_t after, uint64_t seed);
 
