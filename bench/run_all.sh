@@ -83,9 +83,20 @@ section "moerr import fr + inspect of 64 ranks x 2,000 Flight Recorder entries a
   "$PYTHON" bench/importers/bench_flight_recorder.py "$BUILD" "$WORK/flight_recorder"
 section "moerr proxy --checkpoint on a generated 8 GB Qwen3-MoE-layout bf16 checkpoint (MOERR_PROXY_BENCH_GB, default 8; deleted after)" \
   "$PYTHON" bench/proxy/bench_checkpoint_proxy.py "$BUILD" "$WORK/proxy" --gb "${MOERR_PROXY_BENCH_GB:-8}"
-"$PYTHON" bench/proxy/write_hf_moe_config.py "$WORK/hf-config" >&2
-section "moerr proxy-eval on a transformers architecture: a Qwen3-MoE config.json with fine's sizes (64 experts, top-8), written by \`python bench/proxy/write_hf_moe_config.py \$WORK/hf-config\`; every static proxy kept as an HF checkpoint in \$WORK/hf-table/proxies (hours)" \
-  "$BUILD/tools/moerr" proxy-eval --hf-config "$WORK/hf-config/config.json" --keep 1/2 1/4 1/8 \
-  --methods cluster reap frequency random hc-medoid --seeds 3 -o "$WORK/hf-table"
+# The transformers table needs transformers in $PYTHON (its config is written
+# by transformers itself); without it the section says it was skipped.
+# Methods and --heal as in docs/PROXY.md's issue-44 fine-table command.
+HF_TITLE="moerr proxy-eval on a transformers architecture: a Qwen3-MoE config.json with fine's sizes (64 experts, top-8), written by \`python bench/proxy/write_hf_moe_config.py \$WORK/hf-config\`; every method at 1/2, 1/4, 1/8, with and without --heal 50; every proxy kept as an HF checkpoint in \$WORK/hf-table/proxies (hours)"
+if "$PYTHON" -c 'import transformers' 2>/dev/null; then
+  "$PYTHON" bench/proxy/write_hf_moe_config.py "$WORK/hf-config" >&2
+  section "$HF_TITLE" \
+    "$BUILD/tools/moerr" proxy-eval --hf-config "$WORK/hf-config/config.json" --keep 1/2 1/4 1/8 \
+    --methods cluster cluster-frequency reap frequency random hc-medoid --heal 50 --trainer-seeds 3 --seeds 3 \
+    -o "$WORK/hf-table"
+else
+  printf '\n## %s\n\nskipped: %s cannot import transformers (pip install transformers, or PYTHON=a python that has it)\n' \
+    "$HF_TITLE" "$PYTHON"
+  echo "bench: transformers not importable by $PYTHON; the transformers proxy-eval table is skipped" >&2
+fi
 } | tee "$RESULTS.partial"
 mv "$RESULTS.partial" "$RESULTS"
