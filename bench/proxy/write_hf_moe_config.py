@@ -18,8 +18,12 @@ then differs from the preset's only in max_position_embeddings).
 Prints the path written."""
 import argparse
 import os
+import sys
 
-import transformers
+try:
+    import transformers
+except ImportError:  # bench/run_all.sh checks first; a direct run says what is missing
+    sys.exit("write_hf_moe_config.py needs transformers (pip install transformers)")
 
 TASK_VOCAB = 16  # moe::AdditionTask::kVocab: digits, +, =, EOS, BOS and two spare ids
 FINE = dict(hidden_size=96, num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=2, head_dim=16,
