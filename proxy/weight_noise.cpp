@@ -94,7 +94,9 @@ absl::StatusOr<MatchedNoise> MatchNoiseToKl(const moe::MoeTransformer& model, co
   const double log_target = std::log(target_kl), tolerance = std::log(options.factor);
   std::optional<Probe> lo, hi, nearest;
   double largest = 0;  // finite KL
-  double log_rel = log_target / 2;  // KL ~ rel^2 with a coefficient of about 1
+  const double log_max_rel = std::log(kMaxRel);
+  // KL ~ rel^2 with a coefficient of about 1; never above kMaxRel.
+  double log_rel = std::min(log_target / 2, log_max_rel);
   for (int64_t tries = 1; tries <= options.max_tries; ++tries) {
     const double rel = std::exp(log_rel);
     moe::MoeTransformer perturbed = Perturbed(model, rel, seed);
@@ -110,12 +112,13 @@ absl::StatusOr<MatchedNoise> MatchNoiseToKl(const moe::MoeTransformer& model, co
     } else if (!hi || log_rel < hi->log_rel) {
       hi = p;
     }
-    if (!hi && rel >= kMaxRel) {
+    // On log_rel, not rel: exp(log(kMaxRel)) may round below kMaxRel.
+    if (!hi && log_rel >= log_max_rel) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "weight noise cannot reach logit KL %g: it saturates, the largest reached %g (noise up to %g x rms)",
           target_kl, largest, rel));
     }
-    log_rel = std::min(NextLogRel(lo, hi, log_target), std::log(kMaxRel));
+    log_rel = std::min(NextLogRel(lo, hi, log_target), log_max_rel);
   }
   return absl::FailedPreconditionError(absl::StrFormat(
       "weight noise did not reach logit KL %g within %gx in %d tries: the nearest was %g at %g x rms", target_kl,
