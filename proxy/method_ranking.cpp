@@ -6,9 +6,11 @@
 #include <map>
 
 #include "absl/strings/str_format.h"
+#include "formats/json_number.h"
 #include "proxy/clustering.h"
 #include "proxy/response_error.h"
 #include "proxy/seed_band.h"
+#include "proxy/seed_dynamics.h"
 
 namespace moerr::proxy {
 namespace {
@@ -48,14 +50,6 @@ bool Discriminates(const FaultResponseRow& r, const EvalRow& random) {
   return true;  // random has no response to this case: it does not reproduce it
 }
 
-int64_t DynamicsGoalMet(const SeedBands& b) {
-  int64_t met = 0;
-  met += SeedBandShortfalls("reward", b.reward).empty();
-  met += SeedBandShortfalls("kl", b.kl).empty();
-  met += SeedBandShortfalls("grad_norm", b.grad_norm).empty();
-  return met;
-}
-
 MethodScore Score(const EvalRow& row, const EvalRow* random, bool faults, bool dynamics) {
   MethodScore s{row.method};
   s.logit_kl = row.logit_kl;
@@ -64,10 +58,10 @@ MethodScore Score(const EvalRow& row, const EvalRow* random, bool faults, bool d
     for (const FaultResponseRow& r : row.responses) {
       s.discriminating_cases += Discriminates(r, *random);
     }
-    s.fault_cases = static_cast<int64_t>(row.responses.size());
+    s.response_cases = static_cast<int64_t>(row.responses.size());
     s.fault_score = s.discriminating_cases + std::max<int64_t>(0, row.reproduced - random->reproduced);
   }
-  if (dynamics) s.dynamics_goal_met = DynamicsGoalMet(row.seed_band);
+  if (dynamics) s.dynamics_goal_met = SeedGoalMetricsMet(row.seed_band);
   return s;
 }
 
@@ -90,7 +84,7 @@ int CompareOn(int c, const MethodScore& a, const MethodScore& b) {
 std::string Measure(int c, const MethodScore& s) {
   switch (c) {
     case 0: return absl::StrFormat("%d (%d of %d response cases)", s.fault_score, s.discriminating_cases,
-                                   s.fault_cases);
+                                   s.response_cases);
     case 1: return absl::StrFormat("%d of 3 metrics", s.dynamics_goal_met);
     case 2: return absl::StrFormat("%.4g", s.logit_kl);
     default: return absl::StrFormat("%.3f", s.accuracy);
@@ -220,10 +214,10 @@ llvm::json::Object ToJson(const MethodRanking& ranking) {
       order.push_back(llvm::json::Object{{"method", s.method},
                                          {"fault_score", s.fault_score},
                                          {"discriminating_cases", s.discriminating_cases},
-                                         {"fault_cases", s.fault_cases},
+                                         {"response_cases", s.response_cases},
                                          {"dynamics_goal_met", s.dynamics_goal_met},
-                                         {"logit_kl", s.logit_kl},
-                                         {"accuracy", s.accuracy}});
+                                         {"logit_kl", formats::JsonNumber(s.logit_kl)},
+                                         {"accuracy", formats::JsonNumber(s.accuracy)}});
     }
     groups.push_back(llvm::json::Object{{"keep", g.keep},
                                         {"heal_steps", g.heal_steps},

@@ -44,7 +44,7 @@ struct MethodScore {
   std::string method;
   int64_t fault_score = 0;         // discriminating fault cases + replayed reproductions above random's
   int64_t discriminating_cases = 0;  // of fault_score: fault-response cases
-  int64_t fault_cases = 0;         // fault-response cases compared with random's
+  int64_t response_cases = 0;      // fault-response cases compared with random's
   int64_t dynamics_goal_met = 0;   // of the 3 judged metrics
   double logit_kl = 0, accuracy = 0;
 };

@@ -23,10 +23,7 @@ NoiseRow MeasureNoiseRow(const moe::MoeTransformer& warm, const at::Tensor& toke
       TrainSeeds(matched->model, steps, static_cast<int64_t>(original_seeds.size()));
   row.seed_band = MeasureSeedBands(original_seeds, runs, trend.ema_window);
   const Trajectory &original = original_seeds.front(), &t = runs.front();  // trainer seed 5
-  row.corr_loss = Pearson(original.loss, t.loss);
-  row.corr_reward = Pearson(original.reward, t.reward);
-  row.corr_kl = Pearson(original.kl, t.kl);
-  row.corr_grad_norm = Pearson(original.grad_norm, t.grad_norm);
+  SetPerStepR(original, t, row);
   row.smoothed_corr_loss = CompareTrend(original.loss, t.loss, trend).smoothed_corr;
   row.smoothed_corr_reward = CompareTrend(original.reward, t.reward, trend).smoothed_corr;
   row.smoothed_corr_kl = CompareTrend(original.kl, t.kl, trend).smoothed_corr;
@@ -48,14 +45,14 @@ llvm::json::Object ToJson(const NoiseRow& noise) {
       {"kl", num(noise.kl)},
       {"tries", noise.tries},
       {"seed_band", ToJson(noise.seed_band)},
-      {"corr", llvm::json::Object{{"loss", num(noise.corr_loss)},
-                                  {"reward", num(noise.corr_reward)},
-                                  {"kl", num(noise.corr_kl)},
-                                  {"grad_norm", num(noise.corr_grad_norm)}}},
-      {"smoothed_corr", llvm::json::Object{{"loss", num(noise.smoothed_corr_loss)},
-                                           {"reward", num(noise.smoothed_corr_reward)},
-                                           {"kl", num(noise.smoothed_corr_kl)},
-                                           {"grad_norm", num(noise.smoothed_corr_grad_norm)}}}};
+      {"corr_loss", num(noise.corr_loss)},
+      {"corr_reward", num(noise.corr_reward)},
+      {"corr_kl", num(noise.corr_kl)},
+      {"corr_grad_norm", num(noise.corr_grad_norm)},
+      {"smoothed_corr_loss", num(noise.smoothed_corr_loss)},
+      {"smoothed_corr_reward", num(noise.smoothed_corr_reward)},
+      {"smoothed_corr_kl", num(noise.smoothed_corr_kl)},
+      {"smoothed_corr_grad_norm", num(noise.smoothed_corr_grad_norm)}};
 }
 
 }  // namespace moerr::proxy

@@ -52,7 +52,8 @@ NoiseRow MeasureNoiseRow(const moe::MoeTransformer& warm, const at::Tensor& toke
                          const std::vector<Trajectory>& original_seeds, int64_t steps, const TrendOptions& trend);
 
 // "target_kl" and "noise_seed", then "error" alone when unmeasured; else the
-// match ("rel", "kl", "tries"), "seed_band", "corr" and "smoothed_corr".
+// match ("rel", "kl", "tries"), "seed_band", and flat "corr_<metric>" and
+// "smoothed_corr_<metric>" (loss, reward, kl, grad_norm), as a row's corr_loss.
 llvm::json::Object ToJson(const NoiseRow& noise);
 
 }  // namespace moerr::proxy

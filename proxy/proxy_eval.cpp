@@ -289,10 +289,7 @@ absl::StatusOr<EvalRow> EvaluateConfiguration(moe::MoeTransformer& warm, const B
   if (options.static_only) return row;
   const Trajectory& original = base.trajectory;
   const Trajectory t = Train(proxy, options.steps, kFirstTrainerSeed);
-  row.corr_loss = Pearson(original.loss, t.loss);
-  row.corr_reward = Pearson(original.reward, t.reward);
-  row.corr_kl = Pearson(original.kl, t.kl);
-  row.corr_grad_norm = Pearson(original.grad_norm, t.grad_norm);
+  SetPerStepR(original, t, row);
   const Trajectory replayed = Train(proxy, options.steps, kFirstTrainerSeed, &original, &built.plans);
   row.replayed_corr_loss = Pearson(original.loss, replayed.loss);
   row.replayed_corr_kl = Pearson(original.kl, replayed.kl);

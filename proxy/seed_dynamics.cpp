@@ -53,14 +53,22 @@ SeedBands MeasureSeedBands(const std::vector<Trajectory>& original, const std::v
   return b;
 }
 
+std::vector<std::pair<std::string, const SeedBand*>> GoalBands(const SeedBands& bands) {
+  return {{"reward", &bands.reward}, {"KL", &bands.kl}, {"grad norm", &bands.grad_norm}};
+}
+
 std::vector<std::string> SeedGoalShortfalls(const SeedBands& bands) {
   std::vector<std::string> out;
-  for (const auto& [name, band] : {std::pair<const char*, const SeedBand*>{"reward", &bands.reward},
-                                   {"KL", &bands.kl},
-                                   {"grad norm", &bands.grad_norm}}) {
+  for (const auto& [name, band] : GoalBands(bands)) {
     for (std::string& s : SeedBandShortfalls(name, *band)) out.push_back(std::move(s));
   }
   return out;
+}
+
+int64_t SeedGoalMetricsMet(const SeedBands& bands) {
+  int64_t met = 0;
+  for (const auto& [name, band] : GoalBands(bands)) met += SeedBandShortfalls(name, *band).empty();
+  return met;
 }
 
 llvm::json::Object ToJson(const SeedBands& bands) {

@@ -87,7 +87,7 @@ TEST(MethodRankingTest, ReproducingWhereRandomFailsWinsBeforeKl) {
   EXPECT_EQ(g.winner, "cluster");
   EXPECT_EQ(g.order[0].fault_score, 1);
   EXPECT_EQ(g.order[0].discriminating_cases, 1);
-  EXPECT_EQ(g.order[0].fault_cases, 1);
+  EXPECT_EQ(g.order[0].response_cases, 1);
   EXPECT_NE(g.reason.find("by faults"), std::string::npos) << g.reason;
   EXPECT_EQ(ranking->winner, "cluster");
 }
