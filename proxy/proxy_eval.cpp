@@ -298,7 +298,9 @@ absl::StatusOr<EvalRow> EvaluateConfiguration(moe::MoeTransformer& warm, const B
   CompareTrends(original, replayed, true, options.trend, row);
   row.seed_band = MeasureSeedBands(base.seeds, TrainSeeds(proxy, options.steps, options.trainer_seeds, &t),
                                    options.trend.ema_window);
-  if (options.noise_rows) {  // matched on the tokens row.logit_kl was measured on
+  // Matched on the tokens row.logit_kl was measured on. One trainer seed has
+  // no band to judge a noise row by, so none is made.
+  if (options.noise_rows && options.trainer_seeds >= 2) {
     row.noise = MeasureNoiseRow(warm, base.tokens, row.logit_kl, base.seeds, options.steps, options.trend);
   }
   MOERR_RETURN_IF_ERROR(RespondToFaults(proxy, base, options, row));

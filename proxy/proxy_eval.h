@@ -103,7 +103,8 @@ struct EvalOptions {
   // built from, their calibration batch, the held-out batch and the accuracy
   // problems (the original's accuracy is measured on the same problems).
   uint64_t sample_seed = 0;
-  // With dynamics: each row's matched-KL noise row (EvalRow::noise).
+  // With dynamics and trainer_seeds >= 2: each row's matched-KL noise row
+  // (EvalRow::noise); with one trainer seed there is no band to judge it by.
   bool noise_rows = true;
 };
 
@@ -139,7 +140,8 @@ struct EvalRow {
   // The own-rollout runs over the trainer seeds against the original's.
   SeedBands seed_band;
   // The original with weight noise at this row's logit KL, over the same
-  // trainer seeds; nullopt when static only or without noise_rows.
+  // trainer seeds; nullopt when static only, without noise_rows or with one
+  // trainer seed.
   std::optional<NoiseRow> noise;
   std::vector<FaultResponseRow> responses;  // per fault, per trainer seed
   // The fault responses' distance from the original's (response_error.h),

@@ -392,7 +392,7 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(1, 1 << 10));
   cmd->add_flag("--noise-rows,!--no-noise-rows", opts->eval.noise_rows,
                 "Beside each row, the original with weight noise matched to its logit KL, run over the same trainer "
-                "seeds and judged by the same band (default on; --no-noise-rows: off)");
+                "seeds and judged by the same band (default on; --no-noise-rows: off; skipped with --trainer-seeds 1, which has no band)");
   cmd->add_option_function<std::vector<std::string>>(
          "--keep",
          [opts](const std::vector<std::string>& keeps) {

@@ -5,6 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
+#include "llvm/Support/FormatVariadic.h"
+
 #include "proxy/clustering.h"
 
 namespace moerr::proxy {
@@ -178,6 +182,73 @@ TEST(MethodRankingTest, OverallTieGoesToTheLowerMeanKlAndNamesTheDefault) {
   const std::vector<std::string> lines = RankingLines(*ranking);
   ASSERT_EQ(lines.size(), 2u + ranking->notes.size() + 1u);
   EXPECT_NE(lines.back().find("it is the current default"), std::string::npos) << lines.back();
+}
+
+TEST(MethodRankingTest, AnEarlyResponseIsNotAReproduction) {
+  // cluster answers at step 2, before the original's onset at 4: early, so
+  // it does not reproduce the fault and earns nothing where random fails.
+  // An early random does not reproduce either: reap on time counts.
+  const auto ranking = RankMethods(FaultReport({Row("cluster", 0.5, 0.05, 0.9, {Case(Spike(2, 5))}),
+                                                Row("reap", 0.5, 0.40, 0.5, {Case(Spike(4, 5))}),
+                                                Row("random", 0.5, 0.30, 0.9, {Case(Spike(3, 5))})}));
+  ASSERT_TRUE(ranking.ok()) << ranking.status();
+  const GroupRanking& g = ranking->groups[0];
+  ASSERT_TRUE(Case(Spike(2, 5)).comparison.early);
+  EXPECT_EQ(g.winner, "reap");
+  EXPECT_EQ(g.order[0].fault_score, 1);
+  EXPECT_EQ(g.order[1].method, "cluster");
+  EXPECT_EQ(g.order[1].fault_score, 0);
+  EXPECT_EQ(g.order[1].response_cases, 1);
+  EXPECT_NE(g.reason.find("by faults"), std::string::npos) << g.reason;
+}
+
+// A seed band that meets the goal (in band on every step, r_proxy at one
+// more seed's), or misses it on the share in band.
+SeedBand Band(bool meets) {
+  SeedBand b;
+  b.in_band = meets ? 1.0 : 0.5;
+  b.r_proxy = 0.9;
+  b.r_extra_seed = 0.8;
+  b.seeds = 3;
+  b.steps = 10;
+  return b;
+}
+
+TEST(MethodRankingTest, TheDynamicsGoalDecidesAfterFaultsBeforeKl) {
+  // Equal faults (none, no random responses); cluster meets the goal on
+  // reward, KL and grad norm, reap on reward alone: cluster wins despite
+  // its higher KL. The loss band is not judged.
+  std::vector<EvalRow> rows = {Row("reap", 0.5, 0.05, 0.9), Row("cluster", 0.5, 0.40, 0.5),
+                               Row("random", 0.5, 0.30, 0.9)};
+  rows[0].seed_band = SeedBands{Band(true), Band(true), Band(false), Band(false)};
+  rows[1].seed_band = SeedBands{Band(false), Band(true), Band(true), Band(true)};
+  rows[2].seed_band = SeedBands{Band(false), Band(false), Band(false), Band(false)};
+  EvalReport report = FaultReport(rows);
+  report.trainer_seeds = 3;
+  const auto ranking = RankMethods(report);
+  ASSERT_TRUE(ranking.ok()) << ranking.status();
+  const GroupRanking& g = ranking->groups[0];
+  EXPECT_TRUE(g.dynamics_judged);
+  EXPECT_EQ(g.winner, "cluster");
+  EXPECT_EQ(g.order[0].dynamics_goal_met, 3);
+  EXPECT_EQ(g.order[1].method, "reap");
+  EXPECT_EQ(g.order[1].dynamics_goal_met, 1);
+  EXPECT_EQ(g.order[2].dynamics_goal_met, 0);
+  EXPECT_NE(g.reason.find("by dynamics goal: 3 of 3 metrics vs reap's 1 of 3"), std::string::npos) << g.reason;
+  for (const std::string& n : ranking->notes) EXPECT_EQ(n.find("trainer seeds"), std::string::npos) << n;
+}
+
+TEST(MethodRankingTest, JsonNamesResponseCasesAndWritesNanKlAsNull) {
+  const auto ranking = RankMethods(FaultReport({Row("cluster", 0.5, std::nan(""), 0.9, {Case(Spike(4, 5))}),
+                                                Row("random", 0.5, 0.30, 0.9, {Case(NoResponse())})}));
+  ASSERT_TRUE(ranking.ok()) << ranking.status();
+  const std::string json = llvm::formatv("{0}", llvm::json::Value(ToJson(*ranking))).str();
+  llvm::Expected<llvm::json::Value> parsed = llvm::json::parse(json);
+  EXPECT_TRUE(static_cast<bool>(parsed)) << json;
+  if (!parsed) llvm::consumeError(parsed.takeError());
+  EXPECT_NE(json.find("\"response_cases\":1"), std::string::npos) << json;
+  EXPECT_EQ(json.find("\"fault_cases\""), std::string::npos) << json;
+  EXPECT_EQ(json.find("nan"), std::string::npos) << json;
 }
 
 TEST(MethodRankingTest, AnEmptyReportIsAnError) {
