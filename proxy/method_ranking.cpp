@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "formats/json_number.h"
 #include "proxy/clustering.h"
+#include "proxy/proxy_eval.h"
 #include "proxy/response_error.h"
 #include "proxy/seed_band.h"
 #include "proxy/seed_dynamics.h"
@@ -167,6 +168,16 @@ absl::StatusOr<MethodRanking> RankMethods(const EvalReport& report) {
       out.notes.push_back("no random row at some keep: the fault criterion is skipped there");
     }
     if (!dynamics) out.notes.push_back("fewer than 2 trainer seeds: no dynamics goal");
+  }
+  // Configure (proxy_eval.cpp) forces only cluster and cluster-frequency.
+  bool baseline_wins = false;
+  for (const GroupRanking& g : out.groups) {
+    baseline_wins |= g.winner != "cluster" && g.winner != "cluster-frequency" && g.winner != "cluster-unforced";
+  }
+  if (baseline_wins) {
+    out.notes.push_back("a baseline that wins was measured unforced (proxy-eval forces only cluster and "
+                        "cluster-frequency), while `moerr proxy --method M` forces by default: its proxy there is "
+                        "not the one ranked here");
   }
   // Overall: most groups won; a tie goes to the lower mean logit KL.
   std::map<std::string, std::pair<double, int64_t>> kl_sum;

@@ -23,6 +23,8 @@
 //     trainer seeds).
 //  3. the lower logit KL(original || proxy) per token (NaN: last).
 //  4. the higher task accuracy.
+// A note says when a baseline wins a group: proxy-eval measures the
+// baselines unforced, `moerr proxy` forces every method by default.
 // The winner of a group is the first in that order; what decided it is the
 // first criterion on which it beats the runner-up. Overall: the method that
 // wins the most groups; a tie goes to the lower mean logit KL over all of
@@ -35,9 +37,10 @@
 
 #include "absl/status/statusor.h"
 #include "llvm/Support/JSON.h"
-#include "proxy/proxy_eval.h"
 
 namespace moerr::proxy {
+
+struct EvalReport;  // proxy_eval.h, which holds its ranking
 
 // One method's standing in one group.
 struct MethodScore {

@@ -431,6 +431,8 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
     report_progress("fault reproduction", cases, cases);
     return absl::OkStatus();
   }));
+  // An error only for a report without rows: then it has no ranking.
+  if (absl::StatusOr<MethodRanking> ranking = RankMethods(report); ranking.ok()) report.ranking = std::move(*ranking);
   return report;
 }
 
@@ -532,6 +534,7 @@ llvm::json::Object ToJson(const EvalReport& report) {
                                                                     {"warm", ToJson(report.warm)}}},
                             {"rows", std::move(rows)}};
   if (!report.static_only) AddSeedsJson(report, out);
+  if (report.ranking) out["ranking"] = ToJson(*report.ranking);
   return out;
 }
 

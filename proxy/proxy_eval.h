@@ -57,6 +57,7 @@
 #include "proxy/clustering.h"
 #include "proxy/expert_diversity.h"
 #include "proxy/healing.h"
+#include "proxy/method_ranking.h"
 #include "proxy/noise_row.h"
 #include "proxy/response_error.h"
 #include "proxy/seed_dynamics.h"
@@ -167,6 +168,9 @@ struct EvalReport {
   // trainer seed in TrainerSeeds order; empty when static only.
   int64_t trainer_seeds = 0;
   std::vector<Trajectory> original_seeds;
+  // The methods ranked by the rule of method_ranking.h (RankMethods of the
+  // rows above); nullopt only without rows.
+  std::optional<MethodRanking> ranking;
 };
 
 // Each row's response_error from its responses, then its onset_vs_random
@@ -177,6 +181,7 @@ using EvalProgress = std::function<void(const std::string& phase, int64_t done, 
 
 absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const EvalProgress& progress = nullptr);
 
+// With the ranking under "ranking" when there is one.
 llvm::json::Object ToJson(const EvalReport& report);
 
 }  // namespace moerr::proxy

@@ -342,14 +342,12 @@ ExitOr RunProxyEval(const ProxyEvalArgs& args, const CLI::App& cmd) {
     PrintVersusRandomTable(*report, eval);
   }
   PrintKeptCheckpoints(*report, eval);
-  const auto ranking = proxy::RankMethods(*report);  // an error only for a report without rows
-  if (ranking.ok()) {
+  if (report->ranking) {
     std::printf("\nmethod ranking by the rule: %s\n", proxy::RankingRuleText().c_str());
-    for (const std::string& line : proxy::RankingLines(*ranking)) std::printf("%s\n", line.c_str());
+    for (const std::string& line : proxy::RankingLines(*report->ranking)) std::printf("%s\n", line.c_str());
   }
   if (!args.json.empty()) {
     llvm::json::Object json = proxy::ToJson(*report);
-    if (ranking.ok()) json["ranking"] = proxy::ToJson(*ranking);
     std::ofstream out(args.json, std::ios::trunc);
     out << llvm::formatv("{0:2}", llvm::json::Value(std::move(json))).str() << "\n";
     if (!out.good()) return absl::UnavailableError("cannot write " + args.json);

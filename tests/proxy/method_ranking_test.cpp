@@ -10,6 +10,7 @@
 #include "llvm/Support/FormatVariadic.h"
 
 #include "proxy/clustering.h"
+#include "proxy/proxy_eval.h"
 
 namespace moerr::proxy {
 namespace {
@@ -80,6 +81,9 @@ TEST(MethodRankingTest, AFaultRandomReproducesEquallyEarnsNoCredit) {
   EXPECT_NE(g.reason.find("logit KL"), std::string::npos) << g.reason;
   for (const MethodScore& s : g.order) EXPECT_EQ(s.fault_score, 0) << s.method;
   EXPECT_NE(ranking->notes.size(), 0u);  // no dynamics goal, said
+  bool unforced = false;  // a baseline won: measured unforced, said
+  for (const std::string& n : ranking->notes) unforced |= n.find("unforced") != std::string::npos;
+  EXPECT_TRUE(unforced);
 }
 
 TEST(MethodRankingTest, ReproducingWhereRandomFailsWinsBeforeKl) {
@@ -249,6 +253,7 @@ TEST(MethodRankingTest, JsonNamesResponseCasesAndWritesNanKlAsNull) {
   EXPECT_NE(json.find("\"response_cases\":1"), std::string::npos) << json;
   EXPECT_EQ(json.find("\"fault_cases\""), std::string::npos) << json;
   EXPECT_EQ(json.find("nan"), std::string::npos) << json;
+  for (const std::string& n : ranking->notes) EXPECT_EQ(n.find("unforced"), std::string::npos) << n;
 }
 
 TEST(MethodRankingTest, AnEmptyReportIsAnError) {
