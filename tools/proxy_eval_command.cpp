@@ -357,6 +357,63 @@ ExitOr RunProxyEval(const ProxyEvalArgs& args, const CLI::App& cmd) {
 
 }  // namespace
 
+namespace {
+
+// The options of the dynamics, the fault responses and healing.
+void AddDynamicsOptions(CLI::App* cmd, ProxyEvalArgs& opts) {
+  cmd->add_option("--memory-micro-batch", opts.eval.memory_micro_batch,
+                  "Sequences per training forward in the peak-memory steps (the whole-batch peak is reported too)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--ema-window", opts.eval.trend.ema_window, "EMA span of the smoothed trends, steps")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--slope-window", opts.eval.trend.slope_window, "Steps per window of the trend slopes")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 1 << 20));
+  cmd->add_option("--response-at", opts.eval.response_at, "Healthy steps before each fault is injected (fault response)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--response-steps", opts.eval.response_steps, "Steps after the fault is injected")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--dynamics-steps", opts.eval.dynamics_steps,
+                  "For a fault whose onset comes from the dynamics (lr-divergence, router-collapse-free, "
+                  "loss-scale-growth, trained-precision): steps after it is injected in the fault response, and steps "
+                  "recorded per fault case")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 10));
+  cmd->add_option("--heal", opts.eval.heal_steps,
+                  "Also evaluate every configuration with its proxies healed for N distillation steps (moerr proxy "
+                  "--heal), beside the unhealed rows; 0: off")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+}
+
+// The options of the cost on fewer ranks (--ranks).
+void AddRanksOptions(CLI::App* cmd, ProxyEvalArgs& opts) {
+  cmd->add_option("--ranks", opts.ranks,
+                  "N > 1: the cost on fewer ranks instead: for each fault, train an N-rank expert-parallel step "
+                  "(EP N), replay it on its N ranks and each proxy (--keep) on its fewer ranks, as child processes "
+                  "of this command; devices, step time per rank and device time per step (the ranks' CPU seconds), "
+                  "and whether the fault reproduces and is localised on M ranks. Uses --preset (wide-ep is the one "
+                  "made for it, and its default with --ranks; --warmup-steps defaults to 20), --keep, --faults, "
+                  "--child-timeout, --rounds, -o, --json, and refuses the other options")
+      ->check(CLI::Range(int64_t{2}, int64_t{256}));
+  cmd->add_option("--rounds", opts.on_ranks.rounds,
+                  "With --ranks: replays of each step, the original's and each proxy's interleaved; each cost is "
+                  "their median")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{100}));
+  cmd->add_option("--child-timeout", opts.on_ranks.child_timeout_s,
+                  "With --ranks: seconds each child command (train, replay, proxy) may run before it is stopped and "
+                  "reported; train's --deadline too")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0, 1e6));
+}
+
+}  // namespace
+
 void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<ProxyEvalArgs>();
   CLI::App* cmd = app.add_subcommand(
@@ -390,7 +447,8 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(1, 1 << 10));
   cmd->add_flag("--noise-rows,!--no-noise-rows", opts->eval.noise_rows,
                 "Beside each row, the original with weight noise matched to its logit KL, run over the same trainer "
-                "seeds and judged by the same band (default on; --no-noise-rows: off; skipped with --trainer-seeds 1, which has no band)");
+                "seeds and judged by the same band (default on; --no-noise-rows: off; skipped with --trainer-seeds 1, "
+                "which has no band)");
   cmd->add_option_function<std::vector<std::string>>(
          "--keep",
          [opts](const std::vector<std::string>& keeps) {
@@ -403,33 +461,7 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--faults", opts->faults,
                   "Faults (default: the whole catalogue; with --ranks, the faults that fail at once, without the "
                   "dynamics faults lr-divergence, router-collapse-free, loss-scale-growth, trained-precision)");
-  cmd->add_option("--memory-micro-batch", opts->eval.memory_micro_batch,
-                  "Sequences per training forward in the peak-memory steps (the whole-batch peak is reported too)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--ema-window", opts->eval.trend.ema_window, "EMA span of the smoothed trends, steps")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--slope-window", opts->eval.trend.slope_window, "Steps per window of the trend slopes")
-      ->capture_default_str()
-      ->check(CLI::Range(2, 1 << 20));
-  cmd->add_option("--response-at", opts->eval.response_at, "Healthy steps before each fault is injected (fault response)")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--response-steps", opts->eval.response_steps, "Steps after the fault is injected")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--dynamics-steps", opts->eval.dynamics_steps,
-                  "For a fault whose onset comes from the dynamics (lr-divergence, router-collapse-free, "
-                  "loss-scale-growth, trained-precision): steps after it is injected in the fault response, and steps "
-                  "recorded per fault case")
-      ->capture_default_str()
-      ->check(CLI::Range(1, 1 << 10));
-  cmd->add_option("--heal", opts->eval.heal_steps,
-                  "Also evaluate every configuration with its proxies healed for N distillation steps (moerr proxy "
-                  "--heal), beside the unhealed rows; 0: off")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 20));
+  AddDynamicsOptions(cmd, *opts);
   cmd->add_flag("--static-only", opts->eval.static_only,
                 "Static fidelity only (hidden cosine, logit KL, routing agreement, accuracy): no RL dynamics, fault "
                 "response or reproduction; minutes instead of an hour, to compare methods");
@@ -438,24 +470,7 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
                   "calibration batch, the held-out batch and the 256 accuracy problems (the original's too)")
       ->capture_default_str();
   cmd->add_option("--json", opts->json, "Also write the report as JSON here");
-  cmd->add_option("--ranks", opts->ranks,
-                  "N > 1: the cost on fewer ranks instead: for each fault, train an N-rank expert-parallel step "
-                  "(EP N), replay it on its N ranks and each proxy (--keep) on its fewer ranks, as child processes "
-                  "of this command; devices, step time per rank and device time per step (the ranks' CPU seconds), "
-                  "and whether the fault reproduces and is localised on M ranks. Uses --preset (wide-ep is the one "
-                  "made for it, and its default with --ranks; --warmup-steps defaults to 20), --keep, --faults, "
-                  "--child-timeout, --rounds, -o, --json, and refuses the other options")
-      ->check(CLI::Range(int64_t{2}, int64_t{256}));
-  cmd->add_option("--rounds", opts->on_ranks.rounds,
-                  "With --ranks: replays of each step, the original's and each proxy's interleaved; each cost is "
-                  "their median")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{100}));
-  cmd->add_option("--child-timeout", opts->on_ranks.child_timeout_s,
-                  "With --ranks: seconds each child command (train, replay, proxy) may run before it is stopped and "
-                  "reported; train's --deadline too")
-      ->capture_default_str()
-      ->check(CLI::Range(1.0, 1e6));
+  AddRanksOptions(cmd, *opts);
   OnRun(cmd, exit_code, [opts, cmd] { return RunProxyEval(*opts, *cmd); });
 }
 
