@@ -12,6 +12,7 @@
 #include "proxy/hf_config_file.h"
 #include "proxy/method_ranking.h"
 #include "proxy/proxy_eval.h"
+#include "proxy/weight_noise.h"
 #include "support/progress.h"
 #include "support/status.h"
 #include "tools/command.h"
@@ -192,8 +193,8 @@ void PrintSeedBandTable(const proxy::EvalReport& report, const proxy::EvalOption
               static_cast<long long>(eval.trainer_seeds), static_cast<long long>(eval.trend.ema_window));
   if (eval.noise_rows) {
     std::printf("under each row, its noise row: the original with weight noise (noise seed %llu) matched to the "
-                "row's logit KL within 1.25x on the same held-out batch, over the same trainer seeds\n",
-                static_cast<unsigned long long>(proxy::kNoiseRowSeed));
+                "row's logit KL within %gx on the same held-out batch, over the same trainer seeds\n",
+                static_cast<unsigned long long>(proxy::kNoiseRowSeed), proxy::MatchOptions().factor);
   }
   std::printf("\n");
   if (eval.trainer_seeds < 2) {
