@@ -15,7 +15,7 @@ PREFIX     ?= /usr/local
 # Debian packages moerr needs: the toolchain and the C++ libraries. The
 # Python side, torch (and its LibTorch) included, is requirements.txt, in
 # the environment packaging/venv.sh makes outside the clone.
-PACKAGES = cmake ninja-build g++ clang libclang-rt-14-dev pkg-config \
+PACKAGES = cmake ninja-build ccache g++ clang libclang-rt-14-dev pkg-config \
   libcapnp-dev capnproto libzstd-dev llvm-dev libabsl-dev \
   libgtest-dev libbenchmark-dev libxxhash-dev libcli11-dev libgloo-dev \
   python3-dev python3-venv chromium
@@ -34,9 +34,11 @@ deps:
 	@packaging/venv.sh > /dev/null
 
 # Configured again when this file (and so the flags) or the environment's
-# pins change.
+# pins change. Its compiles go through a ccache inside the tree, which the
+# wheel test's build (a third tree of the same sources and flags) reuses.
 $(BUILD)/build.ninja: Makefile requirements.txt
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOERR_PYTHON=$(PYTHON)
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOERR_PYTHON=$(PYTHON) \
+	  -DMOERR_CCACHE_DIR=$(abspath $(BUILD))/ccache
 	touch $@
 
 build: deps $(BUILD)/build.ninja
@@ -83,4 +85,4 @@ wheel: deps
 	$(PYTHON) -m build --wheel --no-isolation --outdir $(BUILD)/wheel .
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(BUILD)-wheel

@@ -8,13 +8,19 @@
 # `import moerr` in a small training loop whose bundle the installed command
 # reads.
 #
-# wheel_test.sh SOURCE_DIR WORK_DIR VERSION PYTHON
-#   WORK_DIR keeps the wheel's CMake tree between runs (an incremental
-#   rebuild); PYTHON is the project environment's interpreter.
+# wheel_test.sh SOURCE_DIR WORK_DIR VERSION PYTHON TREE_DIR CC CXX [CCACHE_DIR]
+#   PYTHON is the project environment's interpreter. TREE_DIR keeps the
+#   wheel's CMake tree between runs (an incremental rebuild). CC and CXX are
+#   the compilers it builds with; with CCACHE_DIR it compiles through that
+#   ccache (CMakeLists.txt, MOERR_CCACHE_DIR).
 set -euo pipefail
-src=$(cd "$1" && pwd -P) work=$2 version=$3 python=$4
+src=$(cd "$1" && pwd -P) work=$2 version=$3 python=$4 tree=$5 cc=$6 cxx=$7 ccache_dir=${8:-}
 mkdir -p "$work"
 work=$(cd "$work" && pwd -P)
+defines=(-C cmake.define.CMAKE_C_COMPILER="$cc" -C cmake.define.CMAKE_CXX_COMPILER="$cxx")
+if [ -n "$ccache_dir" ]; then
+  defines+=(-C cmake.define.MOERR_CCACHE_DIR="$ccache_dir")
+fi
 fail() { echo "FAIL: $*" >&2; exit 1; }
 rm -rf "$work/dist" "$work/venv" "$work/cwd"
 mkdir "$work/cwd"
@@ -22,7 +28,7 @@ mkdir "$work/cwd"
 # --no-isolation: the build links the torch of the environment it runs in
 # (cmake/MoerrTorch.cmake); an isolated one would have none.
 start=$(date +%s)
-"$python" -m build --wheel --no-isolation --outdir "$work/dist" -C build-dir="$work/tree" "$src" \
+"$python" -m build --wheel --no-isolation --outdir "$work/dist" -C build-dir="$tree" "${defines[@]}" "$src" \
   > "$work/build.log" 2>&1 || { tail -40 "$work/build.log"; fail "python -m build --wheel"; }
 wheel=$(ls "$work"/dist/moerr-"$version"-*.whl) || fail "no moerr-$version wheel in $work/dist"
 echo "built $(basename "$wheel") in $(( $(date +%s) - start )) s"
