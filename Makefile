@@ -47,7 +47,7 @@ build: deps $(BUILD)/build.ninja
 # The sanitizer suite (formats/, diff/, report/, the model, the recorder,
 # replayer, lint and proxy) under ASan+UBSan with clang, plus the libFuzzer target.
 $(ASAN_BUILD)/build.ninja: Makefile requirements.txt
-	CC=clang CXX=clang++ cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOERR_PYTHON=$(PYTHON) \
+	CC=clang CXX=clang++ cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOERR_PYTHON=$(PYTHON) \
 	  -DMOERR_SANITIZER_SUITE=ON -DMOERR_SANITIZE=ON -DMOERR_FUZZ=ON -DMOERR_FUZZ_SECONDS=$(FUZZ_SECONDS)
 	touch $@
 
