@@ -330,9 +330,7 @@ absl::Status RecordFault(const moe::MoeTransformer& warm, moe::FaultKind fault, 
 // model-replayed and judged by replayer::Reproduces (the same kind and rule;
 // localised: also the same phase and module class, since a proxy renumbers
 // experts) until one reproduces it: the proxy's onset. A proxy that shows
-// the failure at a step before the original's onset is early: it fails where
-// the original did not, which is not reproducing the fault (nor localising
-// it), whatever it shows later.
+// the failure at a step before the original's onset is early (CountCase).
 absl::Status ReproduceFault(const moe::MoeTransformer& warm, moe::FaultKind fault, int64_t seed,
                             const EvalOptions& options, std::vector<EvalRow>& rows) {
   const std::string path = options.out_dir + "/fault.moerr";
@@ -351,7 +349,8 @@ absl::Status ReproduceFault(const moe::MoeTransformer& warm, moe::FaultKind faul
   }
   if (!original) return absl::OkStatus();  // the fault did not show in the original: not a case
   for (EvalRow& row : rows) {
-    ++row.cases;
+    int64_t shown_at = -1;
+    replayer::Reproduction shown = replayer::Reproduction::kNo;
     for (int64_t s : steps) {
       MOERR_ASSIGN_OR_RETURN(ProxyReport built, BuildRowProxy(*reader, path, s, row, options));
       MOERR_ASSIGN_OR_RETURN(auto proxy_reader, formats::BundleReader::Open(built.bundle));
@@ -360,23 +359,30 @@ absl::Status ReproduceFault(const moe::MoeTransformer& warm, moe::FaultKind faul
       replay.overwrite = true;
       MOERR_ASSIGN_OR_RETURN(replayer::ReplayedStep replayed, replayer::ReplayModelStepTrace(*proxy_reader, s, replay));
       const formats::StepTrace& r = replayed.recording;
-      MOERR_ASSIGN_OR_RETURN(const replayer::Reproduction shown,
-                             replayer::Reproduces(*r.reader, s, r.trace, *original));
-      if (shown == replayer::Reproduction::kNo) continue;
-      if (s < onset) {
-        ++row.early;
+      MOERR_ASSIGN_OR_RETURN(shown, replayer::Reproduces(*r.reader, s, r.trace, *original));
+      if (shown != replayer::Reproduction::kNo) {
+        shown_at = s;
         break;
       }
-      ++row.reproduced;
-      row.localised += shown == replayer::Reproduction::kSamePlace;
-      row.onset_delta += std::abs(double(s - onset));
-      break;
     }
+    CountCase(onset, shown_at, shown, row);
   }
   return absl::OkStatus();
 }
 
 }  // namespace
+
+void CountCase(int64_t onset, int64_t shown_at, replayer::Reproduction shown, EvalRow& row) {
+  ++row.cases;
+  if (shown == replayer::Reproduction::kNo) return;
+  if (shown_at < onset) {
+    ++row.early;
+    return;
+  }
+  ++row.reproduced;
+  row.localised += shown == replayer::Reproduction::kSamePlace;
+  row.onset_delta += std::abs(double(shown_at - onset));
+}
 
 absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const EvalProgress& progress) {
   if (options.trainer_seeds < 1) {

@@ -63,6 +63,7 @@
 #include "proxy/seed_dynamics.h"
 #include "proxy/trajectory.h"
 #include "proxy/trend_fidelity.h"
+#include "replayer/step_failure.h"
 
 namespace moerr::proxy {
 
@@ -176,6 +177,15 @@ struct EvalReport {
 // Each row's response_error from its responses, then its onset_vs_random
 // and magnitude_vs_random.
 void CompareWithRandom(std::vector<EvalRow>& rows);
+
+// One fault-reproduction case as `row` counts it: the original first showed
+// the failure at step `onset`; the proxies built from its recorded steps in
+// order first showed it at `shown_at`, as `shown` (kNo: at no step). A proxy
+// that shows it before the original's onset is early: it fails where the
+// original did not, which is neither reproducing the fault nor localising
+// it, whatever it shows later. onset_delta sums |shown_at - onset| over the
+// reproduced cases (EvaluateProxies divides it by their count).
+void CountCase(int64_t onset, int64_t shown_at, replayer::Reproduction shown, EvalRow& row);
 
 using EvalProgress = std::function<void(const std::string& phase, int64_t done, int64_t total)>;
 

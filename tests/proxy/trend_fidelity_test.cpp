@@ -214,6 +214,27 @@ TEST(FaultResponseTest, AProxyThatRespondsBeforeTheOriginalDoesNotCount) {
   EXPECT_EQ(json.getBoolean("early"), std::optional<bool>(true));
 }
 
+// Fault reproduction's rule for one case (CountCase): the original failed
+// first at step 1; a proxy showing it at step 0 is early, and only a proxy
+// at or after the onset reproduces (and localises) it.
+TEST(FaultReproductionTest, AProxyThatFailsBeforeTheOnsetIsEarlyNotReproduced) {
+  using replayer::Reproduction;
+  EvalRow row;
+  CountCase(1, 0, Reproduction::kSamePlace, row);
+  EXPECT_EQ(row.cases, 1);
+  EXPECT_EQ(row.early, 1);
+  EXPECT_EQ(row.reproduced, 0);
+  EXPECT_EQ(row.localised, 0);
+  CountCase(1, 1, Reproduction::kSamePlace, row);
+  CountCase(1, 3, Reproduction::kSameKind, row);
+  CountCase(1, -1, Reproduction::kNo, row);
+  EXPECT_EQ(row.cases, 4);
+  EXPECT_EQ(row.early, 1);
+  EXPECT_EQ(row.reproduced, 2);
+  EXPECT_EQ(row.localised, 1);
+  EXPECT_DOUBLE_EQ(row.onset_delta, 2.0);  // |1 - 1| + |3 - 1|
+}
+
 // The new metrics end to end: a tiny fine-grained preset (16 experts, top-4,
 // a shared expert), its proxy at 1/2 with and without healing, trends over
 // its healthy steps and the responses to two faults.
