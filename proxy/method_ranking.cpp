@@ -84,8 +84,10 @@ int CompareOn(int c, const MethodScore& a, const MethodScore& b) {
 // The measure of criterion `c` of `s`, as the reason quotes it.
 std::string Measure(int c, const MethodScore& s) {
   switch (c) {
-    case 0: return absl::StrFormat("%d (%d of %d response cases)", s.fault_score, s.discriminating_cases,
-                                   s.response_cases);
+    case 0:
+      if (s.method == kRandomMethod) return "0 (the baseline)";
+      return absl::StrFormat("%d (%d of %d response cases)", s.fault_score, s.discriminating_cases,
+                             s.response_cases);
     case 1: return absl::StrFormat("%d of 3 metrics", s.dynamics_goal_met);
     case 2: return absl::StrFormat("%.4g", s.logit_kl);
     default: return absl::StrFormat("%.3f", s.accuracy);

@@ -100,6 +100,17 @@ TEST(MethodRankingTest, ReproducingWhereRandomFailsWinsBeforeKl) {
   EXPECT_EQ(ranking->winner, "cluster");
 }
 
+// Against random alone, the reason quotes random as the baseline it is, not
+// as a method with cases of its own.
+TEST(MethodRankingTest, RandomAsTheRunnerUpIsQuotedAsTheBaseline) {
+  const auto ranking = RankMethods(FaultReport({Row("cluster", 0.5, 0.40, 0.50, {Case(Spike(5, 5))}),
+                                                Row("random", 0.5, 0.30, 0.9, {Case(NoResponse())})}));
+  ASSERT_TRUE(ranking.ok()) << ranking.status();
+  const GroupRanking& g = ranking->groups[0];
+  EXPECT_EQ(g.winner, "cluster");
+  EXPECT_NE(g.reason.find("1 (1 of 1 response cases) vs random's 0 (the baseline)"), std::string::npos) << g.reason;
+}
+
 TEST(MethodRankingTest, ReproducingBetterThanRandomCounts) {
   // Random reproduces too, but 3 steps late (onset) or with a 4x larger
   // spike (magnitude); the method on time and at the original's size counts.
