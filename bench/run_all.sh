@@ -85,15 +85,15 @@ section "moerr proxy --checkpoint on a generated 8 GB Qwen3-MoE-layout bf16 chec
   "$PYTHON" bench/proxy/bench_checkpoint_proxy.py "$BUILD" "$WORK/proxy" --gb "${MOERR_PROXY_BENCH_GB:-8}"
 # Issue 44's table on the fine preset: static fidelity of every method at 3
 # sample seeds (minutes each), then the whole table (hours).
-FINE_METHODS="cluster cluster-frequency reap frequency random hc-medoid"
+FINE_METHODS=(cluster cluster-frequency reap frequency random hc-medoid)
 for s in 0 1 2; do
   section "moerr proxy-eval, static fidelity on fine (qwen2_moe), sample seed $s: every method at 1/2, 1/4, 1/8, with and without --heal 50" \
     "$BUILD/tools/moerr" proxy-eval -o "$WORK/fine" --preset fine --family qwen2_moe --static-only --sample-seed "$s" \
-    --keep 1/2 1/4 1/8 --methods $FINE_METHODS --heal 50
+    --keep 1/2 1/4 1/8 --methods "${FINE_METHODS[@]}" --heal 50
 done
 section "moerr proxy-eval on fine (qwen2_moe): every method at 1/2, 1/4, 1/8, with and without --heal 50, dynamics over 3 trainer seeds, faults x 3 seeds (hours)" \
   "$BUILD/tools/moerr" proxy-eval -o "$WORK/fine" --preset fine --family qwen2_moe --keep 1/2 1/4 1/8 \
-  --methods $FINE_METHODS --heal 50 --trainer-seeds 3 --seeds 3
+  --methods "${FINE_METHODS[@]}" --heal 50 --trainer-seeds 3 --seeds 3
 # The transformers table needs transformers in $PYTHON (its config is written
 # by transformers itself); without it the section says it was skipped.
 # Methods and --heal as in the fine table above.
@@ -102,7 +102,7 @@ if "$PYTHON" -c 'import transformers' 2>/dev/null; then
   "$PYTHON" bench/proxy/write_hf_moe_config.py "$WORK/hf-config" >&2
   section "$HF_TITLE" \
     "$BUILD/tools/moerr" proxy-eval --hf-config "$WORK/hf-config/config.json" --keep 1/2 1/4 1/8 \
-    --methods $FINE_METHODS --heal 50 --trainer-seeds 3 --seeds 3 \
+    --methods "${FINE_METHODS[@]}" --heal 50 --trainer-seeds 3 --seeds 3 \
     -o "$WORK/hf-table"
 else
   printf '\n## %s\n\nskipped: %s cannot import transformers (pip install transformers, or PYTHON=a python that has it)\n' \

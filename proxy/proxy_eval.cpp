@@ -373,6 +373,7 @@ absl::Status ReproduceFault(const moe::MoeTransformer& warm, moe::FaultKind faul
 }  // namespace
 
 void CountCase(int64_t onset, int64_t shown_at, replayer::Reproduction shown, EvalRow& row) {
+  MOERR_CHECK((shown == replayer::Reproduction::kNo) == (shown_at < 0));
   ++row.cases;
   if (shown == replayer::Reproduction::kNo) return;
   if (shown_at < onset) {

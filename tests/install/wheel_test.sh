@@ -14,9 +14,15 @@
 #   the compilers it builds with; with CCACHE_DIR it compiles through that
 #   ccache (CMakeLists.txt, MOERR_CCACHE_DIR).
 set -euo pipefail
+if [ $# -lt 7 ]; then
+  echo "usage: wheel_test.sh SOURCE_DIR WORK_DIR VERSION PYTHON TREE_DIR CC CXX [CCACHE_DIR]" >&2
+  exit 2
+fi
 src=$(cd "$1" && pwd -P) work=$2 version=$3 python=$4 tree=$5 cc=$6 cxx=$7 ccache_dir=${8:-}
 mkdir -p "$work"
 work=$(cd "$work" && pwd -P)
+# A tree elsewhere leaves the one an earlier layout kept here unused.
+if [ "$(cd "$tree" 2>/dev/null && pwd -P)" != "$work/tree" ]; then rm -rf "$work/tree"; fi
 defines=(-C cmake.define.CMAKE_C_COMPILER="$cc" -C cmake.define.CMAKE_CXX_COMPILER="$cxx")
 if [ -n "$ccache_dir" ]; then
   defines+=(-C cmake.define.MOERR_CCACHE_DIR="$ccache_dir")
