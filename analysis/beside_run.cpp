@@ -351,7 +351,7 @@ std::string Where(const BesideCall& c) {
 
 // "rank 0 in #9 (layers.1, forward; moerr's all_reduce #1), rank 1 in ...",
 // numbered as the dump is (SeqName).
-std::string Calls(const GroupBeside& g, const std::vector<BesideCall>& calls) {
+std::string CallsText(const GroupBeside& g, const std::vector<BesideCall>& calls) {
   std::vector<std::string> parts;
   for (const BesideCall& c : calls) {
     parts.push_back(absl::StrFormat("rank %d in #%d (%s)", c.rank, ShownSeq(c.fr_seq, g.flight_recorder), Where(c)));
@@ -397,8 +397,8 @@ std::string DescribeBeside(const BesideRun& run) {
     }
     absl::StrAppendFormat(&line, " is its %s, numbered %d later in the dump%s", g.moerr_group, g.offset,
                           g.other_offsets ? absl::StrFormat(" (%d other numberings fit too)", g.other_offsets) : "");
-    if (!g.completed.empty()) absl::StrAppend(&line, "; last completed: ", Calls(g, g.completed));
-    if (!g.disagreement.empty()) absl::StrAppend(&line, "; at the disagreement: ", Calls(g, g.disagreement));
+    if (!g.completed.empty()) absl::StrAppend(&line, "; last completed: ", CallsText(g, g.completed));
+    if (!g.disagreement.empty()) absl::StrAppend(&line, "; at the disagreement: ", CallsText(g, g.disagreement));
     lines.push_back(line);
   }
   return absl::StrJoin(lines, "\n");

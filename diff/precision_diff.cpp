@@ -37,7 +37,7 @@ double BudgetFloor(DType d) {
   }
 }
 
-struct Side {
+struct PrecisionSide {
   const formats::BundleReader& reader;
   const formats::Trace& trace;
   int64_t step;
@@ -51,7 +51,7 @@ class InputErrors {
  public:
   using Key = std::pair<uint64_t, uint64_t>;  // tensor ids in A and B
 
-  InputErrors(const Side& a, const Side& b) : a_(a), b_(b) {}
+  InputErrors(const PrecisionSide& a, const PrecisionSide& b) : a_(a), b_(b) {}
 
   // Queues the inputs of a matched pair; returns their keys for Of.
   std::vector<Key> Add(const formats::OpEvent& op_a, const formats::OpEvent& op_b, bool bytes) {
@@ -104,8 +104,8 @@ class InputErrors {
   }
 
  private:
-  const Side& a_;
-  const Side& b_;
+  const PrecisionSide& a_;
+  const PrecisionSide& b_;
   absl::flat_hash_map<Key, double> errors_;
   std::vector<Key> queued_;
   std::vector<BlobPair> pairs_;
@@ -246,7 +246,7 @@ absl::StatusOr<PrecisionDiff> JudgePrecision(const formats::BundleReader& reader
   report.estimated = exact_a.empty() || exact_b.empty();
   const auto by_a = ByOp(exact_a, a.ops.size(), report.measured_a);
   const auto by_b = ByOp(exact_b, b.ops.size(), report.measured_b);
-  const Side side_a{reader_a, a, step_a}, side_b{reader_b, b, step_b};
+  const PrecisionSide side_a{reader_a, a, step_a}, side_b{reader_b, b, step_b};
   InputErrors inputs(side_a, side_b);
   // Pairs that read a Python number out of a tensor, with their inputs.
   std::vector<std::pair<size_t, std::vector<InputErrors::Key>>> items;

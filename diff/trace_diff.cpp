@@ -62,7 +62,7 @@ namespace {
 
 // One side of the diff: its bundle, its trace and step, and the values of it
 // that were never initialised (not compared).
-struct Side {
+struct DiffSide {
   const formats::BundleReader& reader;
   const formats::Trace& trace;
   int64_t step;
@@ -115,8 +115,8 @@ void Judge(OutputDiff& out, const Thresholds& thresholds) {
 
 // The matched op pair's outputs, judged on fingerprints; those to compare on
 // bytes are queued in `queue` (op index `op` in the report).
-absl::Status DiffOutputs(const Side& a, const Side& b, const DiffOptions& options, const AlignedPair& pair, size_t op,
-                         OpDiff& op_diff, std::vector<ByteComparison>& queue) {
+absl::Status DiffOutputs(const DiffSide& a, const DiffSide& b, const DiffOptions& options, const AlignedPair& pair,
+                         size_t op, OpDiff& op_diff, std::vector<ByteComparison>& queue) {
   const formats::OpEvent& op_a = a.trace.ops[pair.a];
   const formats::OpEvent& op_b = b.trace.ops[pair.b];
   const size_t slots = std::min(op_a.outputs.size(), op_b.outputs.size());
@@ -180,8 +180,8 @@ absl::StatusOr<DiffReport> DiffTraces(const formats::BundleReader& reader_a, con
                                       const formats::BundleReader& reader_b, const formats::Trace& b, int64_t step_b,
                                       const DiffOptions& options) {
   MOERR_ASSIGN_OR_RETURN(std::vector<AlignedPair> alignment, AlignTraces(a, b, options.max_edits));
-  const Side side_a{reader_a, a, step_a, formats::UninitialisedValues(a)};
-  const Side side_b{reader_b, b, step_b, formats::UninitialisedValues(b)};
+  const DiffSide side_a{reader_a, a, step_a, formats::UninitialisedValues(a)};
+  const DiffSide side_b{reader_b, b, step_b, formats::UninitialisedValues(b)};
   DiffReport report;
   report.ops.reserve(alignment.size());
   std::vector<ByteComparison> queue;

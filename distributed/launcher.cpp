@@ -17,13 +17,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "support/check.h"
+#include "support/seconds_since.h"
 
 namespace moerr::distributed {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 std::string SignalName(int sig) {
   const char* abbrev = sigabbrev_np(sig);
@@ -183,7 +183,7 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
       done[r] = true;
       --running;
       RankOutcome& o = result.ranks[r];
-      o.seconds = Since(start);
+      o.seconds = SecondsSince(start);
       if (stopped[r]) continue;  // kind already set by the launcher
       if (WIFEXITED(status)) {
         o.code = WEXITSTATUS(status);
@@ -192,9 +192,9 @@ absl::StatusOr<LaunchResult> Launch(const LaunchOptions& options) {
         o.code = WTERMSIG(status);
         o.kind = RankOutcome::Kind::kSignaled;
       }
-      if (o.kind != RankOutcome::Kind::kOk && first_failure < 0) first_failure = Since(start);
+      if (o.kind != RankOutcome::Kind::kOk && first_failure < 0) first_failure = SecondsSince(start);
     }
-    const double now = Since(start);
+    const double now = SecondsSince(start);
     const bool give_up = first_failure >= 0 && term_sent < 0 && now - first_failure >= options.grace_s;
     const bool deadline = options.deadline_s > 0 && now >= options.deadline_s && !deadline_hit;
     if (give_up || deadline) {

@@ -21,6 +21,7 @@
 #include "proxy/surgery.h"
 #include "recorder/hooks/tensor_adapter.h"
 #include "recorder/hooks/torch_boundary.h"
+#include "support/seconds_since.h"
 #include "support/status.h"
 
 namespace moerr::proxy {
@@ -28,7 +29,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 llvm::json::Object PlansJson(const std::vector<LayerPlan>& plans, const CheckpointProxyOptions& options,
                              const CheckpointProxyReport& report) {
@@ -428,7 +428,7 @@ absl::StatusOr<CheckpointProxyReport> ProxyCheckpoint(const CheckpointProxyOptio
   MOERR_ASSIGN_OR_RETURN(const std::vector<LayerStats> stats,
                          CalibrateLayerByLayer(*reader, *config, tokens, options.calibration));
   MOERR_ASSIGN_OR_RETURN(report.plans, PlanCheckpointLayers(stats, report.kept, *config, options.proxy.cluster));
-  report.calibration_seconds = Since(start);
+  report.calibration_seconds = SecondsSince(start);
   report.calibration_bytes_read = reader->bytes_read();
   report.calibration_peak_rss = PeakResidentBytes();
 
@@ -447,7 +447,7 @@ absl::StatusOr<CheckpointProxyReport> ProxyCheckpoint(const CheckpointProxyOptio
       absl::MakeConstSpan(reinterpret_cast<const std::byte*>(config_text.data()), config_text.size())));
   MOERR_RETURN_IF_ERROR(sink->Finish(/*sync=*/true));
   MOERR_RETURN_IF_ERROR(CommitStaging(staging, report.out_dir, report.shards, report.sharded));
-  report.write_seconds = Since(write_start);
+  report.write_seconds = SecondsSince(write_start);
   report.bytes_read = reader->bytes_read();
   report.peak_rss = PeakResidentBytes();
   return report;

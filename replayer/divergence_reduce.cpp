@@ -14,6 +14,7 @@
 #include "replayer/repro_script.h"
 #include "replayer/step_cut.h"
 #include "support/check.h"
+#include "support/seconds_since.h"
 #include "support/status.h"
 
 namespace moerr::replayer {
@@ -21,7 +22,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 std::string Where(const formats::StepTrace& s) { return absl::StrFormat("%s, step %d", s.path, s.step); }
 
@@ -172,7 +172,7 @@ absl::StatusOr<DivergenceReduceReport> ReduceDivergence(const formats::StepTrace
   MOERR_ASSIGN_OR_RETURN(const diff::PrecisionDiff judged,
                          DiffPrecisions(*reference.reader, reference.trace, reference.step, *bundle.reader,
                                         bundle.trace, bundle.step, diff_options));
-  report.diff_seconds = Since(start);
+  report.diff_seconds = SecondsSince(start);
   MOERR_ASSIGN_OR_RETURN(const size_t culprit, Culprit(judged, bundle, reference));
   Describe(judged.ops[culprit], bundle, report);
 
@@ -196,7 +196,7 @@ absl::StatusOr<DivergenceReduceReport> ReduceDivergence(const formats::StepTrace
                            Introduced(bundle, as_reference, values, report.judged.slot, path));
   }
   MOERR_RETURN_IF_ERROR(WriteReduced(bundle, reference, options, cut, called, values, report));
-  report.seconds = Since(start);
+  report.seconds = SecondsSince(start);
   return report;
 }
 

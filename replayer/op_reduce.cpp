@@ -17,6 +17,7 @@
 #include "replayer/row_shrink.h"
 #include "replayer/step_cut.h"
 #include "support/check.h"
+#include "support/seconds_since.h"
 #include "support/status.h"
 
 namespace moerr::replayer {
@@ -25,7 +26,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using OpSet = std::vector<size_t>;  // op indices into the step, ascending
 
-double Since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 // The failure a candidate must keep: the recorded ops (by seq) of the first
 // overflow and of its cause (when an op before it exploded).
@@ -332,7 +332,7 @@ absl::StatusOr<OpReduceReport> ReduceOps(const formats::BundleReader& reader, co
   const Clock::time_point replay_start = Clock::now();
   absl::StatusOr<ReplayReport> whole = ReplayTrace(reader, failing.step, failing.trace, capture);
   if (!whole.ok()) return Annotate(whole.status(), absl::StrFormat("%s, step %d", options.source, failing.step));
-  report.replay_seconds = Since(replay_start);
+  report.replay_seconds = SecondsSince(replay_start);
   const formats::Trace base = ReplayedTrace(failing.trace, *whole, capture.end_op);  // as the replay saw it
   if (!SameFailure(analysis::FindOverflowCause(base), kept)) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -372,7 +372,7 @@ absl::StatusOr<OpReduceReport> ReduceOps(const formats::BundleReader& reader, co
   const Reduction reduction{reader, options, failing, kept, recording, progress};
   MOERR_ASSIGN_OR_RETURN(const ShrunkCut shrunk, Shrink(reduction, base, ops, whole->captured, report));
   MOERR_RETURN_IF_ERROR(WriteReduced(reduction, shrunk.cut, shrunk.values, report));
-  report.seconds = Since(start);
+  report.seconds = SecondsSince(start);
   return report;
 }
 

@@ -11,6 +11,7 @@
 #include "replayer/step_cut.h"
 #include "replayer/vendor_check.h"
 #include "support/check.h"
+#include "support/seconds_since.h"
 #include "support/status.h"
 
 namespace moerr::replayer {
@@ -18,7 +19,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 // The first suspect op of `bundle`'s vendor-op check, or why there is none.
 absl::StatusOr<ReferenceCheck> FirstSuspect(const formats::StepTrace& bundle, const OpReferences& references,
@@ -126,7 +126,7 @@ absl::StatusOr<VendorReduceReport> ReduceVendorOp(const formats::StepTrace& bund
 
   if (progress) progress("checking the vendor ops");
   MOERR_ASSIGN_OR_RETURN(const ReferenceCheck suspect, FirstSuspect(bundle, references, report));
-  report.check_seconds = Since(start);
+  report.check_seconds = SecondsSince(start);
   const formats::OpEvent& op = bundle.trace.ops[suspect.op_index];
   report.op_index = suspect.op_index;
   report.op = op.name;
@@ -151,7 +151,7 @@ absl::StatusOr<VendorReduceReport> ReduceVendorOp(const formats::StepTrace& bund
   report.verdict.op_index = suspect.op_index;  // in the recorded step, not the cut
   report.description = DescribeVendorOp(report.verdict, bundle.trace);
   MOERR_RETURN_IF_ERROR(WriteRepro(bundle, options, alone, *reference, report));
-  report.seconds = Since(start);
+  report.seconds = SecondsSince(start);
   return report;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "formats/bundle_writer.h"
+#include "tests/testing/test_util.h"
 
 namespace moerr::diff {
 namespace {
@@ -15,11 +16,7 @@ namespace {
 using formats::DType;
 using formats::TensorView;
 
-template <typename T>
-TensorView View(const std::vector<T>& v, DType dtype) {
-  return TensorView{dtype, {static_cast<int64_t>(v.size())}, {}, reinterpret_cast<const std::byte*>(v.data()),
-                    nullptr};
-}
+using formats::testing::VectorView;
 
 // A bundle holding `tensors` as t0, t1, ... at step 0, in chunks of
 // `chunk_bytes`; returns its reader.
@@ -51,11 +48,11 @@ struct Tensors {
       a[t].resize(3000 + 777 * t);
       b[t].resize(a[t].size());
       for (size_t i = 0; i < a[t].size(); ++i) a[t][i] = normal(rng), b[t][i] = a[t][i] * (1 + 1e-3f * normal(rng));
-      va.push_back(View(a[t], DType::kF32));
-      vb.push_back(View(b[t], DType::kF32));
+      va.push_back(VectorView(a[t], DType::kF32));
+      vb.push_back(VectorView(b[t], DType::kF32));
     }
-    va.push_back(View(half, DType::kF16));
-    vb.push_back(View(ones, DType::kF32));
+    va.push_back(VectorView(half, DType::kF16));
+    vb.push_back(VectorView(ones, DType::kF32));
   }
 };
 

@@ -8,17 +8,15 @@
 #include <random>
 #include <vector>
 
+#include "tests/testing/test_util.h"
+
 namespace moerr::diff {
 namespace {
 
 using formats::DType;
 using formats::TensorView;
 
-template <typename T>
-TensorView View(const std::vector<T>& v, DType dtype, std::vector<int64_t> shape = {}) {
-  if (shape.empty()) shape = {static_cast<int64_t>(v.size())};
-  return TensorView{dtype, shape, {}, reinterpret_cast<const std::byte*>(v.data()), nullptr};
-}
+using formats::testing::VectorView;
 
 // The metrics computed the obvious way, in double.
 TensorMetrics Reference(const std::vector<float>& a, const std::vector<float>& b) {
@@ -49,7 +47,7 @@ TEST(TensorMetricsTest, Fp32MatchesAStraightforwardComputation) {
     a[i] = normal(rng);
     b[i] = a[i] * (1 + 0.004f * normal(rng));
   }
-  const TensorMetrics m = CompareTensors(View(a, DType::kF32), View(b, DType::kF32)).value();
+  const TensorMetrics m = CompareTensors(VectorView(a, DType::kF32), VectorView(b, DType::kF32)).value();
   const TensorMetrics r = Reference(a, b);
   EXPECT_EQ(m.numel, r.numel);
   EXPECT_DOUBLE_EQ(m.max_abs, r.max_abs);
@@ -68,18 +66,18 @@ TEST(TensorMetricsTest, UlpsCountRepresentableValues) {
   const float one = 1.0f;
   const std::vector<float> a = {one, -0.0f, 2.0f};
   std::vector<float> b = {std::nextafter(std::nextafter(one, 2.0f), 2.0f), 0.0f, 2.0f};
-  EXPECT_EQ(CompareTensors(View(a, DType::kF32), View(b, DType::kF32))->max_ulp, 2u);
+  EXPECT_EQ(CompareTensors(VectorView(a, DType::kF32), VectorView(b, DType::kF32))->max_ulp, 2u);
   // Across zero: -min_denormal and +min_denormal are two apart.
   const std::vector<float> c = {-std::numeric_limits<float>::denorm_min()};
   const std::vector<float> d = {std::numeric_limits<float>::denorm_min()};
-  EXPECT_EQ(CompareTensors(View(c, DType::kF32), View(d, DType::kF32))->max_ulp, 2u);
+  EXPECT_EQ(CompareTensors(VectorView(c, DType::kF32), VectorView(d, DType::kF32))->max_ulp, 2u);
   // bf16 1.0 (0x3f80) against 1.0078125 (0x3f81): one bf16 ULP.
   const std::vector<uint16_t> e = {0x3f80}, f = {0x3f81};
-  EXPECT_EQ(CompareTensors(View(e, DType::kBF16), View(f, DType::kBF16))->max_ulp, 1u);
+  EXPECT_EQ(CompareTensors(VectorView(e, DType::kBF16), VectorView(f, DType::kBF16))->max_ulp, 1u);
   // fp16 1.0 (0x3c00) against fp32 1 + 2^-10 (fp16's next value): counted in fp16.
   const std::vector<uint16_t> g = {0x3c00};
   const std::vector<float> h = {1.0f + std::ldexp(1.0f, -10)};
-  const TensorMetrics m = CompareTensors(View(g, DType::kF16), View(h, DType::kF32)).value();
+  const TensorMetrics m = CompareTensors(VectorView(g, DType::kF16), VectorView(h, DType::kF32)).value();
   EXPECT_EQ(m.max_ulp, 1u);
   EXPECT_DOUBLE_EQ(m.max_abs, std::ldexp(1.0, -10));
 }
@@ -88,7 +86,7 @@ TEST(TensorMetricsTest, NanAndInfMismatchesAreCountedNotAveraged) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
   const std::vector<float> a = {1, nan, inf, -inf, nan, 3};
   const std::vector<float> b = {1, 2, inf, inf, nan, 3};
-  const TensorMetrics m = CompareTensors(View(a, DType::kF32), View(b, DType::kF32)).value();
+  const TensorMetrics m = CompareTensors(VectorView(a, DType::kF32), VectorView(b, DType::kF32)).value();
   EXPECT_EQ(m.nan_mismatch, 1u);  // element 1; element 4 is NaN in both
   EXPECT_EQ(m.inf_mismatch, 1u);  // element 3; element 2 is the same infinity
   EXPECT_EQ(m.max_abs, 0);        // the finite pairs agree
@@ -100,10 +98,10 @@ TEST(TensorMetricsTest, StridedViewsAndShapeErrors) {
   const std::vector<float> base = {1, 2, 3, 4, 5, 6};             // [3, 2]
   const std::vector<float> transposed = {1, 3, 5, 2, 4, 6};       // [2, 3]
   TensorView t{DType::kF32, {2, 3}, {1, 2}, reinterpret_cast<const std::byte*>(base.data()), nullptr};
-  const TensorMetrics m = CompareTensors(t, View(transposed, DType::kF32, {2, 3})).value();
+  const TensorMetrics m = CompareTensors(t, VectorView(transposed, DType::kF32, {2, 3})).value();
   EXPECT_EQ(m.max_abs, 0);
   EXPECT_EQ(m.cosine, 1);
-  auto bad = CompareTensors(View(base, DType::kF32, {3, 2}), View(transposed, DType::kF32, {2, 3}));
+  auto bad = CompareTensors(VectorView(base, DType::kF32, {3, 2}), VectorView(transposed, DType::kF32, {2, 3}));
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("shapes differ: [3, 2] and [2, 3]"), std::string::npos);
 }

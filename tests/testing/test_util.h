@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "formats/bundle_index.h"
@@ -26,6 +27,14 @@ class TempDir {
 // Deterministic pseudo-random contents for `dtype` (weights-like N(0, 0.02)
 // for floats, small integers otherwise).
 OwnedTensor RandomTensor(DType dtype, std::vector<int64_t> shape, uint64_t seed);
+
+// A view of `v`'s bytes as `dtype` (shape: [v.size()] unless given); `v`
+// must outlive it.
+template <typename T>
+TensorView VectorView(const std::vector<T>& v, DType dtype, std::vector<int64_t> shape = {}) {
+  if (shape.empty()) shape = {static_cast<int64_t>(v.size())};
+  return TensorView{dtype, std::move(shape), {}, reinterpret_cast<const std::byte*>(v.data()), nullptr};
+}
 
 std::vector<std::byte> ReadFile(const std::string& path);
 void WriteFile(const std::string& path, const std::vector<std::byte>& bytes);
