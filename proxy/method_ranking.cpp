@@ -12,6 +12,7 @@
 #include "proxy/response_error.h"
 #include "proxy/seed_band.h"
 #include "proxy/seed_dynamics.h"
+#include "support/check.h"
 
 namespace moerr::proxy {
 namespace {
@@ -25,12 +26,6 @@ std::string KeepText(double keep) {
     return absl::StrFormat("1/%d", static_cast<int64_t>(std::round(inverse)));
   }
   return absl::StrFormat("%g", keep);
-}
-
-std::string GroupName(const GroupRanking& g) {
-  std::string name = "keep " + KeepText(g.keep);
-  if (g.heal_steps > 0) name += absl::StrFormat(" healed %d", g.heal_steps);
-  return name;
 }
 
 // The method's response to one fault case reproduces the original's.
@@ -124,7 +119,54 @@ void Decide(GroupRanking& g) {
   g.reason = absl::StrFormat("tied with %s on every criterion; first in the report's order", next.method);
 }
 
+constexpr const char* kBaselineNote =
+    "a baseline that wins was measured unforced (proxy-eval forces only cluster and cluster-frequency), while "
+    "`moerr proxy --method M` forces by default: its proxy there is not the one ranked here";
+
 }  // namespace
+
+std::string GroupName(const GroupRanking& g) {
+  std::string name = "keep " + KeepText(g.keep);
+  if (g.heal_steps > 0) name += absl::StrFormat(" healed %d", g.heal_steps);
+  return name;
+}
+
+void FinishRanking(MethodRanking& out) {
+  MOERR_CHECK(!out.groups.empty());
+  std::map<std::string, int64_t> wins;
+  std::map<std::string, std::pair<double, int64_t>> kl_sum;  // over the method's rows, one per group
+  bool baseline_wins = false;
+  for (GroupRanking& g : out.groups) {
+    Decide(g);
+    ++wins[g.winner];
+    // Configure (proxy_eval.cpp) forces only cluster and cluster-frequency.
+    baseline_wins |= g.winner != "cluster" && g.winner != "cluster-frequency" && g.winner != "cluster-unforced";
+    for (const MethodScore& s : g.order) {
+      auto& [sum, n] = kl_sum[s.method];
+      sum += KlKey(s.logit_kl);
+      ++n;
+    }
+  }
+  // Said once, and only when it holds (a merge decides again).
+  out.notes.erase(std::remove(out.notes.begin(), out.notes.end(), kBaselineNote), out.notes.end());
+  if (baseline_wins) out.notes.push_back(kBaselineNote);
+  // Overall: most groups won; a tie goes to the lower mean logit KL.
+  auto mean_kl = [&kl_sum](const std::string& m) { return kl_sum[m].first / kl_sum[m].second; };
+  std::vector<std::pair<std::string, int64_t>> standing(wins.begin(), wins.end());
+  std::stable_sort(standing.begin(), standing.end(), [&mean_kl](const auto& a, const auto& b) {
+    if (a.second != b.second) return a.second > b.second;
+    return mean_kl(a.first) < mean_kl(b.first);
+  });
+  out.winner = standing.front().first;
+  const int64_t groups = static_cast<int64_t>(out.groups.size());
+  if (standing.size() > 1 && standing[1].second == standing[0].second) {
+    out.reason = absl::StrFormat("wins %d of %d keep(s), as many as %s; the lower mean logit KL: %.4g vs %.4g",
+                                 standing[0].second, groups, standing[1].first, mean_kl(out.winner),
+                                 mean_kl(standing[1].first));
+  } else {
+    out.reason = absl::StrFormat("wins %d of %d keep(s)", standing[0].second, groups);
+  }
+}
 
 std::string RankingRuleText() {
   return "faults that discriminate (against random pruning), then the dynamics goal, then logit KL, then accuracy";
@@ -142,7 +184,6 @@ absl::StatusOr<MethodRanking> RankMethods(const EvalReport& report) {
     }
   }
   bool any_without_random = false;
-  std::map<std::string, int64_t> wins;
   for (const auto& key : keys) {
     GroupRanking g;
     g.keep = key.first;
@@ -159,8 +200,6 @@ absl::StatusOr<MethodRanking> RankMethods(const EvalReport& report) {
         g.order.push_back(Score(row, random, g.faults_judged, g.dynamics_judged));
       }
     }
-    Decide(g);
-    ++wins[g.winner];
     out.groups.push_back(std::move(g));
   }
   if (report.static_only) {
@@ -171,38 +210,7 @@ absl::StatusOr<MethodRanking> RankMethods(const EvalReport& report) {
     }
     if (!dynamics) out.notes.push_back("fewer than 2 trainer seeds: no dynamics goal");
   }
-  // Configure (proxy_eval.cpp) forces only cluster and cluster-frequency.
-  bool baseline_wins = false;
-  for (const GroupRanking& g : out.groups) {
-    baseline_wins |= g.winner != "cluster" && g.winner != "cluster-frequency" && g.winner != "cluster-unforced";
-  }
-  if (baseline_wins) {
-    out.notes.push_back("a baseline that wins was measured unforced (proxy-eval forces only cluster and "
-                        "cluster-frequency), while `moerr proxy --method M` forces by default: its proxy there is "
-                        "not the one ranked here");
-  }
-  // Overall: most groups won; a tie goes to the lower mean logit KL.
-  std::map<std::string, std::pair<double, int64_t>> kl_sum;
-  for (const EvalRow& row : report.rows) {
-    auto& [sum, n] = kl_sum[row.method];
-    sum += KlKey(row.logit_kl);
-    ++n;
-  }
-  auto mean_kl = [&kl_sum](const std::string& m) { return kl_sum[m].first / kl_sum[m].second; };
-  std::vector<std::pair<std::string, int64_t>> standing(wins.begin(), wins.end());
-  std::stable_sort(standing.begin(), standing.end(), [&mean_kl](const auto& a, const auto& b) {
-    if (a.second != b.second) return a.second > b.second;
-    return mean_kl(a.first) < mean_kl(b.first);
-  });
-  out.winner = standing.front().first;
-  const int64_t groups = static_cast<int64_t>(out.groups.size());
-  if (standing.size() > 1 && standing[1].second == standing[0].second) {
-    out.reason = absl::StrFormat("wins %d of %d keep(s), as many as %s; the lower mean logit KL: %.4g vs %.4g",
-                                 standing[0].second, groups, standing[1].first, mean_kl(out.winner),
-                                 mean_kl(standing[1].first));
-  } else {
-    out.reason = absl::StrFormat("wins %d of %d keep(s)", standing[0].second, groups);
-  }
+  FinishRanking(out);
   return out;
 }
 
@@ -246,6 +254,52 @@ llvm::json::Object ToJson(const MethodRanking& ranking) {
                             {"winner", ranking.winner},       {"reason", ranking.reason},
                             {"notes", std::move(notes)},      {"current_default", ranking.current_default},
                             {"is_default", ranking.winner == ranking.current_default}};
+}
+
+
+namespace {
+
+// A number ToJson wrote with formats::JsonNumber: null for NaN.
+bool MapNumber(llvm::json::ObjectMapper& o, llvm::StringLiteral key, double& out) {
+  llvm::Optional<double> v;
+  if (!o.map(key, v)) return false;
+  out = v ? *v : std::numeric_limits<double>::quiet_NaN();
+  return true;
+}
+
+}  // namespace
+
+// The readers of MethodRankingFromJson, found by llvm::json's ObjectMapper.
+bool fromJSON(const llvm::json::Value& json, MethodScore& s, llvm::json::Path path) {
+  llvm::json::ObjectMapper o(json, path);
+  return o && o.map("method", s.method) && o.map("fault_score", s.fault_score) &&
+         o.map("discriminating_cases", s.discriminating_cases) && o.map("response_cases", s.response_cases) &&
+         o.map("dynamics_goal_met", s.dynamics_goal_met) && MapNumber(o, "logit_kl", s.logit_kl) &&
+         MapNumber(o, "accuracy", s.accuracy);
+}
+
+bool fromJSON(const llvm::json::Value& json, GroupRanking& g, llvm::json::Path path) {
+  llvm::json::ObjectMapper o(json, path);
+  return o && o.map("keep", g.keep) && o.map("heal_steps", g.heal_steps) && o.map("faults_judged", g.faults_judged) &&
+         o.map("dynamics_judged", g.dynamics_judged) && o.map("order", g.order) && o.map("winner", g.winner) &&
+         o.map("reason", g.reason);
+}
+
+bool fromJSON(const llvm::json::Value& json, MethodRanking& r, llvm::json::Path path) {
+  llvm::json::ObjectMapper o(json, path);
+  return o && o.map("groups", r.groups) && o.map("winner", r.winner) && o.map("reason", r.reason) &&
+         o.map("notes", r.notes) && o.map("current_default", r.current_default);
+}
+
+absl::StatusOr<MethodRanking> MethodRankingFromJson(const llvm::json::Value& json) {
+  MethodRanking out;
+  llvm::json::Path::Root root("ranking");
+  if (!fromJSON(json, out, root)) return absl::InvalidArgumentError(llvm::toString(root.getError()));
+  if (out.groups.empty()) return absl::InvalidArgumentError("ranking: no groups");
+  for (const GroupRanking& g : out.groups) {
+    if (g.order.empty()) return absl::InvalidArgumentError("ranking: a group without methods");
+  }
+  return out;
 }
 
 }  // namespace moerr::proxy

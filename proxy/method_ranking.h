@@ -73,6 +73,14 @@ struct MethodRanking {
 // The rule of this header. An error for a report without rows.
 absl::StatusOr<MethodRanking> RankMethods(const EvalReport& report);
 
+// The rule's last steps on groups whose scores are set: each group's order,
+// winner and reason, then the overall winner and reason (and the note when
+// a baseline wins). `ranking` has at least one group, each with a score.
+void FinishRanking(MethodRanking& ranking);
+
+// "keep 1/2", "keep 1/4 healed 50".
+std::string GroupName(const GroupRanking& group);
+
 // The rule in one line, for a heading.
 std::string RankingRuleText();
 
@@ -81,5 +89,8 @@ std::string RankingRuleText();
 std::vector<std::string> RankingLines(const MethodRanking& ranking);
 
 llvm::json::Object ToJson(const MethodRanking& ranking);
+// What ToJson wrote, read back (logit KL and accuracy written as null: NaN).
+// An error naming the first field that is missing or of another type.
+absl::StatusOr<MethodRanking> MethodRankingFromJson(const llvm::json::Value& json);
 
 }  // namespace moerr::proxy

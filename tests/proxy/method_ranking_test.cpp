@@ -1,16 +1,21 @@
 // The rule that picks the default proxy method (method_ranking.h) on
 // hand-built proxy-eval reports: faults count only against random pruning,
-// then the dynamics goal, then logit KL, then accuracy.
+// then the dynamics goal, then logit KL, then accuracy; and the rankings of
+// several reports pooled (ranking_merge.h).
 #include "proxy/method_ranking.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
 
 #include "llvm/Support/FormatVariadic.h"
 
 #include "proxy/clustering.h"
 #include "proxy/proxy_eval.h"
+#include "proxy/ranking_merge.h"
 
 namespace moerr::proxy {
 namespace {
@@ -269,6 +274,138 @@ TEST(MethodRankingTest, JsonNamesResponseCasesAndWritesNanKlAsNull) {
 
 TEST(MethodRankingTest, AnEmptyReportIsAnError) {
   EXPECT_FALSE(RankMethods(EvalReport{}).ok());
+}
+
+
+// Rankings pooled from several reports (ranking_merge.h).
+
+// A report of `rows` with dynamics over one trainer seed, as proxy-eval
+// writes it (ToJson) to `dir`/`name`; returns the path.
+std::string WriteReport(const std::string& name, std::vector<EvalRow> rows, double original_accuracy = 0.9) {
+  EvalReport report = FaultReport(std::move(rows));
+  report.preset = "fine";
+  report.family = "qwen2_moe";
+  report.experts = 64;
+  report.original_accuracy = original_accuracy;
+  report.ranking = *RankMethods(report);
+  const std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << llvm::formatv("{0:2}", llvm::json::Value(ToJson(report))).str();
+  return path;
+}
+
+std::vector<RankingPart> ReadParts(const std::vector<std::string>& paths) {
+  std::vector<RankingPart> parts;
+  for (const std::string& path : paths) {
+    absl::StatusOr<RankingPart> part = ReadRankingPart(path);
+    EXPECT_TRUE(part.ok()) << part.status();
+    if (part.ok()) parts.push_back(*std::move(part));
+  }
+  return parts;
+}
+
+// The rows of one table: random, cluster and reap at two keeps. cluster
+// wins 1/2 by KL; reap wins 1/4 by a fault random misses.
+std::vector<EvalRow> RandomRows() {
+  return {Row("random", 0.5, 0.30, 0.9, {Case(NoResponse())}), Row("random", 0.25, 0.60, 0.7, {Case(NoResponse())})};
+}
+std::vector<EvalRow> ClusterRows() {
+  return {Row("cluster", 0.5, 0.05, 0.9, {Case(NoResponse())}), Row("cluster", 0.25, 0.10, 0.8, {Case(NoResponse())})};
+}
+std::vector<EvalRow> ReapRows() {
+  return {Row("reap", 0.5, 0.07, 0.9, {Case(NoResponse())}), Row("reap", 0.25, 0.30, 0.7, {Case(Spike(4, 5))})};
+}
+
+std::vector<EvalRow> Concat(std::vector<std::vector<EvalRow>> parts) {
+  std::vector<EvalRow> out;
+  for (auto& p : parts) out.insert(out.end(), p.begin(), p.end());
+  return out;
+}
+
+TEST(RankingMergeTest, TwoRunsPooledRankAsTheirRowsInOneReport) {
+  const std::vector<RankingPart> parts = ReadParts({WriteReport("merge_a.json", Concat({ClusterRows(), RandomRows()})),
+                                                    WriteReport("merge_b.json", Concat({ReapRows(), RandomRows()}))});
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(parts[1].ranking.winner, "reap");  // alone, each run's own method wins
+  const absl::StatusOr<MethodRanking> merged = MergeRankings(parts);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  const absl::StatusOr<MethodRanking> whole = RankMethods(FaultReport(Concat({ClusterRows(), RandomRows(), ReapRows()})));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_EQ(merged->groups.size(), whole->groups.size());
+  for (size_t i = 0; i < whole->groups.size(); ++i) {
+    const GroupRanking &m = merged->groups[i], &w = whole->groups[i];
+    EXPECT_EQ(m.keep, w.keep);
+    EXPECT_EQ(m.winner, w.winner);
+    EXPECT_EQ(m.reason, w.reason);
+    ASSERT_EQ(m.order.size(), 3u);
+    for (size_t j = 0; j < w.order.size(); ++j) {
+      EXPECT_EQ(m.order[j].method, w.order[j].method);
+      EXPECT_EQ(m.order[j].fault_score, w.order[j].fault_score);
+      EXPECT_EQ(m.order[j].logit_kl, w.order[j].logit_kl);  // exact through JSON
+    }
+  }
+  EXPECT_EQ(merged->groups[0].winner, "cluster");
+  EXPECT_EQ(merged->groups[1].winner, "reap");
+  EXPECT_EQ(merged->winner, whole->winner);
+  EXPECT_EQ(merged->reason, whole->reason);
+  EXPECT_EQ(merged->winner, "cluster");  // 1 keep each; mean KL 0.075 vs 0.185
+  EXPECT_NE(merged->notes.back().find("pooled from 2 reports"), std::string::npos) << merged->notes.back();
+  const llvm::json::Object json = MergedRankingJson(parts, *merged);
+  EXPECT_EQ(json.getArray("reports")->size(), 2u);
+}
+
+TEST(RankingMergeTest, TheRankingReadsBackAsWritten) {
+  const auto ranking = RankMethods(FaultReport({Row("cluster", 0.5, std::nan(""), 0.9, {Case(Spike(4, 5))}),
+                                                Row("random", 0.5, 0.30, 0.9, {Case(NoResponse())})}));
+  ASSERT_TRUE(ranking.ok()) << ranking.status();
+  const absl::StatusOr<MethodRanking> back = MethodRankingFromJson(llvm::json::Value(ToJson(*ranking)));
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->groups.size(), 1u);
+  const MethodScore& s = back->groups[0].order[0];
+  ASSERT_EQ(s.method, "cluster");  // by the fault random misses, whatever its KL
+  EXPECT_EQ(s.fault_score, 1);
+  EXPECT_TRUE(std::isnan(s.logit_kl));
+  EXPECT_EQ(back->groups[0].order[1].logit_kl, 0.30);
+  EXPECT_EQ(back->winner, ranking->winner);
+  EXPECT_EQ(back->notes, ranking->notes);
+  const absl::StatusOr<MethodRanking> bad = MethodRankingFromJson(llvm::json::Object{{"groups", "x"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("ranking.groups"), std::string::npos) << bad.status();
+}
+
+TEST(RankingMergeTest, RunsOfAnotherTableAreRefusedSayingHow) {
+  std::vector<EvalRow> other_random = RandomRows();
+  other_random[0].logit_kl = 0.31;  // another sample seed, say
+  const std::string a = WriteReport("refuse_a.json", Concat({ClusterRows(), RandomRows()}));
+  const std::string b = WriteReport("refuse_b.json", Concat({ReapRows(), other_random}));
+  const std::string c = WriteReport("refuse_c.json", Concat({ReapRows(), RandomRows()}), 0.8);
+  const absl::Status random_differs = MergeRankings(ReadParts({a, b})).status();
+  EXPECT_FALSE(random_differs.ok());
+  for (const std::string& part : {std::string("random at keep 1/2"), a, b, std::string("logit KL")}) {
+    EXPECT_NE(random_differs.message().find(part), std::string::npos) << random_differs;
+  }
+  const absl::Status other_model = MergeRankings(ReadParts({a, c})).status();
+  EXPECT_FALSE(other_model.ok());
+  EXPECT_NE(other_model.message().find("the original's accuracy"), std::string::npos) << other_model;
+  std::vector<RankingPart> static_one = ReadParts({a, a});
+  static_one[1].static_only = true;
+  EXPECT_NE(MergeRankings(static_one).status().message().find("static only"), std::string::npos);
+  EXPECT_FALSE(MergeRankings({}).ok());
+}
+
+TEST(RankingMergeTest, AFileThatIsNotAReportIsNamed) {
+  const std::string dir = ::testing::TempDir();
+  std::ofstream(dir + "not_json.json") << "{";
+  std::ofstream(dir + "not_report.json") << R"({"rows": []})";
+  std::ofstream(dir + "no_ranking.json")
+      << R"({"preset": "fine", "family": "qwen2_moe", "experts": 64, "static_only": true, "original_accuracy": 0.9})";
+  for (const std::string name : {"missing.json", "not_json.json", "not_report.json", "no_ranking.json"}) {
+    const absl::Status status = ReadRankingPart(dir + name).status();
+    EXPECT_FALSE(status.ok()) << name;
+    EXPECT_NE(status.message().find(dir + name), std::string::npos) << status;
+  }
+  EXPECT_NE(ReadRankingPart(dir + "no_ranking.json").status().message().find("no ranking"), std::string::npos);
+  EXPECT_NE(ReadRankingPart(dir + "not_report.json").status().message().find("report.preset"), std::string::npos)
+      << ReadRankingPart(dir + "not_report.json").status();
 }
 
 }  // namespace
