@@ -24,7 +24,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-
 std::string SignalName(int sig) {
   const char* abbrev = sigabbrev_np(sig);
   return abbrev ? absl::StrFormat("signal %d (SIG%s)", sig, abbrev) : absl::StrFormat("signal %d", sig);

@@ -29,7 +29,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-
 llvm::json::Object PlansJson(const std::vector<LayerPlan>& plans, const CheckpointProxyOptions& options,
                              const CheckpointProxyReport& report) {
   llvm::json::Array layers;

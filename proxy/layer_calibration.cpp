@@ -19,6 +19,7 @@
 #include "recorder/hooks/tensor_adapter.h"
 #include "recorder/hooks/torch_boundary.h"
 #include "support/check.h"
+#include "support/seconds_since.h"
 #include "support/status.h"
 
 namespace moerr::proxy {
@@ -168,7 +169,7 @@ absl::StatusOr<std::vector<LayerStats>> CalibrateLayerByLayer(const formats::Che
         out.push_back(std::move(s));
       }
       if (options.progress) {
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const double seconds = SecondsSince(start);
         options.progress(absl::StrFormat("calibration: layer %d/%d (%s) %.1f s, %s read, peak RSS %s", l + 1,
                                          config.num_layers, moe ? "MoE" : "dense", seconds,
                                          Megabytes(reader.bytes_read() - read_before),

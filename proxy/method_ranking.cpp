@@ -133,6 +133,7 @@ std::string GroupName(const GroupRanking& g) {
 
 void FinishRanking(MethodRanking& out) {
   MOERR_CHECK(!out.groups.empty());
+  for (const GroupRanking& g : out.groups) MOERR_CHECK(!g.order.empty());
   std::map<std::string, int64_t> wins;
   std::map<std::string, std::pair<double, int64_t>> kl_sum;  // over the method's rows, one per group
   bool baseline_wins = false;
@@ -259,12 +260,19 @@ llvm::json::Object ToJson(const MethodRanking& ranking) {
 
 namespace {
 
-// A number ToJson wrote with formats::JsonNumber: null for NaN.
-bool MapNumber(llvm::json::ObjectMapper& o, llvm::StringLiteral key, double& out) {
-  llvm::Optional<double> v;
-  if (!o.map(key, v)) return false;
-  out = v ? *v : std::numeric_limits<double>::quiet_NaN();
-  return true;
+// A number ToJson wrote with formats::JsonNumber: null for NaN. `json` is
+// an object (its ObjectMapper said so); the key must be there.
+bool MapNumber(const llvm::json::Value& json, llvm::json::Path path, llvm::StringLiteral key, double& out) {
+  const llvm::json::Value* v = json.getAsObject()->get(key);
+  if (v == nullptr) {
+    path.field(key).report("missing value");
+    return false;
+  }
+  if (v->kind() == llvm::json::Value::Null) {
+    out = std::numeric_limits<double>::quiet_NaN();
+    return true;
+  }
+  return fromJSON(*v, out, path.field(key));
 }
 
 }  // namespace
@@ -274,8 +282,8 @@ bool fromJSON(const llvm::json::Value& json, MethodScore& s, llvm::json::Path pa
   llvm::json::ObjectMapper o(json, path);
   return o && o.map("method", s.method) && o.map("fault_score", s.fault_score) &&
          o.map("discriminating_cases", s.discriminating_cases) && o.map("response_cases", s.response_cases) &&
-         o.map("dynamics_goal_met", s.dynamics_goal_met) && MapNumber(o, "logit_kl", s.logit_kl) &&
-         MapNumber(o, "accuracy", s.accuracy);
+         o.map("dynamics_goal_met", s.dynamics_goal_met) && MapNumber(json, path, "logit_kl", s.logit_kl) &&
+         MapNumber(json, path, "accuracy", s.accuracy);
 }
 
 bool fromJSON(const llvm::json::Value& json, GroupRanking& g, llvm::json::Path path) {

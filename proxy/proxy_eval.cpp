@@ -394,6 +394,7 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
     if (progress) progress(phase, done, total);
   };
   EvalReport report;
+  report.options = options;
   report.static_only = options.static_only;
   report.preset = options.preset;
   report.family = moe::FamilyName(options.family);
@@ -485,6 +486,24 @@ void AddSeedsJson(const EvalReport& report, llvm::json::Object& out) {
   out["original_seeds"] = std::move(runs);
 }
 
+// The options that set the report's numbers beyond the model (the keeps,
+// methods and healing are its rows' own). Static only: the sample seed and
+// the warm-up alone.
+llvm::json::Object OptionsJson(const EvalOptions& o) {
+  llvm::json::Object out{{"warmup_steps", o.warmup_steps}, {"sample_seed", static_cast<int64_t>(o.sample_seed)}};
+  if (o.static_only) return out;
+  llvm::json::Array faults;
+  for (const moe::FaultKind f : o.faults) faults.push_back(moe::FaultName(f));
+  out["faults"] = std::move(faults);
+  out["seeds"] = o.seeds;
+  out["steps"] = o.steps;
+  out["ema_window"] = o.trend.ema_window;
+  out["response_at"] = o.response_at;
+  out["response_steps"] = o.response_steps;
+  out["dynamics_steps"] = o.dynamics_steps;
+  return out;
+}
+
 // A row of a static-only report: what was measured, nothing else.
 llvm::json::Object StaticRowJson(const EvalRow& r) {
   const auto& num = formats::JsonNumber;
@@ -535,6 +554,7 @@ llvm::json::Object ToJson(const EvalReport& report) {
                             {"family", report.family},
                             {"warm_checkpoint", report.warm_checkpoint},
                             {"static_only", report.static_only},
+                            {"options", OptionsJson(report.options)},
                             {"experts", report.experts},
                             {"original_accuracy", report.original_accuracy},
                             {"expert_diversity", llvm::json::Object{{"initial", ToJson(report.initial)},

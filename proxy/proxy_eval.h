@@ -158,6 +158,10 @@ struct EvalRow {
 };
 
 struct EvalReport {
+  // What made it. Its JSON keeps, under "options", those that set the
+  // numbers beyond the model: two reports pool into one table only where
+  // they agree (ranking_merge.h).
+  EvalOptions options;
   std::string preset, family;  // with hf_config: the file, and the family it names
   std::string warm_checkpoint;  // the warm original, an HF checkpoint (OUT/warmup/...)
   bool static_only = false;  // the rows hold static fidelity and the parameter ratio only

@@ -6,7 +6,8 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "llvm/Support/MemoryBuffer.h"
+#include "formats/hf_checkpoint.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "proxy/clustering.h"
 #include "support/status.h"
 
@@ -39,12 +40,32 @@ std::string ScoreDifference(const MethodScore& a, const MethodScore& b) {
   return "";
 }
 
+// The first of the run options (EvalReport's "options") that `b` has
+// otherwise than `a`, as "--seeds 1 vs 3"; empty when they agree.
+std::string OptionsDifference(const llvm::json::Object& a, const llvm::json::Object& b) {
+  std::vector<std::string> keys;  // sorted: the same difference named first every time
+  for (const auto& entry : a) keys.push_back(entry.first.str());
+  std::sort(keys.begin(), keys.end());
+  for (const std::string& key : keys) {
+    const llvm::json::Value& value = *a.get(key);
+    const llvm::json::Value* other = b.get(key);
+    if (other != nullptr && *other == value) continue;
+    std::string flag = "--" + key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    return absl::StrFormat("%s %s vs %s", flag, llvm::formatv("{0}", value).str(),
+                           other != nullptr ? llvm::formatv("{0}", *other).str() : std::string("(not recorded)"));
+  }
+  return "";
+}
+
 // How `b` differs from `a` in what identifies the table; empty: not at all.
 std::string IdentityDifference(const RankingPart& a, const RankingPart& b) {
   if (a.preset != b.preset) return absl::StrFormat("preset %s vs %s", a.preset, b.preset);
   if (a.family != b.family) return absl::StrFormat("family %s vs %s", a.family, b.family);
   if (a.experts != b.experts) return absl::StrFormat("%d experts vs %d", a.experts, b.experts);
-  if (a.static_only != b.static_only) return "static only vs with dynamics";
+  if (a.static_only != b.static_only) {
+    return a.static_only ? "static only vs with dynamics" : "with dynamics vs static only";
+  }
   if (a.trainer_seeds != b.trainer_seeds) {
     return absl::StrFormat("%d trainer seeds vs %d", a.trainer_seeds, b.trainer_seeds);
   }
@@ -52,6 +73,7 @@ std::string IdentityDifference(const RankingPart& a, const RankingPart& b) {
     return absl::StrFormat("the original's accuracy %.17g vs %.17g (another warm-up or sample seed)",
                            a.original_accuracy, b.original_accuracy);
   }
+  if (a.options && b.options) return OptionsDifference(*a.options, *b.options);
   return "";
 }
 
@@ -87,7 +109,7 @@ absl::Status Pool(const RankingPart& part, const GroupRanking& g, std::vector<Po
       same->from.push_back(&part);
       continue;
     }
-    if (const std::string diff = ScoreDifference(same->group.order[i], s); !diff.empty()) {
+    if (const std::string diff = ScoreDifference(s, same->group.order[i]); !diff.empty()) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "%s at %s is another measurement in %s than in %s (%s): the runs are not of one table (other seeds or "
           "options?)",
@@ -100,22 +122,16 @@ absl::Status Pool(const RankingPart& part, const GroupRanking& g, std::vector<Po
 }  // namespace
 
 absl::StatusOr<RankingPart> ReadRankingPart(const std::string& path) {
-  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false);
-  if (!buffer) {
-    return absl::NotFoundError(absl::StrFormat("%s: cannot read it: %s", path, buffer.getError().message()));
-  }
-  llvm::Expected<llvm::json::Value> json = llvm::json::parse((*buffer)->getBuffer());
-  if (!json) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s is not JSON: %s", path, llvm::toString(json.takeError())));
-  }
+  MOERR_ASSIGN_OR_RETURN(const llvm::json::Value json, formats::ReadJsonFile(path));
   RankingPart part;
   part.path = path;
   llvm::json::Path::Root root("report");
-  if (!MapIdentity(*json, part, root)) {
+  if (!MapIdentity(json, part, root)) {
     return absl::InvalidArgumentError(absl::StrFormat("%s is not a proxy-eval --json report: %s", path,
                                                       llvm::toString(root.getError())));
   }
-  const llvm::json::Value* ranking = json->getAsObject()->get("ranking");
+  if (const llvm::json::Object* options = json.getAsObject()->getObject("options")) part.options = *options;
+  const llvm::json::Value* ranking = json.getAsObject()->get("ranking");
   if (ranking == nullptr) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: the report has no ranking (it has no rows)", path));
   }
@@ -129,8 +145,9 @@ absl::StatusOr<MethodRanking> MergeRankings(const std::vector<RankingPart>& part
   if (parts.empty()) return absl::InvalidArgumentError("no reports to rank");
   std::vector<PooledGroup> pool;
   MethodRanking out;
-  std::vector<std::string> paths;
+  std::vector<std::string> paths, unchecked;
   for (const RankingPart& part : parts) {
+    if (!part.options) unchecked.push_back(part.path);
     if (const std::string diff = IdentityDifference(parts.front(), part); !diff.empty()) {
       return absl::InvalidArgumentError(absl::StrFormat("%s and %s are not of one table: %s", parts.front().path,
                                                         part.path, diff));
@@ -145,6 +162,12 @@ absl::StatusOr<MethodRanking> MergeRankings(const std::vector<RankingPart>& part
   out.current_default = MethodName(ClusterOptions{}.method);
   FinishRanking(out);
   out.notes.push_back(absl::StrFormat("pooled from %d reports: %s", parts.size(), absl::StrJoin(paths, ", ")));
+  if (!unchecked.empty() && parts.size() > 1) {
+    out.notes.push_back(absl::StrFormat(
+        "%s: no run options recorded (an earlier proxy-eval): fault seeds, faults and run lengths not checked against "
+        "the other reports'",
+        absl::StrJoin(unchecked, ", ")));
+  }
   return out;
 }
 

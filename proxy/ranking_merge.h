@@ -1,21 +1,22 @@
 // Several proxy-eval reports ranked together: one table measured in pieces.
 // Issue 44's table takes longer than one run can, so it is run a few methods
-// at a time, each run with the random baseline; `moerr proxy-eval --rank
+// at a time, each run with the random baseline; `moerr proxy-eval --pool
 // A.json B.json ...` then applies the rule of method_ranking.h to all of
 // them. Each report's ranking (its --json, under "ranking") holds every
 // method's scores per group (keep, healing); the merge pools them per group
 // and decides again. A fault score counts against the random row of its own
 // run, so the pieces must be of one table, or the merge is refused:
 //  - the same model and setting: preset, family, experts, static_only,
-//    trainer_seeds and the original's accuracy (the warm model and its
-//    sample problems) are equal;
+//    trainer_seeds, the original's accuracy, and the run options that set
+//    the numbers (warm-up, sample seed, faults, fault seeds, run lengths,
+//    EMA span: EvalReport::options);
 //  - a group in two reports was judged on the same criteria in both;
 //  - a method in one group of two reports is the same measurement there
-//    (every score equal). Each run has random, so this checks that the runs
-//    used the same seeds.
+//    (every score equal): `random`, which every run has, measured alike.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,9 @@ struct RankingPart {
   int64_t experts = 0, trainer_seeds = 0;  // trainer_seeds 0: static only
   bool static_only = false;
   double original_accuracy = 0;
+  // The run's options (EvalReport::options); nullopt in a report written
+  // before proxy-eval kept them, whose options go unchecked, and said.
+  std::optional<llvm::json::Object> options;
   MethodRanking ranking;
 };
 

@@ -10,6 +10,7 @@
 #include "replayer/model_replay.h"
 #include "replayer/step_failure.h"
 #include "support/filesystem.h"
+#include "support/seconds_since.h"
 #include "support/status.h"
 
 namespace moerr::proxy {
@@ -130,7 +131,7 @@ absl::StatusOr<ReduceReport> Reduce(const formats::BundleReader& reader, const R
   }
   MOERR_RETURN_IF_ERROR(WriteStepBundle(current, options.out_path));
   report.after = SizeOf(current);
-  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.seconds = SecondsSince(start);
   return report;
 }
 

@@ -11,6 +11,7 @@
 #include "recorder/recorder.h"
 #include "replayer/model_replay.h"
 #include "support/check.h"
+#include "support/seconds_since.h"
 #include "support/status.h"
 
 namespace moerr::proxy {
@@ -118,7 +119,7 @@ Trajectory Train(const moe::MoeTransformer& model, int64_t steps, uint64_t seed,
     t.loss.push_back(m.loss), t.reward.push_back(m.reward), t.kl.push_back(m.kl), t.grad_norm.push_back(m.grad_norm);
     t.responses.push_back(trainer.last_batch().responses);
   }
-  t.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  t.seconds = SecondsSince(start);
   t.peak_bytes = memory.peak_bytes();
   return t;
 }

@@ -22,7 +22,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-
 std::string Where(const formats::StepTrace& s) { return absl::StrFormat("%s, step %d", s.path, s.step); }
 
 // The op the diff's headline names (an index into `judged.ops`), or an error

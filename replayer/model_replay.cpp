@@ -16,6 +16,7 @@
 #include "moe/moe_config.h"
 #include "moe/training_run.h"
 #include "recorder/hooks/tensor_adapter.h"
+#include "support/seconds_since.h"
 #include "support/status.h"
 #include "recorder/hooks/torch_boundary.h"
 
@@ -228,7 +229,7 @@ absl::StatusOr<ModelReplayReport> ReplayTrainerStep(moe::GrpoTrainer& trainer, R
     const double cpu_start = ProcessCpuSeconds();
     report.metrics = trainer.Step();
     report.cpu_seconds = ProcessCpuSeconds() - cpu_start;
-    report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    report.seconds = SecondsSince(start);
     if (parallel != nullptr) parallel->RemoveObserver(rec.get());
     policy->SetRoutingSource(nullptr);
     policy->SetRoutingObserver(nullptr);

@@ -26,7 +26,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using OpSet = std::vector<size_t>;  // op indices into the step, ascending
 
-
 // The failure a candidate must keep: the recorded ops (by seq) of the first
 // overflow and of its cause (when an op before it exploded).
 struct Kept {

@@ -25,6 +25,7 @@
 #include "replayer/policy_casts.h"
 #include "replayer/recorded_threads.h"
 #include "replayer/reference_run.h"
+#include "support/seconds_since.h"
 #include "support/status.h"
 #include "recorder/hooks/torch_boundary.h"
 
@@ -280,7 +281,7 @@ class Replay {
     }
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<std::vector<at::Tensor>> outputs = CallBoxed(handle, std::move(stack));
-    report.dispatch_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    report.dispatch_seconds += SecondsSince(start);
     MOERR_RETURN_IF_ERROR(outputs.status());
     ++report.dispatched;
     const bool round = rule != nullptr && !rule->Upcast();
@@ -448,7 +449,7 @@ class Replay {
     MOERR_RETURN_IF_ERROR(ReferenceArgs(op, handle, rule, args, sources));
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<std::vector<at::Tensor>> ran = RunReferenceOf(*options_.references, op, args);
-    report.dispatch_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    report.dispatch_seconds += SecondsSince(start);
     if (!ran.ok()) {
       // Refused: the call is served from the record, as an op without a
       // reference is; replay goes on.

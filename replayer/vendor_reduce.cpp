@@ -19,7 +19,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-
 // The first suspect op of `bundle`'s vendor-op check, or why there is none.
 absl::StatusOr<ReferenceCheck> FirstSuspect(const formats::StepTrace& bundle, const OpReferences& references,
                                             VendorReduceReport& report) {

@@ -57,6 +57,7 @@
 #include "report/step_section.h"
 #include "support/html_page.h"
 #include "support/progress.h"
+#include "support/seconds_since.h"
 #include "support/status.h"
 #include "tools/command.h"
 #include "world/recording_observer.h"
@@ -509,8 +510,7 @@ void AddDemoCommand(CLI::App& app, int& exit_code) {
     const ExitOr result = RunStories(*opts);
     // The error first, then the time the demo took.
     const int code = result.ok() ? *result : ReportError(result.status());
-    std::printf("\nThe demo took %.0f s.\n",
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    std::printf("\nThe demo took %.0f s.\n", SecondsSince(start));
     return code;
   });
 }

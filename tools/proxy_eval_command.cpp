@@ -2,11 +2,11 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "formats/hf_checkpoint.h"
 #include "moe/addition_task.h"
 #include "moe/moe_config.h"
 #include "proxy/hf_config_file.h"
@@ -34,7 +34,7 @@ struct ProxyEvalArgs {
   proxy::EvalOptions eval;
   std::vector<std::string> faults;
   std::string json;
-  std::vector<std::string> rank;  // non-empty: rank these --json reports together, run nothing
+  std::vector<std::string> pool;  // non-empty: rank these --json reports pooled, run nothing
   int64_t ranks = 0;  // > 0: the cost on fewer ranks (rank_cost_eval.h)
   world::RankCostOptions on_ranks;  // --child-timeout, --rounds and --keep bind here
 };
@@ -304,41 +304,39 @@ void PrintRanking(const proxy::MethodRanking& ranking) {
   for (const std::string& line : proxy::RankingLines(ranking)) std::printf("%s\n", line.c_str());
 }
 
-absl::Status WriteJson(const std::string& path, llvm::json::Object json) {
-  std::ofstream out(path, std::ios::trunc);
-  out << llvm::formatv("{0:2}", llvm::json::Value(std::move(json))).str() << "\n";
-  if (!out.good()) return absl::UnavailableError("cannot write " + path);
-  return absl::OkStatus();
-}
-
-// --rank A.json B.json ...: the rule over earlier reports' rows
+// --pool A.json B.json ...: the rule over earlier reports' rows
 // (proxy/ranking_merge.h); every option but --json is refused.
-ExitOr RunRank(const ProxyEvalArgs& args, const CLI::App& cmd) {
+ExitOr RunPool(const ProxyEvalArgs& args, const CLI::App& cmd) {
   for (const CLI::Option* option : cmd.get_options()) {
     const std::string name = option->get_name();
-    if (option->count() > 0 && name != "--rank" && name != "--json") {
-      return absl::InvalidArgumentError(absl::StrFormat("proxy-eval --rank runs nothing and does not use %s", name));
+    if (option->count() > 0 && name != "--pool" && name != "--json") {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("proxy-eval --pool runs nothing and does not use %s", name));
     }
   }
   std::vector<proxy::RankingPart> parts;
-  for (const std::string& path : args.rank) {
+  for (const std::string& path : args.pool) {
     std::error_code a, b;
     if (!args.json.empty() && std::filesystem::weakly_canonical(path, a) ==
                                   std::filesystem::weakly_canonical(args.json, b) && !a && !b) {
-      return absl::InvalidArgumentError(absl::StrFormat("proxy-eval --rank: --json %s is one of the reports", args.json));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("proxy-eval --pool: --json %s is one of the reports", args.json));
     }
     MOERR_ASSIGN_OR_RETURN(proxy::RankingPart part, proxy::ReadRankingPart(path));
     parts.push_back(std::move(part));
   }
   MOERR_ASSIGN_OR_RETURN(const proxy::MethodRanking ranking, proxy::MergeRankings(parts));
   PrintRanking(ranking);
-  if (!args.json.empty()) MOERR_RETURN_IF_ERROR(WriteJson(args.json, proxy::MergedRankingJson(parts, ranking)));
+  if (!args.json.empty()) {
+    const llvm::json::Value json = proxy::MergedRankingJson(parts, ranking);
+    MOERR_RETURN_IF_ERROR(formats::WriteJsonFile(args.json, json, /*overwrite=*/true));
+  }
   return kExitOk;
 }
 
 ExitOr RunProxyEval(const ProxyEvalArgs& args, const CLI::App& cmd) {
-  if (!args.rank.empty()) return RunRank(args, cmd);
-  if (args.eval.out_dir.empty()) return absl::InvalidArgumentError("proxy-eval needs -o DIR (or --rank REPORT...)");
+  if (!args.pool.empty()) return RunPool(args, cmd);
+  if (args.eval.out_dir.empty()) return absl::InvalidArgumentError("proxy-eval needs -o DIR (or --pool REPORT...)");
   if (args.ranks > 0) {
     MOERR_ASSIGN_OR_RETURN(const world::RankCostOptions o, RankCostOptionsOf(args, cmd));
     std::vector<std::string> own = OwnFiles(args.json, o.out_dir);  // and a directory per fault
@@ -385,7 +383,9 @@ ExitOr RunProxyEval(const ProxyEvalArgs& args, const CLI::App& cmd) {
   }
   PrintKeptCheckpoints(*report, eval);
   if (report->ranking) PrintRanking(*report->ranking);
-  if (!args.json.empty()) MOERR_RETURN_IF_ERROR(WriteJson(args.json, proxy::ToJson(*report)));
+  if (!args.json.empty()) {
+    MOERR_RETURN_IF_ERROR(formats::WriteJsonFile(args.json, proxy::ToJson(*report), /*overwrite=*/true));
+  }
   return kExitOk;
 }
 
@@ -453,9 +453,9 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "proxy-eval", "Measure proxies against the original: static fidelity, RL dynamics (per step and as trends), "
                     "fault response and reproduction, and cost, for each kept fraction and method, and which method is best by "
-                    "a stated rule; with --rank, that rule over earlier reports together");
+                    "a stated rule; with --pool, that rule over earlier reports together");
   cmd->add_option("-o,--output", opts->eval.out_dir,
-                  "Work directory (its warm-up of each preset, family and length is reused); required unless --rank");
+                  "Work directory (its warm-up of each preset, family and length is reused); required unless --pool");
   cmd->add_option("--preset", opts->eval.preset,
                   "Model size, one of:\n" + std::string(absl::StripTrailingAsciiWhitespace(moe::PresetHelp())))
       ->capture_default_str()
@@ -504,7 +504,7 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
                   "calibration batch, the held-out batch and the 256 accuracy problems (the original's too)")
       ->capture_default_str();
   cmd->add_option("--json", opts->json, "Also write the report as JSON here");
-  cmd->add_option("--rank", opts->rank,
+  cmd->add_option("--pool", opts->pool,
                   "Run nothing: rank the methods of earlier --json reports together, one table measured in pieces "
                   "(each run with random; refused unless the reports are of one model, setting and seeds); with "
                   "--json, the pooled ranking");

@@ -16,6 +16,7 @@
 #include "proxy/clustering.h"
 #include "proxy/proxy_eval.h"
 #include "proxy/ranking_merge.h"
+#include "tests/testing/test_util.h"
 
 namespace moerr::proxy {
 namespace {
@@ -279,16 +280,17 @@ TEST(MethodRankingTest, AnEmptyReportIsAnError) {
 
 // Rankings pooled from several reports (ranking_merge.h).
 
-// A report of `rows` with dynamics over one trainer seed, as proxy-eval
-// writes it (ToJson) to `dir`/`name`; returns the path.
-std::string WriteReport(const std::string& name, std::vector<EvalRow> rows, double original_accuracy = 0.9) {
+// A report of `rows` with dynamics over one trainer seed, written as
+// proxy-eval writes it (ToJson) to `path`; `options` as the run's.
+std::string WriteReport(const std::string& path, std::vector<EvalRow> rows, double original_accuracy = 0.9,
+                        EvalOptions options = EvalOptions()) {
   EvalReport report = FaultReport(std::move(rows));
+  report.options = std::move(options);
   report.preset = "fine";
   report.family = "qwen2_moe";
   report.experts = 64;
   report.original_accuracy = original_accuracy;
   report.ranking = *RankMethods(report);
-  const std::string path = ::testing::TempDir() + name;
   std::ofstream(path) << llvm::formatv("{0:2}", llvm::json::Value(ToJson(report))).str();
   return path;
 }
@@ -322,13 +324,16 @@ std::vector<EvalRow> Concat(std::vector<std::vector<EvalRow>> parts) {
 }
 
 TEST(RankingMergeTest, TwoRunsPooledRankAsTheirRowsInOneReport) {
-  const std::vector<RankingPart> parts = ReadParts({WriteReport("merge_a.json", Concat({ClusterRows(), RandomRows()})),
-                                                    WriteReport("merge_b.json", Concat({ReapRows(), RandomRows()}))});
+  const formats::testing::TempDir dir;
+  const std::vector<RankingPart> parts =
+      ReadParts({WriteReport(dir.File("a.json"), Concat({ClusterRows(), RandomRows()})),
+                 WriteReport(dir.File("b.json"), Concat({ReapRows(), RandomRows()}))});
   ASSERT_EQ(parts.size(), 2u);
   EXPECT_EQ(parts[1].ranking.winner, "reap");  // alone, each run's own method wins
   const absl::StatusOr<MethodRanking> merged = MergeRankings(parts);
   ASSERT_TRUE(merged.ok()) << merged.status();
-  const absl::StatusOr<MethodRanking> whole = RankMethods(FaultReport(Concat({ClusterRows(), RandomRows(), ReapRows()})));
+  const absl::StatusOr<MethodRanking> whole =
+      RankMethods(FaultReport(Concat({ClusterRows(), RandomRows(), ReapRows()})));
   ASSERT_TRUE(whole.ok()) << whole.status();
   ASSERT_EQ(merged->groups.size(), whole->groups.size());
   for (size_t i = 0; i < whole->groups.size(); ++i) {
@@ -370,42 +375,69 @@ TEST(RankingMergeTest, TheRankingReadsBackAsWritten) {
   const absl::StatusOr<MethodRanking> bad = MethodRankingFromJson(llvm::json::Object{{"groups", "x"}});
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("ranking.groups"), std::string::npos) << bad.status();
+  // A score without its KL is an error, not a NaN.
+  llvm::json::Object missing = ToJson(*ranking);
+  missing.getArray("groups")->front().getAsObject()->getArray("order")->front().getAsObject()->erase("logit_kl");
+  const absl::Status no_kl = MethodRankingFromJson(llvm::json::Value(std::move(missing))).status();
+  EXPECT_NE(no_kl.message().find("missing value at ranking.groups[0].order[0].logit_kl"), std::string::npos) << no_kl;
 }
 
 TEST(RankingMergeTest, RunsOfAnotherTableAreRefusedSayingHow) {
+  const formats::testing::TempDir dir;
   std::vector<EvalRow> other_random = RandomRows();
   other_random[0].logit_kl = 0.31;  // another sample seed, say
-  const std::string a = WriteReport("refuse_a.json", Concat({ClusterRows(), RandomRows()}));
-  const std::string b = WriteReport("refuse_b.json", Concat({ReapRows(), other_random}));
-  const std::string c = WriteReport("refuse_c.json", Concat({ReapRows(), RandomRows()}), 0.8);
+  EvalOptions fault_seeds;
+  fault_seeds.seeds = 1;
+  const std::string a = WriteReport(dir.File("a.json"), Concat({ClusterRows(), RandomRows()}));
+  const std::string b = WriteReport(dir.File("b.json"), Concat({ReapRows(), other_random}));
+  const std::string c = WriteReport(dir.File("c.json"), Concat({ReapRows(), RandomRows()}), 0.8);
+  const std::string d = WriteReport(dir.File("d.json"), Concat({ReapRows(), RandomRows()}), 0.9, fault_seeds);
   const absl::Status random_differs = MergeRankings(ReadParts({a, b})).status();
   EXPECT_FALSE(random_differs.ok());
-  for (const std::string& part : {std::string("random at keep 1/2"), a, b, std::string("logit KL")}) {
+  // b's number first, as the message names b first.
+  for (const std::string& part : {"random at keep 1/2 is another measurement in " + b + " than in " + a,
+                                  std::string("logit KL 0.31 vs 0.29999")}) {
     EXPECT_NE(random_differs.message().find(part), std::string::npos) << random_differs;
   }
   const absl::Status other_model = MergeRankings(ReadParts({a, c})).status();
-  EXPECT_FALSE(other_model.ok());
   EXPECT_NE(other_model.message().find("the original's accuracy"), std::string::npos) << other_model;
+  const absl::Status other_seeds = MergeRankings(ReadParts({a, d})).status();
+  EXPECT_NE(other_seeds.message().find("--seeds 3 vs 1"), std::string::npos) << other_seeds;
   std::vector<RankingPart> static_one = ReadParts({a, a});
   static_one[1].static_only = true;
-  EXPECT_NE(MergeRankings(static_one).status().message().find("static only"), std::string::npos);
+  EXPECT_NE(MergeRankings(static_one).status().message().find("with dynamics vs static only"), std::string::npos);
+  std::swap(static_one[0], static_one[1]);
+  EXPECT_NE(MergeRankings(static_one).status().message().find("static only vs with dynamics"), std::string::npos);
   EXPECT_FALSE(MergeRankings({}).ok());
 }
 
+TEST(RankingMergeTest, AReportWithoutOptionsIsPooledAndSaidUnchecked) {
+  const formats::testing::TempDir dir;
+  std::vector<RankingPart> parts = ReadParts({WriteReport(dir.File("a.json"), Concat({ClusterRows(), RandomRows()})),
+                                              WriteReport(dir.File("b.json"), Concat({ReapRows(), RandomRows()}))});
+  ASSERT_EQ(parts.size(), 2u);
+  ASSERT_TRUE(parts[0].options.has_value());
+  parts[0].options.reset();  // as an earlier proxy-eval wrote it
+  const absl::StatusOr<MethodRanking> merged = MergeRankings(parts);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_NE(merged->notes.back().find(parts[0].path + ": no run options recorded"), std::string::npos)
+      << merged->notes.back();
+}
+
 TEST(RankingMergeTest, AFileThatIsNotAReportIsNamed) {
-  const std::string dir = ::testing::TempDir();
-  std::ofstream(dir + "not_json.json") << "{";
-  std::ofstream(dir + "not_report.json") << R"({"rows": []})";
-  std::ofstream(dir + "no_ranking.json")
+  const formats::testing::TempDir dir;
+  std::ofstream(dir.File("not_json.json")) << "{";
+  std::ofstream(dir.File("not_report.json")) << R"({"rows": []})";
+  std::ofstream(dir.File("no_ranking.json"))
       << R"({"preset": "fine", "family": "qwen2_moe", "experts": 64, "static_only": true, "original_accuracy": 0.9})";
   for (const std::string name : {"missing.json", "not_json.json", "not_report.json", "no_ranking.json"}) {
-    const absl::Status status = ReadRankingPart(dir + name).status();
+    const absl::Status status = ReadRankingPart(dir.File(name)).status();
     EXPECT_FALSE(status.ok()) << name;
-    EXPECT_NE(status.message().find(dir + name), std::string::npos) << status;
+    EXPECT_NE(status.message().find(dir.File(name)), std::string::npos) << status;
   }
-  EXPECT_NE(ReadRankingPart(dir + "no_ranking.json").status().message().find("no ranking"), std::string::npos);
-  EXPECT_NE(ReadRankingPart(dir + "not_report.json").status().message().find("report.preset"), std::string::npos)
-      << ReadRankingPart(dir + "not_report.json").status();
+  EXPECT_NE(ReadRankingPart(dir.File("no_ranking.json")).status().message().find("no ranking"), std::string::npos);
+  const absl::Status not_report = ReadRankingPart(dir.File("not_report.json")).status();
+  EXPECT_NE(not_report.message().find("missing value at report.preset"), std::string::npos) << not_report;
 }
 
 }  // namespace

@@ -34,7 +34,7 @@ TEST_F(ArgumentsTest, EveryHelpNamesTheSubcommandsOptionsAndExits0) {
       {"lint", {"BUNDLE", "--step", "--only", "--against", "--against-step", "--json", "--list"}},
       {"proxy", {"BUNDLE", "--output", "--keep", "--method", "--step", "--ep", "--seed", "--no-forced-keeps", "--force"}},
       {"proxy-eval", {"--output", "--preset", "--family", "--keep", "--methods", "--faults", "--trainer-seeds", "--no-noise-rows",
-                      "--json", "--rank"}},
+                      "--json", "--pool TEXT"}},
       {"reduce", {"BUNDLE", "--output", "--step", "--ops", "--force", "--json"}},
       {"report", {"BUNDLE", "--output", "--step", "--would-fit", "--force"}},
   };
@@ -63,11 +63,11 @@ TEST_F(ArgumentsTest, AValueASubcommandCannotUseExits2NamingIt) {
       {{"proxy-eval", "-o", "out/eval", "--keep", "3"}, "--keep 3: a fraction like 1/4"},
       {{"proxy-eval", "-o", "out/eval", "--faults", "no-such-fault"}, "no-such-fault"},
       {{"proxy-eval", "-o", "out/eval", "--rounds", "2"}, "--rounds is for --ranks"},
-      {{"proxy-eval", "--keep", "1/2"}, "proxy-eval needs -o DIR (or --rank REPORT...)"},
-      {{"proxy-eval", "--rank", "no-such-report.json"}, "no-such-report.json: cannot read it"},
-      {{"proxy-eval", "--rank", "run/run.moerr", "-o", "out/eval"}, "--rank runs nothing and does not use --output"},
-      {{"proxy-eval", "--rank", "run/run.moerr"}, "run/run.moerr is not JSON"},
-      {{"proxy-eval", "--rank", "run/run.moerr", "--json", "./run/run.moerr"}, "is one of the reports"},
+      {{"proxy-eval", "--keep", "1/2"}, "proxy-eval needs -o DIR (or --pool REPORT...)"},
+      {{"proxy-eval", "--pool", "no-such-report.json"}, "cannot open no-such-report.json"},
+      {{"proxy-eval", "--pool", "run/run.moerr", "-o", "out/eval"}, "--pool runs nothing and does not use --output"},
+      {{"proxy-eval", "--pool", "run/run.moerr"}, "run/run.moerr: [1:"},
+      {{"proxy-eval", "--pool", "run/run.moerr", "--json", "./run/run.moerr"}, "is one of the reports"},
       {{"proxy-eval", "-o", "out/eval", "--trainer-seeds", "0"}, "--trainer-seeds"},
       {{"proxy-eval", "-o", "out/eval", "--static-only", "--trainer-seeds", "2"},
        "--static-only does not use --trainer-seeds"},
@@ -154,6 +154,34 @@ TEST_F(ArgumentsTest, LintListNamesEveryCheckWithoutABundle) {
   for (const std::string check : {"vendor-op", "dtype-headroom", "hazardous-patterns", "rank-imbalance"}) {
     EXPECT_NE(r.out.find(check), std::string::npos) << r.out;
   }
+}
+
+// A proxy-eval --json report holding one method's scores at keep 1/2 (the
+// keys proxy-eval writes; proxy/ranking_merge.h reads them).
+std::string StaticReport(const std::string& method, double kl) {
+  const std::string score = R"j({"method": ")j" + method +
+                            R"j(", "fault_score": 0, "discriminating_cases": 0, "response_cases": 0,
+      "dynamics_goal_met": 0, "logit_kl": )j" + std::to_string(kl) + R"j(, "accuracy": 0.9})j";
+  return R"j({"preset": "fine", "family": "qwen2_moe", "experts": 64, "static_only": true, "original_accuracy": 0.9,
+    "options": {"warmup_steps": 600, "sample_seed": 0},
+    "ranking": {"groups": [{"keep": 0.5, "heal_steps": 0, "faults_judged": false, "dynamics_judged": false,
+      "order": [)j" + score + R"j(], "winner": ")j" + method + R"j(", "reason": "the only method"}],
+      "winner": ")j" + method + R"j(", "reason": "wins 1 of 1 keep(s)", "notes": [], "current_default": "cluster"}})j";
+}
+
+TEST_F(ArgumentsTest, ProxyEvalPoolRanksEarlierReportsTogether) {
+  Spit(dir() / "cluster.json", StaticReport("cluster", 0.1));
+  Spit(dir() / "reap.json", StaticReport("reap", 0.05));
+  const Result r = Moerr(dir(), {"proxy-eval", "--pool", "cluster.json", "reap.json", "--json", "pooled.json"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  for (const std::string line : {"keep 1/2: reap, by logit KL: 0.05 vs cluster's 0.1",
+                                 "(pooled from 2 reports: cluster.json, reap.json)",
+                                 "overall: reap, wins 1 of 1 keep(s); the current default is cluster"}) {
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << "\n" << r.out;
+  }
+  const std::string json = Slurp(dir() / "pooled.json");
+  EXPECT_NE(json.find(R"("reports": [)"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("winner": "reap")"), std::string::npos) << json;
 }
 
 }  // namespace
