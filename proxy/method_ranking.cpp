@@ -257,7 +257,6 @@ llvm::json::Object ToJson(const MethodRanking& ranking) {
                             {"is_default", ranking.winner == ranking.current_default}};
 }
 
-
 namespace {
 
 // A number ToJson wrote with formats::JsonNumber: null for NaN. `json` is

@@ -73,7 +73,6 @@ std::string IdentityDifference(const RankingPart& a, const RankingPart& b) {
     return absl::StrFormat("the original's accuracy %.17g vs %.17g (another warm-up or sample seed)",
                            a.original_accuracy, b.original_accuracy);
   }
-  if (a.options && b.options) return OptionsDifference(*a.options, *b.options);
   return "";
 }
 
@@ -146,11 +145,19 @@ absl::StatusOr<MethodRanking> MergeRankings(const std::vector<RankingPart>& part
   std::vector<PooledGroup> pool;
   MethodRanking out;
   std::vector<std::string> paths, unchecked;
+  const RankingPart* with_options = nullptr;  // the first part that recorded its run options
   for (const RankingPart& part : parts) {
-    if (!part.options) unchecked.push_back(part.path);
     if (const std::string diff = IdentityDifference(parts.front(), part); !diff.empty()) {
       return absl::InvalidArgumentError(absl::StrFormat("%s and %s are not of one table: %s", parts.front().path,
                                                         part.path, diff));
+    }
+    if (!part.options) {
+      unchecked.push_back(part.path);
+    } else if (with_options == nullptr) {
+      with_options = &part;
+    } else if (const std::string diff = OptionsDifference(*with_options->options, *part.options); !diff.empty()) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s and %s are not of one table: they ran with %s",
+                                                        with_options->path, part.path, diff));
     }
     for (const GroupRanking& g : part.ranking.groups) MOERR_RETURN_IF_ERROR(Pool(part, g, pool));
     for (const std::string& note : part.ranking.notes) {

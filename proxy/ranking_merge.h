@@ -13,6 +13,8 @@
 //  - a group in two reports was judged on the same criteria in both;
 //  - a method in one group of two reports is the same measurement there
 //    (every score equal): `random`, which every run has, measured alike.
+// A report from before proxy-eval kept its options is pooled with its
+// options unchecked, and a note says so.
 #pragma once
 
 #include <cstdint>

@@ -422,6 +422,17 @@ TEST(RankingMergeTest, AReportWithoutOptionsIsPooledAndSaidUnchecked) {
   ASSERT_TRUE(merged.ok()) << merged.status();
   EXPECT_NE(merged->notes.back().find(parts[0].path + ": no run options recorded"), std::string::npos)
       << merged->notes.back();
+  // The reports that have options are still checked against each other.
+  EvalOptions fault_seeds;
+  fault_seeds.seeds = 1;
+  std::vector<RankingPart> three = parts;
+  three.push_back(ReadParts({WriteReport(dir.File("c.json"), Concat({ReapRows(), RandomRows()}), 0.9, fault_seeds)})
+                      .at(0));
+  const absl::Status refused = MergeRankings(three).status();
+  EXPECT_NE(refused.message().find(parts[1].path + " and " + three[2].path + " are not of one table: they ran with "
+                                   "--seeds 3 vs 1"),
+            std::string::npos)
+      << refused;
 }
 
 TEST(RankingMergeTest, AFileThatIsNotAReportIsNamed) {
