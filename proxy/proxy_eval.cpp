@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <set>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -492,9 +493,9 @@ void AddSeedsJson(const EvalReport& report, llvm::json::Object& out) {
 llvm::json::Object OptionsJson(const EvalOptions& o) {
   llvm::json::Object out{{"warmup_steps", o.warmup_steps}, {"sample_seed", static_cast<int64_t>(o.sample_seed)}};
   if (o.static_only) return out;
-  llvm::json::Array faults;
-  for (const moe::FaultKind f : o.faults) faults.push_back(moe::FaultName(f));
-  out["faults"] = std::move(faults);
+  std::set<std::string> faults;  // each fault case runs alone: a set, in name order
+  for (const moe::FaultKind f : o.faults) faults.insert(moe::FaultName(f));
+  out["faults"] = llvm::json::Array(faults);
   out["seeds"] = o.seeds;
   out["steps"] = o.steps;
   out["ema_window"] = o.trend.ema_window;

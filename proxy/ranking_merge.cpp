@@ -1,7 +1,9 @@
 #include "proxy/ranking_merge.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_format.h"
@@ -24,6 +26,13 @@ bool MapIdentity(const llvm::json::Value& json, RankingPart& part, llvm::json::P
 
 bool SameNumber(double a, double b) { return a == b || (std::isnan(a) && std::isnan(b)); }
 
+// The shortest text that reads back as `v` ("0.3", not 0.29999999999999999).
+std::string Shortest(double v) {
+  char text[32];
+  const std::to_chars_result r = std::to_chars(text, text + sizeof(text), v);
+  return std::string(text, r.ptr);
+}
+
 // The first score of `a` that differs from `b`'s, as "logit KL 0.06 vs
 // 0.07"; empty when they are the same measurement.
 std::string ScoreDifference(const MethodScore& a, const MethodScore& b) {
@@ -35,25 +44,29 @@ std::string ScoreDifference(const MethodScore& a, const MethodScore& b) {
   if (a.dynamics_goal_met != b.dynamics_goal_met) {
     return absl::StrFormat("dynamics goal %d vs %d", a.dynamics_goal_met, b.dynamics_goal_met);
   }
-  if (!SameNumber(a.logit_kl, b.logit_kl)) return absl::StrFormat("logit KL %.17g vs %.17g", a.logit_kl, b.logit_kl);
-  if (!SameNumber(a.accuracy, b.accuracy)) return absl::StrFormat("accuracy %.17g vs %.17g", a.accuracy, b.accuracy);
+  if (!SameNumber(a.logit_kl, b.logit_kl)) return "logit KL " + Shortest(a.logit_kl) + " vs " + Shortest(b.logit_kl);
+  if (!SameNumber(a.accuracy, b.accuracy)) return "accuracy " + Shortest(a.accuracy) + " vs " + Shortest(b.accuracy);
   return "";
 }
 
+// `v` as JSON text; "(not recorded)" for none.
+std::string OptionText(const llvm::json::Value* v) {
+  return v != nullptr ? llvm::formatv("{0}", *v).str() : std::string("(not recorded)");
+}
+
 // The first of the run options (EvalReport's "options") that `b` has
-// otherwise than `a`, as "--seeds 1 vs 3"; empty when they agree.
+// otherwise than `a`, as "--seeds 3 vs 1"; empty when they agree.
 std::string OptionsDifference(const llvm::json::Object& a, const llvm::json::Object& b) {
-  std::vector<std::string> keys;  // sorted: the same difference named first every time
-  for (const auto& entry : a) keys.push_back(entry.first.str());
-  std::sort(keys.begin(), keys.end());
+  std::set<std::string> keys;  // both reports' keys, sorted: the same difference named first every time
+  for (const llvm::json::Object* o : {&a, &b}) {
+    for (const auto& entry : *o) keys.insert(entry.first.str());
+  }
   for (const std::string& key : keys) {
-    const llvm::json::Value& value = *a.get(key);
-    const llvm::json::Value* other = b.get(key);
-    if (other != nullptr && *other == value) continue;
+    const llvm::json::Value *mine = a.get(key), *other = b.get(key);
+    if (mine != nullptr && other != nullptr && *mine == *other) continue;
     std::string flag = "--" + key;
     std::replace(flag.begin(), flag.end(), '_', '-');
-    return absl::StrFormat("%s %s vs %s", flag, llvm::formatv("{0}", value).str(),
-                           other != nullptr ? llvm::formatv("{0}", *other).str() : std::string("(not recorded)"));
+    return absl::StrFormat("%s %s vs %s", flag, OptionText(mine), OptionText(other));
   }
   return "";
 }
@@ -70,8 +83,8 @@ std::string IdentityDifference(const RankingPart& a, const RankingPart& b) {
     return absl::StrFormat("%d trainer seeds vs %d", a.trainer_seeds, b.trainer_seeds);
   }
   if (a.original_accuracy != b.original_accuracy) {
-    return absl::StrFormat("the original's accuracy %.17g vs %.17g (another warm-up or sample seed)",
-                           a.original_accuracy, b.original_accuracy);
+    return absl::StrFormat("the original's accuracy %s vs %s (another warm-up or sample seed)",
+                           Shortest(a.original_accuracy), Shortest(b.original_accuracy));
   }
   return "";
 }
@@ -129,7 +142,12 @@ absl::StatusOr<RankingPart> ReadRankingPart(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrFormat("%s is not a proxy-eval --json report: %s", path,
                                                       llvm::toString(root.getError())));
   }
-  if (const llvm::json::Object* options = json.getAsObject()->getObject("options")) part.options = *options;
+  if (const llvm::json::Value* options = json.getAsObject()->get("options")) {
+    if (options->getAsObject() == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat("%s: \"options\" is not an object", path));
+    }
+    part.options = *options->getAsObject();
+  }
   const llvm::json::Value* ranking = json.getAsObject()->get("ranking");
   if (ranking == nullptr) {
     return absl::InvalidArgumentError(absl::StrFormat("%s: the report has no ranking (it has no rows)", path));
@@ -171,8 +189,8 @@ absl::StatusOr<MethodRanking> MergeRankings(const std::vector<RankingPart>& part
   out.notes.push_back(absl::StrFormat("pooled from %d reports: %s", parts.size(), absl::StrJoin(paths, ", ")));
   if (!unchecked.empty() && parts.size() > 1) {
     out.notes.push_back(absl::StrFormat(
-        "%s: no run options recorded (an earlier proxy-eval): fault seeds, faults and run lengths not checked against "
-        "the other reports'",
+        "%s: no run options recorded (an earlier proxy-eval): warm-up, sample seed, faults, fault seeds, run lengths "
+        "and EMA span not checked against the other reports'",
         absl::StrJoin(unchecked, ", ")));
   }
   return out;

@@ -506,8 +506,8 @@ void AddProxyEvalCommand(CLI::App& app, int& exit_code) {
   cmd->add_option("--json", opts->json, "Also write the report as JSON here");
   cmd->add_option("--pool", opts->pool,
                   "Run nothing: rank the methods of earlier --json reports together, one table measured in pieces "
-                  "(each run with random; refused unless the reports are of one model, setting and seeds); with "
-                  "--json, the pooled ranking");
+                  "(each run with random; refused unless the reports are of one model and run options, a report "
+                  "without recorded options pooled unchecked and said); with --json, the pooled ranking");
   AddRanksOptions(cmd, *opts);
   OnRun(cmd, exit_code, [opts, cmd] { return RunProxyEval(*opts, *cmd); });
 }

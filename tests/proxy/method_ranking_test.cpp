@@ -396,13 +396,22 @@ TEST(RankingMergeTest, RunsOfAnotherTableAreRefusedSayingHow) {
   EXPECT_FALSE(random_differs.ok());
   // b's number first, as the message names b first.
   for (const std::string& part : {"random at keep 1/2 is another measurement in " + b + " than in " + a,
-                                  std::string("logit KL 0.31 vs 0.29999")}) {
+                                  std::string("logit KL 0.31 vs 0.3)")}) {
     EXPECT_NE(random_differs.message().find(part), std::string::npos) << random_differs;
   }
   const absl::Status other_model = MergeRankings(ReadParts({a, c})).status();
   EXPECT_NE(other_model.message().find("the original's accuracy"), std::string::npos) << other_model;
   const absl::Status other_seeds = MergeRankings(ReadParts({a, d})).status();
   EXPECT_NE(other_seeds.message().find("--seeds 3 vs 1"), std::string::npos) << other_seeds;
+  // An option one report has and the other lacks differs, whichever comes first.
+  std::vector<RankingPart> lacking = ReadParts({a, c});
+  lacking[1].original_accuracy = lacking[0].original_accuracy;
+  lacking[1].options->erase("seeds");
+  EXPECT_NE(MergeRankings(lacking).status().message().find("--seeds 3 vs (not recorded)"), std::string::npos)
+      << MergeRankings(lacking).status();
+  std::swap(lacking[0], lacking[1]);
+  EXPECT_NE(MergeRankings(lacking).status().message().find("--seeds (not recorded) vs 3"), std::string::npos)
+      << MergeRankings(lacking).status();
   std::vector<RankingPart> static_one = ReadParts({a, a});
   static_one[1].static_only = true;
   EXPECT_NE(MergeRankings(static_one).status().message().find("with dynamics vs static only"), std::string::npos);

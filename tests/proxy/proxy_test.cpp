@@ -509,6 +509,14 @@ TEST(ProxyEvalTest, StaticOnlyMeasuresStaticFidelityAlone) {
   options.sample_seed = 1;
   const EvalReport other = EvaluateProxies(options).value();
   EXPECT_NE(other.rows[0].logit_kl, report.rows[0].logit_kl);  // another held-out batch
+  // The run's options go with it (what --pool compares); static only: the
+  // warm-up and the sample seed alone.
+  const llvm::json::Object other_json = ToJson(other);
+  const llvm::json::Object* recorded = other_json.getObject("options");
+  ASSERT_NE(recorded, nullptr);
+  EXPECT_EQ(recorded->getInteger("sample_seed"), 1);
+  EXPECT_EQ(recorded->getInteger("warmup_steps"), options.warmup_steps);
+  EXPECT_EQ(recorded->size(), 2u);
 }
 
 // A work directory keeps one warm-up per preset, family and length: a run

@@ -66,7 +66,7 @@ TEST_F(ArgumentsTest, AValueASubcommandCannotUseExits2NamingIt) {
       {{"proxy-eval", "--keep", "1/2"}, "proxy-eval needs -o DIR (or --pool REPORT...)"},
       {{"proxy-eval", "--pool", "no-such-report.json"}, "cannot open no-such-report.json"},
       {{"proxy-eval", "--pool", "run/run.moerr", "-o", "out/eval"}, "--pool runs nothing and does not use --output"},
-      {{"proxy-eval", "--pool", "run/run.moerr"}, "run/run.moerr: [1:"},
+      {{"proxy-eval", "--pool", "run/run.moerr"}, "run/run.moerr: ["},
       {{"proxy-eval", "--pool", "run/run.moerr", "--json", "./run/run.moerr"}, "is one of the reports"},
       {{"proxy-eval", "-o", "out/eval", "--trainer-seeds", "0"}, "--trainer-seeds"},
       {{"proxy-eval", "-o", "out/eval", "--static-only", "--trainer-seeds", "2"},
