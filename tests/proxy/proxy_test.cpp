@@ -514,8 +514,8 @@ TEST(ProxyEvalTest, StaticOnlyMeasuresStaticFidelityAlone) {
   const llvm::json::Object other_json = ToJson(other);
   const llvm::json::Object* recorded = other_json.getObject("options");
   ASSERT_NE(recorded, nullptr);
-  EXPECT_EQ(recorded->getInteger("sample_seed"), 1);
-  EXPECT_EQ(recorded->getInteger("warmup_steps"), options.warmup_steps);
+  EXPECT_EQ(recorded->getInteger("sample_seed").getValueOr(-1), 1);
+  EXPECT_EQ(recorded->getInteger("warmup_steps").getValueOr(-1), options.warmup_steps);
   EXPECT_EQ(recorded->size(), 2u);
 }
 
