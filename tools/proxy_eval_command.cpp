@@ -14,6 +14,7 @@
 #include "proxy/proxy_eval.h"
 #include "proxy/ranking_merge.h"
 #include "proxy/weight_noise.h"
+#include "support/filesystem.h"
 #include "support/progress.h"
 #include "support/status.h"
 #include "tools/command.h"
@@ -314,14 +315,9 @@ ExitOr RunPool(const ProxyEvalArgs& args, const CLI::App& cmd) {
           absl::StrFormat("proxy-eval --pool runs nothing and does not use %s", name));
     }
   }
+  if (!args.json.empty()) MOERR_RETURN_IF_ERROR(CheckNotAnInput(args.json, args.pool));
   std::vector<proxy::RankingPart> parts;
   for (const std::string& path : args.pool) {
-    std::error_code a, b;
-    if (!args.json.empty() && std::filesystem::weakly_canonical(path, a) ==
-                                  std::filesystem::weakly_canonical(args.json, b) && !a && !b) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("proxy-eval --pool: --json %s is one of the reports", args.json));
-    }
     MOERR_ASSIGN_OR_RETURN(proxy::RankingPart part, proxy::ReadRankingPart(path));
     parts.push_back(std::move(part));
   }
