@@ -3,7 +3,7 @@
 #include <set>
 
 #include "absl/strings/str_format.h"
-#include "formats/hf_checkpoint.h"
+#include "formats/json_file.h"
 #include "llvm/Support/JSON.h"
 #include "support/filesystem.h"
 #include "support/status.h"

@@ -19,10 +19,6 @@ struct HfCheckpoint {
   std::map<std::string, TensorView> tensors;  // by parameter name, into shards
 };
 
-absl::StatusOr<llvm::json::Value> ReadJsonFile(const std::string& path);
-// Pretty-printed, written through a .partial file and a rename.
-absl::Status WriteJsonFile(const std::string& path, const llvm::json::Value& value, bool overwrite);
-
 // Loads config.json and the weights. A sharded checkpoint's shard names must
 // be plain file names inside `dir`, and every tensor must be in exactly one
 // shard, as the index says.

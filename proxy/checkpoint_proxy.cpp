@@ -14,7 +14,7 @@
 #include "formats/checkpoint_reader.h"
 #include "formats/checkpoint_writer.h"
 #include "formats/file_sink.h"
-#include "formats/hf_checkpoint.h"
+#include "formats/json_file.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "proxy/checkpoint_layout.h"
 #include "proxy/resident_memory.h"

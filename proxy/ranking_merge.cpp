@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "formats/hf_checkpoint.h"
+#include "formats/json_file.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "proxy/clustering.h"
 #include "support/status.h"

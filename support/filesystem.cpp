@@ -33,4 +33,17 @@ absl::Status CheckNotAnInput(const std::string& path, const std::vector<std::str
   return absl::OkStatus();
 }
 
+absl::Status CheckDistinctInputs(const std::vector<std::string>& inputs) {
+  for (size_t i = 1; i < inputs.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      std::error_code error;
+      if (std::filesystem::equivalent(inputs[i], inputs[j], error)) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("%s and %s are the same file; name each input once", inputs[j], inputs[i]));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace moerr

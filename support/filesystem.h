@@ -18,4 +18,8 @@ absl::Status MakeDirectory(const std::string& path);
 // reads, --force or not.
 absl::Status CheckNotAnInput(const std::string& path, const std::vector<std::string>& inputs);
 
+// InvalidArgument when two of `inputs` are the same file (by any name),
+// naming both: a command that pools its inputs would count it twice.
+absl::Status CheckDistinctInputs(const std::vector<std::string>& inputs);
+
 }  // namespace moerr

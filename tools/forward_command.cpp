@@ -14,7 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "formats/hf_checkpoint.h"
+#include "formats/json_file.h"
 #include "formats/safetensors.h"
 #include "moe/checkpoint.h"
 #include "moe/config_keys.h"

@@ -6,7 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "formats/hf_checkpoint.h"
+#include "formats/json_file.h"
 #include "moe/addition_task.h"
 #include "moe/moe_config.h"
 #include "proxy/hf_config_file.h"
@@ -315,6 +315,7 @@ ExitOr RunPool(const ProxyEvalArgs& args, const CLI::App& cmd) {
           absl::StrFormat("proxy-eval --pool runs nothing and does not use %s", name));
     }
   }
+  MOERR_RETURN_IF_ERROR(CheckDistinctInputs(args.pool));
   if (!args.json.empty()) MOERR_RETURN_IF_ERROR(CheckNotAnInput(args.json, args.pool));
   std::vector<proxy::RankingPart> parts;
   for (const std::string& path : args.pool) {

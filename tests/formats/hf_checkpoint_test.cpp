@@ -2,6 +2,7 @@
 // SaveHfCheckpoint), read back by LoadHfCheckpoint and CheckpointReader,
 // bitwise.
 #include "formats/hf_checkpoint.h"
+#include "formats/json_file.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "formats/hf_checkpoint.h"
+#include "formats/json_file.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "tests/testing/test_util.h"
 

@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "formats/hf_checkpoint.h"
+#include "formats/json_file.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "moe/checkpoint.h"
 #include "recorder/hooks/tensor_adapter.h"

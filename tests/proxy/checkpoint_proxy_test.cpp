@@ -19,6 +19,7 @@
 
 #include "formats/checkpoint_reader.h"
 #include "formats/hf_checkpoint.h"
+#include "formats/json_file.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "moe/checkpoint.h"
 #include "proxy/expert_stats.h"

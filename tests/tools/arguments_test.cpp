@@ -69,6 +69,8 @@ TEST_F(ArgumentsTest, AValueASubcommandCannotUseExits2NamingIt) {
       {{"proxy-eval", "--pool", "run/run.moerr"}, "run/run.moerr: ["},
       {{"proxy-eval", "--pool", "run/run.moerr", "--json", "./run/run.moerr"},
        "the output ./run/run.moerr is the input run/run.moerr"},
+      {{"proxy-eval", "--pool", "run/run.moerr", "./run/run.moerr"},
+       "run/run.moerr and ./run/run.moerr are the same file; name each input once"},
       {{"proxy-eval", "-o", "out/eval", "--trainer-seeds", "0"}, "--trainer-seeds"},
       {{"proxy-eval", "-o", "out/eval", "--static-only", "--trainer-seeds", "2"},
        "--static-only does not use --trainer-seeds"},
