@@ -147,6 +147,14 @@ absl::StatusOr<RankingPart> ReadRankingPart(const std::string& path) {
       return absl::InvalidArgumentError(absl::StrFormat("%s: \"options\" is not an object", path));
     }
     part.options = *options->getAsObject();
+    // Each fault case runs alone, so the faults are a set: a report that
+    // listed them in catalogue order (before they were written sorted)
+    // compares equal to one in name order.
+    if (llvm::json::Array* faults = part.options->getArray("faults")) {
+      std::sort(faults->begin(), faults->end(), [](const llvm::json::Value& x, const llvm::json::Value& y) {
+        return x.getAsString().getValueOr("") < y.getAsString().getValueOr("");
+      });
+    }
   }
   const llvm::json::Value* ranking = json.getAsObject()->get("ranking");
   if (ranking == nullptr) {

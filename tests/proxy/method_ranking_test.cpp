@@ -6,11 +6,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "formats/json_file.h"
 #include "llvm/Support/FormatVariadic.h"
 
 #include "proxy/clustering.h"
@@ -403,6 +405,20 @@ TEST(RankingMergeTest, RunsOfAnotherTableAreRefusedSayingHow) {
   EXPECT_NE(other_model.message().find("the original's accuracy"), std::string::npos) << other_model;
   const absl::Status other_seeds = MergeRankings(ReadParts({a, d})).status();
   EXPECT_NE(other_seeds.message().find("--seeds 3 vs 1"), std::string::npos) << other_seeds;
+  // The faults are a set: a report that lists them in another order (as
+  // one written before they were sorted) pools; another set does not.
+  const std::string e = WriteReport(dir.File("e.json"), Concat({ReapRows(), RandomRows()}));
+  llvm::json::Value unsorted = *formats::ReadJsonFile(e);
+  llvm::json::Array& listed = *unsorted.getAsObject()->getObject("options")->getArray("faults");
+  ASSERT_GE(listed.size(), 2u);
+  std::reverse(listed.begin(), listed.end());
+  ASSERT_TRUE(formats::WriteJsonFile(e, unsorted, /*overwrite=*/true).ok());
+  EXPECT_TRUE(MergeRankings(ReadParts({a, e})).ok()) << MergeRankings(ReadParts({a, e})).status();
+  EvalOptions fewer;
+  fewer.faults.erase(fewer.faults.begin());
+  const std::string f = WriteReport(dir.File("f.json"), Concat({ReapRows(), RandomRows()}), 0.9, fewer);
+  const absl::Status other_faults = MergeRankings(ReadParts({a, f})).status();
+  EXPECT_NE(other_faults.message().find("they ran with --faults"), std::string::npos) << other_faults;
   // An option one report has and the other lacks differs, whichever comes first.
   std::vector<RankingPart> lacking = ReadParts({a, c});
   lacking[1].original_accuracy = lacking[0].original_accuracy;
