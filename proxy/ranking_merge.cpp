@@ -147,13 +147,15 @@ absl::StatusOr<RankingPart> ReadRankingPart(const std::string& path) {
       return absl::InvalidArgumentError(absl::StrFormat("%s: \"options\" is not an object", path));
     }
     part.options = *options->getAsObject();
-    // Each fault case runs alone, so the faults are a set: a report that
-    // listed them in catalogue order (before they were written sorted)
-    // compares equal to one in name order.
+    // Each fault case runs alone, so the faults are a set, as proxy-eval
+    // writes them (sorted, each once): a report that listed them in
+    // catalogue order (before they were written so) compares equal.
     if (llvm::json::Array* faults = part.options->getArray("faults")) {
       std::sort(faults->begin(), faults->end(), [](const llvm::json::Value& x, const llvm::json::Value& y) {
         return x.getAsString().getValueOr("") < y.getAsString().getValueOr("");
       });
+      const size_t distinct = std::unique(faults->begin(), faults->end()) - faults->begin();
+      while (faults->size() > distinct) faults->pop_back();
     }
   }
   const llvm::json::Value* ranking = json.getAsObject()->get("ranking");

@@ -9,7 +9,7 @@
 //  - the same model and setting: preset, family, experts, static_only,
 //    trainer_seeds, the original's accuracy, and the run options that set
 //    the numbers (warm-up, sample seed, faults, fault seeds, run lengths,
-//    EMA span: EvalReport::options);
+//    EMA span: EvalReport::options; the faults compared as a set);
 //  - a group in two reports was judged on the same criteria in both;
 //  - a method in one group of two reports is the same measurement there
 //    (every score equal): `random`, which every run has, measured alike.

@@ -1,4 +1,5 @@
-// Directories and files the tools write their outputs into.
+// Directories and files the tools write their outputs into, and checks on
+// the files a command is given.
 #pragma once
 
 #include <string>
@@ -19,7 +20,8 @@ absl::Status MakeDirectory(const std::string& path);
 absl::Status CheckNotAnInput(const std::string& path, const std::vector<std::string>& inputs);
 
 // InvalidArgument when two of `inputs` are the same file (by any name),
-// naming both: a command that pools its inputs would count it twice.
+// naming both: a file given twice is a slip, and the command's output
+// would list it twice as one of its sources.
 absl::Status CheckDistinctInputs(const std::vector<std::string>& inputs);
 
 }  // namespace moerr

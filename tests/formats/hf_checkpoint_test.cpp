@@ -2,7 +2,6 @@
 // SaveHfCheckpoint), read back by LoadHfCheckpoint and CheckpointReader,
 // bitwise.
 #include "formats/hf_checkpoint.h"
-#include "formats/json_file.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -11,6 +10,7 @@
 #include <cstring>
 
 #include "formats/checkpoint_reader.h"
+#include "formats/json_file.h"
 #include "tests/testing/test_util.h"
 
 namespace moerr::formats {
