@@ -1,6 +1,7 @@
 #include "analysis/cross_rank.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <numeric>
 #include <tuple>
@@ -75,17 +76,29 @@ void CheckAllToAll(int64_t from, const Recorded& sent, int64_t to, const Recorde
   }
 }
 
-// Every rank of an all_reduce holds the same sum; of a broadcast, the root's tensor.
+// Every rank of an all_reduce holds the same sum; of a broadcast, the root's
+// tensor; a recv, what its sender sent.
 void CheckSameResult(int64_t rank, const Recorded& mine, int64_t peer, const Recorded& theirs,
                      std::vector<CollectiveMismatch>& out) {
-  const bool broadcast = mine.c.kind == "broadcast";
-  // broadcast: `peer` is the root; what it sent is what every rank holds.
-  const std::vector<uint64_t>& expected = broadcast ? theirs.c.send_hashes : theirs.c.recv_hashes;
+  const bool broadcast = mine.c.kind == "broadcast", recv = mine.c.kind == "recv";
+  // broadcast and recv: `peer` is the sender; what it sent is what this rank holds.
+  const std::vector<uint64_t>& expected = broadcast || recv ? theirs.c.send_hashes : theirs.c.recv_hashes;
   if (expected.empty() || mine.c.recv_hashes.empty() || expected[0] == mine.c.recv_hashes[0]) return;
   out.push_back(CollectiveMismatch{
       mine.c, mine.op->module, peer, rank, 0, 0,
-      broadcast ? absl::StrFormat("rank %d holds other bytes than root rank %d sent", rank, peer)
-                : absl::StrFormat("ranks %d and %d hold different sums", peer, rank)});
+      recv        ? absl::StrFormat("the bytes differ: rank %d sent hash %016x, rank %d received %016x", peer,
+                                    expected[0], rank, mine.c.recv_hashes[0])
+      : broadcast ? absl::StrFormat("rank %d holds other bytes than root rank %d sent", rank, peer)
+                  : absl::StrFormat("ranks %d and %d hold different sums", peer, rank)});
+}
+
+// The world rank of group rank `group_rank` of a point-to-point pair's group,
+// "p2p:<lo>,<hi>" (python/moerr/_distributed.py), whose group rank 0 is the
+// lower; -1 for another group or rank.
+int64_t PairRank(const std::string& group, int64_t group_rank) {
+  int lo = -1, hi = -1;
+  if (std::sscanf(group.c_str(), "p2p:%d,%d", &lo, &hi) != 2 || group_rank < 0 || group_rank > 1) return -1;
+  return group_rank == 0 ? lo : hi;
 }
 
 bool IsFlightRecorderImport(const formats::BundleReader& reader) {
@@ -110,6 +123,13 @@ std::vector<CollectiveMismatch> CheckCollectives(const formats::WorldStep& world
   for (size_t to = 0; to < world.ranks.size(); ++to) {
     for (const auto& [key, got] : by_rank[to]) {
       const int64_t receiver = static_cast<int64_t>(to);
+      if (got.c.kind == "recv") {  // against its sender's send (root: the sender's group rank)
+        const int64_t from = PairRank(key.first, got.c.root);
+        if (from < 0 || from == receiver || from >= static_cast<int64_t>(by_rank.size())) continue;
+        auto it = by_rank[static_cast<size_t>(from)].find(key);
+        if (it != by_rank[static_cast<size_t>(from)].end()) CheckSameResult(receiver, got, from, it->second, out);
+        continue;
+      }
       const bool sums = got.c.kind == "all_reduce" || got.c.kind == "all_gather";
       // The manifest's group bounds the trace's group_size (untrusted).
       const int64_t members = std::min(got.c.group_size, world.manifest.GroupSizeOf(key.first, receiver));

@@ -118,6 +118,9 @@ class PyRecorder {
     Check(Live().AnnotateStep(key, ParseJson(json)));
   }
   void NameTensors(const std::vector<std::pair<std::string, at::Tensor>>& named) { Live().NameTensors(named); }
+  // The trace's name of each process group, by the group's own name
+  // (ProcessGroup.group_name): what its collectives are recorded under.
+  void NameGroups(const std::vector<std::pair<std::string, std::string>>& names) { Live().NameGroups(names); }
   void Routing(int64_t layer, const at::Tensor& ids, const at::Tensor& weights,
                const c10::optional<at::Tensor>& maybe_logits, const at::Tensor& hidden) {
     const at::Tensor logits = maybe_logits.value_or(at::Tensor());
@@ -344,6 +347,7 @@ PYBIND11_MODULE(_moerr, m) {
       .def("annotate", &PyRecorder::Annotate)
       .def("annotate_step", &PyRecorder::AnnotateStep)
       .def("name_tensors", &PyRecorder::NameTensors)
+      .def("name_groups", &PyRecorder::NameGroups)
       .def("routing", &PyRecorder::Routing)
       .def("collective", &PyRecorder::Collective, py::arg("call"), py::arg("inputs"), py::arg("outputs"),
            py::arg("in_place"), py::arg("transfer"))

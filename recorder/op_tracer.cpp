@@ -5,12 +5,15 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/core/function_schema.h>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "recorder/dispatched_collective.h"
 #include "recorder/fingerprint.h"
 #include "recorder/hooks/tensor_adapter.h"
 #include "recorder/thread_state.h"
@@ -25,20 +28,6 @@ std::atomic<OpTracer*> g_tracer{nullptr};
 // Counts the tracers made; each thread's state belongs to one (State()).
 std::atomic<uint64_t> g_generation{0};
 
-
-struct OpContext : at::ObserverContext {
-  std::unique_ptr<OpScratch> scratch;  // null when transparent
-  // Not an op of its own: aten::_backward, or a named record that is no
-  // dispatcher op (the engine's "autograd::engine::evaluate_function: ...").
-  bool transparent = false;
-  bool backward = false;  // ... and what runs inside it is backward work
-
-  ~OpContext() override {
-    if (!scratch) return;
-    scratch->written.clear();  // drops the references now
-    if (ScratchPool().size() < 8) ScratchPool().push_back(std::move(scratch));
-  }
-};
 
 constexpr const char kEvaluateFunction[] = "autograd::engine::evaluate_function";
 // Ops inside a user scope of this name are not recorded (op_tracer.h).
@@ -129,20 +118,36 @@ std::unique_ptr<at::ObserverContext> EnterTransparent(const at::RecordFunction& 
   return ctx;
 }
 
+// Whether this thread is a process group's worker (ThreadState::transport),
+// by the name Gloo gives it (ProcessGroupGloo::runLoop).
+bool IsTransportThread() {
+  char name[16] = {};
+  return pthread_getname_np(pthread_self(), name, sizeof(name)) == 0 && absl::StartsWith(name, "pt_gloo");
+}
+
 }  // namespace
+
+OpContext::~OpContext() {
+  if (!scratch) return;
+  scratch->written.clear();  // drops the references now
+  if (ScratchPool().size() < 8) ScratchPool().push_back(std::move(scratch));
+}
 
 ThreadState& State() {
   static std::atomic<uint32_t> next_thread{0};
   thread_local ThreadState state = [] {
     ThreadState s;
     s.thread = next_thread++;
+    s.transport = IsTransportThread();
     return s;
   }();
   const uint64_t generation = g_generation.load(std::memory_order_relaxed);
   if (state.generation != generation) {
     const uint32_t thread = state.thread;
+    const bool transport = state.transport;
     state = ThreadState();
     state.thread = thread;
+    state.transport = transport;
     state.generation = generation;
   }
   return state;
@@ -171,7 +176,12 @@ absl::StatusOr<CaptureMode> ParseCaptureMode(const std::string& name) {
 std::string CaptureModeName(CaptureMode mode) { return std::string(EnumNameOf(kCaptureModes, mode)); }
 
 OpTracer::OpTracer(CaptureMode mode, TraceSink* sink, size_t batch_ops)
-    : mode_(mode), batch_ops_(std::max<size_t>(1, batch_ops)), worker_(sink, kWorkerBytes) {
+    : mode_(mode),
+      batch_ops_(std::max<size_t>(1, batch_ops)),
+      sink_(sink),
+      live_(std::make_shared<Liveness>()),
+      worker_(sink, kWorkerBytes) {
+  live_->tracer = this;
   OpTracer* expected = nullptr;
   MOERR_CHECK(g_tracer.compare_exchange_strong(expected, this)) << "only one OpTracer may be active";
   g_generation.fetch_add(1, std::memory_order_relaxed);
@@ -183,6 +193,12 @@ OpTracer::OpTracer(CaptureMode mode, TraceSink* sink, size_t batch_ops)
 }
 
 OpTracer::~OpTracer() {
+  {
+    // A collective still in flight finds no tracer when it completes; one
+    // being recorded now finishes first.
+    std::lock_guard<std::mutex> lock(live_->mu);
+    live_->tracer = nullptr;
+  }
   at::removeCallback(handle_);
   g_tracer.store(nullptr, std::memory_order_release);
   Flush();
@@ -197,6 +213,7 @@ void OpTracer::NewStep() {
   std::lock_guard<std::mutex> lock(mu_);
   FlushLocked();
   worker_.NewStep();
+  ++step_;
   node_ranges_.clear();
   // A step is replayed on its own: whatever it reads from an earlier step is
   // a leaf of this one.
@@ -357,6 +374,7 @@ void OpTracer::RecordInputs(const at::RecordFunction& fn, const Placement& where
 
 std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction& fn) {
   ThreadState& st = State();
+  if (st.transport) return nullptr;
   switch (fn.scope()) {
     case at::RecordScope::USER_SCOPE:
       st.scopes.push_back({fn.name(), fn.name()});
@@ -380,6 +398,7 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   ++st.depth;
   st.silenced_op = OnlyObserver();
   if (st.silenced_op) at::enableRecordFunction(false);
+  if (IsDispatchedCollective(fn.name())) return StartDispatched(fn, st);
   std::lock_guard<std::mutex> lock(mu_);
   if (st.untraced > 0) {
     WaitBeforeWrites(fn, InfoOf(fn));  // not recorded, but it may overwrite what the worker is to read
@@ -396,6 +415,7 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
 
 void OpTracer::OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   ThreadState& st = State();
+  if (st.transport) return;
   switch (fn.scope()) {
     case at::RecordScope::USER_SCOPE: {
       // The scope this record entered, found by its name's address: scopes
@@ -435,6 +455,7 @@ void OpTracer::OnEnd(const at::RecordFunction& fn, at::ObserverContext* ctx) {
     st.silenced_op = false;
   }
   if (ctx == nullptr) return;
+  if (op_ctx->collective) return LaunchDispatched(fn, std::move(op_ctx->collective));
   OpScratch& scratch = *op_ctx->scratch;
   formats::OpEvent& op = scratch.op;
   const int64_t producer = static_cast<int64_t>(op.seq);

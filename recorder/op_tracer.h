@@ -31,6 +31,7 @@
 #include <ATen/record_function.h>
 
 #include <atomic>
+#include <memory>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -65,12 +66,20 @@ class TraceSink {
   // Work for the trace failed (a capture LibTorch could not copy); the sink
   // reports it where it reports its own errors.
   virtual void OnError(absl::Status status) = 0;
+  // The tracer has handed over every op up to a collective's start or
+  // arrival: the sink makes them durable (a rank may die or stall in a
+  // collective). Called on the thread that launched or completed it.
+  virtual void Persist() {}
+  // A collective launched from the dispatcher failed: its work completed
+  // with an error (`why`). `module`: where it was launched.
+  virtual void OnCollectiveFailed(const CollectiveCall& call, const std::string& module, const std::string& why) {}
 };
 
 // Defined in op_tracer.cpp: a thread's op nesting, scopes and autograd
 // nodes; a recorded op's event between its start and end callbacks.
 struct ThreadState;
 struct OpScratch;
+struct PendingCollective;
 
 class OpTracer {
  public:
@@ -95,7 +104,23 @@ class OpTracer {
   void Flush();
   uint64_t ops_recorded() const;
 
-  // A collective (hooks/collective_hook.h) as an op of the trace
+  // The names the trace gives process groups, by their own names
+  // (ProcessGroup::getGroupName): what a collective from the dispatcher is
+  // recorded under. A group not named here is "c10d:<its name>".
+  void NameGroups(const std::vector<std::pair<std::string, std::string>>& names);
+
+  // Collectives come two ways. From the dispatcher (torch 2.x's `c10d::`
+  // ops, dispatched_collective.h), seen by the RecordFunction callbacks
+  // like any op: the start names what is sent and hashes it, and numbers
+  // the call in its group; the end adds a callback to the Work's future,
+  // which records what arrived when the transfer completes (asynchronous
+  // work stays asynchronous) and gives the op its place in the trace
+  // there, before whoever waits on the work can read the output. A
+  // collective the step did not wait for before it ended is not recorded.
+  //
+  // Or from a process group that calls the recorder itself
+  // (hooks/collective_hook.h):
+  // a collective (hooks/collective_hook.h) as an op of the trace
   // (formats/collective_op.h), in two halves around its transfer, on the
   // thread that runs it. Start names what the rank sends (leaves when new)
   // and hashes its slices; before an in-place collective it waits for the
@@ -110,6 +135,10 @@ class OpTracer {
   // The collective started on this thread failed: it is dropped, and the ops
   // before it go to the sink. Returns its module ("" when not recorded).
   std::string CollectiveFailed();
+
+  // A collective from the dispatcher completed (`error`: it failed, why);
+  // public for the Work's future callback.
+  void CollectiveArrived(PendingCollective& pending, const std::string* error);
 
   // The RecordFunction callbacks (public for the C callback trampolines).
   std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn);
@@ -153,6 +182,15 @@ class OpTracer {
   static bool RecordWrappedNumber(const at::Tensor& t, formats::OpArg& a);
   static bool RecordNumberList(const c10::IValue& v, formats::OpArg& a);
   void FlushLocked();
+  // The collectives' steps (op_tracer_collectives.cpp), mu_ held: the event
+  // and what is sent; what arrived, and the op into the batch.
+  std::shared_ptr<PendingCollective> BeginCollective(const CollectiveCall& call, const std::vector<at::Tensor>& inputs,
+                                                     bool in_place, const ThreadState& st);
+  void EndCollective(PendingCollective& pending, const std::vector<at::Tensor>& outputs);
+  std::unique_ptr<at::ObserverContext> StartDispatched(const at::RecordFunction& fn, ThreadState& st);
+  void LaunchDispatched(const at::RecordFunction& fn, std::shared_ptr<PendingCollective> pending);
+  // Every op so far to the sink, and the sink's Persist.
+  void Persist();
   // Moves a finished op into the pending batch, handing the batch on when
   // full (mu_ held). `op` keeps the capacity of the slot it is swapped with.
   void AppendOp(formats::OpEvent& op);
@@ -185,10 +223,21 @@ class OpTracer {
 
   CaptureMode mode_;
   size_t batch_ops_;
+  TraceSink* sink_;
+  // What a Work's future callback holds: the tracer while it lives. The
+  // callback runs under `mu`, so the destructor waits for one running.
+  struct Liveness {
+    std::mutex mu;
+    OpTracer* tracer = nullptr;
+  };
+  std::shared_ptr<Liveness> live_;
   at::CallbackHandle handle_;
   mutable std::mutex mu_;
   bool enabled_ = true;
   uint64_t next_seq_ = 0;
+  uint64_t step_ = 0;  // NewStep calls
+  absl::flat_hash_map<std::string, std::string> group_names_;  // NameGroups
+  absl::flat_hash_map<std::string, int64_t> group_calls_;      // dispatcher collectives per group so far
   uint64_t recorded_ = 0;
   // The batch being filled; elements from pending_ops_ / pending_tensors_
   // on are a spare batch's slots, overwritten before use.

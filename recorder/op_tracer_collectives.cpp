@@ -1,33 +1,48 @@
-// OpTracer's collectives (op_tracer.h, CollectiveStart): a collective is no
-// ATen op, so no RecordFunction callback sees it; the process group calls
-// the recorder around it instead (hooks/collective_hook.h).
+// OpTracer's collectives (op_tracer.h, NameGroups): from the dispatcher, or
+// from a process group that calls the recorder around each transfer.
 #include <ATen/ATen.h>
+#include <ATen/core/ivalue_inl.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "recorder/dispatched_collective.h"
 #include "recorder/op_tracer.h"
 #include "recorder/thread_state.h"
 
 namespace moerr::recorder {
+namespace {
 
-bool OpTracer::CollectiveStart(const CollectiveCall& call, const std::vector<at::Tensor>& inputs, bool in_place) {
-  ThreadState& st = State();
-  st.collective.reset();
+// The tensor the trace records for a collective's output `t`: `t`, or when
+// `t` is a part of its storage (a slot of a larger buffer) the whole storage,
+// flat. The op's output is served from the record in replay; a part would
+// leave the rest of the buffer, read later as a view of it, out of reach.
+at::Tensor Recorded(const at::Tensor& t) {
+  if (!t.has_storage() || t.layout() != at::kStrided) return t;
+  const size_t item = t.dtype().itemsize();
+  const size_t bytes = t.storage().nbytes();
+  if (t.storage_offset() == 0 && t.is_non_overlapping_and_dense() && t.nbytes() == bytes) return t;
+  if (bytes % item != 0) return t;
+  at::DisableRecordFunctionGuard untraced;  // the recorder's own op
+  return t.as_strided({static_cast<int64_t>(bytes / item)}, {1}, 0);
+}
+
+}  // namespace
+
+void OpTracer::NameGroups(const std::vector<std::pair<std::string, std::string>>& names) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!enabled_ || st.depth > 0 || st.untraced > 0) {
-    if (in_place) {
-      for (const at::Tensor& t : inputs) worker_.BeforeWrite(t);
-    }
-    return false;
-  }
-  st.collective = TakeScratch();
-  formats::OpEvent& op = st.collective->op;
+  for (const auto& [own, ours] : names) group_names_[own] = ours;
+}
+
+std::shared_ptr<PendingCollective> OpTracer::BeginCollective(const CollectiveCall& call,
+                                                             const std::vector<at::Tensor>& inputs, bool in_place,
+                                                             const ThreadState& st) {
+  auto pending = std::make_shared<PendingCollective>();
+  pending->step = step_;
+  formats::OpEvent& op = pending->event;
   const Placement where = PlaceOp(st);
-  op = formats::OpEvent();
-  op.seq = next_seq_++;
   op.thread = st.thread;
   PlaceEvent(where, op);
-  formats::CollectiveOp& c = st.collective_op;
-  c = formats::CollectiveOp();
+  formats::CollectiveOp& c = pending->op;
   c.kind = call.kind;
   c.group = call.group;
   c.seq = call.seq;
@@ -46,36 +61,142 @@ bool OpTracer::CollectiveStart(const CollectiveCall& call, const std::vector<at:
   if (in_place) {
     for (const at::Tensor& t : inputs) worker_.BeforeWrite(t);
   }
+  return pending;
+}
+
+void OpTracer::EndCollective(PendingCollective& pending, const std::vector<at::Tensor>& outputs) {
+  formats::OpEvent& op = pending.event;
+  formats::CollectiveOp& c = pending.op;
+  // Its place in the trace: after every op that ran before its result existed.
+  op.seq = next_seq_++;
+  absl::flat_hash_map<const void*, uint64_t> recorded;  // storage -> id, for outputs sharing one
+  for (const at::Tensor& t : outputs) {
+    // Written by the transport, not by an ATen op: a new version, so that
+    // whatever reads it next reads this op's output.
+    if (t.unsafeGetTensorImpl()->version_counter().enabled()) t.unsafeGetTensorImpl()->bump_version();
+    const std::vector<uint64_t> hashes = SliceHashes(t, c.recv_rows);
+    c.recv_hashes.insert(c.recv_hashes.end(), hashes.begin(), hashes.end());
+    const at::Tensor whole = Recorded(t);
+    const void* storage = whole.has_storage() ? whole.storage().unsafeGetStorageImpl() : nullptr;
+    if (whole.unsafeGetTensorImpl() != t.unsafeGetTensorImpl() && recorded.count(storage)) {
+      op.outputs.push_back(recorded[storage]);
+      continue;
+    }
+    std::string name = mode_ == CaptureMode::kStats ? "" : absl::StrCat("recv/", ids_.next_id());
+    op.outputs.push_back(NewTensor(whole, static_cast<int64_t>(op.seq), std::move(name), formats::Role::kReceived));
+    recorded[storage] = op.outputs.back();
+  }
+  formats::ToOpEvent(c, op);  // the arguments; op.outputs are set above
+  AppendOp(op);
+}
+
+bool OpTracer::CollectiveStart(const CollectiveCall& call, const std::vector<at::Tensor>& inputs, bool in_place) {
+  ThreadState& st = State();
+  st.collective.reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!enabled_ || st.depth > 0 || st.untraced > 0) {
+    if (in_place) {
+      for (const at::Tensor& t : inputs) worker_.BeforeWrite(t);
+    }
+    return false;
+  }
+  st.collective = BeginCollective(call, inputs, in_place, st);
   return true;
 }
 
 bool OpTracer::CollectiveEnd(const CollectiveCall& call, const std::vector<at::Tensor>& outputs) {
   ThreadState& st = State();
   if (!st.collective) return false;
-  std::unique_ptr<OpScratch> scratch = std::move(st.collective);
-  formats::OpEvent& op = scratch->op;
-  formats::CollectiveOp& c = st.collective_op;
+  const std::shared_ptr<PendingCollective> pending = std::move(st.collective);
   std::lock_guard<std::mutex> lock(mu_);
-  for (const at::Tensor& t : outputs) {
-    // Written by the transport, not by an ATen op: a new version, so that
-    // whatever reads it next reads this op's output.
-    if (t.unsafeGetTensorImpl()->version_counter().enabled()) t.unsafeGetTensorImpl()->bump_version();
-    const std::vector<uint64_t> hashes = SliceHashes(t, call.recv_rows);
-    c.recv_hashes.insert(c.recv_hashes.end(), hashes.begin(), hashes.end());
-    std::string name = mode_ == CaptureMode::kStats ? "" : absl::StrCat("recv/", ids_.next_id());
-    op.outputs.push_back(NewTensor(t, static_cast<int64_t>(op.seq), std::move(name), formats::Role::kReceived));
-  }
-  formats::ToOpEvent(c, op);  // the arguments; op.outputs are set above
-  AppendOp(op);
-  if (ScratchPool().size() < 8) ScratchPool().push_back(std::move(scratch));
+  EndCollective(*pending, outputs);
   return true;
 }
 
 std::string OpTracer::CollectiveFailed() {
-  std::unique_ptr<OpScratch> pending = std::move(State().collective);
+  const std::shared_ptr<PendingCollective> pending = std::move(State().collective);
   Flush();
   // Not recorded (in the rollout, say): the module it ran in, from the scopes.
-  return pending ? pending->op.module : PlaceOp(State()).module;
+  return pending ? pending->event.module : PlaceOp(State()).module;
+}
+
+std::unique_ptr<at::ObserverContext> OpTracer::StartDispatched(const at::RecordFunction& fn, ThreadState& st) {
+  absl::StatusOr<DispatchedCollective> read = ReadDispatchedCollective(fn.name(), fn.inputs());
+  if (!read.ok()) return nullptr;  // torch refuses the call, with its own error
+  std::unique_ptr<OpContext> ctx;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // A collective a process group's caller records itself (the Python
+    // recorder's send and recv), or one inside an untraced scope, is not
+    // recorded here; what it writes may still be queued for the worker.
+    if (st.collective || st.untraced > 0 || !enabled_) {
+      for (const at::Tensor& t : read->outputs) worker_.BeforeWrite(t);
+      if (st.collective || st.untraced > 0) return nullptr;
+    }
+    CollectiveCall& call = read->call;
+    const auto named = group_names_.find(call.group);
+    call.group = named != group_names_.end() ? named->second : absl::StrCat("c10d:", call.group);
+    call.seq = group_calls_[call.group]++;  // counted outside steps too, as every rank does
+    if (!enabled_) return nullptr;
+    ctx = std::make_unique<OpContext>();
+    ctx->collective = BeginCollective(call, read->inputs, read->in_place, st);
+    ctx->collective->outputs = std::move(read->outputs);
+    if (!read->in_place) {
+      for (const at::Tensor& t : ctx->collective->outputs) worker_.BeforeWrite(t);
+    }
+  }
+  return ctx;
+}
+
+void OpTracer::LaunchDispatched(const at::RecordFunction& fn, std::shared_ptr<PendingCollective> pending) {
+  const c10::intrusive_ptr<c10::ivalue::Future> future = FutureOfWork(fn.outputs());
+  if (!future) {
+    sink_->OnError(absl::UnimplementedError(absl::StrCat(
+        fn.name(), ": its Work has no future, so the recorder cannot tell when what arrived exists; ",
+        formats::DescribeCollective(pending->op, pending->event.module), " is not recorded")));
+    return;
+  }
+  Persist();  // the ops before it, durable before this rank waits in it
+  future->addCallback([live = live_, pending = std::move(pending)](c10::ivalue::Future& done) {
+    at::DisableRecordFunctionGuard untraced;  // what the recorder runs here is not the program's
+    std::lock_guard<std::mutex> lock(live->mu);
+    if (live->tracer == nullptr) return;
+    if (done.hasError()) {
+      const std::string why = done.tryRetrieveErrorMessage();
+      live->tracer->CollectiveArrived(*pending, &why);
+    } else {
+      live->tracer->CollectiveArrived(*pending, nullptr);
+    }
+  });
+}
+
+void OpTracer::CollectiveArrived(PendingCollective& pending, const std::string* error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!enabled_ || step_ != pending.step) return;  // its step ended without waiting for it
+    if (error == nullptr) EndCollective(pending, pending.outputs);
+    pending.outputs.clear();
+  }
+  if (error != nullptr) {
+    CollectiveCall call;
+    call.kind = pending.op.kind, call.group = pending.op.group, call.seq = pending.op.seq;
+    call.group_rank = pending.op.group_rank, call.group_size = pending.op.group_size;
+    Persist();
+    sink_->OnCollectiveFailed(call, pending.event.module, *error);
+    return;
+  }
+  Persist();
+}
+
+void OpTracer::Persist() {
+  {
+    // Drained under the lock: other threads may trace meanwhile (the worker
+    // has one producer at a time).
+    std::lock_guard<std::mutex> lock(mu_);
+    FlushLocked();
+    worker_.Drain();
+  }
+  sink_->Persist();
 }
 
 }  // namespace moerr::recorder

@@ -215,10 +215,14 @@ void Recorder::OnCollectiveEnd(const CollectiveCall& call, const std::vector<at:
 }
 
 void Recorder::FlushToFile() {
+  tracer_->Flush();
+  Persist();
+}
+
+void Recorder::Persist() {
   // A rank may die or stall while it waits in a collective (it, or another):
   // the ops up to each collective reach the file (the bundle, or the ring's
   // slot), so salvage finds them.
-  tracer_->Flush();
   std::lock_guard<std::mutex> lock(mu_);
   formats::BundleWriter* w = StepWriter();
   if (w == nullptr) return;
@@ -227,13 +231,25 @@ void Recorder::FlushToFile() {
 
 void Recorder::OnCollectiveFailed(const CollectiveCall& call, const std::string& why) {
   if (stopped_) return;
-  const std::string module = tracer_->CollectiveFailed();
+  AnnotateFailedCollective(call, tracer_->CollectiveFailed(), why);
+}
+
+void Recorder::OnCollectiveFailed(const CollectiveCall& call, const std::string& module, const std::string& why) {
+  AnnotateFailedCollective(call, module, why);
+}
+
+void Recorder::AnnotateFailedCollective(const CollectiveCall& call, const std::string& module,
+                                        const std::string& why) {
   const formats::CollectiveFailed failed{call.kind, call.group, call.seq, step_, module, why, call.group_rank};
   absl::Status s = Annotate(formats::kCollectiveFailedAnnotation, formats::ToJson(failed));
   if (!s.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_.ok()) failed_ = s;
   }
+}
+
+void Recorder::NameGroups(const std::vector<std::pair<std::string, std::string>>& names) {
+  if (tracer_) tracer_->NameGroups(names);
 }
 
 void Recorder::OnRouting(const RoutingEvent& e) {

@@ -106,6 +106,13 @@ class Recorder : public TraceSink, public RoutingObserver, public CollectiveObse
   void OnCollectiveStart(const CollectiveCall& call, const std::vector<at::Tensor>& inputs, bool in_place) override;
   void OnCollectiveEnd(const CollectiveCall& call, const std::vector<at::Tensor>& outputs) override;
   void OnCollectiveFailed(const CollectiveCall& call, const std::string& why) override;
+  // TraceSink: a collective from the dispatcher (OpTracer::NameGroups).
+  // Persist writes what the writer holds to the file; a failed one is the
+  // annotation "collective_failed", as above.
+  void Persist() override;
+  void OnCollectiveFailed(const CollectiveCall& call, const std::string& module, const std::string& why) override;
+  // The trace's names for process groups, by their own (OpTracer::NameGroups).
+  void NameGroups(const std::vector<std::pair<std::string, std::string>>& names);
 
  private:
   explicit Recorder(RecordOptions options);
@@ -125,6 +132,7 @@ class Recorder : public TraceSink, public RoutingObserver, public CollectiveObse
   absl::Status KeepRing(llvm::json::Object why, bool complete);
   // Streaming: the ops traced so far, and everything the writer holds, to the file.
   void FlushToFile();
+  void AnnotateFailedCollective(const CollectiveCall& call, const std::string& module, const std::string& why);
 
   RecordOptions options_;
   std::unique_ptr<formats::BundleWriter> writer_;

@@ -2,6 +2,8 @@
 // op_tracer_collectives.cpp). Internal to the recorder.
 #pragma once
 
+#include <ATen/record_function.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -25,6 +27,16 @@ struct OpScratch {
   // writes, in argument order, recorded as its outputs.
   std::vector<at::Tensor> written;
   int64_t seq_begin = -1;
+};
+
+// A collective being recorded (op_tracer_collectives.cpp): what is known when
+// it starts; what arrived is added when its transfer completes, on whatever
+// thread completes it.
+struct PendingCollective {
+  formats::OpEvent event;    // thread, phase, module; seq and outputs when it arrives
+  formats::CollectiveOp op;  // the call, what was sent
+  std::vector<at::Tensor> outputs;  // launched from the dispatcher: what the transfer writes
+  uint64_t step = 0;                // the tracer's step it started in
 };
 
 // Per-thread state: nesting of ATen ops, the user-scope stack and the
@@ -58,11 +70,26 @@ struct ThreadState {
   // OnlyObserver) for the outermost op running, or for the untraced scope open.
   bool silenced_op = false, silenced_scope = false;
   uint32_t thread = 0;
-  // A collective that started on this thread and has not ended
-  // (op_tracer_collectives.cpp): its event (seq, phase, module) and what
-  // is known of it so far; End adds what arrived and writes the arguments.
-  std::unique_ptr<OpScratch> collective;
-  formats::CollectiveOp collective_op;
+  // A process group's worker (Gloo names its threads "pt_gloo_runloop"):
+  // the ATen ops it runs are the transport's (copies into an all_gather's
+  // output list), not the step's, and are not recorded.
+  bool transport = false;
+  // A collective that a process group's caller started on this thread
+  // (OpTracer::CollectiveStart) and has not ended.
+  std::shared_ptr<PendingCollective> collective;
+};
+
+// What an op's start callback hands its end callback.
+struct OpContext : at::ObserverContext {
+  std::unique_ptr<OpScratch> scratch;  // a recorded op; null when transparent
+  // Not an op of its own: aten::_backward, or a named record that is no
+  // dispatcher op (the engine's "autograd::engine::evaluate_function: ...").
+  bool transparent = false;
+  bool backward = false;  // ... and what runs inside it is backward work
+  // A collective from the dispatcher, recorded when its work completes.
+  std::shared_ptr<PendingCollective> collective;
+
+  ~OpContext() override;
 };
 
 // This thread's state.

@@ -143,10 +143,12 @@ ExitOr CheckRunCollectives(const std::string& dir, const std::vector<int64_t>& s
     std::printf("step %lld: cross-rank check of %zu collective records: %s\n", static_cast<long long>(step),
                 collectives, found.empty() ? "every rank received what was sent" : "MISMATCH");
     for (const analysis::CollectiveMismatch& m : found) {
-      std::printf("  %s: rank %lld -> rank %lld, rows [%lld, %lld) of what rank %lld received: %s\n",
-                  formats::DescribeCollective(m.collective, m.module).c_str(), static_cast<long long>(m.sender),
-                  static_cast<long long>(m.receiver), static_cast<long long>(m.first_row),
-                  static_cast<long long>(m.first_row + m.rows), static_cast<long long>(m.receiver), m.what.c_str());
+      // Rows for a slice of an all_to_all; other kinds move one whole tensor.
+      const std::string rows = m.rows > 0 ? absl::StrFormat(", rows [%d, %d) of what rank %d received", m.first_row,
+                                                            m.first_row + m.rows, m.receiver)
+                                          : "";
+      std::printf("  %s: rank %lld -> rank %lld%s: %s\n", formats::DescribeCollective(m.collective, m.module).c_str(),
+                  static_cast<long long>(m.sender), static_cast<long long>(m.receiver), rows.c_str(), m.what.c_str());
     }
   }
   return exit_code;

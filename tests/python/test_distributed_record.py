@@ -110,13 +110,15 @@ dist.init_process_group("gloo", init_method=INIT, rank=int(os.environ["RANK"]), 
 rank = dist.get_rank()
 both, second = dist.new_group([0, 1]), dist.new_group([1])
 real = dist.all_reduce
+from torch.distributed import all_reduce as imported_before  # recorded all the same: from the dispatcher
 with moerr.record(RUN, overwrite=True) as rec:
-    assert dist.all_reduce is not real
+    assert dist.all_reduce is real
     with rec.step():
         x = torch.arange(6.0).reshape(3, 2) * (rank + 1)
         dist.broadcast(x, 1, group=both)            # group rank 1 sends
-        work = dist.all_reduce(x, async_op=True)     # waited on at once
-        assert work.is_completed()
+        work = imported_before(x, async_op=True)    # asynchronous: torch's own work
+        other = torch.ones(3) * 2                    # while it may still be in flight
+        work.wait()
         out = torch.empty(4, 2)
         dist.all_to_all_single(out, torch.cat([x, x[:1]]) + rank, [2, 2], [2, 2])
         if rank == 1:
@@ -213,20 +215,23 @@ CORRUPT_LINK = """
 import torch, torch.distributed as dist, moerr
 dist.init_process_group("gloo", init_method=INIT, rank=int(os.environ["RANK"]), world_size=2)
 rank = dist.get_rank()
-real = dist.all_to_all_single
+real = dist.recv
 
-def bad_link(output, input, *args, **kwargs):  # rank 1 receives rank 0's rows damaged
-    work = real(output, input, *args, **kwargs)
-    if rank == 1:
-        output[0] += 1
+def bad_link(tensor, *args, **kwargs):  # rank 1 receives rank 0's rows damaged
+    work = real(tensor, *args, **kwargs)
+    tensor[0] += 1
     return work
 
-dist.all_to_all_single = bad_link
+dist.recv = bad_link
 with moerr.record(RUN, overwrite=True) as rec:
     with rec.step():
         x = torch.arange(8.0).reshape(4, 2) + 10 * rank
         out = torch.empty(4, 2)
         dist.all_to_all_single(out, x)
+        if rank == 0:
+            dist.send(out, 1)
+        else:
+            dist.recv(out, 0)
         out.sum()
 dist.destroy_process_group()
 """
@@ -238,8 +243,8 @@ def test_cross_rank_check_names_a_corrupt_transfer(tmp_path):
     rc, out = moerr_cli("replay", run)
     assert rc != 0, out
     assert out.count("0 differ") == 2, out  # each rank replays what it received
-    assert "cross-rank check of 2 collective records: MISMATCH" in out, out
-    assert "all_to_all #0 in world: rank 0 -> rank 1, rows [0, 2) of what rank 1 received: the bytes differ" in out, out
+    assert "cross-rank check of 4 collective records: MISMATCH" in out, out
+    assert "recv #0 in p2p:0,1: rank 0 -> rank 1: the bytes differ: rank 0 sent hash" in out, out
 
 
 def test_bad_collective_calls_are_refused(tmp_path):
