@@ -40,7 +40,7 @@ TensorIdentities::Input TensorIdentities::ResolveInput(const at::Tensor& t, bool
   if (!t.has_storage()) return Input{};
   // Another view of a storage a recorded tensor lives in, unchanged since.
   auto it = storages_.find(t.storage().unsafeGetStorageImpl());
-  if (it != storages_.end() && !it->second.storage.expired() &&
+  if (it != storages_.end() && it->second.mirrors && !it->second.storage.expired() &&
       it->second.version == static_cast<uint32_t>(t._version())) {
     return Input{0, it->second.id};
   }
@@ -57,7 +57,15 @@ uint64_t TensorIdentities::Add(const at::Tensor& t, bool is_view) {
     aliases_.insert_or_assign(
         AliasOf(t), KnownAlias{weak, c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), version, id});
     if (!is_view) {
-      storages_.insert_or_assign(t.storage().unsafeGetStorageImpl(), KnownStorage{std::move(weak), version, id});
+      // Replay rebuilds the storage's layout when this tensor covers it, or
+      // when what it replaces over it already did (a view or an in-place
+      // write of it, re-executed there).
+      const void* key = t.storage().unsafeGetStorageImpl();
+      auto it = storages_.find(key);
+      const bool mirrored = it != storages_.end() && it->second.mirrors && !it->second.storage.expired();
+      const bool covers = t.storage_offset() == 0 && t.is_non_overlapping_and_dense() &&
+                          t.nbytes() == t.storage().nbytes();
+      storages_.insert_or_assign(key, KnownStorage{std::move(weak), version, id, covers || mirrored});
     }
   }
   // Entries of freed tensors are dead weight until the step ends; a long

@@ -9,7 +9,8 @@
 //     counter of their own; they match while the recorded tensor is still
 //     at its recorded version;
 //  3. otherwise a different view of a storage a recorded tensor lives in,
-//     at the same version: a new id, a view of that one.
+//     at the same version: a new id, a view of that one; only where replay
+//     lays that storage out as the program did (KnownStorage::mirrors).
 //
 // Ids are handed out here, growing across steps; each step starts with an
 // empty table, so whatever a step reads from an earlier one is new to it.
@@ -90,11 +91,16 @@ class TensorIdentities {
     uint32_t version = 0;
     uint64_t id = 0;
   };
-  // Rule 3: storage -> a tensor id over it.
+  // Rule 3: storage -> a tensor id over it. `mirrors`: that id's replayed
+  // value lies in a storage laid out as the program's (it, or what it was
+  // made from, covers the storage from offset 0), so a view of the storage
+  // can be rebuilt from it at the program's offsets. Otherwise (a slot of a
+  // larger buffer, captured on its own) another view is a value of its own.
   struct KnownStorage {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
     uint32_t version = 0;
     uint64_t id = 0;
+    bool mirrors = false;
   };
   static AliasKey AliasOf(const at::Tensor& t);
   // The id `t` already has (rules 1 and 2), or 0.

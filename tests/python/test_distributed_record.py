@@ -168,6 +168,44 @@ def test_subgroups_async_and_refusal(tmp_path):
     assert out.count("0 differ") == 2 and "every rank received what was sent" in out, out
 
 
+DDP = """
+import torch, torch.distributed as dist, moerr
+from torch.nn.parallel import DistributedDataParallel
+dist.init_process_group("gloo", init_method=INIT, rank=int(os.environ["RANK"]), world_size=2)
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with moerr.record(RUN, overwrite=True) as rec:
+    with rec.step():
+        x = torch.arange(12.0).reshape(3, 4) / 10 + rank
+        model(x).square().sum().backward()   # DDP's reducer all-reduces the gradients from C++
+        with moerr.scope("optimizer"):
+            opt.step()
+print("weight", rank, model.module[0].weight.sum().item())
+dist.destroy_process_group()
+"""
+
+
+def test_ddp_gradients_are_recorded_from_the_dispatcher(tmp_path):
+    """DDP's reducer calls the process group from C++, in backward: no
+    Python function is called, and the dispatcher's op is recorded."""
+    run = tmp_path / "run"
+    outputs = run_ranks(DDP, run)
+    weights = [out.split("weight %d " % r)[1].split()[0] for r, out in enumerate(outputs)]
+    assert weights[0] == weights[1], outputs  # the gradients were averaged
+    for rank in (0, 1):
+        ops = moerr.Bundle(run / f"rank{rank}.moerr").ops(0)
+        reduced = [op for op in ops if op["name"] == "c10d::all_reduce"]
+        assert [op["phase"] for op in reduced] == ["backward"], ops
+        # The gradients the optimizer reads come from what arrived.
+        after = [op for op in ops if op["index"] > reduced[0]["index"]]
+        assert any(op["phase"] == "optimizer" for op in after), ops
+    rc, out = moerr_cli("replay", run)
+    assert rc == 0, out
+    assert out.count(" 0 differ") == 2 and "every rank received what was sent" in out, out
+
+
 TENSOR_COLLECTIVES = """
 import torch, torch.distributed as dist, moerr
 dist.init_process_group("gloo", init_method=INIT, rank=int(os.environ["RANK"]), world_size=2)
