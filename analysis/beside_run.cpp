@@ -86,9 +86,10 @@ std::vector<RankGroups> ReadDumps(const formats::WorldStep& fr) {
   return out;
 }
 
-// The same call under both names. On gloo, moerr.record runs all_gather as
-// an all_to_all_single (python/moerr/_distributed.py), and gloo runs
-// reduce_scatter_tensor as one all_reduce: Flight Recorder sees those.
+// The same call under both names: gloo runs reduce_scatter_tensor as one
+// all_reduce, which Flight Recorder sees; and a recording whose
+// moerr.record wrapped all_gather (before collectives were recorded from
+// the dispatcher) ran it on gloo as an all_to_all_single.
 bool SameKind(const std::string& dumped, const std::string& recorded) {
   return dumped == recorded || (recorded == "all_gather" && dumped == "all_to_all") ||
          (recorded == "reduce_scatter" && dumped == "all_reduce");

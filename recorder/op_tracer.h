@@ -118,18 +118,18 @@ class OpTracer {
   // there, before whoever waits on the work can read the output. A
   // collective the step did not wait for before it ended is not recorded.
   //
-  // Or from a process group that calls the recorder itself
-  // (hooks/collective_hook.h):
-  // a collective (hooks/collective_hook.h) as an op of the trace
-  // (formats/collective_op.h), in two halves around its transfer, on the
-  // thread that runs it. Start names what the rank sends (leaves when new)
-  // and hashes its slices; before an in-place collective it waits for the
-  // worker's reads of its inputs. End gives what arrived new ids (the bytes
-  // changed outside any ATen op, so their version is bumped), hashes its
-  // slices and, in replayable and full modes, captures it as "recv/<id>" so
-  // that the rank replays alone. A collective inside a recorded op or an
-  // untraced scope, or while the tracer is off, is not recorded. Both
-  // return whether the collective is (being) recorded.
+  // Or from a process group that calls the recorder itself around the
+  // transfer, on the thread that runs it (hooks/collective_hook.h: the
+  // reference trainer's, the Python recorder's wrappers), with these two.
+  // Either way the op (formats/collective_op.h) is built alike. Start names
+  // what the rank sends (leaves when new) and hashes its slices; before an
+  // in-place collective it waits for the worker's reads of its inputs. End
+  // gives what arrived new ids (the bytes changed outside any ATen op, so
+  // their version is bumped), hashes its slices and, in replayable and full
+  // modes, captures it as "recv/<id>" so that the rank replays alone (a
+  // slot of a larger buffer: the whole storage). A collective inside a
+  // recorded op or an untraced scope, or while the tracer is off, is not
+  // recorded. Both return whether the collective is (being) recorded.
   bool CollectiveStart(const CollectiveCall& call, const std::vector<at::Tensor>& inputs, bool in_place);
   bool CollectiveEnd(const CollectiveCall& call, const std::vector<at::Tensor>& outputs);
   // The collective started on this thread failed: it is dropped, and the ops

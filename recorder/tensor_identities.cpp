@@ -60,12 +60,14 @@ uint64_t TensorIdentities::Add(const at::Tensor& t, bool is_view) {
       // Replay rebuilds the storage's layout when this tensor covers it, or
       // when what it replaces over it already did (a view or an in-place
       // write of it, re-executed there).
-      const void* key = t.storage().unsafeGetStorageImpl();
-      auto it = storages_.find(key);
-      const bool mirrored = it != storages_.end() && it->second.mirrors && !it->second.storage.expired();
       const bool covers = t.storage_offset() == 0 && t.is_non_overlapping_and_dense() &&
                           t.nbytes() == t.storage().nbytes();
-      storages_.insert_or_assign(key, KnownStorage{std::move(weak), version, id, covers || mirrored});
+      auto [it, inserted] =
+          storages_.try_emplace(t.storage().unsafeGetStorageImpl(), KnownStorage{weak, version, id, covers});
+      if (!inserted) {
+        const bool mirrored = it->second.mirrors && !it->second.storage.expired();
+        it->second = KnownStorage{std::move(weak), version, id, covers || mirrored};
+      }
     }
   }
   // Entries of freed tensors are dead weight until the step ends; a long

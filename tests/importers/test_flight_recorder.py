@@ -142,9 +142,9 @@ def test_beside_moerrs_recording_names_the_module_each_rank_waited_in(dumps, tmp
     for rank, c in at.items():
         assert c["dump_seq"] == order["first_disagreement"] and c["seq"] == order["first_disagreement"] - beside["offset"]
         assert c["found"] and c["module"] == "layers.1", out["beside"]["text"]
-    # The odd rank's all_gather ran as all_to_all_single: the dump's kind.
+    # The recording and the dump name the odd rank's all_gather alike.
     assert at[jobs.odd_rank(2)]["kind"] == "all_gather" and at[0]["kind"] == "all_reduce"
-    assert side(order, "other_kind")["call"]["kind"] == "all_to_all"
+    assert side(order, "other_kind")["call"]["kind"] == "all_gather"
     assert all(c["module"] == "layers.0" and c["phase"] == "forward" for c in beside["completed"]), out["beside"]["text"]
     text = subprocess.run([MOERR, "inspect", run, "--beside", recording], capture_output=True, text=True).stdout
     assert "group world is its world" in text and "(layers.1; moerr's all_gather #1" in text, text

@@ -163,6 +163,14 @@ def test_subgroups_async_and_refusal(tmp_path):
     after = ["c10d::all_gather", "c10d::barrier", "c10d::reduce"]
     assert groups[0] == common + after + ["c10d::send"]
     assert groups[1] == common + ["c10d::all_reduce"] + after + ["c10d::recv"]
+    for rank in (0, 1):
+        # The async all_reduce takes its place when its work completed: the
+        # ops after the wait read what arrived.
+        ops = moerr.Bundle(run / f"rank{rank}.moerr").ops(0)
+        reduce = next(op for op in ops if op["name"] == "c10d::all_reduce")
+        arrived = reduce["outputs"][0]["id"]
+        reads = [op for op in ops[reduce["index"] + 1:] if op["name"] == "aten::slice"]
+        assert reads and reads[0]["args"][0]["value"] == arrived, ops
     rc, out = moerr_cli("replay", run)
     assert rc == 0, out
     assert out.count("0 differ") == 2 and "every rank received what was sent" in out, out
@@ -204,6 +212,37 @@ def test_ddp_gradients_are_recorded_from_the_dispatcher(tmp_path):
     rc, out = moerr_cli("replay", run)
     assert rc == 0, out
     assert out.count(" 0 differ") == 2 and "every rank received what was sent" in out, out
+
+
+PEER_DIES = """
+import datetime, torch, torch.distributed as dist, moerr
+dist.init_process_group("gloo", init_method=INIT, rank=int(os.environ["RANK"]), world_size=2,
+                        timeout=datetime.timedelta(seconds=5))
+rank = dist.get_rank()
+x = torch.ones(4)
+with moerr.record(RUN, overwrite=True) as rec:
+    try:
+        with rec.step():
+            with moerr.scope("model.layers.0.mlp"):
+                dist.all_reduce(x)
+                if rank == 1:
+                    os._exit(0)                       # dies inside the step
+                work = dist.all_reduce(x * 2, async_op=True)
+                work.wait()                           # rank 0: the peer is gone
+    except RuntimeError as e:
+        print("raised:", str(e).splitlines()[0][:80])
+"""
+
+
+def test_a_collective_whose_peer_died_is_the_one_this_rank_waited_in(tmp_path):
+    run = tmp_path / "run"
+    outputs = run_ranks(PEER_DIES, run)
+    assert "raised:" in outputs[0], outputs
+    failed = moerr.Bundle(run / "rank0.moerr").annotation("collective_failed")
+    assert failed["kind"] == "all_reduce" and failed["group"] == "world" and failed["seq"] == 1, failed
+    assert failed["module"] == "model.layers.0.mlp", failed
+    rc, out = moerr_cli("inspect", run)
+    assert "rank 0" in out and "all_reduce #1 in world" in out, out
 
 
 TENSOR_COLLECTIVES = """

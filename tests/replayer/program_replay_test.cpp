@@ -284,5 +284,29 @@ TEST(ProgramReplayTest, ABufferFilledOutsideTheOpsIsALeafWhereItIsRead) {
   EXPECT_GT(report->compared, 3u);
 }
 
+// Slots of one buffer made before the step (DDP's gradient bucket): the
+// first slot an op writes is a value of its own in replay, not the buffer,
+// so another slot, and the whole buffer, are not rebuilt as views of it.
+TEST(ProgramReplayTest, SlotsOfABufferMadeBeforeTheStepReplayOnTheirOwn) {
+  TempDir dir;
+  at::Tensor bucket = at::zeros({10});
+  at::Tensor first = bucket.slice(0, 6, 10), second = bucket.slice(0, 0, 6);
+  const at::Tensor x = at::arange(4.0), y = at::arange(6.0);
+  auto rec = recorder::Recorder::Start(recorder::RecordOptions(dir.File("s.moerr")).set_crash_handler(false)).value();
+  ASSERT_TRUE(rec->StepBegin(0).ok());
+  at::mul_out(first, x, at::scalar_tensor(2.0));
+  at::mul_out(second, y, at::scalar_tensor(3.0));
+  const double total = (bucket * 2).sum().item<double>();
+  EXPECT_EQ(total, 2 * (2 * 6.0 + 3 * 15.0));
+  ASSERT_TRUE(rec->StepEnd(0, {0.0, 0.0}).ok());
+  ASSERT_TRUE(rec->Stop().ok());
+
+  auto reader = formats::BundleReader::Open(dir.File("s.moerr")).value();
+  auto report = ReplayStep(*reader, 0);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->mismatched, 0u);
+  EXPECT_GE(report->compared, 3u);
+}
+
 }  // namespace
 }  // namespace moerr::replayer
