@@ -105,9 +105,10 @@ class Collectives:
     it each group's name (`group_name`). What it cannot see from there is
     wrapped here, wherever a loaded module binds it under its name
     (torch.distributed, distributed_c10d, a module that imported it): send,
-    recv, reduce_scatter and reduce_scatter_tensor, whose Gloo work has no
-    future, are handed to the recorder (`PyRecorder.collective`) and waited
-    on at once, send and recv with the pair of ranks as their group; the
+    recv, reduce_scatter, reduce_scatter_tensor and all_reduce_coalesced,
+    whose Gloo work has no future, are handed to the recorder
+    (`PyRecorder.collective`) and waited on at once, send and recv with the
+    pair of ranks as their group; the
     object collectives run in the untraced scope; the calls whose results
     the recorder cannot see (gather, scatter and their object forms, the
     list all_to_all, isend, irecv, batch_isend_irecv, recv from any source)
@@ -115,7 +116,7 @@ class Collectives:
     torch's functional collectives are replaced by ones that call
     torch.distributed's (`_functional.py`)."""
 
-    NAMES = ("send", "recv", "reduce_scatter", "reduce_scatter_tensor")
+    NAMES = ("send", "recv", "reduce_scatter", "reduce_scatter_tensor", "all_reduce_coalesced")
     REFUSED = ("gather", "scatter", "all_to_all", "isend", "irecv", "batch_isend_irecv", "gather_object",
                "scatter_object_list")
     # Python objects, pickled through all_gather and broadcast: no tensor of
@@ -181,7 +182,7 @@ class Collectives:
                                "broadcast, reduce, send or recv")
         return refuse
 
-    def _run(self, kind, group, inputs, outputs, transfer, peer=None):
+    def _run(self, kind, group, inputs, outputs, transfer, peer=None, in_place=False):
         """`transfer()` runs the call and waits for it; the recorder hears
         of it around it. Point to point (`peer`, the other world rank): the
         pair of world ranks is the group ("p2p:<lo>,<hi>", group rank 0 the
@@ -207,10 +208,16 @@ class Collectives:
             finally:
                 self._inside = False
 
-        return self._rec.collective(call, inputs, outputs, False, waited)
+        return self._rec.collective(call, inputs, outputs, in_place, waited)
 
-    # reduce_scatter: Gloo's work for it has no future, so the dispatcher's
-    # op cannot tell when it completes; waited on at once.
+    # reduce_scatter and all_reduce_coalesced: Gloo's work for them has no
+    # future, so the dispatcher's op cannot tell when they complete; waited
+    # on at once.
+    def _all_reduce_coalesced(self, tensors, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        real = self._real["all_reduce_coalesced"]
+        return self._run("all_reduce", group, list(tensors), list(tensors),
+                         lambda: _waited(real(tensors, op, group, async_op)), in_place=True)
+
     def _reduce_scatter(self, output, input_list, op=dist.ReduceOp.SUM, group=None, async_op=False):
         real = self._real["reduce_scatter"]
         return self._run("reduce_scatter", group, list(input_list), [output],
