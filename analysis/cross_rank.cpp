@@ -1,13 +1,15 @@
 #include "analysis/cross_rank.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <map>
 #include <numeric>
 #include <tuple>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "analysis/first_overflow.h"
 #include "formats/annotations.h"
 #include "formats/dtype.h"
@@ -96,8 +98,12 @@ void CheckSameResult(int64_t rank, const Recorded& mine, int64_t peer, const Rec
 // "p2p:<lo>,<hi>" (python/moerr/_distributed.py), whose group rank 0 is the
 // lower; -1 for another group or rank.
 int64_t PairRank(const std::string& group, int64_t group_rank) {
-  int lo = -1, hi = -1;
-  if (std::sscanf(group.c_str(), "p2p:%d,%d", &lo, &hi) != 2 || group_rank < 0 || group_rank > 1) return -1;
+  if (!absl::StartsWith(group, "p2p:") || group_rank < 0 || group_rank > 1) return -1;
+  const std::vector<std::string> pair = absl::StrSplit(group.substr(4), ',');
+  int64_t lo = -1, hi = -1;
+  if (pair.size() != 2 || !absl::SimpleAtoi(pair[0], &lo) || !absl::SimpleAtoi(pair[1], &hi) || lo < 0 || lo >= hi) {
+    return -1;
+  }
   return group_rank == 0 ? lo : hi;
 }
 

@@ -121,6 +121,9 @@ class PyRecorder {
   // The trace's name of each process group, by the group's own name
   // (ProcessGroup.group_name): what its collectives are recorded under.
   void NameGroups(const std::vector<std::pair<std::string, std::string>>& names) { Live().NameGroups(names); }
+  // The number of the next collective in `group` (the trace's name), for
+  // one the Python recorder hands over itself.
+  int64_t NextCollective(const std::string& group) { return Live().NextCollectiveInGroup(group); }
   void Routing(int64_t layer, const at::Tensor& ids, const at::Tensor& weights,
                const c10::optional<at::Tensor>& maybe_logits, const at::Tensor& hidden) {
     const at::Tensor logits = maybe_logits.value_or(at::Tensor());
@@ -306,6 +309,20 @@ class PyBundle {
     return ops;
   }
 
+  // What the trace of `step` says of tensor `id`: where it lives (a view of
+  // another id, its offset in elements), which op made it (-1: none) and its
+  // leaf's name in the bundle ("" when not stored).
+  py::dict TensorMeta(int64_t step, uint64_t id) const {
+    const formats::Trace trace = Take(formats::ReadTrace(*reader_, step));
+    const formats::TensorMeta* m = trace.Find(id);
+    if (m == nullptr) Raise(absl::NotFoundError(absl::StrFormat("step %d has no tensor %d", step, id)));
+    py::dict d;
+    d["id"] = m->id, d["dtype"] = std::string(formats::DTypeName(m->dtype)), d["shape"] = m->shape;
+    d["strides"] = m->strides, d["offset"] = m->storage_offset, d["view_of"] = m->view_of;
+    d["producer"] = m->producer, d["leaf"] = m->leaf;
+    return d;
+  }
+
   py::list Routing(int64_t step) const {
     const formats::Trace trace = Take(formats::ReadTrace(*reader_, step));
     py::list out;
@@ -348,6 +365,7 @@ PYBIND11_MODULE(_moerr, m) {
       .def("annotate_step", &PyRecorder::AnnotateStep)
       .def("name_tensors", &PyRecorder::NameTensors)
       .def("name_groups", &PyRecorder::NameGroups)
+      .def("next_collective", &PyRecorder::NextCollective)
       .def("routing", &PyRecorder::Routing)
       .def("collective", &PyRecorder::Collective, py::arg("call"), py::arg("inputs"), py::arg("outputs"),
            py::arg("in_place"), py::arg("transfer"))
@@ -369,6 +387,7 @@ PYBIND11_MODULE(_moerr, m) {
       .def("tensor", &PyBundle::Tensor, py::arg("name"), py::arg("step") = -1)
       .def("tensor_names", &PyBundle::TensorNames)
       .def("ops", &PyBundle::Ops)
+      .def("tensor_meta", &PyBundle::TensorMeta)
       .def("routing", &PyBundle::Routing)
       .def("annotation", &PyBundle::Annotation, py::arg("key"), py::arg("step") = -1);
 }

@@ -40,13 +40,17 @@ constexpr Layout kLayouts[] = {
     {"c10d::barrier", "barrier", -1, -1, 1, -1, -1, -1, false},
 };
 
+// c10d ops that write nothing the step reads: not recorded, harmless.
+constexpr const char* kWriteNothing[] = {"c10d::send", "c10d::monitored_barrier_"};
+
 const Layout* LayoutOf(const char* op_name) {
-  if (std::strncmp(op_name, "c10d::", 6) != 0) return nullptr;
   for (const Layout& l : kLayouts) {
     if (std::strcmp(l.op, op_name) == 0) return &l;
   }
   return nullptr;
 }
+
+int64_t Rows(const at::Tensor& t) { return t.dim() > 0 ? t.size(0) : 0; }
 
 // The tensors of a Tensor, Tensor[] or Tensor[][] argument, in order.
 void AppendTensors(const c10::IValue& v, std::vector<at::Tensor>& out) {
@@ -60,20 +64,13 @@ void AppendTensors(const c10::IValue& v, std::vector<at::Tensor>& out) {
 }
 
 // Rows per group rank: the given splits, or equal ones when none are given.
-std::vector<int64_t> Rows(const c10::IValue& splits, const at::Tensor& t, int64_t size) {
+std::vector<int64_t> Split(const c10::IValue& splits, const at::Tensor& t, int64_t size) {
   std::vector<int64_t> rows = splits.isIntList() ? splits.toIntVector() : std::vector<int64_t>();
-  if (rows.empty()) rows.assign(size, t.dim() > 0 ? t.size(0) / size : 0);
+  if (rows.empty()) rows.assign(size, Rows(t) / size);
   return rows;
 }
 
-}  // namespace
-
-bool IsDispatchedCollective(const char* op_name) { return LayoutOf(op_name) != nullptr; }
-
-absl::StatusOr<DispatchedCollective> ReadDispatchedCollective(const char* op_name,
-                                                              c10::ArrayRef<c10::IValue> args) {
-  const Layout* l = LayoutOf(op_name);
-  if (l == nullptr) return absl::InvalidArgumentError(absl::StrCat(op_name, " is not a collective read here"));
+absl::StatusOr<DispatchedCollective> Read(const Layout* l, const char* op_name, c10::ArrayRef<c10::IValue> args) {
   const auto arg = [&](int i) -> const c10::IValue& {
     static const c10::IValue none;
     return i >= 0 && static_cast<size_t>(i) < args.size() ? args[i] : none;
@@ -96,13 +93,12 @@ absl::StatusOr<DispatchedCollective> ReadDispatchedCollective(const char* op_nam
     if (d.inputs.size() != 1 || d.outputs.size() != 1) {
       return absl::InvalidArgumentError(absl::StrCat(op_name, ": one input and one output expected"));
     }
-    call.send_rows = Rows(arg(l->send_splits), d.inputs[0], call.group_size);
-    call.recv_rows = Rows(arg(l->recv_splits), d.outputs[0], call.group_size);
-    const auto rows = [](const at::Tensor& t) { return t.dim() > 0 ? t.size(0) : int64_t{0}; };
+    call.send_rows = Split(arg(l->send_splits), d.inputs[0], call.group_size);
+    call.recv_rows = Split(arg(l->recv_splits), d.outputs[0], call.group_size);
     if (static_cast<int64_t>(call.send_rows.size()) != call.group_size ||
         static_cast<int64_t>(call.recv_rows.size()) != call.group_size ||
-        !formats::SplitsRows(call.send_rows, rows(d.inputs[0])) ||
-        !formats::SplitsRows(call.recv_rows, rows(d.outputs[0]))) {
+        !formats::SplitsRows(call.send_rows, Rows(d.inputs[0])) ||
+        !formats::SplitsRows(call.recv_rows, Rows(d.outputs[0]))) {
       return absl::InvalidArgumentError(absl::StrCat(op_name, ": the splits do not cover dim 0"));
     }
   }
@@ -115,6 +111,28 @@ absl::StatusOr<DispatchedCollective> ReadDispatchedCollective(const char* op_nam
     }
   }
   return d;
+}
+
+}  // namespace
+
+bool IsDispatchedCollective(const char* op_name) { return std::strncmp(op_name, "c10d::", 6) == 0; }
+
+absl::StatusOr<DispatchedCollective> ReadDispatchedCollective(const char* op_name,
+                                                              c10::ArrayRef<c10::IValue> args) {
+  const Layout* l = LayoutOf(op_name);
+  if (l == nullptr) {
+    for (const char* harmless : kWriteNothing) {
+      if (std::strcmp(harmless, op_name) == 0) return absl::NotFoundError(absl::StrCat(op_name, " writes nothing"));
+    }
+    return absl::UnimplementedError(absl::StrCat(
+        op_name, " is not recorded, and what it writes would leave the record wrong; use all_reduce, "
+                 "all_to_all_single, all_gather, broadcast, reduce, or send and recv through torch.distributed"));
+  }
+  try {  // the ProcessGroup's methods may refuse (a group without a name)
+    return Read(l, op_name, args);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(op_name, ": ", e.what_without_backtrace()));
+  }
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> FutureOfWork(c10::ArrayRef<c10::IValue> outputs) {

@@ -8,7 +8,7 @@
 //
 // Point to point (`send`, `recv_`) is not read here: Gloo's work for it has
 // no future, so its completion is only seen by whoever waits on it (the
-// Python recorder wraps those calls).
+// Python recorder wraps those calls, and runs them with RecordFunction off).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -31,12 +31,17 @@ struct DispatchedCollective {
   bool in_place = false;
 };
 
-// Whether `op_name` (a RecordFunction's name) is a collective read here.
+// Whether `op_name` (a RecordFunction's name) is a process group's op
+// (`c10d::`): never an ordinary op of the trace.
 bool IsDispatchedCollective(const char* op_name);
 
-// The call `args` (the op's boxed arguments) make. InvalidArgument when they
-// are not what the table says, or the splits do not cover the tensors'
-// dim 0: torch then refuses the call with its own error.
+// The call `args` (the op's boxed arguments) make. NotFound for an op that
+// writes nothing the step reads (send, monitored_barrier_); Unimplemented
+// for one the recorder cannot see the results of (gather_, scatter_, the
+// list alltoall_, recv_ called past the Python recorder's wrapper), naming
+// it; InvalidArgument when the arguments are not what the table says, or
+// the splits do not cover the tensors' dim 0: torch then refuses the call
+// with its own error.
 absl::StatusOr<DispatchedCollective> ReadDispatchedCollective(const char* op_name, c10::ArrayRef<c10::IValue> args);
 
 // The future of the Work the op returned (its last output), or null when it

@@ -206,6 +206,7 @@ OpTracer::~OpTracer() {
 
 void OpTracer::set_enabled(bool on) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (!on) RecordCompletedLocked();  // what the step waited for is its own
   enabled_ = on;
 }
 
@@ -214,6 +215,7 @@ void OpTracer::NewStep() {
   FlushLocked();
   worker_.NewStep();
   ++step_;
+  in_flight_.clear();  // an earlier step's, never waited for: not this step's
   node_ranges_.clear();
   // A step is replayed on its own: whatever it reads from an earlier step is
   // a leaf of this one.
@@ -226,10 +228,10 @@ void OpTracer::NameTensors(const std::vector<std::pair<std::string, at::Tensor>>
 }
 
 void OpTracer::Flush() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    FlushLocked();
-  }
+  // Drained under the lock: a collective's callback traces from another
+  // thread, and the worker takes one producer at a time.
+  std::lock_guard<std::mutex> lock(mu_);
+  FlushLocked();
   worker_.Drain();
 }
 
@@ -400,6 +402,7 @@ std::unique_ptr<at::ObserverContext> OpTracer::OnStart(const at::RecordFunction&
   if (st.silenced_op) at::enableRecordFunction(false);
   if (IsDispatchedCollective(fn.name())) return StartDispatched(fn, st);
   std::lock_guard<std::mutex> lock(mu_);
+  RecordCompletedLocked();
   if (st.untraced > 0) {
     WaitBeforeWrites(fn, InfoOf(fn));  // not recorded, but it may overwrite what the worker is to read
     return nullptr;

@@ -139,6 +139,12 @@ class OpTracer {
   // A collective from the dispatcher completed (`error`: it failed, why);
   // public for the Work's future callback.
   void CollectiveArrived(PendingCollective& pending, const std::string* error);
+  // Its callback threw (a copy LibTorch could not make): the sink hears why.
+  void CollectiveCallbackFailed(const std::string& why);
+  // The number of the next collective in `group` (the trace's name for it),
+  // for a collective the tracer does not see from the dispatcher (the
+  // Python recorder's wrappers), so that the group has one numbering.
+  int64_t NextCollectiveInGroup(const std::string& group);
 
   // The RecordFunction callbacks (public for the C callback trampolines).
   std::unique_ptr<at::ObserverContext> OnStart(const at::RecordFunction& fn);
@@ -191,6 +197,15 @@ class OpTracer {
   void LaunchDispatched(const at::RecordFunction& fn, std::shared_ptr<PendingCollective> pending);
   // Every op so far to the sink, and the sink's Persist.
   void Persist();
+  // Records each collective in flight whose future has completed (mu_
+  // held). A thread that waits on the future itself, not on the Work (DDP's
+  // reducer), wakes before the future's callbacks run: its next op records
+  // the collective first. Returns whether one was recorded.
+  bool RecordCompletedLocked();
+  // The collective has arrived (mu_ held): recorded when `ok` and its step is
+  // still being recorded, then out of the flight list. Once per collective;
+  // returns whether this call was the one and its step is being recorded.
+  bool ArriveLocked(PendingCollective& pending, bool ok);
   // Moves a finished op into the pending batch, handing the batch on when
   // full (mu_ held). `op` keeps the capacity of the slot it is swapped with.
   void AppendOp(formats::OpEvent& op);
@@ -237,7 +252,9 @@ class OpTracer {
   uint64_t next_seq_ = 0;
   uint64_t step_ = 0;  // NewStep calls
   absl::flat_hash_map<std::string, std::string> group_names_;  // NameGroups
-  absl::flat_hash_map<std::string, int64_t> group_calls_;      // dispatcher collectives per group so far
+  absl::flat_hash_map<std::string, int64_t> group_calls_;      // collectives per group so far
+  // Collectives from the dispatcher launched and not yet recorded.
+  std::vector<std::shared_ptr<PendingCollective>> in_flight_;
   uint64_t recorded_ = 0;
   // The batch being filled; elements from pending_ops_ / pending_tensors_
   // on are a spare batch's slots, overwritten before use.

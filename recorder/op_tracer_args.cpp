@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "recorder/fingerprint.h"
 #include "recorder/hooks/tensor_adapter.h"
@@ -17,7 +18,10 @@ namespace moerr::recorder {
 
 uint64_t OpTracer::NewTensor(const at::Tensor& t, int64_t producer, std::string leaf_name, formats::Role role,
                              uint64_t view_of, const ViewSource* derive_from) {
-  const uint64_t id = ids_.Add(t, view_of != 0);
+  // A named value is read from the bundle in replay, on a storage of its
+  // own; but "act/" (full mode) is only compared, its op re-executed.
+  const bool standalone = !leaf_name.empty() && !absl::StartsWith(leaf_name, "act/");
+  const uint64_t id = ids_.Add(t, view_of != 0, standalone);
   // Overwritten in place (a spare batch's slot keeps its capacity); every
   // field is set. The worker fills in the fingerprint.
   formats::TensorMeta& meta =

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue_inl.h>
 
+#include <algorithm>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "recorder/dispatched_collective.h"
@@ -17,13 +19,11 @@ namespace {
 // flat. The op's output is served from the record in replay; a part would
 // leave the rest of the buffer, read later as a view of it, out of reach.
 at::Tensor Recorded(const at::Tensor& t) {
-  if (!t.has_storage() || t.layout() != at::kStrided) return t;
-  const size_t item = t.dtype().itemsize();
-  const size_t bytes = t.storage().nbytes();
-  if (t.storage_offset() == 0 && t.is_non_overlapping_and_dense() && t.nbytes() == bytes) return t;
+  if (!t.has_storage() || t.layout() != at::kStrided || CoversItsStorage(t)) return t;
+  const size_t item = t.dtype().itemsize(), bytes = t.storage().nbytes();
   if (bytes % item != 0) return t;
-  at::DisableRecordFunctionGuard untraced;  // the recorder's own op
-  return t.as_strided({static_cast<int64_t>(bytes / item)}, {1}, 0);
+  at::DisableRecordFunctionGuard untraced;  // the recorder's own ops; no autograd view either
+  return t.detach().as_strided({static_cast<int64_t>(bytes / item)}, {1}, 0);
 }
 
 }  // namespace
@@ -38,6 +38,7 @@ std::shared_ptr<PendingCollective> OpTracer::BeginCollective(const CollectiveCal
                                                              const ThreadState& st) {
   auto pending = std::make_shared<PendingCollective>();
   pending->step = step_;
+  pending->call = call;
   formats::OpEvent& op = pending->event;
   const Placement where = PlaceOp(st);
   op.thread = st.thread;
@@ -69,11 +70,14 @@ void OpTracer::EndCollective(PendingCollective& pending, const std::vector<at::T
   formats::CollectiveOp& c = pending.op;
   // Its place in the trace: after every op that ran before its result existed.
   op.seq = next_seq_++;
+  // Written by the transport, not by an ATen op: a new version, so that
+  // whatever reads it next reads this op's output. All before any is named:
+  // slots of one buffer share its version counter.
+  for (const at::Tensor& t : outputs) {
+    if (t.unsafeGetTensorImpl()->version_counter().enabled()) t.unsafeGetTensorImpl()->bump_version();
+  }
   absl::flat_hash_map<const void*, uint64_t> recorded;  // storage -> id, for outputs sharing one
   for (const at::Tensor& t : outputs) {
-    // Written by the transport, not by an ATen op: a new version, so that
-    // whatever reads it next reads this op's output.
-    if (t.unsafeGetTensorImpl()->version_counter().enabled()) t.unsafeGetTensorImpl()->bump_version();
     const std::vector<uint64_t> hashes = SliceHashes(t, c.recv_rows);
     c.recv_hashes.insert(c.recv_hashes.end(), hashes.begin(), hashes.end());
     const at::Tensor whole = Recorded(t);
@@ -120,82 +124,126 @@ std::string OpTracer::CollectiveFailed() {
   return pending ? pending->event.module : PlaceOp(State()).module;
 }
 
+int64_t OpTracer::NextCollectiveInGroup(const std::string& group) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return group_calls_[group]++;
+}
+
 std::unique_ptr<at::ObserverContext> OpTracer::StartDispatched(const at::RecordFunction& fn, ThreadState& st) {
   absl::StatusOr<DispatchedCollective> read = ReadDispatchedCollective(fn.name(), fn.inputs());
-  if (!read.ok()) return nullptr;  // torch refuses the call, with its own error
-  std::unique_ptr<OpContext> ctx;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    // A collective a process group's caller records itself (the Python
-    // recorder's send and recv), or one inside an untraced scope, is not
-    // recorded here; what it writes may still be queued for the worker.
-    if (st.collective || st.untraced > 0 || !enabled_) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RecordCompletedLocked();
+  if (st.untraced > 0) {  // not recorded; what it writes may still be queued for the worker
+    if (read.ok()) {
       for (const at::Tensor& t : read->outputs) worker_.BeforeWrite(t);
-      if (st.collective || st.untraced > 0) return nullptr;
     }
-    CollectiveCall& call = read->call;
-    const auto named = group_names_.find(call.group);
-    call.group = named != group_names_.end() ? named->second : absl::StrCat("c10d:", call.group);
-    call.seq = group_calls_[call.group]++;  // counted outside steps too, as every rank does
-    if (!enabled_) return nullptr;
-    ctx = std::make_unique<OpContext>();
-    ctx->collective = BeginCollective(call, read->inputs, read->in_place, st);
-    ctx->collective->outputs = std::move(read->outputs);
-    if (!read->in_place) {
-      for (const at::Tensor& t : ctx->collective->outputs) worker_.BeforeWrite(t);
-    }
+    return nullptr;
   }
+  if (!read.ok()) {
+    // One whose transfer the recorder cannot see writes behind its back.
+    if (absl::IsUnimplemented(read.status()) && enabled_) sink_->OnError(read.status());
+    return nullptr;  // else it writes nothing the step reads, or torch refuses the call
+  }
+  CollectiveCall& call = read->call;
+  const auto named = group_names_.find(call.group);
+  call.group = named != group_names_.end() ? named->second : absl::StrCat("c10d:", call.group);
+  call.seq = group_calls_[call.group]++;  // counted outside steps too, as every rank does
+  std::shared_ptr<PendingCollective> pending;
+  if (enabled_) {
+    pending = BeginCollective(call, read->inputs, read->in_place, st);
+    pending->outputs = std::move(read->outputs);
+  } else {  // outside a step: only a failure is reported, with its module
+    pending = std::make_shared<PendingCollective>();
+    pending->call = call;
+    pending->event.module = PlaceOp(st).module;
+    pending->recorded = false;
+  }
+  if (!read->in_place) {
+    for (const at::Tensor& t : pending->recorded ? pending->outputs : read->outputs) worker_.BeforeWrite(t);
+  }
+  auto ctx = std::make_unique<OpContext>();
+  ctx->collective = std::move(pending);
   return ctx;
 }
 
 void OpTracer::LaunchDispatched(const at::RecordFunction& fn, std::shared_ptr<PendingCollective> pending) {
-  const c10::intrusive_ptr<c10::ivalue::Future> future = FutureOfWork(fn.outputs());
-  if (!future) {
-    sink_->OnError(absl::UnimplementedError(absl::StrCat(
-        fn.name(), ": its Work has no future, so the recorder cannot tell when what arrived exists; ",
-        formats::DescribeCollective(pending->op, pending->event.module), " is not recorded")));
+  if (fn.outputs().empty()) return;  // the op raised: torch reports it
+  pending->future = FutureOfWork(fn.outputs());
+  if (!pending->future) {
+    if (pending->recorded) {
+      sink_->OnError(absl::UnimplementedError(absl::StrCat(
+          fn.name(), ": its Work has no future, so the recorder cannot tell when what arrived exists; ",
+          formats::DescribeCollective(pending->op, pending->event.module), " is not recorded")));
+    }
     return;
   }
-  Persist();  // the ops before it, durable before this rank waits in it
+  if (pending->recorded) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_flight_.push_back(pending);
+    }
+    Persist();  // the ops before it, durable before this rank waits in it
+  }
+  const c10::intrusive_ptr<c10::ivalue::Future> future = pending->future;
   future->addCallback([live = live_, pending = std::move(pending)](c10::ivalue::Future& done) {
     at::DisableRecordFunctionGuard untraced;  // what the recorder runs here is not the program's
     std::lock_guard<std::mutex> lock(live->mu);
     if (live->tracer == nullptr) return;
-    if (done.hasError()) {
-      const std::string why = done.tryRetrieveErrorMessage();
-      live->tracer->CollectiveArrived(*pending, &why);
-    } else {
-      live->tracer->CollectiveArrived(*pending, nullptr);
+    // Nothing may escape into the transport's thread: the future does not catch.
+    try {
+      if (done.hasError()) {
+        const std::string why = done.tryRetrieveErrorMessage();
+        live->tracer->CollectiveArrived(*pending, &why);
+      } else {
+        live->tracer->CollectiveArrived(*pending, nullptr);
+      }
+    } catch (const std::exception& e) {
+      live->tracer->CollectiveCallbackFailed(e.what());
     }
   });
 }
 
+bool OpTracer::ArriveLocked(PendingCollective& pending, bool ok) {
+  if (pending.arrived) return false;
+  pending.arrived = true;
+  in_flight_.erase(std::remove_if(in_flight_.begin(), in_flight_.end(),
+                                  [&](const std::shared_ptr<PendingCollective>& p) { return p.get() == &pending; }),
+                   in_flight_.end());
+  const bool in_step = pending.recorded && enabled_ && step_ == pending.step;
+  if (in_step && ok) EndCollective(pending, pending.outputs);
+  pending.outputs.clear();
+  pending.future.reset();  // the future holds the callback that holds this
+  return in_step;
+}
+
+bool OpTracer::RecordCompletedLocked() {
+  if (in_flight_.empty()) return false;
+  bool any = false;
+  const std::vector<std::shared_ptr<PendingCollective>> flying = in_flight_;  // ArriveLocked erases
+  for (const std::shared_ptr<PendingCollective>& p : flying) {
+    // A failed one is left to its callback, which reports why.
+    if (p->future && p->future->completed() && !p->future->hasError()) any |= ArriveLocked(*p, true);
+  }
+  return any;
+}
+
 void OpTracer::CollectiveArrived(PendingCollective& pending, const std::string* error) {
+  bool in_step = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!enabled_ || step_ != pending.step) return;  // its step ended without waiting for it
-    if (error == nullptr) EndCollective(pending, pending.outputs);
-    pending.outputs.clear();
+    in_step = ArriveLocked(pending, error == nullptr);
   }
-  if (error != nullptr) {
-    CollectiveCall call;
-    call.kind = pending.op.kind, call.group = pending.op.group, call.seq = pending.op.seq;
-    call.group_rank = pending.op.group_rank, call.group_size = pending.op.group_size;
-    Persist();
-    sink_->OnCollectiveFailed(call, pending.event.module, *error);
-    return;
-  }
-  Persist();
+  // A failure is reported in a step or out of it (the rank waited in it).
+  if (error != nullptr) sink_->OnCollectiveFailed(pending.call, pending.event.module, *error);
+  if (in_step) Persist();
+}
+
+void OpTracer::CollectiveCallbackFailed(const std::string& why) {
+  sink_->OnError(absl::InternalError(absl::StrCat("recording a collective's arrival: ", why)));
 }
 
 void OpTracer::Persist() {
-  {
-    // Drained under the lock: other threads may trace meanwhile (the worker
-    // has one producer at a time).
-    std::lock_guard<std::mutex> lock(mu_);
-    FlushLocked();
-    worker_.Drain();
-  }
+  Flush();
   sink_->Persist();
 }
 

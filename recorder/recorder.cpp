@@ -240,7 +240,12 @@ void Recorder::OnCollectiveFailed(const CollectiveCall& call, const std::string&
 
 void Recorder::AnnotateFailedCollective(const CollectiveCall& call, const std::string& module,
                                         const std::string& why) {
-  const formats::CollectiveFailed failed{call.kind, call.group, call.seq, step_, module, why, call.group_rank};
+  int64_t step = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // on a collective's callback thread, beside the step's
+    step = step_;
+  }
+  const formats::CollectiveFailed failed{call.kind, call.group, call.seq, step, module, why, call.group_rank};
   absl::Status s = Annotate(formats::kCollectiveFailedAnnotation, formats::ToJson(failed));
   if (!s.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -250,6 +255,10 @@ void Recorder::AnnotateFailedCollective(const CollectiveCall& call, const std::s
 
 void Recorder::NameGroups(const std::vector<std::pair<std::string, std::string>>& names) {
   if (tracer_) tracer_->NameGroups(names);
+}
+
+int64_t Recorder::NextCollectiveInGroup(const std::string& group) {
+  return tracer_ ? tracer_->NextCollectiveInGroup(group) : 0;
 }
 
 void Recorder::OnRouting(const RoutingEvent& e) {
@@ -288,13 +297,17 @@ absl::Status Recorder::StepBegin(int64_t step) {
   MOERR_RETURN_IF_ERROR(failed_);
   MOERR_CHECK(!in_step_) << "StepBegin(" << step << ") inside step " << step_;
   const bool record = options_.trigger != Trigger::kWindow || (step >= options_.first_step && step <= options_.last_step);
-  step_ = step;
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // a collective's callback reads it (AnnotateFailedCollective)
+    step_ = step;
+  }
   micro_batch_.clear();
   last_op_.reset();
   step_ops_ = 0;
   if (!record) return absl::OkStatus();
   in_step_ = true;
   if (Streaming()) {
+    std::lock_guard<std::mutex> lock(mu_);  // a collective's callback may flush the writer (Persist)
     MOERR_RETURN_IF_ERROR(writer_->BeginStep(step));
   } else {
     {
@@ -345,6 +358,7 @@ absl::Status Recorder::StepEnd(int64_t step, StepOutcome outcome) {
   in_step_ = false;
   if (Streaming()) {
     written_.push_back(step);
+    std::lock_guard<std::mutex> lock(mu_);
     return writer_->EndStep(step);
   }
   std::optional<std::string> why = trigger_.Judge(outcome);  // every step: the medians need its values
@@ -375,7 +389,10 @@ absl::Status Recorder::StepRaised(int64_t step, formats::RaisedStep raised) {
   const absl::Status annotated = AnnotateStep(formats::kRaisedAnnotation, formats::toJSON(raised));
   MOERR_RETURN_IF_ERROR(failed_);
   MOERR_RETURN_IF_ERROR(annotated);
-  if (Streaming()) return writer_->Checkpoint();  // in the file now, though not complete
+  if (Streaming()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return writer_->Checkpoint();  // in the file now, though not complete
+  }
   return KeepRing(llvm::json::Object{{"raised", raised.type}, {"reason", "raised " + headline}}, /*complete=*/false);
 }
 

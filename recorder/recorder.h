@@ -111,8 +111,10 @@ class Recorder : public TraceSink, public RoutingObserver, public CollectiveObse
   // annotation "collective_failed", as above.
   void Persist() override;
   void OnCollectiveFailed(const CollectiveCall& call, const std::string& module, const std::string& why) override;
-  // The trace's names for process groups, by their own (OpTracer::NameGroups).
+  // The trace's names for process groups, by their own (OpTracer::NameGroups),
+  // and the next number in one (OpTracer::NextCollectiveInGroup).
   void NameGroups(const std::vector<std::pair<std::string, std::string>>& names);
+  int64_t NextCollectiveInGroup(const std::string& group);
 
  private:
   explicit Recorder(RecordOptions options);

@@ -47,7 +47,12 @@ TensorIdentities::Input TensorIdentities::ResolveInput(const at::Tensor& t, bool
   return Input{};
 }
 
-uint64_t TensorIdentities::Add(const at::Tensor& t, bool is_view) {
+bool CoversItsStorage(const at::Tensor& t) {
+  return t.has_storage() && t.storage_offset() == 0 && t.is_non_overlapping_and_dense() &&
+         t.nbytes() == t.storage().nbytes();
+}
+
+uint64_t TensorIdentities::Add(const at::Tensor& t, bool is_view, bool standalone) {
   const uint64_t id = next_id_++;
   const uint32_t version = static_cast<uint32_t>(t._version());
   known_.insert_or_assign(t.unsafeGetTensorImpl(),
@@ -58,14 +63,13 @@ uint64_t TensorIdentities::Add(const at::Tensor& t, bool is_view) {
         AliasOf(t), KnownAlias{weak, c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr()), version, id});
     if (!is_view) {
       // Replay rebuilds the storage's layout when this tensor covers it, or
-      // when what it replaces over it already did (a view or an in-place
-      // write of it, re-executed there).
-      const bool covers = t.storage_offset() == 0 && t.is_non_overlapping_and_dense() &&
-                          t.nbytes() == t.storage().nbytes();
+      // when it is re-executed over a storage replay already laid out so (a
+      // view or an in-place write of what was there).
+      const bool covers = CoversItsStorage(t);
       auto [it, inserted] =
           storages_.try_emplace(t.storage().unsafeGetStorageImpl(), KnownStorage{weak, version, id, covers});
       if (!inserted) {
-        const bool mirrored = it->second.mirrors && !it->second.storage.expired();
+        const bool mirrored = !standalone && it->second.mirrors && !it->second.storage.expired();
         it->second = KnownStorage{std::move(weak), version, id, covers || mirrored};
       }
     }

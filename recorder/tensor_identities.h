@@ -29,6 +29,10 @@
 
 namespace moerr::recorder {
 
+// Whether `t` is its whole storage from offset 0, every byte once: a value
+// replay can lay out as the program had it.
+bool CoversItsStorage(const at::Tensor& t);
+
 class TensorIdentities {
  public:
   // What an op's input resolves to: the id it has (rules 1 and 2), or else
@@ -46,7 +50,10 @@ class TensorIdentities {
   uint64_t SameTensor(const at::Tensor& t) const;
   // Gives `t` a new id and remembers it. `is_view`: `t` views another id's
   // storage (rule 3), so it does not stand for that storage itself.
-  uint64_t Add(const at::Tensor& t, bool is_view);
+  // `standalone`: replay makes its value on a storage of its own (a leaf
+  // read from the bundle, an output served from the record), not by
+  // re-executing what made it.
+  uint64_t Add(const at::Tensor& t, bool is_view, bool standalone = false);
   // The id the next Add gives (for names like "leaf/<id>").
   uint64_t next_id() const { return next_id_; }
   bool InThisStep(uint64_t id) const { return id >= step_first_id_; }

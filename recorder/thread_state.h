@@ -2,6 +2,7 @@
 // op_tracer_collectives.cpp). Internal to the recorder.
 #pragma once
 
+#include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
 
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "formats/collective_op.h"
 #include "formats/trace.h"
 #include "recorder/fingerprint.h"
+#include "recorder/hooks/collective_hook.h"
 
 namespace moerr::recorder {
 
@@ -35,8 +37,14 @@ struct OpScratch {
 struct PendingCollective {
   formats::OpEvent event;    // thread, phase, module; seq and outputs when it arrives
   formats::CollectiveOp op;  // the call, what was sent
-  std::vector<at::Tensor> outputs;  // launched from the dispatcher: what the transfer writes
-  uint64_t step = 0;                // the tracer's step it started in
+  CollectiveCall call;
+  uint64_t step = 0;         // the tracer's step it started in
+  // Launched from the dispatcher: what the transfer writes, and its Work's
+  // future. `recorded`: a collective of the step (else only a failure is
+  // reported); `arrived`: handled, by whichever thread saw it complete first.
+  std::vector<at::Tensor> outputs;
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  bool recorded = true, arrived = false;
 };
 
 // Per-thread state: nesting of ATen ops, the user-scope stack and the

@@ -454,6 +454,12 @@ class Bundle:
     def ops(self, step):
         return self._b.ops(step)
 
+    def tensor_meta(self, step, id):
+        """Tensor `id` of `step`'s trace: dtype, shape, strides, offset,
+        view_of (the id whose storage it views, 0: none), producer (the op
+        that made it, -1: none) and leaf (its name in the bundle, or "")."""
+        return self._b.tensor_meta(step, id)
+
     def routing(self, step):
         return self._b.routing(step)
 

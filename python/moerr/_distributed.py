@@ -125,7 +125,6 @@ class Collectives:
 
     def __init__(self, recorder):
         self._rec = recorder
-        self._seq = {}  # group name -> collectives issued in it
         self._real = {}
         self._names, self._torch, self._ours = [], [], []  # each name, torch's function and its wrapper
         self._inside = False  # in a transfer: a collective it calls is part of it
@@ -197,9 +196,8 @@ class Collectives:
             sender = me if kind == "send" else peer
             name, group_rank, size = "p2p:%d,%d" % tuple(sorted((me, peer))), int(me > peer), 2
             root = int(sender > min(me, peer))
-        seq = self._seq.get(name, 0)
-        self._seq[name] = seq + 1
-        call = CollectiveCall(kind, name, seq, group_rank, size, root)
+        # Numbered with the collectives the recorder sees from the dispatcher.
+        call = CollectiveCall(kind, name, self._rec.next_collective(name), group_rank, size, root)
 
         def waited():
             self._inside = True
