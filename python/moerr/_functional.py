@@ -6,8 +6,9 @@ of `_functional_collectives` (`all_reduce`, `all_gather_tensor[_autograd]`,
 `reduce_scatter_tensor[_autograd]`, `all_to_all_single[_autograd]`,
 `broadcast`, `wait_tensor`) are replaced by the ones here (`functions()`).
 Each runs torch.distributed's collective of the same kind through
-`torch.distributed` (wrapped by `Collectives`, so it is recorded as
-c10d::<kind> with what was sent and what arrived) and returns the tensor it
+`torch.distributed` (recorded from the dispatcher, or by `Collectives`
+where it wraps the call, as c10d::<kind> with what was sent and what
+arrived), waits for it, and returns the tensor it
 received into: a plain tensor whose value exists when the function returns,
 the very tensor the recorder hashed and captured. The gradients are those
 torch 2.11 registers for the `_c10d_functional` ops (register_autograd in
