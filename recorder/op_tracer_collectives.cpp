@@ -177,6 +177,9 @@ void OpTracer::LaunchDispatched(const at::RecordFunction& fn, std::shared_ptr<Pe
     }
     return;
   }
+  // Taken before another thread can see the pending: whichever records its
+  // arrival drops its reference to the future.
+  const c10::intrusive_ptr<c10::ivalue::Future> future = pending->future;
   if (pending->recorded) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -184,7 +187,6 @@ void OpTracer::LaunchDispatched(const at::RecordFunction& fn, std::shared_ptr<Pe
     }
     Persist();  // the ops before it, durable before this rank waits in it
   }
-  const c10::intrusive_ptr<c10::ivalue::Future> future = pending->future;
   future->addCallback([live = live_, pending = std::move(pending)](c10::ivalue::Future& done) {
     at::DisableRecordFunctionGuard untraced;  // what the recorder runs here is not the program's
     std::lock_guard<std::mutex> lock(live->mu);

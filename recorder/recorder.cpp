@@ -322,6 +322,7 @@ absl::Status Recorder::StepBegin(int64_t step) {
   {
     at::DisableRecordFunctionGuard no_record;
     const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+    std::lock_guard<std::mutex> lock(mu_);  // a collective's callback may write too
     MOERR_RETURN_IF_ERROR(EmitTensor("rng/cpu", formats::Role::kRng, rng));
   }
   tracer_->NewStep();
