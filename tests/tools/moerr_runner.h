@@ -43,10 +43,12 @@ inline void Spit(const fs::path& path, const std::string& bytes) {
 }
 
 // Runs `moerr ARGS...` in `dir`, its stdout and stderr captured (in files
-// of a name no other call uses, so calls may run at once).
+// of a name no other call uses, so calls may run at once: this process's
+// id and its count of calls, since ctest runs test processes side by side
+// in the same temporary directory).
 inline Result Moerr(const fs::path& dir, const std::vector<std::string>& args) {
   static std::atomic<int> calls{0};
-  const std::string n = std::to_string(calls++);
+  const std::string n = std::to_string(getpid()) + "." + std::to_string(calls++);
   const fs::path out = dir / ("stdout." + n), err = dir / ("stderr." + n);
   std::string command = "cd " + Quote(dir.string()) + " && " + Quote(MOERR_BIN);
   for (const std::string& a : args) command += " " + Quote(a);
