@@ -177,7 +177,7 @@ absl::StatusOr<MethodRanking> RankMethods(const EvalReport& report) {
   if (report.rows.empty()) return absl::InvalidArgumentError("method ranking: the report has no rows");
   MethodRanking out;
   out.current_default = MethodName(ClusterOptions{}.method);
-  const bool dynamics = !report.static_only && report.trainer_seeds >= 2;
+  const bool dynamics = !report.options.static_only && report.options.trainer_seeds >= 2;
   std::vector<std::pair<double, int64_t>> keys;  // (keep, heal_steps) in order of first appearance
   for (const EvalRow& row : report.rows) {
     if (std::find(keys.begin(), keys.end(), std::make_pair(row.keep, row.heal_steps)) == keys.end()) {
@@ -193,8 +193,8 @@ absl::StatusOr<MethodRanking> RankMethods(const EvalReport& report) {
     for (const EvalRow& row : report.rows) {
       if (row.keep == g.keep && row.heal_steps == g.heal_steps && row.method == kRandomMethod) random = &row;
     }
-    g.faults_judged = !report.static_only && random != nullptr;
-    any_without_random |= !report.static_only && random == nullptr;
+    g.faults_judged = !report.options.static_only && random != nullptr;
+    any_without_random |= !report.options.static_only && random == nullptr;
     g.dynamics_judged = dynamics;
     for (const EvalRow& row : report.rows) {
       if (row.keep == g.keep && row.heal_steps == g.heal_steps) {
@@ -203,7 +203,7 @@ absl::StatusOr<MethodRanking> RankMethods(const EvalReport& report) {
     }
     out.groups.push_back(std::move(g));
   }
-  if (report.static_only) {
+  if (report.options.static_only) {
     out.notes.push_back("static only: ranked by logit KL, then accuracy (no faults, no dynamics)");
   } else {
     if (any_without_random) {

@@ -396,7 +396,6 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
   };
   EvalReport report;
   report.options = options;
-  report.static_only = options.static_only;
   report.preset = options.preset;
   report.family = moe::FamilyName(options.family);
   MOERR_RETURN_IF_ERROR(CatchTorch("proxy evaluation", [&]() -> absl::Status {
@@ -404,7 +403,6 @@ absl::StatusOr<EvalReport> EvaluateProxies(const EvalOptions& options, const Eva
     report.experts = warm->config().num_experts;
     report.original_accuracy = moe::Accuracy(warm, moe::AdditionTask(), 256, 1 + options.sample_seed);
     MOERR_ASSIGN_OR_RETURN(const Baseline base, MeasureBaseline(warm, options));
-    report.trainer_seeds = options.trainer_seeds;
     report.original_seeds = base.seeds;
 
     std::vector<int64_t> heals = {0};
@@ -476,9 +474,9 @@ void AddDynamicsJson(const EvalRow& r, llvm::json::Object& row) {
 
 // The trainer seeds, and the original's run at each (the band's data).
 void AddSeedsJson(const EvalReport& report, llvm::json::Object& out) {
-  out["trainer_seeds"] = report.trainer_seeds;
+  out["trainer_seeds"] = report.options.trainer_seeds;
   llvm::json::Array runs;
-  const std::vector<uint64_t> seeds = TrainerSeeds(report.trainer_seeds);
+  const std::vector<uint64_t> seeds = TrainerSeeds(report.options.trainer_seeds);
   for (size_t i = 0; i < report.original_seeds.size() && i < seeds.size(); ++i) {
     llvm::json::Object run = SeriesJson(report.original_seeds[i]);
     run["seed"] = static_cast<int64_t>(seeds[i]);
@@ -531,7 +529,7 @@ llvm::json::Object ToJson(const EvalReport& report) {
   const auto& num = formats::JsonNumber;
   llvm::json::Array rows;
   for (const EvalRow& r : report.rows) {
-    if (report.static_only) {
+    if (report.options.static_only) {
       rows.push_back(StaticRowJson(r));
       continue;
     }
@@ -554,14 +552,14 @@ llvm::json::Object ToJson(const EvalReport& report) {
   llvm::json::Object out{{"preset", report.preset},
                             {"family", report.family},
                             {"warm_checkpoint", report.warm_checkpoint},
-                            {"static_only", report.static_only},
+                            {"static_only", report.options.static_only},
                             {"options", OptionsJson(report.options)},
                             {"experts", report.experts},
                             {"original_accuracy", report.original_accuracy},
                             {"expert_diversity", llvm::json::Object{{"initial", ToJson(report.initial)},
                                                                     {"warm", ToJson(report.warm)}}},
                             {"rows", std::move(rows)}};
-  if (!report.static_only) AddSeedsJson(report, out);
+  if (!report.options.static_only) AddSeedsJson(report, out);
   if (report.ranking) out["ranking"] = ToJson(*report.ranking);
   return out;
 }

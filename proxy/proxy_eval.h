@@ -160,18 +160,17 @@ struct EvalRow {
 struct EvalReport {
   // What made it. Its JSON keeps, under "options", those that set the
   // numbers beyond the model: two reports pool into one table only where
-  // they agree (ranking_merge.h).
+  // they agree (ranking_merge.h). options.static_only: the rows hold static
+  // fidelity and the parameter ratio only.
   EvalOptions options;
   std::string preset, family;  // with hf_config: the file, and the family it names
   std::string warm_checkpoint;  // the warm original, an HF checkpoint (OUT/warmup/...)
-  bool static_only = false;  // the rows hold static fidelity and the parameter ratio only
   double original_accuracy = 0;
   int64_t experts = 0;
   ExpertDiversity initial, warm;  // the preset's experts before and after the warm-up
   std::vector<EvalRow> rows;
   // The original's healthy runs (own rollouts, metrics only), one per
   // trainer seed in TrainerSeeds order; empty when static only.
-  int64_t trainer_seeds = 0;
   std::vector<Trajectory> original_seeds;
   // The methods ranked by the rule of method_ranking.h (RankMethods of the
   // rows above); nullopt only without rows.

@@ -200,8 +200,8 @@ class OpTracer {
   // Records each collective in flight whose future has completed (mu_
   // held). A thread that waits on the future itself, not on the Work (DDP's
   // reducer), wakes before the future's callbacks run: its next op records
-  // the collective first. Returns whether one was recorded.
-  bool RecordCompletedLocked();
+  // the collective first.
+  void RecordCompletedLocked();
   // The collective has arrived (mu_ held): recorded when `ok` and its step is
   // still being recorded, then out of the flight list. Once per collective;
   // returns whether this call was the one and its step is being recorded.

@@ -4,9 +4,11 @@
 #include <ATen/core/ivalue_inl.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "formats/collective_op.h"
 #include "recorder/dispatched_collective.h"
 #include "recorder/op_tracer.h"
 #include "recorder/thread_state.h"
@@ -26,6 +28,20 @@ at::Tensor Recorded(const at::Tensor& t) {
   return t.detach().as_strided({static_cast<int64_t>(bytes / item)}, {1}, 0);
 }
 
+// The trace's record of `call`, without what was sent or arrived.
+formats::CollectiveOp CollectiveOpOf(const CollectiveCall& call) {
+  formats::CollectiveOp c;
+  c.kind = call.kind;
+  c.group = call.group;
+  c.seq = call.seq;
+  c.group_rank = call.group_rank;
+  c.group_size = call.group_size;
+  c.root = call.root;
+  c.send_rows = call.send_rows;
+  c.recv_rows = call.recv_rows;
+  return c;
+}
+
 }  // namespace
 
 void OpTracer::NameGroups(const std::vector<std::pair<std::string, std::string>>& names) {
@@ -43,20 +59,11 @@ std::shared_ptr<PendingCollective> OpTracer::BeginCollective(const CollectiveCal
   const Placement where = PlaceOp(st);
   op.thread = st.thread;
   PlaceEvent(where, op);
-  formats::CollectiveOp& c = pending->op;
-  c.kind = call.kind;
-  c.group = call.group;
-  c.seq = call.seq;
-  c.group_rank = call.group_rank;
-  c.group_size = call.group_size;
-  c.root = call.root;
-  c.send_rows = call.send_rows;
-  c.recv_rows = call.recv_rows;
   const ArgUse use{where.in_optimizer, where.in_batch, where.phase == formats::Phase::kBackward, false};
   for (const at::Tensor& t : inputs) {
-    c.inputs.push_back(InputId(t, use));
+    pending->inputs.push_back(InputId(t, use));
     const std::vector<uint64_t> hashes = SliceHashes(t, call.send_rows);
-    c.send_hashes.insert(c.send_hashes.end(), hashes.begin(), hashes.end());
+    pending->send_hashes.insert(pending->send_hashes.end(), hashes.begin(), hashes.end());
   }
   // What the transfer overwrites must be read first (the inputs just named included).
   if (in_place) {
@@ -67,7 +74,9 @@ std::shared_ptr<PendingCollective> OpTracer::BeginCollective(const CollectiveCal
 
 void OpTracer::EndCollective(PendingCollective& pending, const std::vector<at::Tensor>& outputs) {
   formats::OpEvent& op = pending.event;
-  formats::CollectiveOp& c = pending.op;
+  formats::CollectiveOp c = CollectiveOpOf(pending.call);
+  c.inputs = std::move(pending.inputs);  // recorded once: EndCollective ends the pending
+  c.send_hashes = std::move(pending.send_hashes);
   // Its place in the trace: after every op that ran before its result existed.
   op.seq = next_seq_++;
   // Written by the transport, not by an ATen op: a new version, so that
@@ -173,7 +182,7 @@ void OpTracer::LaunchDispatched(const at::RecordFunction& fn, std::shared_ptr<Pe
     if (pending->recorded) {
       sink_->OnError(absl::UnimplementedError(absl::StrCat(
           fn.name(), ": its Work has no future, so the recorder cannot tell when what arrived exists; ",
-          formats::DescribeCollective(pending->op, pending->event.module), " is not recorded")));
+          formats::DescribeCollective(CollectiveOpOf(pending->call), pending->event.module), " is not recorded")));
     }
     return;
   }
@@ -213,20 +222,21 @@ bool OpTracer::ArriveLocked(PendingCollective& pending, bool ok) {
                    in_flight_.end());
   const bool in_step = pending.recorded && enabled_ && step_ == pending.step;
   if (in_step && ok) EndCollective(pending, pending.outputs);
-  pending.outputs.clear();
-  pending.future.reset();  // the future holds the callback that holds this
+  // Its outputs and future stay with the pending. Its last reference is the
+  // future's callback (a completed future has handed its callbacks out, so
+  // it holds no cycle) or the op's context, and drops outside mu_: dropping
+  // the last reference to a tensor the program has let go of takes the GIL
+  // (torch's PyInterpreter decref), which a thread waiting on mu_ may hold.
   return in_step;
 }
 
-bool OpTracer::RecordCompletedLocked() {
-  if (in_flight_.empty()) return false;
-  bool any = false;
+void OpTracer::RecordCompletedLocked() {
+  if (in_flight_.empty()) return;
   const std::vector<std::shared_ptr<PendingCollective>> flying = in_flight_;  // ArriveLocked erases
   for (const std::shared_ptr<PendingCollective>& p : flying) {
     // A failed one is left to its callback, which reports why.
-    if (p->future && p->future->completed() && !p->future->hasError()) any |= ArriveLocked(*p, true);
+    if (p->future && p->future->completed() && !p->future->hasError()) ArriveLocked(*p, true);
   }
-  return any;
 }
 
 void OpTracer::CollectiveArrived(PendingCollective& pending, const std::string* error) {

@@ -11,7 +11,6 @@
 #include <utility>
 #include <vector>
 
-#include "formats/collective_op.h"
 #include "formats/trace.h"
 #include "recorder/fingerprint.h"
 #include "recorder/hooks/collective_hook.h"
@@ -35,9 +34,10 @@ struct OpScratch {
 // it starts; what arrived is added when its transfer completes, on whatever
 // thread completes it.
 struct PendingCollective {
-  formats::OpEvent event;    // thread, phase, module; seq and outputs when it arrives
-  formats::CollectiveOp op;  // the call, what was sent
+  formats::OpEvent event;  // thread, phase, module; seq and outputs when it arrives
   CollectiveCall call;
+  // What was sent: tensor ids, and one hash per slice (formats::CollectiveOp).
+  std::vector<uint64_t> inputs, send_hashes;
   uint64_t step = 0;         // the tracer's step it started in
   // Launched from the dispatcher: what the transfer writes, and its Work's
   // future. `recorded`: a collective of the step (else only a failure is

@@ -19,6 +19,7 @@
 #include "formats/bundle_writer.h"
 #include "formats/collective_op.h"
 #include "formats/world_run.h"
+#include "support/seconds_since.h"
 
 namespace {
 
@@ -61,9 +62,7 @@ bool WriteRecording(const WorldStep& fr, const std::string& out, int64_t offset)
   return true;
 }
 
-double Seconds(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
+using moerr::SecondsSince;
 
 }  // namespace
 
@@ -93,10 +92,10 @@ int main(int argc, char** argv) {
   for (int i = 0; i < repeats; ++i) {
     auto t = std::chrono::steady_clock::now();
     const std::vector<moerr::analysis::GroupOrder> order = moerr::analysis::CheckCollectiveOrder(*fr);
-    order_s = std::min(order_s, Seconds(t));
+    order_s = std::min(order_s, SecondsSince(t));
     t = std::chrono::steady_clock::now();
     absl::StatusOr<moerr::analysis::BesideRun> beside = moerr::analysis::AlignBeside(order, *fr, argv[2]);
-    align_s = std::min(align_s, Seconds(t));
+    align_s = std::min(align_s, SecondsSince(t));
     if (!beside.ok() || beside->groups.empty()) return 1;
     found = beside->groups[0].offset;
     others = beside->groups[0].other_offsets;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "diff/tensor_metrics.h"
+#include "support/seconds_since.h"
 
 namespace {
 
@@ -55,7 +56,7 @@ int main(int argc, char** argv) {
                                           reinterpret_cast<const std::byte*>(b.data() + start), nullptr};
       checksum += moerr::diff::CompareTensors(va, vb).value().rel_l2;
     }
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best, moerr::SecondsSince(t0));
   }
   const double bytes = 2.0 * a.size() * sizeof(float);
   std::printf("{\"seconds\": %.6f, \"bytes\": %.0f, \"checksum\": %.9g}\n", best, bytes, checksum);

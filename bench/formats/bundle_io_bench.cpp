@@ -15,11 +15,12 @@
 #include "formats/safetensors.h"
 #include "llvm/Support/JSON.h"
 #include "llvm/Support/MemoryBuffer.h"
+#include "support/seconds_since.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double Seconds(Clock::time_point since) { return std::chrono::duration<double>(Clock::now() - since).count(); }
+using moerr::SecondsSince;
 using moerr::formats::SafetensorsFile;
 
 // Faults the input in, so every writer below reads from memory: its raw
@@ -47,7 +48,7 @@ void TimeFwrite(const SafetensorsFile& st, const std::string& out_dir, llvm::jso
     std::fwrite(view.data, 1, CheckedNumel(view.shape, ItemSize(view.dtype)).value(), f);
   }
   std::fclose(f);
-  result["fwrite_s"] = Seconds(t0);
+  result["fwrite_s"] = SecondsSince(t0);
   std::remove(path.c_str());
 }
 
@@ -65,7 +66,7 @@ absl::Status TimeBundleWrite(const SafetensorsFile& st, const std::string& out_d
     if (auto s = (*writer)->PutTensor(name, Role::kParameter, -1, view); !s.ok()) return s;
   }
   if (auto s = (*writer)->Close(); !s.ok()) return s;
-  result[sync ? "bundle_write_sync_s" : "bundle_write_s"] = Seconds(t0);
+  result[sync ? "bundle_write_sync_s" : "bundle_write_s"] = SecondsSince(t0);
   result["bundle_bytes"] = (*writer)->stats().file_bytes;
   if (sync) std::remove(path.c_str());
   return absl::OkStatus();
@@ -82,7 +83,7 @@ absl::Status TimeReadOne(const std::string& path, const std::string& read_name, 
     auto reader = BundleReader::Open(path);
     auto t = (*reader)->ReadTensor(read_name);
     if (!t.ok()) return t.status();
-    best_read = std::min(best_read, Seconds(t0));
+    best_read = std::min(best_read, SecondsSince(t0));
     const BlobInfo& blob = (*reader)->index().blobs[(*reader)->FindTensor(read_name)->blob];
     std::vector<std::byte> out(blob.raw_size);
     auto mapped = llvm::MemoryBuffer::getFile(path, false, false);
@@ -95,7 +96,7 @@ absl::Status TimeReadOne(const std::string& path, const std::string& read_name, 
                         absl::MakeSpan(out.data() + at, c.raw_size));
       at += c.raw_size;
     }
-    best_decode = std::min(best_decode, Seconds(t1));
+    best_decode = std::min(best_decode, SecondsSince(t1));
   }
   result["read_one_s"] = best_read;
   result["decode_one_s"] = best_decode;

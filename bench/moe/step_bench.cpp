@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "moe/grpo_trainer.h"
+#include "support/seconds_since.h"
 
 namespace {
 
@@ -37,7 +38,7 @@ void RunPreset(const std::string& preset, int steps, int fd) {
   trainer.Step();  // first step allocates the optimizer state
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) trainer.Step();
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / steps;
+  const double ms = 1e3 * moerr::SecondsSince(t0) / steps;
   rusage usage;
   getrusage(RUSAGE_SELF, &usage);
   char line[256];

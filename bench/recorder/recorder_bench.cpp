@@ -46,6 +46,7 @@
 #include "absl/strings/str_split.h"
 #include "moe/grpo_trainer.h"
 #include "recorder/recorder.h"
+#include "support/seconds_since.h"
 
 namespace {
 
@@ -347,7 +348,7 @@ void RunVariant(const Variant& variant, int steps, const std::string& dir, moerr
     r.bytes += std::filesystem::file_size(path);
     policy->SetRoutingObserver(nullptr);
   }
-  r.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  r.seconds += moerr::SecondsSince(t0);
   r.steps += steps;
 }
 

@@ -20,12 +20,12 @@
 #include "replayer/model_replay.h"
 #include "replayer/program_replay.h"
 #include "support/check.h"
+#include "support/seconds_since.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+using moerr::SecondsSince;
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -74,23 +74,23 @@ int main(int argc, char** argv) {
   for (int round = 0; round < rounds; ++round) {
     auto t0 = Clock::now();
     trainer.Step();
-    step.push_back(Seconds(t0));
+    step.push_back(SecondsSince(t0));
 
     t0 = Clock::now();
     const replayer::ReplayReport report = replayer::ReplayStep(*replayable, 0).value();
-    replay.push_back(Seconds(t0));
+    replay.push_back(SecondsSince(t0));
     dispatch.push_back(report.dispatch_seconds);
     ops = report.ops;
     mismatched = report.mismatched;
 
     t0 = Clock::now();
     MOERR_CHECK(replayer::ReplayModelStep(*replayable, 0, model_options).ok());
-    model.push_back(Seconds(t0));
+    model.push_back(SecondsSince(t0));
 
     t0 = Clock::now();
     const formats::Trace trace = formats::ReadTrace(*stats, 0).value();
     const auto found = analysis::FindFirstOverflow(trace);
-    bisect.push_back(Seconds(t0));
+    bisect.push_back(SecondsSince(t0));
     MOERR_CHECK(!found.has_value());  // a healthy step: the search runs to the end
   }
   const double s = Median(step);

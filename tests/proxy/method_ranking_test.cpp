@@ -69,7 +69,7 @@ EvalRow Row(const std::string& method, double keep, double kl, double accuracy,
 // so that only faults, KL and accuracy decide.
 EvalReport FaultReport(std::vector<EvalRow> rows) {
   EvalReport report;
-  report.trainer_seeds = 1;
+  report.options.trainer_seeds = 1;
   report.rows = std::move(rows);
   return report;
 }
@@ -177,7 +177,7 @@ TEST(MethodRankingTest, WithoutARandomRowTheFaultCriterionIsSkippedAndSaid) {
 
 TEST(MethodRankingTest, StaticOnlyRanksByKlAndSaysSo) {
   EvalReport report;
-  report.static_only = true;
+  report.options.static_only = true;
   report.rows = {Row("cluster", 0.5, 0.30, 0.9), Row("reap", 0.5, 0.10, 0.8), Row("random", 0.5, 0.50, 0.9),
                  Row("cluster", 0.25, 0.40, 0.8), Row("reap", 0.25, 0.50, 0.8), Row("random", 0.25, 0.90, 0.7)};
   const auto ranking = RankMethods(report);
@@ -194,7 +194,7 @@ TEST(MethodRankingTest, StaticOnlyRanksByKlAndSaysSo) {
 
 TEST(MethodRankingTest, OverallTieGoesToTheLowerMeanKlAndNamesTheDefault) {
   EvalReport report;
-  report.static_only = true;
+  report.options.static_only = true;
   report.rows = {Row("cluster", 0.5, 0.30, 0.9), Row("reap", 0.5, 0.10, 0.8),
                  Row("cluster", 0.25, 0.40, 0.8), Row("reap", 0.25, 0.90, 0.8)};
   const auto ranking = RankMethods(report);
@@ -247,7 +247,7 @@ TEST(MethodRankingTest, TheDynamicsGoalDecidesAfterFaultsBeforeKl) {
   rows[1].seed_band = SeedBands{Band(false), Band(true), Band(true), Band(true)};
   rows[2].seed_band = SeedBands{Band(false), Band(false), Band(false), Band(false)};
   EvalReport report = FaultReport(rows);
-  report.trainer_seeds = 3;
+  report.options.trainer_seeds = 3;
   const auto ranking = RankMethods(report);
   ASSERT_TRUE(ranking.ok()) << ranking.status();
   const GroupRanking& g = ranking->groups[0];
@@ -283,10 +283,12 @@ TEST(MethodRankingTest, AnEmptyReportIsAnError) {
 // Rankings pooled from several reports (ranking_merge.h).
 
 // A report of `rows` with dynamics over one trainer seed, written as
-// proxy-eval writes it (ToJson) to `path`; `options` as the run's.
+// proxy-eval writes it (ToJson) to `path`; `options` as the run's, but for
+// the trainer seeds.
 std::string WriteReport(const std::string& path, std::vector<EvalRow> rows, double original_accuracy = 0.9,
                         EvalOptions options = EvalOptions()) {
   EvalReport report = FaultReport(std::move(rows));
+  options.trainer_seeds = report.options.trainer_seeds;
   report.options = std::move(options);
   report.preset = "fine";
   report.family = "qwen2_moe";
