@@ -161,7 +161,8 @@ struct EvalReport {
   // What made it. Its JSON keeps, under "options", those that set the
   // numbers beyond the model: two reports pool into one table only where
   // they agree (ranking_merge.h). options.static_only: the rows hold static
-  // fidelity and the parameter ratio only.
+  // fidelity and the parameter ratio only. A report built by hand sets
+  // options.trainer_seeds too: the default, 3, has the ranking judge dynamics.
   EvalOptions options;
   std::string preset, family;  // with hf_config: the file, and the family it names
   std::string warm_checkpoint;  // the warm original, an HF checkpoint (OUT/warmup/...)

@@ -186,8 +186,7 @@ void OpTracer::LaunchDispatched(const at::RecordFunction& fn, std::shared_ptr<Pe
     }
     return;
   }
-  // Taken before another thread can see the pending: whichever records its
-  // arrival drops its reference to the future.
+  // Taken before another thread can see the pending.
   const c10::intrusive_ptr<c10::ivalue::Future> future = pending->future;
   if (pending->recorded) {
     {
@@ -224,7 +223,8 @@ bool OpTracer::ArriveLocked(PendingCollective& pending, bool ok) {
   if (in_step && ok) EndCollective(pending, pending.outputs);
   // Its outputs and future stay with the pending. Its last reference is the
   // future's callback (a completed future has handed its callbacks out, so
-  // it holds no cycle) or the op's context, and drops outside mu_: dropping
+  // it holds no cycle), the op's context or LaunchDispatched's own, and
+  // drops outside mu_ (in_flight_'s never outlives the callback's): dropping
   // the last reference to a tensor the program has let go of takes the GIL
   // (torch's PyInterpreter decref), which a thread waiting on mu_ may hold.
   return in_step;

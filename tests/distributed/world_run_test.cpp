@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "llvm/Support/JSON.h"
-#include "tests/tools/moerr_runner.h"
 #include "support/seconds_since.h"
+#include "tests/tools/moerr_runner.h"
 
 #include <chrono>
 
